@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned and installed first so nothing else can pull another build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/clusterfl demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/engine.py
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

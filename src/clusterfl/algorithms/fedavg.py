@@ -1,0 +1,70 @@
+"""FedAvg (McMahan et al. 2017) and FedProx (Li et al. 2020): one global model.
+
+Each round a fraction of the clients trains locally from the global model; the server sets
+the model to the sample-weighted mean of the returned models (FedAvg Alg. 1). FedProx adds
+mu/2 ||w - w_global||² to every local objective; FedAvg is FedProx with mu = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
+from clusterfl.protocol import Predictor, TrainRequest
+
+
+class FedAvgConfig(AlgorithmConfig):
+    name: Literal["fedavg"] = "fedavg"
+    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
+
+
+class FedProxConfig(AlgorithmConfig):
+    name: Literal["fedprox"] = "fedprox"
+    fraction: float = Field(1.0, gt=0.0, le=1.0)
+    mu: float = Field(0.01, ge=0.0, description="proximal weight")
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    Config = FedAvgConfig
+
+    def setup(self, ctx: Context) -> None:
+        self.model = ctx.factory.init(ctx.seed)[None]
+        self._n = ctx.n_clients
+
+    def _mu(self) -> float:
+        return 0.0
+
+    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+        clients = ctx.sample(self.config.fraction)
+        training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
+        reply = ctx.send(
+            TrainRequest(clients, self.model, np.zeros(len(clients), np.int64), training,
+                         ctx.next_seed())
+        )
+        self.model = weighted_mean(reply.params, reply.n_samples)[None]
+        return {"train_loss": float(np.mean(reply.loss))}
+
+    def assignment(self) -> np.ndarray:
+        return np.zeros(self._n, dtype=np.int64)
+
+    def predictor(self) -> Predictor:
+        return Predictor.single(self.model, self.assignment())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.clone(), "n": self._n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model, self._n = state["model"].clone(), int(state["n"])
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+    Config = FedProxConfig
+
+    def _mu(self) -> float:
+        return float(self.config.mu)  # type: ignore[attr-defined]

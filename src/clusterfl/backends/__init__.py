@@ -1,0 +1,10 @@
+"""Backends execute protocol requests: `sequential` (reference loop), `simulation` (vectorized)."""
+
+from __future__ import annotations
+
+from clusterfl.backends.base import Backend
+from clusterfl.backends.sequential import SequentialBackend
+
+BACKENDS: dict[str, type[Backend]] = {"sequential": SequentialBackend}
+
+__all__ = ["BACKENDS", "Backend", "SequentialBackend"]

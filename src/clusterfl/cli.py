@@ -1,0 +1,214 @@
+"""The `clusterfl` command line (DESIGN.md §7). Errors end in one clear line, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+
+from clusterfl.errors import ClusterFLError
+
+DEMO_METHODS = ["fedavg", "fedprox:mu=0.01", "local"]
+
+
+def _console() -> Console:
+    return Console(stderr=False, highlight=False)
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    sets = list(args.set or [])
+    if getattr(args, "data_dir", None):
+        sets.append(f"data.data_dir={_toml_str(args.data_dir)}")
+    return sets
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if getattr(args, "quiet", False) else None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from clusterfl.experiment import Experiment
+    from clusterfl.report import summary_table
+
+    out = Path(args.out or Path("runs") / Path(args.config).stem)
+    exp = Experiment.from_config(args.config, _overrides(args), out_dir=out)
+    history = exp.run(resume=args.resume, progress=_progress(args))
+    con = _console()
+    con.print(summary_table([history.summary]))
+    con.print(f"results in {out}/ (summary.json, history.jsonl, report.md)")
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    from clusterfl.config import apply_overrides, load_config, read_toml
+
+    return load_config(apply_overrides(read_toml(args.config), _overrides(args)))
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from clusterfl.compare import run_comparison
+    from clusterfl.report import summary_table
+
+    config = _load(args)
+    specs = [s for s in args.algorithms.split(",") if s.strip()]
+    out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
+    results = run_comparison(config, specs, out, progress=_progress(args))
+    con = _console()
+    con.print(summary_table([h.summary for _, h in results]))
+    con.print(f"comparison report: {out / 'report.md'}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from clusterfl.report import write_comparison_report, write_run_report
+
+    dirs = [Path(d) for d in args.dirs]
+    if len(dirs) == 1:
+        path = write_run_report(dirs[0])
+    else:
+        path = write_comparison_report(dirs, Path(args.out or "runs/report"))
+    _console().print(f"report: {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from clusterfl.compare import run_comparison
+    from clusterfl.config import apply_overrides, load_config, read_toml
+    from clusterfl.report import summary_table
+
+    demo = resources.files("clusterfl") / "configs" / "demo.toml"
+    with resources.as_file(demo) as path:
+        raw = apply_overrides(read_toml(path), list(args.set or []))
+    config = load_config(raw)
+    out = Path(args.out)
+    con = _console()
+    con.print(f"[bold]clusterfl demo[/]: digits, rotation scenario, "
+              f"{config.scenario.n_clients} clients; methods: {', '.join(args.methods)}")
+    results = run_comparison(config, args.methods, out, progress=_progress(args))
+    con.print(summary_table([h.summary for _, h in results]))
+    con.print(f"report with figures: {out / 'report.md'}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from clusterfl.data import DATASETS, default_data_dir, download, verify
+
+    con = _console()
+    root = Path(args.data_dir) if args.data_dir else default_data_dir()
+    if args.action == "list":
+        con.print(f"data directory: {root}")
+        for name in sorted(DATASETS):
+            status = verify(name, root)
+            ok = all(s.ok for s in status)
+            con.print(f"  {name:15s} {'present' if ok else 'missing or incomplete'}")
+        con.print("  digits          built in (scikit-learn)")
+        return 0
+    names = [args.name] if args.name else sorted(DATASETS)
+    for name in names:
+        if name not in DATASETS:
+            raise ClusterFLError(
+                f"dataset: unknown {name!r}; allowed: {', '.join(sorted(DATASETS))}"
+            )
+    bad = 0
+    for name in names:
+        if args.action == "download":
+            download(name, root, base_url=args.base_url)
+        for s in verify(name, root):
+            bad += not s.ok
+            con.print(f"{name}: {s}")
+    return 1 if bad and args.action == "verify" else 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from clusterfl.config import dump_toml
+
+    if args.config:
+        config = _load(args)
+    else:
+        from clusterfl.config import load_config
+
+        config = load_config({})
+    print(dump_toml(config.to_dict()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="clusterfl", description="Clustered federated learning: run, compare, report."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set rounds=20 --set train.lr=0.05")
+        q.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+        q.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    r = sub.add_parser("run", help="run one method from a TOML config")
+    r.add_argument("config")
+    r.add_argument("--out", help="run directory (default runs/<config name>)")
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    common(r)
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("compare", help="several methods on the same federation")
+    c.add_argument("config")
+    c.add_argument("--algorithms", required=True,
+                   help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1")
+    c.add_argument("--out")
+    common(c)
+    c.set_defaults(func=cmd_compare)
+
+    rep = sub.add_parser("report", help="(re)write the report of run directories")
+    rep.add_argument("dirs", nargs="+")
+    rep.add_argument("--out", help="output folder when comparing several runs")
+    rep.set_defaults(func=cmd_report)
+
+    d = sub.add_parser("demo", help="the built-in demo (no files needed)")
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS)
+    d.add_argument("--set", action="append", metavar="KEY=VALUE")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=cmd_demo)
+
+    data = sub.add_parser("data", help="list, verify or download datasets")
+    data.add_argument("action", choices=["list", "verify", "download"])
+    data.add_argument("name", nargs="?")
+    data.add_argument("--data-dir")
+    data.add_argument("--base-url", help="mirror to download from instead of the official host")
+    data.set_defaults(func=cmd_data)
+
+    cfg = sub.add_parser("config", help="print a resolved config with all defaults")
+    cfg.add_argument("config", nargs="?")
+    cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
+    cfg.add_argument("--data-dir")
+    cfg.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ClusterFLError as exc:
+        print(f"clusterfl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("clusterfl: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"clusterfl: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Run configuration: TOML in, validated settings out, every error naming its field.
+
+Layout of a config file (every table optional; defaults shown by `clusterfl config show`):
+
+    seed = 0
+    rounds = 50
+    [data]       source, data_dir
+    [scenario]   name + that scenario's parameters (clusterfl.data.scenarios)
+    [model]      name + that architecture's parameters (clusterfl.models)
+    [train]      client optimisation: optimizer, lr, momentum, weight_decay, batch_size,
+                 epochs | steps
+    [algorithm]  name + that method's parameters (each method's own Config class)
+    [backend]    name = "simulation" | "sequential", chunk_size
+    [output]     figures, progress
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clusterfl.config_util import parse, pick
+from clusterfl.errors import ConfigError
+from clusterfl.protocol import LocalTraining
+
+TOP_LEVEL = ("seed", "rounds", "eval_every", "checkpoint_every", "data", "scenario", "model",
+             "train", "algorithm", "backend", "output")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSettings(_Strict):
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(50, ge=1, le=1_000_000)
+    eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and the last)")
+    checkpoint_every: int = Field(10, ge=0, description="0 = no checkpoints")
+
+
+class DataConfig(_Strict):
+    source: str = "digits"
+    data_dir: str | None = None
+
+
+class TrainConfig(_Strict):
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    batch_size: int = Field(32, ge=1)
+    epochs: int = Field(1, ge=0)
+    steps: int = Field(0, ge=0, description="> 0: local steps instead of epochs")
+
+    @model_validator(mode="after")
+    def _some_work(self) -> TrainConfig:
+        if self.epochs == 0 and self.steps == 0:
+            raise ValueError("set epochs >= 1 or steps >= 1 (both are 0)")
+        return self
+
+    def local_training(self) -> LocalTraining:
+        return LocalTraining(
+            optimizer=self.optimizer, lr=self.lr, momentum=self.momentum,
+            weight_decay=self.weight_decay, batch_size=self.batch_size,
+            epochs=self.epochs, steps=self.steps,
+        )
+
+
+class BackendConfig(_Strict):
+    name: str = "sequential"
+    chunk_size: int = Field(64, ge=1, description="clients computed together (memory bound)")
+
+
+class OutputConfig(_Strict):
+    figures: bool = True
+    progress: Literal["auto", "on", "off"] = "auto"
+
+
+@dataclass
+class Config:
+    """A fully validated run configuration."""
+
+    run: RunSettings
+    data: DataConfig
+    scenario: BaseModel
+    scenario_name: str
+    model: BaseModel
+    train: TrainConfig
+    algorithm: BaseModel
+    backend: BackendConfig
+    output: OutputConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.run.model_dump()
+        out["data"] = _drop_none(self.data.model_dump())
+        out["scenario"] = {"name": self.scenario_name, **_drop_none(self.scenario.model_dump())}
+        out["model"] = _drop_none(self.model.model_dump())
+        out["train"] = self.train.model_dump()
+        out["algorithm"] = _drop_none(self.algorithm.model_dump())
+        out["backend"] = self.backend.model_dump()
+        out["output"] = self.output.model_dump()
+        return _tomlable(out)
+
+    def with_algorithm(self, raw: dict[str, Any]) -> Config:
+        """A copy with another `[algorithm]` table (used by `compare`)."""
+        return load_config({**self.to_dict(), "algorithm": raw})
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _tomlable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _tomlable(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list | tuple):
+        return [_tomlable(x) for x in v]
+    return v
+
+
+def load_config(raw: dict[str, Any]) -> Config:
+    """Validate a config dict; raises ConfigError naming the first bad field."""
+    from clusterfl.algorithms import ALGORITHMS
+    from clusterfl.backends import BACKENDS
+    from clusterfl.data.scenarios import scenario_params
+    from clusterfl.data.sources import SOURCE_NAMES
+    from clusterfl.models import model_config
+
+    for key in raw:
+        if key not in TOP_LEVEL:
+            allowed = ", ".join(TOP_LEVEL)
+            raise ConfigError(key, f"unknown field; allowed top-level fields: {allowed}")
+    run = parse(RunSettings, {k: raw[k] for k in raw if k in RunSettings.model_fields}, "")
+    data = parse(DataConfig, raw.get("data"), "data")
+    if data.source not in SOURCE_NAMES:
+        raise ConfigError("data.source", f"unknown value {data.source!r}; allowed: "
+                          f"{', '.join(sorted(SOURCE_NAMES))}")
+    scen_raw = dict(_table(raw, "scenario"))
+    scen_name = scen_raw.pop("name", "rotation")
+    scenario = scenario_params(scen_name, scen_raw, "scenario")
+    model = model_config(_table(raw, "model"))
+    train = parse(TrainConfig, raw.get("train"), "train")
+    algo_raw = dict(_table(raw, "algorithm"))
+    algo_raw.setdefault("name", "fedavg")
+    algo_cls = pick(ALGORITHMS, algo_raw["name"], "algorithm.name")
+    algorithm = parse(algo_cls.Config, algo_raw, "algorithm")
+    backend = parse(BackendConfig, raw.get("backend"), "backend")
+    pick(BACKENDS, backend.name, "backend.name")
+    output = parse(OutputConfig, raw.get("output"), "output")
+    return Config(run, data, scenario, str(scen_name), model, train, algorithm, backend, output)
+
+
+def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"must be a table of settings, got {type(value).__name__}")
+    return value
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("", f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{p} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("", f"{p} is not a UTF-8 text file") from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.sub=value` overrides; values are TOML literals, else plain strings."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError("--set", f"empty key in {item!r}")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        node = out
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(".".join(parts), f"{p!r} is a value, not a table")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    return tomli_w.dumps(data)

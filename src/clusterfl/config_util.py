@@ -1,0 +1,52 @@
+"""Turning pydantic validation errors into one clear `ConfigError` naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from clusterfl.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _describe(err: dict[str, Any], prefix: str) -> tuple[str, str]:
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    field = ".".join(p for p in (prefix, loc) if p)
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    elif "input" in err and err.get("type") != "missing":
+        msg = f"{msg} (got {err['input']!r})"
+    return field, msg
+
+
+def validation_error(exc: ValidationError, prefix: str, model: type[BaseModel]) -> ConfigError:
+    errors = exc.errors()
+    field, msg = _describe(errors[0], prefix)
+    if errors[0].get("type") == "extra_forbidden":
+        allowed = ", ".join(sorted(model.model_fields))
+        msg = f"unknown field; allowed fields here: {allowed}"
+    more = [": ".join(_describe(e, prefix)) for e in errors[1:]]
+    if more:
+        msg += "; also " + "; ".join(more)
+    return ConfigError(field, msg)
+
+
+def parse(model: type[M], raw: dict[str, Any] | None, prefix: str) -> M:
+    """Validate `raw` into `model`, raising ConfigError('prefix.field', ...) on any problem."""
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(prefix, f"must be a table of settings, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError as exc:
+        raise validation_error(exc, prefix, model) from None
+
+
+def pick(registry: dict[str, Any], name: Any, field: str) -> Any:
+    """Look up `name` in a registry or fail naming the field and the allowed values."""
+    if not isinstance(name, str) or name not in registry:
+        allowed = ", ".join(sorted(registry))
+        raise ConfigError(field, f"unknown value {name!r}; allowed: {allowed}")
+    return registry[name]

@@ -1,0 +1,141 @@
+"""The `Federation`: every client's private train and test data, plus the hidden truth.
+
+Data of all clients is stored as one tensor per split with per-client index ranges
+(`train_offsets[i]:train_offsets[i+1]` are client i's rows), so that an engine can gather
+the minibatches of many clients with one indexing operation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+Task = Literal["classification", "regression"]
+
+
+@dataclass
+class Federation:
+    """Per-client train/test data of a simulated federation.
+
+    Attributes:
+        x_train: all clients' training inputs, `[N_train, *input_shape]`, float32.
+        y_train: training targets, `[N_train]`; int64 class ids (classification) or float32.
+        train_offsets: `[n_clients + 1]` int64; client i owns rows `train_offsets[i]:[i+1]`.
+        x_test, y_test, test_offsets: the same for each client's own test data.
+        clusters: `[n_clients]` true cluster id of each client, or None when the scenario
+            defines no groups.
+        n_classes: number of classes (1 for regression: one output).
+        task: "classification" or "regression".
+        name: a readable description, e.g. "digits/rotation".
+        meta: scenario details (angles per cluster, label maps, class sets, ...), JSON-able.
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    train_offsets: np.ndarray
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    test_offsets: np.ndarray
+    clusters: np.ndarray | None
+    n_classes: int
+    task: Task = "classification"
+    name: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
+        self.test_offsets = np.asarray(self.test_offsets, dtype=np.int64)
+        if self.clusters is not None:
+            self.clusters = np.asarray(self.clusters, dtype=np.int64)
+        self.validate()
+
+    # ------------------------------------------------------------------ shape facts
+    @property
+    def n_clients(self) -> int:
+        return len(self.train_offsets) - 1
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def n_outputs(self) -> int:
+        """Width of a model's output layer for this federation."""
+        return self.n_classes if self.task == "classification" else 1
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return np.diff(self.train_offsets)
+
+    @property
+    def test_sizes(self) -> np.ndarray:
+        return np.diff(self.test_offsets)
+
+    @property
+    def n_true_clusters(self) -> int | None:
+        return None if self.clusters is None else len(np.unique(self.clusters))
+
+    # ------------------------------------------------------------------ access
+    def client_train(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.train_offsets[i], self.train_offsets[i + 1]
+        return self.x_train[a:b], self.y_train[a:b]
+
+    def client_test(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.test_offsets[i], self.test_offsets[i + 1]
+        return self.x_test[a:b], self.y_test[a:b]
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """`(x, y, offsets)` of split "train" or "test"."""
+        if name == "train":
+            return self.x_train, self.y_train, self.train_offsets
+        if name == "test":
+            return self.x_test, self.y_test, self.test_offsets
+        raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+
+    def subset(self, clients: np.ndarray | list[int]) -> Federation:
+        """A federation made of the given clients only (in that order)."""
+        idx = np.asarray(clients, dtype=np.int64)
+        parts = {}
+        for split in ("train", "test"):
+            x, y, off = self.split(split)
+            rows = [np.arange(off[i], off[i + 1]) for i in idx]
+            sizes = np.array([len(r) for r in rows], dtype=np.int64)
+            cat = torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0, np.int64))
+            parts[split] = (x[cat], y[cat], np.concatenate([[0], np.cumsum(sizes)]))
+        return Federation(
+            *parts["train"], *parts["test"],
+            clusters=None if self.clusters is None else self.clusters[idx],
+            n_classes=self.n_classes, task=self.task, name=self.name, meta=dict(self.meta),
+        )
+
+    def validate(self) -> None:
+        """Check internal consistency; raises ValueError naming what is wrong."""
+        for split in ("train", "test"):
+            x, y, off = self.split(split)
+            if off.ndim != 1 or len(off) < 2 or off[0] != 0:
+                raise ValueError(f"{split}_offsets must start at 0 and list n_clients+1 bounds")
+            if np.any(np.diff(off) < 0):
+                raise ValueError(f"{split}_offsets must be non-decreasing")
+            if off[-1] != len(x) or len(x) != len(y):
+                raise ValueError(
+                    f"{split}: offsets end at {off[-1]} but x has {len(x)} rows, y {len(y)}"
+                )
+        if len(self.test_offsets) != len(self.train_offsets):
+            raise ValueError("train and test offsets must describe the same number of clients")
+        if self.clusters is not None and len(self.clusters) != self.n_clients:
+            raise ValueError(f"clusters has {len(self.clusters)} ids for {self.n_clients} clients")
+        if self.task not in ("classification", "regression"):
+            raise ValueError(f"task must be 'classification' or 'regression', got {self.task!r}")
+
+    def describe(self) -> str:
+        sizes = self.train_sizes
+        k = self.n_true_clusters
+        return (
+            f"{self.name}: {self.n_clients} clients, train samples per client "
+            f"{sizes.min()}–{sizes.max()} (total {sizes.sum()}), test total {self.test_sizes.sum()}, "
+            f"{'?' if k is None else k} true clusters, input {self.input_shape}, "
+            f"{self.n_classes} classes"
+        )

@@ -1,0 +1,98 @@
+"""The plain per-client reference computations (one module, one client at a time).
+
+This is the arithmetic every faster engine must reproduce. It uses torch.optim's SGD and Adam
+so the reference semantics are PyTorch's own. No deep copies: one module is reused and flat
+parameters are loaded into it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from clusterfl.engine.common import per_sample_loss
+from clusterfl.models.params import get_flat, get_flat_grad, set_flat
+from clusterfl.protocol import LocalTraining
+
+
+def make_optimizer(params: list[torch.nn.Parameter], tr: LocalTraining) -> torch.optim.Optimizer:
+    if tr.optimizer == "adam":
+        return torch.optim.Adam(
+            params, lr=tr.lr, betas=tr.betas, eps=tr.eps, weight_decay=tr.weight_decay
+        )
+    return torch.optim.SGD(params, lr=tr.lr, momentum=tr.momentum, weight_decay=tr.weight_decay)
+
+
+def train_client(
+    module: nn.Module,
+    start: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    schedule: torch.Tensor,
+    tr: LocalTraining,
+    task: str,
+    offset: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Local training of one client; returns (final flat params, mean batch loss).
+
+    `schedule` is `[S, b]` local indices with -1 padding; fully padded steps are skipped.
+    `offset` (optional) `[n_i, out]` logits added to the model's output per sample.
+    """
+    set_flat(module, start)
+    module.train()
+    opt = make_optimizer(list(module.parameters()), tr)
+    center = start.clone() if tr.mu > 0 else None
+    losses = []
+    for step in schedule:
+        idx = step[step >= 0]
+        if len(idx) == 0:
+            continue
+        opt.zero_grad(set_to_none=False)
+        out = module(x[idx])
+        if offset is not None:
+            out = out + offset[idx]
+        loss = per_sample_loss(out, y[idx], task).mean()
+        losses.append(float(loss.detach()))
+        if center is not None:
+            loss = loss + 0.5 * tr.mu * _sq_dist(module, center)
+        loss.backward()
+        opt.step()
+    return get_flat(module), (sum(losses) / len(losses) if losses else float("nan"))
+
+
+def _sq_dist(module: nn.Module, center: torch.Tensor) -> torch.Tensor:
+    flat = torch.cat([p.reshape(-1) for p in module.parameters()])
+    return ((flat - center) ** 2).sum()
+
+
+def gradient_client(
+    module: nn.Module,
+    params: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    idx: torch.Tensor,
+    task: str,
+) -> tuple[torch.Tensor, float]:
+    """Gradient of the mean loss over samples `idx` (-1 padded) at `params`."""
+    set_flat(module, params)
+    module.train()
+    module.zero_grad(set_to_none=False)
+    sel = idx[idx >= 0]
+    loss = per_sample_loss(module(x[sel]), y[sel], task).mean()
+    loss.backward()
+    return get_flat_grad(module).clone(), float(loss.detach())
+
+
+@torch.no_grad()
+def predict(
+    module: nn.Module, params: torch.Tensor, x: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
+    """Model outputs (eval mode) on x, in chunks."""
+    set_flat(module, params)
+    module.eval()
+    if len(x) == 0:
+        return module(x[:0]) if len(x.shape) > 1 else torch.zeros(0)
+    return torch.cat([module(x[i : i + chunk]) for i in range(0, len(x), chunk)])
+
+
+__all__ = ["get_flat", "gradient_client", "make_optimizer", "predict", "train_client"]

@@ -1,0 +1,83 @@
+"""Which samples each client uses at each local step — shared by every engine.
+
+Both the per-client reference loop and the vectorized engine read the same schedule, so
+they do exactly the same arithmetic. A schedule is an int64 array `[n_clients, S, b]` of
+client-local sample indices; -1 marks padding (short last batch, or a client with fewer
+steps than the longest one: its extra steps are masked and change nothing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def client_rng(seed: int, client: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(client)])
+
+
+def _epoch_batches(n: int, b: int, epochs: int, rng: np.random.Generator) -> np.ndarray:
+    per_epoch = -(-n // b)
+    out = np.full((epochs * per_epoch, b), -1, dtype=np.int64)
+    for e in range(epochs):
+        perm = rng.permutation(n)
+        padded = np.full(per_epoch * b, -1, dtype=np.int64)
+        padded[:n] = perm
+        out[e * per_epoch : (e + 1) * per_epoch] = padded.reshape(per_epoch, b)
+    return out
+
+
+def _step_batches(n: int, b: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    take = min(b, n)
+    reps = -(-steps * take // n)
+    stream = np.concatenate([rng.permutation(n) for _ in range(reps)])[: steps * take]
+    out = np.full((steps, b), -1, dtype=np.int64)
+    out[:, :take] = stream.reshape(steps, take)
+    return out
+
+
+def batch_schedule(
+    sizes: np.ndarray,
+    clients: np.ndarray,
+    batch_size: int,
+    epochs: int,
+    steps: int,
+    seed: int,
+) -> np.ndarray:
+    """`[n, S, b]` local indices for each listed client (sizes are theirs, in order).
+
+    steps > 0: exactly `steps` batches of min(b, n_i) samples, drawn from successive
+    permutations. Otherwise `epochs` passes, each a fresh permutation cut into batches of b.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    per_client = []
+    for c, n in zip(clients, sizes):
+        rng = client_rng(seed, int(c))
+        n = int(n)
+        if n == 0:
+            per_client.append(np.full((0, batch_size), -1, dtype=np.int64))
+        elif steps > 0:
+            per_client.append(_step_batches(n, batch_size, steps, rng))
+        else:
+            per_client.append(_epoch_batches(n, batch_size, epochs, rng))
+    s_max = max((len(p) for p in per_client), default=0)
+    out = np.full((len(per_client), s_max, batch_size), -1, dtype=np.int64)
+    for i, p in enumerate(per_client):
+        out[i, : len(p)] = p
+    return out
+
+
+def gradient_batches(
+    sizes: np.ndarray, clients: np.ndarray, batch_size: int | None, seed: int
+) -> np.ndarray:
+    """`[n, b]` indices of one random minibatch per client (-1 padded); None = all data."""
+    b = int(sizes.max()) if batch_size is None else batch_size
+    out = np.full((len(clients), max(b, 1)), -1, dtype=np.int64)
+    for i, (c, n) in enumerate(zip(clients, sizes)):
+        n = int(n)
+        if batch_size is None:
+            out[i, :n] = np.arange(n)
+        else:
+            take = min(b, n)
+            out[i, :take] = client_rng(seed, int(c)).permutation(n)[:take]
+    return out

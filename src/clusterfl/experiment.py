@@ -1,0 +1,300 @@
+"""Config → federation → algorithm on a backend → per-round history, checkpoints, summary.
+
+A run directory holds `config.toml` (resolved), `history.jsonl` (one line per round),
+`summary.json`, `checkpoint/state.pt` and, when enabled, `figures/` and `report.md`.
+Every random choice of a run comes from generators seeded by the config or stored in the
+checkpoint, so a resumed run ends with exactly the results of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterfl import metrics
+from clusterfl.algorithms import ALGORITHMS, Algorithm, Context
+from clusterfl.backends import BACKENDS, Backend
+from clusterfl.config import Config, apply_overrides, dump_toml, load_config, read_toml
+from clusterfl.data.federation import Federation
+from clusterfl.data.scenarios import make_federation
+from clusterfl.errors import ClusterFLError
+from clusterfl.models import ModelFactory
+from clusterfl.protocol import EvaluateRequest
+
+CHECKPOINT = "checkpoint/state.pt"
+
+
+def build_federation(config: Config) -> Federation:
+    return make_federation(
+        config.data.source, config.scenario_name, config.scenario.model_dump(),
+        seed=config.run.seed, data_dir=config.data.data_dir,
+    )
+
+
+def build_backend(config: Config, federation: Federation, factory: ModelFactory) -> Backend:
+    cls = BACKENDS[config.backend.name]
+    try:
+        return cls(federation, factory, chunk_size=config.backend.chunk_size)  # type: ignore[call-arg]
+    except TypeError:
+        return cls(federation, factory)
+
+
+@dataclass
+class History:
+    """The per-round records of a run and its summary."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def series(self, key: str) -> list[Any]:
+        """A metric per evaluated round, e.g. `series("accuracy")`."""
+        return [r["metrics"][key] for r in self.records if r.get("metrics")]
+
+    @property
+    def final(self) -> dict[str, Any]:
+        return self.summary.get("final", {})
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe: numpy → Python, NaN → None."""
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    if isinstance(v, np.ndarray | torch.Tensor):
+        return _clean(v.tolist())
+    if isinstance(v, np.generic):
+        return _clean(v.item())
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+class Experiment:
+    """One run of one method on one federation.
+
+    >>> exp = Experiment.from_config("configs/demo.toml", overrides=["rounds=5"])
+    >>> history = exp.run()
+    >>> history.final["accuracy"]
+    """
+
+    def __init__(
+        self, config: Config, out_dir: str | Path | None = None,
+        federation: Federation | None = None,
+    ) -> None:
+        self.config = config
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.federation = federation if federation is not None else build_federation(config)
+        fed = self.federation
+        self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
+        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_config(
+        cls, source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+        out_dir: str | Path | None = None, federation: Federation | None = None,
+    ) -> Experiment:
+        raw = source if isinstance(source, dict) else read_toml(source)
+        return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation)
+
+    # ------------------------------------------------------------------ the loop
+    def _context(self, backend: Backend) -> Context:
+        fed, run = self.federation, self.config.run
+        return Context(
+            backend=backend, factory=self.factory,
+            training=self.config.train.local_training(), n_clients=fed.n_clients,
+            train_sizes=fed.train_sizes, rng=np.random.default_rng([run.seed, 7919]),
+            seed=run.seed, true_clusters=fed.clusters,
+        )
+
+    def run(self, resume: bool = False, progress: bool | None = None) -> History:
+        """Run all rounds (continuing from the checkpoint if `resume`)."""
+        torch.manual_seed(self.config.run.seed)
+        backend = build_backend(self.config, self.federation, self.factory)
+        ctx = self._context(backend)
+        self.algorithm.setup(ctx)
+        history, start, elapsed = History(), 1, 0.0
+        if resume:
+            start, elapsed, history.records = self._load_checkpoint(ctx)
+        self._prepare_dir(history.records)
+        try:
+            self._loop(ctx, history, start, elapsed, self._want_progress(progress))
+        finally:
+            backend.close()
+        history.summary = self._summary(history, ctx)
+        self._write_outputs(history)
+        return history
+
+    def _loop(self, ctx: Context, history: History, start: int, elapsed: float,
+              show: bool) -> None:
+        run = self.config.run
+        t0 = time.perf_counter() - elapsed
+        with _Progress(show, run.rounds, start - 1, self.algorithm.label()) as bar:
+            for t in range(start, run.rounds + 1):
+                extras = self.algorithm.run_round(ctx, t)
+                evaluate = t % run.eval_every == 0 or t == run.rounds
+                record = self._record(ctx, t, extras, evaluate, time.perf_counter() - t0)
+                history.records.append(record)
+                self._append(record)
+                bar.update(record)
+                every = run.checkpoint_every
+                if every and (t % every == 0) and t < run.rounds:
+                    self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
+
+    def _record(self, ctx: Context, t: int, extras: dict[str, Any], evaluate: bool,
+                wall: float) -> dict[str, Any]:
+        assignment = self.algorithm.assignment()
+        rec: dict[str, Any] = {
+            "round": t, "wall_time": wall, "n_clusters": self.algorithm.n_clusters(),
+            "assignment": assignment, "ari": metrics.ari(self.federation.clusters, assignment),
+            "floats_down": ctx.floats_down, "floats_up": ctx.floats_up,
+            "metrics": None, "client_accuracy": None, "rejected": 0, "extras": extras,
+        }
+        if evaluate:
+            reply = ctx.backend.execute(
+                EvaluateRequest(np.arange(self.federation.n_clients), self.algorithm.predictor())
+            )
+            rec["metrics"] = metrics.summarize(reply)
+            rec["client_accuracy"] = reply.accuracy
+            rec["client_macro_f1"] = reply.macro_f1
+            if self.federation.task == "regression":
+                rec["client_mse"] = reply.extras.get("mse")
+        return _clean(rec)
+
+    def _summary(self, history: History, ctx: Context) -> dict[str, Any]:
+        last_eval = next((r for r in reversed(history.records) if r.get("metrics")), None)
+        last = history.records[-1] if history.records else {}
+        final = dict(last_eval["metrics"]) if last_eval else {}
+        final.update({
+            "ari": last.get("ari"), "n_clusters": last.get("n_clusters"),
+            "floats_down": last.get("floats_down"), "floats_up": last.get("floats_up"),
+            "wall_time": last.get("wall_time"),
+        })
+        fed = self.federation
+        return _clean({
+            "algorithm": self.config.algorithm.name,  # type: ignore[attr-defined]
+            "label": self.algorithm.label(),
+            "federation": fed.name, "n_clients": fed.n_clients,
+            "rounds": self.config.run.rounds,
+            "true_clusters": fed.clusters, "final": final,
+            "client_accuracy": last_eval["client_accuracy"] if last_eval else None,
+            "client_macro_f1": last_eval.get("client_macro_f1") if last_eval else None,
+            "assignment": last.get("assignment"),
+            "extras": last.get("extras", {}),
+        })
+
+    # ------------------------------------------------------------------ files
+    def _want_progress(self, progress: bool | None) -> bool:
+        if progress is not None:
+            return progress
+        mode = self.config.output.progress
+        if mode != "auto":
+            return mode == "on"
+        return sys.stderr.isatty() and not os.environ.get("CI")
+
+    def _prepare_dir(self, records: list[dict[str, Any]]) -> None:
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.toml").write_text(dump_toml(self.config.to_dict()))
+        with open(self.out_dir / "history.jsonl", "w") as fh:
+            for r in records:
+                fh.write(json.dumps(r) + "\n")
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self.out_dir is not None:
+            with open(self.out_dir / "history.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def _write_outputs(self, history: History) -> None:
+        if self.out_dir is None:
+            return
+        _atomic_write(self.out_dir / "summary.json", json.dumps(history.summary, indent=2))
+        if self.config.output.figures:
+            from clusterfl.report import write_run_report
+
+            write_run_report(self.out_dir)
+
+    def _save_checkpoint(self, ctx: Context, t: int, elapsed: float,
+                         records: list[dict[str, Any]]) -> None:
+        if self.out_dir is None:
+            return
+        state = {
+            "round": t, "elapsed": elapsed, "algorithm": self.algorithm.state_dict(),
+            "rng": ctx.rng.bit_generator.state, "floats": (ctx.floats_down, ctx.floats_up),
+            "records": records, "torch_rng": torch.get_rng_state(),
+            "config": self.config.to_dict(),
+        }
+        path = self.out_dir / CHECKPOINT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def _load_checkpoint(self, ctx: Context) -> tuple[int, float, list[dict[str, Any]]]:
+        path = None if self.out_dir is None else self.out_dir / CHECKPOINT
+        if path is None or not path.is_file():
+            raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
+        state = torch.load(path, weights_only=False)
+        if state["config"] != self.config.to_dict():
+            raise ClusterFLError(
+                f"--resume: the checkpoint in {path.parent} was made with another config; "
+                "use the same config (see its config.toml) or a new --out"
+            )
+        self.algorithm.load_state_dict(state["algorithm"])
+        ctx.rng.bit_generator.state = state["rng"]
+        ctx.floats_down, ctx.floats_up = state["floats"]
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["round"]) + 1, float(state["elapsed"]), list(state["records"])
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class _Progress:
+    """A rich progress bar with round, accuracy and clusters; silent when disabled."""
+
+    def __init__(self, show: bool, total: int, done: int, label: str) -> None:
+        self.show, self.total, self.done, self.label = show, total, done, label
+        self._bar: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.show:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(),
+                TextColumn("round {task.completed}/{task.total}"),
+                TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False,
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.label, total=self.total, completed=self.done,
+                                            info="")
+        return self
+
+    def update(self, record: dict[str, Any]) -> None:
+        if self._bar is None:
+            return
+        m = record.get("metrics") or {}
+        acc = m.get("accuracy")
+        info = f"acc {100 * acc:.1f}%" if acc is not None else ""
+        if m.get("mse") is not None:
+            info = f"mse {m['mse']:.4f}"
+        info += f"  clusters {record['n_clusters']}"
+        self._bar.update(self._task, advance=1, info=info)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)

@@ -1,0 +1,40 @@
+"""Metrics of DESIGN.md §6: per-client accuracy/macro-F1 aggregated, fairness, ARI."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from sklearn.metrics import adjusted_rand_score
+
+from clusterfl.protocol import EvaluateReply
+
+
+def _nanmean(a: np.ndarray) -> float | None:
+    a = np.asarray(a, dtype=float)
+    a = a[~np.isnan(a)]
+    return float(a.mean()) if len(a) else None
+
+
+def summarize(reply: EvaluateReply) -> dict[str, float | None]:
+    """Mean over clients, sample-weighted mean, fairness (variance of accuracy in %²)."""
+    acc = np.asarray(reply.accuracy, dtype=float)
+    n = np.asarray(reply.n_samples, dtype=float)
+    ok = ~np.isnan(acc)
+    weighted = float((acc[ok] * n[ok]).sum() / n[ok].sum()) if ok.any() and n[ok].sum() else None
+    return {
+        "accuracy": _nanmean(acc),
+        "accuracy_weighted": weighted,
+        "macro_f1": _nanmean(reply.macro_f1),
+        "fairness_var": float(np.var(100 * acc[ok])) if ok.any() else None,
+        "loss": _nanmean(reply.loss),
+        "mse": _nanmean(reply.extras.get("mse", np.array([np.nan]))),
+    }
+
+
+def ari(true: np.ndarray | None, assignment: np.ndarray) -> float | None:
+    """Adjusted Rand index of an assignment against the true clusters (None if unknown)."""
+    if true is None:
+        return None
+    value = float(adjusted_rand_score(np.asarray(true), np.asarray(assignment)))
+    return None if math.isnan(value) else value

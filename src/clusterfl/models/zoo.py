@@ -1,0 +1,132 @@
+"""Built-in architectures. Normalization, where used, is GroupNorm (BatchNorm does not stack).
+
+- `MLP`: input → hidden layers (ReLU, dropout) → outputs. FLT App. C.3 / CFL-GP §5.2 use 784-200-10.
+- `LeNet`: a small LeNet-size CNN (conv5-6 → pool → conv5-16 → pool → 120 → 84 → out).
+- `LeafCNN`: the LEAF CNN used by FLT (App. C.3): conv5-32 → pool → conv5-64 → pool → 2048 → out.
+- `LinearRegression`: y = w·x + b (CFL-GP §5.1 synthetic regression).
+- `ConvAE`: FLT's convolutional autoencoder (App. C.3): encoder conv3-16 → conv3-4 → pool →
+  linear to a 128-d latent; decoder linear → two transposed convolutions back to the image.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+from torch import nn
+
+
+def _flat_size(input_shape: tuple[int, ...]) -> int:
+    return int(math.prod(input_shape))
+
+
+class MLP(nn.Module):
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        n_outputs: int,
+        hidden: list[int],
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        sizes = [_flat_size(input_shape), *hidden, n_outputs]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
+        self.dropout = float(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(x.shape[0], -1)
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = torch.relu(h)
+                if self.dropout > 0:
+                    h = nn.functional.dropout(h, self.dropout, self.training)
+        return h
+
+
+def _norm(channels: int, groups: int) -> nn.Module:
+    return nn.GroupNorm(min(groups, channels), channels) if groups > 0 else nn.Identity()
+
+
+class LeNet(nn.Module):
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        n_outputs: int,
+        channels: tuple[int, int] = (6, 16),
+        hidden: tuple[int, int] = (120, 84),
+        groups: int = 0,
+    ) -> None:
+        super().__init__()
+        c_in, h, w = input_shape
+        c1, c2 = channels
+        self.features = nn.Sequential(
+            nn.Conv2d(c_in, c1, 5, padding=2), _norm(c1, groups), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), _norm(c2, groups), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        flat = c2 * (h // 4) * (w // 4)
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, hidden[0]), nn.ReLU(),
+            nn.Linear(hidden[0], hidden[1]), nn.ReLU(),
+            nn.Linear(hidden[1], n_outputs),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class LeafCNN(nn.Module):
+    def __init__(
+        self, input_shape: tuple[int, ...], n_outputs: int, hidden: int = 2048, groups: int = 0
+    ) -> None:
+        super().__init__()
+        c_in, h, w = input_shape
+        self.features = nn.Sequential(
+            nn.Conv2d(c_in, 32, 5, padding=2), _norm(32, groups), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), _norm(64, groups), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(64 * (h // 4) * (w // 4), hidden), nn.ReLU(), nn.Linear(hidden, n_outputs)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class LinearRegression(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], n_outputs: int = 1, bias: bool = True) -> None:
+        super().__init__()
+        self.linear = nn.Linear(_flat_size(input_shape), n_outputs, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.reshape(x.shape[0], -1))
+
+
+class ConvAE(nn.Module):
+    """FLT's ConvAE (App. C.3). `encode` gives the latent signature used for client relatedness."""
+
+    def __init__(self, input_shape: tuple[int, ...], latent: int = 128) -> None:
+        super().__init__()
+        c_in, h, w = input_shape
+        if h % 4 or w % 4:
+            raise ValueError(f"ConvAE needs image sides divisible by 4, got {h}x{w}")
+        self.grid = (4, h // 4, w // 4)
+        flat = 4 * (h // 4) * (w // 4)
+        self.encoder = nn.Sequential(
+            nn.Conv2d(c_in, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.to_latent = nn.Linear(flat, latent)
+        self.from_latent = nn.Linear(latent, flat)
+        self.decoder = nn.Sequential(
+            nn.ConvTranspose2d(4, 16, 2, stride=2), nn.ReLU(),
+            nn.ConvTranspose2d(16, c_in, 2, stride=2), nn.Sigmoid(),
+        )
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.to_latent(self.encoder(x).flatten(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.relu(self.from_latent(self.encode(x)))
+        return self.decoder(z.view(x.shape[0], *self.grid))

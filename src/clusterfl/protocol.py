@@ -1,0 +1,167 @@
+"""The requests a server may send to clients, and the replies (DESIGN.md §1, floor 4).
+
+Algorithms never touch client data: they build one of these requests for a set of clients
+and hand it to a backend. Every request knows its communication cost in floats, so the
+history can report what a method costs on the wire whatever backend runs it.
+
+Models travel as flat vectors. A request carries a stack `models: [K, d]` and, per client,
+which row(s) that client uses, so K distinct models go to many clients without copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+Combine = Literal["single", "sum_logits", "mean_probs"]
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """Client-side optimisation settings (identical semantics to torch.optim.SGD / Adam).
+
+    Exactly one of `epochs` / `steps` is used: `steps` > 0 means that many minibatch steps,
+    otherwise `epochs` passes over the client's data (the last batch of an epoch may be short).
+    `mu` adds the proximal term mu/2 ||w - w_start||² (FedProx; FeSEM's pull to its center).
+    """
+
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    epochs: int = 1
+    steps: int = 0
+    mu: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """How each client predicts: `members[i]` are the rows of `models` client i combines.
+
+    - "single": one model per client (`members` is `[n, 1]`).
+    - "sum_logits": logits of the members are added (CAM: global + cluster model).
+    - "mean_probs": softmax outputs are averaged (FedAvg+/FedProx+ ensembles).
+    """
+
+    models: torch.Tensor
+    members: np.ndarray
+    combine: Combine = "single"
+
+    @staticmethod
+    def single(models: torch.Tensor, model_of_client: np.ndarray) -> Predictor:
+        return Predictor(models, np.asarray(model_of_client, np.int64)[:, None], "single")
+
+
+def _n(clients: np.ndarray) -> int:
+    return len(clients)
+
+
+@dataclass
+class TrainRequest:
+    """Clients train locally, each starting from `models[model_of_client[i]]`.
+
+    `offset` (optional) is a frozen predictor whose logits are added to the trained model's
+    output on every sample (CAM trains one part while the other is fixed).
+    """
+
+    clients: np.ndarray
+    models: torch.Tensor
+    model_of_client: np.ndarray
+    training: LocalTraining
+    seed: int
+    offset: Predictor | None = None
+    count_cost: bool = True
+
+    def cost(self) -> tuple[float, float]:
+        if not self.count_cost:
+            return 0.0, 0.0
+        d = self.models.shape[1]
+        off = self.offset
+        extra = 0 if off is None else off.members.shape[1] * off.models.shape[1]
+        return float(_n(self.clients) * (d + extra)), float(_n(self.clients) * d)
+
+
+@dataclass
+class TrainReply:
+    params: torch.Tensor
+    n_samples: np.ndarray
+    loss: np.ndarray
+
+
+@dataclass
+class GradientRequest:
+    """Each client returns the gradient of its mean loss at `models[model_of_client[i]]`,
+    on one random minibatch of `batch_size` (None: all its training data)."""
+
+    clients: np.ndarray
+    models: torch.Tensor
+    model_of_client: np.ndarray
+    batch_size: int | None
+    seed: int
+
+    def cost(self) -> tuple[float, float]:
+        d = self.models.shape[1]
+        return float(_n(self.clients) * d), float(_n(self.clients) * d)
+
+
+@dataclass
+class GradientReply:
+    grads: torch.Tensor
+    n_samples: np.ndarray
+    loss: np.ndarray
+
+
+@dataclass
+class LossRequest:
+    """Each client reports the loss and accuracy of every one of K models on its data
+    (IFCA's cluster identity estimate)."""
+
+    clients: np.ndarray
+    models: torch.Tensor
+    split: Split = "train"
+    offset: Predictor | None = None
+
+    def cost(self) -> tuple[float, float]:
+        k, d = self.models.shape
+        return float(_n(self.clients) * k * d), float(_n(self.clients) * k)
+
+
+@dataclass
+class LossReply:
+    loss: np.ndarray
+    accuracy: np.ndarray
+
+
+@dataclass
+class EvaluateRequest:
+    """Each client evaluates its predictor on its own data (default: its test split).
+
+    Evaluation is measurement, not training traffic: its cost is not counted.
+    """
+
+    clients: np.ndarray
+    predictor: Predictor
+    split: Split = "test"
+
+    def cost(self) -> tuple[float, float]:
+        return 0.0, 0.0
+
+
+@dataclass
+class EvaluateReply:
+    accuracy: np.ndarray
+    macro_f1: np.ndarray
+    loss: np.ndarray
+    n_samples: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+Request = TrainRequest | GradientRequest | LossRequest | EvaluateRequest
+Reply = TrainReply | GradientReply | LossReply | EvaluateReply

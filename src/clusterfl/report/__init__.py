@@ -1,0 +1,84 @@
+"""Reporting: read run directories, draw figures, write summary tables and markdown reports.
+
+Typical use::
+
+    from clusterfl.report import write_run_report, write_comparison_report
+    write_run_report("runs/ifca")                      # runs/ifca/report.md + figures/
+    write_comparison_report(["runs/fedavg", "runs/ifca"], "runs/compare")
+"""
+
+from clusterfl.report.figures import (
+    human_units,
+    plot_accuracy,
+    plot_ari,
+    plot_client_accuracy,
+    plot_cluster_sizes,
+    plot_communication,
+    plot_comparison,
+    plot_matrix,
+    plot_run,
+    plot_series,
+)
+from clusterfl.report.history import (
+    RunDirError,
+    accuracy_series,
+    ari_series,
+    client_accuracy_matrix,
+    client_accuracy_quantiles,
+    cluster_size_matrix,
+    cluster_sizes_series,
+    comm_series,
+    evaluated_rounds,
+    final_client_accuracy,
+    is_regression,
+    load_config_text,
+    load_history,
+    load_summary,
+    metric_series,
+    n_clusters_series,
+    run_label,
+    split_rounds,
+)
+from clusterfl.report.markdown import (
+    summary_markdown,
+    summary_rows,
+    summary_table,
+    write_comparison_report,
+    write_run_report,
+)
+
+__all__ = [
+    "RunDirError",
+    "accuracy_series",
+    "ari_series",
+    "client_accuracy_matrix",
+    "client_accuracy_quantiles",
+    "cluster_size_matrix",
+    "cluster_sizes_series",
+    "comm_series",
+    "evaluated_rounds",
+    "final_client_accuracy",
+    "human_units",
+    "is_regression",
+    "load_config_text",
+    "load_history",
+    "load_summary",
+    "metric_series",
+    "n_clusters_series",
+    "plot_accuracy",
+    "plot_ari",
+    "plot_client_accuracy",
+    "plot_cluster_sizes",
+    "plot_communication",
+    "plot_comparison",
+    "plot_matrix",
+    "plot_run",
+    "plot_series",
+    "run_label",
+    "split_rounds",
+    "summary_markdown",
+    "summary_rows",
+    "summary_table",
+    "write_comparison_report",
+    "write_run_report",
+]
