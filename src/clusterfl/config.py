@@ -128,7 +128,7 @@ def load_config(raw: dict[str, Any]) -> Config:
     """Validate a config dict; raises ConfigError naming the first bad field."""
     from clusterfl.algorithms import ALGORITHMS
     from clusterfl.backends import BACKENDS
-    from clusterfl.data.scenarios import scenario_params
+    from clusterfl.data.scenarios import SCENARIOS, scenario_params
     from clusterfl.data.sources import SOURCE_NAMES
     from clusterfl.models import model_config
 
@@ -143,6 +143,7 @@ def load_config(raw: dict[str, Any]) -> Config:
                           f"{', '.join(sorted(SOURCE_NAMES))}")
     scen_raw = dict(_table(raw, "scenario"))
     scen_name = scen_raw.pop("name", "rotation")
+    pick(SCENARIOS, scen_name, "scenario.name")
     scenario = scenario_params(scen_name, scen_raw, "scenario")
     model = model_config(_table(raw, "model"))
     train = parse(TrainConfig, raw.get("train"), "train")

@@ -26,7 +26,7 @@ from clusterfl.backends import BACKENDS, Backend
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config, read_toml
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateRequest
 
@@ -34,10 +34,15 @@ CHECKPOINT = "checkpoint/state.pt"
 
 
 def build_federation(config: Config) -> Federation:
-    return make_federation(
-        config.data.source, config.scenario_name, config.scenario.model_dump(),
-        seed=config.run.seed, data_dir=config.data.data_dir,
-    )
+    try:
+        return make_federation(
+            config.data.source, config.scenario_name, config.scenario.model_dump(),
+            seed=config.run.seed, data_dir=config.data.data_dir,
+        )
+    except ConfigError as exc:
+        if exc.field == "source":
+            raise ConfigError("data.source", exc.message) from None
+        raise
 
 
 def build_backend(config: Config, federation: Federation, factory: ModelFactory) -> Backend:

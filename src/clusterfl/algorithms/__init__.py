@@ -44,4 +44,10 @@ def _load() -> dict[str, type[Algorithm]]:
 
 ALGORITHMS: dict[str, type[Algorithm]] = _load()
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Context"]
+
+def method_module(name: str) -> str | None:
+    """The module (inside `clusterfl.algorithms`) that implements method `name`."""
+    target = _ENTRIES.get(name)
+    return None if target is None else target.split(":")[0]
+
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Context", "method_module"]

@@ -128,14 +128,17 @@ class Federation:
         if self.clusters is not None and len(self.clusters) != self.n_clients:
             raise ValueError(f"clusters has {len(self.clusters)} ids for {self.n_clients} clients")
         if self.task not in ("classification", "regression"):
-            raise ValueError(f"task must be 'classification' or 'regression', got {self.task!r}")
+            raise ValueError(
+                f"task must be 'classification' or 'regression', got {self.task!r}"
+            )
 
     def describe(self) -> str:
         sizes = self.train_sizes
         k = self.n_true_clusters
         return (
             f"{self.name}: {self.n_clients} clients, train samples per client "
-            f"{sizes.min()}–{sizes.max()} (total {sizes.sum()}), test total {self.test_sizes.sum()}, "
+            f"{sizes.min()}–{sizes.max()} (total {sizes.sum()}), "
+            f"test total {self.test_sizes.sum()}, "
             f"{'?' if k is None else k} true clusters, input {self.input_shape}, "
             f"{self.n_classes} classes"
         )

@@ -1,0 +1,20 @@
+"""Data layer: dataset sources, transforms, scenarios and the `Federation` they produce."""
+
+from clusterfl.data.download import DATASETS, download, verify
+from clusterfl.data.federation import Federation
+from clusterfl.data.scenarios import SCENARIOS, make_federation, scenario_params
+from clusterfl.data.sources import SOURCE_NAMES, Source, default_data_dir, load_source
+
+__all__ = [
+    "DATASETS",
+    "SCENARIOS",
+    "SOURCE_NAMES",
+    "Federation",
+    "Source",
+    "default_data_dir",
+    "download",
+    "load_source",
+    "make_federation",
+    "scenario_params",
+    "verify",
+]

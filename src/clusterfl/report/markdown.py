@@ -1,0 +1,240 @@
+"""Summary tables (rich and markdown) and the markdown reports of one run or a comparison."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from clusterfl.report.figures import human_units, plot_comparison, plot_run
+from clusterfl.report.history import (
+    Record,
+    load_config_text,
+    load_history,
+    load_summary,
+    run_label,
+)
+
+REPORT_FILE = "report.md"
+CONFIG_EXCERPT_LINES = 40
+MISSING = "—"
+
+FIGURE_CAPTIONS: dict[str, str] = {
+    "accuracy": "Mean client accuracy per evaluated round; the band spans the 10–90% "
+    "quantiles of per-client accuracy (MSE for regression).",
+    "ari": "ARI of the cluster assignment against the true clusters, and the number of "
+    "clusters, per round.",
+    "client_accuracy": "Final accuracy of each client, sorted, coloured by true cluster.",
+    "cluster_sizes": "Clients per cluster per round (stacked); one band taking the whole "
+    "height means the clustering collapsed.",
+    "communication": "Cumulative floats sent between server and clients (log scale).",
+    "accuracy_compare": "Mean client accuracy per round, one line per method.",
+    "ari_compare": "ARI against the true clusters and number of clusters per round.",
+    "communication_compare": "Cumulative floats sent down and up per round (log scale).",
+}
+
+# --------------------------------------------------------------------------- cell formats
+
+
+def _percent(value: Any) -> str:
+    """0.8734 -> "87.34"."""
+    return MISSING if value is None else f"{100 * float(value):.2f}"
+
+
+def _fixed(digits: int) -> Callable[[Any], str]:
+    """Formatter with a fixed number of decimals."""
+    return lambda value: MISSING if value is None else f"{float(value):.{digits}f}"
+
+
+def _integer(value: Any) -> str:
+    return MISSING if value is None else str(int(value))
+
+
+def _human(value: Any) -> str:
+    return MISSING if value is None else human_units(float(value))
+
+
+def _general(value: Any) -> str:
+    return MISSING if value is None else f"{float(value):.4g}"
+
+
+# (header, key in summary["final"], formatter); "mse" only appears for regression runs.
+COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
+    ("accuracy (%)", "accuracy", _percent),
+    ("weighted acc (%)", "accuracy_weighted", _percent),
+    ("macro-F1 (%)", "macro_f1", _percent),
+    ("fairness var (%²)", "fairness_var", _fixed(2)),
+    ("MSE", "mse", _general),
+    ("ARI", "ari", _fixed(3)),
+    ("clusters", "n_clusters", _integer),
+    ("floats ↓", "floats_down", _human),
+    ("floats ↑", "floats_up", _human),
+    ("wall time (s)", "wall_time", _fixed(1)),
+]
+
+
+def _columns(summaries: Sequence[Record]) -> list[tuple[str, str, Callable[[Any], str]]]:
+    """The table's columns: MSE only when some run reports one."""
+    regression = any((s.get("final") or {}).get("mse") is not None for s in summaries)
+    return [c for c in COLUMNS if c[1] != "mse" or regression]
+
+
+def summary_rows(summaries: Sequence[Record]) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows of formatted cells), one row per summary in the given order."""
+    columns = _columns(summaries)
+    headers = ["method"] + [header for header, _, _ in columns]
+    rows = []
+    for summary in summaries:
+        final = summary.get("final") or {}
+        cells = [fmt(final.get(key)) for _, key, fmt in columns]
+        rows.append([run_label(summary), *cells])
+    return headers, rows
+
+
+def summary_table(summaries: Sequence[Record], title: str | None = None) -> Table:
+    """A rich Table of the final metrics, one row per run (numbers right-aligned)."""
+    headers, rows = summary_rows(summaries)
+    table = Table(title=title)
+    table.add_column(headers[0], style="bold")
+    for header in headers[1:]:
+        table.add_column(header, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def summary_markdown(summaries: Sequence[Record]) -> str:
+    """The same table as GitHub markdown (numbers right-aligned)."""
+    headers, rows = summary_rows(summaries)
+    lines = [
+        _markdown_row(headers),
+        "|" + "|".join([":---"] + ["---:"] * (len(headers) - 1)) + "|",
+    ]
+    lines += [_markdown_row(row) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def write_run_report(run_dir: str | Path) -> Path:
+    """Draw the run's figures (`plot_run`) and write `run_dir/report.md`; return its path."""
+    run_dir = Path(run_dir)
+    summary = load_summary(run_dir)
+    figures = plot_run(run_dir) + method_figures(run_dir, summary)
+    parts = [
+        _run_header(summary, run_dir),
+        _config_excerpt(load_config_text(run_dir)),
+        "## Results\n\n" + summary_markdown([summary]),
+        _extras_section(summary.get("extras") or {}),
+        "## Figures\n\n" + _figure_links(figures, run_dir),
+    ]
+    path = run_dir / REPORT_FILE
+    path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
+    return path
+
+
+def method_figures(run_dir: Path, summary: Record) -> list[Path]:
+    """Figures a method draws itself (`clusterfl.report.methods.<module>.figures`).
+
+    The module has the name of the method's module in `clusterfl.algorithms`.
+    """
+    from clusterfl.algorithms import method_module
+
+    module = method_module(str(summary.get("algorithm", "")))
+    if module is None:
+        return []
+    try:
+        mod = importlib.import_module(f"clusterfl.report.methods.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("clusterfl.report.methods"):
+            return []
+        raise
+    return list(mod.figures(run_dir, load_history(run_dir), summary))
+
+
+def _run_header(summary: Record, run_dir: Path) -> str:
+    """Title and one line of facts about the run."""
+    true = summary.get("true_clusters")
+    truth = f"{len(set(true))} true clusters" if true else "true clusters unknown"
+    facts = [
+        f"algorithm `{summary.get('algorithm', '?')}`",
+        f"federation `{summary.get('federation', '?')}`",
+        f"{summary.get('n_clients', '?')} clients",
+        f"{summary.get('rounds', '?')} rounds",
+        truth,
+    ]
+    return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
+
+
+def _config_excerpt(config: str | None) -> str:
+    """The first lines of the resolved config as a toml block."""
+    if config is None:
+        return ""
+    lines = config.rstrip().splitlines()
+    shown = "\n".join(lines[:CONFIG_EXCERPT_LINES])
+    more = len(lines) - CONFIG_EXCERPT_LINES
+    tail = f"\n… {more} more lines in `config.toml`.\n" if more > 0 else ""
+    return f"## Configuration\n\n```toml\n{shown}\n```\n{tail}"
+
+
+def _extras_section(extras: dict[str, Any]) -> str:
+    """Scalar algorithm-specific values of the summary (lists are left to the figures)."""
+    scalars = {k: v for k, v in extras.items() if isinstance(v, int | float | str | bool)}
+    if not scalars:
+        return ""
+    rows = [f"| {k} | {_general(v) if isinstance(v, float) else v} |" for k, v in scalars.items()]
+    return "## Algorithm specifics\n\n| key | value |\n|:---|---:|\n" + "\n".join(rows) + "\n"
+
+
+def _figure_links(figures: Sequence[Path], base: Path) -> str:
+    """One captioned markdown image per figure, linked relative to `base`."""
+    blocks = []
+    for figure in figures:
+        link = Path(os.path.relpath(figure, base)).as_posix()
+        caption = FIGURE_CAPTIONS.get(figure.stem, "")
+        blocks.append(f"![{figure.stem}]({link})\n\n*{caption}*\n" if caption else f"![]({link})\n")
+    return "\n".join(blocks)
+
+
+def write_comparison_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> Path:
+    """Draw the comparison figures and write `out_dir/report.md`; return its path.
+
+    The table keeps the order of `run_dirs`. Each run is linked to its own `report.md` when it
+    has one, else to its folder.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [load_summary(d) for d in run_dirs]
+    figures = plot_comparison(run_dirs, out_dir)
+    federations = sorted({str(s.get("federation", "?")) for s in summaries})
+    parts = [
+        f"# Comparison of {len(summaries)} runs\n\nFederation: "
+        + ", ".join(f"`{f}`" for f in federations) + ".\n",
+        "## Results\n\n" + summary_markdown(summaries),
+        "## Figures\n\n" + _figure_links(figures, out_dir),
+        "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir),
+    ]
+    path = out_dir / REPORT_FILE
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def _run_links(run_dirs: Sequence[str | Path], summaries: Sequence[Record], base: Path) -> str:
+    """A bullet per run linking its report (or folder) relative to `base`."""
+    lines = []
+    for run_dir, summary in zip(run_dirs, summaries):
+        run_dir = Path(run_dir)
+        target = run_dir / REPORT_FILE if (run_dir / REPORT_FILE).is_file() else run_dir
+        link = Path(os.path.relpath(target, base)).as_posix()
+        lines.append(f"- [{run_label(summary, run_dir)}]({link}) — `{run_dir.name}`")
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,143 @@
+"""Downloads against a local HTTP server, checksums and atomic writes (clusterfl.data.download)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from clusterfl.data.download import DATASETS, DatasetInfo, RemoteFile, download, verify
+from clusterfl.errors import ConfigError, DataError
+
+SHARED = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
+PAYLOAD = b"clusterfl test payload " * 1000
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A local HTTP server on 127.0.0.1 serving `tmp_path / "mirror"`."""
+    root = tmp_path / "mirror"
+    (root / "fake").mkdir(parents=True)
+    (root / "fake" / "a.bin").write_bytes(PAYLOAD)
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", root
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _register(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> RemoteFile:
+    fields: dict = {"path": "fake/a.bin", "url": "https://example.invalid/a.bin",
+                    "size": len(PAYLOAD), "sha256": hashlib.sha256(PAYLOAD).hexdigest(),
+                    "md5": hashlib.md5(PAYLOAD).hexdigest()}
+    fields.update(overrides)
+    remote = RemoteFile(**fields)
+    monkeypatch.setitem(DATASETS, "fake", DatasetInfo("fake", "test data", (remote,)))
+    return remote
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_download_verifies_and_is_atomic(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         mirror: tuple[str, Path]) -> None:
+    _register(monkeypatch)
+    data_dir = tmp_path / "data"
+    got = download("fake", data_dir, base_url=mirror[0], timeout=5)
+    assert got == [data_dir / "fake" / "a.bin"]
+    assert (data_dir / "fake" / "a.bin").read_bytes() == PAYLOAD
+    assert _leftovers(data_dir / "fake") == ["a.bin"]  # no temporary file left
+    assert [s.status for s in verify("fake", data_dir)] == ["ok"]
+    assert download("fake", data_dir, base_url=mirror[0]) == []  # valid files are skipped
+
+
+def test_checksum_mismatch_keeps_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         mirror: tuple[str, Path]) -> None:
+    _register(monkeypatch, sha256="0" * 64)
+    data_dir = tmp_path / "data"
+    with pytest.raises(DataError, match=r"checksum mismatch for fake/a\.bin") as err:
+        download("fake", data_dir, base_url=mirror[0], timeout=5)
+    assert "0" * 64 in str(err.value)
+    assert hashlib.sha256(PAYLOAD).hexdigest() in str(err.value)
+    assert _leftovers(data_dir / "fake") == []
+
+
+def test_server_down_gives_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _register(monkeypatch)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(DataError, match="cannot connect") as err:
+        download("fake", tmp_path / "data", base_url=url, timeout=5)
+    assert f"{url}/fake/a.bin" in str(err.value)
+    assert _leftovers(tmp_path / "data" / "fake") == []
+
+
+def test_http_error_and_timeout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                mirror: tuple[str, Path]) -> None:
+    _register(monkeypatch, path="fake/absent.bin")
+    with pytest.raises(DataError, match="HTTP 404"):
+        download("fake", tmp_path / "data", base_url=mirror[0], timeout=5)
+    _register(monkeypatch)
+    with socket.socket() as silent:  # accepts connections (backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(DataError, match=r"no answer within 0.3 s|timed out"):
+            download("fake", tmp_path / "data", base_url=url, timeout=0.3)
+    assert _leftovers(tmp_path / "data" / "fake") == []
+
+
+def test_verify_statuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _register(monkeypatch)
+    target = tmp_path / "fake" / "a.bin"
+    assert verify("fake", tmp_path)[0].status == "missing"
+    target.parent.mkdir()
+    target.write_bytes(PAYLOAD[:-1])
+    assert verify("fake", tmp_path)[0].status == "wrong_size"
+    target.write_bytes(PAYLOAD[:-1] + b"!")
+    status = verify("fake", tmp_path)[0]
+    assert status.status == "bad_checksum" and not status.ok
+    assert str(status).startswith(f"{target}: bad_checksum (sha256 expected")
+    target.write_bytes(PAYLOAD)
+    assert verify("fake", tmp_path)[0].ok
+
+
+def test_registry() -> None:
+    assert verify("digits") == [] and download("digits") == []
+    assert "digits" not in DATASETS and set(DATASETS) == {"mnist", "fashion_mnist", "cifar10"}
+    with pytest.raises(ConfigError, match="allowed"):
+        verify("imagenet")
+    cifar = DATASETS["cifar10"].files[0]
+    assert cifar.md5 == "c58f30108f718f92721af3b95e74349a" and cifar.size == 170498071
+    assert cifar.url == "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+    assert DATASETS["mnist"].files[0].url.startswith("https://ossci-datasets.s3.amazonaws.com/")
+
+
+@pytest.mark.skipif(not (SHARED / "SHA256SUMS").is_file(), reason=f"no SHA256SUMS in {SHARED}")
+def test_registry_matches_shared_checksums_and_files() -> None:
+    listed = dict(line.split()[::-1] for line in (SHARED / "SHA256SUMS").read_text().splitlines()
+                  if line.strip())
+    for name in ("mnist", "fashion_mnist"):
+        for f in DATASETS[name].files:
+            assert listed[f.path] == f.sha256
+            assert (SHARED / f.path).stat().st_size == f.size
+        assert all(s.ok for s in verify(name, SHARED))

@@ -1,0 +1,440 @@
+"""Scenario invariants (clusterfl.data.scenarios) on scikit-learn's digits and synthetic labels."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from clusterfl.data import SCENARIOS, Federation, Source, load_source, make_federation
+from clusterfl.data.scenarios import (
+    CFLGP_ANGLES,
+    Plan,
+    group_sizes,
+    plan_dirichlet,
+    power_law_sizes,
+    proportional_counts,
+    scenario_params,
+)
+from clusterfl.data.transforms import rotate_each
+from clusterfl.errors import ConfigError
+
+SMALL: dict[str, dict[str, Any]] = {  # parameters that fit digits (1,347 train / 450 test)
+    "iid": {},
+    "label_swap": {},
+    "label_permutation": {},
+    "rotation": {"n_clients": 8},
+    "rotation_mixture": {},
+    "dirichlet": {"n_clients": 30},
+    "cluster_dirichlet": {"n_clients": 30, "n_clusters": 3},
+    "n_class": {"n_clients": 30},
+    "cluster_n_class": {"n_clients": 30, "n_clusters": 3},
+    "cluster_labels": {"n_clients": 20},
+    "power_law": {"n_clients": 20},
+    "linear_regression": {},
+    "label_shift_half": {},
+}
+
+
+@pytest.fixture(scope="module")
+def digits() -> Source:
+    return load_source("digits")
+
+
+def _source_for(name: str, digits: Source) -> Source:
+    return load_source("synthetic_regression") if name == "linear_regression" else digits
+
+
+def _plan(source: Source, name: str, params: dict[str, Any], seed: int) -> Plan:
+    """The plan `make_federation` uses: planners are the first to draw from the generator."""
+    spec = SCENARIOS[name]
+    return spec.plan(source, scenario_params(name, params), np.random.default_rng(seed))
+
+
+def _client_labels(fed: Federation, split: str, i: int) -> set[int]:
+    _, y = fed.client_train(i) if split == "train" else fed.client_test(i)
+    return set(y.tolist())
+
+
+def _source_rows(source: Source, index: np.ndarray, split: str) -> tuple[torch.Tensor, ...]:
+    x = torch.cat([source.x_train, source.x_test]) if split == "all" else getattr(
+        source, f"x_{split}")
+    y = torch.cat([source.y_train, source.y_test]) if split == "all" else getattr(
+        source, f"y_{split}")
+    idx = torch.from_numpy(index)
+    return x[idx], y[idx]
+
+
+def _same(a: Federation, b: Federation) -> bool:
+    return (torch.equal(a.x_train, b.x_train) and torch.equal(a.y_train, b.y_train)
+            and torch.equal(a.x_test, b.x_test) and torch.equal(a.y_test, b.y_test)
+            and np.array_equal(a.train_offsets, b.train_offsets)
+            and np.array_equal(a.test_offsets, b.test_offsets) and a.meta == b.meta)
+
+
+# ====================================================================== every scenario
+
+
+def test_every_design_row_is_registered() -> None:
+    assert set(SMALL) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_invariants_of_every_scenario(name: str, digits: Source) -> None:
+    source = _source_for(name, digits)
+    params = SMALL[name]
+    fed = make_federation(source, name, params, seed=3)
+    assert fed.n_clients == scenario_params(name, params).n_clients
+    assert fed.train_sizes.min() >= 1 and fed.test_sizes.min() >= 1
+    json.dumps(fed.meta)  # JSON-able
+    assert fed.meta["scenario"] == name and fed.meta["seed"] == 3
+    if fed.clusters is not None:
+        assert len(fed.meta["clusters"]) == fed.n_true_clusters
+        assert np.all(np.diff(fed.clusters) >= 0)  # contiguous cluster ids
+    plan = _plan(source, name, params, seed=3)
+    assert np.array_equal(plan.train.offsets, fed.train_offsets)
+    same_pool = plan.train_pool is plan.test_pool
+    rows = [plan.train.index, plan.test.index + (0 if same_pool else 10**9)]
+    all_rows = np.concatenate(rows)
+    assert len(np.unique(all_rows)) == len(all_rows)  # no sample shared by two clients
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_seed_determinism(name: str, digits: Source) -> None:
+    source = _source_for(name, digits)
+    a = make_federation(source, name, SMALL[name], seed=11)
+    b = make_federation(source, name, SMALL[name], seed=11)
+    c = make_federation(source, name, SMALL[name], seed=12)
+    assert _same(a, b)
+    assert not _same(a, c)
+
+
+# ====================================================================== label maps
+
+
+def test_label_swap_applies_to_train_and_test(digits: Source) -> None:
+    params = {"n_clients": 6, "n_clusters": 2, "pairs": [[1, 7], [3, 5]]}
+    fed = make_federation(digits, "label_swap", params, seed=0)
+    plan = _plan(digits, "label_swap", params, seed=0)
+    assert fed.clusters.tolist() == [0, 0, 0, 1, 1, 1]
+    assert [c["swap"] for c in fed.meta["clusters"]] == [[1, 7], [3, 5]]
+    swap = {0: {1: 7, 7: 1}, 1: {3: 5, 5: 3}}
+    for split, part in (("train", plan.train), ("test", plan.test)):
+        x_orig, y_orig = _source_rows(digits, part.index, split)
+        x, y, _ = fed.split(split)
+        assert torch.equal(x, x_orig)
+        owner_cluster = fed.clusters[part.owner()]
+        expected = [swap[g].get(v, v) for g, v in zip(owner_cluster, y_orig.tolist())]
+        assert y.tolist() == expected
+    seven_in_cluster0 = (fed.y_test[: fed.test_offsets[3]] == 7).sum()
+    assert seven_in_cluster0 > 0  # the swap is visible in the test data too
+
+
+def test_label_swap_random_pairs_are_disjoint(digits: Source) -> None:
+    fed = make_federation(digits, "label_swap", {}, seed=5)
+    pairs = [tuple(c["swap"]) for c in fed.meta["clusters"]]
+    assert len(pairs) == 4 and len({v for p in pairs for v in p}) == 8
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, "label_swap", {"n_clusters": 6, "n_clients": 12}, seed=0)
+    assert err.value.field == "scenario.n_clusters"
+
+
+def test_label_permutation(digits: Source) -> None:
+    fed = make_federation(digits, "label_permutation", {"n_clients": 8}, seed=2)
+    plan = _plan(digits, "label_permutation", {"n_clients": 8}, seed=2)
+    maps = np.array([c["label_map"] for c in fed.meta["clusters"]])
+    assert len({m.tobytes() for m in maps}) == 4
+    assert all(sorted(m) == list(range(10)) for m in maps)
+    for split, part in (("train", plan.train), ("test", plan.test)):
+        _, y_orig = _source_rows(digits, part.index, split)
+        expected = maps[fed.clusters[part.owner()], y_orig.numpy()]
+        assert fed.split(split)[1].tolist() == expected.tolist()
+
+
+def test_label_shift_half(digits: Source) -> None:
+    fed = make_federation(digits, "label_shift_half", {"n_clients": 10}, seed=0)
+    plan = _plan(digits, "label_shift_half", {"n_clients": 10}, seed=0)
+    assert fed.clusters.tolist() == [0] * 5 + [1] * 5
+    _, y_orig = _source_rows(digits, plan.test.index, "test")
+    shifted = fed.clusters[plan.test.owner()] == 1
+    expected = np.where(shifted, (y_orig.numpy() + 5) % 10, y_orig.numpy())
+    assert fed.y_test.tolist() == expected.tolist()
+    with pytest.raises(ConfigError, match="shift"):
+        make_federation(digits, "label_shift_half", {"shift": 10}, seed=0)
+
+
+# ====================================================================== rotations
+
+
+def test_rotation_split_layout_rotates_train_and_test(digits: Source) -> None:
+    params = {"n_clients": 8, "angles": [0, 90, 180, 15]}
+    fed = make_federation(digits, "rotation", params, seed=1)
+    plan = _plan(digits, "rotation", params, seed=1)
+    assert fed.clusters.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [c["angle"] for c in fed.meta["clusters"]] == [0, 90, 180, 15]
+    for split, part in (("train", plan.train), ("test", plan.test)):
+        x_orig, y_orig = _source_rows(digits, part.index, split)
+        x, y, off = fed.split(split)
+        assert torch.equal(y, y_orig)
+        assert torch.equal(x[off[2]:off[4]], torch.rot90(x_orig[off[2]:off[4]], 1, (-2, -1)))
+        assert torch.equal(x[off[0]:off[2]], x_orig[off[0]:off[2]])
+        angles = np.array([0, 90, 180, 15.0])[fed.clusters[part.owner()]]
+        torch.testing.assert_close(x, rotate_each(x_orig, angles))
+    assert len(plan.train.index) == len(digits.y_train)  # all rows used, disjoint (above)
+
+
+def test_rotation_cflgp_layout(digits: Source) -> None:
+    params = {"n_clients": 16, "angles": "cflgp", "layout": "cflgp"}
+    fed = make_federation(digits, "rotation", params, seed=0)
+    plan = _plan(digits, "rotation", params, seed=0)
+    assert tuple(c["angle"] for c in fed.meta["clusters"]) == CFLGP_ANGLES
+    n_all = len(digits.y_train) + len(digits.y_test)
+    rows = np.concatenate([plan.train.index, plan.test.index])
+    assert np.array_equal(np.sort(rows), np.arange(n_all))  # merged data, all used once
+    blocks = np.repeat(np.arange(8), group_sizes(n_all, 8))
+    for i in range(16):
+        own = np.sort(np.concatenate([plan.train.index[plan.train.offsets[i]:
+                                                       plan.train.offsets[i + 1]],
+                                      plan.test.index[plan.test.offsets[i]:
+                                                      plan.test.offsets[i + 1]]]))
+        assert np.array_equal(own, np.arange(own[0], own[0] + len(own)))  # contiguous slice
+        assert np.all(blocks[own] == fed.clusters[i])  # inside its angle's block
+        assert abs(fed.train_sizes[i] / len(own) - 0.7) < 0.01
+    x_orig, _ = _source_rows(digits, plan.test.index, "all")
+    angles = np.asarray(CFLGP_ANGLES)[fed.clusters[plan.test.owner()]]
+    torch.testing.assert_close(fed.x_test, rotate_each(x_orig, angles))
+    with pytest.raises(ConfigError, match="divisible") as err:
+        make_federation(digits, "rotation", {**params, "n_clients": 12}, seed=0)
+    assert err.value.field == "scenario.n_clients"
+
+
+def test_rotation_mixture(digits: Source) -> None:
+    params = {"kappa": 0.3, "n_clients": 6}
+    fed = make_federation(digits, "rotation_mixture", params, seed=4)
+    plan = _plan(digits, "rotation_mixture", params, seed=4)
+    assert fed.clusters.tolist() == [0, 0, 1, 1, 2, 2]
+    group = fed.clusters[plan.train.owner()]
+    assert np.all(plan.train_angles[group == 0] == 0)
+    assert np.all(plan.train_angles[group == 1] == 180)
+    share = np.mean(plan.train_angles[group == 2] == 0)
+    assert abs(share - 0.3) < 0.08 and set(plan.train_angles[group == 2]) == {0.0, 180.0}
+    x_orig, _ = _source_rows(digits, plan.test.index, "test")
+    torch.testing.assert_close(fed.x_test, rotate_each(x_orig, plan.test_angles))
+    pure = _plan(digits, "rotation_mixture", {**params, "kappa": 1.0}, seed=4)
+    assert np.all(pure.test_angles[fed.clusters[pure.test.owner()] == 2] == 0)
+
+
+# ====================================================================== label skew
+
+
+def _counts(fed: Federation, split: str) -> np.ndarray:
+    _, y, off = fed.split(split)
+    owner = np.repeat(np.arange(fed.n_clients), np.diff(off))
+    return np.bincount(owner * 10 + y.numpy(), minlength=fed.n_clients * 10).reshape(-1, 10)
+
+
+def _test_classes_follow_train(fed: Federation) -> None:
+    train, test = _counts(fed, "train"), _counts(fed, "test")
+    assert np.all((test > 0) <= (train > 0))  # a client is tested on classes it trains on
+
+
+def test_dirichlet(digits: Source) -> None:
+    skewed = make_federation(digits, "dirichlet", {"n_clients": 20, "alpha": 0.05}, seed=0)
+    flat = make_federation(digits, "dirichlet", {"n_clients": 20, "alpha": 1000.0}, seed=0)
+    assert skewed.clusters is None
+    assert skewed.train_sizes.sum() == len(digits.y_train)  # every sample used once
+    def held(f: Federation) -> float:
+        return float((_counts(f, "train") > 0).sum(axis=1).mean())
+
+    assert held(skewed) < 4 and held(flat) == 10
+    _test_classes_follow_train(skewed)
+    many = make_federation(digits, "dirichlet", {"n_clients": 100, "min_samples": 5}, seed=0)
+    assert many.train_sizes.min() >= 5
+
+
+def test_cluster_dirichlet(digits: Source) -> None:
+    params = {"n_clients": 12, "n_clusters": 3, "alpha1": 0.1, "alpha2": 10.0}
+    fed = make_federation(digits, "cluster_dirichlet", params, seed=1)
+    train = _counts(fed, "train")
+    per_cluster = np.stack([train[fed.clusters == g].sum(0) for g in range(3)])
+    assert per_cluster.tolist() == [c["train_class_counts"] for c in fed.meta["clusters"]]
+    shares = per_cluster / per_cluster.sum(axis=0, keepdims=True)
+    assert np.mean(shares.max(axis=0)) > 0.6  # α1 = 0.1: most of a class in one cluster
+    _test_classes_follow_train(fed)
+
+
+def test_n_class(digits: Source) -> None:
+    fed = make_federation(digits, "n_class", {"n_clients": 40, "n": 3}, seed=2)
+    train = _counts(fed, "train")
+    assert np.all((train > 0).sum(axis=1) == 3)
+    chosen = np.array(fed.meta["client_classes"])
+    assert all(set(np.flatnonzero(train[i])) == set(chosen[i]) for i in range(40))
+    _test_classes_follow_train(fed)
+    even = make_federation(digits, "n_class", {"n_clients": 20, "n": 2,
+                                                "samples_per_client": 20}, seed=2)
+    assert np.all(even.train_sizes == 20) and set(_counts(even, "train").ravel()) <= {0, 10}
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, "n_class", {"n": 11}, seed=0)
+    assert err.value.field == "scenario.n"
+
+
+def test_cluster_n_class(digits: Source) -> None:
+    params = {"n_clients": 30, "n_clusters": 5, "n1": 3, "n2": 2}
+    fed = make_federation(digits, "cluster_n_class", params, seed=3)
+    train = _counts(fed, "train")
+    sets = [set(c["classes"]) for c in fed.meta["clusters"]]
+    assert all(len(s) == 3 for s in sets)
+    uses = np.bincount([k for s in sets for k in s], minlength=10)
+    assert set(uses) <= {1, 2}  # 15 slots over 10 classes, balanced
+    for i in range(30):
+        held = set(np.flatnonzero(train[i]))
+        assert len(held) == 2 and held <= sets[fed.clusters[i]]
+    _test_classes_follow_train(fed)
+
+
+def test_cluster_labels_disjoint_and_overlapping(digits: Source) -> None:
+    fed = make_federation(digits, "cluster_labels", {"n_clients": 20}, seed=0)
+    sets = [set(c["classes"]) for c in fed.meta["clusters"]]
+    assert all(len(s) == 2 for s in sets) and len(set.union(*sets)) == 10
+    assert len(set(fed.train_sizes)) == 1  # equal samples per client
+    train = _counts(fed, "train")
+    assert all(set(np.flatnonzero(train[i])) <= sets[fed.clusters[i]] for i in range(20))
+    _test_classes_follow_train(fed)
+    over = make_federation(digits, "cluster_labels",
+                           {"n_clients": 20, "label_sets": "overlapping"}, seed=0)
+    osets = [set(c["classes"]) for c in over.meta["clusters"]]
+    assert all(len(s) == 3 for s in osets)
+    assert all(len(osets[g] & osets[(g + 1) % 5]) == 1 for g in range(5))
+
+
+def test_cluster_labels_explicit_sets_and_sizes(digits: Source) -> None:
+    params = {"n_clients": 4, "n_clusters": 2, "class_sets": [[0, 1, 2], [2, 3, 7]],
+              "samples_per_client": 50}
+    fed = make_federation(digits, "cluster_labels", params, seed=0)
+    assert [c["classes"] for c in fed.meta["clusters"]] == [[0, 1, 2], [2, 3, 7]]
+    assert fed.train_sizes.tolist() == [50] * 4
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, "cluster_labels", {**params, "samples_per_client": 500}, seed=0)
+    assert err.value.field == "scenario.samples_per_client"
+
+
+def test_power_law_sizes_hand_values() -> None:
+    sizes, beta = power_law_sizes(44, 4, 10, 1.0)  # exactly (α + 1) each: β = 0
+    assert sizes.tolist() == [11, 11, 11, 11] and beta == 0.0
+    sizes, beta = power_law_sizes(1000, 5, 2, 1.0)
+    exact = 2 + np.exp(beta * np.arange(1, 6))
+    assert exact.sum() == pytest.approx(1000)
+    assert sizes.tolist() == np.floor(exact).astype(int).tolist()
+    with pytest.raises(ConfigError):
+        power_law_sizes(40, 4, 10, 1.0)
+
+
+def test_power_law(digits: Source) -> None:
+    params = {"n_clients": 20, "alpha": 3, "delta": 1.0}
+    fed = make_federation(digits, "power_law", params, seed=0)
+    for g in range(5):
+        sizes = fed.train_sizes[fed.clusters == g]
+        assert np.all(np.diff(sizes) >= 0) and sizes[0] >= 4 and sizes[-1] > 3 * sizes[0]
+    _test_classes_follow_train(fed)
+    assert all("beta" in c for c in fed.meta["clusters"])
+
+
+# ====================================================================== regression
+
+
+def test_linear_regression() -> None:
+    params = {"n_clients": 6, "samples_per_client": 2000, "noise_std": 0.2}
+    fed = make_federation("synthetic_regression", "linear_regression", params, seed=0)
+    assert fed.task == "regression" and fed.input_shape == (1,)
+    assert [c["angle"] for c in fed.meta["clusters"]] == [20.0, 0.0, -20.0]
+    for g, phi in enumerate(np.deg2rad([20.0, 0.0, -20.0])):
+        rows = np.concatenate([np.arange(fed.train_offsets[i], fed.train_offsets[i + 1])
+                               for i in np.flatnonzero(fed.clusters == g)])
+        x, y = fed.x_train[rows, 0].double().numpy(), fed.y_train[rows].double().numpy()
+        assert x.min() >= 0 and x.max() <= np.cos(phi) + 1e-6
+        slope, intercept = np.polyfit(x, y, 1)
+        assert slope == pytest.approx(np.tan(phi), abs=0.05)
+        assert np.std(y - slope * x - intercept) == pytest.approx(0.2, abs=0.01)
+    assert fed.test_sizes.tolist() == [100] * 6
+
+
+def test_incompatible_sources(digits: Source) -> None:
+    with pytest.raises(ConfigError, match="synthetic_regression") as err:
+        make_federation(digits, "linear_regression", {}, seed=0)
+    assert err.value.field == "source"
+    with pytest.raises(ConfigError, match="classification") as err:
+        make_federation("synthetic_regression", "rotation", {}, seed=0)
+    assert err.value.field == "source"
+
+
+# ====================================================================== validation
+
+
+@pytest.mark.parametrize(("name", "raw", "field", "text"), [
+    ("dirichlet", {"alpha": -1}, "scenario.alpha", "greater than 0"),
+    ("dirichlet", {"alpha": "abc"}, "scenario.alpha", "valid number"),
+    ("dirichlet", {"alfa": 0.1}, "scenario.alfa", "allowed: n_clients, alpha, min_samples"),
+    ("rotation", {"layout": "diagonal"}, "scenario.layout", "'split' or 'cflgp'"),
+    ("rotation", {"angles": "tilted"}, "scenario.angles", "ifca, cflgp"),
+    ("rotation", {"angles": []}, "scenario.angles", "at least one angle"),
+    ("iid", {"n_clients": 0}, "scenario.n_clients", "greater than or equal to 1"),
+    ("rotation_mixture", {"kappa": 1.5}, "scenario.kappa", "less than or equal to 1"),
+])
+def test_scenario_params_errors(name: str, raw: dict, field: str, text: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        scenario_params(name, raw)
+    assert err.value.field == field
+    assert text in err.value.message
+
+
+def test_unknown_scenario_and_prefix(digits: Source) -> None:
+    with pytest.raises(ConfigError, match="allowed: iid, label_swap") as err:
+        scenario_params("spiral", {})
+    assert err.value.field == "scenario"
+    with pytest.raises(ConfigError) as err:
+        scenario_params("dirichlet", {"alpha": 0}, field_prefix="data.scenario")
+    assert err.value.field == "data.scenario.alpha"
+    assert scenario_params("rotation", {"angles": "cflgp"}).angles == list(CFLGP_ANGLES)
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, "iid", {"n_clients": 5000}, seed=0)
+    assert err.value.field == "scenario.n_clients"
+
+
+def test_defaults_on_real_sizes() -> None:
+    """Default parameters of the label-skew scenarios on MNIST-sized labels."""
+    rng = np.random.default_rng(0)
+    labels = torch.from_numpy(rng.integers(0, 10, 60000))
+    source = Source(torch.zeros(60000, 1), labels, torch.zeros(10000, 1),
+                    torch.from_numpy(rng.integers(0, 10, 10000)), 10, "classification", "fake")
+    fed = make_federation(source, "cluster_labels", {}, seed=0)
+    assert fed.n_clients == 100 and fed.train_sizes.min() > 500
+
+
+# ====================================================================== speed and helpers
+
+
+def test_dirichlet_60k_over_1000_clients_is_fast() -> None:
+    rng = np.random.default_rng(0)
+    labels = torch.from_numpy(rng.integers(0, 10, 60000))
+    test_labels = torch.from_numpy(rng.integers(0, 10, 10000))
+    source = Source(torch.zeros(60000, 1), labels, torch.zeros(10000, 1), test_labels, 10,
+                    "classification", "fake")
+    params = scenario_params("dirichlet", {"n_clients": 1000, "alpha": 0.1})
+    start = time.perf_counter()
+    plan = plan_dirichlet(source, params, np.random.default_rng(0))
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, f"Dirichlet partition took {elapsed:.2f} s"
+    assert plan.train.sizes.min() >= 1 and plan.test.sizes.min() >= 1
+    assert len(np.unique(plan.train.index)) == 60000
+
+
+def test_proportional_counts_exact() -> None:
+    weights = np.array([[1, 0], [1, 3], [1, 1]])
+    counts = proportional_counts(weights, np.array([10, 7]))
+    assert counts.sum(axis=0).tolist() == [10, 7]
+    assert counts[:, 0].tolist() in ([4, 3, 3], [3, 4, 3], [3, 3, 4])
+    assert counts[:, 1].tolist() == [0, 5, 2]  # 5.25 → 5, 1.75 → 2

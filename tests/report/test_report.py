@@ -1,0 +1,375 @@
+"""Tests of clusterfl.report on synthetic run directories (20 rounds, 12 clients, 3 clusters)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+from numpy.testing import assert_allclose, assert_array_equal
+from rich.console import Console
+
+from clusterfl.errors import ClusterFLError
+from clusterfl.report import (
+    accuracy_series,
+    ari_series,
+    client_accuracy_quantiles,
+    cluster_size_matrix,
+    cluster_sizes_series,
+    comm_series,
+    evaluated_rounds,
+    human_units,
+    is_regression,
+    load_history,
+    load_summary,
+    n_clusters_series,
+    plot_client_accuracy,
+    plot_cluster_sizes,
+    plot_matrix,
+    plot_run,
+    plot_series,
+    split_rounds,
+    summary_markdown,
+    summary_rows,
+    summary_table,
+    write_comparison_report,
+    write_run_report,
+)
+from clusterfl.report.figures import _cluster_layers
+
+N_CLIENTS, ROUNDS, TRUE = 12, 20, [0] * 4 + [1] * 4 + [2] * 4
+
+
+# --------------------------------------------------------------------------- fake runs
+
+
+def _assignment(kind: str, t: int, rng: np.random.Generator) -> list[int]:
+    """Cluster ids of the 12 clients at round t for a run of the given kind."""
+    true = np.array(TRUE)
+    if kind == "fedavg":
+        return [0] * N_CLIENTS
+    if kind == "ifca":  # random at first, then the true clusters under ids (c + 1) % 4
+        noisy = rng.integers(0, 4, N_CLIENTS)
+        return [int(x) for x in np.where(rng.random(N_CLIENTS) < min(1.0, t / 8), true + 1, noisy)]
+    if kind == "collapse":  # clients drain into cluster 0 by round 10
+        return [0 if rng.random() < t / 10 else int(x) for x in (true + 1)]
+    if kind == "cfl":  # one cluster, split at rounds 6 and 11; client 11 dropped at round 3
+        ids = np.zeros(N_CLIENTS, dtype=int) if t < 6 else np.where(true == 0, 1, 2)
+        ids = ids if t < 11 else np.where(true == 2, 3, ids)
+        return [int(x) for x in ids[:-1]] + ([-1] if t == 3 else [int(ids[-1])])
+    raise ValueError(kind)
+
+
+def _fraction_correct(assignment: Sequence[int]) -> float:
+    """A cheap stand-in for ARI: fraction of client pairs whose co-membership is right."""
+    a, b = np.array(assignment), np.array(TRUE)
+    same_a, same_b = a[:, None] == a[None, :], b[:, None] == b[None, :]
+    return float(2 * np.mean(same_a == same_b) - 1)
+
+
+def _metrics(rng: np.random.Generator, t: int, quality: float, regression: bool) -> tuple:
+    """(metrics, client_accuracy) of an evaluated round."""
+    acc = np.clip(0.35 + 0.55 * quality * (1 - np.exp(-t / 6)) + rng.normal(0, 0.04, 12), 0, 1)
+    if regression:
+        mse = float(2.0 * np.exp(-t / 7) + 0.1)
+        keys = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var")
+        return {**dict.fromkeys(keys), "loss": mse, "mse": mse}, None
+    metrics = {
+        "accuracy": float(acc.mean()),
+        "accuracy_weighted": float(acc.mean() + 0.01),
+        "macro_f1": float(acc.mean() - 0.03),
+        "fairness_var": float(np.var(100 * acc)),
+        "loss": float(1.5 * (1 - acc.mean())),
+        "mse": None,
+    }
+    return metrics, [float(a) for a in acc]
+
+
+def make_run(
+    run_dir: Path,
+    kind: str,
+    label: str,
+    *,
+    regression: bool = False,
+    seed: int = 0,
+    extra_final: dict[str, Any] | None = None,
+) -> Path:
+    """Write config.toml, history.jsonl and summary.json of a synthetic run; return run_dir."""
+    rng = np.random.default_rng(seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    quality = {"fedavg": 0.6, "ifca": 1.0, "collapse": 0.7, "cfl": 0.95}[kind]
+    records, down = [], 0.0
+    for t in range(1, ROUNDS + 1):
+        assignment = _assignment(kind, t, rng)
+        evaluated = t % 2 == 0 or t == 1
+        metrics, client_acc = _metrics(rng, t, quality, regression) if evaluated else (None, None)
+        n_models = len({a for a in assignment if a >= 0})
+        down += 1.1e5 * N_CLIENTS * n_models  # each client receives every cluster model
+        records.append({
+            "round": t,
+            "wall_time": 0.8 * t,
+            "n_clusters": n_models,
+            "assignment": assignment,
+            "ari": _fraction_correct(assignment),
+            "floats_down": down,
+            "floats_up": 1.1e5 * N_CLIENTS * t,
+            "metrics": metrics,
+            "client_accuracy": client_acc,
+            "rejected": 0,
+            "extras": {"split": kind == "cfl" and t in (6, 11), "mean_update_norm": 1 / t},
+        })
+    with (run_dir / "history.jsonl").open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    last = records[-1]
+    final = {
+        **(last["metrics"] or {}),
+        "ari": last["ari"],
+        "n_clusters": last["n_clusters"],
+        "floats_down": last["floats_down"],
+        "floats_up": last["floats_up"],
+        "wall_time": last["wall_time"],
+        **(extra_final or {}),
+    }
+    summary = {
+        "algorithm": kind,
+        "label": label,
+        "federation": "synthetic_rotated",
+        "n_clients": N_CLIENTS,
+        "rounds": ROUNDS,
+        "true_clusters": TRUE,
+        "final": final,
+        "client_accuracy": last["client_accuracy"],
+        "assignment": last["assignment"],
+        "extras": {"cfl_gap": 0.42, "singular_values": [3.0, 1.0]},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "config.toml").write_text(f'algorithm = "{kind}"\n[scenario]\nn_clients = 12\n')
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three runs on the same federation: fedavg, a good ifca, and a collapsing ifca."""
+    base = tmp_path_factory.mktemp("runs")
+    return [
+        make_run(base / "fedavg", "fedavg", "fedavg"),
+        make_run(base / "ifca", "ifca", "ifca(K=4)", seed=1),
+        make_run(base / "collapse", "collapse", "ifca(K=4) collapse", seed=2),
+    ]
+
+
+def assert_png(path: Path, min_h: int = 250, min_w: int = 350) -> None:
+    """`path` is a readable PNG image of at least min_h × min_w pixels."""
+    assert path.is_file() and path.suffix == ".png", path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] >= min_h and image.shape[1] >= min_w, image.shape
+
+
+# --------------------------------------------------------------------------- history
+
+
+def test_cluster_size_matrix_hand_example() -> None:
+    ids, counts = cluster_size_matrix([[0, 0, 1, -1], [2, 2, 2, 2], [1, 0, 1, 1]])
+    assert_array_equal(ids, [-1, 0, 1, 2])
+    assert_array_equal(counts, [[1, 2, 1, 0], [0, 0, 0, 4], [0, 1, 3, 0]])
+
+
+def test_cluster_sizes_series_rows_sum_to_clients(runs: list[Path]) -> None:
+    rounds, ids, counts = cluster_sizes_series(load_history(runs[2]))
+    assert_array_equal(rounds, np.arange(1, ROUNDS + 1))
+    assert counts.shape == (ROUNDS, ids.size)
+    assert_array_equal(counts.sum(axis=1), N_CLIENTS)
+    assert counts[-1, list(ids).index(0)] == N_CLIENTS  # collapsed into cluster 0
+
+
+def test_series_helpers(runs: list[Path]) -> None:
+    history = load_history(runs[1])
+    expected = np.array([1, *range(2, ROUNDS + 1, 2)])
+    assert_array_equal(evaluated_rounds(history), expected)
+    rounds, acc = accuracy_series(history)
+    assert_array_equal(rounds, expected)
+    assert_allclose(acc[-1], history[-1]["metrics"]["accuracy"])
+    q_rounds, low, high = client_accuracy_quantiles(history)
+    assert_array_equal(q_rounds, expected)
+    assert np.all(low <= high)
+    assert ari_series(history)[0].size == ROUNDS
+    assert_array_equal(n_clusters_series(history)[1][:1], [history[0]["n_clusters"]])
+    _, down, up = comm_series(history)
+    assert np.all(np.diff(down) > 0) and np.all(np.diff(up) > 0)
+    assert not is_regression(history)
+
+
+def test_split_rounds_and_unassigned(tmp_path: Path) -> None:
+    history = load_history(make_run(tmp_path / "cfl", "cfl", "cfl"))
+    assert split_rounds(history) == [6, 11]
+    ids, counts = cluster_size_matrix([history[2]["assignment"]])
+    assert ids[0] == -1 and counts[0, 0] == 1
+
+
+def test_load_history_sorts_and_keeps_last_of_repeated_round(tmp_path: Path) -> None:
+    lines = [{"round": 2, "n_clusters": 1}, {"round": 1, "n_clusters": 1},
+             {"round": 2, "n_clusters": 5}]
+    (tmp_path / "history.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n\n")
+    history = load_history(tmp_path)
+    assert [r["round"] for r in history] == [1, 2] and history[1]["n_clusters"] == 5
+
+
+def test_missing_files_are_named(tmp_path: Path) -> None:
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(ClusterFLError, match=r"missing history\.jsonl"):
+        load_history(tmp_path)
+    with pytest.raises(ClusterFLError, match=r"missing history\.jsonl"):
+        write_run_report(tmp_path)
+    (tmp_path / "summary.json").unlink()
+    (tmp_path / "history.jsonl").write_text('{"round": 1}\n')
+    with pytest.raises(ClusterFLError, match=r"missing summary\.json"):
+        write_run_report(tmp_path)
+
+
+def test_not_a_directory_and_bad_lines(tmp_path: Path) -> None:
+    with pytest.raises(ClusterFLError, match="not a directory"):
+        load_history(tmp_path / "absent")
+    (tmp_path / "history.jsonl").write_text('{"round": 1}\n{"round": 2,\n')
+    with pytest.raises(ClusterFLError, match=r"history\.jsonl:2: not valid JSON"):
+        load_history(tmp_path)
+    (tmp_path / "history.jsonl").write_text("\n")
+    with pytest.raises(ClusterFLError, match="empty"):
+        load_history(tmp_path)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_plot_run_writes_all_figures(runs: list[Path]) -> None:
+    paths = plot_run(runs[1])
+    names = ["accuracy", "ari", "client_accuracy", "cluster_sizes", "communication"]
+    assert [p.name for p in paths] == [f"{n}.png" for n in names]
+    for path in paths:
+        assert path.parent == runs[1] / "figures"
+        assert_png(path)
+
+
+def test_plot_run_regression_and_unknown_truth(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "reg", "cfl", "cfl", regression=True)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["true_clusters"] = None
+    (run / "summary.json").write_text(json.dumps(summary))
+    history = [{**r, "ari": None} for r in load_history(run)]
+    (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    assert is_regression(history)
+    paths = plot_run(run)
+    assert "client_accuracy.png" not in {p.name for p in paths}  # no per-client accuracy
+    for path in paths:
+        assert_png(path)
+
+
+def test_plot_matrix_and_series(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    truth = np.array(TRUE)[rng.permutation(N_CLIENTS)]
+    same = truth[:, None] == truth[None, :]
+    similarity = np.where(same, 0.8, -0.3) + rng.normal(0, 0.05, (N_CLIENTS, N_CLIENTS))
+    order = np.argsort(truth, kind="stable")
+    assert_png(plot_matrix(similarity, order, tmp_path / "sim.png", "cosine", labels=truth))
+    adjacency = (similarity > 0).astype(float)
+    assert_png(plot_matrix(adjacency, order, tmp_path / "adj.png", "adjacency"))
+    series = {"mean": ([1, 2, 3], [0.1, 0.3, 0.2]), "max": ([1, 2, 3], [0.4, 0.9, 0.5])}
+    assert_png(plot_series(series, tmp_path / "s" / "gap.png", "gap", "norm", marks=[2]))
+
+
+def test_client_accuracy_and_many_clusters_cap_legend(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 15, 60)
+    path = plot_client_accuracy(rng.random(60), tmp_path / "c.png", "x", truth.tolist())
+    assert_png(path)
+    history = [{"round": t, "n_clusters": 30, "assignment": rng.integers(0, 30, 60).tolist()}
+               for t in range(1, 6)]
+    assert_png(plot_cluster_sizes(history, tmp_path / "sizes.png", "flt"))
+    ids, counts = cluster_size_matrix([r["assignment"] for r in history])
+    layers, names, _ = _cluster_layers(ids, counts)
+    assert len(names) == 11 and names[-1].startswith("other (20")
+    assert_allclose(layers.sum(axis=0), 60)
+
+
+# --------------------------------------------------------------------------- tables, reports
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(950, "950"), (1234, "1.2k"), (1.2e6, "1.2M"), (3.44e9, "3.4G"), (123.4e6, "123M"),
+     (0, "0")],
+)
+def test_human_units(value: float, text: str) -> None:
+    assert human_units(value) == text
+
+
+def _summary(label: str, **final: Any) -> dict[str, Any]:
+    base = dict.fromkeys(["accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
+                          "ari", "n_clusters", "floats_down", "floats_up", "wall_time"])
+    return {"label": label, "algorithm": label, "final": {**base, **final}}
+
+
+def test_summary_markdown_formats_numbers() -> None:
+    summaries = [
+        _summary("ifca(K=4)", accuracy=0.8734, accuracy_weighted=0.9, macro_f1=0.81234,
+                 fairness_var=12.345, ari=0.91234, n_clusters=4, floats_down=1.2e6,
+                 floats_up=3.4e9, wall_time=12.34),
+        _summary("fedavg", accuracy=0.5),
+    ]
+    text = summary_markdown(summaries)
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("| method | accuracy (%) | weighted acc (%) | macro-F1 (%)")
+    assert "MSE" not in lines[0] and lines[1].count("---:") == 9
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == ["ifca(K=4)", "87.34", "90.00", "81.23", "12.35", "0.912", "4", "1.2M",
+                     "3.4G", "12.3"]
+    assert re.fullmatch(r"\| fedavg \| 50\.00 (\| — ){8}\|", lines[3])
+
+
+def test_mse_column_only_with_regression() -> None:
+    headers, rows = summary_rows([_summary("a", accuracy=0.5), _summary("b", mse=0.012345)])
+    assert headers[5] == "MSE" and rows[1][5] == "0.01235" and rows[0][5] == "—"
+
+
+def test_summary_table_renders() -> None:
+    table = summary_table([_summary("ifca|x", accuracy=0.8734, floats_up=3.4e9)], title="T")
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(table)
+    out = console.file.getvalue()
+    assert "87.34" in out and "3.4G" in out and "ifca|x" in out
+    assert "ifca\\|x" in summary_markdown([_summary("ifca|x")])  # pipes escaped in markdown
+
+
+def test_write_run_report(runs: list[Path]) -> None:
+    path = write_run_report(runs[2])
+    text = path.read_text()
+    assert path == runs[2] / "report.md"
+    assert text.startswith("# ifca(K=4) collapse\n") and "synthetic_rotated" in text
+    assert '```toml\nalgorithm = "collapse"' in text
+    summary = load_summary(runs[2])
+    assert f"| {100 * summary['final']['accuracy']:.2f} |" in text
+    assert "| cfl_gap | 0.42 |" in text and "singular_values" not in text
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(links) == 5 and all((runs[2] / link).is_file() for link in links)
+
+
+def test_write_comparison_report(runs: list[Path], tmp_path: Path) -> None:
+    (runs[0] / "report.md").write_text("# fedavg\n")  # as left by write_run_report
+    order = [runs[2], runs[0], runs[1]]
+    text = write_comparison_report(order, tmp_path / "cmp").read_text()
+    for name in ("accuracy_compare", "ari_compare", "communication_compare"):
+        assert_png(tmp_path / "cmp" / f"{name}.png")
+    labels = ["ifca(K=4) collapse", "fedavg", "ifca(K=4)"]
+    table_rows = [line for line in text.splitlines() if line.startswith("| ") and "%" not in line]
+    assert [row.split("|")[1].strip() for row in table_rows] == labels
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images == ["accuracy_compare.png", "ari_compare.png", "communication_compare.png"]
+    runs_links = re.findall(r"- \[[^\]]+\]\(([^)]+)\)", text)
+    assert len(runs_links) == 3 and all((tmp_path / "cmp" / r).exists() for r in runs_links)
+    assert runs_links[1].endswith("fedavg/report.md")
