@@ -16,7 +16,11 @@ DEMO_METHODS = ["fedavg", "fedprox:mu=0.01", "local"]
 
 
 def _console() -> Console:
-    return Console(stderr=False, highlight=False)
+    """Console for tables; a pipe or file gets a width that fits the comparison table."""
+    con = Console(highlight=False)
+    if not con.is_terminal:
+        con = Console(highlight=False, width=160)
+    return con
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -191,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
     cfg.add_argument("--data-dir")
     cfg.set_defaults(func=cmd_config)
+
+    from clusterfl import cli_cfl
+
+    cli_cfl.add_parser(sub)
     return p
 
 
