@@ -73,7 +73,7 @@ class TrainConfig(_Strict):
 
 
 class BackendConfig(_Strict):
-    name: str = "sequential"
+    name: str = "simulation"
     chunk_size: int = Field(64, ge=1, description="clients computed together (memory bound)")
 
 

@@ -118,7 +118,7 @@ class Experiment:
             backend=backend, factory=self.factory,
             training=self.config.train.local_training(), n_clients=fed.n_clients,
             train_sizes=fed.train_sizes, rng=np.random.default_rng([run.seed, 7919]),
-            seed=run.seed, true_clusters=fed.clusters,
+            seed=run.seed, true_clusters=fed.clusters, rounds=run.rounds,
         )
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
@@ -223,6 +223,9 @@ class Experiment:
     def _write_outputs(self, history: History) -> None:
         if self.out_dir is None:
             return
+        save = getattr(self.algorithm, "save_artifacts", None)
+        if callable(save):
+            save(self.out_dir, self.config.run.rounds)
         _atomic_write(self.out_dir / "summary.json", json.dumps(history.summary, indent=2))
         if self.config.output.figures:
             from clusterfl.report import write_run_report

@@ -31,6 +31,7 @@ class AlgorithmConfig(BaseModel):
 class Context:
     """What an algorithm may use: clients only through `send`, never their data.
 
+    `rounds` is the run's planned number of rounds T (some methods schedule by it).
     `true_clusters` is given for diagnostics only (e.g. CFL's separation gap); an algorithm
     must never use it to decide anything.
     """
@@ -43,6 +44,7 @@ class Context:
     rng: np.random.Generator
     seed: int
     true_clusters: np.ndarray | None = None
+    rounds: int | None = None
     floats_down: float = 0.0
     floats_up: float = 0.0
     log: list[str] = field(default_factory=list)

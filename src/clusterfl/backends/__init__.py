@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from clusterfl.backends.base import Backend
 from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.backends.simulation import SimulationBackend
 
-BACKENDS: dict[str, type[Backend]] = {"sequential": SequentialBackend}
+BACKENDS: dict[str, type[Backend]] = {
+    "simulation": SimulationBackend,
+    "sequential": SequentialBackend,
+}
 
-__all__ = ["BACKENDS", "Backend", "SequentialBackend"]
+__all__ = ["BACKENDS", "Backend", "SequentialBackend", "SimulationBackend"]

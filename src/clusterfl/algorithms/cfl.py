@@ -1,0 +1,510 @@
+"""CFL: Clustered Federated Learning (Sattler, Müller, Samek, IEEE TNNLS 32(8), 2020).
+
+Implements Algorithm 5 (CFL with weight updates and optional privacy permutation P), with the
+split test of Algorithm 3 and the parameter tree of Section IV-C / Algorithm 4:
+
+- every round all clients train from their cluster's model (Alg. 5 lines 5-8, eq. (1)) and
+  return their weight update Δθ_i; the server averages them per cluster (Alg. 5 line 13;
+  weighted by |D_i| as in eq. (2) / Alg. 2 line 7 by default, unweighted as in Alg. 5 line 13
+  and the authors' code with `aggregation = "mean"`);
+- a cluster c is split when ‖Δθ_c‖ < ε1 (eq. (30)) and max_i ‖Δθ_i‖ > ε2 (eq. (31)) (Alg. 5
+  line 14): its clients are bipartitioned on the cosine similarity of their updates (eq. (40);
+  Alg. 1, `clusterfl.clustering.cosine`) and the split is accepted only if
+  sqrt((1 − α_cross^max)/2) > γ_max (eq. (36), Alg. 5 line 18);
+- the parameter tree (Section IV-C, properties 1-5) keeps, for every cluster ever formed, its
+  clients, its model (frozen at the round it splits: the stationary solution θ*_v) and, on the
+  edge from its parent, the pre-split updates Δ_e of its clients (eq. (43)). `CFL.place` walks
+  new clients down that tree (Algorithm 4);
+- privacy (Section IV-B, eq. (41)-(42), Alg. 5 lines 3, 7, 8): with `privacy = true` the
+  clients permute their updates with a permutation P the server never learns; cosine
+  similarities and norms are unchanged, so the clustering is the same.
+
+Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §5), we do:
+
+- ε1 = 0.4 and ε2 = 1.6 by default: the authors' code values (the paper gives only the rule of
+  thumb ε1 ≈ max_t ‖Δθ_c‖ / 10, ε2 ∈ [ε1, 10 ε1], Section V-B). Both depend on model, learning
+  rate and local epochs: check the `mean_norm` / `max_norm` extras of a first run.
+- γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
+  (equivalent to γ_max = 0, which accepts any split with α_cross^max < 1).
+- `warmup_rounds` = 0 and `min_split_size` = 2 by default (Alg. 5 has neither); the authors'
+  code splits only after round 20 (`warmup_rounds = 20`) and only clusters of more than two
+  clients (`min_split_size = 3`).
+- `bipartition = "optimal"` (Alg. 1, the paper) or `"complete"` (complete linkage, the code).
+- `lr_decay` (default 1, none): the code multiplies the learning rate by 0.99 every round.
+  The code also keeps each client's momentum buffer across rounds; the protocol has no
+  persistent client optimiser state, so that is not offered.
+- In the round a cluster splits, each of the two new clusters applies the mean update of its
+  own members to the parent's model (what the authors' code does; Alg. 5 does not say which
+  update the new clusters start from). The pre-split updates cached on the tree edges are
+  exactly these updates, computed from the parent's model, as eq. (43) asks.
+- The server keeps every model as its displacement from the public initial model θ_0
+  (D_c = P(θ_c − θ_0)); clients rebuild θ_c = θ_0 + P⁻¹ D_c. With P = identity this is plain
+  FL; with a secret P the server only ever holds permuted sums of permuted updates.
+- `keep_best` (Section II-B, "CFL never does worse than FL"): each client predicts with the
+  model on its tree path (root = FL solution, …, its leaf) that is most accurate on its own
+  data. The protocol has no validation split: `"train"` judges on the client's training data,
+  `"test"` on its test data (optimistic: the same data accuracy is reported on).
+- All clients take part in every round (Alg. 5 has no client sampling).
+- A cluster of one client is never split; a zero update has similarity 0 to all others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
+from clusterfl.clustering.cosine import (
+    Bipartition,
+    bipartition,
+    cross_cosine,
+    gamma_bound,
+    gamma_criterion,
+    pairwise_cosine,
+    separation_gap,
+)
+from clusterfl.protocol import LocalTraining, LossRequest, Predictor, TrainRequest
+
+TREE_FILE = "cfl_tree.pt"
+"""Name of the file `CFL.save_artifacts` writes into a run directory (read by `cfl-place`)."""
+
+
+class CFLConfig(AlgorithmConfig):
+    """Settings of CFL (Sattler et al. 2020, Algorithm 5). Defaults: see the module docstring."""
+
+    name: Literal["cfl"] = "cfl"
+    eps1: float = Field(
+        0.4, gt=0.0, description="split only if the cluster's mean update norm is below ε1 "
+        "(eq. 30; authors' code 0.4)")
+    eps2: float = Field(
+        1.6, gt=0.0, description="... and the largest client update norm exceeds ε2 "
+        "(eq. 31; authors' code 1.6)")
+    gamma_max: float = Field(
+        0.0, ge=0.0, lt=1.0, description="accept a bipartition only if "
+        "sqrt((1 - α_cross_max)/2) > γ_max (eq. 36; 0 = accept all, like the authors' code)")
+    bipartition: Literal["optimal", "complete"] = Field(
+        "optimal", description="'optimal': Algorithm 1 (paper); 'complete': complete-linkage "
+        "clustering (authors' code)")
+    aggregation: Literal["weighted", "mean"] = Field(
+        "weighted", description="'weighted' by client data size (eq. 2, paper); 'mean' "
+        "unweighted (Alg. 5 line 13, authors' code)")
+    warmup_rounds: int = Field(
+        0, ge=0, description="no split in rounds t <= warmup_rounds (authors' code: 20)")
+    min_split_size: int = Field(
+        2, ge=2, description="only clusters with at least this many clients split "
+        "(authors' code: 3)")
+    privacy: bool = Field(
+        False, description="clients permute their updates with a secret shared permutation P "
+        "(Alg. 5); the server never sees an unpermuted update")
+    keep_best: Literal["off", "train", "test"] = Field(
+        "off", description="each client predicts with the best model on its tree path, judged "
+        "on its 'train' or 'test' data (Section II-B); 'off' = its leaf model")
+    lr_decay: float = Field(
+        1.0, gt=0.0, le=1.0, description="local learning rate × lr_decay^(t-1) in round t "
+        "(authors' code: 0.99)")
+
+
+# ====================================================================== the parameter tree
+
+
+@dataclass
+class TreeNode:
+    """One (intermediate) cluster of the parameter tree (Section IV-C).
+
+    `model` is the server's view of the cluster model (displacement from θ_0, permuted under
+    privacy). For a leaf it is the live model; once the node splits it stays frozen at the
+    stationary solution θ*_v the split was decided at. `updates` are the pre-split updates of
+    this node's clients, computed from the parent's frozen model (Δ_e of eq. (43)); None at
+    the root.
+    """
+
+    id: int
+    clients: np.ndarray
+    parent: int
+    model: torch.Tensor
+    created: int
+    children: list[int] = field(default_factory=list)
+    split_round: int | None = None
+    updates: torch.Tensor | None = None
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "clients": self.clients.copy(), "parent": self.parent,
+            "model": self.model.clone(), "created": self.created,
+            "children": list(self.children), "split_round": self.split_round,
+            "updates": None if self.updates is None else self.updates.clone(),
+        }
+
+    @staticmethod
+    def from_state(s: dict[str, Any]) -> TreeNode:
+        return TreeNode(
+            int(s["id"]), np.asarray(s["clients"], np.int64), int(s["parent"]),
+            s["model"].clone(), int(s["created"]), [int(c) for c in s["children"]],
+            None if s["split_round"] is None else int(s["split_round"]),
+            None if s["updates"] is None else s["updates"].clone(),
+        )
+
+
+class ParameterTree:
+    """The tree of clusters CFL builds by recursive bipartitioning (Fig. 5)."""
+
+    def __init__(self, nodes: list[TreeNode]) -> None:
+        self.nodes = nodes
+
+    @staticmethod
+    def new(n_clients: int, model: torch.Tensor) -> ParameterTree:
+        root = TreeNode(0, np.arange(n_clients, dtype=np.int64), -1, model.clone(), 0)
+        return ParameterTree([root])
+
+    @property
+    def root(self) -> TreeNode:
+        return self.nodes[0]
+
+    def leaves(self) -> list[TreeNode]:
+        """The current clusters, by node id."""
+        return [v for v in self.nodes if v.is_leaf]
+
+    def path(self, node_id: int) -> list[int]:
+        """Node ids from the root down to `node_id`."""
+        out = [node_id]
+        while self.nodes[out[-1]].parent >= 0:
+            out.append(self.nodes[out[-1]].parent)
+        return out[::-1]
+
+    def leaf_of_clients(self, n_clients: int) -> np.ndarray:
+        """Leaf node id of every training client."""
+        out = np.full(n_clients, -1, dtype=np.int64)
+        for v in self.leaves():
+            out[v.clients] = v.id
+        return out
+
+    def split(self, node_id: int, groups: tuple[np.ndarray, np.ndarray],
+              models: tuple[torch.Tensor, torch.Tensor],
+              updates: tuple[torch.Tensor, torch.Tensor], t: int) -> tuple[int, int]:
+        """Freeze node `node_id` and hang two children under it; returns their ids."""
+        parent = self.nodes[node_id]
+        ids = []
+        for members, model, upd in zip(groups, models, updates):
+            child = TreeNode(len(self.nodes), np.sort(members), node_id, model, t,
+                             updates=upd.clone())
+            self.nodes.append(child)
+            ids.append(child.id)
+        parent.children = ids
+        parent.split_round = t
+        return ids[0], ids[1]
+
+    def state(self) -> list[dict[str, Any]]:
+        return [v.state() for v in self.nodes]
+
+    @staticmethod
+    def from_state(state: list[dict[str, Any]]) -> ParameterTree:
+        return ParameterTree([TreeNode.from_state(s) for s in state])
+
+
+# ====================================================================== the client side
+
+
+class ClientSide:
+    """What runs on the client devices in Algorithm 5 (lines 3, 7 and 8), simulated.
+
+    The server-side `CFL` object calls only `train`, `losses` and `decode` and never reads the
+    secret. In a deployment these lines run on every device: the clients agree on a random
+    seed among themselves (Alg. 5 line 3, e.g. through a key exchange the server relays but
+    cannot read), build P from it, apply P⁻¹ to what the server broadcasts and P to what they
+    upload. Here the backend plays the devices' training step; this class wraps it so that
+    whatever the server receives has already been permuted. In simulation the seed is drawn
+    from the run's generator so that runs stay reproducible; it lives only in this object and
+    in the `client_side` entry of the checkpoint (the devices' own storage).
+
+    Models travel as displacements D from the public initial model θ_0: the clients rebuild
+    θ = θ_0 + P⁻¹ D, train, and return P(θ_new − θ).
+    """
+
+    def __init__(self, base: torch.Tensor, privacy: bool, secret_seed: int) -> None:
+        self.base = base.clone()
+        self.privacy = bool(privacy)
+        self._secret = int(secret_seed)
+        self._perm, self._inv = self._permutation()
+
+    def _permutation(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not self.privacy:
+            return None, None
+        g = torch.Generator()
+        g.manual_seed(self._secret)
+        perm = torch.randperm(self.base.numel(), generator=g)
+        return perm, torch.argsort(perm)
+
+    def encode(self, plain: torch.Tensor) -> torch.Tensor:
+        """P v (identity without privacy), on the last dimension."""
+        return plain if self._perm is None else plain[..., self._perm]
+
+    def decode(self, displacement: torch.Tensor) -> torch.Tensor:
+        """θ_0 + P⁻¹ D: the plain model(s) of server displacements `[..., d]`."""
+        plain = displacement if self._inv is None else displacement[..., self._inv]
+        return self.base + plain
+
+    def train(self, ctx: Context, clients: np.ndarray, displacements: torch.Tensor,
+              model_of_client: np.ndarray, training: LocalTraining,
+              seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Clients train from their cluster models; returns (P Δθ `[n, d]`, |D_i|, loss)."""
+        start = self.decode(displacements)
+        reply = ctx.send(TrainRequest(clients, start, model_of_client, training, seed))
+        update = reply.params - start[torch.as_tensor(model_of_client, dtype=torch.long)]
+        return self.encode(update), reply.n_samples, reply.loss
+
+    def losses(self, ctx: Context, clients: np.ndarray, displacements: torch.Tensor,
+               split: Literal["train", "test"]) -> tuple[np.ndarray, np.ndarray]:
+        """Each client's loss and accuracy `[n, K]` of K decoded models on its own data."""
+        reply = ctx.send(LossRequest(clients, self.decode(displacements), split))
+        return reply.loss, reply.accuracy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base.clone(), "privacy": self.privacy, "secret": self._secret}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> ClientSide:
+        return ClientSide(state["base"], bool(state["privacy"]), int(state["secret"]))
+
+
+# ====================================================================== the method
+
+
+@dataclass
+class Placement:
+    """Where Algorithm 4 put a new client: its leaf, the path, and α_0/α_1 at each level."""
+
+    client: int
+    leaf: int
+    path: list[int]
+    similarities: list[tuple[float, float]]
+
+
+@dataclass
+class _ClusterStep:
+    """The server's view of one cluster in one round (before any split)."""
+
+    node: TreeNode
+    members: np.ndarray
+    updates: torch.Tensor
+    weights: np.ndarray
+    mean: torch.Tensor
+    mean_norm: float
+    max_norm: float
+    similarity: np.ndarray | None
+    split: Bipartition | None
+    gap: float | None
+
+
+class CFL(Algorithm):
+    """Clustered FL: FedAvg per cluster, recursive bipartitioning at stationary points."""
+
+    name = "cfl"
+    Config = CFLConfig
+
+    config: CFLConfig
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, ctx: Context) -> None:
+        base = ctx.factory.init(ctx.seed)
+        self._n = ctx.n_clients
+        self.clients = ClientSide(base, self.config.privacy, ctx.next_seed())
+        self.tree = ParameterTree.new(self._n, torch.zeros_like(base))
+        self._choice: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ one round
+    def _training(self, ctx: Context, t: int) -> LocalTraining:
+        if self.config.lr_decay == 1.0:
+            return ctx.training
+        return replace(ctx.training, lr=ctx.training.lr * self.config.lr_decay ** (t - 1))
+
+    def _weights(self, n_samples: np.ndarray) -> np.ndarray:
+        if self.config.aggregation == "mean":
+            return np.ones(len(n_samples))
+        return np.asarray(n_samples, dtype=np.float64)
+
+    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+        leaves = self.tree.leaves()
+        row = {v.id: k for k, v in enumerate(leaves)}
+        leaf_of = self.tree.leaf_of_clients(self._n)
+        clients = np.arange(self._n)
+        models = torch.stack([v.model for v in leaves])
+        updates, n_samples, loss = self.clients.train(
+            ctx, clients, models, np.array([row[int(v)] for v in leaf_of]),
+            self._training(ctx, t), ctx.next_seed())
+        steps = [self._examine(v, updates, n_samples, ctx.true_clusters) for v in leaves]
+        events = [self._decide(s, t) for s in steps]
+        for s, event in zip(steps, events):
+            if event is None or not event["accepted"]:
+                s.node.model = s.node.model + s.mean
+            else:
+                self._split(s, event, t)
+        self._refresh_choice(ctx)
+        return self._extras(steps, events, loss)
+
+    def _examine(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
+                 truth: np.ndarray | None) -> _ClusterStep:
+        members = node.clients
+        own = updates[torch.as_tensor(members)]
+        weights = self._weights(n_samples[members])
+        mean = weighted_mean(own, weights)
+        norms = torch.linalg.vector_norm(own.double(), dim=1)
+        sim, split, gap = None, None, None
+        if len(members) >= 2:
+            sim = pairwise_cosine(own)
+            split = bipartition(sim, self.config.bipartition)
+            if truth is not None:
+                gap = separation_gap(sim, np.asarray(truth)[members])
+        return _ClusterStep(node, members, own, weights, mean,
+                            float(torch.linalg.vector_norm(mean.double())),
+                            float(norms.max()), sim, split, gap)
+
+    def _decide(self, s: _ClusterStep, t: int) -> dict[str, Any] | None:
+        """The split test of Alg. 5 lines 14-18 for one cluster; None if not a candidate."""
+        c = self.config
+        if (s.split is None or t <= c.warmup_rounds or len(s.members) < c.min_split_size
+                or not (s.mean_norm < c.eps1 and s.max_norm > c.eps2)):
+            return None
+        return {
+            "node": s.node.id, "alpha_cross_max": s.split.max_cross,
+            "gamma_bound": gamma_bound(s.split.max_cross),
+            "accepted": gamma_criterion(s.split.max_cross, c.gamma_max),
+        }
+
+    def _split(self, s: _ClusterStep, event: dict[str, Any], t: int) -> None:
+        assert s.split is not None and s.similarity is not None
+        a, b = s.split.first, s.split.second
+        upd = (s.updates[torch.as_tensor(a)], s.updates[torch.as_tensor(b)])
+        models = (s.node.model + weighted_mean(upd[0], s.weights[a]),
+                  s.node.model + weighted_mean(upd[1], s.weights[b]))
+        groups = (s.members[a], s.members[b])
+        ids = self.tree.split(s.node.id, groups, models, upd, t)
+        event.update({
+            "children": list(ids), "groups": [g.tolist() for g in groups],
+            "members": s.members.tolist(), "similarity": np.round(s.similarity, 5).tolist(),
+        })
+
+    def _extras(self, steps: list[_ClusterStep], events: list[dict[str, Any] | None],
+                loss: np.ndarray) -> dict[str, Any]:
+        done = [e for e in events if e is not None]
+        return {
+            "n_clusters": len(self.tree.leaves()),
+            "clusters": [s.node.id for s in steps],
+            "cluster_sizes": [len(s.members) for s in steps],
+            "mean_norm": [s.mean_norm for s in steps],
+            "max_norm": [s.max_norm for s in steps],
+            "alpha_cross_max": [None if s.split is None else s.split.max_cross for s in steps],
+            "gap": [s.gap for s in steps],
+            "max_mean_norm": max(s.mean_norm for s in steps),
+            "max_client_norm": max(s.max_norm for s in steps),
+            "split": any(e["accepted"] for e in done),
+            "splits": done,
+            "train_loss": float(np.mean(loss)),
+        }
+
+    # ------------------------------------------------------------------ best model on path
+    def _refresh_choice(self, ctx: Context) -> None:
+        """keep_best: each client picks the best model on its path (root … leaf)."""
+        if self.config.keep_best == "off" or len(self.tree.nodes) == 1:
+            self._choice = None
+            return
+        choice = np.zeros(self._n, dtype=np.int64)
+        for leaf in self.tree.leaves():
+            path = self.tree.path(leaf.id)
+            models = torch.stack([self.tree.nodes[v].model for v in path])
+            loss, acc = self.clients.losses(ctx, leaf.clients, models, self.config.keep_best)
+            score = -loss if np.all(np.isnan(acc)) else np.nan_to_num(acc, nan=-np.inf)
+            # ties go to the most specific model (the last, deepest one)
+            best = score.shape[1] - 1 - np.argmax(score[:, ::-1], axis=1)
+            choice[leaf.clients] = np.asarray(path)[best]
+        self._choice = choice
+
+    # ------------------------------------------------------------------ interface
+    def assignment(self) -> np.ndarray:
+        """The leaf (cluster) node id of every client."""
+        return self.tree.leaf_of_clients(self._n)
+
+    def predictor(self) -> Predictor:
+        if self._choice is not None:
+            models = torch.stack([v.model for v in self.tree.nodes])
+            return Predictor.single(self.clients.decode(models), self._choice)
+        leaves = self.tree.leaves()
+        row = {v.id: k for k, v in enumerate(leaves)}
+        models = self.clients.decode(torch.stack([v.model for v in leaves]))
+        return Predictor.single(models, np.array([row[int(v)] for v in self.assignment()]))
+
+    def model_of(self, node_id: int) -> torch.Tensor:
+        """The plain model of tree node `node_id` (client side: decoded from the server view)."""
+        return self.clients.decode(self.tree.nodes[node_id].model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "n": self._n, "tree": self.tree.state(),
+            "choice": None if self._choice is None else self._choice.copy(),
+            "client_side": self.clients.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._n = int(state["n"])
+        self.tree = ParameterTree.from_state(state["tree"])
+        self._choice = None if state["choice"] is None else np.asarray(state["choice"])
+        self.clients = ClientSide.from_state(state["client_side"])
+
+    # ------------------------------------------------------------------ Algorithm 4
+    def place(self, ctx: Context, clients: np.ndarray | list[int]) -> list[Placement]:
+        """Assign clients that did not take part in training to leaf clusters (Algorithm 4).
+
+        At every inner node v each client trains from θ*_v (with the learning rate of the
+        round v split in) and moves to the child whose cached pre-split updates Δ_e contain
+        the update most similar to its own. `clients` index the federation of `ctx.backend`.
+        """
+        ids = np.asarray(clients, dtype=np.int64)
+        at = np.zeros(len(ids), dtype=np.int64)
+        sims: list[list[tuple[float, float]]] = [[] for _ in ids]
+        paths: list[list[int]] = [[0] for _ in ids]
+        while True:
+            inner = sorted({int(v) for v in at if not self.tree.nodes[int(v)].is_leaf})
+            if not inner:
+                break
+            for v in inner:
+                rows = np.flatnonzero(at == v)
+                self._place_step(ctx, self.tree.nodes[v], ids, rows, at, sims, paths)
+        return [Placement(int(c), int(at[k]), paths[k], sims[k]) for k, c in enumerate(ids)]
+
+    def _place_step(self, ctx: Context, node: TreeNode, ids: np.ndarray, rows: np.ndarray,
+                    at: np.ndarray, sims: list[list[tuple[float, float]]],
+                    paths: list[list[int]]) -> None:
+        t = node.split_round or 1
+        upd, _, _ = self.clients.train(
+            ctx, ids[rows], node.model[None], np.zeros(len(rows), np.int64),
+            self._training(ctx, t), ctx.next_seed())
+        a, b = (self.tree.nodes[c] for c in node.children)
+        assert a.updates is not None and b.updates is not None
+        alpha0 = cross_cosine(upd, a.updates).max(axis=1)
+        alpha1 = cross_cosine(upd, b.updates).max(axis=1)
+        for k, r in enumerate(rows):
+            nxt = a.id if alpha0[k] > alpha1[k] else b.id
+            at[r] = nxt
+            sims[r].append((float(alpha0[k]), float(alpha1[k])))
+            paths[r].append(nxt)
+
+    # ------------------------------------------------------------------ files
+    def save_artifacts(self, run_dir: str | Path, round_: int | None = None) -> list[Path]:
+        """Write `run_dir/cfl_tree.pt` (the full state, read by `clusterfl cfl-place`)."""
+        path = Path(run_dir) / TREE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"round": round_, "algorithm": self.state_dict(),
+                    "config": self.config.model_dump()}, path)
+        return [path]
+
+    def label(self) -> str:
+        return "cfl" + (" (P)" if self.config.privacy else "")
+

@@ -1,0 +1,100 @@
+"""FedAvg+ and FedProx+: the ensemble baselines of CAM (Ma et al. 2023, §5 "Ensemble FL").
+
+"We train FedAvg and FedProx K times and then learn an ensemble model via soft voting to
+serve all clients." The server keeps K global models from K independent initialisations
+(seeds seed..seed+K−1); every round each model runs one FedAvg (McMahan et al. 2017, Alg. 1)
+or FedProx (Li et al. 2020; local objective + μ/2 ||w − w_global||²) round of its own, with
+its own client sample and its own local minibatch order, as K separate runs would. Every
+client predicts with the mean of the K models' softmax outputs (`"mean_probs"`).
+
+Choices left open: the K runs share the round loop (one round of each per round) and the
+client fraction; sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here.
+Replies with NaN/Inf parameters are left out of the averages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
+from clusterfl.algorithms.ifca import finite_rows, mean_finite
+from clusterfl.protocol import Predictor, TrainRequest
+
+
+class FedAvgPlusConfig(AlgorithmConfig):
+    """Settings of FedAvg+ (`[algorithm] name = "fedavg_plus"`)."""
+
+    name: Literal["fedavg_plus"] = "fedavg_plus"
+    n_models: int = Field(5, ge=1, description="K, the number of independent global models")
+    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
+
+
+class FedProxPlusConfig(FedAvgPlusConfig):
+    """Settings of FedProx+ (`[algorithm] name = "fedprox_plus"`)."""
+
+    name: Literal["fedprox_plus"] = "fedprox_plus"  # type: ignore[assignment]
+    mu: float = Field(0.01, ge=0.0, description="proximal weight μ")
+
+
+class FedAvgPlus(Algorithm):
+    """K independent FedAvg runs, served as one soft-voting ensemble."""
+
+    name = "fedavg_plus"
+    Config = FedAvgPlusConfig
+    config: FedAvgPlusConfig
+
+    def setup(self, ctx: Context) -> None:
+        self.models = ctx.factory.init_many(self.config.n_models, ctx.seed)
+        self._n = ctx.n_clients
+
+    def _mu(self) -> float:
+        return 0.0
+
+    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+        training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
+        losses, rejected = [], 0
+        new = self.models.clone()
+        for k in range(len(self.models)):
+            clients = ctx.sample(self.config.fraction)
+            reply = ctx.send(TrainRequest(clients, self.models[k : k + 1],
+                                          np.zeros(len(clients), np.int64), training,
+                                          ctx.next_seed()))
+            ok = finite_rows(reply.params)
+            rejected += int((~ok).sum())
+            if ok.any():
+                new[k] = weighted_mean(reply.params[torch.from_numpy(ok)], reply.n_samples[ok])
+            losses.append(mean_finite(reply.loss))
+        self.models = new
+        return {"train_loss": losses, "rejected": rejected}
+
+    def assignment(self) -> np.ndarray:
+        return np.zeros(self._n, dtype=np.int64)
+
+    def predictor(self) -> Predictor:
+        members = np.tile(np.arange(len(self.models), dtype=np.int64), (self._n, 1))
+        return Predictor(self.models, members, "mean_probs")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"models": self.models.clone(), "n": self._n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.models, self._n = state["models"].clone(), int(state["n"])
+
+
+class FedProxPlus(FedAvgPlus):
+    """K independent FedProx runs, served as one soft-voting ensemble."""
+
+    name = "fedprox_plus"
+    Config = FedProxPlusConfig
+    config: FedProxPlusConfig
+
+    def _mu(self) -> float:
+        return float(self.config.mu)
+
+
+__all__ = ["FedAvgPlus", "FedAvgPlusConfig", "FedProxPlus", "FedProxPlusConfig"]

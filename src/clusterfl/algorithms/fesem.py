@@ -1,0 +1,201 @@
+"""FeSEM, multi-center federated learning (Xie et al. 2021), as used by CAM (Ma et al. 2023).
+
+The server keeps K centers Θ_1..Θ_K. Each round the sampled clients train from their assigned
+center with the proximal pull λ/2 ||θ_i − Θ_c(i)||² (`LocalTraining.mu`); the server then runs
+a few weighted k-means iterations on the returned client models, starting from the current
+centers (assignment c(i) = argmin_k ||θ_i − Θ_k||², update Θ_k = Σ_{i∈C_k} n_i θ_i / Σ n_i;
+CAM Eq. 10-11, implemented in `clusterfl.clustering.kmeans.lloyd`).
+
+Choices the papers leave open, and ours:
+- Distances may read only some layers (`kmeans_layers`): "all" (default; FeSEM measures the
+  whole model), "linear" (the parameters of every `nn.Linear` module — the fully-connected
+  layers CAM §5 uses for FeSEM-CAM) or a list of parameter-name prefixes. Whatever the
+  distance reads, the centers are the weighted means of the members' full parameter vectors.
+- First clustering: before any clustering exists, clients train from one common initial model
+  Θ_0 (optionally for `warmup_rounds` rounds of local training only, continuing their own
+  models, as CAM's FeSEM-CAM warm-up does); the server then runs weighted k-means with
+  `kmeans_restarts` seeded k-means++ starts on the uploaded models. With independent random
+  centers instead, distances would be dominated by the initialisations and never by the data.
+- A center that loses all its members keeps its parameters.
+- λ defaults to 0.01 (CAM chooses λ from {0.001, 0.01, 0.1} per experiment).
+- Clients not sampled keep their cluster; a client never clustered trains from (and is
+  evaluated with) Θ_0.
+- Warm-up local training (no communication) uses every client; the uploads that feed the
+  first clustering are booked at the end of the warm-up.
+- Replies with NaN/Inf parameters are left out (they keep their previous cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import nn
+
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.ifca import book, cluster_sizes, finite_rows, mean_finite
+from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
+from clusterfl.models import ModelFactory
+from clusterfl.protocol import Predictor, TrainRequest
+
+LayerSpec = Literal["all", "linear"] | list[str]
+
+
+class FeSEMConfig(AlgorithmConfig):
+    """Settings of FeSEM (`[algorithm] name = "fesem"`)."""
+
+    name: Literal["fesem"] = "fesem"
+    n_clusters: int = Field(5, ge=1, description="K, the number of centers")
+    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
+    lam: float = Field(0.01, ge=0.0, description="λ, proximal pull toward the center")
+    kmeans_layers: LayerSpec = Field(
+        "all", description='parameters k-means measures: "all", "linear" (fully-connected '
+        "layers) or a list of parameter-name prefixes")
+    kmeans_iters: int = Field(10, ge=1, description="k-means iterations per round (at most)")
+    kmeans_restarts: int = Field(5, ge=1, description="k-means++ starts of the first clustering")
+    warmup_rounds: int = Field(
+        0, ge=0, description="rounds of local training only before the first clustering")
+
+
+def layer_index(factory: ModelFactory, spec: LayerSpec) -> torch.Tensor | None:
+    """Flat positions k-means reads: None for all, else the chosen layers' positions."""
+    if spec == "all":
+        return None
+    if spec == "linear":
+        module = factory.build()
+        prefixes = [f"{n}." for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+        if not prefixes:
+            raise ValueError(f"model {factory.name!r} has no nn.Linear layer for k-means")
+        return factory.layout.index(prefixes)
+    return factory.layout.index(list(spec))
+
+
+def _select(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    return x if index is None else x[:, index]
+
+
+def cluster_models(
+    params: torch.Tensor, weights: np.ndarray, centers: torch.Tensor | None, k: int,
+    index: torch.Tensor | None, iters: int, restarts: int, rng: np.random.Generator,
+    fallback: torch.Tensor,
+) -> tuple[np.ndarray, torch.Tensor, dict[str, Any]]:
+    """FeSEM's server step: k-means on (chosen layers of) client models → labels, new centers.
+
+    `centers` None means the first clustering (seeded k-means++ restarts); otherwise Lloyd
+    iterations start from the current centers so cluster ids stay stable. The returned `[k, d]`
+    centers are the weighted means of the members' full vectors; a center without members
+    keeps its previous value (`fallback`, `[k, d]`, at the first clustering).
+    """
+    x = _select(params, index)
+    if centers is None:
+        res = kmeans(x, min(k, len(x)), rng, weights, n_init=restarts, max_iter=iters)
+        previous = fallback
+    else:
+        res = lloyd(x, _select(centers, index), weights, max_iter=iters)
+        previous = centers
+    full = weighted_centroids(params, res.labels, weights, previous)
+    info = {"kmeans_iters": res.n_iter, "kmeans_converged": int(res.converged),
+            "kmeans_inertia": res.inertia}
+    return res.labels, full, info
+
+
+class FeSEM(Algorithm):
+    """FeSEM: proximal local training from the assigned center, then k-means on the models."""
+
+    name = "fesem"
+    Config = FeSEMConfig
+    config: FeSEMConfig
+
+    def setup(self, ctx: Context) -> None:
+        cfg = self.config
+        self.start = ctx.factory.init(ctx.seed)  # Θ_0, the common start before clustering
+        self.centers: torch.Tensor | None = None
+        self.assign = np.full(ctx.n_clients, -1, dtype=np.int64)
+        self.local: torch.Tensor | None = None  # warm-up client models
+        self.index = layer_index(ctx.factory, cfg.kmeans_layers)
+
+    # ------------------------------------------------------------------ rounds
+    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+        if t <= self.config.warmup_rounds:
+            return self._warmup_round(ctx, t)
+        clients = ctx.sample(self.config.fraction)
+        starts, start_of = self.starts(clients)
+        reply = ctx.send(TrainRequest(clients, starts, start_of,
+                                      replace(ctx.training, mu=self.config.lam),
+                                      ctx.next_seed()))
+        info = self._recluster(ctx, clients, reply.params, reply.n_samples)
+        return {"train_loss": mean_finite(reply.loss), **info, "warmup": 0}
+
+    def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
+        """Local training only (every client continues its own model; nothing is sent)."""
+        n = ctx.n_clients
+        if self.local is None:
+            self.local = self.start[None].repeat(n, 1)
+        clients = np.arange(n)
+        reply = ctx.send(TrainRequest(clients, self.local, clients, ctx.training,
+                                      ctx.next_seed(), count_cost=False))
+        ok = torch.from_numpy(finite_rows(reply.params))
+        self.local[ok] = reply.params[ok]
+        extras: dict[str, Any] = {"train_loss": mean_finite(reply.loss), "warmup": 1}
+        if t == self.config.warmup_rounds:
+            book(ctx, up=n * self.local.shape[1])  # clients upload θ_i for the first clustering
+            extras.update(self._recluster(ctx, clients, self.local, ctx.train_sizes))
+            self.local = None
+        else:
+            extras["cluster_sizes"] = cluster_sizes(self.assign, self.config.n_clusters)
+        return extras
+
+    def starts(self, clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Start models `[K+1, d]` (centers, then Θ_0) and each client's row in it."""
+        k = self.config.n_clusters
+        centers = self.centers if self.centers is not None else self.start[None].repeat(k, 1)
+        rows = torch.cat([centers, self.start[None]])
+        a = self.assign[clients]
+        return rows, np.where(a >= 0, a, k).astype(np.int64)
+
+    def _recluster(self, ctx: Context, clients: np.ndarray, params: torch.Tensor,
+                   n_samples: np.ndarray) -> dict[str, Any]:
+        """k-means on the uploaded models (finite ones) → new centers and assignments."""
+        cfg = self.config
+        ok = finite_rows(params)
+        info: dict[str, Any] = {"rejected": int((~ok).sum())}
+        if ok.any():
+            rng = np.random.default_rng(ctx.next_seed())
+            labels, centers, km = cluster_models(
+                params[torch.from_numpy(ok)], np.asarray(n_samples)[ok], self.centers,
+                cfg.n_clusters, self.index, cfg.kmeans_iters, cfg.kmeans_restarts, rng,
+                fallback=self.start[None].repeat(cfg.n_clusters, 1))
+            self.centers = centers
+            self.assign[clients[ok]] = labels
+            info.update(km)
+        info["cluster_sizes"] = cluster_sizes(self.assign, cfg.n_clusters)
+        return info
+
+    # ------------------------------------------------------------------ outputs
+    def assignment(self) -> np.ndarray:
+        return self.assign.copy()
+
+    def predictor(self) -> Predictor:
+        if self.local is not None:
+            return Predictor.single(self.local, np.arange(len(self.local)))
+        rows, row_of = self.starts(np.arange(len(self.assign)))
+        return Predictor.single(rows, row_of)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start.clone(), "assign": self.assign.copy(),
+            "centers": None if self.centers is None else self.centers.clone(),
+            "local": None if self.local is None else self.local.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.start = state["start"].clone()
+        self.assign = np.asarray(state["assign"], dtype=np.int64).copy()
+        self.centers = None if state["centers"] is None else state["centers"].clone()
+        self.local = None if state["local"] is None else state["local"].clone()
+
+
+__all__ = ["FeSEM", "FeSEMConfig", "cluster_models", "layer_index"]

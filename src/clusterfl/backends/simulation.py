@@ -1,0 +1,153 @@
+"""The simulation backend: all clients of a request computed together (DESIGN.md §1, §3).
+
+Same requests, same replies as `SequentialBackend` (the reference), but the work is done by
+`engine.vectorized.VectorizedEngine`: stacked parameters, batched local steps, batched
+gradients, and outputs of K models on all clients' data in large matrix products. The
+computation runs in the dtype of the request's models (data is cast once and cached).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from clusterfl.backends.base import Backend, as_index
+from clusterfl.data.federation import Federation
+from clusterfl.engine.common import per_sample_loss
+from clusterfl.engine.schedule import batch_schedule, gradient_batches
+from clusterfl.engine.vectorized import (
+    Rows,
+    SplitData,
+    VectorizedEngine,
+    client_metrics_batched,
+    mean_per_client,
+)
+from clusterfl.models import ModelFactory
+from clusterfl.protocol import (
+    EvaluateReply,
+    EvaluateRequest,
+    GradientReply,
+    GradientRequest,
+    LossReply,
+    LossRequest,
+    Predictor,
+    TrainReply,
+    TrainRequest,
+)
+
+
+class SimulationBackend(Backend):
+    """Executes requests for many clients at once with the vectorized engine.
+
+    Args:
+        federation: the clients' data.
+        factory: the architecture.
+        chunk_size: at most this many clients are stacked at a time (memory bound; fewer
+            when their optimizer state or batches would exceed the engine's budget).
+        kernel: "auto" (fast paths for the built-in models, `torch.func` otherwise), or
+            "mlp" / "cnn" / "generic" to force one.
+    """
+
+    name = "simulation"
+
+    def __init__(
+        self,
+        federation: Federation,
+        factory: ModelFactory,
+        chunk_size: int = 64,
+        *,
+        kernel: str = "auto",
+    ) -> None:
+        super().__init__(federation, factory)
+        self.module = factory.build()
+        self.engine = VectorizedEngine(self.module, factory.layout, kernel, chunk_size)
+        self._splits: dict[tuple[str, torch.dtype], SplitData] = {}
+
+    # -------------------------------------------------------------- helpers
+    def _split(self, name: str, dtype: torch.dtype) -> SplitData:
+        """The split's data in `dtype` (cast once, cached)."""
+        key = (name, dtype)
+        if key not in self._splits:
+            x, y, off = self.federation.split(name)
+            x = x.to(dtype).contiguous()
+            if self.federation.task == "regression":
+                y = y.to(dtype)
+            self._splits[key] = SplitData(x, y.contiguous(), off)
+        return self._splits[key]
+
+    def _rows(self, name: str, dtype: torch.dtype, clients: np.ndarray) -> tuple[SplitData, Rows]:
+        data = self._split(name, dtype)
+        return data, Rows.of(data.offsets, clients)
+
+    def _offsets(
+        self, pred: Predictor | None, split: str, clients: np.ndarray, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """Outputs of a frozen predictor on each client's rows (local order), in `dtype`."""
+        if pred is None:
+            return None
+        data, rows = self._rows(split, pred.models.dtype, clients)
+        return self.engine.predictor_outputs(data, rows, pred).to(dtype)
+
+    @staticmethod
+    def _local_targets(data: SplitData, rows: Rows) -> torch.Tensor:
+        idx = np.concatenate([np.arange(s, s + n) for s, n in zip(rows.start, rows.size)] or [[]])
+        return data.y.index_select(0, torch.from_numpy(idx.astype(np.int64)))
+
+    # -------------------------------------------------------------- requests
+    def train(self, req: TrainRequest) -> TrainReply:
+        fed, clients = self.federation, as_index(req.clients)
+        tr = req.training
+        sizes = fed.train_sizes[clients]
+        sched = batch_schedule(sizes, clients, tr.batch_size, tr.epochs, tr.steps, req.seed)
+        dtype = req.models.dtype
+        data, rows = self._rows("train", dtype, clients)
+        offsets = self._offsets(req.offset, "train", clients, dtype)
+        params, loss = self.engine.train(
+            data, rows, req.models, as_index(req.model_of_client), sched, tr, fed.task,
+            offsets, req.seed,
+        )
+        return TrainReply(params, sizes.copy(), loss)
+
+    def gradient(self, req: GradientRequest) -> GradientReply:
+        fed, clients = self.federation, as_index(req.clients)
+        sizes = fed.train_sizes[clients]
+        used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
+        if len(clients) == 0:
+            return GradientReply(req.models.new_zeros(0, self.factory.size), used, np.zeros(0))
+        batches = gradient_batches(sizes, clients, req.batch_size, req.seed)
+        data, rows = self._rows("train", req.models.dtype, clients)
+        grads, loss = self.engine.gradients(
+            data, rows, req.models, as_index(req.model_of_client), batches, fed.task, req.seed
+        )
+        return GradientReply(grads, used, loss)
+
+    def losses(self, req: LossRequest) -> LossReply:
+        fed, clients = self.federation, as_index(req.clients)
+        k = req.models.shape[0]
+        data, rows = self._rows(req.split, req.models.dtype, clients)
+        loss = np.zeros((len(clients), k))
+        acc = np.full((len(clients), k), np.nan)
+        if len(clients) == 0:
+            return LossReply(loss, acc)
+        base = self._offsets(req.offset, req.split, clients, req.models.dtype)
+        y = self._local_targets(data, rows)
+        for j, out in enumerate(self.engine.all_model_outputs(data, rows, req.models)):
+            if base is not None:
+                out = out + base
+            per = per_sample_loss(out, y, fed.task)
+            if per.dim() > 1:
+                per = per.reshape(per.shape[0], -1).mean(1)
+            loss[:, j] = mean_per_client(per, rows.size)
+            if fed.task == "classification":
+                acc[:, j] = mean_per_client((out.argmax(-1) == y).double(), rows.size)
+        return LossReply(loss, acc)
+
+    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
+        fed, clients = self.federation, as_index(req.clients)
+        data, rows = self._rows(req.split, req.predictor.models.dtype, clients)
+        out = self.engine.predictor_outputs(data, rows, req.predictor)
+        y = self._local_targets(data, rows)
+        m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes)
+        return EvaluateReply(
+            m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(), {"mse": m["mse"]}
+        )

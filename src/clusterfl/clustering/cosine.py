@@ -1,0 +1,200 @@
+"""Cosine-similarity tools of Clustered Federated Learning (Sattler et al., IEEE TNNLS 2020).
+
+Server-side math only; `clusterfl.algorithms.cfl` builds the method on top of it.
+
+- `pairwise_cosine`: α_ij = <Δθ_i, Δθ_j> / (‖Δθ_i‖ ‖Δθ_j‖), eq. (13) / (40), for all pairs at
+  once (one normalised matrix product in float64, so permuted and plain updates give the same
+  matrix up to the last bits, eq. (41)).
+- `optimal_bipartition`: Algorithm 1. Pairs are merged in order of decreasing similarity until
+  two groups remain; this is single linkage and returns the bipartition of eq. (23)/(33), the
+  one that minimises the maximal cross-cluster similarity α_cross^max.
+- `complete_linkage_bipartition`: what the authors' released code does instead
+  (agglomerative clustering with complete linkage on −α, here 1 − α, which merges in the same
+  order); scikit-learn does the clustering.
+- `separation_gap`: g(α) = α_intra^min − α_cross^max, Definition 2, eq. (26)-(27), given the
+  true clusters (diagnostics only).
+- `gamma_bound` / `gamma_criterion`: the accept rule of Algorithm 3 line 6 / Algorithm 5 line 18,
+  sqrt((1 − α_cross^max)/2) > γ_max, eq. (36).
+
+Choices the paper leaves open, made here:
+- A zero update (a client without data or a vanished update) has similarity 0 to every other
+  client and 1 to itself.
+- Algorithm 1 reads the full M×M matrix; an entry (i, j) merges i and j whichever of α_ij and
+  α_ji is reached first, so a non-symmetric input is treated as max(α, αᵀ). Diagonal entries
+  merge nothing and are skipped. Ties are broken by the position of the pair (row-major), so
+  the result is deterministic.
+- α_intra^min follows eq. (19) literally: the minimum over pairs (i, j) with I(i) = I(j),
+  i = j included (α_ii = 1). It is therefore 1 when no two clients share a distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+BipartitionMethod = Literal["optimal", "complete"]
+
+
+@dataclass(frozen=True)
+class Bipartition:
+    """Two groups of positions (sorted; `first` holds the smallest position) and α_cross^max."""
+
+    first: np.ndarray
+    second: np.ndarray
+    max_cross: float
+
+    def labels(self, n: int) -> np.ndarray:
+        """0/1 group of each of the n positions."""
+        out = np.zeros(n, dtype=np.int64)
+        out[self.second] = 1
+        return out
+
+
+def pairwise_cosine(updates: torch.Tensor | np.ndarray) -> np.ndarray:
+    """`[n, n]` cosine similarities of the rows of `updates` (`[n, d]`), float64 in [-1, 1].
+
+    Rows of zero norm have similarity 0 to all other rows; the diagonal is 1.
+    """
+    u = torch.as_tensor(updates).to(torch.float64)
+    if u.ndim != 2:
+        raise ValueError(f"updates must be [n, d], got shape {tuple(u.shape)}")
+    norms = torch.linalg.vector_norm(u, dim=1)
+    unit = u / torch.where(norms > 0, norms, torch.ones_like(norms))[:, None]
+    sim = (unit @ unit.T).clamp_(-1.0, 1.0).numpy().copy()
+    np.fill_diagonal(sim, 1.0)
+    return sim
+
+
+def _check_square(sim: np.ndarray) -> np.ndarray:
+    a = np.asarray(sim, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"similarity must be a square matrix, got shape {a.shape}")
+    if a.shape[0] < 2:
+        raise ValueError("a bipartition needs at least 2 clients")
+    return a
+
+
+def max_cross_similarity(sim: np.ndarray, first: np.ndarray, second: np.ndarray) -> float:
+    """max_{i ∈ first, j ∈ second} α_ij (both orientations of a non-symmetric matrix)."""
+    a = np.asarray(sim, dtype=np.float64)
+    i, j = np.asarray(first, np.int64), np.asarray(second, np.int64)
+    return float(max(a[np.ix_(i, j)].max(), a[np.ix_(j, i)].max()))
+
+
+def _ordered(labels: np.ndarray, sim: np.ndarray) -> Bipartition:
+    """Turn 0/1-style labels into a Bipartition whose first group holds position 0."""
+    first = np.flatnonzero(labels == labels[0])
+    second = np.flatnonzero(labels != labels[0])
+    return Bipartition(first, second, max_cross_similarity(sim, first, second))
+
+
+def optimal_bipartition(sim: np.ndarray) -> Bipartition:
+    """Algorithm 1: the bipartition minimising the maximal cross similarity, eq. (23).
+
+    Kruskal-style: visit the pairs by decreasing similarity and merge the groups of the two
+    clients (union-find) until two groups remain. O(M² log M).
+    """
+    a = _check_square(sim)
+    n = a.shape[0]
+    sym = np.maximum(a, a.T)
+    rows, cols = np.triu_indices(n, k=1)
+    order = np.argsort(-sym[rows, cols], kind="stable")
+    parent = np.arange(n)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    groups = n
+    for k in order:
+        ri, rj = root(int(rows[k])), root(int(cols[k]))
+        if ri == rj:
+            continue
+        if groups == 2:
+            break
+        parent[max(ri, rj)] = min(ri, rj)
+        groups -= 1
+    labels = np.array([root(i) for i in range(n)])
+    return _ordered(labels, a)
+
+
+def complete_linkage_bipartition(sim: np.ndarray) -> Bipartition:
+    """The authors' code: complete-linkage agglomerative clustering into two groups.
+
+    scikit-learn's `AgglomerativeClustering` on the precomputed distance 1 − α (the code uses
+    −α; a constant shift does not change complete linkage).
+    """
+    from sklearn.cluster import AgglomerativeClustering
+
+    a = _check_square(sim)
+    sym = np.maximum(a, a.T)
+    dist = np.clip(1.0 - sym, 0.0, None)
+    np.fill_diagonal(dist, 0.0)
+    labels = AgglomerativeClustering(
+        n_clusters=2, metric="precomputed", linkage="complete"
+    ).fit_predict(dist)
+    return _ordered(np.asarray(labels), a)
+
+
+def bipartition(sim: np.ndarray, method: BipartitionMethod = "optimal") -> Bipartition:
+    """Split by `method`: "optimal" (Algorithm 1, the paper) or "complete" (authors' code)."""
+    if method == "optimal":
+        return optimal_bipartition(sim)
+    if method == "complete":
+        return complete_linkage_bipartition(sim)
+    raise ValueError(f"unknown bipartition method {method!r}; use 'optimal' or 'complete'")
+
+
+def intra_min_similarity(sim: np.ndarray, true_labels: np.ndarray) -> float:
+    """α_intra^min of eq. (19): the least similarity between clients of one distribution."""
+    a = np.asarray(sim, dtype=np.float64)
+    lab = np.asarray(true_labels)
+    same = lab[:, None] == lab[None, :]
+    np.fill_diagonal(same, False)
+    return float(min(1.0, a[same].min())) if same.any() else 1.0
+
+
+def separation_gap(sim: np.ndarray, true_labels: np.ndarray) -> float:
+    """g(α) = α_intra^min − α_cross^max (Definition 2); NaN for fewer than two clients.
+
+    `g > 0` guarantees that the optimal bipartition is correct (Corollary 1). Uses the true
+    clusters, so it is a diagnostic, never an input to a decision.
+    """
+    a = np.asarray(sim, dtype=np.float64)
+    if a.shape[0] < 2:
+        return math.nan
+    return intra_min_similarity(a, true_labels) - optimal_bipartition(a).max_cross
+
+
+def gamma_bound(alpha_cross_max: float) -> float:
+    """sqrt((1 − α_cross^max) / 2): the largest γ_max for which a split is accepted, eq. (36)."""
+    return math.sqrt(max(0.0, 1.0 - float(alpha_cross_max)) / 2.0)
+
+
+def gamma_criterion(alpha_cross_max: float, gamma_max: float) -> bool:
+    """Algorithm 5 line 18: accept the bipartition iff γ_max < sqrt((1 − α_cross^max)/2)."""
+    return gamma_bound(alpha_cross_max) > gamma_max
+
+
+def cross_cosine(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> np.ndarray:
+    """`[n_a, n_b]` cosine similarities between the rows of `a` and the rows of `b` (float64).
+
+    Used by Algorithm 4 (placing a new client): its update against the cached updates Δ_e.
+    Zero rows have similarity 0.
+    """
+    u = torch.as_tensor(a).to(torch.float64)
+    v = torch.as_tensor(b).to(torch.float64)
+    if u.ndim != 2 or v.ndim != 2 or u.shape[1] != v.shape[1]:
+        raise ValueError(f"need [n_a, d] and [n_b, d], got {tuple(u.shape)} and {tuple(v.shape)}")
+
+    def unit(x: torch.Tensor) -> torch.Tensor:
+        n = torch.linalg.vector_norm(x, dim=1)
+        return x / torch.where(n > 0, n, torch.ones_like(n))[:, None]
+
+    return (unit(u) @ unit(v).T).clamp_(-1.0, 1.0).numpy().copy()

@@ -1,0 +1,111 @@
+"""The generic stacked kernel: any `nn.Module` through `torch.func`.
+
+`functional_call` runs the module with each client's parameters; `vmap(grad(...))` gives all
+clients' gradients in one call. When vmap cannot trace the module (data-dependent control flow,
+in-place buffer updates, ...), the kernel falls back to a loop over clients, still with
+`torch.func.grad`, and remembers that choice. The optimizer update is the shared stacked one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from clusterfl.engine.common import per_sample_loss
+from clusterfl.engine.stacked import Sink, StackedKernel
+from clusterfl.models.params import ParamLayout
+
+Tensor = torch.Tensor
+log = logging.getLogger(__name__)
+
+
+class GenericKernel(StackedKernel):
+    """Per-client gradients of any module by `vmap(grad(loss))`, or a loop when vmap fails."""
+
+    name = "generic"
+    max_samples = 8192
+
+    def __init__(self, module: nn.Module, layout: ParamLayout) -> None:
+        super().__init__(module, layout)
+        self.names = layout.names
+        self.use_vmap = True
+
+    # ------------------------------------------------------------------ functional pieces
+    def _apply(self, params: tuple[Tensor, ...], x: Tensor) -> Tensor:
+        return functional_call(self.module, dict(zip(self.names, params)), (x,))
+
+    def _loss_fn(self, task: str) -> Callable[..., tuple[Tensor, Tensor]]:
+        def client_loss(
+            params: tuple[Tensor, ...], x: Tensor, y: Tensor, w: Tensor, off: Tensor | None
+        ) -> tuple[Tensor, Tensor]:
+            out = self._apply(params, x)
+            if off is not None:
+                out = out + off
+            per = per_sample_loss(out, y, task)
+            if per.dim() > 1:
+                per = per.reshape(per.shape[0], -1).mean(1)
+            loss = (per * w).sum()
+            return loss, loss.detach()
+
+        return client_loss
+
+    def _loop_grads(
+        self, fn: Callable[..., tuple[Tensor, Tensor]], params: list[Tensor], x: Tensor,
+        y: Tensor, w: Tensor, offset: Tensor | None,
+    ) -> tuple[tuple[Tensor, ...], Tensor]:
+        g_fn = grad(fn, has_aux=True)
+        grads, losses = [], []
+        for i in range(y.shape[0]):
+            g, loss = g_fn(
+                tuple(p[i] for p in params), x[i], y[i], w[i], None if offset is None else offset[i]
+            )
+            grads.append(g)
+            losses.append(loss)
+        stacked = tuple(torch.stack([g[j] for g in grads]) for j in range(len(params)))
+        return stacked, torch.stack(losses)
+
+    # ------------------------------------------------------------------ kernel interface
+    def train_step(
+        self,
+        params: list[Tensor],
+        x: Tensor,
+        y: Tensor,
+        w: Tensor,
+        offset: Tensor | None,
+        task: str,
+        sink: Sink,
+        generator: torch.Generator,
+    ) -> Tensor:
+        self.module.train()
+        fn = self._loss_fn(task)
+        grads: tuple[Tensor, ...] | None = None
+        if self.use_vmap:
+            dims = (0, 0, 0, 0, None if offset is None else 0)
+            try:
+                g_fn = vmap(grad(fn, has_aux=True), in_dims=dims, randomness="different")
+                grads, loss = g_fn(tuple(params), x, y, w, offset)
+            except Exception as exc:
+                log.info("vmap failed for %s (%s); looping over clients",
+                         type(self.module).__name__, exc)
+                self.use_vmap = False
+        if grads is None:
+            grads, loss = self._loop_grads(fn, params, x, y, w, offset)
+        for i, g in enumerate(grads):
+            sink.grad(i, g)
+        return loss
+
+    def forward(self, params: list[Tensor], x: Tensor) -> Tensor:
+        self.module.eval()
+        if self.use_vmap:
+            try:
+                return vmap(self._apply)(tuple(params), x)
+            except Exception as exc:
+                log.info("vmap failed for %s (%s); looping", type(self.module).__name__, exc)
+                self.use_vmap = False
+        return torch.stack(
+            [self._apply(tuple(p[i] for p in params), x[i]) for i in range(x.shape[0])]
+        )

@@ -1,0 +1,178 @@
+"""Stacked small CNNs (`LeNet`, `LeafCNN`, with or without GroupNorm) as grouped convolutions.
+
+The `a` clients become the groups of one convolution: the minibatches are laid side by side
+along the channel axis (`[B, a·C, H, W]`) and the stacked kernels form the weight
+`[a·C_out, C_in, k, k]` with `groups=a`; GroupNorm with G groups per client is GroupNorm with
+a·G groups on the stacked channels. The convolutional part uses autograd (its parameters are
+tiny); the fully connected head, which holds almost all parameters, is the hand-written
+`DenseStack` with the update fused into the backward products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clusterfl.engine.stacked import Sink, StackedKernel, loss_and_grad
+from clusterfl.engine.stacked_mlp import DenseStack, dense_layers
+from clusterfl.models.params import ParamLayout
+from clusterfl.models.zoo import LeafCNN, LeNet
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class ConvOp:
+    """One layer of the feature extractor, with its parameter positions in the layout."""
+
+    kind: str  # "conv", "gn", "relu", "maxpool"
+    weight: int | None = None
+    bias: int | None = None
+    stride: tuple[int, ...] = (1, 1)
+    padding: tuple[int, ...] = (0, 0)
+    dilation: tuple[int, ...] = (1, 1)
+    groups: int = 1
+    eps: float = 1e-5
+    kernel: tuple[int, ...] = (2, 2)
+    ceil_mode: bool = False
+
+
+def _pair(v: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _feature_ops(features: nn.Sequential, layout: ParamLayout, prefix: str) -> list[ConvOp]:
+    names = layout.names
+    ops: list[ConvOp] = []
+    for j, m in enumerate(features):
+        p = f"{prefix}.{j}."
+        bias = names.index(p + "bias") if f"{p}bias" in names else None
+        if isinstance(m, nn.Conv2d):
+            if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str):
+                raise TypeError("only plain zero-padded Conv2d layers are stacked")
+            ops.append(ConvOp("conv", names.index(p + "weight"), bias, _pair(m.stride),
+                              _pair(m.padding), _pair(m.dilation)))  # type: ignore[arg-type]
+        elif isinstance(m, nn.GroupNorm):
+            if not m.affine:
+                raise TypeError("GroupNorm without affine parameters is not stacked")
+            ops.append(ConvOp("gn", names.index(p + "weight"), bias, groups=m.num_groups, eps=m.eps))
+        elif isinstance(m, nn.ReLU):
+            ops.append(ConvOp("relu"))
+        elif isinstance(m, nn.MaxPool2d):
+            ops.append(ConvOp("maxpool", stride=_pair(m.stride), padding=_pair(m.padding),
+                              dilation=_pair(m.dilation), kernel=_pair(m.kernel_size),
+                              ceil_mode=m.ceil_mode))
+        elif not isinstance(m, nn.Identity):
+            raise TypeError(f"layer {type(m).__name__} is not stacked")
+    return _pool_before_relu(ops)
+
+
+def _pool_before_relu(ops: list[ConvOp]) -> list[ConvOp]:
+    """ReLU then max-pool equals max-pool then ReLU (max commutes with a monotone map), with
+    the same gradient; pooling first makes the ReLU four times cheaper."""
+    out = list(ops)
+    for j in range(len(out) - 1):
+        if out[j].kind == "relu" and out[j + 1].kind == "maxpool":
+            out[j], out[j + 1] = out[j + 1], out[j]
+    return out
+
+
+def _head(classifier: nn.Sequential, layout: ParamLayout, prefix: str) -> list:
+    linears, relu, drop = [], [], []
+    for j, m in enumerate(classifier):
+        if isinstance(m, nn.Linear):
+            linears.append((f"{prefix}.{j}", m))
+            relu.append(False)
+            drop.append(0.0)
+        elif isinstance(m, nn.ReLU) and linears and not relu[-1]:
+            relu[-1] = True
+        elif isinstance(m, nn.Dropout) and linears and relu[-1] and drop[-1] == 0.0:
+            drop[-1] = float(m.p)
+        else:
+            raise TypeError(f"classifier layer {type(m).__name__} is not stacked")
+    return dense_layers(layout, linears, relu, drop)
+
+
+class CNNKernel(StackedKernel):
+    """Grouped-convolution features plus a fused dense head, for `LeNet` and `LeafCNN`."""
+
+    name = "cnn"
+    max_samples = 4096
+    channels_last = True
+
+    def __init__(self, module: nn.Module, layout: ParamLayout) -> None:
+        super().__init__(module, layout)
+        if not isinstance(module, LeNet | LeafCNN):
+            raise TypeError(f"CNNKernel does not handle {type(module).__name__}")
+        self.ops = _feature_ops(module.features, layout, "features")
+        self.dense = DenseStack(_head(module.classifier, layout, "classifier"), self.ws)
+        self.conv_params = sorted(
+            {i for op in self.ops for i in (op.weight, op.bias) if i is not None}
+        )
+
+    def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
+        """Samples laid out for grouped convolution: `[B, a·C, H, W]` (sample-major)."""
+        a, b = idx.shape
+        c, h, w = x_all.shape[1:]
+        out = self.ws.get("gather", (b * a, c, h, w), x_all.dtype)
+        torch.index_select(x_all, 0, idx.t().reshape(-1), out=out)
+        x = out.view(b, a * c, h, w)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _features(self, params: list[Tensor], x: Tensor, a: int) -> Tensor:
+        """Grouped feature extractor: `[B, a·C, H, W]` → `[a, B, F]`."""
+        h = x
+        for op in self.ops:
+            if op.kind == "conv":
+                assert op.weight is not None
+                wt = params[op.weight]
+                wt = wt.reshape(a * wt.shape[1], *wt.shape[2:])
+                bias = None if op.bias is None else params[op.bias].reshape(-1)
+                h = F.conv2d(h, wt, bias, op.stride, op.padding, op.dilation, groups=a)
+            elif op.kind == "gn":
+                assert op.weight is not None and op.bias is not None
+                h = F.group_norm(h, a * op.groups, params[op.weight].reshape(-1),
+                                 params[op.bias].reshape(-1), op.eps)
+            elif op.kind == "relu":
+                h = torch.relu(h)
+            else:
+                h = F.max_pool2d(h, op.kernel, op.stride, op.padding, op.dilation, op.ceil_mode)
+        b = h.shape[0]
+        return h.reshape(b, a, -1).transpose(0, 1).contiguous()
+
+    def train_step(
+        self,
+        params: list[Tensor],
+        x: Tensor,
+        y: Tensor,
+        w: Tensor,
+        offset: Tensor | None,
+        task: str,
+        sink: Sink,
+        generator: torch.Generator,
+    ) -> Tensor:
+        a = y.shape[0]
+        leaves = {i: params[i].detach().requires_grad_() for i in self.conv_params}
+        local = [leaves.get(i, p) for i, p in enumerate(params)]
+        with torch.enable_grad():
+            feats = self._features(local, x, a)
+        out, cache = self.dense.forward(params, feats.detach(), True, generator)
+        if offset is not None:
+            out = out + offset
+        loss, dout = loss_and_grad(out, y, w, task)
+        assert dout is not None
+        dfeats = self.dense.backward(params, cache, dout, sink, need_input_grad=True)
+        grads = torch.autograd.grad(feats, [leaves[i] for i in self.conv_params], dfeats)
+        for i, g in zip(self.conv_params, grads):
+            sink.grad(i, g)
+        return loss
+
+    def forward(self, params: list[Tensor], x: Tensor) -> Tensor:
+        a = params[0].shape[0]
+        out, _ = self.dense.forward(params, self._features(params, x, a), False, None)
+        return out

@@ -1,0 +1,210 @@
+"""Hand-written stacked forward/backward for fully connected networks (no autograd).
+
+Covers `models.zoo.MLP` (any depth, ReLU, dropout) and `LinearRegression` (with or without
+bias), and serves as the fully connected head of the CNN kernel. Each layer is one batched
+matrix product over the clients (`torch.baddbmm`), and the weight gradient `dZᵀ·h` is handed
+to the sink as a product so the update can be fused into it (no stacked gradient is stored
+for plain SGD or momentum SGD).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from clusterfl.engine.stacked import Sink, StackedKernel, Workspace, loss_and_grad
+from clusterfl.models.params import ParamLayout
+from clusterfl.models.zoo import MLP, LinearRegression
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """One `nn.Linear` layer: parameter positions in the layout and what follows it."""
+
+    weight: int
+    bias: int | None
+    relu: bool
+    dropout: float = 0.0
+
+
+@dataclass
+class DenseCache:
+    """What the backward pass needs from the forward pass."""
+
+    inputs: list[Tensor]
+    masks: list[Tensor | None]
+
+
+class DenseStack:
+    """A chain of linear layers (optionally ReLU and dropout after each) on stacked clients."""
+
+    def __init__(self, layers: list[DenseLayer], ws: Workspace, tag: str = "d") -> None:
+        self.layers = layers
+        self.ws = ws
+        self.tag = tag
+
+    def forward(
+        self,
+        params: list[Tensor],
+        h: Tensor,
+        train: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[Tensor, DenseCache]:
+        """`h` `[a, B, in]` → outputs `[a, B, out]` (workspace memory: consume before the next call)."""
+        cache = DenseCache([], [])
+        a, b = h.shape[:2]
+        for k, layer in enumerate(self.layers):
+            w = params[layer.weight]
+            bias = None if layer.bias is None else params[layer.bias]
+            z = self.ws.get(f"{self.tag}z{k}", (a, b, w.shape[1]), h.dtype)
+            if _shared(w) and h.is_contiguous():  # one model for all: one large product
+                flat = z.view(a * b, -1)
+                if bias is not None:
+                    torch.addmm(bias[0], h.view(a * b, -1), w[0].t(), out=flat)
+                else:
+                    torch.mm(h.view(a * b, -1), w[0].t(), out=flat)
+            elif bias is not None:
+                torch.baddbmm(bias.unsqueeze(1), h, w.transpose(1, 2), out=z)
+            else:
+                torch.bmm(h, w.transpose(1, 2), out=z)
+            if layer.relu:
+                z.clamp_(min=0)
+            mask = None
+            if train and layer.dropout > 0:
+                keep = 1.0 - layer.dropout
+                mask = torch.empty_like(z).bernoulli_(keep, generator=generator).div_(keep)
+                z.mul_(mask)
+            cache.inputs.append(h)
+            cache.masks.append(mask)
+            h = z
+        return h, cache
+
+    def backward(
+        self,
+        params: list[Tensor],
+        cache: DenseCache,
+        dout: Tensor,
+        sink: Sink,
+        need_input_grad: bool = False,
+    ) -> Tensor | None:
+        """Back-propagate `dout`; each weight's gradient goes to `sink` right after its last use."""
+        dz = dout
+        for k in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[k]
+            h_in = cache.inputs[k]
+            w = params[layer.weight]
+            dh = None
+            if k > 0 or need_input_grad:
+                dh = self.ws.get(f"{self.tag}dh{k}", h_in.shape, dz.dtype)
+                if _shared(w) and dz.is_contiguous():
+                    torch.mm(dz.view(-1, dz.shape[-1]), w[0], out=dh.view(-1, dh.shape[-1]))
+                else:
+                    torch.bmm(dz, w, out=dh)
+                if k > 0:
+                    prev = self.layers[k - 1]
+                    mask = cache.masks[k - 1]
+                    if mask is not None:
+                        dh.mul_(mask)
+                    if prev.relu:  # ReLU backward: keep dh where the layer's output is > 0
+                        torch.ops.aten.threshold_backward.grad_input(dh, h_in, 0.0, grad_input=dh)
+            sink.matmul(layer.weight, dz.transpose(1, 2), h_in)
+            if layer.bias is not None:
+                sink.grad(layer.bias, dz.sum(1))
+            dz = dh  # type: ignore[assignment]
+        return dz if need_input_grad else None
+
+
+def _shared(w: Tensor) -> bool:
+    """True when a stacked tensor is one tensor expanded over the clients (stride 0)."""
+    return w.shape[0] > 1 and w.stride(0) == 0
+
+
+def dense_layers(
+    layout: ParamLayout, linears: list[tuple[str, nn.Linear]], relu: list[bool], dropout: list[float]
+) -> list[DenseLayer]:
+    """`DenseLayer`s for named `nn.Linear` modules (names as in `named_modules`)."""
+    names = layout.names
+    out = []
+    for (name, lin), r, p in zip(linears, relu, dropout):
+        prefix = f"{name}." if name else ""
+        bias = names.index(f"{prefix}bias") if lin.bias is not None else None
+        out.append(DenseLayer(names.index(f"{prefix}weight"), bias, r, p))
+    return out
+
+
+class MLPKernel(StackedKernel):
+    """`MLP` and `LinearRegression`: flatten, then the dense stack."""
+
+    name = "mlp"
+
+    def __init__(self, module: nn.Module, layout: ParamLayout) -> None:
+        super().__init__(module, layout)
+        if isinstance(module, MLP):
+            linears = [(f"layers.{i}", lin) for i, lin in enumerate(module.layers)]
+            n = len(linears)
+            relu = [i < n - 1 for i in range(n)]
+            drop = [module.dropout if i < n - 1 else 0.0 for i in range(n)]
+        elif isinstance(module, LinearRegression):
+            linears, relu, drop = [("linear", module.linear)], [False], [0.0]
+        else:
+            raise TypeError(f"MLPKernel does not handle {type(module).__name__}")
+        self.dense = DenseStack(dense_layers(layout, linears, relu, drop), self.ws)  # type: ignore[arg-type]
+
+    def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
+        a, b = idx.shape
+        flat = x_all.reshape(x_all.shape[0], -1)
+        out = self.ws.get("gather", (a * b, flat.shape[1]), x_all.dtype)
+        torch.index_select(flat, 0, idx.reshape(-1), out=out)
+        return out.view(a, b, -1)
+
+    def train_step(
+        self,
+        params: list[Tensor],
+        x: Tensor,
+        y: Tensor,
+        w: Tensor,
+        offset: Tensor | None,
+        task: str,
+        sink: Sink,
+        generator: torch.Generator,
+    ) -> Tensor:
+        out, cache = self.dense.forward(params, x, True, generator)
+        if offset is not None:
+            out = out + offset
+        loss, dout = loss_and_grad(out, y, w, task)
+        assert dout is not None
+        self.dense.backward(params, cache, dout, sink)
+        return loss
+
+    def forward(self, params: list[Tensor], x: Tensor) -> Tensor:
+        out, _ = self.dense.forward(params, x.reshape(x.shape[0], x.shape[1], -1), False, None)
+        return out
+
+    def forward_shared(self, params: list[list[Tensor]], x: Tensor) -> list[Tensor]:
+        """Outputs `[R, O]` of K models (each a list of parameter tensors, unstacked) on the
+        same rows `x` (evaluation mode). The first layer of all K models is one matrix
+        product with the concatenated weights, so the rows are read once."""
+        h = x.reshape(x.shape[0], -1)
+        first, rest = self.dense.layers[0], self.dense.layers[1:]
+        weight = torch.cat([p[first.weight] for p in params], 0)
+        if first.bias is not None:
+            z = torch.addmm(torch.cat([p[first.bias] for p in params]), h, weight.t())
+        else:
+            z = h @ weight.t()
+        if first.relu:
+            z.clamp_(min=0)
+        width = weight.shape[0] // len(params)
+        outs = []
+        for k, p in enumerate(params):
+            hk = z[:, k * width : (k + 1) * width]
+            for layer in rest:
+                w = p[layer.weight]
+                hk = torch.addmm(p[layer.bias], hk, w.t()) if layer.bias is not None else hk @ w.t()
+                if layer.relu:
+                    hk.clamp_(min=0)
+            outs.append(hk)
+        return outs

@@ -1,0 +1,471 @@
+"""The vectorized engine: local training, gradients and outputs for many clients at once.
+
+DESIGN.md §3. The parameters of the clients of a request are stacked (`[n, ...]`) and their
+local steps run together, each client on its own minibatch read from the shared schedule
+(`engine.schedule`), so the arithmetic is the reference's (`engine.reference`) up to rounding.
+
+- Clients are ordered by their number of local steps (most first) and processed in chunks of
+  at most `chunk_size` clients (fewer when their optimizer state or their batches would exceed
+  the memory budget). Inside a chunk, the clients that still have a batch at step s form a
+  prefix of the chunk, so a step works on the views `[:a]`: the others are left exactly as they
+  are, optimizer state and step counters included. A schedule whose active clients are not a
+  prefix (never produced by `batch_schedule`) is still handled: the inactive rows inside the
+  prefix are saved before the step and restored after it.
+- Per-sample weights 1/count make each client's loss the mean over the valid samples of its
+  batch (a short last batch averages over fewer samples); padded samples weigh 0.
+- Kernels: `MLPKernel` (MLP, LinearRegression), `CNNKernel` (LeNet, LeafCNN), and
+  `GenericKernel` (any module, `torch.func`; a loop when vmap fails).
+- Outputs of K models on many clients (evaluation, IFCA losses, CAM offsets): when few distinct
+  models serve many clients, each model runs once over the concatenated rows of its clients
+  (plain `functional_call`, large matrix products); otherwise the stacked kernel runs all the
+  clients' own models together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from clusterfl.engine.common import combine, per_sample_loss
+from clusterfl.engine.generic import GenericKernel
+from clusterfl.engine.stacked import GradientSink, StackedKernel, StackedOptimizer
+from clusterfl.engine.stacked_cnn import CNNKernel
+from clusterfl.engine.stacked_mlp import MLPKernel
+from clusterfl.models.params import ParamLayout
+from clusterfl.models.zoo import MLP, LeafCNN, LeNet, LinearRegression
+from clusterfl.protocol import LocalTraining, Predictor
+
+Tensor = torch.Tensor
+
+#: rows per piece when one model runs over many rows
+ROW_PIECE = 8192
+
+
+def select_kernel(module: nn.Module, layout: ParamLayout, kind: str = "auto") -> StackedKernel:
+    """The fastest kernel for `module`: "auto" picks a fast path for the built-in models.
+
+    `kind` may force "mlp", "cnn" or "generic" (tests, benchmarks).
+    """
+    if kind == "generic":
+        return GenericKernel(module, layout)
+    if kind in ("auto", "mlp") and type(module) in (MLP, LinearRegression):
+        return MLPKernel(module, layout)
+    if kind in ("auto", "cnn") and type(module) in (LeNet, LeafCNN):
+        return CNNKernel(module, layout)
+    if kind != "auto":
+        raise ValueError(f"kernel {kind!r} does not handle {type(module).__name__}")
+    return GenericKernel(module, layout)
+
+
+@dataclass
+class SplitData:
+    """One split of the federation: inputs and targets (in the compute dtype) and offsets."""
+
+    x: Tensor
+    y: Tensor
+    offsets: np.ndarray
+
+
+@dataclass
+class Rows:
+    """Where the data of the listed clients lives: global start row and size of each client,
+    and its start in the concatenation of all listed clients' rows (the "local" order)."""
+
+    start: np.ndarray
+    size: np.ndarray
+    local: np.ndarray
+
+    @staticmethod
+    def of(offsets: np.ndarray, clients: np.ndarray) -> Rows:
+        """Rows of `clients` (indices into `offsets`, repeats allowed)."""
+        start = offsets[clients].astype(np.int64)
+        size = (offsets[clients + 1] - offsets[clients]).astype(np.int64)
+        local = np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64) if len(size) else size
+        return Rows(start, size, local)
+
+    @property
+    def total(self) -> int:
+        """Number of local rows."""
+        return int(self.size.sum())
+
+    def segment_ids(self) -> Tensor:
+        """`[total]` client position of each local row."""
+        return torch.from_numpy(np.repeat(np.arange(len(self.size)), self.size))
+
+
+def _chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for i in range(0, len(order), size):
+        yield order[i : i + size]
+
+
+def _pad_rows(rows: Rows, pick: np.ndarray, idx: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray]:
+    """Global and local row indices of local sample indices `idx` (`[m, ..., B]`, -1 padded).
+
+    Padded slots point at a valid row (the client's first, or row 0) and must weigh 0.
+    """
+    shape = (-1,) + (1,) * (idx.ndim - 1)
+    valid = idx >= 0
+    start = rows.start[pick].reshape(shape)
+    local = rows.local[pick].reshape(shape)
+    has = (rows.size[pick] > 0).reshape(shape)
+    g = np.where(valid, start + idx, np.where(has, start, 0))
+    loc = np.where(valid, local + idx, np.where(has, local, 0))
+    return torch.from_numpy(g), torch.from_numpy(loc), valid
+
+
+def _sample_weights(valid: np.ndarray, dtype: torch.dtype) -> Tensor:
+    """1/count on the valid samples of each batch (last axis), 0 on padding."""
+    count = valid.sum(-1, keepdims=True)
+    w = np.where(valid, 1.0 / np.maximum(count, 1), 0.0)
+    return torch.from_numpy(w).to(dtype)
+
+
+def _stack_models(
+    layout: ParamLayout, models: Tensor, which: np.ndarray
+) -> list[Tensor]:
+    """Per-parameter `[m, *shape]` views of the models `which` (no copy when all the same)."""
+    m = len(which)
+    if len(which) and np.all(which == which[0]):
+        return [v.expand(m, *v.shape) for v in layout.views(models[int(which[0])]).values()]
+    rows = models.index_select(0, torch.from_numpy(np.asarray(which, np.int64)))
+    return list(layout.views(rows).values())
+
+
+class VectorizedEngine:
+    """Runs requests for many clients on one architecture (see the module docstring)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        layout: ParamLayout,
+        kernel: str = "auto",
+        chunk_size: int = 64,
+        state_budget: int = 3 << 30,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.module = module
+        self.layout = layout
+        self.kernel = select_kernel(module, layout, kernel)
+        self.chunk_size = chunk_size
+        self.state_budget = state_budget
+        for p in module.parameters():
+            p.requires_grad_(False)
+
+    # ------------------------------------------------------------------ helpers
+    def _chunk_len(self, copies: int, batch: int, dtype: torch.dtype) -> int:
+        """Clients per chunk for `copies` stacked parameter copies and `batch` samples each."""
+        per_client = max(1, copies * self.layout.size * torch.finfo(dtype).bits // 8)
+        by_state = self.state_budget // per_client
+        by_samples = self.kernel.max_samples // max(batch, 1)
+        return int(max(1, min(self.chunk_size, by_state, by_samples)))
+
+    def _targets(self, data: SplitData, idx: Tensor) -> Tensor:
+        y = data.y.index_select(0, idx.reshape(-1))
+        return y.view(*idx.shape, *data.y.shape[1:])
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self,
+        data: SplitData,
+        rows: Rows,
+        models: Tensor,
+        model_of_client: np.ndarray,
+        schedule: np.ndarray,
+        tr: LocalTraining,
+        task: str,
+        offsets: Tensor | None,
+        seed: int,
+    ) -> tuple[Tensor, np.ndarray]:
+        """Local training of every listed client (schedule `[n, S, B]`, local indices).
+
+        Returns the final flat parameters `[n, d]` and each client's mean batch loss (NaN
+        for a client without any step). `offsets` are `[rows.total, O]` logits added to the
+        outputs, in local row order.
+        """
+        n, d = len(rows.size), self.layout.size
+        out = torch.empty(n, d, dtype=models.dtype)
+        losses = np.full(n, np.nan)
+        if n == 0:
+            return out, losses
+        n_steps = (schedule >= 0).any(-1).sum(-1)
+        order = np.argsort(-n_steps, kind="stable")
+        copies = 2 + (tr.momentum != 0) + 4 * (tr.optimizer == "adam") + 2 * (tr.mu > 0)
+        size = self._chunk_len(copies, schedule.shape[-1], models.dtype)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed) & 0xFFFFFFFF)
+            gen = torch.Generator().manual_seed(int(seed) & 0xFFFFFFFF)
+            for pick in _chunks(order, size):
+                params, loss = self._train_chunk(
+                    data, rows, pick, models, np.asarray(model_of_client)[pick],
+                    schedule[pick], tr, task, offsets, gen,
+                )
+                out.index_copy_(0, torch.from_numpy(pick), params)
+                losses[pick] = loss
+        return out, losses
+
+    def _train_chunk(
+        self,
+        data: SplitData,
+        rows: Rows,
+        pick: np.ndarray,
+        models: Tensor,
+        which: np.ndarray,
+        schedule: np.ndarray,
+        tr: LocalTraining,
+        task: str,
+        offsets: Tensor | None,
+        gen: torch.Generator,
+    ) -> tuple[Tensor, np.ndarray]:
+        m, dtype = len(pick), models.dtype
+        active = (schedule >= 0).any(-1)  # [m, S]
+        n_steps = int(np.nonzero(active.any(0))[0].max()) + 1 if active.any() else 0
+        schedule = schedule[:, :n_steps]
+        gidx, lidx, valid = _pad_rows(rows, pick, schedule)
+        weights = _sample_weights(valid, dtype)
+        start = models.index_select(0, torch.from_numpy(np.asarray(which, np.int64)))
+        params = [v.clone(memory_format=torch.contiguous_format) for v in self.layout.views(start).values()]
+        center = list(self.layout.views(start).values()) if tr.mu > 0 else None
+        opt = StackedOptimizer(params, tr, center)
+        loss_sum = np.zeros(m)
+        loss_n = np.zeros(m, dtype=np.int64)
+        for s in range(n_steps):
+            act = active[:, s]
+            a = int(act.sum())
+            if a == 0:
+                continue
+            width = a if act[:a].all() else int(np.nonzero(act)[0].max()) + 1
+            act_w = act[:width]
+            hole = np.nonzero(~act_w)[0]
+            saved = []
+            if len(hole):
+                hole_t = torch.from_numpy(hole)
+                saved = [t[:width].index_select(0, hole_t) for t in opt.state()]
+            opt.begin(width, act_w)
+            idx = gidx[:width, s]
+            x = self.kernel.gather(data.x, idx)
+            y = self._targets(data, idx)
+            off = None
+            if offsets is not None:
+                off = offsets.index_select(0, lidx[:width, s].reshape(-1)).view(width, -1, offsets.shape[-1])
+            views = [p[:width] for p in params]
+            loss = self.kernel.train_step(views, x, y, weights[:width, s], off, task, opt, gen)
+            for t, v in zip(opt.state(), saved):
+                t[:width].index_copy_(0, hole_t, v)
+            loss_sum[:width][act_w] += loss.detach().double().numpy()[act_w]
+            loss_n[:width][act_w] += 1
+        flat = torch.cat([p.reshape(m, -1) for p in params], dim=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return flat, np.where(loss_n > 0, loss_sum / np.maximum(loss_n, 1), np.nan)
+
+    # ------------------------------------------------------------------ gradients
+    def gradients(
+        self,
+        data: SplitData,
+        rows: Rows,
+        models: Tensor,
+        model_of_client: np.ndarray,
+        batches: np.ndarray,
+        task: str,
+        seed: int,
+    ) -> tuple[Tensor, np.ndarray]:
+        """Gradient of each client's mean loss on its batch (`[n, b]` local indices, -1 padded)
+        at `models[model_of_client[i]]`, in training mode. Returns `[n, d]` and the losses."""
+        n, d, dtype = len(rows.size), self.layout.size, models.dtype
+        grads = torch.empty(n, d, dtype=dtype)
+        losses = np.full(n, np.nan)
+        if n == 0:
+            return grads, losses
+        which = np.asarray(model_of_client, np.int64)
+        order = np.argsort(which, kind="stable")
+        size = self._chunk_len(1, batches.shape[-1], dtype)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed) & 0xFFFFFFFF)
+            gen = torch.Generator().manual_seed(int(seed) & 0xFFFFFFFF)
+            for pick in _chunks(order, size):
+                m = len(pick)
+                gidx, _, valid = _pad_rows(rows, pick, batches[pick])
+                w = _sample_weights(valid, dtype)
+                x = self.kernel.gather(data.x, gidx)
+                y = self._targets(data, gidx)
+                params = _stack_models(self.layout, models, which[pick])
+                sink = GradientSink(self.kernel.shapes, m, dtype, self.kernel.ws)
+                loss = self.kernel.train_step(params, x, y, w, None, task, sink, gen)
+                self._place(grads, pick, sink)
+                has = valid.any(-1)
+                losses[pick] = np.where(has, loss.double().numpy(), np.nan)
+        return grads, losses
+
+    def _place(self, grads: Tensor, pick: np.ndarray, sink: GradientSink) -> None:
+        """Copy a chunk's per-parameter gradients into rows `pick` of the flat `[n, d]`."""
+        m = len(pick)
+        contiguous = bool(np.all(np.diff(pick) == 1))
+        lo = int(pick[0])
+        if contiguous:
+            for e, g in zip(self.layout.entries, sink.out):
+                grads[lo : lo + m, e.start : e.stop].copy_(g.reshape(m, -1))
+        else:
+            grads.index_copy_(0, torch.from_numpy(pick), sink.flat())
+
+    # ------------------------------------------------------------------ outputs
+    @torch.no_grad()
+    def model_outputs(
+        self, data: SplitData, rows: Rows, models: Tensor, which: np.ndarray
+    ) -> Tensor:
+        """Outputs (evaluation mode) of model `which[i]` on all rows of client i: `[total, O]`."""
+        which = np.asarray(which, np.int64)
+        out: Tensor | None = None
+        uniq = np.unique(which)
+        if len(uniq) * 4 <= len(which):
+            for k in uniq:
+                out = self._shared_outputs(data, rows, models[int(k)], np.nonzero(which == k)[0], out)
+        else:
+            out = self._stacked_outputs(data, rows, models, which)
+        if out is None:  # no rows at all
+            probe = functional_call(
+                self.module, self.layout.views(models[0]), (data.x[:1],)
+            ) if len(data.x) else torch.zeros(1, 1, dtype=models.dtype)
+            out = torch.zeros(0, probe.shape[-1], dtype=models.dtype)
+        return out
+
+    def _new_out(self, rows: Rows, width: int, dtype: torch.dtype) -> Tensor:
+        return torch.empty(rows.total, width, dtype=dtype)
+
+    def _shared_outputs(
+        self, data: SplitData, rows: Rows, params: Tensor, members: np.ndarray, out: Tensor | None
+    ) -> Tensor | None:
+        """One model over the rows of `members` (contiguous runs of rows go together)."""
+        self.module.eval()
+        named = self.layout.views(params)
+        for g0, l0, length in _runs(rows, members):
+            for p in range(0, length, ROW_PIECE):
+                q = min(length, p + ROW_PIECE)
+                res = functional_call(self.module, named, (data.x[g0 + p : g0 + q],))
+                if out is None:
+                    out = self._new_out(rows, res.shape[-1], res.dtype)
+                out[l0 + p : l0 + q] = res
+        return out
+
+    def _stacked_outputs(
+        self, data: SplitData, rows: Rows, models: Tensor, which: np.ndarray
+    ) -> Tensor | None:
+        """Each client's own model on its own rows, clients stacked, in row pieces."""
+        out = None
+        biggest = int(rows.size.max()) if len(rows.size) else 0
+        size = self._chunk_len(1, min(biggest, ROW_PIECE), models.dtype)
+        for pick in _chunks(np.arange(len(which)), size):
+            sizes = rows.size[pick]
+            piece = max(1, self.kernel.max_samples // len(pick))
+            params = _stack_models(self.layout, models, which[pick])
+            for p in range(0, int(sizes.max()), piece):
+                q = min(int(sizes.max()), p + piece)
+                local = np.arange(p, q)[None, :].repeat(len(pick), 0)
+                local = np.where(local < sizes[:, None], local, -1)
+                gidx, lidx, valid = _pad_rows(rows, pick, local)
+                res = self.kernel.forward(params, self.kernel.gather(data.x, gidx))
+                if out is None:
+                    out = self._new_out(rows, res.shape[-1], res.dtype)
+                mask = torch.from_numpy(valid.reshape(-1))
+                out[lidx.reshape(-1)[mask]] = res.reshape(-1, res.shape[-1])[mask]
+        return out
+
+    @torch.no_grad()
+    def all_model_outputs(self, data: SplitData, rows: Rows, models: Tensor) -> list[Tensor]:
+        """Outputs of every row of `models` on all rows of every listed client (IFCA's
+        losses): K tensors `[total, O]`. Uses the kernel's shared-input forward when it has
+        one (one product for the first layers of all K models)."""
+        k, n = models.shape[0], len(rows.size)
+        shared = getattr(self.kernel, "forward_shared", None)
+        if shared is None or k == 1 or rows.total == 0:
+            return [self.model_outputs(data, rows, models, np.full(n, j)) for j in range(k)]
+        views = [list(self.layout.views(models[j]).values()) for j in range(k)]
+        outs: list[Tensor] = []
+        piece = max(1024, 8 * ROW_PIECE // k)
+        for g0, l0, length in _runs(rows, np.arange(n)):
+            for p in range(0, length, piece):
+                q = min(length, p + piece)
+                res = shared(views, data.x[g0 + p : g0 + q])
+                if not outs:
+                    outs = [self._new_out(rows, r.shape[-1], r.dtype) for r in res]
+                for o, r in zip(outs, res):
+                    o[l0 + p : l0 + q] = r
+        return outs
+
+    @torch.no_grad()
+    def predictor_outputs(self, data: SplitData, rows: Rows, pred: Predictor) -> Tensor:
+        """Combined outputs of `pred` (row i of `members` for client i) on its rows."""
+        members = np.asarray(pred.members, np.int64)
+        outs = [
+            self.model_outputs(data, rows, pred.models, members[:, j])
+            for j in range(members.shape[1])
+        ]
+        return combine(outs, pred.combine)
+
+
+def _runs(rows: Rows, members: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """(global start, local start, length) of maximal runs of consecutive rows of `members`."""
+    g0 = l0 = length = -1
+    for i in members:
+        s, loc, n = int(rows.start[i]), int(rows.local[i]), int(rows.size[i])
+        if n == 0:
+            continue
+        if length >= 0 and s == g0 + length and loc == l0 + length:
+            length += n
+            continue
+        if length > 0:
+            yield g0, l0, length
+        g0, l0, length = s, loc, n
+    if length > 0:
+        yield g0, l0, length
+
+
+def client_metrics_batched(
+    out: Tensor, y: Tensor, sizes: np.ndarray, task: str, n_classes: int
+) -> dict[str, np.ndarray]:
+    """`common.client_metrics` for every client at once; `out`, `y` in local row order."""
+    n = len(sizes)
+    seg = torch.from_numpy(np.repeat(np.arange(n), sizes))
+    nan = np.full(n, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if len(y) == 0:
+            return {"accuracy": nan, "macro_f1": nan.copy(), "loss": nan.copy(), "mse": nan.copy()}
+        per = per_sample_loss(out, y, task)
+        if per.dim() > 1:
+            per = per.reshape(per.shape[0], -1).mean(1)
+        total = torch.zeros(n, dtype=torch.float64).index_add_(0, seg, per.double()).numpy()
+        loss = np.where(sizes > 0, total / np.maximum(sizes, 1), np.nan)
+        if task == "regression":
+            return {"accuracy": nan, "macro_f1": nan.copy(), "loss": loss, "mse": loss.copy()}
+        pred = out.argmax(-1)
+        hit = torch.zeros(n, dtype=torch.float64).index_add_(0, seg, (pred == y).double()).numpy()
+        acc = np.where(sizes > 0, hit / np.maximum(sizes, 1), np.nan)
+        c = n_classes
+        conf = torch.bincount(seg * c * c + y * c + pred, minlength=n * c * c).view(n, c, c)
+        tp = torch.diagonal(conf, dim1=1, dim2=2).double()
+        support, predicted = conf.sum(2).double(), conf.sum(1).double()
+        denom = support + predicted
+        present = denom > 0
+        f1 = torch.where(present, 2 * tp / denom.clamp_min(1), torch.zeros_like(tp))
+        f1_mean = ((f1 * present).sum(1) / present.sum(1).clamp_min(1)).numpy()
+        f1_mean = np.where(sizes > 0, f1_mean, np.nan)
+    return {"accuracy": acc, "macro_f1": f1_mean, "loss": loss, "mse": nan}
+
+
+def mean_per_client(values: Tensor, sizes: np.ndarray) -> np.ndarray:
+    """Mean of `values` (`[total]`, local row order) over each client's rows (NaN if none)."""
+    n = len(sizes)
+    seg = torch.from_numpy(np.repeat(np.arange(n), sizes))
+    total = torch.zeros(n, dtype=torch.float64).index_add_(0, seg, values.double()).numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(sizes > 0, total / np.maximum(sizes, 1), np.nan)
+
+
+__all__ = [
+    "ROW_PIECE", "Rows", "SplitData", "VectorizedEngine", "client_metrics_batched",
+    "mean_per_client", "select_kernel",
+]

@@ -1,0 +1,95 @@
+"""Figures of IFCA, FeSEM and CAM runs (Ma et al. 2023, Fig. 1 and 3: clustering collapse).
+
+The generic report already draws `cluster_sizes.png` (clients per cluster per round, stacked
+areas). These add, from the per-round `assignment` and `extras`:
+
+- `cluster_balance.png`: the share of clients in the largest cluster and the number of
+  non-empty clusters divided by K, per round. A collapse toward single-model FL shows as the
+  largest share climbing to 1; the end of the warm-up is marked.
+- `cam_train_losses.png` (IFCA-CAM, FeSEM-CAM): the mean local training loss of the cluster
+  part (θ_i, global frozen) and of the global part (θ_i^0, cluster frozen) per round, and the
+  warm-up loss; both fit the residual of the other, so they fall together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterfl.report.figures import plot_series
+
+Record = dict[str, Any]
+
+
+def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]:
+    """Draw the clustering-balance (and, for CAM, part-loss) figures into `run_dir/figures`."""
+    out = Path(run_dir) / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    records = [r for r in records if isinstance(r.get("extras"), dict)]
+    if not records:
+        return []
+    paths = [plot_balance(records, out / "cluster_balance.png", _label(summary))]
+    if any("train_loss_cluster" in r["extras"] for r in records):
+        paths.append(plot_part_losses(records, out / "cam_train_losses.png", _label(summary)))
+    return paths
+
+
+def _label(summary: Record) -> str:
+    return str(summary.get("label") or summary.get("algorithm") or "run")
+
+
+def warmup_end(records: list[Record]) -> list[int]:
+    """The last warm-up round, as a one-element list (empty when there was no warm-up)."""
+    warm = [int(r["round"]) for r in records if r["extras"].get("warmup")]
+    return [max(warm)] if warm else []
+
+
+def balance_series(records: list[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds, share of clients in the largest cluster, non-empty clusters / K).
+
+    Unassigned clients (-1) count in the denominator of the share; K is the length of the
+    `cluster_sizes` extra when present, else the number of distinct ids ever seen.
+    """
+    seen = {int(a) for r in records for a in (r.get("assignment") or []) if a is not None
+            and a >= 0}
+    rounds, largest, used = [], [], []
+    for r in records:
+        a = np.array([-1 if v is None else v for v in (r.get("assignment") or [])], int)
+        k = len(r["extras"].get("cluster_sizes") or []) or max(len(seen), 1)
+        counts = np.bincount(a[a >= 0], minlength=k) if len(a) else np.zeros(k, int)
+        rounds.append(int(r["round"]))
+        largest.append(counts.max() / len(a) if len(a) else np.nan)
+        used.append((counts > 0).sum() / k)
+    return np.array(rounds), np.array(largest, float), np.array(used, float)
+
+
+def plot_balance(records: list[Record], path: Path, label: str) -> Path:
+    """Largest-cluster share and used-cluster fraction per round (collapse → share 1)."""
+    rounds, largest, used = balance_series(records)
+    return plot_series(
+        {"largest cluster / clients": (rounds, largest), "non-empty clusters / K": (rounds, used)},
+        path, f"{label}: cluster balance", "fraction", marks=warmup_end(records),
+        mark_label="end of warm-up")
+
+
+def plot_part_losses(records: list[Record], path: Path, label: str) -> Path:
+    """Mean local training loss of the cluster part and of the global part per round."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    names = {"train_loss_cluster": "cluster part θ_i (global frozen)",
+             "train_loss_global": "global part θ_i^0 (cluster frozen)",
+             "train_loss": "warm-up local training"}
+    for r in records:
+        for key, name in names.items():
+            value = r["extras"].get(key)
+            if isinstance(value, int | float):
+                xs, ys = series.setdefault(name, ([], []))
+                xs.append(float(r["round"]))
+                ys.append(float(value))
+    return plot_series({k: (np.array(x), np.array(y)) for k, (x, y) in series.items()}, path,
+                       f"{label}: local training loss", "mean training loss",
+                       marks=warmup_end(records), mark_label="end of warm-up")
+
+
+__all__ = ["balance_series", "figures", "plot_balance", "plot_part_losses", "warmup_end"]

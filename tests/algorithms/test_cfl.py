@@ -1,0 +1,359 @@
+"""CFL (Sattler et al. 2020): clustering found, congruent clients kept together, privacy,
+parameter tree and Algorithm 4, checkpoint/resume, CLI and figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.core.conftest import blob_federation
+
+from clusterfl.algorithms.base import Context
+from clusterfl.algorithms.cfl import CFL, CFLConfig, ClientSide
+from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
+from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.config import load_config
+from clusterfl.data.federation import Federation
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import Experiment
+from clusterfl.metrics import ari
+from clusterfl.models import ModelFactory, model_config
+from clusterfl.protocol import EvaluateRequest, LocalTraining, LossRequest, TrainRequest
+
+TRAIN = LocalTraining(lr=0.1, batch_size=16, epochs=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """The machine is shared: one intra-op thread keeps these small models fast."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_ctx(fed: Federation, backend: Any = None, seed: int = 0) -> Context:
+    f = ModelFactory(model_config({"name": "mlp", "hidden": [16]}), fed.input_shape,
+                     fed.n_outputs)
+    be = backend if backend is not None else SequentialBackend(fed, f)
+    return Context(be, f, TRAIN, fed.n_clients, fed.train_sizes,
+                   np.random.default_rng(seed), seed=seed, true_clusters=fed.clusters)
+
+
+def run(alg: CFL, ctx: Context, rounds: int) -> list[dict[str, Any]]:
+    alg.setup(ctx)
+    return [alg.run_round(ctx, t) for t in range(1, rounds + 1)]
+
+
+def accuracy(predictor: Any, ctx: Context) -> np.ndarray:
+    return ctx.backend.execute(EvaluateRequest(np.arange(ctx.n_clients), predictor)).accuracy
+
+
+# thresholds from the norms of these blob federations: incongruent clients keep a max update
+# norm of ~0.5 while the mean falls below 0.1; congruent ones fall below 0.2 together
+BLOB = {"eps1": 0.1, "eps2": 0.3}
+
+
+# ---------------------------------------------------------------------------- clustering
+
+
+def test_successive_splits_find_three_clusters_and_beat_fedavg():
+    fed = blob_federation(n_clients=9, n_clusters=3)
+    ctx = make_ctx(fed)
+    alg = CFL(CFLConfig(**BLOB))
+    extras = run(alg, ctx, 9)
+    split_rounds = [t for t, e in enumerate(extras, 1) if e["split"]]
+    assert len(split_rounds) == 2 and split_rounds[0] < split_rounds[1]  # one split at a time
+    assert ari(fed.clusters, alg.assignment()) == 1.0
+    assert alg.n_clusters() == 3 and extras[-1]["n_clusters"] == 3
+    # the tree: root → 2 children, one of which splits again; leaves hold disjoint clients
+    assert len(alg.tree.nodes) == 5 and alg.tree.root.split_round == split_rounds[0]
+    leaves = alg.tree.leaves()
+    assert sorted(np.concatenate([v.clients for v in leaves]).tolist()) == list(range(9))
+    for v in alg.tree.nodes[1:]:
+        assert v.updates is not None and v.updates.shape == (len(v.clients), ctx.factory.size)
+    # the separation gap was positive before each split and non-positive in the final clusters
+    first = extras[split_rounds[0] - 1]
+    assert first["gap"][0] > 0 and first["splits"][0]["accepted"]
+    assert all(g <= 0 for g in extras[-1]["gap"])
+    fedavg_ctx = make_ctx(fed)
+    fedavg = FedAvg(FedAvgConfig())
+    fedavg.setup(fedavg_ctx)
+    for t in range(1, 10):
+        fedavg.run_round(fedavg_ctx, t)
+    ours, theirs = accuracy(alg.predictor(), ctx), accuracy(fedavg.predictor(), fedavg_ctx)
+    assert ours.mean() > 0.9 and ours.min() > theirs.max()
+    json.dumps(extras)  # history-ready
+
+
+def test_no_split_on_congruent_clients():
+    fed = blob_federation(n_clients=8, n_clusters=1)
+    ctx = make_ctx(fed)
+    alg = CFL(CFLConfig(**BLOB))
+    extras = run(alg, ctx, 15)
+    assert not any(e["split"] for e in extras) and alg.n_clusters() == 1
+    # FL converges (mean norm below ε1) while no client stays above ε2 (eqs. 30-31)
+    assert extras[-1]["mean_norm"][0] < BLOB["eps1"]
+    assert max(e["max_client_norm"] for e in extras[3:]) < BLOB["eps2"]
+    assert accuracy(alg.predictor(), ctx).mean() > 0.9
+
+
+@pytest.mark.parametrize("options", [{"bipartition": "complete"}, {"aggregation": "mean"},
+                                     {"gamma_max": 0.5}])
+def test_options_still_recover_the_clusters(options):
+    fed = blob_federation(n_clients=6, n_clusters=2)
+    ctx = make_ctx(fed)
+    alg = CFL(CFLConfig(**BLOB, **options))
+    run(alg, ctx, 6)
+    assert ari(fed.clusters, alg.assignment()) == 1.0
+
+
+def test_gamma_max_rejects_splits_and_records_them():
+    fed = blob_federation(n_clients=6, n_clusters=2)
+    alg = CFL(CFLConfig(**BLOB, gamma_max=0.99))  # needs α_cross_max < -0.96
+    extras = run(alg, make_ctx(fed), 6)
+    events = [ev for e in extras for ev in e["splits"]]
+    assert events and not any(ev["accepted"] for ev in events)
+    assert all(ev["gamma_bound"] < 0.99 for ev in events) and alg.n_clusters() == 1
+
+
+def test_warmup_and_min_split_size():
+    fed = blob_federation(n_clients=6, n_clusters=2)
+    early = run(CFL(CFLConfig(**BLOB)), make_ctx(fed), 6)
+    t_split = next(t for t, e in enumerate(early, 1) if e["split"])
+    late = run(CFL(CFLConfig(**BLOB, warmup_rounds=t_split + 1)), make_ctx(fed), t_split + 3)
+    assert not any(e["split"] for e in late[: t_split + 1])
+    assert any(e["split"] for e in late[t_split + 1:])
+    big = CFL(CFLConfig(**BLOB, min_split_size=7))
+    assert not any(e["split"] for e in run(big, make_ctx(fed), 6))
+
+
+def test_weighted_cfl_before_any_split_is_fedavg():
+    """Eq. (2): until the first split, CFL with weighted aggregation is FedAvg."""
+    fed = blob_federation(n_clients=6, n_clusters=2)  # unequal client sizes
+    ctx = make_ctx(fed)
+    alg = CFL(CFLConfig(eps1=1e-9))
+    alg.setup(ctx)
+    ref_ctx = make_ctx(fed)
+    ref_ctx.rng.bit_generator.state = ctx.rng.bit_generator.state
+    ref = FedAvg(FedAvgConfig())
+    ref.setup(ref_ctx)
+    for t in range(1, 4):
+        alg.run_round(ctx, t)
+        ref.run_round(ref_ctx, t)
+    torch.testing.assert_close(alg.model_of(0), ref.model[0], atol=1e-6, rtol=0)
+    unweighted = CFL(CFLConfig(eps1=1e-9, aggregation="mean"))
+    u_ctx = make_ctx(fed)
+    run(unweighted, u_ctx, 3)
+    assert (unweighted.model_of(0) - ref.model[0]).abs().max() > 1e-5
+
+
+class Spy(SequentialBackend):
+    """Records every train request and the plain updates clients computed."""
+
+    def __init__(self, fed: Federation, factory: ModelFactory) -> None:
+        super().__init__(fed, factory)
+        self.lrs: list[float] = []
+        self.plain: list[torch.Tensor] = []
+
+    def train(self, req: TrainRequest):  # type: ignore[no-untyped-def]
+        reply = super().train(req)
+        self.lrs.append(req.training.lr)
+        start = req.models[torch.as_tensor(req.model_of_client, dtype=torch.long)]
+        self.plain.append(reply.params - start)
+        return reply
+
+
+def test_lr_decay_per_round():
+    fed = blob_federation(n_clients=4, n_clusters=1)
+    f = ModelFactory(model_config({"name": "mlp", "hidden": [16]}), fed.input_shape, 3)
+    spy = Spy(fed, f)
+    run(CFL(CFLConfig(lr_decay=0.9)), make_ctx(fed, spy), 3)
+    np.testing.assert_allclose(spy.lrs, [0.1, 0.09, 0.081])
+
+
+# ---------------------------------------------------------------------------- privacy
+
+
+def test_privacy_same_clustering_and_no_plain_update_reaches_the_server(monkeypatch):
+    fed = blob_federation(n_clients=9, n_clusters=3)
+    plain_alg = CFL(CFLConfig(**BLOB))
+    plain_extras = run(plain_alg, make_ctx(fed), 8)
+
+    f = ModelFactory(model_config({"name": "mlp", "hidden": [16]}), fed.input_shape, 3)
+    spy = Spy(fed, f)
+    received: list[torch.Tensor] = []
+    original = ClientSide.train
+
+    def watched(self: ClientSide, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        received.append(out[0])  # what the server gets back
+        return out
+
+    monkeypatch.setattr(ClientSide, "train", watched)
+    private = CFL(CFLConfig(**BLOB, privacy=True))
+    private_extras = run(private, make_ctx(fed, spy), 8)
+
+    assert [e["split"] for e in private_extras] == [e["split"] for e in plain_extras]
+    np.testing.assert_array_equal(private.assignment(), plain_alg.assignment())
+    assert ari(fed.clusters, private.assignment()) == 1.0
+    np.testing.assert_allclose([e["max_client_norm"] for e in private_extras],
+                               [e["max_client_norm"] for e in plain_extras], rtol=1e-6)
+    # the clients' models are the same: permuting commutes with averaging (eq. 42)
+    for v in private.tree.nodes:
+        torch.testing.assert_close(private.model_of(v.id), plain_alg.model_of(v.id))
+    # the server only ever received permuted updates ...
+    assert len(received) == len(spy.plain) == 8
+    for got, plain in zip(received, spy.plain):
+        assert not torch.allclose(got, plain)
+        torch.testing.assert_close(got.sort(dim=1).values, plain.sort(dim=1).values)
+    # ... and keeps no plain update or model in its tree
+    plain_rows = torch.cat(spy.plain)
+    for v in private.tree.nodes[1:]:
+        assert v.updates is not None
+        for row in v.updates:
+            assert not torch.isclose(plain_rows, row[None]).all(dim=1).any()
+    server_view = private.tree.nodes[1].model
+    assert not torch.allclose(private.clients.base + server_view, private.model_of(1))
+
+
+# ---------------------------------------------------------------------------- Algorithm 4
+
+
+def test_held_out_clients_land_in_their_true_cluster():
+    full = blob_federation(n_clients=12, n_clusters=3)
+    train = full.subset(np.arange(9))
+    alg = CFL(CFLConfig(**BLOB))
+    run(alg, make_ctx(train), 10)
+    assert ari(train.clusters, alg.assignment()) == 1.0
+    ctx_full = make_ctx(full, seed=5)
+    placed = alg.place(ctx_full, [9, 10, 11, 0])
+    leaf_truth = {v.id: set(train.clusters[v.clients].tolist()) for v in alg.tree.leaves()}
+    for p in placed:
+        assert leaf_truth[p.leaf] == {int(full.clusters[p.client])}
+        assert p.path[0] == 0 and p.path[-1] == p.leaf and len(p.similarities) == len(p.path) - 1
+        assert alg.tree.path(p.leaf) == p.path
+    # client 0 took part in training: it goes back to its own leaf
+    assert placed[-1].leaf == alg.assignment()[0]
+
+
+def test_keep_best_picks_the_best_model_on_the_path():
+    fed = blob_federation(n_clients=6, n_clusters=2)
+    ctx = make_ctx(fed)
+    alg = CFL(CFLConfig(**BLOB, keep_best="train"))
+    run(alg, ctx, 6)
+    assert alg.n_clusters() == 2
+    choice = alg.predictor().members[:, 0]
+    for leaf in alg.tree.leaves():
+        path = alg.tree.path(leaf.id)
+        models = torch.stack([alg.model_of(v) for v in path])
+        acc = ctx.backend.execute(LossRequest(leaf.clients, models, "train")).accuracy
+        for k, c in enumerate(leaf.clients):
+            best = max(range(len(path)), key=lambda j, k=k: (acc[k, j], j))
+            assert choice[c] == path[best]
+    # choices stay on each client's own path
+    for c in range(6):
+        assert choice[c] in alg.tree.path(int(alg.assignment()[c]))
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def test_config_errors_name_the_field():
+    base = {"algorithm": {"name": "cfl"}, "output": {"progress": "off"}}
+    assert load_config(base).algorithm.eps1 == 0.4  # type: ignore[attr-defined]
+    for field, value in (("eps1", -1.0), ("eps2", 0), ("gamma_max", 1.0),
+                         ("bipartition", "single"), ("min_split_size", 1), ("lr_decay", 1.5),
+                         ("keep_best", "val"), ("warmup_rounds", -1)):
+        with pytest.raises(ConfigError) as err:
+            load_config({**base, "algorithm": {"name": "cfl", field: value}})
+        assert err.value.field == f"algorithm.{field}"
+    with pytest.raises(ConfigError, match="unknown field"):
+        load_config({**base, "algorithm": {"name": "cfl", "epsilon": 1}})
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+LABEL_SWAP = {
+    "seed": 0, "rounds": 14, "eval_every": 7, "checkpoint_every": 10,
+    "data": {"source": "digits"},
+    "scenario": {"name": "label_swap", "n_clients": 8, "n_clusters": 2,
+                 "n_train_per_client": 150},
+    "model": {"name": "mlp", "hidden": [32]},
+    "train": {"lr": 0.1, "batch_size": 20, "epochs": 3},
+    "algorithm": {"name": "cfl", "eps1": 0.35, "eps2": 0.6},
+    "output": {"figures": False, "progress": "off"},
+}
+
+
+@pytest.fixture(scope="module")
+def label_swap_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    out = tmp_path_factory.mktemp("cfl_label_swap")
+    exp = Experiment.from_config(LABEL_SWAP, out_dir=out)
+    history = exp.run()
+    exp.algorithm.save_artifacts(out, LABEL_SWAP["rounds"])  # type: ignore[attr-defined]
+    return out, history
+
+
+def test_label_swap_digits_recovers_clusters(label_swap_run):
+    _, history = label_swap_run
+    first, last = history.records[0], history.records[-1]
+    assert last["ari"] == 1.0 and last["n_clusters"] == 2
+    splits = [r["round"] for r in history.records if r["extras"]["split"]]
+    assert len(splits) == 1
+    before = next(r for r in history.records if r["metrics"] and r["round"] < splits[0])
+    assert last["metrics"]["accuracy"] > before["metrics"]["accuracy"] + 0.1
+    assert first["n_clusters"] == 1 and first["floats_up"] == first["floats_down"] > 0
+
+
+def test_resume_from_checkpoint_ends_identically(label_swap_run):
+    out, history = label_swap_run
+    resumed = Experiment.from_config(LABEL_SWAP, out_dir=out).run(resume=True)
+    strip = ("wall_time",)
+    for a, b in zip(history.records, resumed.records, strict=True):
+        assert {k: v for k, v in a.items() if k not in strip} == {
+            k: v for k, v in b.items() if k not in strip}
+
+
+def test_figures_hook(label_swap_run):
+    from clusterfl.report.methods.cfl import figures
+
+    out, history = label_swap_run
+    paths = figures(out, history.records, history.summary)
+    names = {p.name for p in paths}
+    assert {"cfl_norms.png", "cfl_accuracy_gap.png"} <= names
+    assert any(n.startswith("cfl_similarity_") for n in names)
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_cli_place(label_swap_run, capsys):
+    from clusterfl.cli_cfl import add_parser, parse_clients
+
+    out, _ = label_swap_run
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    dest = out / "placed.json"
+    # ten clients of 130 samples: new data, the same label swaps (drawn before the split);
+    # client 4 now belongs to cluster 0 (it was in cluster 1 during training)
+    args = parser.parse_args(["cfl-place", str(out), "--clients", "4,8-9", "--json",
+                              str(dest), "--set", "scenario.n_clients=10",
+                              "--set", "scenario.n_train_per_client=130"])
+    assert args.func(args) == 0
+    rows = json.loads(dest.read_text())
+    assert [(r["client"], r["true_cluster"]) for r in rows] == [(4, 0), (8, 1), (9, 1)]
+    for r in rows:
+        assert r["leaf_true_clusters"] == [r["true_cluster"]]
+        assert r["accuracy_leaf"] > r["accuracy_root"]
+    assert "CFL placement" in capsys.readouterr().out
+    assert parse_clients("3,1-2", 5).tolist() == [1, 2, 3]
+    from clusterfl.errors import ClusterFLError
+
+    with pytest.raises(ClusterFLError, match="ids must be"):
+        parse_clients("9", 5)

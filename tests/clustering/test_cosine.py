@@ -1,0 +1,170 @@
+"""CFL's server math: cosine similarity, Algorithm 1, complete linkage, separation gap, γ test."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.cluster.hierarchy import cut_tree, linkage
+from scipy.spatial.distance import squareform
+from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics.pairwise import cosine_similarity
+
+from clusterfl.clustering.cosine import (
+    bipartition,
+    complete_linkage_bipartition,
+    cross_cosine,
+    gamma_bound,
+    gamma_criterion,
+    intra_min_similarity,
+    max_cross_similarity,
+    optimal_bipartition,
+    pairwise_cosine,
+    separation_gap,
+)
+
+
+def brute_force(sim: np.ndarray) -> float:
+    """min over all bipartitions of the maximal cross similarity (2^(n-1) - 1 candidates)."""
+    n = len(sim)
+    best = math.inf
+    for mask in range(1, 2 ** (n - 1)):
+        second = np.array([(mask >> i) & 1 for i in range(n)], dtype=bool)
+        best = min(best, sim[np.ix_(~second, second)].max())
+    return float(best)
+
+
+def random_similarity(n: int, rng: np.random.Generator) -> np.ndarray:
+    s = rng.uniform(-1, 1, size=(n, n))
+    s = (s + s.T) / 2
+    np.fill_diagonal(s, 1.0)
+    return s
+
+
+def test_pairwise_cosine_matches_sklearn_and_handles_zero_rows():
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(7, 30))
+    np.testing.assert_allclose(pairwise_cosine(torch.tensor(u)), cosine_similarity(u), atol=1e-12)
+    u[3] = 0.0
+    s = pairwise_cosine(u)
+    assert s[3, 3] == 1.0 and np.all(s[3, np.arange(7) != 3] == 0.0)
+    np.testing.assert_allclose(cross_cosine(u[:2], u[2:]), s[:2, 2:], atol=1e-12)
+
+
+def test_cosine_similarity_is_invariant_to_a_permutation_of_coordinates():
+    """Eq. (41): the privacy permutation P leaves α unchanged."""
+    rng = np.random.default_rng(1)
+    u = torch.tensor(rng.normal(size=(5, 200)), dtype=torch.float32)
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(3))
+    np.testing.assert_allclose(pairwise_cosine(u[:, perm]), pairwise_cosine(u), atol=1e-12)
+
+
+def test_algorithm1_hand_example():
+    # clients 0,1 agree, 2,3 agree; the closest cross pair is (1, 2) with 0.1
+    s = np.array([
+        [1.0, 0.9, -0.5, -0.2],
+        [0.9, 1.0, 0.1, -0.3],
+        [-0.5, 0.1, 1.0, 0.8],
+        [-0.2, -0.3, 0.8, 1.0],
+    ])
+    bp = optimal_bipartition(s)
+    assert bp.first.tolist() == [0, 1] and bp.second.tolist() == [2, 3]
+    assert bp.max_cross == pytest.approx(0.1)
+    assert bp.labels(4).tolist() == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("n", range(2, 13))
+def test_algorithm1_equals_brute_force_minimum(n):
+    rng = np.random.default_rng(100 + n)
+    for _ in range(3 if n < 12 else 1):
+        s = random_similarity(n, rng)
+        bp = optimal_bipartition(s)
+        assert len(bp.first) + len(bp.second) == n and len(bp.first) and len(bp.second)
+        assert sorted([*bp.first, *bp.second]) == list(range(n))
+        assert bp.max_cross == pytest.approx(brute_force(s), abs=1e-12)
+        assert bp.max_cross == pytest.approx(max_cross_similarity(s, bp.first, bp.second))
+
+
+def test_algorithm1_reads_nonsymmetric_input_as_max_of_both_entries():
+    rng = np.random.default_rng(5)
+    s = rng.uniform(-1, 1, size=(8, 8))
+    bp = optimal_bipartition(s)
+    assert bp.max_cross == pytest.approx(brute_force(np.maximum(s, s.T)))
+
+
+def test_complete_linkage_matches_scipy_and_can_differ_from_optimal():
+    rng = np.random.default_rng(2)
+    for n in (3, 6, 10):
+        s = random_similarity(n, rng)
+        bp = complete_linkage_bipartition(s)
+        ref = cut_tree(linkage(squareform(1 - s, checks=False), "complete"), n_clusters=2)
+        assert adjusted_rand_score(ref.ravel(), bp.labels(n)) == pytest.approx(1.0)
+    # a chain 0-1-2-3-4 (neighbours 0.85..0.92): single linkage cuts the weakest link (3-4),
+    # complete linkage ({0,1} | {2,3,4}) cuts 1-2 and leaves a larger cross similarity
+    s = np.full((5, 5), -0.5)
+    np.fill_diagonal(s, 1.0)
+    for i, j, v in ((0, 1, 0.9), (1, 2, 0.88), (2, 3, 0.92), (3, 4, 0.85), (0, 2, 0.2),
+                    (1, 3, 0.2), (2, 4, 0.6)):
+        s[i, j] = s[j, i] = v
+    opt = bipartition(s, "optimal")
+    comp = bipartition(s, "complete")
+    assert opt.second.tolist() == [4] and opt.max_cross == pytest.approx(0.85)
+    assert comp.first.tolist() == [0, 1] and comp.max_cross == pytest.approx(0.88)
+    with pytest.raises(ValueError, match="unknown bipartition"):
+        bipartition(s, "single")  # type: ignore[arg-type]
+
+
+def test_separation_gap_hand_values():
+    s = np.array([
+        [1.0, 0.7, -0.4, -0.6],
+        [0.7, 1.0, -0.2, -0.5],
+        [-0.4, -0.2, 1.0, 0.5],
+        [-0.6, -0.5, 0.5, 1.0],
+    ])
+    truth = np.array([0, 0, 1, 1])
+    assert intra_min_similarity(s, truth) == pytest.approx(0.5)
+    assert separation_gap(s, truth) == pytest.approx(0.5 - (-0.2))
+    # one true cluster: the gap can only be <= 0 (the cross pairs are some of the pairs)
+    assert separation_gap(s, np.zeros(4)) == pytest.approx(-0.6 - (-0.2))
+    # every client alone: α_intra^min = α_ii = 1 (eq. 19 with i = j)
+    assert intra_min_similarity(s, np.arange(4)) == 1.0
+    assert math.isnan(separation_gap(np.ones((1, 1)), np.zeros(1)))
+
+
+def test_positive_gap_implies_correct_bipartition():
+    """Corollary 1 on random clustered updates: g > 0 ⇒ no true cluster is cut."""
+    rng = np.random.default_rng(4)
+    seen_positive = 0
+    for trial in range(40):
+        k = rng.integers(2, 5)
+        centers = rng.normal(size=(k, 50))
+        labels = rng.integers(0, k, size=12)
+        labels[:k] = np.arange(k)
+        u = centers[labels] + rng.uniform(0.2, 2.0) * rng.normal(size=(12, 50))
+        s = pairwise_cosine(u)
+        if separation_gap(s, labels) > 0:
+            seen_positive += 1
+            part = optimal_bipartition(s).labels(12)
+            for c in range(k):
+                assert len(set(part[labels == c])) == 1, trial
+    assert seen_positive >= 10
+
+
+def test_gamma_criterion():
+    assert gamma_bound(-1.0) == pytest.approx(1.0)
+    assert gamma_bound(0.0) == pytest.approx(math.sqrt(0.5))
+    assert gamma_bound(1.0) == 0.0
+    assert gamma_criterion(0.0, 0.7) and not gamma_criterion(0.0, 0.75)
+    assert not gamma_criterion(1.0, 0.0)  # identical directions are never split
+    assert gamma_criterion(0.999, 0.0)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="square"):
+        optimal_bipartition(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="at least 2"):
+        optimal_bipartition(np.ones((1, 1)))
+    with pytest.raises(ValueError, match=r"\[n, d\]"):
+        pairwise_cosine(np.ones(3))
