@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(text)
     load1 = os.getloadavg()
-    cmd = " ".join(["python", *sys.argv]) if argv is None else "benchmarks/engine.py " + " ".join(argv)
+    argv_used = sys.argv[1:] if argv is None else argv
+    cmd = " ".join(["python", "benchmarks/engine.py", *argv_used])
     header = (
         "# Engine benchmark: per-client loop vs vectorized engine\n\n"
         f"- date: {dt.datetime.now().isoformat(timespec='seconds')}\n"

@@ -12,7 +12,10 @@ from rich.console import Console
 
 from clusterfl.errors import ClusterFLError
 
-DEMO_METHODS = ["fedavg", "fedprox:mu=0.01", "local"]
+DEMO_METHODS = [
+    "fedavg", "fedprox:mu=0.01", "local", "ifca:n_clusters=4", "fesem:n_clusters=4",
+    "ifca_cam:n_clusters=4:warmup_rounds=5", 'cfl_gp:n_clusters=4:protocol="model"', "cfl",
+]
 
 
 def _console() -> Console:

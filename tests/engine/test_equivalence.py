@@ -93,7 +93,9 @@ def dtype(request: pytest.FixtureRequest) -> Iterator[torch.dtype]:
     torch.set_default_dtype(old)
 
 
-def make_federation(shape: tuple[int, ...], task: str, sizes: list[int], seed: int = 0) -> Federation:
+def make_federation(
+    shape: tuple[int, ...], task: str, sizes: list[int], seed: int = 0
+) -> Federation:
     """Random data in the default dtype; the test split has other sizes than the train split."""
     g = torch.Generator().manual_seed(seed)
     test_sizes = [max(1, s // 2) for s in sizes]
@@ -117,7 +119,8 @@ def setup(name: str, sizes: list[int] = SIZES, chunk_size: int = 4, kernel: str 
     fed = make_federation(shape, task, sizes)
     make = TinyFactory if name == "custom" else ModelFactory
     fac = make(model_config(cfg), shape, fed.n_outputs)
-    return fed, fac, SequentialBackend(fed, fac), SimulationBackend(fed, fac, chunk_size, kernel=kernel)
+    sim = SimulationBackend(fed, fac, chunk_size, kernel=kernel)
+    return fed, fac, SequentialBackend(fed, fac), sim
 
 
 def close(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray, dtype: torch.dtype) -> None:

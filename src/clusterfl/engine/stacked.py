@@ -67,22 +67,27 @@ class Sink(ABC):
 
 
 class GradientSink(Sink):
-    """Stores the gradients of `a` clients into contiguous `[a, *shape]` tensors."""
+    """Stores the gradients of `a` clients into `[a, *shape]` tensors.
+
+    `out` may be given (e.g. views into the rows of a flat `[n, d]` result, so the products
+    write their final place directly); otherwise contiguous tensors are allocated.
+    """
 
     def __init__(
         self,
         shapes: Sequence[tuple[int, ...]],
         a: int,
         dtype: torch.dtype,
-        ws: Workspace | None = None,
+        out: list[Tensor] | None = None,
     ) -> None:
-        if ws is None:
-            self.out = [torch.empty(a, *s, dtype=dtype) for s in shapes]
-        else:  # reused between calls: no page faults on fresh memory
-            self.out = [ws.get(f"grad{i}", (a, *s), dtype) for i, s in enumerate(shapes)]
+        self.out = out if out is not None else [torch.empty(a, *s, dtype=dtype) for s in shapes]
 
     def matmul(self, i: int, lhs: Tensor, rhs: Tensor) -> None:
-        torch.bmm(lhs, rhs, out=self.out[i])
+        out = self.out[i]
+        if out.is_contiguous():
+            torch.bmm(lhs, rhs, out=out)
+        else:  # beta=0: the old content (uninitialised memory) is ignored, NaN included
+            out.baddbmm_(lhs, rhs, beta=0)
 
     def grad(self, i: int, g: Tensor) -> None:
         self.out[i].copy_(g.reshape(self.out[i].shape))
@@ -147,7 +152,8 @@ class StackedOptimizer(Sink):
             self._bc2_sqrt = (1 - b2**step) ** 0.5
         else:
             dtype = self.params[0].dtype
-            self._step_size = torch.tensor([self.tr.lr / (1 - b1 ** int(s)) for s in t], dtype=dtype)
+            sizes = [self.tr.lr / (1 - b1 ** int(s)) for s in t]
+            self._step_size = torch.tensor(sizes, dtype=dtype)
             self._bc2_sqrt = torch.tensor([(1 - b2 ** int(s)) ** 0.5 for s in t], dtype=dtype)
 
     def _scratch(self, store: list[Tensor | None], i: int) -> Tensor:

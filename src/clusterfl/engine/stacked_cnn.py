@@ -58,7 +58,8 @@ def _feature_ops(features: nn.Sequential, layout: ParamLayout, prefix: str) -> l
         elif isinstance(m, nn.GroupNorm):
             if not m.affine:
                 raise TypeError("GroupNorm without affine parameters is not stacked")
-            ops.append(ConvOp("gn", names.index(p + "weight"), bias, groups=m.num_groups, eps=m.eps))
+            weight = names.index(p + "weight")
+            ops.append(ConvOp("gn", weight, bias, groups=m.num_groups, eps=m.eps))
         elif isinstance(m, nn.ReLU):
             ops.append(ConvOp("relu"))
         elif isinstance(m, nn.MaxPool2d):

@@ -54,7 +54,10 @@ class DenseStack:
         train: bool,
         generator: torch.Generator | None,
     ) -> tuple[Tensor, DenseCache]:
-        """`h` `[a, B, in]` → outputs `[a, B, out]` (workspace memory: consume before the next call)."""
+        """`h` `[a, B, in]` → outputs `[a, B, out]`.
+
+        The outputs live in the workspace: consume them before the next call.
+        """
         cache = DenseCache([], [])
         a, b = h.shape[:2]
         for k, layer in enumerate(self.layers):
@@ -124,7 +127,10 @@ def _shared(w: Tensor) -> bool:
 
 
 def dense_layers(
-    layout: ParamLayout, linears: list[tuple[str, nn.Linear]], relu: list[bool], dropout: list[float]
+    layout: ParamLayout,
+    linears: list[tuple[str, nn.Linear]],
+    relu: list[bool],
+    dropout: list[float],
 ) -> list[DenseLayer]:
     """`DenseLayer`s for named `nn.Linear` modules (names as in `named_modules`)."""
     names = layout.names
@@ -152,7 +158,8 @@ class MLPKernel(StackedKernel):
             linears, relu, drop = [("linear", module.linear)], [False], [0.0]
         else:
             raise TypeError(f"MLPKernel does not handle {type(module).__name__}")
-        self.dense = DenseStack(dense_layers(layout, linears, relu, drop), self.ws)  # type: ignore[arg-type]
+        layers = dense_layers(layout, linears, relu, drop)  # type: ignore[arg-type]
+        self.dense = DenseStack(layers, self.ws)
 
     def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
         a, b = idx.shape

@@ -205,7 +205,11 @@ class VectorizedEngine:
                     data, rows, pick, models, np.asarray(model_of_client)[pick],
                     schedule[pick], tr, task, offsets, gen,
                 )
-                out.index_copy_(0, torch.from_numpy(pick), params)
+                flat = [p.reshape(len(pick), -1) for p in params]
+                if np.all(np.diff(pick) == 1):  # consecutive rows: write them in place
+                    torch.cat(flat, dim=1, out=out[int(pick[0]) : int(pick[0]) + len(pick)])
+                else:
+                    out.index_copy_(0, torch.from_numpy(pick), torch.cat(flat, dim=1))
                 losses[pick] = loss
         return out, losses
 
@@ -221,16 +225,17 @@ class VectorizedEngine:
         task: str,
         offsets: Tensor | None,
         gen: torch.Generator,
-    ) -> tuple[Tensor, np.ndarray]:
+    ) -> tuple[list[Tensor], np.ndarray]:
+        """Train the clients `pick` together; returns their stacked parameters and losses."""
         m, dtype = len(pick), models.dtype
         active = (schedule >= 0).any(-1)  # [m, S]
         n_steps = int(np.nonzero(active.any(0))[0].max()) + 1 if active.any() else 0
         schedule = schedule[:, :n_steps]
         gidx, lidx, valid = _pad_rows(rows, pick, schedule)
         weights = _sample_weights(valid, dtype)
-        start = models.index_select(0, torch.from_numpy(np.asarray(which, np.int64)))
-        params = [v.clone(memory_format=torch.contiguous_format) for v in self.layout.views(start).values()]
-        center = list(self.layout.views(start).values()) if tr.mu > 0 else None
+        start = _stack_models(self.layout, models, which)
+        params = [v.clone(memory_format=torch.contiguous_format) for v in start]
+        center = start if tr.mu > 0 else None
         opt = StackedOptimizer(params, tr, center)
         loss_sum = np.zeros(m)
         loss_n = np.zeros(m, dtype=np.int64)
@@ -252,16 +257,16 @@ class VectorizedEngine:
             y = self._targets(data, idx)
             off = None
             if offsets is not None:
-                off = offsets.index_select(0, lidx[:width, s].reshape(-1)).view(width, -1, offsets.shape[-1])
+                off = offsets.index_select(0, lidx[:width, s].reshape(-1))
+                off = off.view(width, -1, offsets.shape[-1])
             views = [p[:width] for p in params]
             loss = self.kernel.train_step(views, x, y, weights[:width, s], off, task, opt, gen)
             for t, v in zip(opt.state(), saved):
                 t[:width].index_copy_(0, hole_t, v)
             loss_sum[:width][act_w] += loss.detach().double().numpy()[act_w]
             loss_n[:width][act_w] += 1
-        flat = torch.cat([p.reshape(m, -1) for p in params], dim=1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return flat, np.where(loss_n > 0, loss_sum / np.maximum(loss_n, 1), np.nan)
+            return params, np.where(loss_n > 0, loss_sum / np.maximum(loss_n, 1), np.nan)
 
     # ------------------------------------------------------------------ gradients
     def gradients(
@@ -294,23 +299,16 @@ class VectorizedEngine:
                 x = self.kernel.gather(data.x, gidx)
                 y = self._targets(data, gidx)
                 params = _stack_models(self.layout, models, which[pick])
-                sink = GradientSink(self.kernel.shapes, m, dtype, self.kernel.ws)
+                direct = bool(np.all(np.diff(pick) == 1))  # rows pick[0]..pick[-1]
+                lo = int(pick[0])
+                out = list(self.layout.views(grads[lo : lo + m]).values()) if direct else None
+                sink = GradientSink(self.kernel.shapes, m, dtype, out)
                 loss = self.kernel.train_step(params, x, y, w, None, task, sink, gen)
-                self._place(grads, pick, sink)
+                if not direct:
+                    grads.index_copy_(0, torch.from_numpy(pick), sink.flat())
                 has = valid.any(-1)
                 losses[pick] = np.where(has, loss.double().numpy(), np.nan)
         return grads, losses
-
-    def _place(self, grads: Tensor, pick: np.ndarray, sink: GradientSink) -> None:
-        """Copy a chunk's per-parameter gradients into rows `pick` of the flat `[n, d]`."""
-        m = len(pick)
-        contiguous = bool(np.all(np.diff(pick) == 1))
-        lo = int(pick[0])
-        if contiguous:
-            for e, g in zip(self.layout.entries, sink.out):
-                grads[lo : lo + m, e.start : e.stop].copy_(g.reshape(m, -1))
-        else:
-            grads.index_copy_(0, torch.from_numpy(pick), sink.flat())
 
     # ------------------------------------------------------------------ outputs
     @torch.no_grad()
@@ -323,7 +321,8 @@ class VectorizedEngine:
         uniq = np.unique(which)
         if len(uniq) * 4 <= len(which):
             for k in uniq:
-                out = self._shared_outputs(data, rows, models[int(k)], np.nonzero(which == k)[0], out)
+                members = np.nonzero(which == k)[0]
+                out = self._shared_outputs(data, rows, models[int(k)], members, out)
         else:
             out = self._stacked_outputs(data, rows, models, which)
         if out is None:  # no rows at all
