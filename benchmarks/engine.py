@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> None:
         f"- repeats: median of {repeats} after one warm-up; whole run "
         f"{time.perf_counter() - started:.0f} s\n"
         f"- load average (1 min) at start / end: {load0[0]:.2f} / {load1[0]:.2f} "
-        "(other processes on the machine slow both columns)\n\n"
+        "(other processes on the machine slow both columns)\n"
+        "- GFLOP/s: matrix-product and convolution FLOPs of the work (FlopCounterMode on the "
+        "reference module) divided by the wall time; matmul = best 2048^3 fp32 product "
+        "(start or end of the run)\n\n"
     )
     args.out.write_text(header + text + "\n")
     print(f"\nwritten to {args.out}")

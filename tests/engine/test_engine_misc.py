@@ -270,3 +270,21 @@ def test_workspace_reuses_buffers() -> None:
     c = ws.get("k", (10, 10), torch.float32)
     assert c.shape == (10, 10)
     assert ws.get("k", (2,), torch.float64).dtype == torch.float64
+
+
+def test_allocator_tuning_applies_once_and_can_be_disabled() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from clusterfl.engine.allocator import tune_allocator as t;"
+        "print(t(), t())"
+    )
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**__import__("os").environ, "CLUSTERFL_MALLOC_TUNING": "0"}
+    off = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert off.stdout.split() == ["False", "False"]
+    if sys.platform.startswith("linux"):  # glibc here; the call reports success both times
+        assert on.stdout.split() == ["True", "True"]

@@ -13,6 +13,7 @@ import torch
 
 from clusterfl.backends.base import Backend, as_index
 from clusterfl.data.federation import Federation
+from clusterfl.engine.allocator import tune_allocator
 from clusterfl.engine.common import per_sample_loss
 from clusterfl.engine.schedule import batch_schedule, gradient_batches
 from clusterfl.engine.vectorized import (
@@ -59,6 +60,7 @@ class SimulationBackend(Backend):
         kernel: str = "auto",
     ) -> None:
         super().__init__(federation, factory)
+        tune_allocator()  # large reply tensors reuse heap memory (see engine.allocator)
         self.module = factory.build()
         self.engine = VectorizedEngine(self.module, factory.layout, kernel, chunk_size)
         self._splits: dict[tuple[str, torch.dtype], SplitData] = {}
@@ -131,15 +133,18 @@ class SimulationBackend(Backend):
             return LossReply(loss, acc)
         base = self._offsets(req.offset, req.split, clients, req.models.dtype)
         y = self._local_targets(data, rows)
-        for j, out in enumerate(self.engine.all_model_outputs(data, rows, req.models)):
-            if base is not None:
-                out = out + base
-            per = per_sample_loss(out, y, fed.task)
-            if per.dim() > 1:
-                per = per.reshape(per.shape[0], -1).mean(1)
-            loss[:, j] = mean_per_client(per, rows.size)
-            if fed.task == "classification":
-                acc[:, j] = mean_per_client((out.argmax(-1) == y).double(), rows.size)
+        out = self.engine.all_model_outputs(data, rows, req.models)  # [total, K, O]
+        if base is not None:
+            out = out + base.unsqueeze(1)
+        flat = out.reshape(-1, out.shape[-1])
+        per = per_sample_loss(flat, y.repeat_interleave(k, 0), fed.task)
+        per = per.reshape(rows.total, k, -1).mean(-1)  # regression: mean over outputs
+        for j in range(k):
+            loss[:, j] = mean_per_client(per[:, j], rows.size)
+        if fed.task == "classification":
+            hit = (out.argmax(-1) == y.unsqueeze(1)).double()
+            for j in range(k):
+                acc[:, j] = mean_per_client(hit[:, j], rows.size)
         return LossReply(loss, acc)
 
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:

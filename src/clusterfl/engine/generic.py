@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from clusterfl.engine.common import per_sample_loss
-from clusterfl.engine.stacked import Sink, StackedKernel
+from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch
 from clusterfl.models.params import ParamLayout
 
 Tensor = torch.Tensor
@@ -69,17 +69,8 @@ class GenericKernel(StackedKernel):
         return stacked, torch.stack(losses)
 
     # ------------------------------------------------------------------ kernel interface
-    def train_step(
-        self,
-        params: list[Tensor],
-        x: Tensor,
-        y: Tensor,
-        w: Tensor,
-        offset: Tensor | None,
-        task: str,
-        sink: Sink,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def train_step(self, params: list[Tensor], batch: StepBatch, sink: Sink) -> Tensor:
+        x, y, w, offset, task = batch.x, batch.y, batch.w, batch.offset, batch.task
         self.module.train()
         fn = self._loss_fn(task)
         grads: tuple[Tensor, ...] | None = None

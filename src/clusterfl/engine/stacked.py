@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -64,6 +65,23 @@ class Sink(ABC):
     @abstractmethod
     def grad(self, i: int, g: Tensor) -> None:
         """The gradient of parameter `i` is `g` (`[a, *shape]`; the sink may overwrite it)."""
+
+
+@dataclass
+class StepBatch:
+    """One minibatch of `a` stacked clients for a kernel's `train_step`.
+
+    `x` `[a, B, *input]`, `y` `[a, B]` targets, `w` `[a, B]` per-sample weights (0 masks
+    padding), `offset` frozen logits added to the outputs (CAM) or None, `task` the loss
+    kind, `generator` the source of dropout noise.
+    """
+
+    x: Tensor
+    y: Tensor
+    w: Tensor
+    offset: Tensor | None
+    task: str
+    generator: torch.Generator
 
 
 class GradientSink(Sink):
@@ -286,17 +304,7 @@ class StackedKernel(ABC):
         return out.view(a, b, *x_all.shape[1:])
 
     @abstractmethod
-    def train_step(
-        self,
-        params: list[Tensor],
-        x: Tensor,
-        y: Tensor,
-        w: Tensor,
-        offset: Tensor | None,
-        task: str,
-        sink: Sink,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def train_step(self, params: list[Tensor], batch: StepBatch, sink: Sink) -> Tensor:
         """Forward (training mode), loss, backward; gradients go to `sink`. Returns `[a]` losses."""
 
     @abstractmethod

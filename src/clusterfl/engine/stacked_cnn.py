@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clusterfl.engine.stacked import Sink, StackedKernel, loss_and_grad
+from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch, loss_and_grad
 from clusterfl.engine.stacked_mlp import DenseStack, dense_layers
 from clusterfl.models.params import ParamLayout
 from clusterfl.models.zoo import LeafCNN, LeNet
@@ -146,23 +146,14 @@ class CNNKernel(StackedKernel):
         b = h.shape[0]
         return h.reshape(b, a, -1).transpose(0, 1).contiguous()
 
-    def train_step(
-        self,
-        params: list[Tensor],
-        x: Tensor,
-        y: Tensor,
-        w: Tensor,
-        offset: Tensor | None,
-        task: str,
-        sink: Sink,
-        generator: torch.Generator,
-    ) -> Tensor:
+    def train_step(self, params: list[Tensor], batch: StepBatch, sink: Sink) -> Tensor:
+        x, y, w, offset, task = batch.x, batch.y, batch.w, batch.offset, batch.task
         a = y.shape[0]
         leaves = {i: params[i].detach().requires_grad_() for i in self.conv_params}
         local = [leaves.get(i, p) for i, p in enumerate(params)]
         with torch.enable_grad():
             feats = self._features(local, x, a)
-        out, cache = self.dense.forward(params, feats.detach(), True, generator)
+        out, cache = self.dense.forward(params, feats.detach(), True, batch.generator)
         if offset is not None:
             out = out + offset
         loss, dout = loss_and_grad(out, y, w, task)

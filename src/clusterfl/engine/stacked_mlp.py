@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from clusterfl.engine.stacked import Sink, StackedKernel, Workspace, loss_and_grad
+from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch, Workspace, loss_and_grad
 from clusterfl.models.params import ParamLayout
 from clusterfl.models.zoo import MLP, LinearRegression
 
@@ -29,6 +29,15 @@ class DenseLayer:
     bias: int | None
     relu: bool
     dropout: float = 0.0
+
+
+@dataclass
+class SharedModels:
+    """K unstacked models prepared for `MLPKernel.forward_shared`."""
+
+    params: list[list[Tensor]]
+    weight_t: Tensor
+    bias: Tensor | None
 
 
 @dataclass
@@ -168,18 +177,9 @@ class MLPKernel(StackedKernel):
         torch.index_select(flat, 0, idx.reshape(-1), out=out)
         return out.view(a, b, -1)
 
-    def train_step(
-        self,
-        params: list[Tensor],
-        x: Tensor,
-        y: Tensor,
-        w: Tensor,
-        offset: Tensor | None,
-        task: str,
-        sink: Sink,
-        generator: torch.Generator,
-    ) -> Tensor:
-        out, cache = self.dense.forward(params, x, True, generator)
+    def train_step(self, params: list[Tensor], batch: StepBatch, sink: Sink) -> Tensor:
+        x, y, w, offset, task = batch.x, batch.y, batch.w, batch.offset, batch.task
+        out, cache = self.dense.forward(params, x, True, batch.generator)
         if offset is not None:
             out = out + offset
         loss, dout = loss_and_grad(out, y, w, task)
@@ -191,27 +191,53 @@ class MLPKernel(StackedKernel):
         out, _ = self.dense.forward(params, x.reshape(x.shape[0], x.shape[1], -1), False, None)
         return out
 
-    def forward_shared(self, params: list[list[Tensor]], x: Tensor) -> list[Tensor]:
-        """Outputs `[R, O]` of K models (each a list of parameter tensors, unstacked) on the
-        same rows `x` (evaluation mode). The first layer of all K models is one matrix
-        product with the concatenated weights, so the rows are read once."""
+    def prepare_shared(self, params: list[list[Tensor]]) -> SharedModels:
+        """Concatenate the first layers of K models (each a list of unstacked parameters)."""
+        first = self.dense.layers[0]
+        # [in, K·out] contiguous: MKL is faster on a plain right operand than on a transposed one
+        weight_t = torch.cat([p[first.weight] for p in params], 0).t().contiguous()
+        bias = None if first.bias is None else torch.cat([p[first.bias] for p in params])
+        return SharedModels(params, weight_t, bias)
+
+    def shared_width(self, shared: SharedModels) -> int:
+        """Output width of each prepared model."""
+        last = self.dense.layers[-1]
+        return int(shared.params[0][last.weight].shape[0])
+
+    def forward_shared(
+        self, shared: SharedModels, x: Tensor, dest: list[Tensor] | None = None
+    ) -> list[Tensor]:
+        """Outputs `[R, O]` of the K prepared models on the same rows `x` (evaluation mode).
+
+        The first layer of all K models is one matrix product, so the rows are read once.
+        With `dest` (K tensors `[R, O]`) the last layer writes there directly. Without it,
+        outputs may live in the workspace: consume them before the next call.
+        """
         h = x.reshape(x.shape[0], -1)
-        first, rest = self.dense.layers[0], self.dense.layers[1:]
-        weight = torch.cat([p[first.weight] for p in params], 0)
-        if first.bias is not None:
-            z = torch.addmm(torch.cat([p[first.bias] for p in params]), h, weight.t())
+        layers, params, weight_t = self.dense.layers, shared.params, shared.weight_t
+        z = self.ws.get("shared_z", (h.shape[0], weight_t.shape[1]), h.dtype)
+        if shared.bias is not None:
+            torch.addmm(shared.bias, h, weight_t, out=z)
         else:
-            z = h @ weight.t()
-        if first.relu:
+            torch.mm(h, weight_t, out=z)
+        if layers[0].relu:
             z.clamp_(min=0)
-        width = weight.shape[0] // len(params)
+        width = weight_t.shape[1] // len(params)
         outs = []
         for k, p in enumerate(params):
             hk = z[:, k * width : (k + 1) * width]
-            for layer in rest:
-                w = p[layer.weight]
-                hk = torch.addmm(p[layer.bias], hk, w.t()) if layer.bias is not None else hk @ w.t()
+            for i, layer in enumerate(layers[1:], start=1):
+                last = i == len(layers) - 1
+                out = dest[k] if dest is not None and last else None
+                w = p[layer.weight].t()
+                if layer.bias is not None:
+                    hk = torch.addmm(p[layer.bias], hk, w, out=out)
+                else:
+                    hk = torch.mm(hk, w, out=out)
                 if layer.relu:
                     hk.clamp_(min=0)
+            if dest is not None and len(layers) == 1:
+                dest[k].copy_(hk)
+                hk = dest[k]
             outs.append(hk)
         return outs

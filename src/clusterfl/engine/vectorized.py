@@ -33,7 +33,7 @@ from torch.func import functional_call
 
 from clusterfl.engine.common import combine, per_sample_loss
 from clusterfl.engine.generic import GenericKernel
-from clusterfl.engine.stacked import GradientSink, StackedKernel, StackedOptimizer
+from clusterfl.engine.stacked import GradientSink, StackedKernel, StackedOptimizer, StepBatch
 from clusterfl.engine.stacked_cnn import CNNKernel
 from clusterfl.engine.stacked_mlp import MLPKernel
 from clusterfl.models.params import ParamLayout
@@ -44,6 +44,8 @@ Tensor = torch.Tensor
 
 #: rows per piece when one model runs over many rows
 ROW_PIECE = 8192
+# rows per product in `all_model_outputs`, divided by K: keeps the K hidden layers in cache
+SHARED_ROWS = 4 * ROW_PIECE
 
 
 def select_kernel(module: nn.Module, layout: ParamLayout, kind: str = "auto") -> StackedKernel:
@@ -260,7 +262,8 @@ class VectorizedEngine:
                 off = offsets.index_select(0, lidx[:width, s].reshape(-1))
                 off = off.view(width, -1, offsets.shape[-1])
             views = [p[:width] for p in params]
-            loss = self.kernel.train_step(views, x, y, weights[:width, s], off, task, opt, gen)
+            batch = StepBatch(x, y, weights[:width, s], off, task, gen)
+            loss = self.kernel.train_step(views, batch, opt)
             for t, v in zip(opt.state(), saved):
                 t[:width].index_copy_(0, hole_t, v)
             loss_sum[:width][act_w] += loss.detach().double().numpy()[act_w]
@@ -303,7 +306,7 @@ class VectorizedEngine:
                 lo = int(pick[0])
                 out = list(self.layout.views(grads[lo : lo + m]).values()) if direct else None
                 sink = GradientSink(self.kernel.shapes, m, dtype, out)
-                loss = self.kernel.train_step(params, x, y, w, None, task, sink, gen)
+                loss = self.kernel.train_step(params, StepBatch(x, y, w, None, task, gen), sink)
                 if not direct:
                     grads.index_copy_(0, torch.from_numpy(pick), sink.flat())
                 has = valid.any(-1)
@@ -374,26 +377,26 @@ class VectorizedEngine:
         return out
 
     @torch.no_grad()
-    def all_model_outputs(self, data: SplitData, rows: Rows, models: Tensor) -> list[Tensor]:
-        """Outputs of every row of `models` on all rows of every listed client (IFCA's
-        losses): K tensors `[total, O]`. Uses the kernel's shared-input forward when it has
-        one (one product for the first layers of all K models)."""
+    def all_model_outputs(self, data: SplitData, rows: Rows, models: Tensor) -> Tensor:
+        """Outputs `[total, K, O]` of every row of `models` on all rows of every listed client
+        (IFCA's losses). Uses the kernel's shared-input forward when it has one (one product
+        for the first layers of all K models, the last layers writing in place)."""
         k, n = models.shape[0], len(rows.size)
-        shared = getattr(self.kernel, "forward_shared", None)
-        if shared is None or k == 1 or rows.total == 0:
-            return [self.model_outputs(data, rows, models, np.full(n, j)) for j in range(k)]
-        views = [list(self.layout.views(models[j]).values()) for j in range(k)]
-        outs: list[Tensor] = []
-        piece = max(1024, 8 * ROW_PIECE // k)
+        if not isinstance(self.kernel, MLPKernel) or k == 1 or rows.total == 0:
+            outs = [self.model_outputs(data, rows, models, np.full(n, j)) for j in range(k)]
+            return torch.stack(outs, 1)
+        prepared = self.kernel.prepare_shared(
+            [list(self.layout.views(models[j]).values()) for j in range(k)]
+        )
+        width = self.kernel.shared_width(prepared)
+        out = torch.empty(rows.total, k, width, dtype=models.dtype)
+        piece = max(256, SHARED_ROWS // k)
         for g0, l0, length in _runs(rows, np.arange(n)):
             for p in range(0, length, piece):
                 q = min(length, p + piece)
-                res = shared(views, data.x[g0 + p : g0 + q])
-                if not outs:
-                    outs = [self._new_out(rows, r.shape[-1], r.dtype) for r in res]
-                for o, r in zip(outs, res):
-                    o[l0 + p : l0 + q] = r
-        return outs
+                dest = [out[l0 + p : l0 + q, j] for j in range(k)]
+                self.kernel.forward_shared(prepared, data.x[g0 + p : g0 + q], dest)
+        return out
 
     @torch.no_grad()
     def predictor_outputs(self, data: SplitData, rows: Rows, pred: Predictor) -> Tensor:
