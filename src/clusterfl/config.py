@@ -12,13 +12,14 @@ Layout of a config file (every table optional; defaults shown by `clusterfl conf
     [algorithm]  name + that method's parameters (each method's own Config class)
     [backend]    name = "simulation" | "sequential", chunk_size
     [output]     figures, progress
+    [validation] [faults] [adversary] [privacy]   robustness (clusterfl.robust.config)
 """
 
 from __future__ import annotations
 
 import copy
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,9 +29,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from clusterfl.config_util import parse, pick
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import LocalTraining
+from clusterfl.robust.config import (
+    AdversaryConfig,
+    FaultsConfig,
+    PrivacyConfig,
+    ValidationConfig,
+)
 
 TOP_LEVEL = ("seed", "rounds", "eval_every", "checkpoint_every", "data", "scenario", "model",
-             "train", "algorithm", "backend", "output")
+             "train", "algorithm", "backend", "output", "validation", "faults", "adversary",
+             "privacy")
+ROBUST_TABLES = ("validation", "faults", "adversary", "privacy")
 
 
 class _Strict(BaseModel):
@@ -75,6 +84,15 @@ class TrainConfig(_Strict):
 class BackendConfig(_Strict):
     name: str = "simulation"
     chunk_size: int = Field(64, ge=1, description="clients computed together (memory bound)")
+    # The `flower` backend (clusterfl.backends.flower; ignored by the others):
+    timeout: float = Field(600.0, gt=0.0, description="flower: seconds to wait for the "
+                           "replies to one request; a node silent that long is dropped")
+    wait_nodes: int = Field(0, ge=0, description="flower: SuperNodes to wait for before "
+                            "the run starts (0: scenario.n_clients)")
+    wait_timeout: float = Field(300.0, gt=0.0, description="flower: give up waiting for "
+                                "the SuperNodes after this many seconds")
+    client_engine: Literal["simulation", "sequential"] = Field(
+        "simulation", description="flower: the engine each node computes with")
 
 
 class OutputConfig(_Strict):
@@ -95,6 +113,10 @@ class Config:
     algorithm: BaseModel
     backend: BackendConfig
     output: OutputConfig
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = self.run.model_dump()
@@ -105,6 +127,10 @@ class Config:
         out["algorithm"] = _drop_none(self.algorithm.model_dump())
         out["backend"] = self.backend.model_dump()
         out["output"] = self.output.model_dump()
+        for name in ROBUST_TABLES:  # robustness tables only when they change something
+            table = getattr(self, name)
+            if table != type(table)():
+                out[name] = _drop_none(table.model_dump())
         return _tomlable(out)
 
     def with_algorithm(self, raw: dict[str, Any]) -> Config:
@@ -154,7 +180,12 @@ def load_config(raw: dict[str, Any]) -> Config:
     backend = parse(BackendConfig, raw.get("backend"), "backend")
     pick(BACKENDS, backend.name, "backend.name")
     output = parse(OutputConfig, raw.get("output"), "output")
-    return Config(run, data, scenario, str(scen_name), model, train, algorithm, backend, output)
+    robust = (parse(ValidationConfig, raw.get("validation"), "validation"),
+              parse(FaultsConfig, raw.get("faults"), "faults"),
+              parse(AdversaryConfig, raw.get("adversary"), "adversary"),
+              parse(PrivacyConfig, raw.get("privacy"), "privacy"))
+    return Config(run, data, scenario, str(scen_name), model, train, algorithm, backend, output,
+                  *robust)
 
 
 def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:

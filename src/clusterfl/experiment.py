@@ -23,12 +23,21 @@ import torch
 from clusterfl import metrics
 from clusterfl.algorithms import ALGORITHMS, Algorithm, Context
 from clusterfl.backends import BACKENDS, Backend
-from clusterfl.config import Config, apply_overrides, dump_toml, load_config, read_toml
+from clusterfl.config import (
+    ROBUST_TABLES,
+    Config,
+    apply_overrides,
+    dump_toml,
+    load_config,
+    read_toml,
+)
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateRequest
+from clusterfl.robust.adversary import benign_vs_adversarial, choose_adversaries, flip_labels
+from clusterfl.robust.guard import Guard
 
 CHECKPOINT = "checkpoint/state.pt"
 
@@ -47,6 +56,9 @@ def build_federation(config: Config) -> Federation:
 
 def build_backend(config: Config, federation: Federation, factory: ModelFactory) -> Backend:
     cls = BACKENDS[config.backend.name]
+    from_config = getattr(cls, "from_config", None)  # e.g. flower: built from its session
+    if callable(from_config):
+        return from_config(config, federation, factory)
     try:
         return cls(federation, factory, chunk_size=config.backend.chunk_size)  # type: ignore[call-arg]
     except TypeError:
@@ -99,6 +111,11 @@ class Experiment:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.federation = federation if federation is not None else build_federation(config)
+        self.adversaries = choose_adversaries(config.adversary, self.federation.n_clients,
+                                              config.run.seed)
+        if config.adversary.kind == "label_flip" and len(self.adversaries):
+            self.federation = flip_labels(self.federation, self.adversaries)
+        _check_fault_clients(config, self.federation.n_clients)
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
         self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)  # type: ignore[attr-defined]
@@ -119,7 +136,18 @@ class Experiment:
             training=self.config.train.local_training(), n_clients=fed.n_clients,
             train_sizes=fed.train_sizes, rng=np.random.default_rng([run.seed, 7919]),
             seed=run.seed, true_clusters=fed.clusters, rounds=run.rounds,
+            guard=self._guard(),
         )
+
+    def _robust_on(self) -> bool:
+        """Whether a robustness table (`[faults]`, `[privacy]`, ...) changes the defaults."""
+        return not self.config.to_dict().keys().isdisjoint(ROBUST_TABLES)
+
+    def _guard(self) -> Guard:
+        c, fed = self.config, self.federation
+        return Guard(fed.n_clients, c.run.seed, fed.train_sizes, c.validation, c.faults,
+                     c.adversary, c.privacy, self.adversaries,
+                     sampling_rate=getattr(c.algorithm, "fraction", 1.0))  # for ε
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`)."""
@@ -145,6 +173,8 @@ class Experiment:
         t0 = time.perf_counter() - elapsed
         with _Progress(show, run.rounds, start - 1, self.algorithm.label()) as bar:
             for t in range(start, run.rounds + 1):
+                if ctx.guard is not None:
+                    ctx.guard.begin_round(t)
                 extras = self.algorithm.run_round(ctx, t)
                 evaluate = t % run.eval_every == 0 or t == run.rounds
                 record = self._record(ctx, t, extras, evaluate, time.perf_counter() - t0)
@@ -162,8 +192,15 @@ class Experiment:
             "round": t, "wall_time": wall, "n_clusters": self.algorithm.n_clusters(),
             "assignment": assignment, "ari": metrics.ari(self.federation.clusters, assignment),
             "floats_down": ctx.floats_down, "floats_up": ctx.floats_up,
+            "client_updates": ctx.client_updates,
             "metrics": None, "client_accuracy": None, "rejected": 0, "extras": extras,
         }
+        if ctx.guard is not None:
+            events = ctx.guard.end_round()
+            ctx.guard.count_round(events)
+            rec["rejected"] = len(events["rejected"])
+            if self._robust_on() or any(events.values()):
+                rec["robust"] = events
         if evaluate:
             reply = ctx.backend.execute(
                 EvaluateRequest(np.arange(self.federation.n_clients), self.algorithm.predictor())
@@ -182,7 +219,7 @@ class Experiment:
         final.update({
             "ari": last.get("ari"), "n_clusters": last.get("n_clusters"),
             "floats_down": last.get("floats_down"), "floats_up": last.get("floats_up"),
-            "wall_time": last.get("wall_time"),
+            "client_updates": last.get("client_updates"), "wall_time": last.get("wall_time"),
         })
         fed = self.federation
         return _clean({
@@ -195,7 +232,24 @@ class Experiment:
             "client_macro_f1": last_eval.get("client_macro_f1") if last_eval else None,
             "assignment": last.get("assignment"),
             "extras": last.get("extras", {}),
+            **self._robust_summary(ctx, last_eval, last),
         })
+
+    def _robust_summary(self, ctx: Context, last_eval: dict[str, Any] | None,
+                        last: dict[str, Any]) -> dict[str, Any]:
+        """Adversaries, rejections, dropouts and (ε, δ), when any robustness option is on."""
+        guard = ctx.guard
+        if guard is None or not self._robust_on():
+            return {}
+        out = guard.summary()
+        bad = self.adversaries
+        if len(bad) and last.get("assignment") is not None:
+            out.update(benign_vs_adversarial(np.asarray(last["assignment"]), bad))
+            acc = last_eval["client_accuracy"] if last_eval else None
+            if acc is not None:
+                benign = np.setdiff1d(np.arange(len(acc)), bad)
+                out["benign_accuracy"] = float(np.mean(np.asarray(acc, dtype=float)[benign]))
+        return {"robust": out}
 
     # ------------------------------------------------------------------ files
     def _want_progress(self, progress: bool | None) -> bool:
@@ -239,8 +293,10 @@ class Experiment:
         state = {
             "round": t, "elapsed": elapsed, "algorithm": self.algorithm.state_dict(),
             "rng": ctx.rng.bit_generator.state, "floats": (ctx.floats_down, ctx.floats_up),
+            "client_updates": ctx.client_updates,
             "records": records, "torch_rng": torch.get_rng_state(),
             "config": self.config.to_dict(),
+            "guard": None if ctx.guard is None else ctx.guard.state_dict(),
         }
         path = self.out_dir / CHECKPOINT
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,8 +317,18 @@ class Experiment:
         self.algorithm.load_state_dict(state["algorithm"])
         ctx.rng.bit_generator.state = state["rng"]
         ctx.floats_down, ctx.floats_up = state["floats"]
+        ctx.client_updates = int(state.get("client_updates", 0))
         torch.set_rng_state(state["torch_rng"])
+        if ctx.guard is not None and state.get("guard") is not None:
+            ctx.guard.load_state_dict(state["guard"])
         return int(state["round"]) + 1, float(state["elapsed"]), list(state["records"])
+
+
+def _check_fault_clients(config: Config, n_clients: int) -> None:
+    bad = [c for c in config.faults.drop_clients if c >= n_clients]
+    if bad:
+        raise ConfigError("faults.drop_clients", f"ids {bad} do not exist; the federation has "
+                          f"clients 0..{n_clients - 1}")
 
 
 def _atomic_write(path: Path, text: str) -> None:

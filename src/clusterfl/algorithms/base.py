@@ -17,7 +17,16 @@ from pydantic import BaseModel, ConfigDict
 
 from clusterfl.backends.base import Backend
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import LocalTraining, Predictor, Reply, Request
+from clusterfl.protocol import (
+    GradientRequest,
+    LocalTraining,
+    Predictor,
+    Reply,
+    Request,
+    TrainRequest,
+)
+from clusterfl.robust.guard import Guard
+from clusterfl.robust.replies import answered, mark_answered
 
 
 class AlgorithmConfig(BaseModel):
@@ -48,12 +57,30 @@ class Context:
     floats_down: float = 0.0
     floats_up: float = 0.0
     log: list[str] = field(default_factory=list)
+    guard: Guard | None = None
+    #: local trainings and gradients computed by clients so far (answered requests only)
+    client_updates: int = 0
 
     def send(self, request: Request) -> Reply:
-        down, up = request.cost()
+        """Execute `request` and book its cost; the reply holds the clients that answered.
+
+        A client that dropped out, missed the deadline or sent a rejected reply is *absent*
+        from the reply: its rows are the clients `answered(reply, request.clients)` (from
+        `clusterfl.robust.replies`), in request order. With a `guard` (`clusterfl.robust`:
+        faults, adversaries, validation, privacy) the request runs through it; without one
+        the backend's reply is returned as is (a backend may still mark fewer clients).
+        """
+        if self.guard is not None:
+            reply, down, up = self.guard.send(self.backend, request)
+        else:
+            down, up = request.cost()
+            reply = self.backend.execute(request)
+            mark_answered(reply, answered(reply, request.clients))
         self.floats_down += down
         self.floats_up += up
-        return self.backend.execute(request)
+        if isinstance(request, TrainRequest | GradientRequest):
+            self.client_updates += len(answered(reply, request.clients))
+        return reply
 
     def next_seed(self) -> int:
         """A fresh request seed from the run's (checkpointed) generator."""
@@ -111,7 +138,7 @@ class Algorithm(ABC):
 def weighted_mean(params: torch.Tensor, weights: np.ndarray) -> torch.Tensor:
     """Σ w_i p_i / Σ w_i over the rows of `params`."""
     w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=params.dtype)
-    return (w[:, None] * params).sum(0) / w.sum()
+    return torch.mv(params.t(), w / w.sum())  # one pass over [n, d], no [n, d] temporary
 
 
 def average_per_group(

@@ -38,7 +38,8 @@ Choices the paper leaves open, and ours:
   all-zero cluster model, i.e. h(x; Θ_g) alone for the built-in models (whose last layer is
   linear); FeSEM-CAM uses FeSEM's common start Θ_0 as its cluster part (for training and
   prediction) until k-means assigns it. After FeSEM-CAM's warm-up every client is assigned.
-- Replies with NaN/Inf parameters are left out of every average.
+- Replies with NaN/Inf parameters are left out of every average, and so are clients absent
+  from a reply (dropped out or rejected, `clusterfl.robust`); they keep their cluster.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from clusterfl.algorithms.ifca import (
     mean_finite,
 )
 from clusterfl.protocol import LossRequest, Predictor, TrainReply, TrainRequest
+from clusterfl.robust.replies import answered, positions
 
 # ----------------------------------------------------------------------------- shared parts
 
@@ -164,6 +166,8 @@ class IFCACAM(Algorithm):
         # (i) Eq. 2: least loss of the sum, Θ_g sent along as the offset
         losses = ctx.send(LossRequest(clients, self.clusters,
                                       offset=Predictor.single(self.g[None], zeros)))
+        clients = answered(losses, clients)  # dropped clients are absent from every reply
+        n = len(clients)
         book(ctx, down=n * d)
         chosen = choose_clusters(losses, "loss")
         self.assign[clients] = chosen
@@ -172,13 +176,14 @@ class IFCACAM(Algorithm):
         ok = finite_rows(rep_k.params)
         keep = torch.from_numpy(ok)
         update = eq6_update if cfg.cluster_update == "eq6" else average_members
-        self.clusters = update(self.clusters, rep_k.params[keep], chosen[ok],
+        chosen_k = chosen[positions(answered(rep_k, clients), clients)]
+        self.clusters = update(self.clusters, rep_k.params[keep], chosen_k[ok],
                                rep_k.n_samples[ok])
         self.g, rejected_g = update_global(self.g, rep_g)
         return {
             "train_loss_cluster": mean_finite(rep_k.loss),
             "train_loss_global": mean_finite(rep_g.loss),
-            "assign_loss": float(np.mean(losses.loss[np.arange(n), chosen])),
+            "assign_loss": mean_finite(losses.loss[np.arange(n), chosen]),
             "rejected": int((~ok).sum()) + rejected_g, "warmup": 0,
             "cluster_sizes": cluster_sizes(self.assign, cfg.n_clusters),
         }
@@ -239,7 +244,7 @@ class FeSEMCAM(FeSEM):
         book(ctx, down=2 * len(clients) * self.g.shape[0])  # Θ_g and Θ_c(i)
         rep_k, rep_g = train_both(ctx, clients, self.g, rows, row_of, mu=self.config.lam)
         self.g, rejected_g = update_global(self.g, rep_g)
-        info = self._recluster(ctx, clients, rep_k.params, rep_k.n_samples)
+        info = self._recluster(ctx, answered(rep_k, clients), rep_k.params, rep_k.n_samples)
         info["rejected"] += rejected_g
         return {"train_loss_cluster": mean_finite(rep_k.loss),
                 "train_loss_global": mean_finite(rep_g.loss), **info, "warmup": 0}

@@ -46,6 +46,10 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   `"test"` on its test data (optimistic: the same data accuracy is reported on).
 - All clients take part in every round (Alg. 5 has no client sampling).
 - A cluster of one client is never split; a zero update has similarity 0 to all others.
+- Clients absent from a round's reply (dropped out or rejected, `clusterfl.robust`) are left
+  out of that round's averages and split test. A client absent when its cluster splits waits
+  at that (now inner) node, predicting with its frozen model, and is placed into a child by
+  Algorithm 4 (its update vs. the cached pre-split updates) in the next round it answers.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from clusterfl.clustering.cosine import (
     separation_gap,
 )
 from clusterfl.protocol import LocalTraining, LossRequest, Predictor, TrainRequest
+from clusterfl.robust.replies import answered, mean_finite, positions
 
 TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `cfl-place`)."""
@@ -254,18 +259,22 @@ class ClientSide:
 
     def train(self, ctx: Context, clients: np.ndarray, displacements: torch.Tensor,
               model_of_client: np.ndarray, training: LocalTraining,
-              seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """Clients train from their cluster models; returns (P Δθ `[n, d]`, |D_i|, loss)."""
+              seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
+        """Clients train from their cluster models; returns (P Δθ `[m, d]`, |D_i|, loss, and
+        the m clients that answered, in request order)."""
         start = self.decode(displacements)
         reply = ctx.send(TrainRequest(clients, start, model_of_client, training, seed))
-        update = reply.params - start[torch.as_tensor(model_of_client, dtype=torch.long)]
-        return self.encode(update), reply.n_samples, reply.loss
+        who = answered(reply, clients)
+        rows = np.asarray(model_of_client, dtype=np.int64)[positions(who, clients)]
+        update = reply.params - start[torch.from_numpy(rows)]
+        return self.encode(update), reply.n_samples, reply.loss, who
 
     def losses(self, ctx: Context, clients: np.ndarray, displacements: torch.Tensor,
                split: Literal["train", "test"]) -> tuple[np.ndarray, np.ndarray]:
-        """Each client's loss and accuracy `[n, K]` of K decoded models on its own data."""
+        """Each answering client's loss and accuracy `[m, K]` of K decoded models on its own
+        data, and the m clients that answered."""
         reply = ctx.send(LossRequest(clients, self.decode(displacements), split))
-        return reply.loss, reply.accuracy
+        return reply.loss, reply.accuracy, answered(reply, clients)
 
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.clone(), "privacy": self.privacy, "secret": self._secret}
@@ -319,6 +328,7 @@ class CFL(Algorithm):
         self.clients = ClientSide(base, self.config.privacy, ctx.next_seed())
         self.tree = ParameterTree.new(self._n, torch.zeros_like(base))
         self._choice: np.ndarray | None = None
+        self.pending: dict[int, int] = {}  # client absent at its cluster's split → inner node
 
     # ------------------------------------------------------------------ one round
     def _training(self, ctx: Context, t: int) -> LocalTraining:
@@ -332,15 +342,24 @@ class CFL(Algorithm):
         return np.asarray(n_samples, dtype=np.float64)
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+        placed = self._place_pending(ctx)
         leaves = self.tree.leaves()
         row = {v.id: k for k, v in enumerate(leaves)}
         leaf_of = self.tree.leaf_of_clients(self._n)
-        clients = np.arange(self._n)
+        clients = np.flatnonzero(leaf_of >= 0)
         models = torch.stack([v.model for v in leaves])
-        updates, n_samples, loss = self.clients.train(
-            ctx, clients, models, np.array([row[int(v)] for v in leaf_of]),
+        got, sizes, loss, who = self.clients.train(
+            ctx, clients, models, np.array([row[int(v)] for v in leaf_of[clients]]),
             self._training(ctx, t), ctx.next_seed())
-        steps = [self._examine(v, updates, n_samples, ctx.true_clusters) for v in leaves]
+        # one row per client id; `present` marks who answered (absent: dropped or rejected)
+        updates = torch.zeros(self._n, models.shape[1], dtype=got.dtype)
+        updates[torch.from_numpy(who)] = got
+        n_samples = np.zeros(self._n)
+        n_samples[who] = sizes
+        present = np.zeros(self._n, dtype=bool)
+        present[who] = True
+        steps = [self._examine(v, updates, n_samples, present, ctx.true_clusters)
+                 for v in leaves]
         events = [self._decide(s, t) for s in steps]
         for s, event in zip(steps, events):
             if event is None or not event["accepted"]:
@@ -348,12 +367,17 @@ class CFL(Algorithm):
             else:
                 self._split(s, event, t)
         self._refresh_choice(ctx)
-        return self._extras(steps, events, loss)
+        return {**self._extras(steps, events, loss), "placed": placed,
+                "pending": sorted(self.pending)}
 
     def _examine(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
-                 truth: np.ndarray | None) -> _ClusterStep:
-        members = node.clients
-        own = updates[torch.as_tensor(members)]
+                 present: np.ndarray, truth: np.ndarray | None) -> _ClusterStep:
+        members = node.clients[present[node.clients]]
+        own = updates[torch.as_tensor(members, dtype=torch.long)]
+        if len(members) == 0:  # nobody of this cluster answered: the model stays
+            zero = torch.zeros(updates.shape[1], dtype=updates.dtype)
+            return _ClusterStep(node, members, own, np.zeros(0), zero, 0.0, 0.0, None, None,
+                                None)
         weights = self._weights(n_samples[members])
         mean = weighted_mean(own, weights)
         norms = torch.linalg.vector_norm(own.double(), dim=1)
@@ -387,6 +411,8 @@ class CFL(Algorithm):
                   s.node.model + weighted_mean(upd[1], s.weights[b]))
         groups = (s.members[a], s.members[b])
         ids = self.tree.split(s.node.id, groups, models, upd, t)
+        for c in np.setdiff1d(s.node.clients, s.members):  # placed by Alg. 4 when they answer
+            self.pending[int(c)] = s.node.id
         event.update({
             "children": list(ids), "groups": [g.tolist() for g in groups],
             "members": s.members.tolist(), "similarity": np.round(s.similarity, 5).tolist(),
@@ -407,7 +433,7 @@ class CFL(Algorithm):
             "max_client_norm": max(s.max_norm for s in steps),
             "split": any(e["accepted"] for e in done),
             "splits": done,
-            "train_loss": float(np.mean(loss)),
+            "train_loss": mean_finite(loss),
         }
 
     # ------------------------------------------------------------------ best model on path
@@ -416,30 +442,48 @@ class CFL(Algorithm):
         if self.config.keep_best == "off" or len(self.tree.nodes) == 1:
             self._choice = None
             return
-        choice = np.zeros(self._n, dtype=np.int64)
+        previous = self._choice
+        choice = self._node_of()  # absent clients: their leaf (or pending node) ...
+        if previous is not None:  # ... or their last choice, if still on their path
+            choice = np.where(self._on_path(previous, choice), previous, choice)
         for leaf in self.tree.leaves():
             path = self.tree.path(leaf.id)
             models = torch.stack([self.tree.nodes[v].model for v in path])
-            loss, acc = self.clients.losses(ctx, leaf.clients, models, self.config.keep_best)
+            loss, acc, who = self.clients.losses(ctx, leaf.clients, models,
+                                                 self.config.keep_best)
             score = -loss if np.all(np.isnan(acc)) else np.nan_to_num(acc, nan=-np.inf)
             # ties go to the most specific model (the last, deepest one)
             best = score.shape[1] - 1 - np.argmax(score[:, ::-1], axis=1)
-            choice[leaf.clients] = np.asarray(path)[best]
+            choice[who] = np.asarray(path, dtype=np.int64)[best]
         self._choice = choice
+
+    def _on_path(self, chosen: np.ndarray, node_of: np.ndarray) -> np.ndarray:
+        """Whether each client's chosen node lies on the root path of its current node."""
+        return np.array([int(c) in self.tree.path(int(v)) for c, v in zip(chosen, node_of)],
+                        dtype=bool)
+
+    def _node_of(self) -> np.ndarray:
+        """Each client's leaf, or for a pending client the inner node it waits at."""
+        out = self.tree.leaf_of_clients(self._n)
+        for c, v in self.pending.items():
+            out[c] = v
+        return out
 
     # ------------------------------------------------------------------ interface
     def assignment(self) -> np.ndarray:
-        """The leaf (cluster) node id of every client."""
-        return self.tree.leaf_of_clients(self._n)
+        """The leaf (cluster) node id of every client (a client that missed its cluster's
+        split: the inner node it waits at until Algorithm 4 places it)."""
+        return self._node_of()
 
     def predictor(self) -> Predictor:
         if self._choice is not None:
             models = torch.stack([v.model for v in self.tree.nodes])
             return Predictor.single(self.clients.decode(models), self._choice)
-        leaves = self.tree.leaves()
-        row = {v.id: k for k, v in enumerate(leaves)}
-        models = self.clients.decode(torch.stack([v.model for v in leaves]))
-        return Predictor.single(models, np.array([row[int(v)] for v in self.assignment()]))
+        node_of = self._node_of()
+        used = np.unique(node_of)
+        row = {int(v): k for k, v in enumerate(used)}
+        models = self.clients.decode(torch.stack([self.tree.nodes[int(v)].model for v in used]))
+        return Predictor.single(models, np.array([row[int(v)] for v in node_of]))
 
     def model_of(self, node_id: int) -> torch.Tensor:
         """The plain model of tree node `node_id` (client side: decoded from the server view)."""
@@ -450,6 +494,7 @@ class CFL(Algorithm):
             "n": self._n, "tree": self.tree.state(),
             "choice": None if self._choice is None else self._choice.copy(),
             "client_side": self.clients.state_dict(),
+            "pending": dict(self.pending),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -457,6 +502,7 @@ class CFL(Algorithm):
         self.tree = ParameterTree.from_state(state["tree"])
         self._choice = None if state["choice"] is None else np.asarray(state["choice"])
         self.clients = ClientSide.from_state(state["client_side"])
+        self.pending = {int(c): int(v) for c, v in state.get("pending", {}).items()}
 
     # ------------------------------------------------------------------ Algorithm 4
     def place(self, ctx: Context, clients: np.ndarray | list[int]) -> list[Placement]:
@@ -467,34 +513,65 @@ class CFL(Algorithm):
         the update most similar to its own. `clients` index the federation of `ctx.backend`.
         """
         ids = np.asarray(clients, dtype=np.int64)
-        at = np.zeros(len(ids), dtype=np.int64)
+        return self._walk(ctx, ids, np.zeros(len(ids), dtype=np.int64))
+
+    def _walk(self, ctx: Context, ids: np.ndarray, at: np.ndarray) -> list[Placement]:
+        """Algorithm 4 from the nodes `at`; a client that does not answer (dropped out) stops
+        where it is (its `leaf` is then an inner node)."""
+        at = np.asarray(at, dtype=np.int64).copy()
         sims: list[list[tuple[float, float]]] = [[] for _ in ids]
-        paths: list[list[int]] = [[0] for _ in ids]
+        paths: list[list[int]] = [[int(v)] for v in at]
+        stuck = np.zeros(len(ids), dtype=bool)
         while True:
-            inner = sorted({int(v) for v in at if not self.tree.nodes[int(v)].is_leaf})
+            inner = sorted({int(at[k]) for k in range(len(ids))
+                            if not stuck[k] and not self.tree.nodes[int(at[k])].is_leaf})
             if not inner:
                 break
             for v in inner:
-                rows = np.flatnonzero(at == v)
-                self._place_step(ctx, self.tree.nodes[v], ids, rows, at, sims, paths)
+                rows = np.flatnonzero((at == v) & ~stuck)
+                moved = self._place_step(ctx, self.tree.nodes[v], ids, rows, at, sims, paths)
+                stuck[rows[~moved]] = True
         return [Placement(int(c), int(at[k]), paths[k], sims[k]) for k, c in enumerate(ids)]
+
+    def _place_pending(self, ctx: Context) -> list[int]:
+        """Walk the clients that missed their cluster's split down the tree (Algorithm 4);
+        those that reach a leaf join it. Returns the clients placed."""
+        if not self.pending:
+            return []
+        ids = np.array(sorted(self.pending), dtype=np.int64)
+        done = []
+        for p in self._walk(ctx, ids, np.array([self.pending[int(c)] for c in ids])):
+            node = self.tree.nodes[p.leaf]
+            if node.is_leaf:
+                node.clients = np.sort(np.append(node.clients, p.client))
+                del self.pending[p.client]
+                done.append(p.client)
+            else:
+                self.pending[p.client] = p.leaf
+        return done
 
     def _place_step(self, ctx: Context, node: TreeNode, ids: np.ndarray, rows: np.ndarray,
                     at: np.ndarray, sims: list[list[tuple[float, float]]],
-                    paths: list[list[int]]) -> None:
+                    paths: list[list[int]]) -> np.ndarray:
+        """One level of Algorithm 4 for `rows`; returns which of them answered (and moved)."""
         t = node.split_round or 1
-        upd, _, _ = self.clients.train(
+        upd, _, _, who = self.clients.train(
             ctx, ids[rows], node.model[None], np.zeros(len(rows), np.int64),
             self._training(ctx, t), ctx.next_seed())
+        moved = np.zeros(len(rows), dtype=bool)
+        moved[positions(who, ids[rows])] = True
+        if not moved.any():
+            return moved
         a, b = (self.tree.nodes[c] for c in node.children)
         assert a.updates is not None and b.updates is not None
         alpha0 = cross_cosine(upd, a.updates).max(axis=1)
         alpha1 = cross_cosine(upd, b.updates).max(axis=1)
-        for k, r in enumerate(rows):
+        for k, r in enumerate(rows[moved]):
             nxt = a.id if alpha0[k] > alpha1[k] else b.id
             at[r] = nxt
             sims[r].append((float(alpha0[k]), float(alpha1[k])))
             paths[r].append(nxt)
+        return moved
 
     # ------------------------------------------------------------------ files
     def save_artifacts(self, run_dir: str | Path, round_: int | None = None) -> list[Path]:

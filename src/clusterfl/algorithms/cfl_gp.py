@@ -56,8 +56,9 @@ assignment drawn from the run's generator (the models θ_k^(0) are independent i
 `init_range = r` draws every non-bias parameter from U(−r, r) and sets biases to 0, the
 linear-regression setup of §5.1/F.4); the first round is a clustering round (t = 1); the
 cluster mean of gradients is unweighted (each client's gradient already averages its minibatch);
-k-means keeps the best of `kmeans_n_init` k-means++ runs; a client whose reply is not finite is
-left out of the round's averages and keeps its old feature.
+k-means keeps the best of `kmeans_n_init` k-means++ runs; a client whose reply is not finite, or
+that did not answer (dropped out or rejected, `clusterfl.robust`), is left out of the round's
+averages and keeps its old feature.
 
 `mode = "repo"` reproduces the authors' released code instead: the round-robin index never
 advances, so only block 0 of the profile is ever filled, and it is filled with each client's
@@ -89,6 +90,7 @@ from clusterfl.clustering.spectral import (
 from clusterfl.errors import ConfigError
 from clusterfl.models import ParamLayout
 from clusterfl.protocol import GradientRequest, Predictor, TrainRequest
+from clusterfl.robust.replies import answered, mean_finite, positions
 
 DEFAULT_STABLE_ROUNDS = 20
 """T/10 for the paper's T = 200, used when the context does not say how many rounds run."""
@@ -144,6 +146,18 @@ class CFLGPConfig(AlgorithmConfig):
             raise ValueError("server_lr only applies to protocol = 'gradient' (Algorithm 4 "
                              "adds the mean model gap)")
         return self
+
+
+def _in_request_order(vectors: torch.Tensor, loss: np.ndarray, who: np.ndarray,
+                      clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """One row per requested client; clients absent from the reply (dropped out, rejected)
+    get NaN rows, which every later step already treats as "no finite reply"."""
+    rows = torch.from_numpy(positions(who, clients))
+    full = torch.full((len(clients), vectors.shape[1]), float("nan"), dtype=vectors.dtype)
+    full[rows] = vectors
+    out_loss = np.full(len(clients), np.nan)
+    out_loss[rows.numpy()] = np.asarray(loss, dtype=np.float64)
+    return full, out_loss
 
 
 def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) -> torch.Tensor:
@@ -236,9 +250,9 @@ class CFLGP(Algorithm):
         own, loss = self._client_vectors(ctx, self.models, clients, self.assign, seed)
         ok = torch.isfinite(own).all(dim=1).numpy()
         if not ok.all():
-            ctx.log.append(f"cfl_gp round {t}: ignored non-finite replies of clients "
-                           f"{np.flatnonzero(~ok).tolist()}")
-        extras: dict[str, Any] = {"train_loss": float(np.nanmean(np.where(ok, loss, np.nan)))}
+            ctx.log.append(f"cfl_gp round {t}: no finite reply (absent or non-finite) from "
+                           f"clients {np.flatnonzero(~ok).tolist()}")
+        extras: dict[str, Any] = {"train_loss": mean_finite(np.where(ok, loss, np.nan))}
         down = np.ones(ctx.n_clients)
         new_assign = self.assign
         clustering = self.clustering_round(t)
@@ -276,10 +290,11 @@ class CFLGP(Algorithm):
         if self.config.protocol == "gradient":
             g = ctx.send(GradientRequest(clients, models, model_of, ctx.training.batch_size,
                                          seed))
-            return g.grads, np.asarray(g.loss, dtype=np.float64)
+            return _in_request_order(g.grads, g.loss, answered(g, clients), clients)
         r = ctx.send(TrainRequest(clients, models, model_of, ctx.training, seed))
-        start = models[torch.from_numpy(np.asarray(model_of, dtype=np.int64))]
-        return r.params - start, np.asarray(r.loss, dtype=np.float64)
+        rows = positions(answered(r, clients), clients)
+        start = models[torch.from_numpy(np.asarray(model_of, dtype=np.int64)[rows])]
+        return _in_request_order(r.params - start, r.loss, answered(r, clients), clients)
 
     def _probe(self, ctx: Context, own: torch.Tensor, seed: int) -> tuple[torch.Tensor,
                                                                           np.ndarray]:

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
 from clusterfl.protocol import Predictor, TrainRequest
+from clusterfl.robust.replies import mean_finite
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -46,8 +47,9 @@ class FedAvg(Algorithm):
             TrainRequest(clients, self.model, np.zeros(len(clients), np.int64), training,
                          ctx.next_seed())
         )
-        self.model = weighted_mean(reply.params, reply.n_samples)[None]
-        return {"train_loss": float(np.mean(reply.loss))}
+        if len(reply.n_samples):  # nobody answered (all dropped or rejected): keep the model
+            self.model = weighted_mean(reply.params, reply.n_samples)[None]
+        return {"train_loss": mean_finite(reply.loss)}
 
     def assignment(self) -> np.ndarray:
         return np.zeros(self._n, dtype=np.int64)

@@ -22,7 +22,8 @@ Choices the papers leave open, and ours:
   evaluated with) Θ_0.
 - Warm-up local training (no communication) uses every client; the uploads that feed the
   first clustering are booked at the end of the warm-up.
-- Replies with NaN/Inf parameters are left out (they keep their previous cluster).
+- Replies with NaN/Inf parameters are left out (they keep their previous cluster), and so are
+  clients absent from a reply (dropped out or rejected, `clusterfl.robust`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from clusterfl.algorithms.ifca import book, cluster_sizes, finite_rows, mean_fin
 from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import Predictor, TrainRequest
+from clusterfl.robust.replies import answered
 
 LayerSpec = Literal["all", "linear"] | list[str]
 
@@ -126,7 +128,7 @@ class FeSEM(Algorithm):
         reply = ctx.send(TrainRequest(clients, starts, start_of,
                                       replace(ctx.training, mu=self.config.lam),
                                       ctx.next_seed()))
-        info = self._recluster(ctx, clients, reply.params, reply.n_samples)
+        info = self._recluster(ctx, answered(reply, clients), reply.params, reply.n_samples)
         return {"train_loss": mean_finite(reply.loss), **info, "warmup": 0}
 
     def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
@@ -137,8 +139,9 @@ class FeSEM(Algorithm):
         clients = np.arange(n)
         reply = ctx.send(TrainRequest(clients, self.local, clients, ctx.training,
                                       ctx.next_seed(), count_cost=False))
-        ok = torch.from_numpy(finite_rows(reply.params))
-        self.local[ok] = reply.params[ok]
+        ok = finite_rows(reply.params)  # absent clients keep their local model
+        who = torch.from_numpy(answered(reply, clients)[ok])
+        self.local[who] = reply.params[torch.from_numpy(ok)]
         extras: dict[str, Any] = {"train_loss": mean_finite(reply.loss), "warmup": 1}
         if t == self.config.warmup_rounds:
             book(ctx, up=n * self.local.shape[1])  # clients upload θ_i for the first clustering

@@ -33,6 +33,8 @@ Options and the choices the paper leaves open:
   served by model 0 in evaluation.
 - Replies with NaN/Inf parameters or gradients are left out of every average (counted in the
   round's `rejected` extra).
+- Clients absent from a reply (dropped out or rejected by `clusterfl.robust`) keep their
+  cluster and are left out of that round's averages.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pydantic import Field
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
 from clusterfl.models import ParamLayout
 from clusterfl.protocol import GradientRequest, LossReply, LossRequest, Predictor, TrainRequest
+from clusterfl.robust.replies import answered, positions
 
 
 class IFCAConfig(AlgorithmConfig):
@@ -166,6 +169,7 @@ class IFCA(Algorithm):
         cfg = self.config
         clients = ctx.sample(cfg.fraction)
         reply = ctx.send(LossRequest(clients, self.models))
+        clients = answered(reply, clients)  # dropped clients are absent from every reply
         if self.shared is not None:  # shared layers travel once, not K times
             book(ctx, down=-len(clients) * (cfg.n_clusters - 1) * int(self.shared.sum()))
         chosen = choose_clusters(reply, cfg.assign_by)
@@ -176,7 +180,7 @@ class IFCA(Algorithm):
             loss, rejected = self._gradient_step(ctx, clients, chosen)
         return {
             "train_loss": loss,
-            "assign_loss": float(np.mean(reply.loss[np.arange(len(clients)), chosen])),
+            "assign_loss": mean_finite(reply.loss[np.arange(len(clients)), chosen]),
             "cluster_sizes": cluster_sizes(self.assign, cfg.n_clusters),
             "rejected": rejected,
             "warmup": 0,
@@ -204,7 +208,8 @@ class IFCA(Algorithm):
         """Option II: local training from θ_ĵ, per-cluster weighted model averaging."""
         reply = ctx.send(TrainRequest(clients, self.models, chosen, ctx.training,
                                       ctx.next_seed(), count_cost=False))
-        book(ctx, up=len(clients) * self.models.shape[1])  # the models were sent with the loss
+        chosen = chosen[positions(answered(reply, clients), clients)]
+        book(ctx, up=len(chosen) * self.models.shape[1])  # the models were sent with the loss
         ok = finite_rows(reply.params)
         keep = torch.from_numpy(ok)
         self.models = average_members(self.models, reply.params[keep], chosen[ok],
@@ -218,6 +223,7 @@ class IFCA(Algorithm):
         reply = ctx.send(GradientRequest(clients, self.models, chosen, cfg.gradient_batch_size,
                                          ctx.next_seed()))
         book(ctx, down=-len(clients) * self.models.shape[1])  # already sent with the loss
+        chosen = chosen[positions(answered(reply, clients), clients)]
         ok = finite_rows(reply.grads)
         keep = torch.from_numpy(ok)
         zero = torch.zeros_like(self.models)

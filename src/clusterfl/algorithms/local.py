@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
 from clusterfl.protocol import Predictor, TrainRequest
+from clusterfl.robust.replies import answered, mean_finite
 
 
 class LocalConfig(AlgorithmConfig):
@@ -28,8 +30,10 @@ class Local(Algorithm):
             TrainRequest(clients, self.models, clients, ctx.training, ctx.next_seed(),
                          count_cost=False)
         )
-        self.models = reply.params
-        return {"train_loss": float(np.mean(reply.loss))}
+        who = torch.from_numpy(answered(reply, clients))  # absent clients keep their model
+        self.models = self.models.clone()
+        self.models[who] = reply.params
+        return {"train_loss": mean_finite(reply.loss)}
 
     def assignment(self) -> np.ndarray:
         return np.arange(len(self.models), dtype=np.int64)

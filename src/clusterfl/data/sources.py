@@ -118,9 +118,21 @@ def _missing(name: str, path: Path) -> DataError:
 
 def _corrupt(name: str, path: Path, why: str) -> DataError:
     return DataError(
-        f"{name}: {path} is corrupt or truncated ({why}). Check it with "
+        f"{name}: {path} is corrupt or truncated ({why}){_expected(name, path)}. Check it with "
         f"`clusterfl data verify {name}` and fetch it again with `clusterfl data download {name}`."
     )
+
+
+def _expected(name: str, path: Path) -> str:
+    """'; expected sha256 … (N bytes)' for a file the download registry knows, else ''."""
+    from clusterfl.data.download import DATASETS  # lazy: download imports this module
+
+    info = DATASETS.get(name)
+    for f in info.files if info is not None else ():
+        if Path(f.path).name == path.name and f.sha256:
+            size = f" ({f.size} bytes)" if f.size else ""
+            return f"; expected sha256 {f.sha256}{size}"
+    return ""
 
 
 def _as_source(

@@ -1,0 +1,261 @@
+"""The robustness layer `Context.send` runs every request through.
+
+For one request, in order:
+
+1. faults: clients unreachable this round are taken off the request; stragglers' training is
+   cut to their partial step count (or their reply is lost);
+2. the backend executes what is left; a backend may answer for fewer clients (a dead Flower
+   node) and say so with `mark_answered`;
+3. adversaries replace their updates (model poisoning);
+4. validation rejects bad rows (`clusterfl.robust.validate`);
+5. privacy clips the surviving updates, adds the Gaussian noise and reports n_i = 1;
+6. communication is booked: downlink for every client the request reached, uplink for every
+   client that answered (a rejected reply was still uploaded).
+
+The reply returned holds only the clients that answered and passed, with `reply.clients`
+saying who they are (`clusterfl.robust.replies`). Everything that happened is kept per round
+(`end_round`) for the history, and the totals for the summary. Evaluation requests pass
+untouched (measurement, not training traffic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterfl.backends.base import Backend
+from clusterfl.protocol import (
+    EvaluateRequest,
+    GradientReply,
+    GradientRequest,
+    Reply,
+    Request,
+    TrainReply,
+    TrainRequest,
+)
+from clusterfl.robust.adversary import poison
+from clusterfl.robust.config import (
+    AdversaryConfig,
+    FaultsConfig,
+    PrivacyConfig,
+    ValidationConfig,
+)
+from clusterfl.robust.faults import FaultPlan, RoundFaults, restrict, straggler_requests
+from clusterfl.robust.privacy import clip_rows, epsilon, noise_rows
+from clusterfl.robust.replies import (
+    answered,
+    concat,
+    empty_reply,
+    mark_answered,
+    positions,
+    take,
+)
+from clusterfl.robust.validate import Rejection, check_reply, start_models
+
+_NOISE_STREAM, _ATTACK_STREAM = 31337, 27182
+
+
+class Guard:
+    """Faults, adversaries, validation and privacy around one run's backend."""
+
+    def __init__(
+        self, n_clients: int, seed: int, train_sizes: np.ndarray,
+        validation: ValidationConfig | None = None, faults: FaultsConfig | None = None,
+        adversary: AdversaryConfig | None = None, privacy: PrivacyConfig | None = None,
+        adversaries: np.ndarray | None = None, sampling_rate: float = 1.0,
+    ) -> None:
+        self.n_clients = n_clients
+        self.sampling_rate = float(sampling_rate)
+        self.seed = seed
+        self.train_sizes = np.asarray(train_sizes)
+        self.validation = validation or ValidationConfig()
+        self.faults = FaultPlan(faults or FaultsConfig(), n_clients, seed)
+        self.adversary = adversary or AdversaryConfig()
+        self.privacy = privacy or PrivacyConfig()
+        self.adversaries = (np.zeros(0, np.int64) if adversaries is None
+                            else np.asarray(adversaries, dtype=np.int64))
+        self._bad = set(self.adversaries.tolist())
+        self.t = 0
+        self._now = RoundFaults(frozenset(), frozenset())
+        self._request_no = 0
+        self._events: dict[str, Any] = {}
+        # run totals (checkpointed)
+        self.totals: dict[str, float] = {"rejected": 0, "dropped": 0, "straggled": 0,
+                                         "clipped": 0, "releases": 0}
+        self.begin_round(0)
+
+    # ------------------------------------------------------------------ rounds
+    def begin_round(self, t: int) -> None:
+        """Draw round t's failures and start its event log."""
+        self.t = t
+        self._now = self.faults.round(t) if self.faults.active else RoundFaults(
+            frozenset(), frozenset())
+        self._request_no = 0
+        self._events = {"dropped": set(), "stragglers": set(), "rejected": [], "clipped": 0}
+
+    def end_round(self) -> dict[str, Any]:
+        """What happened in the round (JSON-able), for the history record."""
+        e = self._events
+        return {
+            "dropped": sorted(e["dropped"]), "stragglers": sorted(e["stragglers"]),
+            "rejected": [r.as_dict() for r in e["rejected"]], "clipped": e["clipped"],
+        }
+
+    # ------------------------------------------------------------------ one request
+    def send(self, backend: Backend, request: Request) -> tuple[Reply, float, float]:
+        """Run `request` through the layer; returns (reply, floats down, floats up)."""
+        self._request_no += 1
+        requested = np.asarray(request.clients, dtype=np.int64)
+        if isinstance(request, EvaluateRequest):
+            reply = backend.execute(request)
+            return mark_answered(reply, answered(reply, requested)), 0.0, 0.0
+        down, up = request.cost()
+        reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
+        self._events["dropped"].update(int(c) for c in requested[~reachable])
+        sent = request if reachable.all() else restrict(request, np.flatnonzero(reachable))
+        reply = self._execute(backend, sent)
+        clients = answered(reply, np.asarray(sent.clients))
+        silent = set(np.asarray(sent.clients).tolist()) - set(clients.tolist())
+        self._events["dropped"].update(int(c) for c in silent)
+        n_req = max(len(requested), 1)
+        down_booked = down * int(reachable.sum()) / n_req
+        up_booked = up * len(clients) / n_req
+        if isinstance(sent, TrainRequest | GradientRequest) and len(clients):
+            reply = self._attack(sent, reply, clients)
+        if len(clients):
+            keep, rejected = check_reply(sent, reply, clients, self.validation)
+            self._events["rejected"].extend(rejected)
+            self.totals["rejected"] += len(rejected)
+            if not keep.all():
+                reply = take(reply, np.flatnonzero(keep)) if keep.any() else empty_reply(sent)
+        if self.privacy.clip is not None and isinstance(sent, TrainRequest | GradientRequest):
+            reply = self._privatize(sent, reply)
+        return reply, down_booked, up_booked
+
+    def _execute(self, backend: Backend, request: Request) -> Reply:
+        """Execute (split for stragglers); the reply's rows follow `request.clients`."""
+        clients = np.asarray(request.clients, dtype=np.int64)
+        if len(clients) == 0:
+            return empty_reply(request)
+        slow = self._now.stragglers & set(clients.tolist())
+        if not slow or not isinstance(request, TrainRequest):
+            reply = backend.execute(request)
+            return mark_answered(reply, answered(reply, clients))
+        self._events["stragglers"].update(slow)
+        self.totals["straggled"] += len(slow)
+        work = self.faults.config.straggler_work
+        if work == 0.0:
+            on_time = np.array([int(c) not in slow for c in clients], dtype=bool)
+            self._events["dropped"].update(slow)
+            if not on_time.any():
+                return empty_reply(request)
+            reply = backend.execute(restrict(request, np.flatnonzero(on_time)))
+            return mark_answered(reply, answered(reply, clients[on_time]))
+        parts = []
+        for part in straggler_requests(request, slow, work, self.train_sizes):
+            rep = backend.execute(part)
+            parts.append(mark_answered(rep, answered(rep, np.asarray(part.clients))))
+        merged = concat(parts)
+        order = np.argsort(positions(answered(merged), clients), kind="stable")
+        return take(merged, order)
+
+    # ------------------------------------------------------------------ attacks, privacy
+    def _generator(self, stream: int) -> torch.Generator:
+        g = torch.Generator()
+        g.manual_seed(int(np.random.default_rng([self.seed, self.t, self._request_no, stream])
+                          .integers(0, 2**63 - 1)))
+        return g
+
+    def _attack(self, request: TrainRequest | GradientRequest, reply: Reply,
+                clients: np.ndarray) -> Reply:
+        kind = self.adversary.kind
+        if kind in ("none", "label_flip") or not self._bad:
+            return reply
+        rows = np.flatnonzero([int(c) in self._bad for c in clients])
+        if len(rows) == 0:
+            return reply
+        idx = torch.from_numpy(rows)
+        gen = self._generator(_ATTACK_STREAM)
+        if isinstance(reply, TrainReply):
+            params = reply.params
+            if params.ndim != 2 or len(params) != len(clients):
+                return reply
+            start = start_models(request, clients[rows], np.asarray(request.clients))
+            bad = poison(kind, params[idx] - start, self.adversary.strength(), gen)
+            params = params.clone()
+            params[idx] = start + bad
+            return mark_answered(replace(reply, params=params), clients)
+        if isinstance(reply, GradientReply) and len(reply.grads) == len(clients):
+            grads = reply.grads.clone()
+            grads[idx] = poison(kind, grads[idx], self.adversary.strength(), gen)
+            return mark_answered(replace(reply, grads=grads), clients)
+        return reply
+
+    def _privatize(self, request: TrainRequest | GradientRequest, reply: Reply) -> Reply:
+        """Clip every update to S, add the noise, report n_i = 1."""
+        p = self.privacy
+        assert p.clip is not None
+        clients = answered(reply)
+        if len(clients) == 0:
+            return reply
+        rows = positions(clients, np.asarray(request.clients))
+        groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
+        gen = self._generator(_NOISE_STREAM)
+        ones = np.ones(len(clients), dtype=np.int64)
+        if isinstance(reply, TrainReply):
+            start = start_models(request, clients, np.asarray(request.clients))
+            delta, norms = clip_rows(reply.params - start, p.clip)
+        else:
+            assert isinstance(reply, GradientReply)
+            delta, norms = clip_rows(reply.grads, p.clip)
+        clipped = int((norms > p.clip).sum())
+        self._events["clipped"] += clipped
+        self.totals["clipped"] += clipped
+        if p.noise_multiplier > 0:
+            delta = delta + noise_rows(tuple(delta.shape), groups, p.noise_multiplier, p.clip,
+                                       p.noise, gen, delta.dtype)
+            self.totals["releases"] += 1
+        if isinstance(reply, TrainReply):
+            out: Reply = replace(reply, params=start + delta, n_samples=ones)
+        else:
+            out = replace(reply, grads=delta, n_samples=ones)
+        return mark_answered(out, clients)
+
+    # ------------------------------------------------------------------ reports, state
+    def privacy_report(self) -> dict[str, Any] | None:
+        """(ε, δ) of the run so far, with the numbers it was computed from."""
+        p = self.privacy
+        if p.clip is None:
+            return None
+        releases = int(self.totals["releases"])
+        q = self.sampling_rate
+        eps = epsilon(p.noise_multiplier, q, releases, p.delta) if p.noise_multiplier > 0 \
+            else None
+        return {"clip": p.clip, "noise_multiplier": p.noise_multiplier, "noise": p.noise,
+                "delta": p.delta, "releases": releases, "sampling_rate": q, "epsilon": eps,
+                "accountant": "dp_accounting RDP, Poisson-subsampled Gaussian"}
+
+    def summary(self) -> dict[str, Any]:
+        """Run totals for the summary (adversary ids are a diagnostic, never an input)."""
+        return {
+            "adversaries": self.adversaries.tolist(), "adversary_kind": self.adversary.kind,
+            "rejected": int(self.totals["rejected"]), "dropped": int(self.totals["dropped"]),
+            "straggled": int(self.totals["straggled"]), "clipped": int(self.totals["clipped"]),
+            "privacy": self.privacy_report(),
+        }
+
+    def count_round(self, events: dict[str, Any]) -> None:
+        """Add a finished round's dropouts to the totals."""
+        self.totals["dropped"] += len(events["dropped"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"totals": dict(self.totals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.totals = dict(state["totals"])
+
+
+__all__ = ["Guard", "Rejection"]

@@ -1,0 +1,111 @@
+"""A run stopped after a checkpoint and resumed ends exactly like an uninterrupted one, for
+every registered method and with every robustness option on (dropouts, stragglers, an
+attacker, clipping and noise): the cluster assignments, CFL's tree, CFL-GP's profile, CAM's
+two parts and the fault/privacy ledgers all live in the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from clusterfl.algorithms import ALGORITHMS
+from clusterfl.config import dump_toml
+from clusterfl.experiment import Experiment
+
+from .conftest import config
+from .test_faults import METHOD_SETTINGS
+
+ROBUST = {
+    "faults": {"dropout": 0.2, "stragglers": 0.25},
+    "adversary": {"kind": "sign_flip", "clients": [7]},
+    "privacy": {"clip": 5.0, "noise_multiplier": 0.05},
+}
+ONE_SHOT = {"pca_km_hc": {"fraction": 1.0, "n_clusters": 2}}  # flt: pretrains on another set
+CASES = [(m, s, True) for m, s in METHOD_SETTINGS.items() if m in ALGORITHMS]
+CASES += [(m, s, False) for m, s in ONE_SHOT.items() if m in ALGORITHMS]
+
+
+class StopError(Exception):
+    """Stands in for the process dying."""
+
+
+def _strip(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items()  # timings differ from run to run
+                if k != "wall_time" and not k.endswith("_seconds")}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _same_models(a: Experiment, b: Experiment) -> None:
+    pa, pb = a.algorithm.predictor(), b.algorithm.predictor()
+    assert torch.equal(pa.models, pb.models)
+    assert (pa.members == pb.members).all()
+
+
+@pytest.mark.parametrize(("method", "settings", "robust"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_stopped_run_resumes_to_identical_results(method, settings, robust, tmp_path):
+    cfg = config(rounds=5, eval_every=2, checkpoint_every=2,
+                 algorithm={"name": method, **settings}, **(ROBUST if robust else {}))
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
+    ref_h = ref.run(progress=False)
+
+    broken = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
+    real = broken.algorithm.run_round
+
+    def dies_in_round_4(ctx, t):
+        if t == 4:
+            raise StopError
+        return real(ctx, t)
+
+    broken.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
+    with pytest.raises(StopError):
+        broken.run(progress=False)
+    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
+    h = resumed.run(resume=True, progress=False)
+    assert _strip(h.summary) == _strip(ref_h.summary)
+    assert _strip(h.records) == _strip(ref_h.records)
+    _same_models(resumed, ref)
+    if robust:
+        assert ref_h.summary["robust"]["privacy"]["epsilon"] > 0
+        assert any(r["robust"]["dropped"] for r in ref_h.records)
+
+
+def test_sigkilled_cfl_run_with_dropouts_resumes_identically(tmp_path):
+    """A real SIGKILL mid-run (CFL: tree, pending clients, noise ledger)."""
+    cfg = config(rounds=16, eval_every=4, checkpoint_every=2,
+                 algorithm={"name": "cfl", "eps1": 0.12, "eps2": 0.15, "warmup_rounds": 2},
+                 faults={"dropout": 0.25}, privacy={"clip": 5.0, "noise_multiplier": 0.01})
+    path = tmp_path / "run.toml"
+    path.write_text(dump_toml(cfg))
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref").run(progress=False)
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    ckpt, hist = out / "checkpoint" / "state.pt", out / "history.jsonl"
+    deadline = time.time() + 600  # a loaded machine may take long to reach round 5
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and hist.exists() and len(hist.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.002)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be killed (machine too fast)")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert 5 <= len(hist.read_text().splitlines()) < 16
+    resumed = Experiment.from_config(path, out_dir=out).run(resume=True, progress=False)
+    assert _strip(resumed.summary) == _strip(ref.summary)
+    lines = [json.loads(x) for x in hist.read_text().splitlines()]
+    assert [x["round"] for x in lines] == list(range(1, 17))
+    assert _strip(lines) == _strip(json.loads(json.dumps(ref.records)))
