@@ -165,3 +165,55 @@ class EvaluateReply:
 
 Request = TrainRequest | GradientRequest | LossRequest | EvaluateRequest
 Reply = TrainReply | GradientReply | LossReply | EvaluateReply
+
+
+# ----------------------------------------------------------------------------- signatures
+# (FLT, Jamali-Rad et al. 2022, Algorithm 2 lines 1-10: a one-off client-side step, not training)
+
+
+@dataclass
+class EmbedRequest:
+    """Each client compresses its training data into k signature vectors (FLT Alg. 2).
+
+    `method = "encoder"`: the client loads `encoder` (the flat parameters of a ConvAE with a
+    `latent`-dimensional code), optionally fine-tunes its copy `finetune_epochs` epochs on
+    its own images (reconstruction loss, Adam with `finetune_lr`, minibatches of
+    `finetune_batch_size`), embeds all its training images and returns the k k-means
+    centroids of the embeddings. `method = "pca"` (the PCA+kM+HC baseline): the client fits
+    PCA with `pca_components` components to its own images, runs k-means in that space and
+    returns the centroids mapped back to input space (so clients' centroids share one space).
+    Labels are never used. `signature_dim` is e, the length of one returned vector (`latent`
+    for the encoder, the flattened input size for PCA); it only sizes the uplink cost.
+    All fields are arrays, tensors, ints, floats or strings, so any backend can ship it.
+    """
+
+    clients: np.ndarray
+    method: str
+    encoder: torch.Tensor | None
+    signature_dim: int
+    k: int = 5
+    latent: int = 128
+    finetune_epochs: int = 0
+    finetune_lr: float = 1e-3
+    finetune_batch_size: int = 32
+    pca_components: int = 10
+    kmeans_n_init: int = 10
+    seed: int = 0
+
+    def cost(self) -> tuple[float, float]:
+        """Floats down: the encoder once per client (0 for PCA); up: k·e per client."""
+        n = _n(self.clients)
+        down = 0 if self.encoder is None else int(self.encoder.numel())
+        return float(n * down), float(n * self.k * self.signature_dim)
+
+
+@dataclass
+class EmbedReply:
+    """`signatures[i]` is client i's `[k, e]` centroid set; `n_samples` its data size."""
+
+    signatures: np.ndarray
+    n_samples: np.ndarray
+
+
+Request = TrainRequest | GradientRequest | LossRequest | EvaluateRequest | EmbedRequest
+Reply = TrainReply | GradientReply | LossReply | EvaluateReply | EmbedReply

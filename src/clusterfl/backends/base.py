@@ -10,6 +10,8 @@ import torch
 from clusterfl.data.federation import Federation
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
+    EmbedReply,
+    EmbedRequest,
     EvaluateReply,
     EvaluateRequest,
     GradientReply,
@@ -39,6 +41,8 @@ class Backend(ABC):
             return self.losses(request)
         if isinstance(request, EvaluateRequest):
             return self.evaluate(request)
+        if isinstance(request, EmbedRequest):
+            return self.embed(request)
         raise TypeError(f"unknown request type {type(request).__name__}")
 
     @abstractmethod
@@ -52,6 +56,22 @@ class Backend(ABC):
 
     @abstractmethod
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply: ...
+
+    def embed(self, req: EmbedRequest) -> EmbedReply:
+        """FLT's one-off client signatures (Alg. 2): `client_signature` for each client.
+
+        A plain loop over the clients' own training data; each client's seed is derived from
+        the request seed and its id, so the result does not depend on the backend or order.
+        """
+        from clusterfl.engine.signatures import client_signature
+
+        fed, clients = self.federation, as_index(req.clients)
+        rows = []
+        for c in clients:
+            x, y = fed.client_train(int(c))
+            rows.append(client_signature(x, y, req, int(req.seed) * 1_000_003 + int(c)))
+        sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
+        return EmbedReply(sigs, fed.train_sizes[clients].copy())
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (processes, connections)."""

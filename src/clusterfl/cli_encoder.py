@@ -1,0 +1,91 @@
+"""`clusterfl encoder ...`: pretrain FLT's ConvAE encoder and inspect encoder files.
+
+    clusterfl encoder train --source fashion_mnist --epochs 30 [--out PATH] [--data-dir DIR]
+                            [--latent 128] [--seed 0] [--batch-size 64] [--lr 0.001]
+                            [--max-samples N]
+    clusterfl encoder show PATH
+
+`train` fits the ConvAE of FLT App. C.3 without labels on the training images of `--source`
+and writes an encoder file (flat parameters, model config, source dataset, SHA-256). Without
+`--out` the file goes to the cache FLT reads (`<data dir>/encoders/conv_ae-<source>-l<latent>-
+e<epochs>-s<seed>.pt`), so `[algorithm] encoder = "<source>"` with the same `pretrain_epochs`
+and `encoder_seed` reuses it; with `--out`, point `encoder` at the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the `encoder` subcommand (with `train` and `show`) on argparse subparsers."""
+    p = subparsers.add_parser(
+        "encoder", help="pretrain or inspect FLT's ConvAE encoder",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    sub = p.add_subparsers(dest="encoder_command", required=True)
+    t = sub.add_parser("train", help="pretrain a ConvAE without labels and save it")
+    t.add_argument("--source", required=True, help="dataset to train on, e.g. fashion_mnist")
+    t.add_argument("--epochs", type=int, default=30, help="passes over the data (default 30)")
+    t.add_argument("--out", help="encoder file to write (default: the FLT encoder cache)")
+    t.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+    t.add_argument("--latent", type=int, default=128, help="code size e (default 128)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=int, default=64)
+    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    t.add_argument("--max-samples", type=int, help="use only the first N training images")
+    t.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    t.set_defaults(func=cmd_train)
+    s = sub.add_parser("show", help="print an encoder file's metadata (checks its SHA-256)")
+    s.add_argument("path")
+    s.set_defaults(func=cmd_show)
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    from clusterfl.errors import ConfigError
+
+    for name in ("epochs", "latent", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}", "must be ≥ 1")
+    if args.lr <= 0:
+        raise ConfigError("--lr", "must be > 0")
+    if args.max_samples is not None and args.max_samples < 1:
+        raise ConfigError("--max-samples", "must be ≥ 1")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Pretrain and save; prints the file, its checksum and the final loss."""
+    from clusterfl import encoders
+
+    _check(args)
+    t0 = time.perf_counter()
+
+    def report(epoch: int, loss: float) -> None:
+        if not args.quiet:
+            print(f"epoch {epoch}/{args.epochs}  reconstruction loss {loss:.4f}", flush=True)
+
+    enc = encoders.pretrain(args.source, args.epochs, args.latent, args.seed, args.data_dir,
+                            args.batch_size, args.lr, args.max_samples, report)
+    path = Path(args.out) if args.out else encoders.cached_path(
+        args.source, args.latent, args.epochs, args.seed,
+        encoders.default_encoder_dir(args.data_dir))
+    encoders.save(enc, path)
+    print(f"wrote {path} ({enc.params.numel()} parameters, sha256 {enc.sha256}) in "
+          f"{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print the metadata of an encoder file as JSON."""
+    from clusterfl import encoders
+
+    print(json.dumps(encoders.describe(encoders.load(args.path)), indent=2))
+    return 0
+
+
+__all__ = ["add_parser", "cmd_show", "cmd_train"]

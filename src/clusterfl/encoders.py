@@ -1,0 +1,210 @@
+"""Pretrained ConvAE encoders for FLT (Jamali-Rad et al. 2022, §4.1 "Enc1/Enc2", App. C.3).
+
+FLT's server hands every client an encoder G(·) trained without labels on some dataset:
+"Enc1" on the task's own domain, "Enc2" on a different one (Fashion-MNIST for MNIST tasks and
+the reverse), which clients then fine-tune for F epochs. This module pretrains such a ConvAE
+(the zoo's `conv_ae`, 51,577 parameters for 28×28 images with a 128-d code), saves it, and
+loads it back, checking its integrity.
+
+An encoder file (`torch.save` of a plain dict) holds:
+- `params`: the flat float32 parameters of the whole autoencoder (the decoder is needed for
+  fine-tuning), `sha256`: the SHA-256 of their bytes (checked on load);
+- `model`: the model config (`{"name": "conv_ae", "latent": 128}`), `input_shape`;
+- `source`, `epochs`, `seed`, `batch_size`, `lr`, `losses` (mean loss per epoch), `format`.
+
+Pretraining choices (the paper gives none; the authors' code trains 30 epochs with Adam at
+lr 1e-3 and binary cross-entropy): Adam, lr 1e-3, minibatch 64, binary cross-entropy of the
+sigmoid reconstruction, on the source's training split, constant learning rate.
+
+Default location: `<data dir>/encoders/conv_ae-<source>-l<latent>-e<epochs>-s<seed>.pt`, where the
+data dir is `$CLUSTERFL_DATA` (else `~/.cache/clusterfl`), unless a directory is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterfl.data.sources import default_data_dir, load_source
+from clusterfl.engine.signatures import build_conv_ae, train_autoencoder
+from clusterfl.errors import ConfigError, DataError
+from clusterfl.models.params import get_flat
+
+FORMAT = 1
+RANDOM = "none"  # encoder spec meaning "an untrained, seeded ConvAE" (only for experiments)
+
+
+@dataclass
+class EncoderFile:
+    """A pretrained ConvAE: flat parameters plus what is needed to rebuild and audit it."""
+
+    params: torch.Tensor
+    latent: int
+    input_shape: tuple[int, ...]
+    source: str
+    epochs: int
+    seed: int
+    batch_size: int = 64
+    lr: float = 1e-3
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def sha256(self) -> str:
+        return params_sha256(self.params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "params": self.params.detach().to(torch.float32).clone(),
+            "sha256": self.sha256, "model": {"name": "conv_ae", "latent": self.latent},
+            "input_shape": list(self.input_shape), "source": self.source,
+            "epochs": self.epochs, "seed": self.seed, "batch_size": self.batch_size,
+            "lr": self.lr, "losses": list(self.losses),
+        }
+
+
+def params_sha256(params: torch.Tensor) -> str:
+    """SHA-256 of the float32 little-endian bytes of the flat parameters."""
+    arr = params.detach().to(torch.float32).contiguous().numpy().astype("<f4")
+    return hashlib.sha256(arr.tobytes()).hexdigest()
+
+
+def default_encoder_dir(data_dir: str | Path | None = None) -> Path:
+    """`<data dir>/encoders` (data dir: the argument, else `$CLUSTERFL_DATA` or the cache)."""
+    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+    return root / "encoders"
+
+
+def cached_path(source: str, latent: int, epochs: int, seed: int,
+                encoder_dir: str | Path | None = None) -> Path:
+    """Where the encoder pretrained with these settings is cached."""
+    folder = Path(encoder_dir).expanduser() if encoder_dir is not None else default_encoder_dir()
+    return folder / f"conv_ae-{source}-l{latent}-e{epochs}-s{seed}.pt"
+
+
+def pretrain(source: str, epochs: int, latent: int = 128, seed: int = 0,
+             data_dir: str | Path | None = None, batch_size: int = 64, lr: float = 1e-3,
+             max_samples: int | None = None,
+             on_epoch: Callable[[int, float], None] | None = None) -> EncoderFile:
+    """Train a ConvAE on the training images of dataset `source` (labels unused).
+
+    Args:
+        source: a dataset name of `clusterfl.data.sources` (e.g. "fashion_mnist").
+        epochs: passes over the data (≥ 1).
+        latent: code size e.
+        seed: initialisation and batch order.
+        data_dir: where the dataset lives (default `$CLUSTERFL_DATA` or the cache).
+        max_samples: use only the first this many training images (quick runs).
+        on_epoch: called with (epoch, mean loss) after each epoch (progress).
+    """
+    if epochs < 1:
+        raise ConfigError("epochs", f"must be ≥ 1, got {epochs}")
+    src = load_source(source, data_dir)
+    if src.task != "classification" or src.x_train.dim() != 4:
+        raise ConfigError("source", f"{source!r} is not an image dataset")
+    x = src.x_train if max_samples is None else src.x_train[:max_samples]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = build_conv_ae(tuple(x.shape[1:]), latent)
+        except ValueError as exc:
+            raise ConfigError("source", str(exc)) from None
+        losses: list[float] = []
+        for epoch in range(epochs):
+            losses += train_autoencoder(model, x, 1, lr, batch_size, seed * 7919 + epoch)
+            if on_epoch is not None:
+                on_epoch(epoch + 1, losses[-1])
+    return EncoderFile(get_flat(model), latent, tuple(x.shape[1:]), source, epochs, seed,
+                       batch_size, lr, losses)
+
+
+def save(encoder: EncoderFile, path: str | Path) -> Path:
+    """Write the encoder file atomically; returns its path."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    torch.save(encoder.to_dict(), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str | Path) -> EncoderFile:
+    """Read an encoder file; raises DataError when missing, malformed or corrupted."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"encoder file not found: {path}. Create one with "
+                        "`clusterfl encoder train --source fashion_mnist --out PATH`.")
+    try:
+        raw = torch.load(path, weights_only=True)
+        params = raw["params"]
+        enc = EncoderFile(params, int(raw["model"]["latent"]), tuple(raw["input_shape"]),
+                          str(raw["source"]), int(raw["epochs"]), int(raw["seed"]),
+                          int(raw.get("batch_size", 64)), float(raw.get("lr", 1e-3)),
+                          [float(v) for v in raw.get("losses", [])])
+        expected = str(raw["sha256"])
+    except Exception as exc:
+        raise DataError(f"{path} is not a clusterfl encoder file ({exc})") from None
+    if enc.sha256 != expected:
+        raise DataError(f"{path}: parameter checksum mismatch (file corrupted); "
+                        "train the encoder again with `clusterfl encoder train`")
+    return enc
+
+
+def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
+            encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
+            field_name: str = "algorithm.encoder") -> EncoderFile:
+    """The encoder an FLT config names.
+
+    `spec` is a path to an encoder file (anything with a path separator or ending in `.pt`),
+    a dataset name (its cached pretrained encoder, trained for `epochs` on first use), or
+    "none" (an untrained ConvAE initialised with `seed`). The encoder must fit `input_shape`
+    and `latent`, else a ConfigError names `field_name`.
+    """
+    if spec == RANDOM:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            try:
+                model = build_conv_ae(tuple(input_shape), latent)
+            except ValueError as exc:
+                raise ConfigError(field_name, str(exc)) from None
+        return EncoderFile(get_flat(model), latent, tuple(input_shape), RANDOM, 0, seed)
+    if spec.endswith(".pt") or os.sep in spec or "/" in spec:
+        enc = load(spec)
+    else:
+        from clusterfl.data.sources import SOURCE_NAMES
+
+        if spec not in SOURCE_NAMES:
+            raise ConfigError(field_name, f"{spec!r} is neither an encoder file (.pt) nor a "
+                              f"dataset; allowed datasets: {', '.join(sorted(SOURCE_NAMES))}, "
+                              f"or {RANDOM!r}")
+        path = cached_path(spec, latent, epochs, seed, encoder_dir or default_encoder_dir(data_dir))
+        if path.is_file():
+            enc = load(path)
+        else:
+            enc = pretrain(spec, epochs, latent, seed, data_dir)
+            save(enc, path)
+    if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:
+        raise ConfigError(field_name, f"the encoder was trained on inputs {enc.input_shape} with "
+                          f"latent {enc.latent}; this federation needs inputs "
+                          f"{tuple(input_shape)} and latent {latent}")
+    return enc
+
+
+def describe(enc: EncoderFile) -> dict[str, Any]:
+    """A JSON-able summary (for logs and reports)."""
+    return {"source": enc.source, "epochs": enc.epochs, "seed": enc.seed, "latent": enc.latent,
+            "input_shape": list(enc.input_shape), "n_params": int(enc.params.numel()),
+            "sha256": enc.sha256,
+            "final_loss": float(np.round(enc.losses[-1], 6)) if enc.losses else None}
+
+
+__all__ = [
+    "EncoderFile", "cached_path", "default_encoder_dir", "describe", "load", "params_sha256",
+    "pretrain", "resolve", "save",
+]

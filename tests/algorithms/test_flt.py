@@ -1,0 +1,333 @@
+"""FLT (Jamali-Rad et al. 2022) and PCA+kM+HC: server math against brute force, the automatic
+number of clusters, Case-I snapshot aggregation, client signatures, encoders, clustering quality
+through the real UMAP path, and resume."""
+
+import argparse
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from clusterfl import cli_encoder, encoders
+from clusterfl.algorithms import ALGORITHMS, flt
+from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.backends.simulation import SimulationBackend
+from clusterfl.config import load_config
+from clusterfl.data.federation import Federation
+from clusterfl.engine.signatures import client_signature, kmeans_centroids
+from clusterfl.errors import ConfigError, DataError
+from clusterfl.experiment import Experiment
+from clusterfl.models import ModelFactory, model_config
+from clusterfl.protocol import EmbedReply, EmbedRequest
+from clusterfl.report.methods import flt as flt_figures
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is faster, and fair to other jobs on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def prototypes_federation(n_clients: int = 12, n_clusters: int = 3, per_client: int = 40,
+                          seed: int = 0, noise: float = 0.15) -> Federation:
+    """Cluster c holds classes 2c and 2c+1; each class is a random binary 8x8 prototype plus
+    Gaussian noise (pixels clipped to [0, 1]). Clients of a cluster are contiguous."""
+    rng = np.random.default_rng(seed)
+    protos = (rng.random((2 * n_clusters, 1, 8, 8)) > 0.5).astype(np.float32)
+    clusters = np.repeat(np.arange(n_clusters), n_clients // n_clusters)
+    parts: dict[str, list[np.ndarray]] = {"xtr": [], "ytr": [], "xte": [], "yte": []}
+    for c in clusters:
+        for key, n in (("tr", per_client), ("te", 12)):
+            y = rng.integers(0, 2, n) + 2 * c
+            x = np.clip(protos[y] + noise * rng.standard_normal((n, 1, 8, 8)), 0, 1)
+            parts["x" + key].append(x.astype(np.float32))
+            parts["y" + key].append(y)
+    cat = {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
+    return Federation(cat["xtr"], cat["ytr"], np.arange(n_clients + 1) * per_client,
+                      cat["xte"], cat["yte"], np.arange(n_clients + 1) * 12, clusters,
+                      2 * n_clusters, name="synthetic/prototypes")
+
+
+def config(algorithm: dict, rounds: int = 4, **top) -> dict:
+    return {"seed": 0, "rounds": rounds, "eval_every": 1, "checkpoint_every": 0,
+            "data": {"source": "digits"},
+            "scenario": {"name": "cluster_labels", "n_clients": 12, "n_clusters": 3},
+            "model": {"name": "mlp", "hidden": [32]},
+            "train": {"lr": 0.1, "batch_size": 10, "epochs": 1},
+            "algorithm": algorithm, "output": {"figures": False, "progress": "off"}, **top}
+
+
+FAST_FLT = {"name": "flt", "encoder": "none", "latent": 16, "k": 3, "finetune_epochs": 2,
+            "fraction": 0.5}
+
+
+# ============================================================================ server math
+
+
+def test_min_distance_adjacency_equals_brute_force():
+    rng = np.random.default_rng(1)
+    pts = rng.normal(size=(7, 4, 3))
+    a = flt.min_distance_adjacency(pts, block=3)  # blocks that do not divide M
+    for i, j in itertools.product(range(7), repeat=2):
+        brute = min(np.linalg.norm(pts[i, r] - pts[j, s]) for r in range(4) for s in range(4))
+        assert a[i, j] == pytest.approx(0.0 if i == j else brute, abs=1e-9)
+    assert np.array_equal(a, a.T)
+
+
+def test_matched_distance_equals_permutation_search():
+    rng = np.random.default_rng(2)
+    pts = rng.normal(size=(5, 4, 2))
+    a = flt.matched_distance_adjacency(pts)
+    for i, j in itertools.combinations(range(5), 2):
+        brute = min(np.mean([np.sum((pts[i, r] - pts[j, p[r]]) ** 2) for r in range(4)])
+                    for p in itertools.permutations(range(4)))
+        assert a[i, j] == pytest.approx(brute, abs=1e-12)
+        assert a[j, i] == a[i, j]
+
+
+def test_threshold_and_relatedness_weights_by_hand():
+    a = np.array([[0.0, 0.5, 3.0], [0.5, 0.0, 0.99], [3.0, 0.99, 0.0]])
+    related = flt.threshold(a, 1.0)
+    assert related.tolist() == [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
+    omega = flt.relatedness_weights(related, np.array([10, 30, 60]))
+    np.testing.assert_allclose(omega, [[0.25, 0.75, 0.0], [0.1, 0.3, 0.6], [0.0, 1 / 3, 2 / 3]])
+
+
+def separated_points(sizes=(4, 3, 5), k=3, spread=0.05, seed=0):
+    """Clients of group g have k points near centre 10·g (2-d), well separated groups."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(np.arange(len(sizes)), sizes)
+    pts = 10.0 * truth[:, None, None] + spread * rng.normal(size=(len(truth), k, 2))
+    return pts, truth
+
+
+@pytest.mark.parametrize("sizes", [(4, 3, 5), (2, 2, 2, 2, 2), (6, 6)])
+def test_automatic_number_of_clusters_on_separated_clients(sizes):
+    pts, truth = separated_points(sizes)
+    related = flt.threshold(flt.min_distance_adjacency(pts), 1.0)
+    z = flt.ward_linkage(related)
+    c = flt.auto_n_clusters(z)
+    assert c == len(sizes)
+    labels = flt.cut_tree(z, c, len(truth))
+    assert adjusted_rand_score(truth, labels) == 1.0
+    assert labels[0] == 0  # numbered by first appearance
+
+
+def test_automatic_number_of_clusters_edge_cases():
+    pts, _ = separated_points((3, 3, 3, 3))
+    z = flt.ward_linkage(flt.threshold(flt.min_distance_adjacency(pts), 1.0))
+    assert flt.auto_n_clusters(z, max_clusters=2) == 2  # bounded search
+    assert flt.auto_n_clusters(flt.ward_linkage(np.ones((6, 6)))) == 1  # nothing to split
+    assert flt.auto_n_clusters(flt.ward_linkage(np.array([[0.0], [5.0]]))) == 2
+    # raw distances as profiles (PCA+kM+HC without threshold) also find the groups
+    a = flt.min_distance_adjacency(separated_points((3, 4, 3))[0])
+    assert flt.auto_n_clusters(flt.ward_linkage(a)) == 3
+
+
+def test_case_one_reads_a_snapshot_and_ignores_client_order():
+    rng = np.random.default_rng(3)
+    snapshot = torch.from_numpy(rng.normal(size=(5, 4)))
+    related = flt.threshold(flt.min_distance_adjacency(rng.normal(size=(5, 2, 2)) * 0.7), 1.0)
+    sizes = np.array([5, 10, 20, 7, 3])
+    omega = flt.relatedness_weights(related, sizes)
+    new = flt.relatedness_average(snapshot, omega)
+    by_hand = torch.stack([sum(omega[m, j] * snapshot[j] for j in range(5)) for m in range(5)])
+    torch.testing.assert_close(new, by_hand)
+    in_place = snapshot.clone()  # the bug the snapshot prevents: reading updated rows
+    for m in range(5):
+        in_place[m] = sum(omega[m, j] * in_place[j] for j in range(5))
+    assert not torch.allclose(in_place, new)
+    perm = rng.permutation(5)
+    permuted = flt.relatedness_average(snapshot[perm],
+                                       flt.relatedness_weights(related[np.ix_(perm, perm)],
+                                                               sizes[perm]))
+    torch.testing.assert_close(permuted, new[perm])
+
+
+# ============================================================================ client side
+
+
+def test_signature_is_label_free_deterministic_and_sized():
+    fed = prototypes_federation()
+    x, y = fed.client_train(0)
+    enc = encoders.resolve("none", fed.input_shape, 16, 1, 0)
+    req = EmbedRequest(np.array([0]), "encoder", enc.params, 16, k=3, latent=16,
+                       finetune_epochs=1, seed=5)
+    a = client_signature(x, y, req, 11)
+    b = client_signature(x, torch.zeros_like(y), req, 11)
+    assert a.shape == (3, 16)
+    np.testing.assert_array_equal(a, b)  # labels are not read
+    pca = client_signature(x, None, EmbedRequest(np.array([0]), "pca", None, 64, k=3,
+                                                 pca_components=4), 11)
+    assert pca.shape == (3, 64)
+    # the two prototypes of client 0 (classes 0, 1) are near its PCA centroids in input space
+    protos = [x[y == c].mean(0).reshape(-1).numpy() for c in (0, 1)]
+    for p in protos:
+        assert min(np.linalg.norm(p - row) for row in pca) < 0.5
+
+
+def test_kmeans_centroids_with_fewer_distinct_points_than_k():
+    pts = np.array([[0.0, 1.0], [0.0, 1.0], [2.0, 2.0]])
+    out = kmeans_centroids(pts, 4, seed=0)
+    assert out.shape == (4, 2)
+    assert {tuple(r) for r in out} == {(0.0, 1.0), (2.0, 2.0)}
+
+
+def test_embed_request_cost_and_backends_agree():
+    fed = prototypes_federation(n_clients=6)
+    factory = ModelFactory(model_config({"name": "mlp"}), fed.input_shape, fed.n_outputs)
+    enc = encoders.resolve("none", fed.input_shape, 8, 1, 0)
+    req = EmbedRequest(np.array([0, 2, 5]), "encoder", enc.params, 8, k=2, latent=8,
+                       finetune_epochs=1, seed=3)
+    assert req.cost() == (3.0 * enc.params.numel(), 3.0 * 2 * 8)
+    assert EmbedRequest(np.arange(4), "pca", None, 64, k=5).cost() == (0.0, 4.0 * 5 * 64)
+    seq = SequentialBackend(fed, factory).execute(req)
+    sim = SimulationBackend(fed, factory).execute(req)
+    assert isinstance(seq, EmbedReply) and seq.signatures.shape == (3, 2, 8)
+    np.testing.assert_allclose(seq.signatures, sim.signatures)
+    assert seq.n_samples.tolist() == [40, 40, 40]
+
+
+# ============================================================================ encoders
+
+
+def test_pretrain_save_load_and_checksum(tmp_path):
+    enc = encoders.pretrain("digits", epochs=3, latent=8, seed=1, max_samples=300)
+    assert enc.losses[-1] < enc.losses[0]  # it learns to reconstruct
+    path = encoders.save(enc, tmp_path / "e.pt")
+    back = encoders.load(path)
+    assert torch.equal(back.params, enc.params) and back.sha256 == enc.sha256
+    assert (back.source, back.epochs, back.latent, back.input_shape) == ("digits", 3, 8,
+                                                                           (1, 8, 8))
+    raw = torch.load(path, weights_only=True)
+    raw["params"][0] += 1.0
+    torch.save(raw, tmp_path / "bad.pt")
+    with pytest.raises(DataError, match="checksum"):
+        encoders.load(tmp_path / "bad.pt")
+    with pytest.raises(ConfigError, match="latent"):
+        encoders.resolve(str(path), (1, 8, 8), 16, 1, 0)
+    # a dataset name is pretrained once, then read from the cache
+    first = encoders.resolve("digits", (1, 8, 8), 8, 1, 0, encoder_dir=tmp_path / "cache")
+    assert encoders.cached_path("digits", 8, 1, 0, tmp_path / "cache").is_file()
+    again = encoders.resolve("digits", (1, 8, 8), 8, 1, 0, encoder_dir=tmp_path / "cache")
+    assert torch.equal(first.params, again.params)
+
+
+# ============================================================================ the methods
+
+
+def test_flt_recovers_clusters_through_umap_without_knowing_c():
+    fed = prototypes_federation()
+    exp = Experiment.from_config(config({**FAST_FLT, "aggregation": "clusters"}, rounds=4),
+                                 federation=fed)
+    hist = exp.run(progress=False)
+    first = hist.records[0]
+    assert first["ari"] == 1.0 and first["n_clusters"] == 3  # C found, not given
+    extras = first["extras"]
+    d_enc = encoders.resolve("none", (1, 8, 8), 16, 1, 0).params.numel()
+    assert extras["clustering_floats_down"] == 12 * d_enc  # the encoder once per client
+    assert extras["clustering_floats_up"] == 12 * 3 * 16  # k·e per client
+    assert np.asarray(extras["umap_points"]).shape == (36, 2)
+    acc = hist.series("accuracy")
+    assert acc[-1] > acc[0] and acc[-1] > 0.9  # 2 classes per cluster model
+    assert exp.algorithm.models.shape[0] == 3
+
+
+def test_flt_case_one_and_matched_distance_without_umap():
+    fed = prototypes_federation()
+    # frozen random encoder, k = 2: matched distances are ~2e-4 within, ≥ 1.3e-2 across
+    algo = {**FAST_FLT, "umap": False, "distance": "matched", "threshold": 0.003, "k": 2,
+            "finetune_epochs": 0, "fraction": 1.0}
+    exp = Experiment.from_config(config(algo, rounds=3), federation=fed)
+    hist = exp.run(progress=False)
+    assert hist.records[0]["ari"] == 1.0
+    models = exp.algorithm.models
+    assert models.shape[0] == 12  # Case I: one model per client
+    related = exp.algorithm.relatedness()["relatedness"]
+    assert np.array_equal(related, fed.clusters[:, None] == fed.clusters[None, :])
+    for c in range(3):  # related clients hold the same model after the Ω average
+        members = np.flatnonzero(fed.clusters == c)
+        torch.testing.assert_close(models[members], models[members[:1]].expand(4, -1))
+    assert hist.series("accuracy")[-1] > 0.9
+
+
+def test_pca_km_hc_runs_and_clusters():
+    fed = prototypes_federation()
+    exp = Experiment.from_config(config({"name": "pca_km_hc", "k": 3, "pca_components": 4,
+                                         "fraction": 0.5}, rounds=3), federation=fed)
+    hist = exp.run(progress=False)
+    assert hist.records[0]["ari"] == 1.0
+    assert hist.records[0]["extras"]["clustering_floats_down"] == 0
+    assert hist.records[0]["extras"]["clustering_floats_up"] == 12 * 3 * 64
+    assert hist.series("accuracy")[-1] > 0.8
+
+
+def test_state_dict_round_trip_and_resume(tmp_path):
+    fed = prototypes_federation()
+    cfg = config({**FAST_FLT, "umap": False, "threshold": 0.04, "finetune_epochs": 0},
+                 rounds=6, checkpoint_every=2)
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref", federation=fed)
+    ref_hist = ref.run(progress=False)
+    # the checkpoint of round 4 resumes to the same end
+    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "ref", federation=fed)
+    hist = resumed.run(resume=True, progress=False)
+    assert hist.records[-1]["client_accuracy"] == ref_hist.records[-1]["client_accuracy"]
+    torch.testing.assert_close(resumed.algorithm.models, ref.algorithm.models)
+    state = ref.algorithm.state_dict()
+    other = ALGORITHMS["flt"](ref.algorithm.config)
+    other.load_state_dict(state)
+    assert np.array_equal(other.assignment(), ref.algorithm.assignment())
+    torch.testing.assert_close(other.predictor().models, ref.algorithm.predictor().models)
+    assert (tmp_path / "ref" / flt.ARTIFACT).is_file()
+    drawn = flt_figures.figures(tmp_path / "ref", ref_hist.records, ref_hist.summary)
+    assert {p.name for p in drawn} >= {"flt_adjacency.png", "flt_dendrogram.png"}
+    assert all(p.stat().st_size > 0 for p in drawn)
+
+
+def test_encoder_cli_trains_and_shows(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    cli_encoder.add_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "enc.pt"
+    args = parser.parse_args(["encoder", "train", "--source", "digits", "--epochs", "1",
+                              "--latent", "8", "--max-samples", "200", "--out", str(out),
+                              "--quiet"])
+    assert args.func(args) == 0 and out.is_file()
+    args = parser.parse_args(["encoder", "show", str(out)])
+    assert args.func(args) == 0
+    shown = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert shown["source"] == "digits" and shown["n_params"] == encoders.load(out).params.numel()
+    bad = parser.parse_args(["encoder", "train", "--source", "digits", "--epochs", "0"])
+    with pytest.raises(ConfigError, match="--epochs"):
+        bad.func(bad)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="threshold"):
+        load_config(config({"name": "flt", "threshold": None}))
+    with pytest.raises(ConfigError, match=r"algorithm\.distance"):
+        load_config(config({"name": "flt", "distance": "mean"}))
+    with pytest.raises(ConfigError, match=r"algorithm\.k"):
+        load_config(config({"name": "pca_km_hc", "k": 0}))
+    exp = Experiment.from_config(config({**FAST_FLT, "encoder": "imagenet"}),
+                                 federation=prototypes_federation())
+    with pytest.raises(ConfigError, match=r"algorithm\.encoder.*allowed"):
+        exp.run(progress=False)
+
+
+def test_large_federations_keep_matrices_out_of_the_history(tmp_path, monkeypatch):
+    monkeypatch.setattr(flt, "HISTORY_MAX_CLIENTS", 5)
+    fed = prototypes_federation()
+    cfg = config({**FAST_FLT, "umap": False, "threshold": 0.04, "finetune_epochs": 0},
+                 rounds=2)
+    hist = Experiment.from_config(cfg, out_dir=tmp_path / "run", federation=fed).run(
+        progress=False)
+    assert hist.records[0]["extras"]["adjacency"] is None
+    assert hist.records[0]["extras"]["clustering_floats_up"] == 12 * 3 * 16
+    drawn = flt_figures.figures(tmp_path / "run", hist.records, hist.summary)  # from the npz
+    assert "flt_adjacency.png" in {p.name for p in drawn}
