@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from clusterfl.backends.base import Backend
+from clusterfl.backends.flower.backend import FlowerBackend  # imports flwr only when used
 from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 
 BACKENDS: dict[str, type[Backend]] = {
     "simulation": SimulationBackend,
     "sequential": SequentialBackend,
+    "flower": FlowerBackend,
 }
 
 __all__ = ["BACKENDS", "Backend", "SequentialBackend", "SimulationBackend"]

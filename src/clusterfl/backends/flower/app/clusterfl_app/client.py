@@ -1,0 +1,183 @@
+"""The ClientApp of clusterfl: answers each message with the engine on the node's own data.
+
+This module imports only Flower, numpy and the standard library, because Flower 1.41 starts
+a new `flwr-clientapp` process for every message. Two ways to answer:
+
+- **persistent worker** (default under a SuperNode, i.e. in a `flwr-clientapp` process):
+  forward the message over a Unix socket to the node's long-lived worker
+  (`clusterfl.backends.flower.worker`, started on first use; it keeps torch, the engine and
+  the client's data in memory and exits with the SuperNode);
+- **in-process** (Flower's Ray simulation, whose actors are long-lived, or node config
+  `worker="none"`): call `clusterfl.backends.flower.node.handle_raw` directly.
+
+Both run the same `handle_raw`. Message types: `query.describe` (handshake, reply
+`ConfigRecord "info"`), and `train.request` / `evaluate.request` / `query.request` (one
+protocol request in the generic wire format of `clusterfl.backends.flower.codec`).
+
+Node config keys: `partition-id` and/or `data-file` (the client's data, see
+`clusterfl.backends.flower.clientdata`), `worker` ("auto" | "persistent" | "none"),
+`worker-dir` (socket directory; default `$CLUSTERFL_WORKER_DIR` or the temp dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+app = ClientApp()
+
+HEADER = "__header__"  # same frame format as clusterfl.backends.flower.worker
+WORKER_START_TIMEOUT = 180.0
+
+
+# ----------------------------------------------------------------------------- frames
+def _pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)}, **arrays)
+    data = buf.getvalue()
+    return struct.pack(">Q", len(data)) + data
+
+
+def _recv(conn: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        c = conn.recv(min(n - got, 1 << 20))
+        if not c:
+            raise ConnectionError("the node worker closed the connection")
+        chunks.append(c)
+        got += len(c)
+    return b"".join(chunks)
+
+
+def _read(conn: socket.socket) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    (n,) = struct.unpack(">Q", _recv(conn, 8))
+    with np.load(io.BytesIO(_recv(conn, n)), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return json.loads(arrays.pop(HEADER).tobytes().decode()), arrays
+
+
+# ----------------------------------------------------------------------------- worker
+def _persistent(node_config: dict[str, Any]) -> bool:
+    mode = str(node_config.get("worker", "auto"))
+    if mode == "auto":
+        return Path(sys.argv[0]).name == "flwr-clientapp"
+    return mode == "persistent"
+
+
+def _socket_path(node_config: dict[str, Any], watch: int) -> Path:
+    base = node_config.get("worker-dir") or os.environ.get("CLUSTERFL_WORKER_DIR") or (
+        Path(tempfile.gettempdir()) / f"clusterfl-flower-{os.getuid()}")
+    d = Path(str(base))
+    d.mkdir(parents=True, exist_ok=True)
+    key = json.dumps(node_config, sort_keys=True, default=str) + f"|{watch}"
+    return d / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".sock")
+
+
+def _connect(path: Path) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def _worker_connection(node_config: dict[str, Any]) -> socket.socket:
+    watch = os.getppid()  # the SuperNode's SuperExec: the worker ends when it does
+    path = _socket_path(node_config, watch)
+    conn = _connect(path)
+    if conn is not None:
+        return conn
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = _connect(path)
+        if conn is not None:
+            return conn
+        log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
+        subprocess.Popen(
+            [sys.executable, "-m", "clusterfl.backends.flower.worker", "--socket", str(path),
+             "--node-config", json.dumps(node_config, default=str), "--watch-pid", str(watch)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + WORKER_START_TIMEOUT
+        while time.monotonic() < deadline:
+            conn = _connect(path)
+            if conn is not None:
+                return conn
+            time.sleep(0.1)
+    raise RuntimeError(f"the node worker did not start within {WORKER_START_TIMEOUT:g} s; "
+                       f"see {path.with_suffix('.log')}")
+
+
+def _call_worker(kind: str, node_config: dict[str, Any], meta: dict[str, Any],
+                 arrays: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    with contextlib.closing(_worker_connection(node_config)) as conn:
+        conn.sendall(_pack({"kind": kind, "node_config": node_config, "meta": meta}, arrays))
+        header, out = _read(conn)
+    if not header.get("ok"):
+        raise RuntimeError(f"node worker: {header.get('error')}")
+    return header["meta"], out
+
+
+# ----------------------------------------------------------------------------- handlers
+def _answer(kind: str, message: Message, context: Context) -> Message:
+    node_config = {k: v for k, v in dict(context.node_config).items()}
+    content = message.content
+    meta = dict(content.config_records["meta"]) if "meta" in content.config_records else {}
+    rec = content.array_records.get("arrays")
+    arrays = {} if rec is None else {k: a.numpy() for k, a in rec.items()}
+    if _persistent(node_config):
+        out_meta, out_arrays = _call_worker(kind, node_config, meta, arrays)
+    else:
+        from clusterfl.backends.flower.node import handle_raw
+
+        out_meta, out_arrays = handle_raw(kind, node_config, meta, arrays)
+    if kind == "describe":
+        return Message(RecordDict({"info": ConfigRecord(out_meta)}), reply_to=message)
+    records = ArrayRecord()
+    for k, a in out_arrays.items():
+        records[k] = Array(np.ascontiguousarray(a))
+    reply = RecordDict({"arrays": records, "meta": ConfigRecord(out_meta)})
+    return Message(reply, reply_to=message)
+
+
+@app.query("describe")
+def describe(message: Message, context: Context) -> Message:
+    """Handshake: the node's client id, sizes and shapes (never its data)."""
+    return _answer("describe", message, context)
+
+
+@app.train("request")
+def train(message: Message, context: Context) -> Message:
+    """Local training (TrainRequest)."""
+    return _answer("request", message, context)
+
+
+@app.evaluate("request")
+def evaluate(message: Message, context: Context) -> Message:
+    """Evaluation (EvaluateRequest)."""
+    return _answer("request", message, context)
+
+
+@app.query("request")
+def query(message: Message, context: Context) -> Message:
+    """Any other protocol request: gradients, losses of K models, embeddings, ..."""
+    return _answer("request", message, context)

@@ -1,0 +1,237 @@
+"""`FlowerBackend`: protocol requests as Flower messages over a `Grid` (DESIGN.md §9).
+
+The backend lives inside a ServerApp's `main(grid, context)` (see `server_app.py`), which
+opens a `FlowerSession` (grid + which node holds which client) before building the
+Experiment. `execute(request)` then
+
+1. sends one message per client listed in `request.clients`, to that client's node, holding
+   the request as that client alone needs it (`codec.client_view`: its own
+   `model_of_client` / predictor rows; the model stack is shared);
+2. waits for the replies (`grid.push_messages` / `grid.pull_messages`, i.e. the loop of
+   `grid.send_and_receive` with a shorter poll interval) until `backend.timeout`;
+3. assembles one reply in the request's client order (`codec.assemble`).
+
+A client whose node does not answer in time, answers with an error, or has no node is
+*dropped* from that reply: for training/gradient/loss/embedding requests the reply holds the
+rows of the answering clients only and says which ones they are with
+`clusterfl.robust.replies.mark_answered` (the seam `Context.send` reads to record the
+dropout and to let the algorithms average over the answering clients only). Evaluation
+replies keep one row per client with NaN metrics for a dropped client, so per-client
+histories stay aligned (the summary metrics skip NaN). Every dropout is also kept in
+`FlowerBackend.dropouts` (request type, clients, reason), which the ServerApp writes to
+`flower.json` in the run directory. A client that missed a deadline is not waited for
+again (later requests end once the others answered) until it answers again; a request for
+no client at all sends nothing and returns the empty reply.
+
+Flower is imported lazily (at the first message), so `clusterfl.backends` stays fast to import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clusterfl.backends.base import Backend
+from clusterfl.backends.flower import codec
+from clusterfl.data.federation import Federation
+from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.models import ModelFactory
+
+SUSPECT_GRACE = 1.0
+"""Seconds a request still waits for clients that were silent before, once all others answered."""
+
+POLL_INTERVAL = 0.1
+"""Seconds between two pulls of replies from the SuperLink."""
+
+
+@dataclass
+class FlowerSession:
+    """The Grid of a running ServerApp and the node of each client (from the handshake)."""
+
+    grid: Any
+    node_of_client: dict[int, int]
+    setup: dict[str, Any]
+    timeout: float = 600.0
+    infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    backends: list[FlowerBackend] = field(default_factory=list)
+
+
+_ACTIVE: list[FlowerSession] = []
+
+
+@contextlib.contextmanager
+def active_session(session: FlowerSession) -> Iterator[FlowerSession]:
+    """Make `session` the one `FlowerBackend.from_config` uses while the block runs."""
+    _ACTIVE.append(session)
+    try:
+        yield session
+    finally:
+        _ACTIVE.remove(session)
+
+
+def message_type(request: Any) -> str:
+    """Flower message type of a protocol request ("<category>.request")."""
+    name = type(request).__name__
+    if name.startswith("Train"):
+        return "train.request"
+    if name.startswith("Evaluate"):
+        return "evaluate.request"
+    return "query.request"
+
+
+class FlowerBackend(Backend):
+    """Executes protocol requests on Flower SuperNodes through the ServerApp's Grid.
+
+    Args:
+        federation: the server's view of the federation: sizes and shapes only (see
+            `server_app.server_federation`); the data lives on the nodes.
+        factory: the architecture.
+        session: the Grid and the client → node map of the running ServerApp.
+    """
+
+    name = "flower"
+
+    def __init__(self, federation: Federation, factory: ModelFactory,
+                 session: FlowerSession) -> None:
+        super().__init__(federation, factory)
+        self.session = session
+        self.dropouts: list[dict[str, Any]] = []
+        self.n_messages = 0
+        self.seconds = 0.0
+        self._setup_json = json.dumps(session.setup, sort_keys=True)
+        self._group = 0
+        self.suspects: set[int] = set()
+
+    @classmethod
+    def from_config(cls, config: Any, federation: Federation,
+                    factory: ModelFactory) -> FlowerBackend:
+        """The backend of the ServerApp's active session (error outside a ServerApp)."""
+        if not _ACTIVE:
+            raise ConfigError(
+                "backend.name", "'flower' runs inside a Flower ServerApp: start it with "
+                "`clusterfl flower run` or `flwr run` (see docs/deploy.md); for an "
+                "in-process run use 'simulation' or 'sequential'")
+        backend = cls(federation, factory, _ACTIVE[-1])
+        _ACTIVE[-1].backends.append(backend)
+        return backend
+
+    # ------------------------------------------------------------------ dispatch
+    def execute(self, request: Any) -> Any:
+        clients = np.asarray(request.clients, dtype=np.int64)
+        if len(clients) == 0:  # nothing to send: the empty reply, computed locally
+            from clusterfl.backends.sequential import SequentialBackend
+
+            return SequentialBackend(self.federation, self.factory).execute(request)
+        self._group += 1
+        from flwr.app import Message
+
+        kind = message_type(request)
+        messages, sent = [], []
+        reasons: dict[int, str] = {}
+        for i, c in enumerate(clients.tolist()):
+            node = self.session.node_of_client.get(int(c))
+            if node is None:
+                reasons[int(c)] = "no node holds this client"
+                continue
+            content = codec.to_recorddict(codec.client_view(request, i),
+                                          {"setup": self._setup_json})
+            messages.append(Message(content, node, kind, group_id=str(self._group)))
+            sent.append(int(c))
+        t0 = time.perf_counter()
+        replies = self._exchange(messages)
+        self.seconds += time.perf_counter() - t0
+        self.n_messages += len(messages)
+        client_of_node = {n: c for c, n in self.session.node_of_client.items()}
+        got: dict[int, Any] = {}
+        for msg in replies:
+            c = client_of_node.get(int(msg.metadata.src_node_id))
+            if c is None:
+                continue
+            if msg.has_error():
+                reasons[c] = f"error from node: {msg.error.reason}"
+                continue
+            reply, _ = codec.from_recorddict(msg.content)
+            got[c] = reply
+        for c in sent:
+            if c not in got and c not in reasons:
+                reasons[c] = (f"no reply within {self.session.timeout:g} s" if c not in
+                              self.suspects else "no reply (silent since an earlier request)")
+        self.suspects = (self.suspects | set(reasons)) - set(got)
+        return self._assemble(request, clients, got, reasons)
+
+    def _exchange(self, messages: list[Any]) -> list[Any]:
+        """Push the messages, then pull replies until all are in (or the timeout).
+
+        This is `Grid.send_and_receive` with two changes: replies are pulled every
+        `POLL_INTERVAL` s (Flower 1.41's `send_and_receive` sleeps 3 s between pulls, which
+        adds up to 3 s to every request), and a client that missed an earlier deadline is
+        not waited for again: once all others answered, the request ends after
+        `SUSPECT_GRACE` seconds; a reply from it arriving by then counts and clears the
+        suspicion.
+        """
+        grid = self.session.grid
+        ids = list(grid.push_messages(messages))
+        node_of_id = {i: int(m.metadata.dst_node_id) for i, m in zip(ids, messages)}
+        suspect_nodes = {self.session.node_of_client[c] for c in self.suspects
+                         if c in self.session.node_of_client}
+        pending, out = set(ids), []
+        start = time.monotonic()
+        done_at: float | None = None
+        while pending and time.monotonic() - start < self.session.timeout:
+            for msg in grid.pull_messages(list(pending)):
+                out.append(msg)
+                pending.discard(msg.metadata.reply_to_message_id)
+            if done_at is None and all(node_of_id[i] in suspect_nodes for i in pending):
+                done_at = time.monotonic()
+            if done_at is not None and time.monotonic() - done_at > SUSPECT_GRACE:
+                break
+            time.sleep(POLL_INTERVAL)
+        return out
+
+    def _assemble(self, request: Any, clients: np.ndarray, got: dict[int, Any],
+                  reasons: dict[int, str]) -> Any:
+        if reasons:
+            self.dropouts.append({
+                "request": type(request).__name__, "message_group": self._group,
+                "clients": sorted(reasons), "reasons": {str(c): r for c, r in reasons.items()},
+            })
+        if not got:
+            raise ClusterFLError(
+                f"no client answered the {type(request).__name__} (asked: "
+                f"{clients.tolist()}; e.g. {next(iter(reasons.values()), '')})")
+        if type(request).__name__ == "EvaluateRequest":
+            return codec.assemble([got.get(int(c)) for c in clients])
+        present = [int(c) for c in clients if int(c) in got]
+        reply = codec.assemble([got[c] for c in present])
+        return _mark_answered(reply, np.array(present, dtype=np.int64))
+
+    # The abstract per-type hooks all go through `execute` (any request type works).
+    def train(self, req: Any) -> Any:
+        return self.execute(req)
+
+    def gradient(self, req: Any) -> Any:
+        return self.execute(req)
+
+    def losses(self, req: Any) -> Any:
+        return self.execute(req)
+
+    def evaluate(self, req: Any) -> Any:
+        return self.execute(req)
+
+    def embed(self, req: Any) -> Any:
+        return self.execute(req)
+
+
+def _mark_answered(reply: Any, clients: np.ndarray) -> Any:
+    try:
+        from clusterfl.robust.replies import mark_answered
+    except ImportError:  # pragma: no cover - the seam predates this backend in releases
+        reply.clients = clients
+        return reply
+    return mark_answered(reply, clients)

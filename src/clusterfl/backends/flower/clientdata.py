@@ -1,0 +1,147 @@
+"""A client's own data on a Flower node, and the on-disk format it is read from.
+
+A SuperNode holds the data of ONE client. It gets it in one of two ways (node config):
+
+- `data-file = "/path/client_0003.npz"`: real deployment; the node reads its own file. The
+  format (written by `clusterfl flower export-partitions`, or by anyone with numpy) is an
+  uncompressed or compressed `.npz` with
+
+  | key | content |
+  |---|---|
+  | `x_train`, `x_test` | float32 inputs `[n, *input_shape]` |
+  | `y_train`, `y_test` | int64 class ids (classification) or float32 targets |
+  | `client_id` | int, the client's global id (seeds its minibatch order) |
+  | `n_classes` | int (1 for regression) |
+  | `task` | "classification" or "regression" (optional, default classification) |
+  | `cluster` | int, the true cluster id (optional; diagnostics only: ARI) |
+
+- `partition-id = 3` only: a simulation-style partition; the node builds the federation of
+  the run's `[data]`/`[scenario]`/`seed` recipe (sent by the server in the handshake) and
+  keeps client 3 (as Flower's own examples do with `partition-id`).
+
+Per-client randomness of the engines is derived from (request seed, global client id), so
+the node executes requests on a *sparse* federation where every client before its own id
+is empty: the same backend code as in-process, indexed by the global id, gives the same
+numbers as the in-process run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterfl.data.federation import Federation
+from clusterfl.errors import DataError
+
+REQUIRED = ("x_train", "y_train", "x_test", "y_test", "client_id", "n_classes")
+
+
+def sparse_federation(one: Federation, client_id: int, cluster: int | None = None) -> Federation:
+    """`one` (a one-client federation) placed at global index `client_id`."""
+    if one.n_clients != 1:
+        raise ValueError(f"expected a one-client federation, got {one.n_clients} clients")
+    c = int(client_id)
+
+    def offsets(n: int) -> np.ndarray:
+        return np.concatenate([np.zeros(c + 1, np.int64), [n]])
+
+    clusters = None
+    if cluster is not None:
+        clusters = np.full(c + 1, -1, np.int64)
+        clusters[c] = cluster
+    return Federation(
+        one.x_train, one.y_train, offsets(len(one.x_train)), one.x_test, one.y_test,
+        offsets(len(one.x_test)), clusters, one.n_classes, one.task, one.name, dict(one.meta),
+    )
+
+
+def write_client_file(path: str | Path, federation: Federation, client: int) -> Path:
+    """Write client `client` of `federation` in the node data format."""
+    x_tr, y_tr = federation.client_train(client)
+    x_te, y_te = federation.client_test(client)
+    arrays: dict[str, Any] = {
+        "x_train": x_tr.numpy(), "y_train": y_tr.numpy(), "x_test": x_te.numpy(),
+        "y_test": y_te.numpy(), "client_id": np.int64(client),
+        "n_classes": np.int64(federation.n_classes), "task": np.str_(federation.task),
+        "name": np.str_(federation.name),
+    }
+    if federation.clusters is not None:
+        arrays["cluster"] = np.int64(federation.clusters[client])
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(p, **arrays)
+    return p
+
+
+def export_partitions(federation: Federation, out_dir: str | Path) -> list[Path]:
+    """One file per client, `out_dir/client_0000.npz` ...; returns the paths."""
+    out = Path(out_dir)
+    return [write_client_file(out / f"client_{c:04d}.npz", federation, c)
+            for c in range(federation.n_clients)]
+
+
+@functools.lru_cache(maxsize=4)
+def read_client_file(path: str) -> tuple[Federation, int, int | None]:
+    """`(sparse federation, client id, true cluster or None)` from a node data file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"node data file not found: {p} (node config 'data-file')")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            missing = [k for k in REQUIRED if k not in z.files]
+            if missing:
+                raise DataError(f"{p}: missing arrays {missing}; required: {', '.join(REQUIRED)}")
+            d = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{p}: not a readable .npz file ({exc})") from None
+    task = str(d.get("task", "classification"))
+    cid = int(d["client_id"])
+    cluster = int(d["cluster"]) if "cluster" in d else None
+
+    def y(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.int64 if task == "classification" else np.float32))
+
+    one = Federation(
+        torch.from_numpy(d["x_train"].astype(np.float32)), y(d["y_train"]),
+        np.array([0, len(d["x_train"])]), torch.from_numpy(d["x_test"].astype(np.float32)),
+        y(d["y_test"]), np.array([0, len(d["x_test"])]), None, int(d["n_classes"]),
+        task,  # type: ignore[arg-type]
+        str(d.get("name", p.stem)),
+    )
+    return sparse_federation(one, cid, cluster), cid, cluster
+
+
+@functools.lru_cache(maxsize=4)
+def _recipe_federation(recipe_json: str) -> Federation:
+    from clusterfl.data.scenarios import make_federation
+
+    r = json.loads(recipe_json)
+    return make_federation(r["source"], r["scenario"], r["params"], seed=r["seed"],
+                           data_dir=r.get("data_dir"))
+
+
+def simulated_client(recipe: dict[str, Any], client_id: int) -> tuple[Federation, int | None]:
+    """Client `client_id` of the federation built from `recipe` (source, scenario, params,
+    seed, data_dir), as a sparse federation, and its true cluster (None if unknown)."""
+    fed = _recipe_federation(json.dumps(recipe, sort_keys=True))
+    if not 0 <= client_id < fed.n_clients:
+        raise DataError(f"partition-id {client_id} out of range: the scenario has "
+                        f"{fed.n_clients} clients (0..{fed.n_clients - 1})")
+    cluster = None if fed.clusters is None else int(fed.clusters[client_id])
+    return sparse_federation(fed.subset([client_id]), client_id, cluster), cluster
+
+
+def describe(fed: Federation, client_id: int, cluster: int | None) -> dict[str, Any]:
+    """What a node tells the server at the handshake (no data, only shapes and sizes)."""
+    return {
+        "client_id": int(client_id), "train_size": int(fed.train_sizes[client_id]),
+        "test_size": int(fed.test_sizes[client_id]),
+        "input_shape": json.dumps(list(fed.input_shape)), "n_classes": int(fed.n_classes),
+        "task": fed.task, "cluster": -1 if cluster is None else int(cluster),
+        "name": fed.name,
+    }

@@ -1,0 +1,200 @@
+"""Generic wire format for protocol requests and replies (no Flower import here).
+
+Any dataclass of `clusterfl.protocol` travels without special code: its fields may hold
+numpy arrays, torch tensors, ints/floats/strings/bools/None, tuples, lists, dicts and nested
+protocol dataclasses (`Predictor`, `LocalTraining`, ...). `encode` splits an object into
+
+- a JSON *skeleton*: the tree of the object with every array replaced by a reference
+  `{"__array__": key, "torch": bool}`, dataclasses by `{"__dc__": ClassName, "f": {...}}`,
+  tuples by `{"__tuple__": [...]}`, dicts with non-string keys are not supported;
+- a flat dict `key -> numpy array` (the payload).
+
+`decode` rebuilds the object, looking classes up by name in the registry of protocol
+dataclasses (every dataclass defined in `clusterfl.protocol`, found by inspection, so a
+request type added there later works unchanged). `to_recorddict` / `from_recorddict` put the
+two parts into a Flower `RecordDict` (one `ArrayRecord` "arrays", one `ConfigRecord`
+"meta" holding the skeleton string); they import Flower lazily.
+
+Per-client slicing (server → one node) and reply assembly (nodes → one reply) follow the
+protocol's conventions, stated in `clusterfl.protocol`: a request names its clients in
+`clients`; numpy arrays whose first axis has one entry per listed client are per-client
+(`model_of_client`, `Predictor.members`, ...), tensors are shared by all clients (model
+stacks); every array of a reply has the clients on its first axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+import clusterfl.protocol as protocol
+
+SKELETON_KEY = "skeleton"
+ARRAYS = "arrays"
+META = "meta"
+
+
+def protocol_classes() -> dict[str, type]:
+    """Every dataclass defined in `clusterfl.protocol`, by class name (read at call time)."""
+    return {
+        name: obj for name, obj in inspect.getmembers(protocol, inspect.isclass)
+        if dataclasses.is_dataclass(obj) and obj.__module__ == protocol.__name__
+    }
+
+
+# ---------------------------------------------------------------------------- encode/decode
+def encode(obj: Any) -> tuple[str, dict[str, np.ndarray]]:
+    """`(skeleton JSON, arrays)` of a protocol object (see the module docstring)."""
+    arrays: dict[str, np.ndarray] = {}
+    tree = _encode(obj, arrays)
+    return json.dumps(tree, allow_nan=True), arrays
+
+
+def _encode(v: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(v, torch.Tensor):
+        key = f"a{len(arrays)}"
+        arrays[key] = v.detach().cpu().contiguous().numpy()
+        return {"__array__": key, "torch": True}
+    if isinstance(v, np.ndarray):
+        key = f"a{len(arrays)}"
+        arrays[key] = np.ascontiguousarray(v)
+        return {"__array__": key, "torch": False}
+    if isinstance(v, np.generic):
+        return _encode(v.item(), arrays)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        name = type(v).__name__
+        if protocol_classes().get(name) is not type(v):
+            raise TypeError(f"{name} is not a dataclass of clusterfl.protocol")
+        fields = {f.name: _encode(getattr(v, f.name), arrays) for f in dataclasses.fields(v)}
+        return {"__dc__": name, "f": fields}
+    if isinstance(v, tuple):
+        return {"__tuple__": [_encode(x, arrays) for x in v]}
+    if isinstance(v, list):
+        return [_encode(x, arrays) for x in v]
+    if isinstance(v, dict):
+        if not all(isinstance(k, str) for k in v):
+            raise TypeError("only dicts with string keys can be sent")
+        return {"__dict__": {k: _encode(x, arrays) for k, x in v.items()}}
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float):
+        return {"__float__": repr(v)} if not math.isfinite(v) else v
+    raise TypeError(f"cannot send a value of type {type(v).__name__}")
+
+
+def decode(skeleton: str, arrays: dict[str, np.ndarray]) -> Any:
+    """Inverse of `encode`."""
+    return _decode(json.loads(skeleton), arrays, protocol_classes())
+
+
+def _decode(v: Any, arrays: dict[str, np.ndarray], classes: dict[str, type]) -> Any:
+    if isinstance(v, list):
+        return [_decode(x, arrays, classes) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if "__array__" in v:
+        a = arrays[v["__array__"]]
+        return torch.from_numpy(np.array(a, copy=True)) if v["torch"] else np.array(a, copy=True)
+    if "__dc__" in v:
+        name = v["__dc__"]
+        if name not in classes:
+            raise TypeError(f"unknown protocol type {name!r} (this clusterfl has: "
+                            f"{', '.join(sorted(classes))})")
+        return classes[name](**{k: _decode(x, arrays, classes) for k, x in v["f"].items()})
+    if "__tuple__" in v:
+        return tuple(_decode(x, arrays, classes) for x in v["__tuple__"])
+    if "__dict__" in v:
+        return {k: _decode(x, arrays, classes) for k, x in v["__dict__"].items()}
+    if "__float__" in v:
+        return float(v["__float__"])
+    raise TypeError(f"malformed skeleton node: {sorted(v)}")
+
+
+# ---------------------------------------------------------------------------- Flower records
+def to_recorddict(obj: Any, extra: dict[str, Any] | None = None) -> Any:
+    """A Flower `RecordDict` carrying `obj` (plus plain `extra` config values)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+    skeleton, arrays = encode(obj)
+    rec = ArrayRecord()
+    for k, a in arrays.items():
+        rec[k] = Array(a)
+    meta: dict[str, Any] = {SKELETON_KEY: skeleton}
+    meta.update(extra or {})
+    return RecordDict({ARRAYS: rec, META: ConfigRecord(meta)})
+
+
+def from_recorddict(content: Any) -> tuple[Any, dict[str, Any]]:
+    """`(object, meta config values)` from a `RecordDict` made by `to_recorddict`."""
+    meta = dict(content.config_records[META])
+    rec = content.array_records.get(ARRAYS)
+    arrays = {} if rec is None else {k: a.numpy() for k, a in rec.items()}
+    return decode(str(meta.pop(SKELETON_KEY)), arrays), meta
+
+
+# ---------------------------------------------------------------------------- slicing
+def client_view(request: Any, i: int) -> Any:
+    """The request as client `request.clients[i]` alone needs it (its per-client rows)."""
+    n = len(request.clients)
+    return _slice(request, n, i)
+
+
+def _slice(v: Any, n: int, i: int) -> Any:
+    if isinstance(v, np.ndarray):
+        return v[i : i + 1].copy() if v.ndim >= 1 and v.shape[0] == n else v
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return dataclasses.replace(
+            v, **{f.name: _slice(getattr(v, f.name), n, i) for f in dataclasses.fields(v)
+                  if f.init}
+        )
+    if isinstance(v, dict):
+        return {k: _slice(x, n, i) for k, x in v.items()}
+    return v
+
+
+def assemble(parts: list[Any | None]) -> Any:
+    """One reply for all clients from one-client replies in client order (None = missing).
+
+    Arrays are concatenated along their first axis; a missing client gets a row of NaN
+    (floating arrays) or 0 (integer/bool arrays), so that averaging code that keeps only
+    finite rows leaves it out. Non-array fields are taken from the first reply.
+    """
+    present = [p for p in parts if p is not None]
+    if not present:
+        raise ValueError("no client answered")
+    return _join(parts, present[0])
+
+
+def _join(parts: list[Any], template: Any) -> Any:
+    if isinstance(template, torch.Tensor | np.ndarray):
+        rows = [_row(p, template) for p in parts]
+        if isinstance(template, torch.Tensor):
+            return torch.cat(rows) if rows else template[:0]
+        return np.concatenate(rows) if rows else template[:0]
+    if dataclasses.is_dataclass(template) and not isinstance(template, type):
+        return dataclasses.replace(template, **{
+            f.name: _join([None if p is None else getattr(p, f.name) for p in parts],
+                          getattr(template, f.name))
+            for f in dataclasses.fields(template) if f.init
+        })
+    if isinstance(template, dict):
+        return {k: _join([None if p is None else p.get(k) for p in parts], x)
+                for k, x in template.items()}
+    return template
+
+
+def _row(part: Any, template: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    if part is not None:
+        return part
+    shape = (1, *template.shape[1:])
+    if isinstance(template, torch.Tensor):
+        fill = float("nan") if template.is_floating_point() else 0
+        return torch.full(shape, fill, dtype=template.dtype)
+    fill = np.nan if np.issubdtype(template.dtype, np.floating) else 0
+    return np.full(shape, fill, dtype=template.dtype)

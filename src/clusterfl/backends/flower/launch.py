@@ -1,0 +1,295 @@
+"""Start and stop a local Flower deployment as real processes (tests, benchmarks, demos).
+
+Everything listens on loopback by default, every process gets its own log file, and
+`Process.stop()` ends the process *and all its descendants* by PID (Flower's SuperLink
+starts its SuperExec in a new session, so process groups alone would miss it). Commands
+(Flower 1.41, see `--help` of each):
+
+    flower-superlink --insecure | --ssl-ca-certfile CA --ssl-certfile CRT --ssl-keyfile KEY
+                     [--enable-supernode-auth] --host H --port P --database :flwr-in-memory-state:
+                     --disable-runtime-dependency-installation
+    flower-supernode --insecure | --root-certificates CA  --superlink H:P --port CLIENTAPPIO
+                     --node-config 'partition-id=3' | 'data-file="/data/client.npz"'
+                     [--auth-supernode-private-key KEY]
+    flwr run APP_DIR CONNECTION --run-config 'config="/path/run.toml" out-dir="/path/out"'
+
+`flwr run` reads the SuperLink connection from `$FLWR_HOME/config.toml`
+(`write_flwr_home` writes one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+
+APP_DIR = Path(__file__).parent / "app"
+"""The Flower App project (pyproject.toml naming our ServerApp and ClientApp)."""
+
+IN_MEMORY = ":flwr-in-memory-state:"
+
+
+def flower_bin(name: str) -> str:
+    """Path of a console script installed beside the running Python (else just the name)."""
+    cand = Path(sys.executable).parent / name
+    return str(cand) if cand.exists() else name
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (read from /proc; empty where /proc is missing)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_matching(needle: str) -> list[int]:
+    """SIGKILL the processes whose command line contains `needle` (e.g. a private temp
+    directory only our node workers mention); returns their PIDs."""
+    killed = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd and int(entry.name) != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
+@dataclass
+class Process:
+    """A started command with its log; `stop()` kills it and its descendants."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    extra_pids: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM the process tree, SIGKILL what is left after `grace` seconds."""
+        pids = [self.pid, *descendants(self.pid), *self.extra_pids]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(_exists(p) for p in pids):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=0.1)
+                time.sleep(0.05)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=1.0)
+
+    def kill_now(self) -> None:
+        """SIGKILL the process and its descendants at once (a crash, for dropout tests)."""
+        for p in [self.pid, *descendants(self.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        self.popen.wait(timeout=5)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def start(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Process:
+    """Start `cmd` in its own session with stdout+stderr to `log_dir/name.log`."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    fh = open(log, "wb")  # noqa: SIM115 - handed to the child
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                "PATH": path, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL":
+                os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"), **(env or {})}
+    popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env,
+                             start_new_session=True)
+    fh.close()
+    return Process(name, popen, log)
+
+
+@dataclass
+class Tls:
+    """Certificate paths for a TLS SuperLink (test ones: `certs.make_tls`)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+
+
+def superlink_cmd(port: int, host: str = "127.0.0.1", tls: Tls | None = None,
+                  node_auth: bool = False) -> list[str]:
+    """The `flower-superlink` command line."""
+    cmd = [flower_bin("flower-superlink"), "--host", host, "--port", str(port),
+           "--database", IN_MEMORY, "--disable-runtime-dependency-installation"]
+    if tls is None:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--ssl-ca-certfile", str(tls.ca), "--ssl-certfile", str(tls.server_cert),
+                "--ssl-keyfile", str(tls.server_key)]
+    if node_auth:
+        cmd.append("--enable-supernode-auth")
+    return cmd
+
+
+def supernode_cmd(superlink: str, port: int, node_config: dict[str, object],
+                  ca: Path | None = None, auth_key: Path | None = None) -> list[str]:
+    """The `flower-supernode` command line (`node_config` → `--node-config 'k=v ...'`)."""
+    cfg = " ".join(f'{k}="{v}"' if isinstance(v, str | Path) else f"{k}={v}"
+                   for k, v in node_config.items())
+    cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--port", str(port),
+           "--node-config", cfg]
+    cmd += ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
+    if auth_key is not None:
+        cmd += ["--auth-supernode-private-key", str(auth_key)]
+    return cmd
+
+
+def write_flwr_home(home: Path, address: str, name: str = "clusterfl",
+                    ca: Path | None = None) -> Path:
+    """A `$FLWR_HOME/config.toml` whose default SuperLink connection is `address`."""
+    conn: dict[str, object] = {"address": address}
+    if ca is None:
+        conn["insecure"] = True
+    else:
+        conn["root-certificates"] = str(ca)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "config.toml"
+    path.write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
+    return path
+
+
+def run_config_arg(config: Path, out_dir: Path | None, overrides: list[str] = ()) -> str:
+    """The `--run-config` value for our ServerApp."""
+    parts = [f'config="{config}"', f'out-dir="{out_dir or ""}"']
+    if overrides:
+        parts.append('overrides="' + ";".join(overrides).replace('"', '\\"') + '"')
+    return " ".join(parts)
+
+
+@dataclass
+class LocalDeployment:
+    """A SuperLink and SuperNodes on this machine (loopback); use as a context manager."""
+
+    work: Path
+    superlink: Process | None = None
+    supernodes: list[Process] = field(default_factory=list)
+    address: str = ""
+    flwr_home: Path | None = None
+
+    def start_superlink(self, tls: Tls | None = None, node_auth: bool = False) -> None:
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth),
+                               self.work / "logs", env={"FLWR_HOME": str(self.work / "home")})
+        self.flwr_home = self.work / "cli-home"
+        write_flwr_home(self.flwr_home, self.address, ca=None if tls is None else tls.ca)
+        _wait_port(port, 30.0, self.superlink)
+
+    def register_supernodes(self, public_keys: list[Path]) -> None:
+        """`flwr supernode register KEY.pub` for each key (SuperLink with node auth)."""
+        env = {**os.environ, "FLWR_HOME": str(self.flwr_home)}
+        procs = [subprocess.Popen([flower_bin("flwr"), "supernode", "register", str(k),
+                                   "clusterfl"], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT) for k in public_keys]
+        for k, proc in zip(public_keys, procs, strict=True):
+            out, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"registering {k} failed: {out.decode()[-1000:]}")
+
+    def start_supernode(self, node_config: dict[str, object], ca: Path | None = None,
+                        auth_key: Path | None = None) -> Process:
+        i = len(self.supernodes)
+        home = self.work / f"node{i}-home"
+        proc = start(f"supernode{i}",
+                     supernode_cmd(self.address, free_port(), node_config, ca, auth_key),
+                     self.work / "logs", env={"FLWR_HOME": str(home),
+                                              "CLUSTERFL_WORKER_DIR": str(self.worker_dir)})
+        self.supernodes.append(proc)
+        return proc
+
+    def flwr_run(self, config: Path, out_dir: Path | None, overrides: list[str] = (),
+                 app_dir: Path = APP_DIR) -> Process:
+        """Submit our app with `flwr run` (returns the `flwr` process; it streams logs)."""
+        cmd = [flower_bin("flwr"), "run", str(app_dir), "clusterfl", "--stream",
+               "--run-config", run_config_arg(config, out_dir, list(overrides))]
+        return start("flwr-run", cmd, self.work / "logs",
+                     env={"FLWR_HOME": str(self.flwr_home)})
+
+    @property
+    def worker_dir(self) -> Path:
+        """Where the node workers of this deployment put their sockets and logs."""
+        return self.work / "workers"
+
+    def stop(self) -> None:
+        """Stop every process this deployment started, and its node workers."""
+        for p in [*self.supernodes, *([self.superlink] if self.superlink else [])]:
+            p.stop()
+        kill_matching(str(self.worker_dir))
+
+    def __enter__(self) -> LocalDeployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_port(port: int, timeout: float, proc: Process) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited: {proc.log.read_text()[-2000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{proc.name} did not open port {port} within {timeout:g} s")
+
+
+@contextlib.contextmanager
+def local_deployment(work: Path) -> Iterator[LocalDeployment]:
+    """`LocalDeployment` that is always stopped (every PID) on exit."""
+    dep = LocalDeployment(work)
+    try:
+        yield dep
+    finally:
+        dep.stop()

@@ -1,0 +1,182 @@
+"""The Flower ServerApp: runs our `Experiment` against the Grid (DESIGN.md §9).
+
+`@app.main()` is written against the Grid, not Flower's FedAvg-shaped strategy loop: a
+clustered method sends different models to different clients, so every protocol request
+becomes one message per selected client (`FlowerBackend`). Steps of `run_on_grid`:
+
+1. Wait until `backend.wait_nodes` SuperNodes are connected (default: `scenario.n_clients`).
+2. Handshake (`query.describe`): each node answers its global client id, train/test sizes,
+   input shape, classes, task and — when its data knows it — its true cluster (diagnostics
+   only: ARI). Client ids must be exactly 0..N-1, each on one node.
+3. Build the server's view of the federation from the answers: sizes and shapes only, data
+   tensors are zero-stride views of a single zero sample (`server_federation`), so the
+   server holds no client data.
+4. Run the Experiment with `backend.name = "flower"`; write `flower.json` (node map,
+   dropouts, message count and time) and `flower_final_state.pt` (the algorithm's final
+   state: models and assignment) beside the run's other files.
+
+Run config keys (`flwr run ... --run-config '...'`, defaults in the app's pyproject.toml):
+`config` (path of the clusterfl TOML on the server machine), `overrides` (";"-separated
+`key=value`, like `clusterfl run --set`), `out-dir` (run directory on the server machine;
+"" = none), `resume` (continue from the checkpoint in `out-dir`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from clusterfl.backends.flower import FLOWER_VERSION
+from clusterfl.backends.flower.backend import FlowerSession, active_session
+from clusterfl.config import Config, apply_overrides, load_config, read_toml
+from clusterfl.data.federation import Federation
+from clusterfl.errors import ClusterFLError
+
+app = ServerApp()
+
+FINAL_STATE = "flower_final_state.pt"
+"""The algorithm's final `state_dict()` (models, assignment), written beside summary.json."""
+
+
+def setup_of(config: Config) -> dict[str, Any]:
+    """What every message tells a node besides the request (see `node.py`)."""
+    return {
+        "recipe": {
+            "source": config.data.source, "scenario": config.scenario_name,
+            "params": config.scenario.model_dump(), "seed": config.run.seed,
+            "data_dir": config.data.data_dir,
+        },
+        "model": config.model.model_dump(),
+        "engine": config.backend.client_engine,
+    }
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
+    """Node ids once at least `n` SuperNodes are connected (ClusterFLError after timeout)."""
+    t0 = time.monotonic()
+    while True:
+        nodes = sorted(int(x) for x in grid.get_node_ids())
+        if len(nodes) >= n:
+            return nodes
+        if time.monotonic() - t0 > timeout:
+            raise ClusterFLError(f"only {len(nodes)} of {n} SuperNodes connected after "
+                                 f"{timeout:g} s (backend.wait_nodes / backend.wait_timeout)")
+        time.sleep(0.5)
+
+
+def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any],
+              timeout: float) -> dict[int, tuple[int, dict[str, Any]]]:
+    """Ask every node who it is; returns client id → (node id, info)."""
+    content = RecordDict({"meta": ConfigRecord({"setup": json.dumps(setup, sort_keys=True)})})
+    msgs = [Message(content, n, "query.describe", group_id="handshake") for n in nodes]
+    out: dict[int, tuple[int, dict[str, Any]]] = {}
+    errors = []
+    for msg in grid.send_and_receive(msgs, timeout=timeout):
+        node = int(msg.metadata.src_node_id)
+        if msg.has_error():
+            errors.append(f"node {node}: {msg.error.reason}")
+            continue
+        info = dict(msg.content.config_records["info"])
+        cid = int(info["client_id"])
+        if cid in out:
+            raise ClusterFLError(f"nodes {out[cid][0]} and {node} both hold client {cid}; "
+                                 "give every SuperNode its own partition-id / data-file")
+        out[cid] = (node, info)
+    if not out:
+        raise ClusterFLError(f"no SuperNode answered the handshake within {timeout:g} s"
+                             + "".join(f"; {e}" for e in errors))
+    missing = sorted(set(range(max(out) + 1)) - set(out))
+    if missing:
+        raise ClusterFLError(f"client ids must be 0..N-1 with one node each; no node holds "
+                             f"{missing} (answers: {sorted(out)}; errors: {errors})")
+    return out
+
+
+def server_federation(infos: dict[int, dict[str, Any]]) -> Federation:
+    """Sizes, shapes and (when all nodes know them) true clusters — no client data."""
+    n = len(infos)
+    rows = [infos[c] for c in range(n)]
+    shape = tuple(json.loads(str(rows[0]["input_shape"])))
+    task = str(rows[0]["task"])
+    tr = np.concatenate([[0], np.cumsum([int(r["train_size"]) for r in rows])])
+    te = np.concatenate([[0], np.cumsum([int(r["test_size"]) for r in rows])])
+    clusters = np.array([int(r["cluster"]) for r in rows])
+    ydt = torch.int64 if task == "classification" else torch.float32
+
+    def blank(m: int) -> tuple[torch.Tensor, torch.Tensor]:  # zero-stride: no memory
+        return torch.zeros(1, *shape).expand(m, *shape), torch.zeros(1, dtype=ydt).expand(m)
+
+    return Federation(
+        *blank(int(tr[-1])), tr, *blank(int(te[-1])), te,
+        clusters if (clusters >= 0).all() else None, int(rows[0]["n_classes"]),
+        task, f"flower:{rows[0].get('name', '')}",  # type: ignore[arg-type]
+    )
+
+
+def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+                out_dir: str | Path | None = None, resume: bool = False) -> Any:
+    """Run the experiment of config `raw` (+ overrides) on the Grid; returns its History.
+
+    `resume` continues from the checkpoint in `out_dir` (as `clusterfl run --resume`).
+    """
+    from clusterfl.experiment import Experiment
+
+    raw = apply_overrides(raw, list(overrides))
+    raw.setdefault("backend", {})["name"] = "flower"
+    config = load_config(raw)
+    b = config.backend
+    want = b.wait_nodes or int(config.scenario.model_dump().get("n_clients") or 0)
+    if want < 1:
+        raise ClusterFLError("set backend.wait_nodes: the scenario does not say how many "
+                             "clients to wait for")
+    setup = setup_of(config)
+    nodes = wait_for_nodes(grid, want, b.wait_timeout)
+    found = handshake(grid, nodes, setup, max(b.timeout, b.wait_timeout))  # workers start
+    infos = {c: info for c, (_, info) in found.items()}
+    session = FlowerSession(grid, {c: n for c, (n, _) in found.items()}, setup, b.timeout,
+                            infos)
+    exp = Experiment(config, out_dir, federation=server_federation(infos))
+    with active_session(session):
+        history = exp.run(resume=resume, progress=False)
+    if out_dir is not None and session.backends:
+        be = session.backends[-1]
+        report = {"flower": FLOWER_VERSION,
+                  "nodes": {str(c): n for c, n in session.node_of_client.items()},
+                  "dropouts": be.dropouts, "messages": be.n_messages,
+                  "message_seconds": be.seconds}
+        (Path(out_dir) / "flower.json").write_text(json.dumps(report, indent=2))
+        torch.save(exp.algorithm.state_dict(), Path(out_dir) / FINAL_STATE)
+    return history
+
+
+def make_main(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+              out_dir: str | Path | None = None, result: list[Any] | None = None) -> ServerApp:
+    """A ServerApp bound to a config dict (for `flwr.simulation.run_simulation`)."""
+    bound = ServerApp()
+
+    @bound.main()
+    def main(grid: Grid, context: Context) -> None:
+        history = run_on_grid(grid, raw, overrides, out_dir)
+        if result is not None:
+            result.append(history)
+
+    return bound
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point under `flwr run`: read the run config, run the experiment."""
+    rc = context.run_config
+    path = str(rc.get("config", ""))
+    if not path:
+        raise ClusterFLError("run config 'config' (path of a clusterfl TOML) is empty")
+    overrides = [s for s in str(rc.get("overrides", "")).split(";") if s.strip()]
+    out = str(rc.get("out-dir", "")) or None
+    run_on_grid(grid, read_toml(path), overrides, out, resume=bool(rc.get("resume", False)))

@@ -1,0 +1,175 @@
+"""`clusterfl flower ...`: run any method on Flower 1.41 (DESIGN.md §9, docs/deploy.md).
+
+    clusterfl flower run CONFIG.toml [--set K=V ...] [--out DIR] --mode ray|local|submit
+        ray:    Flower's simulation engine (Ray), one virtual SuperNode per client
+        local:  a real SuperLink + one SuperNode process per client on this machine
+                (loopback, insecure), then `flwr run`; everything is stopped at the end
+        submit: `flwr run` against an existing SuperLink (`--superlink NAME`, a connection of
+                $FLWR_HOME/config.toml); CONFIG and --out are paths on the SuperLink machine
+    clusterfl flower export-partitions CONFIG.toml OUT_DIR [--set K=V ...]
+        one `client_XXXX.npz` per client of the config's federation (node data format)
+    clusterfl flower certs OUT_DIR --host NAME [--host NAME ...] [--nodes N]
+        a test CA, the SuperLink's TLS certificate, and N SuperNode auth key pairs
+    clusterfl flower app-dir
+        print the Flower App directory to pass to `flwr run`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from clusterfl.errors import ClusterFLError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `clusterfl flower ...` on an argparse subparsers object."""
+    p = subparsers.add_parser("flower", help="run methods on Flower (simulation or deployment)",
+                              description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="flower_cmd", required=True)
+
+    r = sub.add_parser("run", help="run a config on Flower")
+    r.add_argument("config", help="clusterfl run config (TOML)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    r.add_argument("--out", help="run directory (default: none)")
+    r.add_argument("--mode", choices=["ray", "local", "submit"], default="ray")
+    r.add_argument("--superlink", help="submit: SuperLink connection name in "
+                                       "$FLWR_HOME/config.toml (default: its default)")
+    r.add_argument("--timeout", type=float, default=3600.0,
+                   help="local: give up after this many seconds (default 3600)")
+    r.set_defaults(func=cmd_run)
+
+    e = sub.add_parser("export-partitions", help="write each client's data to its own file")
+    e.add_argument("config")
+    e.add_argument("out_dir")
+    e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.set_defaults(func=cmd_export)
+
+    c = sub.add_parser("certs", help="test TLS certificates and SuperNode auth keys")
+    c.add_argument("out_dir")
+    c.add_argument("--host", action="append", required=True,
+                   help="name or IP the SuperLink is reached at (repeatable)")
+    c.add_argument("--nodes", type=int, default=0, help="SuperNode key pairs to create")
+    c.set_defaults(func=cmd_certs)
+
+    a = sub.add_parser("app-dir", help="print the Flower App directory (for `flwr run`)")
+    a.set_defaults(func=lambda args: print(_app_dir()) or 0)
+    return p
+
+
+def _app_dir() -> Path:
+    from clusterfl.backends.flower.launch import APP_DIR
+
+    return APP_DIR
+
+
+def _raw(path: str, overrides: list[str] | None) -> dict[str, Any]:
+    from clusterfl.config import apply_overrides, load_config, read_toml
+
+    raw = apply_overrides(read_toml(path), list(overrides or []))
+    raw.setdefault("backend", {})["name"] = "flower"
+    load_config(raw)  # fail early, with the field named
+    return raw
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the partitions of a config's federation (one .npz per client)."""
+    from clusterfl.backends.flower.clientdata import export_partitions
+    from clusterfl.config import apply_overrides, load_config, read_toml
+    from clusterfl.experiment import build_federation
+
+    config = load_config(apply_overrides(read_toml(args.config), list(args.set or [])))
+    paths = export_partitions(build_federation(config), args.out_dir)
+    print(f"wrote {len(paths)} client files to {args.out_dir} ({paths[0].name} ...)")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """Generate test certificates and node keys."""
+    from clusterfl.backends.flower.certs import make_node_keys, make_tls
+
+    if args.nodes < 0:
+        raise ClusterFLError("--nodes must be >= 0")
+    paths = make_tls(args.out_dir, args.host)
+    keys = make_node_keys(args.out_dir, args.nodes)
+    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    if keys:
+        print(f"{len(keys)} SuperNode key pairs: {keys[0][0]} / {keys[0][1]} ...")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run on Flower in the chosen mode."""
+    raw = _raw(args.config, args.set)
+    if args.mode == "ray":
+        return _run_ray(raw, args.out)
+    if args.mode == "local":
+        return _run_local(args.config, list(args.set or []), raw, args.out, args.timeout)
+    return _submit(args.config, list(args.set or []), args.out, args.superlink)
+
+
+def n_clients_of(raw: dict[str, Any]) -> int:
+    """Number of SuperNodes a config needs (backend.wait_nodes or scenario.n_clients)."""
+    from clusterfl.config import load_config
+
+    config = load_config(raw)
+    n = config.backend.wait_nodes or int(config.scenario.model_dump().get("n_clients") or 0)
+    if n < 1:
+        raise ClusterFLError("set backend.wait_nodes (the scenario does not give n_clients)")
+    return n
+
+
+def _run_ray(raw: dict[str, Any], out: str | None) -> int:
+    from flwr.simulation import run_simulation
+
+    from clusterfl.backends.flower.client_app import app as client_app
+    from clusterfl.backends.flower.server_app import make_main
+
+    result: list[Any] = []
+    run_simulation(make_main(raw, (), out, result), client_app, num_supernodes=n_clients_of(raw),
+                   backend_config={"client_resources": {"num_cpus": 1}})
+    if not result:
+        raise ClusterFLError("the Flower simulation ended without a result (see its log above)")
+    print(json.dumps(result[0].final, indent=2))
+    return 0
+
+
+def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str | None,
+               timeout: float) -> int:
+    from clusterfl.backends.flower.launch import local_deployment
+    from clusterfl.backends.flower.server_app import FINAL_STATE
+
+    if out is None:
+        raise ClusterFLError("--mode local needs --out DIR (the run's files are read from it)")
+    out_dir = Path(out).resolve()
+    work = out_dir.parent / (out_dir.name + ".flower")
+    with local_deployment(work) as dep:
+        dep.start_superlink()
+        for i in range(n_clients_of(raw)):
+            dep.start_supernode({"partition-id": i})
+        proc = dep.flwr_run(Path(config).resolve(), out_dir, overrides)
+        deadline = time.monotonic() + timeout
+        while not (out_dir / FINAL_STATE).exists():
+            if not proc.alive() or time.monotonic() > deadline:
+                raise ClusterFLError(f"the Flower run did not finish; logs in {work / 'logs'}")
+            time.sleep(0.5)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    print(json.dumps(summary["final"], indent=2))
+    return 0
+
+
+def _submit(config: str, overrides: list[str], out: str | None, superlink: str | None) -> int:
+    import subprocess
+
+    from clusterfl.backends.flower.launch import flower_bin, run_config_arg
+
+    cmd = [flower_bin("flwr"), "run", str(_app_dir())]
+    if superlink:
+        cmd.append(superlink)
+    cmd += ["--stream", "--run-config",
+            run_config_arg(Path(config).resolve(), Path(out).resolve() if out else None,
+                           overrides)]
+    return subprocess.call(cmd)

@@ -1,0 +1,80 @@
+"""`clusterfl flower ...` subcommands that need no running Flower processes."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from clusterfl import cli_flower
+from clusterfl.backends.flower.clientdata import read_client_file
+from clusterfl.config import dump_toml
+from clusterfl.errors import ClusterFLError, ConfigError
+from tests.flower.conftest import BASE, IFCA
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="clusterfl")
+    cli_flower.add_parser(parser.add_subparsers(dest="cmd", required=True))
+    return parser.parse_args(argv)
+
+
+def _config(tmp_path, **changes) -> str:
+    path = tmp_path / "run.toml"
+    path.write_text(dump_toml({**BASE, "algorithm": IFCA, **changes}))
+    return str(path)
+
+
+def test_export_partitions_writes_one_readable_file_per_client(tmp_path, capsys):
+    args = _parse(["flower", "export-partitions", _config(tmp_path), str(tmp_path / "parts"),
+                   "--set", "scenario.n_clients=4"])
+    assert args.func(args) == 0
+    files = sorted((tmp_path / "parts").glob("client_*.npz"))
+    assert len(files) == 4 and "wrote 4 client files" in capsys.readouterr().out
+    fed, cid, cluster = read_client_file(str(files[3]))
+    assert cid == 3 and cluster == 1 and fed.train_sizes[3] > 0 and fed.train_sizes[:3].sum() == 0
+
+
+def test_certs_make_a_ca_signed_server_cert_and_openssh_node_keys(tmp_path):
+    args = _parse(["flower", "certs", str(tmp_path), "--host", "127.0.0.1", "--host",
+                   "server.example.org", "--nodes", "2"])
+    assert args.func(args) == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "server.crt").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["server.example.org"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    key = serialization.load_ssh_private_key((tmp_path / "node_1").read_bytes(), None)
+    pub = serialization.load_ssh_public_key((tmp_path / "node_1.pub").read_bytes())
+    assert key.public_key().public_numbers() == pub.public_numbers()
+    assert oct((tmp_path / "node_1").stat().st_mode & 0o777) == "0o600"
+
+
+def test_run_validates_the_config_first(tmp_path):
+    args = _parse(["flower", "run", _config(tmp_path), "--set", "backend.timeout=0"])
+    with pytest.raises(ConfigError, match=r"backend\.timeout"):
+        args.func(args)
+    args = _parse(["flower", "run", _config(tmp_path), "--mode", "local"])
+    with pytest.raises(ClusterFLError, match="needs --out"):
+        args.func(args)
+
+
+def test_app_dir_holds_a_valid_flower_app(tmp_path):
+    from flwr.cli.config_utils import load_and_validate
+
+    from clusterfl.backends.flower.launch import APP_DIR
+
+    config, _ = load_and_validate(APP_DIR / "pyproject.toml")
+    comps = config["tool"]["flwr"]["app"]["components"]
+    assert comps["serverapp"].startswith("clusterfl.backends.flower.server_app")
+    # the ClientApp a SuperNode imports per message must not pull in torch
+    code = (f"import sys; sys.path.insert(0, {str(APP_DIR)!r}); import clusterfl_app.client; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,125 @@
+"""Real processes on loopback: a SuperLink, 6 SuperNodes, our app submitted with `flwr run`.
+
+The deployment uses TLS (test CA, server certificate for 127.0.0.1) and SuperNode
+authentication (6 registered keys); a 7th SuperNode with an unregistered key must stay out.
+
+One deployment serves all tests of this module (its node workers stay warm between runs).
+Every process is started in its own session and stopped by PID with all its descendants,
+plus any node worker mentioning the deployment's private directory, even when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from clusterfl.backends.flower.certs import make_node_keys, make_tls
+from clusterfl.backends.flower.launch import LocalDeployment, Process, Tls, local_deployment
+from clusterfl.backends.flower.server_app import FINAL_STATE
+from clusterfl.config import dump_toml
+from clusterfl.experiment import Experiment
+from tests.flower.conftest import BASE, CFL_GP, IFCA
+
+RUN_TIMEOUT = 600.0  # seconds for one run of two rounds (generous: ~250 s at load 15 on 2 cores)
+SHORT = {**BASE, "rounds": 2, "eval_every": 2}  # IFCA reaches ARI 1 at round 2 (seed 0)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+    work = tmp_path_factory.mktemp("flower")
+
+    def on_term(*_: object) -> None:  # a SIGTERM to pytest still runs the teardown below
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    certs = make_tls(work / "certs", ["127.0.0.1", "localhost"])
+    keys = make_node_keys(work / "certs", 7)
+    try:
+        with local_deployment(work) as dep:
+            dep.start_superlink(Tls(certs["ca"], certs["server_cert"], certs["server_key"]),
+                                node_auth=True)
+            dep.register_supernodes([pub for _, pub in keys[:6]])
+            for i in range(6):
+                dep.start_supernode({"partition-id": i}, ca=certs["ca"], auth_key=keys[i][0])
+            # an intruder with a valid TLS root but an unregistered key, claiming client 5:
+            # if the SuperLink let it in, the handshake would fail ("both hold client 5")
+            dep.start_supernode({"partition-id": 5}, ca=certs["ca"], auth_key=keys[6][0])
+            yield dep
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _submit(dep: LocalDeployment, raw: dict, name: str) -> tuple[Path, Process]:
+    cfg = dep.work / f"{name}.toml"
+    cfg.write_text(dump_toml(raw))
+    out = dep.work / name
+    return out, dep.flwr_run(cfg, out)
+
+
+def _wait(path: Path, proc: Process, dep: LocalDeployment, timeout: float = RUN_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline or not proc.alive():  # `flwr run` ends with the run
+            logs = "\n".join(p.log.read_text()[-1500:] for p in [proc, dep.superlink])
+            proc.stop()
+            if path.exists():
+                break
+            pytest.fail(f"{path.name} not written (waited up to {timeout:g} s); logs:\n{logs}")
+        time.sleep(0.5)
+    time.sleep(0.5)  # the file is written in one go, but give the writer a moment
+    proc.stop()
+
+
+def _tensors(state: dict) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("algo", [IFCA, CFL_GP], ids=["ifca", "cfl_gp"])
+def test_deployment_equals_inprocess_simulation(deployment, algo):
+    raw = {**SHORT, "algorithm": algo, "backend": {"name": "flower", "timeout": 120.0}}
+    out, proc = _submit(deployment, raw, f"run_{algo['name']}")
+    _wait(out / FINAL_STATE, proc, deployment)
+    summary = json.loads((out / "summary.json").read_text())
+    exp = Experiment.from_config({**SHORT, "algorithm": algo})
+    ref = exp.run(progress=False).summary
+    assert summary["final"]["ari"] == 1.0 == ref["final"]["ari"]
+    assert summary["assignment"] == ref["assignment"]
+    assert summary["final"]["accuracy"] == pytest.approx(ref["final"]["accuracy"], abs=1e-9)
+    ours = _tensors(torch.load(out / FINAL_STATE, weights_only=False))
+    theirs = _tensors(exp.algorithm.state_dict())
+    assert ours.keys() == theirs.keys() and ours
+    for k in theirs:
+        torch.testing.assert_close(ours[k], theirs[k], rtol=1e-5, atol=1e-6)
+    report = json.loads((out / "flower.json").read_text())
+    assert report["dropouts"] == [] and len(report["nodes"]) == 6
+    intruder = deployment.supernodes[6]  # refused by the SuperLink: it gives up and exits
+    assert not intruder.alive() and "Failed to activate SuperNode" in intruder.log.read_text()
+
+
+def test_killed_supernode_is_dropped_and_the_run_finishes(deployment):
+    """Runs last: it kills SuperNode 5 after round 1 is recorded."""
+    # the timeout must exceed a healthy request's time on a loaded machine: the crash is
+    # detected by it (once: later requests do not wait for a node that missed a deadline)
+    raw = {**SHORT, "algorithm": IFCA, "backend": {"name": "flower", "timeout": 90.0}}
+    out, proc = _submit(deployment, raw, "run_kill")
+    history = out / "history.jsonl"
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not (history.exists() and history.read_text().strip()):
+        assert time.monotonic() < deadline and proc.alive(), proc.log.read_text()[-3000:]
+        time.sleep(0.2)
+    victim = deployment.supernodes[5]
+    victim.kill_now()
+    assert not victim.alive()
+    _wait(out / FINAL_STATE, proc, deployment)
+    records = [json.loads(x) for x in history.read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]
+    report = json.loads((out / "flower.json").read_text())
+    assert report["dropouts"] and all(d["clients"] == [5] for d in report["dropouts"])
+    assert records[-1]["client_accuracy"][5] is None
+    assert all(a is not None for a in records[-1]["client_accuracy"][:5])

@@ -1,0 +1,138 @@
+"""The flower backend end to end on an in-process Grid: same results as in-process runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from clusterfl.backends.flower.server_app import FINAL_STATE, run_on_grid
+from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.experiment import Experiment
+from tests.flower.conftest import BASE, CFL_GP, IFCA, FakeGrid
+
+
+def _inprocess(algo: dict) -> tuple[Experiment, dict]:
+    exp = Experiment.from_config({**BASE, "algorithm": algo})
+    history = exp.run(progress=False)
+    return exp, history.summary
+
+
+def _tensors(state: dict) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("algo", [IFCA, CFL_GP], ids=["ifca", "cfl_gp"])
+def test_flower_run_equals_inprocess_run(algo, tmp_path):
+    grid = FakeGrid([{"partition-id": i} for i in range(6)])
+    history = run_on_grid(grid, {**BASE, "algorithm": algo}, out_dir=tmp_path)
+    exp, summary = _inprocess(algo)
+    assert history.summary["final"]["ari"] == 1.0 == summary["final"]["ari"]
+    assert history.summary["assignment"] == summary["assignment"]
+    assert history.summary["final"]["accuracy"] == pytest.approx(
+        summary["final"]["accuracy"], abs=1e-9)
+    ours = _tensors(torch.load(tmp_path / FINAL_STATE, weights_only=False))
+    ref = _tensors(exp.algorithm.state_dict())
+    assert ours.keys() == ref.keys() and ours
+    for k in ref:
+        torch.testing.assert_close(ours[k], ref[k], rtol=1e-5, atol=1e-6)
+    # one message per selected client: the handshake is not counted by the backend
+    report = json.loads((tmp_path / "flower.json").read_text())
+    assert report["dropouts"] == [] and report["messages"] % 6 == 0
+    assert sorted(int(c) for c in report["nodes"]) == list(range(6))
+
+
+def test_dead_node_is_dropped_and_the_run_finishes(tmp_path):
+    grid = FakeGrid([{"partition-id": i} for i in range(6)])
+    grid.dead_from[105] = 3  # client 5's node dies after the first round's two requests
+    raw = {**BASE, "rounds": 3, "algorithm": IFCA, "backend": {"timeout": 5.0}}
+    history = run_on_grid(grid, raw, out_dir=tmp_path)
+    assert [r["round"] for r in history.records] == [1, 2, 3]
+    report = json.loads((tmp_path / "flower.json").read_text())
+    dropped = {tuple(d["clients"]) for d in report["dropouts"]}
+    assert dropped == {(5,)}
+    # IFCA asks losses first; Context.send's reply names the answering clients, so the
+    # dead client is not even asked to train (it is missing from the loss reply)
+    assert {d["request"] for d in report["dropouts"]} == {"LossRequest", "EvaluateRequest"}
+    # the evaluation keeps one row per client: NaN for the dead one, real values for the rest
+    acc = history.records[-1]["client_accuracy"]
+    assert acc[5] is None and all(a is not None for a in acc[:5])
+    # messages after the crash still went to every selected client (it may come back)
+    late = [m for m in grid.sent if m.metadata.group_id.isdigit()
+            and int(m.metadata.group_id) >= 3]
+    assert {int(m.metadata.dst_node_id) for m in late} == set(range(100, 106))
+
+
+def test_no_answer_at_all_is_a_clear_error(tmp_path):
+    grid = FakeGrid([{"partition-id": i} for i in range(6)])
+    grid.dead_from = {n: 1 for n in grid.nodes}
+    with pytest.raises(ClusterFLError, match="no client answered the LossRequest"):
+        run_on_grid(grid, {**BASE, "algorithm": IFCA, "backend": {"timeout": 1.0}})
+
+
+def test_handshake_rejects_two_nodes_with_one_client():
+    grid = FakeGrid([{"partition-id": i} for i in [0, 1, 2, 3, 4, 4]])
+    with pytest.raises(ClusterFLError, match="both hold client 4"):
+        run_on_grid(grid, {**BASE, "algorithm": IFCA})
+
+
+def test_handshake_rejects_a_gap_in_client_ids():
+    grid = FakeGrid([{"partition-id": i} for i in [0, 1, 2, 3, 4, 6]])
+    with pytest.raises(ClusterFLError, match=r"no node holds \[5\]"):
+        run_on_grid(grid, {**BASE, "scenario": {**BASE["scenario"], "n_clients": 7},
+                           "algorithm": IFCA, "backend": {"wait_nodes": 6}})
+
+
+def test_server_holds_no_client_data(tmp_path):
+    grid = FakeGrid([{"partition-id": i} for i in range(6)])
+    from clusterfl.backends.flower import server_app
+
+    seen = {}
+    original = server_app.server_federation
+
+    def spy(infos):
+        fed = original(infos)
+        seen["fed"] = fed
+        return fed
+
+    server_app.server_federation = spy
+    try:
+        run_on_grid(grid, {**BASE, "rounds": 1, "algorithm": IFCA})
+    finally:
+        server_app.server_federation = original
+    fed = seen["fed"]
+    assert fed.x_train.stride()[0] == 0 and float(fed.x_train.abs().sum()) == 0.0
+    assert fed.train_sizes.sum() > 0 and fed.n_clients == 6
+    np.testing.assert_array_equal(fed.clusters, [0, 0, 0, 1, 1, 1])
+
+
+def test_flower_backend_outside_a_serverapp_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"backend\.name"):
+        Experiment.from_config({**BASE, "algorithm": IFCA, "backend": {"name": "flower"}}).run(
+            progress=False)
+
+
+def test_backend_config_fields_are_validated():
+    with pytest.raises(ConfigError, match=r"backend\.timeout"):
+        Experiment.from_config({**BASE, "backend": {"timeout": -1}})
+    with pytest.raises(ConfigError, match=r"backend\.client_engine"):
+        Experiment.from_config({**BASE, "backend": {"client_engine": "gpu"}})
+
+
+def test_a_request_for_no_client_sends_nothing_and_returns_an_empty_reply():
+    from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
+    from clusterfl.backends.flower.server_app import server_federation
+    from clusterfl.models import ModelFactory, model_config
+    from clusterfl.protocol import LocalTraining, TrainRequest
+
+    info = {"client_id": 0, "train_size": 5, "test_size": 2, "input_shape": "[1, 8, 8]",
+            "n_classes": 10, "task": "classification", "cluster": 0}
+    fed = server_federation({0: info})
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [8]}), fed.input_shape, 10)
+    grid = FakeGrid([{"partition-id": 0}])
+    backend = FlowerBackend(fed, factory, FlowerSession(grid, {0: 100}, {}))
+    reply = backend.execute(TrainRequest(np.zeros(0, np.int64), factory.init_many(2, 0),
+                                         np.zeros(0, np.int64), LocalTraining(), seed=1))
+    assert reply.params.shape == (0, factory.size) and grid.sent == []
