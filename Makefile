@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,9 +24,15 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(VENV)/bin/pytest -q
 
+# The reproduction suite (about 2 hours on 2 cores; resumable: run it again to continue).
+# Needs MNIST and Fashion-MNIST in $$CLUSTERFL_DATA (see `clusterfl data`).
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/scaling.py
+	$(VENV)/bin/clusterfl bench
+
+bench-quick: $(STAMP)
+	$(VENV)/bin/clusterfl bench --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

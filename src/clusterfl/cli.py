@@ -199,9 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--data-dir")
     cfg.set_defaults(func=cmd_config)
 
-    from clusterfl import cli_cfl
+    from clusterfl import cli_bench, cli_cfl, cli_encoder, cli_flower
 
     cli_cfl.add_parser(sub)
+    cli_encoder.add_parser(sub)
+    cli_flower.add_parser(sub)
+    cli_bench.add_parser(sub)
     return p
 
 

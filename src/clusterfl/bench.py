@@ -1,0 +1,279 @@
+"""The benchmark suite: every method's reproduction configs, run and tabulated beside the papers.
+
+A suite is a folder of TOML files, one per scenario (`benchmarks/suite/*.toml`). Each holds
+
+- `[suite]`: `title`, `source` (where the paper's numbers come from), `seeds`, `methods`
+  (specs as for `clusterfl compare`: `"ifca:n_clusters=4"`), optional `labels` (a display
+  name per spec), and `[suite.quick]` with `set` (overrides, like `--set`), `seeds` and
+  optionally `methods` for the `--quick` pass;
+- `[paper."<spec>"]`: the paper's numbers for that method (`accuracy`, `macro_f1`, `ari`,
+  `mse`, in the paper's units: percent for accuracy and F1), and optionally `note`;
+- `[config]`: a complete run config (the tables of `clusterfl run`).
+
+`run_suite` runs every (scenario, method, seed) into `RUNS/<scenario>/<method>/seed<N>/`,
+skipping finished runs (their `summary.json` exists) and resuming interrupted ones from their
+checkpoint, so a killed suite continues where it stopped. `write_results` then writes the
+results markdown (`benchmarks/RESULTS.md` for the full suite): per scenario a table of
+methods × (accuracy, macro-F1, ARI, fairness variance, rounds until ARI = 1, floats
+communicated, wall time) as mean ± std over seeds, with the paper's number and our difference
+beside it, and the comparison figures of the first seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterfl.compare import parse_algorithm_spec
+from clusterfl.config import Config, apply_overrides, load_config
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import CHECKPOINT, Experiment, build_federation
+
+
+@dataclass
+class Scenario:
+    """One suite file: a base config, the methods to run on it and the paper's numbers."""
+
+    name: str
+    title: str
+    source: str
+    config: dict[str, Any]
+    methods: list[str]
+    seeds: list[int]
+    labels: dict[str, str] = field(default_factory=dict)
+    paper: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def label(self, spec: str) -> str:
+        return self.labels.get(spec, spec)
+
+
+def _list(table: dict[str, Any], key: str, kind: type, where: str) -> list[Any]:
+    value = table.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, kind) for v in value):
+        raise ConfigError(f"{where}.{key}", f"expected a non-empty list of {kind.__name__}")
+    return value
+
+
+def load_scenario(path: Path, quick: bool = False) -> Scenario:
+    """Read one suite file (with its `--quick` overrides applied when `quick`)."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(str(path), f"cannot read the suite file: {exc}") from None
+    suite = raw.get("suite")
+    if not isinstance(suite, dict) or not isinstance(raw.get("config"), dict):
+        raise ConfigError(str(path), "a suite file needs a [suite] and a [config] table")
+    methods = _list(suite, "methods", str, "suite")
+    seeds = _list(suite, "seeds", int, "suite")
+    config = raw["config"]
+    if quick:
+        q = suite.get("quick", {})
+        config = apply_overrides(config, list(q.get("set", [])))
+        seeds = q.get("seeds", seeds[:1])
+        methods = q.get("methods", methods)  # may hold quick-only specs (shorter warm-ups)
+    return Scenario(
+        name=path.stem, title=str(suite.get("title", path.stem)),
+        source=str(suite.get("source", "")), config=config, methods=list(methods),
+        seeds=[int(s) for s in seeds], labels=dict(suite.get("labels", {})),
+        paper=dict(raw.get("paper", {})),
+    )
+
+
+def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = ()) -> list[Scenario]:
+    """All suite files of `folder` (sorted), or only the named ones."""
+    files = sorted(folder.glob("*.toml"))
+    if not files:
+        raise ConfigError("--suite", f"no suite files (*.toml) in {folder}")
+    names = [f.stem for f in files]
+    missing = sorted(set(only) - set(names))
+    if missing:
+        raise ConfigError("--only", f"unknown scenario(s) {missing}; available: {names}")
+    return [load_scenario(f, quick) for f in files if not only or f.stem in only]
+
+
+def _spec_dir(spec: str) -> str:
+    return spec.replace(":", "_").replace("=", "-")
+
+
+def run_dir(out: Path, scenario: Scenario, spec: str, seed: int) -> Path:
+    return out / scenario.name / _spec_dir(spec) / f"seed{seed}"
+
+
+def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
+    base = load_config(apply_overrides(scenario.config, [f"seed={seed}"]))
+    return base, [base.with_algorithm(parse_algorithm_spec(s)) for s in scenario.methods]
+
+
+def run_suite(
+    scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print,
+    progress: bool | None = False,
+) -> None:
+    """Run every (scenario, method, seed) not finished yet; resume interrupted runs."""
+    for scenario in scenarios:
+        for seed in scenario.seeds:
+            base, configs = _configs(scenario, seed)  # validates every method first
+            federation = None
+            for spec, cfg in zip(scenario.methods, configs):
+                target = run_dir(out, scenario, spec, seed)
+                if (target / "summary.json").is_file():
+                    log(f"{scenario.name} / {spec} / seed {seed}: done before, skipped")
+                    continue
+                if federation is None:
+                    federation = build_federation(base)
+                resume = (target / CHECKPOINT).is_file()
+                started = time.perf_counter()
+                history = Experiment(cfg, target, federation).run(resume=resume,
+                                                                  progress=progress)
+                final = history.final
+                if final.get("accuracy") is not None:
+                    shown = f"accuracy {100 * final['accuracy']:.1f}%"
+                else:
+                    shown = f"MSE {final.get('mse', float('nan')):.4g}"
+                log(f"{scenario.name} / {spec} / seed {seed}: {shown}, ARI {final.get('ari')}, "
+                    f"{time.perf_counter() - started:.0f} s" + (" (resumed)" if resume else ""))
+
+
+# ---------------------------------------------------------------------------- results
+def rounds_to_perfect(history: Sequence[dict[str, Any]]) -> int | None:
+    """First round from which the ARI stays 1 to the end of the run (None if never)."""
+    rounds = [(r["round"], r.get("ari")) for r in history if r.get("ari") is not None]
+    first = None
+    for rnd, ari in rounds:
+        perfect = ari >= 1.0 - 1e-12
+        first = (rnd if first is None else first) if perfect else None
+    return first
+
+
+def run_metrics(target: Path) -> dict[str, float | None] | None:
+    """The suite's metrics of one finished run (None if it has not finished)."""
+    path = target / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    final = summary.get("final", {})
+    history = [json.loads(line) for line in (target / "history.jsonl").read_text().splitlines()
+               if line.strip()]
+    perfect = rounds_to_perfect(history)
+    pct = {"accuracy", "macro_f1"}
+    out: dict[str, float | None] = {}
+    for key in ("accuracy", "macro_f1", "ari", "fairness_var", "mse", "wall_time"):
+        v = final.get(key)
+        out[key] = None if v is None else float(v) * (100.0 if key in pct else 1.0)
+    out["floats"] = float(final.get("floats_down", 0.0)) + float(final.get("floats_up", 0.0))
+    updates, wall = final.get("client_updates"), final.get("wall_time")
+    out["updates_per_s"] = float(updates) / float(wall) if updates and wall else None
+    out["rounds_to_ari1"] = None if perfect is None else float(perfect)
+    out["rounds"] = float(summary.get("rounds", len(history)))
+    return out
+
+
+def _mean_std(values: list[float | None]) -> tuple[float | None, float | None, int]:
+    xs = [v for v in values if v is not None and not math.isnan(v)]
+    if not xs:
+        return None, None, 0
+    return float(np.mean(xs)), float(np.std(xs)) if len(xs) > 1 else None, len(xs)
+
+
+def _cell(values: list[float | None], digits: int = 1, human: bool = False) -> str:
+    mean, std, _ = _mean_std(values)
+    if mean is None:
+        return "–"
+    text = _human(mean) if human else f"{mean:.{digits}f}"
+    return text if std is None else f"{text} ± {std:.{digits}f}"
+
+
+def _human(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def _paper_cell(ours: list[float | None], paper: Any, digits: int = 1) -> str:
+    if paper is None:
+        return "–"
+    mean, _, _ = _mean_std(ours)
+    if mean is None:
+        return f"{paper}"
+    return f"{paper} ({mean - float(paper):+.{digits}f})"
+
+
+def scenario_table(scenario: Scenario, out: Path) -> tuple[str, int]:
+    """The markdown table of one scenario and how many runs it covers."""
+    regression = scenario.config.get("model", {}).get("name") == "linear"
+    head = ["method", "seeds", "accuracy (%)", "paper (ours − paper)", "macro-F1 (%)",
+            "paper F1", "ARI", "rounds to ARI 1", "fairness var (%²)", "floats ↓+↑",
+            "wall time (s)", "client updates/s"]
+    if regression:
+        head[2:6] = ["MSE", "paper MSE"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    done = 0
+    for spec in scenario.methods:
+        runs = [run_metrics(run_dir(out, scenario, spec, s)) for s in scenario.seeds]
+        finished = [r for r in runs if r is not None]
+        done += len(finished)
+        col = {k: [r[k] for r in finished] for k in (finished[0] if finished else {})}
+        paper = scenario.paper.get(spec, {})
+        perfect = col.get("rounds_to_ari1", [])
+        reached = sum(v is not None for v in perfect)
+        to_one = "–" if not finished else (
+            f"{_cell(perfect, 0)} ({reached}/{len(finished)})" if reached else "never")
+        if regression:
+            acc_cells = [_cell(col.get("mse", []), 4), _paper_cell(col.get("mse", []),
+                                                                   paper.get("mse"), 4)]
+        else:
+            acc_cells = [
+                _cell(col.get("accuracy", [])),
+                _paper_cell(col.get("accuracy", []), paper.get("accuracy")),
+                _cell(col.get("macro_f1", [])),
+                "–" if paper.get("macro_f1") is None else str(paper["macro_f1"]),
+            ]
+        row = [scenario.label(spec), f"{len(finished)}/{len(scenario.seeds)}", *acc_cells,
+               _cell(col.get("ari", []), 2), to_one, _cell(col.get("fairness_var", [])),
+               _cell(col.get("floats", []), human=True), _cell(col.get("wall_time", []), 0),
+               _cell(col.get("updates_per_s", []), 0)]
+        lines.append("| " + " | ".join(row) + " |")
+    notes = [f"- {scenario.label(s)}: {p['note']}" for s, p in scenario.paper.items()
+             if isinstance(p, dict) and p.get("note")]
+    text = "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
+    return text, done
+
+
+def write_results(
+    scenarios: Sequence[Scenario], runs: Path, results: Path, command: str,
+    preamble: str = "", sections: Sequence[str] = (),
+) -> Path:
+    """Write the `results` markdown from the finished runs under `runs`.
+
+    Each scenario's comparison figures (first seed) go to `<results stem>_figures/<scenario>/`
+    beside the results file, so they can be committed without the run folders.
+    """
+    from clusterfl.report import write_comparison_report
+
+    figures = results.parent / f"{results.stem}_figures"
+    parts = [f"# Benchmark suite results\n\n- command: `{command}`\n"
+             f"- written: {time.strftime('%Y-%m-%d %H:%M:%S')}\n{preamble}"]
+    for scenario in scenarios:
+        table, done = scenario_table(scenario, runs)
+        total = len(scenario.methods) * len(scenario.seeds)
+        parts.append(f"## {scenario.title}\n\n`{scenario.name}` — paper numbers: "
+                     f"{scenario.source or '–'}; {done}/{total} runs finished.\n\n{table}\n")
+        seed = scenario.seeds[0]
+        dirs = [run_dir(runs, scenario, s, seed) for s in scenario.methods]
+        dirs = [d for d in dirs if (d / "summary.json").is_file()]
+        if len(dirs) >= 2:
+            report = write_comparison_report(dirs, figures / scenario.name)
+            link = report.relative_to(results.parent).as_posix()
+            parts.append(f"Curves and figures (seed {seed}): [{link}]({link})\n")
+    parts.extend(sections)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text("\n".join(parts), encoding="utf-8")
+    return results

@@ -1,0 +1,64 @@
+"""`clusterfl bench`: run the benchmark suite (or its quick pass) and write the results table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from clusterfl.bench import load_suite, run_suite, write_results
+
+SUITE = Path("benchmarks/suite")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    b = subparsers.add_parser(
+        "bench", help="run the reproduction suite and write benchmarks/RESULTS.md",
+        description="Runs every suite scenario × method × seed (finished runs are skipped, "
+        "interrupted ones resume), then writes the results table beside the papers' numbers.",
+    )
+    b.add_argument("--quick", action="store_true",
+                   help="the reduced pass (minutes): fewer rounds/clients, one seed")
+    b.add_argument("--suite", type=Path, default=SUITE, help=f"suite folder (default {SUITE})")
+    b.add_argument("--runs", type=Path,
+                   help="run folders (default benchmarks/runs/full or benchmarks/runs/quick)")
+    b.add_argument("--results", type=Path, help="results file (default benchmarks/RESULTS.md, "
+                   "or benchmarks/RESULTS_quick.md with --quick)")
+    b.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=[],
+                   help="comma-separated scenario names (suite file stems)")
+    b.add_argument("--report-only", action="store_true",
+                   help="write the results from finished runs without running anything")
+    b.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+    b.set_defaults(func=cmd_bench)
+    return b
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.data_dir:
+        os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
+    kind = "quick" if args.quick else "full"
+    runs = args.runs or Path("benchmarks/runs") / kind
+    results = args.results or Path(
+        "benchmarks/RESULTS_quick.md" if args.quick else "benchmarks/RESULTS.md")
+    scenarios = load_suite(args.suite, args.quick, args.only)
+    if not args.report_only:
+        run_suite(scenarios, runs, log=lambda m: print(m, flush=True))
+    command = " ".join(["clusterfl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] \
+        else "clusterfl bench" + (" --quick" if args.quick else "")
+    path = write_results(scenarios, runs, results, command, sections=_extra_sections())
+    print(f"results written to {path}")
+    return 0
+
+
+def _extra_sections() -> list[str]:
+    """The engine and scaling tables, when their benchmark files exist."""
+    out = []
+    for title, name in (("Performance: the engine", "benchmarks/engine_results.md"),
+                        ("Scaling", "benchmarks/scaling_results.md")):
+        path = Path(name)
+        if path.is_file():
+            body = path.read_text(encoding="utf-8").split("\n", 1)[-1].strip()
+            out.append(f"## {title}\n\nFrom `{name}`:\n\n{body}\n")
+    return out

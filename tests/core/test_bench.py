@@ -1,0 +1,147 @@
+"""The benchmark suite: runs, skips finished runs, resumes, and tabulates beside the paper."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from clusterfl.bench import (
+    load_suite,
+    rounds_to_perfect,
+    run_dir,
+    run_metrics,
+    run_suite,
+    write_results,
+)
+from clusterfl.cli import main
+from clusterfl.errors import ConfigError
+
+SUITE = """
+[suite]
+title = "Rotated digits"
+source = "made up for the test"
+seeds = [0, 1]
+methods = ["fedavg", "ifca:n_clusters=2"]
+labels = {{ "ifca:n_clusters=2" = "IFCA two" }}
+
+[suite.quick]
+set = ["rounds=2"]
+seeds = [0]
+methods = ["fedavg"]
+
+[paper.fedavg]
+accuracy = {paper}
+note = "a note for the reader"
+
+[config]
+rounds = 4
+eval_every = 2
+checkpoint_every = 2
+
+[config.data]
+source = "digits"
+
+[config.scenario]
+name = "rotation"
+n_clients = 6
+angles = [0.0, 180.0]
+
+[config.model]
+name = "mlp"
+hidden = [16]
+
+[config.train]
+lr = 0.1
+batch_size = 16
+steps = 5
+
+[config.algorithm]
+name = "fedavg"
+
+[config.output]
+figures = false
+progress = "off"
+"""
+
+
+def _suite(tmp_path: Path, paper: float = 50.0) -> Path:
+    folder = tmp_path / "suite"
+    folder.mkdir(parents=True)
+    (folder / "digits.toml").write_text(SUITE.format(paper=paper))
+    return folder
+
+
+def test_rounds_to_perfect_is_the_start_of_the_final_run_of_ones() -> None:
+    hist = [{"round": r, "ari": a} for r, a in enumerate([0.2, 1.0, 0.5, 1.0, 1.0], start=1)]
+    assert rounds_to_perfect(hist) == 4
+    assert rounds_to_perfect(hist[:3]) is None
+    assert rounds_to_perfect([{"round": 1, "ari": None}]) is None
+
+
+def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> None:
+    scenarios = load_suite(_suite(tmp_path))
+    runs, logs = tmp_path / "runs", []
+    run_suite(scenarios, runs, log=logs.append)
+    assert len(logs) == 4 and not any("skipped" in m for m in logs)
+    # one run is lost: only it runs again
+    lost = run_dir(runs, scenarios[0], "fedavg", 1)
+    (lost / "summary.json").unlink()
+    logs.clear()
+    run_suite(scenarios, runs, log=logs.append)
+    assert sum("skipped" in m for m in logs) == 3
+    assert any("fedavg / seed 1" in m and "skipped" not in m for m in logs)
+
+    results = write_results(scenarios, runs, tmp_path / "RESULTS.md", "clusterfl bench")
+    text = results.read_text()
+    accs = [run_metrics(run_dir(runs, scenarios[0], "fedavg", s))["accuracy"] for s in (0, 1)]
+    mean = sum(accs) / 2
+    row = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
+    assert "| 2/2 |" in row
+    assert f"{mean:.1f} ±" in row
+    assert f"50.0 ({mean - 50.0:+.1f})" in row  # paper number and our difference
+    assert "| IFCA two | 2/2 |" in text
+    assert "a note for the reader" in text
+    link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
+    assert link and (tmp_path / link.group(1)).is_file()
+
+
+def test_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:
+    scenarios = load_suite(_suite(tmp_path), quick=True)
+    assert scenarios[0].seeds == [0] and scenarios[0].methods == ["fedavg"]
+    full = load_suite(_suite(tmp_path / "b"))
+    runs = tmp_path / "runs"
+    run_suite(full, runs, log=lambda m: None)
+    target = run_dir(runs, full[0], "fedavg", 0)
+    reference = json.loads((target / "summary.json").read_text())["final"]["accuracy"]
+    (target / "summary.json").unlink()  # as if killed after the round-2 checkpoint
+    lines = (target / "history.jsonl").read_text().splitlines()
+    (target / "history.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    logs: list[str] = []
+    run_suite(full, runs, log=logs.append)
+    assert any("(resumed)" in m for m in logs)
+    again = json.loads((target / "summary.json").read_text())["final"]["accuracy"]
+    assert again == reference
+
+
+def test_bad_suite_files_name_the_problem(tmp_path: Path) -> None:
+    folder = tmp_path / "s"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="no suite files"):
+        load_suite(folder)
+    (folder / "x.toml").write_text("[suite]\nmethods = []\nseeds = [0]\n[config]\n")
+    with pytest.raises(ConfigError, match=r"suite\.methods"):
+        load_suite(folder)
+    with pytest.raises(ConfigError, match="unknown scenario"):
+        load_suite(_suite(tmp_path), only=["nope"])
+
+
+def test_cli_bench_report_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = _suite(tmp_path)
+    out = tmp_path / "R.md"
+    rc = main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
+               "--results", str(out), "--report-only"])
+    assert rc == 0 and out.is_file()
+    assert "0/4 runs finished" in out.read_text()
