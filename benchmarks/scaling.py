@@ -1,10 +1,11 @@
 """Scaling: time per round and peak memory of FedAvg, IFCA and CFL-GP with 100 to 10,000 clients.
 
 Every client holds the same small amount of data (rotated MNIST, 4 angles, `split` layout:
-5 training and 2 test images per client), so the work per round grows with the number of
-clients and a linear engine shows a constant time per client. Each (method, clients) point
-runs in its own process (peak resident memory is per process): 4 rounds, the time per round
-is the median of rounds 2–4 (round 1 includes one-off setup), evaluation only at the end.
+5 training images and 1 test image per client; MNIST has 10,000 test images), so the work per
+round grows with the number of clients and a linear engine shows a constant time per client.
+Each (method, clients) point runs in its own process (peak resident memory is per process):
+4 rounds, the time per round is the median of rounds 2–4 (round 1 includes one-off setup),
+evaluation only at the end.
 
 Usage: python benchmarks/scaling.py [--quick] [--out benchmarks/scaling_results.md]
 (`--quick`: 100 and 1,000 clients only). Needs MNIST in $CLUSTERFL_DATA.
@@ -46,7 +47,7 @@ def config(method: dict, n_clients: int) -> dict:
         "seed": 0, "rounds": ROUNDS, "eval_every": ROUNDS, "checkpoint_every": 0,
         "data": {"source": "mnist"},
         "scenario": {"name": "rotation", "n_clients": n_clients, "angles": "ifca",
-                     "layout": "split", "n_train_per_client": 5, "n_test_per_client": 2},
+                     "layout": "split", "n_train_per_client": 5, "n_test_per_client": 1},
         "model": {"name": "mlp", "hidden": [32]},
         "train": {"lr": 0.1, "batch_size": 5, "steps": 1},
         "algorithm": dict(method),

@@ -88,8 +88,8 @@ def main() -> None:
         history = exp.run(progress=False)
         row = summarize(history.summary)
         row["process_seconds"] = round(time.perf_counter() - t0, 1)
-        base = "flt" if method.startswith("flt") else method
-        row["paper"] = PAPER.get(args.scenario, {}).get(base)
+        key = "flt" if method.startswith("flt") else method
+        row["paper"] = PAPER.get(args.scenario, {}).get(key)
         row["overrides"] = args.set
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         results.setdefault(args.scenario, {})[method] = row

@@ -14,4 +14,6 @@ $PY $R s1_mnist --methods fesem
 $PY $R s2_mnist --methods flt,fedavg --set rounds=50          # T = 50 instead of 100
 $PY $R s2_mnist --methods flt_matched --set rounds=50         # the authors' adjacency
 $PY $R s1_mnist --methods flt_clusters                        # Case II
-# not run for lack of time: s1_fashion, s2_fashion, s4_mnist (configs are in configs/)
+$PY $R s1_fashion --methods flt,fedavg
+$PY $R s2_fashion --methods flt,fedavg --set rounds=50
+$PY $R s4_mnist --methods flt,fedavg

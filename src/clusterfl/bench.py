@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from clusterfl.compare import parse_algorithm_spec
-from clusterfl.config import Config, apply_overrides, load_config
+from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import CHECKPOINT, Experiment, build_federation
 
@@ -100,7 +101,7 @@ def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = ()) -> l
 
 
 def _spec_dir(spec: str) -> str:
-    return spec.replace(":", "_").replace("=", "-")
+    return spec.replace(":", "_").replace("=", "-").replace("/", "-")
 
 
 def run_dir(out: Path, scenario: Scenario, spec: str, seed: int) -> Path:
@@ -123,6 +124,10 @@ def run_suite(
             federation = None
             for spec, cfg in zip(scenario.methods, configs):
                 target = run_dir(out, scenario, spec, seed)
+                stored = target / "config.toml"
+                if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
+                    log(f"{scenario.name} / {spec} / seed {seed}: config changed, run again")
+                    shutil.rmtree(target)
                 if (target / "summary.json").is_file():
                     log(f"{scenario.name} / {spec} / seed {seed}: done before, skipped")
                     continue
@@ -239,7 +244,7 @@ def scenario_table(scenario: Scenario, out: Path) -> tuple[str, int]:
         row = [scenario.label(spec), f"{len(finished)}/{len(scenario.seeds)}", *acc_cells,
                _cell(col.get("ari", []), 2), to_one, _cell(col.get("fairness_var", [])),
                _cell(col.get("floats", []), human=True), _cell(col.get("wall_time", []), 0),
-               _cell(col.get("updates_per_s", []), 0)]
+               _cell(col.get("updates_per_s", []), 1)]
         lines.append("| " + " | ".join(row) + " |")
     notes = [f"- {scenario.label(s)}: {p['note']}" for s, p in scenario.paper.items()
              if isinstance(p, dict) and p.get("note")]

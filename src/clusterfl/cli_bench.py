@@ -47,7 +47,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         run_suite(scenarios, runs, log=lambda m: print(m, flush=True))
     command = " ".join(["clusterfl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] \
         else "clusterfl bench" + (" --quick" if args.quick else "")
-    path = write_results(scenarios, runs, results, command, sections=_extra_sections())
+    preamble = ("- **quick pass**: fewer rounds and clients and one seed (each suite file's "
+                "`[suite.quick]`): a check that every method runs end to end, *not* a "
+                "reproduction — the paper columns are there for orientation only\n"
+                if args.quick else "")
+    path = write_results(scenarios, runs, results, command, preamble=preamble,
+                         sections=_extra_sections())
     print(f"results written to {path}")
     return 0
 

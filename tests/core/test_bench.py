@@ -145,3 +145,16 @@ def test_cli_bench_report_only(tmp_path: Path, capsys: pytest.CaptureFixture[str
                "--results", str(out), "--report-only"])
     assert rc == 0 and out.is_file()
     assert "0/4 runs finished" in out.read_text()
+
+
+def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
+    runs, logs = tmp_path / "runs", []
+    quick = load_suite(_suite(tmp_path), quick=True)
+    run_suite(quick, runs, log=logs.append)
+    full = load_suite(_suite(tmp_path / "b"))  # same fedavg spec and seed, 4 rounds not 2
+    full[0].seeds, full[0].methods = [0], ["fedavg"]
+    logs.clear()
+    run_suite(full, runs, log=logs.append)
+    assert any("config changed" in m for m in logs)
+    summary = json.loads((run_dir(runs, full[0], "fedavg", 0) / "summary.json").read_text())
+    assert summary["rounds"] == 4
