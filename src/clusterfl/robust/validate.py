@@ -35,6 +35,7 @@ from clusterfl.protocol import (
     TrainRequest,
 )
 from clusterfl.robust.config import ValidationConfig
+from clusterfl.robust.replies import positions
 
 
 @dataclass(frozen=True)
@@ -54,19 +55,8 @@ class Rejection:
 def start_models(request: TrainRequest | GradientRequest, clients: np.ndarray,
                  requested: np.ndarray) -> torch.Tensor:
     """θ_start of each answering client (the row of `request.models` it was sent)."""
-    from clusterfl.robust.replies import positions
-
     rows = np.asarray(request.model_of_client, dtype=np.int64)[positions(clients, requested)]
     return request.models[torch.from_numpy(rows)]
-
-
-def update_vectors(request: Request, reply: Reply, clients: np.ndarray) -> torch.Tensor | None:
-    """Each answering client's update (Train: θ_i − θ_start; Gradient: g_i), else None."""
-    if isinstance(request, TrainRequest) and isinstance(reply, TrainReply):
-        return reply.params - start_models(request, clients, np.asarray(request.clients))
-    if isinstance(request, GradientRequest) and isinstance(reply, GradientReply):
-        return reply.grads
-    return None
 
 
 _NORM_ROWS = 256  # rows per block in `update_norms` (bounds the temporary memory)
@@ -84,7 +74,7 @@ def update_norms(request: TrainRequest | GradientRequest, reply: TrainReply | Gr
     rows = None
     if isinstance(reply, TrainReply):
         which = np.asarray(request.model_of_client, dtype=np.int64)
-        rows = torch.from_numpy(which[positions_of(clients, np.asarray(request.clients))])
+        rows = torch.from_numpy(which[positions(clients, np.asarray(request.clients))])
     out = np.empty(len(vec))
     for lo in range(0, len(vec), _NORM_ROWS):
         block = vec[lo : lo + _NORM_ROWS]
@@ -93,12 +83,6 @@ def update_norms(request: TrainRequest | GradientRequest, reply: TrainReply | Gr
         norms = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
         out[lo : lo + len(block)] = norms.numpy()
     return out
-
-
-def positions_of(clients: np.ndarray, requested: np.ndarray) -> np.ndarray:
-    from clusterfl.robust.replies import positions
-
-    return positions(clients, requested)
 
 
 def check_reply(request: Request, reply: Reply, clients: np.ndarray,
@@ -150,4 +134,4 @@ def _all(clients: np.ndarray, kind: str, reason: str) -> tuple[np.ndarray, list[
             [Rejection(int(c), kind, reason) for c in clients])
 
 
-__all__ = ["Rejection", "check_reply", "start_models", "update_norms", "update_vectors"]
+__all__ = ["Rejection", "check_reply", "start_models", "update_norms"]
