@@ -35,7 +35,7 @@ import numpy as np
 
 from clusterfl.compare import parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import CHECKPOINT, Experiment, build_federation
 
 
@@ -113,37 +113,121 @@ def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
     return base, [base.with_algorithm(parse_algorithm_spec(s)) for s in scenario.methods]
 
 
+def _prepare(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:
+    """Clear a run whose config changed; True when the run still has to be done."""
+    stored = target / "config.toml"
+    if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
+        log(f"{what}: config changed, run again")
+        shutil.rmtree(target)
+    if (target / "summary.json").is_file():
+        log(f"{what}: done before, skipped")
+        return False
+    return True
+
+
+def _finished(what: str, final: dict[str, Any], seconds: float, resumed: bool) -> str:
+    if final.get("accuracy") is not None:
+        shown = f"accuracy {100 * final['accuracy']:.1f}%"
+    else:
+        shown = f"MSE {final.get('mse', float('nan')):.4g}"
+    return (f"{what}: {shown}, ARI {final.get('ari')}, {seconds:.0f} s"
+            + (" (resumed)" if resumed else ""))
+
+
+_WORKER_FEDERATIONS: dict[str, Any] = {}
+
+
+def _run_in_worker(config: dict[str, Any], seed: int, spec: str, target: str,
+                   threads: int, what: str) -> str:
+    """One suite run in a worker process (federations cached per scenario and seed)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    key = json.dumps([config, seed], sort_keys=True, default=str)
+    base = load_config(apply_overrides(config, [f"seed={seed}"]))
+    if key not in _WORKER_FEDERATIONS:
+        _WORKER_FEDERATIONS.clear()  # one federation at a time bounds the worker's memory
+        _WORKER_FEDERATIONS[key] = build_federation(base)
+    cfg = base.with_algorithm(parse_algorithm_spec(spec))
+    out = Path(target)
+    resume = (out / CHECKPOINT).is_file()
+    started = time.perf_counter()
+    history = Experiment(cfg, out, _WORKER_FEDERATIONS[key]).run(resume=resume, progress=False)
+    return _finished(what, history.final, time.perf_counter() - started, resume)
+
+
 def run_suite(
     scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print,
-    progress: bool | None = False,
+    progress: bool | None = False, jobs: int = 1,
 ) -> None:
-    """Run every (scenario, method, seed) not finished yet; resume interrupted runs."""
-    for scenario in scenarios:
-        for seed in scenario.seeds:
-            base, configs = _configs(scenario, seed)  # validates every method first
-            federation = None
-            for spec, cfg in zip(scenario.methods, configs):
-                target = run_dir(out, scenario, spec, seed)
-                stored = target / "config.toml"
-                if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
-                    log(f"{scenario.name} / {spec} / seed {seed}: config changed, run again")
-                    shutil.rmtree(target)
-                if (target / "summary.json").is_file():
-                    log(f"{scenario.name} / {spec} / seed {seed}: done before, skipped")
-                    continue
-                if federation is None:
-                    federation = build_federation(base)
-                resume = (target / CHECKPOINT).is_file()
-                started = time.perf_counter()
-                history = Experiment(cfg, target, federation).run(resume=resume,
-                                                                  progress=progress)
-                final = history.final
-                if final.get("accuracy") is not None:
-                    shown = f"accuracy {100 * final['accuracy']:.1f}%"
-                else:
-                    shown = f"MSE {final.get('mse', float('nan')):.4g}"
-                log(f"{scenario.name} / {spec} / seed {seed}: {shown}, ARI {final.get('ari')}, "
-                    f"{time.perf_counter() - started:.0f} s" + (" (resumed)" if resume else ""))
+    """Run every (scenario, method, seed) not finished yet; resume interrupted runs.
+
+    `jobs > 1` runs that many runs at once in worker processes, each with
+    `max(1, cores // jobs)` torch threads. A failed run is logged and the others go on; the
+    failures are raised together at the end.
+    """
+    if jobs < 1:
+        raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
+    # seed by seed across scenarios: a suite stopped early still has whole tables of its
+    # first seeds
+    ordered = sorted(
+        ((i, s, scenario, seed) for s, scenario in enumerate(scenarios)
+         for i, seed in enumerate(scenario.seeds)), key=lambda t: (t[0], t[1]))
+    todo: list[tuple[Scenario, int, str, Config, Path, str]] = []
+    for _i, _s, scenario, seed in ordered:
+        _base, configs = _configs(scenario, seed)  # validates every method first
+        for spec, cfg in zip(scenario.methods, configs):
+            target = run_dir(out, scenario, spec, seed)
+            what = f"{scenario.name} / {spec} / seed {seed}"
+            if _prepare(target, cfg, what, log):
+                todo.append((scenario, seed, spec, cfg, target, what))
+    failures: list[str] = []
+    if jobs == 1:
+        federations: dict[tuple[str, int], Any] = {}
+        for scenario, seed, _spec, cfg, target, what in todo:
+            key = (scenario.name, seed)
+            if key not in federations:
+                federations.clear()
+                federations[key] = build_federation(_configs(scenario, seed)[0])
+            resume = (target / CHECKPOINT).is_file()
+            started = time.perf_counter()
+            try:
+                history = Experiment(cfg, target, federations[key]).run(
+                    resume=resume, progress=progress)
+            except Exception as exc:  # reported with the run name, the others go on
+                failures.append(f"{what}: {type(exc).__name__}: {exc}")
+                log(f"{what}: FAILED ({type(exc).__name__}: {exc})")
+                continue
+            log(_finished(what, history.final, time.perf_counter() - started, resume))
+    else:
+        import multiprocessing as mp
+        import os
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {
+                pool.submit(_run_in_worker, scenario.config, seed, spec, str(target), threads,
+                            what): what
+                for scenario, seed, spec, _cfg, target, what in todo
+            }
+            for future in as_completed(futures):
+                what = futures[future]
+                try:
+                    log(future.result())
+                except Exception as exc:  # reported with the run name, the others go on
+                    failures.append(f"{what}: {type(exc).__name__}: {exc}")
+                    log(f"{what}: FAILED ({type(exc).__name__}: {exc})")
+    if failures:
+        raise BenchError(failures)
+
+
+class BenchError(ClusterFLError):
+    """Some suite runs failed (the others finished and are kept)."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures = failures
+        super().__init__(f"{len(failures)} suite run(s) failed:\n  " + "\n  ".join(failures))
 
 
 # ---------------------------------------------------------------------------- results

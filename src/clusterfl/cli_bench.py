@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clusterfl.bench import load_suite, run_suite, write_results
+from clusterfl.bench import BenchError, load_suite, run_suite, write_results
 
 SUITE = Path("benchmarks/suite")
 
@@ -30,6 +30,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated scenario names (suite file stems)")
     b.add_argument("--report-only", action="store_true",
                    help="write the results from finished runs without running anything")
+    b.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each in its own process with cores/jobs threads "
+                   "(default 1; 2 uses both cores of a 2-core machine best)")
     b.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     b.set_defaults(func=cmd_bench)
     return b
@@ -43,8 +46,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results = args.results or Path(
         "benchmarks/RESULTS_quick.md" if args.quick else "benchmarks/RESULTS.md")
     scenarios = load_suite(args.suite, args.quick, args.only)
+    failed: BenchError | None = None
     if not args.report_only:
-        run_suite(scenarios, runs, log=lambda m: print(m, flush=True))
+        try:
+            run_suite(scenarios, runs, log=lambda m: print(m, flush=True), jobs=args.jobs)
+        except BenchError as exc:  # the table is still written from the runs that finished
+            failed = exc
     command = " ".join(["clusterfl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] \
         else "clusterfl bench" + (" --quick" if args.quick else "")
     preamble = ("- **quick pass**: fewer rounds and clients and one seed (each suite file's "
@@ -54,6 +61,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     path = write_results(scenarios, runs, results, command, preamble=preamble,
                          sections=_extra_sections())
     print(f"results written to {path}")
+    if failed is not None:
+        raise failed
     return 0
 
 

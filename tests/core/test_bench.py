@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusterfl.bench import (
+    BenchError,
     load_suite,
     rounds_to_perfect,
     run_dir,
@@ -158,3 +159,43 @@ def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
     assert any("config changed" in m for m in logs)
     summary = json.loads((run_dir(runs, full[0], "fedavg", 0) / "summary.json").read_text())
     assert summary["rounds"] == 4
+
+
+def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path: Path) -> None:
+    scenarios = load_suite(_suite(tmp_path))
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_suite(scenarios, one, log=lambda m: None)
+    logs: list[str] = []
+    run_suite(scenarios, two, log=logs.append, jobs=2)
+    assert len(logs) == 4 and all("accuracy" in m for m in logs)
+    for spec in scenarios[0].methods:
+        for seed in scenarios[0].seeds:
+            a = run_metrics(run_dir(one, scenarios[0], spec, seed))
+            b = run_metrics(run_dir(two, scenarios[0], spec, seed))
+            assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+            assert a["ari"] == b["ari"]
+
+
+def test_a_failing_run_is_reported_and_the_others_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import clusterfl.bench as bench
+
+    class Breaks(bench.Experiment):  # type: ignore[misc, valid-type]
+        def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if self.config.algorithm.name == "ifca":
+                raise RuntimeError("diverged")
+            return super().run(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "Experiment", Breaks)
+    scenarios = load_suite(_suite(tmp_path))
+    runs = tmp_path / "runs"
+    logs: list[str] = []
+    expected = "ifca:n_clusters=2 / seed 0: RuntimeError: diverged"
+    with pytest.raises(BenchError, match=expected) as info:
+        run_suite(scenarios, runs, log=logs.append)
+    assert len(info.value.failures) == 2  # both seeds of the bad method
+    for seed in (0, 1):
+        assert (run_dir(runs, scenarios[0], "fedavg", seed) / "summary.json").is_file()
+    with pytest.raises(ConfigError, match="--jobs"):
+        run_suite(scenarios, runs, jobs=0)
