@@ -16,6 +16,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from clusterfl.errors import ClusterFLError
+
 Combine = Literal["single", "sum_logits", "mean_probs"]
 Split = Literal["train", "test"]
 
@@ -63,12 +65,39 @@ def _n(clients: np.ndarray) -> int:
     return len(clients)
 
 
+SHARED = {"shared": True}
+"""Field metadata: an array the same for every client (never sliced per client on the wire)."""
+
+
+def reply_width(models: torch.Tensor, coords: np.ndarray | None) -> int:
+    """Floats per client in a Train/Gradient reply: d, or d̂ = len(coords) when narrowed."""
+    return int(models.shape[1]) if coords is None else len(coords)
+
+
+def narrow(rows: torch.Tensor, coords: np.ndarray | None) -> torch.Tensor:
+    """`rows[:, coords]`, what a client sends when asked for some coordinates only
+    (`rows` itself when `coords` is None)."""
+    if coords is None:
+        return rows
+    idx = np.asarray(coords)
+    d = rows.shape[1]
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer) or (
+            len(idx) and (idx.min() < 0 or idx.max() >= d)):
+        raise ClusterFLError(f"coords must be a 1-d integer index array into the {d} parameters, "
+                         f"got shape {idx.shape}, dtype {idx.dtype}")
+    return rows[:, torch.from_numpy(idx.astype(np.int64))]
+
+
 @dataclass
 class TrainRequest:
     """Clients train locally, each starting from `models[model_of_client[i]]`.
 
     `offset` (optional) is a frozen predictor whose logits are added to the trained model's
     output on every sample (CAM trains one part while the other is fixed).
+    `coords` (optional, sorted int64 indices into the flat parameter vector, the same for all
+    clients): each client replies with `params[:, coords]` only, the trained model at those
+    coordinates (CFL-GP's compressed clustering features, Kim et al. App. E.1); the uplink
+    is then d̂ = len(coords) floats per client, the downlink still the whole model.
     """
 
     clients: np.ndarray
@@ -78,6 +107,7 @@ class TrainRequest:
     seed: int
     offset: Predictor | None = None
     count_cost: bool = True
+    coords: np.ndarray | None = field(default=None, metadata=SHARED)
 
     def cost(self) -> tuple[float, float]:
         if not self.count_cost:
@@ -85,7 +115,8 @@ class TrainRequest:
         d = self.models.shape[1]
         off = self.offset
         extra = 0 if off is None else off.members.shape[1] * off.models.shape[1]
-        return float(_n(self.clients) * (d + extra)), float(_n(self.clients) * d)
+        up = reply_width(self.models, self.coords)
+        return float(_n(self.clients) * (d + extra)), float(_n(self.clients) * up)
 
 
 @dataclass
@@ -98,17 +129,23 @@ class TrainReply:
 @dataclass
 class GradientRequest:
     """Each client returns the gradient of its mean loss at `models[model_of_client[i]]`,
-    on one random minibatch of `batch_size` (None: all its training data)."""
+    on one random minibatch of `batch_size` (None: all its training data).
+
+    `coords` (optional, sorted int64 indices into the flat parameter vector, the same for all
+    clients): reply with `grads[:, coords]` only, d̂ = len(coords) floats per client up; the
+    model still travels whole (d floats down per client).
+    """
 
     clients: np.ndarray
     models: torch.Tensor
     model_of_client: np.ndarray
     batch_size: int | None
     seed: int
+    coords: np.ndarray | None = field(default=None, metadata=SHARED)
 
     def cost(self) -> tuple[float, float]:
-        d = self.models.shape[1]
-        return float(_n(self.clients) * d), float(_n(self.clients) * d)
+        d, up = self.models.shape[1], reply_width(self.models, self.coords)
+        return float(_n(self.clients) * d), float(_n(self.clients) * up)
 
 
 @dataclass

@@ -52,6 +52,9 @@ def _requests(factory, n_clients: int) -> list:
     which = np.array([0, 2, 1, 1, 0, 2][:n_clients])
     tr = LocalTraining(lr=0.1, batch_size=8, epochs=1, momentum=0.5, betas=(0.8, 0.9))
     offset = Predictor(models[:2].clone(), np.stack([which % 2, 1 - which % 2], 1), "sum_logits")
+    # replies narrowed to d̂ coordinates (CFL-GP compression); as many as clients on purpose:
+    # the index set is shared, never sliced per client like `model_of_client`
+    coords = np.arange(n_clients, dtype=np.int64) * 7 + 3
     return [
         TrainRequest(clients, models, which, tr, seed=5),
         TrainRequest(clients, models, which, tr, seed=6, offset=offset),
@@ -62,6 +65,8 @@ def _requests(factory, n_clients: int) -> list:
         EvaluateRequest(clients, Predictor.single(models, which)),
         EvaluateRequest(clients, Predictor(models, np.stack([which, (which + 1) % 3], 1),
                                            "mean_probs"), split="train"),
+        GradientRequest(clients, models, which, batch_size=8, seed=7, coords=coords),
+        TrainRequest(clients, models, which, tr, seed=5, coords=coords),
     ]
 
 
@@ -111,6 +116,21 @@ def test_registry_is_every_protocol_dataclass_and_embed_requests_travel():
         torch.testing.assert_close(view.encoder, req.encoder)
 
 
+def test_coords_round_trip_and_stay_whole_in_client_views(factory):
+    for req in _requests(factory, 6)[-2:]:
+        assert req.coords is not None and len(req.coords) == len(req.clients)
+        back = codec.decode(*codec.encode(req))
+        _same(back, req)
+        assert back.coords.dtype == np.int64
+        back, _ = codec.from_recorddict(codec.to_recorddict(req))
+        _same(back, req)
+        for i in (0, 4):
+            view = codec.client_view(req, i)
+            np.testing.assert_array_equal(view.model_of_client, req.model_of_client[i : i + 1])
+            np.testing.assert_array_equal(view.coords, req.coords)  # not cut to one entry
+            assert view.cost() == (req.models.shape[1], len(req.coords))
+
+
 def test_non_protocol_values_are_refused():
     @dataclasses.dataclass
     class Alien:
@@ -129,7 +149,7 @@ def test_nan_and_inf_scalars_survive():
     assert np.isnan(out["a"]) and out["b"] == float("-inf") and out["c"] == 1.5
 
 
-@pytest.mark.parametrize("idx", range(8))
+@pytest.mark.parametrize("idx", range(10))
 def test_nodes_answer_like_the_whole_federation(fed, factory, idx):
     """One wire message per client to its own node, assembled: equals the in-process reply."""
     full = SimulationBackend(fed, factory)

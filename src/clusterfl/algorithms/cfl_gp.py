@@ -39,8 +39,18 @@ implemented, with the paper's line numbers:
   rounds (`stable_rounds`); the round is recorded (`clustering_stopped_at`).
 - **Compression** (Appendix E.1): features keep d̂ = round(d / ratio) coordinates drawn once,
   uniformly without replacement (one fixed index set for the whole run and all clients).
+  The compression is real on the wire: the requests that serve the profile only — the
+  gradients (Alg. 1) or model gaps (Alg. 4; the client sends its trained model at those
+  coordinates, the server subtracts θ_k̄ there) at the broadcast model k̄ of clients not in
+  cluster k̄ — carry `coords` = the feature index, and each of those clients sends d̂ floats
+  instead of d. The model still goes down whole (d floats), and the vectors that update the
+  models stay whole (a client of cluster k̄ sends its whole vector once; the server takes its
+  feature from it, D.2). The feature values are bit-for-bit those of subsampling whole
+  vectors on the server, so the clustering is unchanged; only the booked uplink drops, by
+  (d − d̂) floats per clustering-only reply.
 - **Selected layers** (Appendix E.2): features from the parameters whose names start with one of
-  `feature_layers` (compression, if any, then samples among those).
+  `feature_layers` (compression, if any, then samples among those); the clustering-only
+  replies are narrowed to them the same way.
 - **Weight sharing** (Appendix F.7, after Ghosh et al.): parameters named by `shared_layers`
   are common to the K models and updated with the gradients (or model gaps) of all clients.
 - **Unknown K** (Appendix G): at every clustering update the singular values of the profile are
@@ -48,8 +58,9 @@ implemented, with the paper's line numbers:
   s-dimensional projections (silhouette or gap statistic); the estimate is reported in the
   extras (`k_estimate`, `spectral_gap_s`) but K stays fixed.
 - **Costs** (Appendix D.2, Tables 5–6): per-client models received / vectors sent / gradient
-  computations per period of P rounds (the paper's Y ≤ P + 1) and the uplink floats the
-  clustering features would cost when sent compressed.
+  computations per period of P rounds (the paper's Y ≤ P + 1) and `uplink_floats_compressed`,
+  the uplink floats this method's requests booked (what was sent, d̂-wide clustering replies
+  included; it equals the history's cumulative `floats_up` for a CFL-GP run).
 
 Choices the paper leaves open, made here: the initial clusters S^(0) are a random balanced
 assignment drawn from the run's generator (the models θ_k^(0) are independent initialisations;
@@ -89,7 +100,7 @@ from clusterfl.clustering.spectral import (
 )
 from clusterfl.errors import ConfigError
 from clusterfl.models import ParamLayout
-from clusterfl.protocol import GradientRequest, Predictor, TrainRequest
+from clusterfl.protocol import GradientRequest, Predictor, TrainRequest, narrow
 from clusterfl.robust.replies import answered, mean_finite, positions
 
 DEFAULT_STABLE_ROUNDS = 20
@@ -193,6 +204,7 @@ class CFLGP(Algorithm):
                                                                  replace=False)
             selected = selected[torch.from_numpy(np.sort(pick))]
         self.feature_index: torch.Tensor = selected
+        self.coords = self._wire_coords()
         self.features = torch.zeros(c, k, len(selected), dtype=torch.float32)
         use_gram = cfg.svd == "gram" or (cfg.svd == "auto" and c <= GRAM_MAX_CLIENTS)
         # G_kᵀG_k per block (GᵀG is their sum), only when the Gram route is taken
@@ -208,7 +220,26 @@ class CFLGP(Algorithm):
         self.stable = self._stable_rounds(ctx)
         self.counts = {"models_down": 0.0, "vectors_up": 0.0, "gradients": 0.0,
                        "uplink_floats_compressed": 0.0, "rounds": 0.0}
+        self._up_before = 0.0
         self.estimate: dict[str, Any] = {"k_estimate": None, "spectral_gap_s": None}
+
+    def _wire_coords(self) -> np.ndarray | None:
+        """`coords` of the clustering-only requests: the feature index (App. E.1/E.2), or
+        None when the features are every coordinate (the reply is then the whole vector)."""
+        d, idx = self.models.shape[1], self.feature_index
+        if len(idx) == d and torch.equal(idx, torch.arange(d)):
+            return None
+        return idx.numpy().astype(np.int64)
+
+    def _to_features(self, rows: torch.Tensor) -> torch.Tensor:
+        """Client vectors in feature space: whole vectors (d wide) are subsampled at the
+        feature index; replies already narrowed on the wire (d̂ wide) are taken as they are."""
+        if rows.shape[1] == self.models.shape[1]:
+            return rows[:, self.feature_index]
+        if rows.shape[1] != len(self.feature_index):
+            raise ValueError(f"client vectors of width {rows.shape[1]}: expected "
+                             f"{self.models.shape[1]} or {len(self.feature_index)}")
+        return rows
 
     def _initial_models(self, ctx: Context) -> torch.Tensor:
         k, seed = self.config.n_clusters, ctx.next_seed()
@@ -245,6 +276,7 @@ class CFLGP(Algorithm):
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         cfg = self.config
+        self._up_before = ctx.floats_up
         seed = ctx.next_seed()
         clients = np.arange(ctx.n_clients)
         own, loss = self._client_vectors(ctx, self.models, clients, self.assign, seed)
@@ -273,7 +305,7 @@ class CFLGP(Algorithm):
         if (self.stopped_at is None and self.stable > 0
                 and t - self.last_change >= self.stable):
             self.stopped_at = t
-        self._book(down, clustering)
+        self._book(ctx, down)
         extras.update({
             "clustering": clustering, "broadcast_model": self.kbar if clustering else -1,
             "assignment_changes": changed, "clustering_stopped_at": self.stopped_at,
@@ -283,35 +315,43 @@ class CFLGP(Algorithm):
 
     def _client_vectors(
         self, ctx: Context, models: torch.Tensor, clients: np.ndarray, model_of: np.ndarray,
-        seed: int,
+        seed: int, coords: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, np.ndarray]:
         """Gradients (Alg. 1) or model gaps Δθ = θ' − θ (Alg. 4/5) of `clients` at their models;
-        the same seed gives every client the same minibatch(es)."""
+        the same seed gives every client the same minibatch(es). With `coords` the clients
+        send those coordinates only (d̂ floats each) and the rows are d̂ wide."""
         if self.config.protocol == "gradient":
             g = ctx.send(GradientRequest(clients, models, model_of, ctx.training.batch_size,
-                                         seed))
+                                         seed, coords=coords))
             return _in_request_order(g.grads, g.loss, answered(g, clients), clients)
-        r = ctx.send(TrainRequest(clients, models, model_of, ctx.training, seed))
+        r = ctx.send(TrainRequest(clients, models, model_of, ctx.training, seed,
+                                  coords=coords))
         rows = positions(answered(r, clients), clients)
         start = models[torch.from_numpy(np.asarray(model_of, dtype=np.int64)[rows])]
+        if r.params.shape[1] != start.shape[1]:  # narrowed to `coords` on the wire
+            start = narrow(start, coords)
         return _in_request_order(r.params - start, r.loss, answered(r, clients), clients)
 
     def _probe(self, ctx: Context, own: torch.Tensor, seed: int) -> tuple[torch.Tensor,
                                                                           np.ndarray]:
         """Alg. 2 lines 6–7: the next model k̄ goes to the clients not already on it; returns
-        every client's vector at θ_k̄ and which clients received an extra model."""
+        every client's feature (d̂ coordinates) at θ_k̄ and which clients received an extra
+        model. These vectors serve the profile only, so the clients send the d̂ feature
+        coordinates (`coords`, App. E.1); clients of cluster k̄ reuse the whole vector they
+        sent for the model update (D.2: no re-transmission)."""
         k = self.config.n_clusters
         extra = np.zeros(len(own))
+        probe = self._to_features(own)
         if self.config.mode == "repo":
             self.kbar = 0
-            return own, extra
+            return probe, extra
         self.kbar = (self.kbar + 1) % k
         others = np.flatnonzero(self.assign != self.kbar)
-        probe = own.clone()
         if len(others):
             rows, _ = self._client_vectors(ctx, self.models[self.kbar : self.kbar + 1], others,
-                                           np.zeros(len(others), dtype=np.int64), seed)
-            probe[torch.from_numpy(others)] = rows
+                                           np.zeros(len(others), dtype=np.int64), seed,
+                                           coords=self.coords)
+            probe[torch.from_numpy(others)] = self._to_features(rows)
             extra[others] = 1.0
         return probe, extra
 
@@ -328,7 +368,7 @@ class CFLGP(Algorithm):
         beta = self._beta(t)
         rows = torch.from_numpy(np.flatnonzero(ok))
         block = self.features[:, self.kbar]
-        fresh = probe[rows][:, self.feature_index].to(block.dtype)
+        fresh = probe[rows].to(block.dtype)
         block[rows] = (1.0 - beta) * block[rows] + beta * fresh
         self.block_updates[self.kbar] += 1
         if len(self.block_gram):
@@ -388,14 +428,13 @@ class CFLGP(Algorithm):
         return float(lr if lr is not None else ctx.training.lr)
 
     # ------------------------------------------------------------------ costs (Tables 5–6)
-    def _book(self, down: np.ndarray, clustering: bool) -> None:
-        c = len(down)
+    def _book(self, ctx: Context, down: np.ndarray) -> None:
         self.counts["models_down"] += float(down.sum())
         self.counts["vectors_up"] += float(down.sum())
         self.counts["gradients"] += float(down.sum())
-        d, d_hat = self.models.shape[1], len(self.feature_index)
-        up = c * d + (float((down - 1).sum()) * d_hat if clustering else 0.0)
-        self.counts["uplink_floats_compressed"] += up
+        # the uplink this round's requests booked, i.e. what was sent (d̂-wide clustering
+        # replies, whole vectors for the model update; absent clients send nothing)
+        self.counts["uplink_floats_compressed"] += ctx.floats_up - self._up_before
         self.counts["rounds"] += 1.0
 
     def _cost_extras(self) -> dict[str, Any]:
@@ -442,6 +481,7 @@ class CFLGP(Algorithm):
         self.last_change = int(state["last_change"])
         self.stopped_at = None if state["stopped_at"] is None else int(state["stopped_at"])
         self.feature_index = state["feature_index"].clone()
+        self.coords = self._wire_coords()
         self.shared = None if state["shared"] is None else state["shared"].clone()
         self.counts = dict(state["counts"])
         self.estimate = dict(state["estimate"])

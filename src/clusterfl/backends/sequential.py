@@ -1,4 +1,8 @@
-"""The reference backend: a plain loop over clients, one reused module (DESIGN.md §1)."""
+"""The reference backend: a plain loop over clients, one reused module (DESIGN.md §1).
+
+Train/Gradient requests with `coords` are answered with those coordinates only
+(`protocol.narrow`), as a real client would send them.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from clusterfl.protocol import (
     Predictor,
     TrainReply,
     TrainRequest,
+    narrow,
 )
 
 
@@ -53,7 +58,8 @@ class SequentialBackend(Backend):
             p, loss = ref.train_client(self.module, start, x, y, sched[i], tr, fed.task, offset)
             params.append(p)
             losses.append(loss)
-        return TrainReply(_stack(params, self.factory.size), sizes.copy(), np.array(losses))
+        out = narrow(_stack(params, self.factory.size), req.coords)  # the d̂ coords asked for
+        return TrainReply(out, sizes.copy(), np.array(losses))
 
     def gradient(self, req: GradientRequest) -> GradientReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -68,7 +74,8 @@ class SequentialBackend(Backend):
             grads.append(g)
             losses.append(loss)
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
-        return GradientReply(_stack(grads, self.factory.size), used, np.array(losses))
+        out = narrow(_stack(grads, self.factory.size), req.coords)  # the d̂ coords asked for
+        return GradientReply(out, used, np.array(losses))
 
     def losses(self, req: LossRequest) -> LossReply:
         fed, clients = self.federation, as_index(req.clients)

@@ -4,6 +4,8 @@ Same requests, same replies as `SequentialBackend` (the reference), but the work
 `engine.vectorized.VectorizedEngine`: stacked parameters, batched local steps, batched
 gradients, and outputs of K models on all clients' data in large matrix products. The
 computation runs in the dtype of the request's models (data is cast once and cached).
+A Train/Gradient request with `coords` gets replies narrowed to those coordinates: each client
+computes its whole update and sends only the d̂ floats asked for (`protocol.narrow`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from clusterfl.protocol import (
     Predictor,
     TrainReply,
     TrainRequest,
+    narrow,
 )
 
 
@@ -108,20 +111,21 @@ class SimulationBackend(Backend):
             data, rows, req.models, as_index(req.model_of_client), sched, tr, fed.task,
             offsets, req.seed,
         )
-        return TrainReply(params, sizes.copy(), loss)
+        return TrainReply(narrow(params, req.coords), sizes.copy(), loss)
 
     def gradient(self, req: GradientRequest) -> GradientReply:
         fed, clients = self.federation, as_index(req.clients)
         sizes = fed.train_sizes[clients]
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         if len(clients) == 0:
-            return GradientReply(req.models.new_zeros(0, self.factory.size), used, np.zeros(0))
+            empty = req.models.new_zeros(0, self.factory.size)
+            return GradientReply(narrow(empty, req.coords), used, np.zeros(0))
         batches = gradient_batches(sizes, clients, req.batch_size, req.seed)
         data, rows = self._rows("train", req.models.dtype, clients)
         grads, loss = self.engine.gradients(
             data, rows, req.models, as_index(req.model_of_client), batches, fed.task, req.seed
         )
-        return GradientReply(grads, used, loss)
+        return GradientReply(narrow(grads, req.coords), used, loss)
 
     def losses(self, req: LossRequest) -> LossReply:
         fed, clients = self.federation, as_index(req.clients)

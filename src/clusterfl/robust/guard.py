@@ -16,6 +16,10 @@ The reply returned holds only the clients that answered and passed, with `reply.
 saying who they are (`clusterfl.robust.replies`). Everything that happened is kept per round
 (`end_round`) for the history, and the totals for the summary. Evaluation requests pass
 untouched (measurement, not training traffic).
+
+A Train/Gradient request with `coords` (CFL-GP's compressed features) gets replies of d̂
+floats per client; steps 3–5 act on what was sent: the update at those coordinates is
+poisoned, checked, clipped to S and noised (θ_start is narrowed the same way).
 """
 
 from __future__ import annotations
@@ -186,7 +190,7 @@ class Guard:
             start = start_models(request, clients[rows], np.asarray(request.clients))
             bad = poison(kind, params[idx] - start, self.adversary.strength(), gen)
             params = params.clone()
-            params[idx] = start + bad
+            params[idx] = (start + bad).to(params.dtype)  # replies may be float32
             return mark_answered(replace(reply, params=params), clients)
         if isinstance(reply, GradientReply) and len(reply.grads) == len(clients):
             grads = reply.grads.clone()

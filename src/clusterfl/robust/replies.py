@@ -31,6 +31,7 @@ from clusterfl.protocol import (
     Request,
     TrainReply,
     TrainRequest,
+    reply_width,
 )
 
 ATTRIBUTE = "clients"
@@ -116,11 +117,11 @@ def empty_reply(request: Request) -> Reply:
     """A reply with no rows, of the type and widths `request` would get."""
     none = np.zeros(0, dtype=np.int64)
     if isinstance(request, TrainRequest):
-        d = request.models.shape[1]
+        d = reply_width(request.models, request.coords)  # d̂ when narrowed to `coords`
         rep: Reply = TrainReply(torch.zeros(0, d, dtype=request.models.dtype), none.copy(),
                                 np.zeros(0))
     elif isinstance(request, GradientRequest):
-        d = request.models.shape[1]
+        d = reply_width(request.models, request.coords)
         rep = GradientReply(torch.zeros(0, d, dtype=request.models.dtype), none.copy(),
                             np.zeros(0))
     elif isinstance(request, LossRequest):

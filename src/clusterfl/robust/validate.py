@@ -2,13 +2,15 @@
 
 What is checked, per reply type (`ValidationConfig` sets the bounds):
 
-- Train / Gradient replies: one row per answering client, width d of the model (else every
-  row is rejected: "shape"); every coordinate finite ("non_finite"); sample count finite and
+- Train / Gradient replies: one row per answering client, width d of the model — or d̂ =
+  len(coords) when the request asked for `coords` only (else every row is rejected:
+  "shape"); every coordinate finite ("non_finite"); sample count finite and
   > 0 ("n_samples"); the update norm — ‖θ_i − θ_start(i)‖ for a training reply, where
   θ_start(i) is the model the client was sent, ‖g_i‖ for a gradient reply — at most
   `max_norm` and at most `median_multiple` × the median norm of the reply's finite rows
   ("norm"; the median rule needs `min_replies_for_median` rows, and a median of 0 disables
-  it for that reply).
+  it for that reply). For a narrowed reply the norms are those of what was sent: the update
+  at the requested coordinates (θ_start restricted to them).
 - Loss replies: shape `[n, K]` ("shape"). A non-finite loss is kept: it is what a diverged
   model honestly scores, and the methods treat it as +∞.
 - Evaluate replies: not checked (measurement, never aggregated).
@@ -33,6 +35,8 @@ from clusterfl.protocol import (
     Request,
     TrainReply,
     TrainRequest,
+    narrow,
+    reply_width,
 )
 from clusterfl.robust.config import ValidationConfig
 from clusterfl.robust.replies import positions
@@ -54,9 +58,10 @@ class Rejection:
 
 def start_models(request: TrainRequest | GradientRequest, clients: np.ndarray,
                  requested: np.ndarray) -> torch.Tensor:
-    """θ_start of each answering client (the row of `request.models` it was sent)."""
+    """θ_start of each answering client (the row of `request.models` it was sent), at the
+    request's `coords` when it asked for some coordinates only (the shape of the reply)."""
     rows = np.asarray(request.model_of_client, dtype=np.int64)[positions(clients, requested)]
-    return request.models[torch.from_numpy(rows)]
+    return narrow(request.models[torch.from_numpy(rows)], request.coords)
 
 
 _NORM_ROWS = 256  # rows per block in `update_norms` (bounds the temporary memory)
@@ -79,7 +84,7 @@ def update_norms(request: TrainRequest | GradientRequest, reply: TrainReply | Gr
     for lo in range(0, len(vec), _NORM_ROWS):
         block = vec[lo : lo + _NORM_ROWS]
         if rows is not None:
-            block = block - request.models[rows[lo : lo + _NORM_ROWS]]
+            block = block - narrow(request.models[rows[lo : lo + _NORM_ROWS]], request.coords)
         norms = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
         out[lo : lo + len(block)] = norms.numpy()
     return out
@@ -102,7 +107,7 @@ def check_reply(request: Request, reply: Reply, clients: np.ndarray,
         return keep, []
     assert isinstance(request, TrainRequest | GradientRequest)
     vec = reply.params if isinstance(reply, TrainReply) else reply.grads
-    d = request.models.shape[1]
+    d = reply_width(request.models, request.coords)  # d, or d̂ for a narrowed reply
     if vec.ndim != 2 or tuple(vec.shape) != (n, d) or len(reply.n_samples) != n:
         return _all(clients, kind, "shape")
     out: list[Rejection] = []

@@ -18,8 +18,10 @@ two parts into a Flower `RecordDict` (one `ArrayRecord` "arrays", one `ConfigRec
 Per-client slicing (server → one node) and reply assembly (nodes → one reply) follow the
 protocol's conventions, stated in `clusterfl.protocol`: a request names its clients in
 `clients`; numpy arrays whose first axis has one entry per listed client are per-client
-(`model_of_client`, `Predictor.members`, ...), tensors are shared by all clients (model
-stacks); every array of a reply has the clients on its first axis.
+(`model_of_client`, `Predictor.members`, ...), except fields whose metadata says
+`{"shared": True}` (`coords` of Train/Gradient requests: the same index set for all, whatever
+its length); tensors are shared by all clients (model stacks); every array of a reply has the
+clients on its first axis.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def _slice(v: Any, n: int, i: int) -> Any:
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return dataclasses.replace(
             v, **{f.name: _slice(getattr(v, f.name), n, i) for f in dataclasses.fields(v)
-                  if f.init}
+                  if f.init and not f.metadata.get("shared", False)}
         )
     if isinstance(v, dict):
         return {k: _slice(x, n, i) for k, x in v.items()}
