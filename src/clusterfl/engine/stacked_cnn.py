@@ -71,6 +71,36 @@ def _feature_ops(features: nn.Sequential, layout: ParamLayout, prefix: str) -> l
     return _pool_before_relu(ops)
 
 
+def _max_pool(h: Tensor, op: ConvOp) -> Tensor:
+    """`F.max_pool2d`, with a fast exact path for 2×2 windows of stride 2 without gradients.
+
+    Evaluation (IFCA's K-model losses, CAM's offsets, test metrics) spent more than half its
+    time in `max_pool2d` on CPU; the maximum of the four strided quarter-views is the same
+    value (NaN propagates alike) and 2–4× faster, in channels-last layout as a reshape.
+    Training keeps `max_pool2d`, whose gradient picks one element on ties (after ReLU, zeros
+    tie often), where `torch.maximum` would split it.
+    """
+    two = (2, 2)
+    fast = (
+        not torch.is_grad_enabled() and op.kernel == two and op.stride == two
+        and op.padding == (0, 0) and op.dilation == (1, 1) and not op.ceil_mode
+        and h.dim() == 4 and h.shape[-1] % 2 == 0 and h.shape[-2] % 2 == 0
+    )
+    if not fast:
+        return F.max_pool2d(h, op.kernel, op.stride, op.padding, op.dilation, op.ceil_mode)
+    b, c, rows, cols = h.shape
+    if h.is_contiguous(memory_format=torch.channels_last):
+        v = h.permute(0, 2, 3, 1).reshape(b, rows // 2, 2, cols // 2, 2, c)
+        m = torch.maximum(v[:, :, 0], v[:, :, 1])
+        return torch.maximum(m[:, :, :, 0], m[:, :, :, 1]).permute(0, 3, 1, 2)
+    if h.is_contiguous():
+        v = h.view(b, c, rows // 2, 2, cols // 2, 2)
+        m = torch.maximum(v[:, :, :, 0], v[:, :, :, 1])
+        return torch.maximum(m[..., 0], m[..., 1])
+    return torch.maximum(torch.maximum(h[..., ::2, ::2], h[..., 1::2, ::2]),
+                         torch.maximum(h[..., ::2, 1::2], h[..., 1::2, 1::2]))
+
+
 def _pool_before_relu(ops: list[ConvOp]) -> list[ConvOp]:
     """ReLU then max-pool equals max-pool then ReLU (max commutes with a monotone map), with
     the same gradient; pooling first makes the ReLU four times cheaper."""
@@ -142,7 +172,7 @@ class CNNKernel(StackedKernel):
             elif op.kind == "relu":
                 h = torch.relu(h)
             else:
-                h = F.max_pool2d(h, op.kernel, op.stride, op.padding, op.dilation, op.ceil_mode)
+                h = _max_pool(h, op)
         b = h.shape[0]
         return h.reshape(b, a, -1).transpose(0, 1).contiguous()
 
@@ -163,6 +193,13 @@ class CNNKernel(StackedKernel):
         for i, g in zip(self.conv_params, grads):
             sink.grad(i, g)
         return loss
+
+    def forward_one(self, params: list[Tensor], x: Tensor) -> Tensor:
+        """Outputs `[B, O]` of one model (unstacked parameters) on plain rows `[B, C, H, W]`."""
+        stacked = [p.unsqueeze(0) for p in params]
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.forward(stacked, x)[0]
 
     def forward(self, params: list[Tensor], x: Tensor) -> Tensor:
         a = params[0].shape[0]
