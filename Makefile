@@ -26,13 +26,15 @@ test: $(STAMP) lint
 
 # The reproduction suite (about 2 hours on 2 cores; resumable: run it again to continue).
 # Needs MNIST and Fashion-MNIST in $$CLUSTERFL_DATA (see `clusterfl data`).
+BENCH_JOBS ?= 2
+
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/scaling.py
-	$(VENV)/bin/clusterfl bench
+	OMP_NUM_THREADS=1 $(VENV)/bin/clusterfl bench --jobs $(BENCH_JOBS)
 
 bench-quick: $(STAMP)
-	$(VENV)/bin/clusterfl bench --quick
+	OMP_NUM_THREADS=1 $(VENV)/bin/clusterfl bench --quick --jobs $(BENCH_JOBS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -140,9 +140,13 @@ class SimulationBackend(Backend):
         out = self.engine.all_model_outputs(data, rows, req.models)  # [total, K, O]
         if base is not None:
             out = out + base.unsqueeze(1)
-        flat = out.reshape(-1, out.shape[-1])
-        per = per_sample_loss(flat, y.repeat_interleave(k, 0), fed.task)
-        per = per.reshape(rows.total, k, -1).mean(-1)  # regression: mean over outputs
+        if fed.task == "classification":  # cross-entropy of all K at once, no [total·K] copy
+            picked = out.gather(-1, y.view(-1, 1, 1).expand(-1, k, 1)).squeeze(-1)
+            per = torch.logsumexp(out, -1) - picked
+        else:
+            flat = out.reshape(-1, out.shape[-1])
+            per = per_sample_loss(flat, y.repeat_interleave(k, 0), fed.task)
+            per = per.reshape(rows.total, k, -1).mean(-1)  # mean over outputs
         for j in range(k):
             loss[:, j] = mean_per_client(per[:, j], rows.size)
         if fed.task == "classification":
