@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cfl_gp/run.py [--only GROUP,...] [--out DIR]
 
-Groups: linreg_main, mnist_main, compression, mnist_clients, linreg_sweeps, mixture,
+Groups: linreg_main, mnist_main, compression, mnist_clients, linreg_sweeps, mixture, mixture_seeds,
 aggregation (the Appendix-G estimate is read from the spectra the MNIST runs record). Each
 run's directory goes to --out (default /tmp/cfl_gp_bench); the small per-run results are
 merged into benchmarks/cfl_gp/results.json. RESULTS.md is written by hand from that file.
@@ -190,6 +190,13 @@ def mixture(out: Path) -> list[dict[str, Any]]:
             for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
 
 
+def mixture_seeds(out: Path) -> list[dict[str, Any]]:
+    """The mixture study on four more seeds (T = 40: the early rounds are what Fig. 3 reads)."""
+    base = merged(load("mixture.toml"), rounds=40, eval_every=40)
+    return [execute(f"mixture_kappa{k}_seed{s}", merged(base, seed=s, scenario={"kappa": k}),
+                    out) for s in (1, 2, 3, 4) for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
+
+
 def aggregation(out: Path) -> list[dict[str, Any]]:
     """Algorithm 1's sum against the mean at lr 0.1: the sum scales the step by |S_k|."""
     base = merged(load("rotated_mnist.toml"), rounds=30, eval_every=10)
@@ -209,7 +216,7 @@ def aggregation(out: Path) -> list[dict[str, Any]]:
 GROUPS = {
     "linreg_main": linreg_main, "mnist_main": mnist_main, "compression": compression,
     "mnist_clients": mnist_clients, "linreg_sweeps": linreg_sweeps, "mixture": mixture,
-    "aggregation": aggregation,
+    "mixture_seeds": mixture_seeds, "aggregation": aggregation,
 }
 
 
