@@ -104,6 +104,12 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     assert f"{mean:.1f} ±" in row
     assert f"50.0 ({mean - 50.0:+.1f})" in row  # paper number and our difference
     assert "| IFCA two | 2/2 |" in text
+    overview = text.split("## Overview", 1)[1].split("\n## ", 1)[0]
+    assert f"| FedAvg | {mean:.1f} |" in overview
+    ifca = [run_metrics(run_dir(runs, scenarios[0], "ifca:n_clusters=2", s)) for s in (0, 1)]
+    ifca_acc = sum(r["accuracy"] for r in ifca) / 2
+    ifca_ari = sum(r["ari"] for r in ifca) / 2
+    assert f"| IFCA | {ifca_acc:.1f} ({ifca_ari:.2f}) |" in overview
     assert "a note for the reader" in text
     link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
     assert link and (tmp_path / link.group(1)).is_file()
