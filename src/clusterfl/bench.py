@@ -346,7 +346,8 @@ _DISPLAY = {
 
 def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
     """Every method (by algorithm) × every scenario: mean accuracy in % (or test MSE for
-    regression) over the finished seeds, with the final ARI in parentheses."""
+    regression) over the finished seeds, with the final ARI in parentheses; a scenario that
+    runs a method in two configurations shows both, in its method order ("a / b")."""
     names: list[str] = []
     cells: dict[tuple[str, str], str] = {}
     for scenario in scenarios:
@@ -368,7 +369,8 @@ def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
             if ari is not None and name not in ("fedavg", "fedprox", "local", "fedavg_plus",
                                                 "fedprox_plus"):
                 text += f" ({ari:.2f})"
-            cells[(name, scenario.name)] = text
+            key = (name, scenario.name)  # two configurations of one method: "a / b"
+            cells[key] = f"{cells[key]} / {text}" if key in cells else text
     head = ["method", *[f"`{s.name}`" for s in scenarios]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
@@ -393,7 +395,9 @@ def write_results(
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S')}\n{preamble}",
              "## Overview: every method on every federation\n\nMean accuracy (%) over the "
              "finished seeds — test MSE for the regression — with the final ARI against the "
-             "true clusters in parentheses for the clustered methods; the scenario tables "
+             "true clusters in parentheses for the clustered methods (two values: two "
+             "configurations of the method, in the order of the scenario's table); the "
+             "scenario tables "
              "below give seeds, spread, macro-F1, fairness, costs and the papers' numbers.\n\n"
              + overview_table(scenarios, runs) + "\n"]
     for scenario in scenarios:
