@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/cfl_gp/run.py [--only GROUP,...] [--out DIR]
 
 Groups: linreg_main, mnist_main, compression, mnist_clients, linreg_sweeps, mixture, mixture_seeds,
+spectrum_long,
 aggregation (the Appendix-G estimate is read from the spectra the MNIST runs record). Each
 run's directory goes to --out (default /tmp/cfl_gp_bench); the small per-run results are
 merged into benchmarks/cfl_gp/results.json. RESULTS.md is written by hand from that file.
@@ -197,6 +198,29 @@ def mixture_seeds(out: Path) -> list[dict[str, Any]]:
                     out) for s in (1, 2, 3, 4) for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
 
 
+def spectrum_long(out: Path) -> list[dict[str, Any]]:
+    """Appendix G with the profile accumulated to T = 200 (clustering never stops), K = 4:
+    the singular values at a few rounds, to see whether the 8-angle structure emerges."""
+    cfg = merged(load("rotated_mnist.toml"), eval_every=200, backend={"name": "simulation"},
+                 algorithm={"stable_rounds": 0})
+    row = execute("mnist_cflgp_K4_T200_always_clustering", cfg, out, paired=True)
+    records = [json.loads(line) for line in
+               (out / "mnist_cflgp_K4_T200_always_clustering" / "history.jsonl").read_text()
+               .splitlines() if line.strip()]
+    spectra = {}
+    for r in records:
+        sv = (r.get("extras") or {}).get("singular_values")
+        if sv and r["round"] in (1, 21, 51, 101, 151, 199):
+            top = np.asarray(sv[:12])
+            spectra[str(r["round"])] = {
+                "singular_values": [round(float(v), 4) for v in top],
+                "largest_gaps_after": (np.argsort(-(top[:-1] - top[1:])) + 1)[:4].tolist(),
+                "ratio_after": [round(float(v), 3) for v in top[:-1] / top[1:]],
+                "k_estimate": r["extras"].get("k_estimate")}
+    row["spectra"] = spectra
+    return [row]
+
+
 def aggregation(out: Path) -> list[dict[str, Any]]:
     """Algorithm 1's sum against the mean at lr 0.1: the sum scales the step by |S_k|."""
     base = merged(load("rotated_mnist.toml"), rounds=30, eval_every=10)
@@ -216,7 +240,7 @@ def aggregation(out: Path) -> list[dict[str, Any]]:
 GROUPS = {
     "linreg_main": linreg_main, "mnist_main": mnist_main, "compression": compression,
     "mnist_clients": mnist_clients, "linreg_sweeps": linreg_sweeps, "mixture": mixture,
-    "mixture_seeds": mixture_seeds, "aggregation": aggregation,
+    "mixture_seeds": mixture_seeds, "spectrum_long": spectrum_long, "aggregation": aggregation,
 }
 
 
