@@ -172,6 +172,35 @@ def swap_part(name: str, out: Path, ref: Path, smoke: bool = False) -> dict[str,
     }
 
 
+def perm_part(out: Path, smoke: bool = False) -> dict[str, Any]:
+    """Label permutation on Fashion-MNIST with the swap_a rule (ε2 = 2 ε1, ε1 from last
+    session's FL plateau, results/permutation.json), 100 rounds; FedAvg from that file."""
+    last = json.loads((RESULTS / "permutation.json").read_text())
+    eps1 = float(last["eps1"])
+    raw = read_toml(HERE / "label_permutation_fmnist.toml")
+    cfg = {**raw, "rounds": 4 if smoke else 100, "backend": {"name": "simulation"},
+           "algorithm": {"name": "cfl", "eps1": eps1, "eps2": 2 * eps1}}
+    _, recs, summary, timing = _timed_run(cfg, out / "followup_perm_a")
+    truth = summary["true_clusters"]
+    at50, fin = _at(recs, min(50, len(recs))), recs[-1]
+    return {
+        "variant": "perm_a", "config": cfg, "eps1": eps1, "eps2": 2 * eps1,
+        "split_rounds": sorted({x["round"] for x in _splits(recs)}), "splits": _splits(recs),
+        "ari_per_round": [r["ari"] for r in recs], "ari_final": fin["ari"],
+        "n_clusters_final": fin["n_clusters"],
+        "accuracy": {"fedavg_last_session_r50": last["accuracy"]["fedavg"],
+                     "cfl_r50": at50["metrics"]["accuracy"],
+                     "cfl_final": fin["metrics"]["accuracy"]},
+        "accuracy_per_true_cluster": {
+            "fedavg_last_session_r50": last["accuracy_per_true_cluster"]["fedavg"],
+            "cfl_r50": _per_cluster(at50["client_accuracy"], truth),
+            "cfl_final": _per_cluster(fin["client_accuracy"], truth)},
+        "client_accuracy_min": {"cfl_r50": min(at50["client_accuracy"]),
+                                "cfl_final": min(fin["client_accuracy"])},
+        "true_clusters": truth, "timing": timing,
+    }
+
+
 def congruence_part(out: Path, rounds: int, fl_only: bool = False,
                     heldout: bool = False) -> dict[str, Any]:
     """Both pairs under actual CFL (or, with `fl_only`, under FL: splitting disabled, the
@@ -239,7 +268,7 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("parts", nargs="*",
-                   choices=["swap_a", "swap_b", "congruence", "congruence_fl",
+                   choices=["swap_a", "swap_b", "perm_a", "congruence", "congruence_fl",
                             "congruence_heldout", "gap", "gap_more"])
     p.add_argument("--out", default="/tmp/cfl-runs")
     p.add_argument("--ref", default="/tmp/cfl-runs/ref_label_swap_fedavg",
@@ -256,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         if part in VARIANTS:
             res = swap_part(part, out, Path(args.ref), args.smoke)
+        elif part == "perm_a":
+            res = perm_part(out, args.smoke)
         elif part.startswith("congruence"):
             res = congruence_part(out, 4 if args.smoke else args.rounds,
                                   fl_only=part == "congruence_fl",
