@@ -113,6 +113,7 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     assert "a note for the reader" in text
     link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
     assert link and (tmp_path / link.group(1)).is_file()
+    assert "| IFCA two |" in (tmp_path / link.group(1)).read_text()  # the suite's labels
 
 
 def test_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:

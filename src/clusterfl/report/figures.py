@@ -439,13 +439,16 @@ def plot_series(
 # --------------------------------------------------------------------------- comparison
 
 
-def plot_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+def plot_comparison(
+    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None
+) -> list[Path]:
     """Draw accuracy, clustering and communication of several runs into `out_dir`.
 
     Writes `accuracy_compare.png`, `ari_compare.png` and `communication_compare.png`; each
-    run is one line, named by its summary label and coloured the same in every figure.
+    run is one line, named by `labels` (else its summary label) and coloured the same in
+    every figure.
     """
-    runs = _load_runs(run_dirs)
+    runs = _load_runs(run_dirs, labels)
     out = Path(out_dir)
     return [
         _compare_accuracy(runs, out / "accuracy_compare.png"),
@@ -454,10 +457,14 @@ def plot_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list
     ]
 
 
-def _load_runs(run_dirs: Sequence[str | Path]) -> list[tuple[str, list[Record]]]:
+def _load_runs(
+    run_dirs: Sequence[str | Path], names: Sequence[str] | None = None
+) -> list[tuple[str, list[Record]]]:
     """(unique label, history) per run; duplicate labels get the folder name appended."""
     loaded = [(Path(d), load_history(d), load_summary(d)) for d in run_dirs]
-    labels = [run_label(s, d) for d, _, s in loaded]
+    if names is not None and len(names) != len(loaded):
+        raise ValueError(f"{len(names)} labels for {len(loaded)} runs")
+    labels = list(names) if names is not None else [run_label(s, d) for d, _, s in loaded]
     unique = [
         f"{lab} [{d.name}]" if labels.count(lab) > 1 else lab
         for lab, (d, _, _) in zip(labels, loaded)

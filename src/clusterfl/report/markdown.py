@@ -205,16 +205,21 @@ def _figure_links(figures: Sequence[Path], base: Path) -> str:
     return "\n".join(blocks)
 
 
-def write_comparison_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -> Path:
+def write_comparison_report(
+    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None
+) -> Path:
     """Draw the comparison figures and write `out_dir/report.md`; return its path.
 
-    The table keeps the order of `run_dirs`. Each run is linked to its own `report.md` when it
-    has one, else to its folder.
+    The table keeps the order of `run_dirs`; `labels` (one per run) replace the runs' own
+    names in the table and figures. Each run is linked to its own `report.md` when it has
+    one, else to its folder.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [load_summary(d) for d in run_dirs]
-    figures = plot_comparison(run_dirs, out_dir)
+    if labels is not None:
+        summaries = [{**s, "label": lab} for s, lab in zip(summaries, labels, strict=True)]
+    figures = plot_comparison(run_dirs, out_dir, labels)
     federations = sorted({str(s.get("federation", "?")) for s in summaries})
     parts = [
         f"# Comparison of {len(summaries)} runs\n\nFederation: "
