@@ -183,7 +183,7 @@ def congruence_part(out: Path) -> dict[str, Any]:
     }
 
 
-def _gradient_gap(exp: Experiment) -> float:
+def gradient_gap(exp: Experiment) -> float:
     """g(α) from full-batch gradients of every client at the final FL model (Fig. 6 'Gradient')."""
     backend = build_backend(exp.config, exp.federation, exp.factory)
     model = exp.algorithm.model_of(0)[None]  # type: ignore[attr-defined]
@@ -202,7 +202,7 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
                    "scenario": {**raw["scenario"], "n_train_per_client": n}}
             exp, h = _run(cfg, out / f"gap_n{n}_s{seed}", {"name": "cfl", "eps1": NO_SPLIT})
             rows.append({"n": n, "seed": seed, "gap_update": h.records[-1]["extras"]["gap"][0],
-                         "gap_gradient": _gradient_gap(exp),
+                         "gap_gradient": gradient_gap(exp),
                          "gap_update_per_round": [r["extras"]["gap"][0] for r in h.records],
                          "accuracy": h.final["accuracy"], "wall_s": h.summary["bench_wall_s"],
                          "cpu_s": h.summary["bench_cpu_s"]})

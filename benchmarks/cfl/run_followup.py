@@ -41,11 +41,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from run import gradient_gap  # the sibling runner (same Fig. 6 gradient gap)
 
-from clusterfl.clustering.cosine import pairwise_cosine, separation_gap
 from clusterfl.config import read_toml
-from clusterfl.experiment import Experiment, build_backend
-from clusterfl.protocol import GradientRequest
+from clusterfl.experiment import Experiment
 from clusterfl.report.history import load_history, load_summary
 from clusterfl.report.methods.cfl import figures
 
@@ -234,15 +233,6 @@ def congruence_part(out: Path, rounds: int, fl_only: bool = False,
     return res
 
 
-def _gradient_gap(exp: Experiment) -> float:
-    """g(α) from full-batch gradients of every client at the final FL model (Fig. 6)."""
-    backend = build_backend(exp.config, exp.federation, exp.factory)
-    model = exp.algorithm.model_of(0)[None]  # type: ignore[attr-defined]
-    n = exp.federation.n_clients
-    reply = backend.execute(GradientRequest(np.arange(n), model, np.zeros(n, np.int64), None, 0))
-    return separation_gap(pairwise_cosine(reply.grads), exp.federation.clusters)
-
-
 def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[str, Any]:
     raw = read_toml(HERE / "label_swap_mnist.toml")
     rows = []
@@ -256,7 +246,7 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
                    "scenario": {**raw["scenario"], "n_train_per_client": n}}
             exp, recs, _, timing = _timed_run(cfg, out / f"followup_gap_n{n}_s{seed}")
             rows.append({"n": n, "seed": seed, "gap_update": recs[-1]["extras"]["gap"][0],
-                         "gap_gradient": _gradient_gap(exp),
+                         "gap_gradient": gradient_gap(exp),
                          "gap_update_per_round": [r["extras"]["gap"][0] for r in recs],
                          "accuracy": recs[-1]["metrics"]["accuracy"], **timing})
             print(f"  n={n} seed={seed}: g_update {rows[-1]['gap_update']:.3f}, "
