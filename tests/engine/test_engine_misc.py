@@ -288,3 +288,68 @@ def test_allocator_tuning_applies_once_and_can_be_disabled() -> None:
     assert off.stdout.split() == ["False", "False"]
     if sys.platform.startswith("linux"):  # glibc here; the call reports success both times
         assert on.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize(
+    ("d", "dtype"), [(159010, torch.float32), (7, torch.float64), (32, torch.float32)]
+)
+def test_aligned_rows_start_every_row_on_a_cache_line(d: int, dtype: torch.dtype) -> None:
+    from clusterfl.engine.allocator import aligned_rows
+
+    t = aligned_rows(5, d, dtype)
+    assert t.shape == (5, d) and t.dtype == dtype and t.stride(1) == 1
+    assert t.stride(0) >= d and t.stride(0) * t.element_size() % 64 == 0
+    assert all(t[i].data_ptr() % 64 == 0 for i in range(5))
+    assert t.is_contiguous() == (d * t.element_size() % 64 == 0)
+
+
+def test_gradient_reply_rows_are_aligned_and_equal_the_loop() -> None:
+    fac = ModelFactory(model_config({"name": "mlp", "hidden": [7]}), (1, 3, 3), 3)
+    g = torch.Generator().manual_seed(0)
+    n, per = 6, 10
+    x = torch.rand(n * per, 1, 3, 3, generator=g)
+    y = torch.randint(0, 3, (n * per,), generator=g)
+    off = np.arange(n + 1) * per
+    fed = Federation(x, y, off, x[:n].clone(), y[:n].clone(), np.arange(n + 1), None, 3)
+    req = GradientRequest(np.arange(n), fac.init_many(1, 0), np.zeros(n, int), 4, seed=3)
+    got = SimulationBackend(fed, fac).gradient(req).grads
+    want = SequentialBackend(fed, fac).gradient(req).grads
+    assert fac.size % 16 != 0 and got.stride(0) % 16 == 0  # padded rows
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_shared_forward_fuses_first_layer_in_float32_only(dtype: torch.dtype) -> None:
+    fac = ModelFactory(model_config({"name": "mlp", "hidden": [12, 6]}), (1, 4, 4), 3)
+    kernel = MLPKernel(fac.build(), fac.layout)
+    models = fac.init_many(3, seed=1).to(dtype)
+    params = [list(fac.layout.views(models[j]).values()) for j in range(3)]
+    prepared = kernel.prepare_shared(params)
+    assert (prepared.weight is not None) == (dtype == torch.float32)
+    x = torch.rand(9, 1, 4, 4, dtype=dtype)
+    got = [o.clone() for o in kernel.forward_shared(prepared, x)]
+    for j in range(3):
+        module = fac.build().to(dtype)
+        torch.nn.utils.vector_to_parameters(models[j], module.parameters())
+        with torch.no_grad():
+            torch.testing.assert_close(got[j], module(x))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_strided_bmm_splits_the_batch_and_restores_the_thread_count(threads: int) -> None:
+    from clusterfl.engine.stacked import strided_bmm
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        lhs, rhs = torch.randn(6, 300, 8, generator=g), torch.randn(6, 8, 260, generator=g)
+        rows = torch.full((6, 300 * 260 + 7), float("nan"))  # rows of a flat reply
+        out = rows[:, : 300 * 260].view(6, 300, 260)
+        assert not out.is_contiguous() and out[0].numel() >= 1 << 16
+        strided_bmm(out, lhs, rhs)
+        torch.testing.assert_close(out, torch.bmm(lhs, rhs))
+        assert torch.isnan(rows[:, 300 * 260 :]).all()  # nothing written past the block
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)

@@ -38,6 +38,7 @@ class SharedModels:
     params: list[list[Tensor]]
     weight_t: Tensor
     bias: Tensor | None
+    weight: Tensor | None = None  # [K·out, in] for the fused oneDNN product, when it applies
 
 
 @dataclass
@@ -130,6 +131,18 @@ class DenseStack:
         return dz if need_input_grad else None
 
 
+def _fused_linear_relu(layer: DenseLayer, dtype: torch.dtype) -> bool:
+    """Whether the shared first layer can run as one fused oneDNN linear + bias + ReLU."""
+    return (
+        layer.relu
+        and layer.bias is not None
+        and layer.dropout == 0.0
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
 def _shared(w: Tensor) -> bool:
     """True when a stacked tensor is one tensor expanded over the clients (stride 0)."""
     return w.shape[0] > 1 and w.stride(0) == 0
@@ -197,7 +210,10 @@ class MLPKernel(StackedKernel):
         # [in, K·out] contiguous: MKL is faster on a plain right operand than on a transposed one
         weight_t = torch.cat([p[first.weight] for p in params], 0).t().contiguous()
         bias = None if first.bias is None else torch.cat([p[first.bias] for p in params])
-        return SharedModels(params, weight_t, bias)
+        weight = None
+        if _fused_linear_relu(first, weight_t.dtype):
+            weight = torch.cat([p[first.weight] for p in params], 0).contiguous()
+        return SharedModels(params, weight_t, bias, weight)
 
     def shared_width(self, shared: SharedModels) -> int:
         """Output width of each prepared model."""
@@ -215,13 +231,20 @@ class MLPKernel(StackedKernel):
         """
         h = x.reshape(x.shape[0], -1)
         layers, params, weight_t = self.dense.layers, shared.params, shared.weight_t
-        z = self.ws.get("shared_z", (h.shape[0], weight_t.shape[1]), h.dtype)
-        if shared.bias is not None:
-            torch.addmm(shared.bias, h, weight_t, out=z)
+        if shared.weight is not None and h.dtype == shared.weight.dtype:
+            # one oneDNN call with the bias and ReLU applied in its epilogue (instead of a
+            # pass that copies the bias into z, the product, and a pass for the ReLU)
+            z = torch.ops.mkldnn._linear_pointwise(
+                h.contiguous(), shared.weight, shared.bias, "relu", [], ""
+            )
         else:
-            torch.mm(h, weight_t, out=z)
-        if layers[0].relu:
-            z.clamp_(min=0)
+            z = self.ws.get("shared_z", (h.shape[0], weight_t.shape[1]), h.dtype)
+            if shared.bias is not None:
+                torch.addmm(shared.bias, h, weight_t, out=z)
+            else:
+                torch.mm(h, weight_t, out=z)
+            if layers[0].relu:
+                z.clamp_(min=0)
         width = weight_t.shape[1] // len(params)
         outs = []
         for k, p in enumerate(params):

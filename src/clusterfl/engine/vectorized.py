@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from clusterfl.engine.allocator import aligned_rows
 from clusterfl.engine.common import combine, per_sample_loss
 from clusterfl.engine.generic import GenericKernel
 from clusterfl.engine.stacked import GradientSink, StackedKernel, StackedOptimizer, StepBatch
@@ -285,7 +286,7 @@ class VectorizedEngine:
         """Gradient of each client's mean loss on its batch (`[n, b]` local indices, -1 padded)
         at `models[model_of_client[i]]`, in training mode. Returns `[n, d]` and the losses."""
         n, d, dtype = len(rows.size), self.layout.size, models.dtype
-        grads = torch.empty(n, d, dtype=dtype)
+        grads = aligned_rows(n, d, dtype)  # whole cache lines per row: see aligned_rows
         losses = np.full(n, np.nan)
         if n == 0:
             return grads, losses
