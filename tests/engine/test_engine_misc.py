@@ -353,3 +353,21 @@ def test_strided_bmm_splits_the_batch_and_restores_the_thread_count(threads: int
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_strided_bmm_pool_is_rebuilt_after_a_fork_or_a_new_thread_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from clusterfl.engine import stacked
+
+    first = stacked._batch_pool(2)
+    assert stacked._batch_pool(2) is first
+    assert stacked._batch_pool(3) is not first  # thread count changed
+    pid = os.getpid()
+    again = stacked._batch_pool(3)
+    monkeypatch.setattr(stacked.os, "getpid", lambda: pid + 1)  # as in a forked child
+    child = stacked._batch_pool(3)
+    assert child is not again
+    assert child.submit(lambda: 7).result(timeout=10) == 7

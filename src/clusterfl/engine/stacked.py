@@ -17,6 +17,7 @@ first `a` rows (the engine orders clients so that the clients still training for
 from __future__ import annotations
 
 import math
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -119,18 +120,21 @@ class GradientSink(Sink):
 
 
 _pool_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
 _SPLIT_MIN_ELEMENTS = 1 << 16  # below this per matrix, one call is cheaper than the threads
 
 
 def _batch_pool(threads: int) -> ThreadPoolExecutor:
+    """The worker threads of `strided_bmm`; a new pool after a fork (threads do not survive it)
+    or when the thread count changed."""
     global _pool
     with _pool_lock:
-        if _pool is None or _pool[0] != threads:
-            if _pool is not None:
-                _pool[1].shutdown(wait=False)
-            _pool = (threads, ThreadPoolExecutor(threads, thread_name_prefix="clusterfl-bmm"))
-        return _pool[1]
+        if _pool is None or _pool[:2] != (os.getpid(), threads):
+            if _pool is not None and _pool[0] == os.getpid():
+                _pool[2].shutdown(wait=False)
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="clusterfl-bmm")
+            _pool = (os.getpid(), threads, pool)
+        return _pool[2]
 
 
 def strided_bmm(out: Tensor, lhs: Tensor, rhs: Tensor) -> None:
