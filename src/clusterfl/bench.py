@@ -406,12 +406,11 @@ def write_results(
         parts.append(f"## {scenario.title}\n\n`{scenario.name}` — paper numbers: "
                      f"{scenario.source or '–'}; {done}/{total} runs finished.\n\n{table}\n")
         seed = scenario.seeds[0]
-        done_specs = [s for s in scenario.methods
-                      if (run_dir(runs, scenario, s, seed) / "summary.json").is_file()]
-        dirs = [run_dir(runs, scenario, s, seed) for s in done_specs]
-        if len(dirs) >= 2:
-            report = write_comparison_report(dirs, figures / scenario.name,
-                                             [scenario.label(s) for s in done_specs])
+        finished = [(s, d) for s in scenario.methods
+                    if ((d := run_dir(runs, scenario, s, seed)) / "summary.json").is_file()]
+        if len(finished) >= 2:
+            report = write_comparison_report([d for _, d in finished], figures / scenario.name,
+                                             [scenario.label(s) for s, _ in finished])
             link = report.relative_to(results.parent).as_posix()
             parts.append(f"Curves and figures (seed {seed}): [{link}]({link})\n")
     parts.extend(sections)

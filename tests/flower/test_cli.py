@@ -78,3 +78,28 @@ def test_app_dir_holds_a_valid_flower_app(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_local_superlink_state_is_in_memory_and_its_superexec_is_ours(tmp_path):
+    """Flower treats any `--database` other than its in-memory name as a SQLite file: a
+    misspelt name once left one state file shared by every local deployment."""
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+
+    from clusterfl.backends.flower.launch import (
+        IN_MEMORY,
+        Tls,
+        superexec_cmd,
+        superlink_cmd,
+    )
+
+    assert IN_MEMORY == FLWR_IN_MEMORY_DB_NAME
+    cmd = superlink_cmd(9092, own_superexec=True)
+    assert cmd[cmd.index("--database") + 1] == FLWR_IN_MEMORY_DB_NAME
+    assert cmd[cmd.index("--isolation") + 1] == "process"
+    assert "--isolation" not in superlink_cmd(9092)
+    tls = Tls(tmp_path / "ca.crt", tmp_path / "s.crt", tmp_path / "s.key")
+    exe = superexec_cmd("127.0.0.1:9092", tls.ca, parent_pid=42)
+    assert exe[exe.index("--runtime-api-address") + 1] == "127.0.0.1:9092"
+    assert exe[exe.index("--root-certificates") + 1] == str(tls.ca)
+    assert exe[exe.index("--parent-pid") + 1] == "42" and "--insecure" not in exe
+    assert "--insecure" in superexec_cmd("127.0.0.1:9092")

@@ -6,8 +6,10 @@ starts its SuperExec in a new session, so process groups alone would miss it). C
 (Flower 1.41, see `--help` of each):
 
     flower-superlink --insecure | --ssl-ca-certfile CA --ssl-certfile CRT --ssl-keyfile KEY
-                     [--enable-supernode-auth] --host H --port P --database :flwr-in-memory-state:
-                     --disable-runtime-dependency-installation
+                     [--enable-supernode-auth] --host H --port P --database :flwr-in-memory:
+                     --disable-runtime-dependency-installation --isolation process
+    flower-superexec --runtime-api-address H:P --insecure | --root-certificates CA
+                     --parent-pid SUPERLINK_PID
     flower-supernode --insecure | --root-certificates CA  --superlink H:P --port CLIENTAPPIO
                      --node-config 'partition-id=3' | 'data-file="/data/client.npz"'
                      [--auth-supernode-private-key KEY]
@@ -15,6 +17,14 @@ starts its SuperExec in a new session, so process groups alone would miss it). C
 
 `flwr run` reads the SuperLink connection from `$FLWR_HOME/config.toml`
 (`write_flwr_home` writes one).
+
+The SuperLink's SuperExec (the process that starts each submitted ServerApp) is started and
+supervised here rather than left to the SuperLink (`--isolation process`): Flower 1.41's
+SuperExec exits on the first error its SuperLink returns, and a SuperLink under load does
+return one now and then (seen here: `database is locked` from its in-memory state, HTTP
+500 on `acquire-task`). The SuperLink then accepts runs that never start. The supervisor
+thread of `LocalDeployment` starts a new SuperExec within a second of the old one's exit,
+and counts the restarts (`LocalDeployment.superexec_restarts`, also noted in its log).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,7 +46,9 @@ import tomli_w
 APP_DIR = Path(__file__).parent / "app"
 """The Flower App project (pyproject.toml naming our ServerApp and ClientApp)."""
 
-IN_MEMORY = ":flwr-in-memory-state:"
+IN_MEMORY = ":flwr-in-memory:"
+"""Flower's name for a SuperLink state kept in memory (`flwr.supercore.constant`); any other
+value is a SQLite file path, relative to the SuperLink's working directory."""
 
 
 def flower_bin(name: str) -> str:
@@ -132,8 +145,10 @@ def _exists(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def start(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Process:
-    """Start `cmd` in its own session with stdout+stderr to `log_dir/name.log`."""
+def start(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> Process:
+    """Start `cmd` in its own session with stdout+stderr to `log_dir/name.log` (in `cwd`,
+    default: ours)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     fh = open(log, "wb")  # noqa: SIM115 - handed to the child
@@ -142,9 +157,14 @@ def start(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None =
                 "PATH": path, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL":
                 os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"), **(env or {})}
     popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env,
-                             start_new_session=True)
+                             start_new_session=True, cwd=cwd)
     fh.close()
     return Process(name, popen, log)
+
+
+def _abs(path: Path | str) -> str:
+    """Paths on command lines are absolute: the processes run in the deployment's folder."""
+    return str(Path(path).expanduser().resolve())
 
 
 @dataclass
@@ -157,17 +177,30 @@ class Tls:
 
 
 def superlink_cmd(port: int, host: str = "127.0.0.1", tls: Tls | None = None,
-                  node_auth: bool = False) -> list[str]:
-    """The `flower-superlink` command line."""
+                  node_auth: bool = False, own_superexec: bool = False) -> list[str]:
+    """The `flower-superlink` command line (`own_superexec`: we start its SuperExec)."""
     cmd = [flower_bin("flower-superlink"), "--host", host, "--port", str(port),
            "--database", IN_MEMORY, "--disable-runtime-dependency-installation"]
+    if own_superexec:
+        cmd += ["--isolation", "process"]
     if tls is None:
         cmd.append("--insecure")
     else:
-        cmd += ["--ssl-ca-certfile", str(tls.ca), "--ssl-certfile", str(tls.server_cert),
-                "--ssl-keyfile", str(tls.server_key)]
+        cmd += ["--ssl-ca-certfile", _abs(tls.ca), "--ssl-certfile", _abs(tls.server_cert),
+                "--ssl-keyfile", _abs(tls.server_key)]
     if node_auth:
         cmd.append("--enable-supernode-auth")
+    return cmd
+
+
+def superexec_cmd(runtime_address: str, ca: Path | None = None,
+                  parent_pid: int | None = None) -> list[str]:
+    """The `flower-superexec` command line for a SuperLink's Runtime API at `runtime_address`
+    (`ca`: the SuperLink's TLS root; `parent_pid`: exit when that process does)."""
+    cmd = [flower_bin("flower-superexec"), "--runtime-api-address", runtime_address]
+    cmd += ["--insecure"] if ca is None else ["--root-certificates", _abs(ca)]
+    if parent_pid is not None:
+        cmd += ["--parent-pid", str(parent_pid)]
     return cmd
 
 
@@ -178,9 +211,9 @@ def supernode_cmd(superlink: str, port: int, node_config: dict[str, object],
                    for k, v in node_config.items())
     cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--port", str(port),
            "--node-config", cfg]
-    cmd += ["--insecure"] if ca is None else ["--root-certificates", str(ca)]
+    cmd += ["--insecure"] if ca is None else ["--root-certificates", _abs(ca)]
     if auth_key is not None:
-        cmd += ["--auth-supernode-private-key", str(auth_key)]
+        cmd += ["--auth-supernode-private-key", _abs(auth_key)]
     return cmd
 
 
@@ -215,15 +248,58 @@ class LocalDeployment:
     supernodes: list[Process] = field(default_factory=list)
     address: str = ""
     flwr_home: Path | None = None
+    superexec: Process | None = None
+    superexec_restarts: int = 0
+    supervise_every: float = 0.5  # seconds between the supervisor's checks
+    _stopping: threading.Event = field(default_factory=threading.Event, repr=False)
+    _supervisor: threading.Thread | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _tls: Tls | None = field(default=None, repr=False)
 
     def start_superlink(self, tls: Tls | None = None, node_auth: bool = False) -> None:
+        """The SuperLink, its SuperExec, and the supervisor that restarts the SuperExec."""
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth),
-                               self.work / "logs", env={"FLWR_HOME": str(self.work / "home")})
+        self._tls = tls
+        self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth,
+                                                          own_superexec=True),
+                               self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
+                               cwd=self.work)
         self.flwr_home = self.work / "cli-home"
         write_flwr_home(self.flwr_home, self.address, ca=None if tls is None else tls.ca)
         _wait_port(port, 30.0, self.superlink)
+        self._start_superexec()
+        self._supervisor = threading.Thread(target=self._supervise, name="superexec-supervisor",
+                                            daemon=True)
+        self._supervisor.start()
+
+    def _start_superexec(self) -> None:
+        assert self.superlink is not None
+        ca = None if self._tls is None else self._tls.ca
+        name = "superexec" if self.superexec is None else f"superexec{self.superexec_restarts}"
+        self.superexec = start(name, superexec_cmd(self.address, ca, self.superlink.pid),
+                               self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
+                               cwd=self.work)
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(self.supervise_every):
+            self.check_superexec()
+
+    def check_superexec(self) -> bool:
+        """Start a new SuperExec if the last one exited while the SuperLink runs (True then).
+        The supervisor thread calls this every `supervise_every` seconds."""
+        with self._lock:
+            if (self._stopping.is_set() or self.superlink is None or self.superexec is None
+                    or self.superexec.alive() or not self.superlink.alive()):
+                return False
+            old = self.superexec
+            self.superexec_restarts += 1
+            with open(self.work / "logs" / "superlink.log", "a") as fh:
+                fh.write(f"[clusterfl] SuperExec (pid {old.pid}) exited with code "
+                         f"{old.popen.returncode} (log {old.log.name}); starting a new one "
+                         f"(restart {self.superexec_restarts})\n")
+            self._start_superexec()
+            return True
 
     def register_supernodes(self, public_keys: list[Path]) -> None:
         """`flwr supernode register KEY.pub` for each key (SuperLink with node auth)."""
@@ -243,7 +319,8 @@ class LocalDeployment:
         proc = start(f"supernode{i}",
                      supernode_cmd(self.address, free_port(), node_config, ca, auth_key),
                      self.work / "logs", env={"FLWR_HOME": str(home),
-                                              "CLUSTERFL_WORKER_DIR": str(self.worker_dir)})
+                                              "CLUSTERFL_WORKER_DIR": str(self.worker_dir)},
+                     cwd=self.work)
         self.supernodes.append(proc)
         return proc
 
@@ -262,7 +339,13 @@ class LocalDeployment:
 
     def stop(self) -> None:
         """Stop every process this deployment started, and its node workers."""
-        for p in [*self.supernodes, *([self.superlink] if self.superlink else [])]:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=10.0)
+        with self._lock:
+            procs = [*self.supernodes, *([self.superexec] if self.superexec else []),
+                     *([self.superlink] if self.superlink else [])]
+        for p in procs:
             p.stop()
         kill_matching(str(self.worker_dir))
 
