@@ -14,6 +14,8 @@ Examples:
     python benchmarks/cam/run.py --scale small --table
     python benchmarks/cam/run.py --scale reduced --set train.lr=0.01 \
         --settings cluster_dirichlet_k5 dirichlet_k5 --seeds 0      # see RESULTS.md
+    python benchmarks/cam/run.py --scale reduced --normalize --tag _norm --seeds 0
+        # the paper's lr 0.001 on standardized inputs (training mean and std)
 """
 
 from __future__ import annotations
@@ -94,9 +96,23 @@ def _data_dir() -> str:
     return os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets")
 
 
-def build_federation(raw: dict[str, Any], scale: dict[str, Any], seed: int) -> Federation:
+def standardize(source: Source) -> Source:
+    """Inputs shifted and scaled by the training split's mean and std per channel (the
+    `Normalize(mean, std)` step of the usual Fashion-MNIST pipelines; a dataset constant,
+    the same for every client)."""
+    dims = [0, *range(2, source.x_train.ndim)]
+    mean = source.x_train.mean(dim=dims, keepdim=True)
+    std = source.x_train.std(dim=dims, keepdim=True)
+    return replace(source, x_train=(source.x_train - mean) / std,
+                   x_test=(source.x_test - mean) / std)
+
+
+def build_federation(raw: dict[str, Any], scale: dict[str, Any], seed: int,
+                     normalize: bool = False) -> Federation:
     source = load_source(raw["data"]["source"], raw["data"]["data_dir"])
     source = subsample(source, scale.get("train_rows"), scale.get("test_rows"), seed)
+    if normalize:
+        source = standardize(source)
     scen = dict(raw["scenario"])
     name = scen.pop("name")
     return make_federation(source, name, scen, seed=seed)
@@ -121,7 +137,7 @@ def final_record(history: Any) -> dict[str, Any]:
 
 def run_one(base: dict[str, Any], suite: dict[str, Any], setting: str, method: str,
             scale: str, seed: int, out: Path, fed: Federation, overrides: list[str] = (),
-            tag: str = "") -> dict[str, Any]:
+            tag: str = "", normalize: bool = False) -> dict[str, Any]:
     raw = run_config(base, suite, setting, method, scale, seed, overrides)
     label = scale + tag
     run_dir = out / label / setting / method / f"seed{seed}"
@@ -132,7 +148,7 @@ def run_one(base: dict[str, Any], suite: dict[str, Any], setting: str, method: s
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     figs = cam_figures(run_dir, history.records, history.summary) if method in CLUSTERED else []
     result = {"setting": setting, "method": method, "seed": seed, "scale": scale,
-              "overrides": list(overrides), "lr": raw["train"]["lr"],
+              "overrides": list(overrides), "lr": raw["train"]["lr"], "normalize": normalize,
               "n_clients": fed.n_clients, "rounds": raw["rounds"],
               "warmup_rounds": raw["algorithm"].get("warmup_rounds", 0),
               "wall_time_s": round(wall, 1), "cpu_time_s": round(cpu, 1),
@@ -206,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="config override key=value (e.g. train.lr=0.01), applied to every run")
     p.add_argument("--tag", default="", help="suffix of the result directory (scale + tag)")
+    p.add_argument("--normalize", action="store_true",
+                   help="standardize the inputs (training mean and std per channel)")
     p.add_argument("--table", action="store_true", help="only aggregate existing results")
     args = p.parse_args(argv)
     if args.table:
@@ -217,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         for setting in args.settings:
             methods = args.methods or suite["settings"][setting]["methods"]
             raw = run_config(base, suite, setting, methods[0], args.scale, seed, args.overrides)
-            fed = build_federation(raw, scale, seed)
+            fed = build_federation(raw, scale, seed, args.normalize)
             for method in methods:
                 r = run_one(base, suite, setting, method, args.scale, seed, Path(args.out), fed,
-                            args.overrides, args.tag)
+                            args.overrides, args.tag, args.normalize)
                 print(f"{setting} seed{seed} {method}: acc {r['accuracy']:.4f} "
                       f"f1 {r['macro_f1']:.4f} ari {r['ari']} largest "
                       f"{r['largest_cluster_share_final']} cpu {r['cpu_time_s']}s "
