@@ -20,11 +20,11 @@ starts its SuperExec in a new session, so process groups alone would miss it). C
 
 The SuperLink's SuperExec (the process that starts each submitted ServerApp) is started and
 supervised here rather than left to the SuperLink (`--isolation process`): Flower 1.41's
-SuperExec exits on the first error its SuperLink returns, and a SuperLink under load does
-return one now and then (seen here: `database is locked` from its in-memory state, HTTP
-500 on `acquire-task`). The SuperLink then accepts runs that never start. The supervisor
-thread of `LocalDeployment` starts a new SuperExec within a second of the old one's exit,
-and counts the restarts (`LocalDeployment.superexec_restarts`, also noted in its log).
+SuperExec exits on the first error its SuperLink returns, and a loaded SuperLink can return
+one (seen here with a file-backed state: `database is locked`, HTTP 500 on `acquire-task`).
+The SuperLink then accepts runs that never start. The supervisor thread of
+`LocalDeployment` starts a new SuperExec within a second of the old one's exit and counts
+the restarts (`LocalDeployment.superexec_restarts`, one line each in `logs/supervisor.log`).
 """
 
 from __future__ import annotations
@@ -254,13 +254,13 @@ class LocalDeployment:
     _stopping: threading.Event = field(default_factory=threading.Event, repr=False)
     _supervisor: threading.Thread | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _tls: Tls | None = field(default=None, repr=False)
+    _ca: Path | None = field(default=None, repr=False)  # the SuperLink's TLS root, if any
 
     def start_superlink(self, tls: Tls | None = None, node_auth: bool = False) -> None:
         """The SuperLink, its SuperExec, and the supervisor that restarts the SuperExec."""
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self._tls = tls
+        self._ca = None if tls is None else tls.ca
         self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth,
                                                           own_superexec=True),
                                self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
@@ -275,9 +275,8 @@ class LocalDeployment:
 
     def _start_superexec(self) -> None:
         assert self.superlink is not None
-        ca = None if self._tls is None else self._tls.ca
         name = "superexec" if self.superexec is None else f"superexec{self.superexec_restarts}"
-        self.superexec = start(name, superexec_cmd(self.address, ca, self.superlink.pid),
+        self.superexec = start(name, superexec_cmd(self.address, self._ca, self.superlink.pid),
                                self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
                                cwd=self.work)
 
@@ -294,7 +293,7 @@ class LocalDeployment:
                 return False
             old = self.superexec
             self.superexec_restarts += 1
-            with open(self.work / "logs" / "superlink.log", "a") as fh:
+            with open(self.work / "logs" / "supervisor.log", "a") as fh:  # ours alone
                 fh.write(f"[clusterfl] SuperExec (pid {old.pid}) exited with code "
                          f"{old.popen.returncode} (log {old.log.name}); starting a new one "
                          f"(restart {self.superexec_restarts})\n")
