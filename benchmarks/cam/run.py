@@ -115,7 +115,9 @@ def build_federation(raw: dict[str, Any], scale: dict[str, Any], seed: int,
         source = standardize(source)
     scen = dict(raw["scenario"])
     name = scen.pop("name")
-    return make_federation(source, name, scen, seed=seed)
+    fed = make_federation(source, name, scen, seed=seed)
+    fed.meta["standardized"] = normalize
+    return fed
 
 
 def final_record(history: Any) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def final_record(history: Any) -> dict[str, Any]:
 
 def run_one(base: dict[str, Any], suite: dict[str, Any], setting: str, method: str,
             scale: str, seed: int, out: Path, fed: Federation, overrides: list[str] = (),
-            tag: str = "", normalize: bool = False) -> dict[str, Any]:
+            tag: str = "") -> dict[str, Any]:
     raw = run_config(base, suite, setting, method, scale, seed, overrides)
     label = scale + tag
     run_dir = out / label / setting / method / f"seed{seed}"
@@ -148,7 +150,8 @@ def run_one(base: dict[str, Any], suite: dict[str, Any], setting: str, method: s
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     figs = cam_figures(run_dir, history.records, history.summary) if method in CLUSTERED else []
     result = {"setting": setting, "method": method, "seed": seed, "scale": scale,
-              "overrides": list(overrides), "lr": raw["train"]["lr"], "normalize": normalize,
+              "overrides": list(overrides), "lr": raw["train"]["lr"],
+              "normalize": fed.meta.get("standardized", False),
               "n_clients": fed.n_clients, "rounds": raw["rounds"],
               "warmup_rounds": raw["algorithm"].get("warmup_rounds", 0),
               "wall_time_s": round(wall, 1), "cpu_time_s": round(cpu, 1),
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             fed = build_federation(raw, scale, seed, args.normalize)
             for method in methods:
                 r = run_one(base, suite, setting, method, args.scale, seed, Path(args.out), fed,
-                            args.overrides, args.tag, args.normalize)
+                            args.overrides, args.tag)
                 print(f"{setting} seed{seed} {method}: acc {r['accuracy']:.4f} "
                       f"f1 {r['macro_f1']:.4f} ari {r['ari']} largest "
                       f"{r['largest_cluster_share_final']} cpu {r['cpu_time_s']}s "
