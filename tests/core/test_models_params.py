@@ -12,6 +12,8 @@ from clusterfl.models import ModelFactory, get_flat, model_config, set_flat
         ({"name": "mlp", "hidden": [200]}, (1, 28, 28)),
         ({"name": "lenet"}, (1, 28, 28)),
         ({"name": "lenet", "groups": 2}, (1, 8, 8)),
+        ({"name": "lenet", "channels": [8, 16], "hidden": [], "downsample": "stride"},
+         (1, 28, 28)),
         ({"name": "leaf_cnn", "hidden": 64}, (1, 28, 28)),
         ({"name": "linear"}, (1,)),
         ({"name": "conv_ae"}, (1, 28, 28)),
@@ -45,7 +47,24 @@ def test_layer_index_selects_named_layers():
         f.layout.index(["conv"])
 
 
+def test_small_cnn_options_change_the_layers():
+    # stride-2 convolutions and a single linear head: 1*8*25+8 + 8*16*25+16 + 784*10+10
+    small = model_config({"name": "lenet", "channels": [8, 16], "hidden": [],
+                          "downsample": "stride"})
+    f = ModelFactory(small, (1, 28, 28), 10)
+    assert f.size == 208 + 3216 + 7850
+    m = f.build()
+    assert not any(isinstance(x, torch.nn.MaxPool2d) for x in m.modules())
+    assert [c.stride for c in m.modules() if isinstance(c, torch.nn.Conv2d)] == [(2, 2)] * 2
+    assert m(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+    deep = ModelFactory(model_config({"name": "lenet", "hidden": [32, 16, 8]}), (1, 28, 28), 10)
+    widths = [x.out_features for x in deep.build().modules() if isinstance(x, torch.nn.Linear)]
+    assert widths == [32, 16, 8, 10]
+
+
 def test_model_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"model\.downsample"):
+        model_config({"name": "lenet", "downsample": "avgpool"})
     with pytest.raises(ConfigError, match=r"model\.name: unknown value 'resnet'; allowed: .*mlp"):
         model_config({"name": "resnet"})
     with pytest.raises(ConfigError, match=r"model\.dropout"):

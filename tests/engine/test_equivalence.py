@@ -2,7 +2,8 @@
 
 From the same start models and the same schedule, both backends must return the same replies:
 in float64 to 1e-10, in float32 within 1e-5 (relative to the parameters' scale). Every built-in
-model (MLP, LeNet with and without GroupNorm, LEAF CNN, linear regression) and one custom
+model (MLP, LeNet with and without GroupNorm, a stride-2 CNN with a one-layer head,
+LEAF CNN, linear regression) and one custom
 module (generic torch.func path) is checked under every optimizer setting.
 """
 
@@ -66,6 +67,8 @@ MODELS: dict[str, tuple[dict, tuple[int, ...], str, type]] = {
               "classification", CNNKernel),
     "lenet_gn": ({"name": "lenet", "channels": [4, 6], "hidden": [16, 12], "groups": 2},
                  (3, 8, 8), "classification", CNNKernel),
+    "cnn_stride": ({"name": "lenet", "channels": [3, 5], "hidden": [], "downsample": "stride"},
+                   (1, 8, 8), "classification", CNNKernel),
     "leaf_cnn": ({"name": "leaf_cnn", "hidden": 16}, (1, 4, 4), "classification", CNNKernel),
     "leaf_cnn_gn": ({"name": "leaf_cnn", "hidden": 12, "groups": 4}, (1, 4, 4),
                     "classification", CNNKernel),

@@ -33,8 +33,12 @@ class MLPConfig(_Strict):
 class LeNetConfig(_Strict):
     name: Literal["lenet"] = "lenet"
     channels: tuple[int, int] = (6, 16)
-    hidden: tuple[int, int] = (120, 84)
+    hidden: tuple[int, ...] = Field(
+        (120, 84), description="hidden widths of the fully-connected head; [] for one layer")
     groups: int = Field(0, ge=0, description="GroupNorm groups; 0 = no normalization")
+    downsample: Literal["maxpool", "stride"] = Field(
+        "maxpool", description='"maxpool": 2x2 pooling after each convolution (LeNet); '
+        '"stride": stride-2 convolutions, no pooling')
 
 
 class LeafCNNConfig(_Strict):
@@ -58,7 +62,7 @@ def _mlp(c: MLPConfig, shape: tuple[int, ...], out: int) -> nn.Module:
 
 
 def _lenet(c: LeNetConfig, shape: tuple[int, ...], out: int) -> nn.Module:
-    return LeNet(shape, out, c.channels, c.hidden, c.groups)
+    return LeNet(shape, out, c.channels, c.hidden, c.groups, c.downsample)
 
 
 def _leaf(c: LeafCNNConfig, shape: tuple[int, ...], out: int) -> nn.Module:

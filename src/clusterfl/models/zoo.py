@@ -1,7 +1,8 @@
 """Built-in architectures. Normalization, where used, is GroupNorm (BatchNorm does not stack).
 
 - `MLP`: input → hidden layers (ReLU, dropout) → outputs. FLT App. C.3 / CFL-GP §5.2 use 784-200-10.
-- `LeNet`: a small LeNet-size CNN (conv5-6 → pool → conv5-16 → pool → 120 → 84 → out).
+- `LeNet`: a small LeNet-size CNN (conv5-6 → pool → conv5-16 → pool → 120 → 84 → out); the
+  widths, the head's hidden layers and stride-2 convolutions instead of pooling are options.
 - `LeafCNN`: the LEAF CNN used by FLT (App. C.3): conv5-32 → pool → conv5-64 → pool → 2048 → out.
 - `LinearRegression`: y = w·x + b (CFL-GP §5.1 synthetic regression).
 - `ConvAE`: FLT's convolutional autoencoder (App. C.3): encoder conv3-16 → conv3-4 → pool →
@@ -50,27 +51,44 @@ def _norm(channels: int, groups: int) -> nn.Module:
 
 
 class LeNet(nn.Module):
+    """Two 5×5 convolutions, then fully-connected layers.
+
+    `downsample="maxpool"` (LeNet): stride-1 convolutions, each followed by 2×2 max-pooling.
+    `downsample="stride"`: each convolution has stride 2 and no pooling follows (four times
+    fewer multiply-adds for the same output size). `hidden` lists the hidden widths of the
+    head, `()` for a single linear layer on the flattened features.
+    """
+
     def __init__(
         self,
         input_shape: tuple[int, ...],
         n_outputs: int,
         channels: tuple[int, int] = (6, 16),
-        hidden: tuple[int, int] = (120, 84),
+        hidden: tuple[int, ...] = (120, 84),
         groups: int = 0,
+        downsample: str = "maxpool",
     ) -> None:
         super().__init__()
+        if downsample not in ("maxpool", "stride"):
+            raise ValueError(f"downsample must be 'maxpool' or 'stride', got {downsample!r}")
         c_in, h, w = input_shape
         c1, c2 = channels
-        self.features = nn.Sequential(
-            nn.Conv2d(c_in, c1, 5, padding=2), _norm(c1, groups), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2), _norm(c2, groups), nn.ReLU(), nn.MaxPool2d(2),
-        )
+        stride = 2 if downsample == "stride" else 1
+
+        def block(a: int, b: int) -> list[nn.Module]:
+            pool = [nn.MaxPool2d(2)] if stride == 1 else []
+            return [nn.Conv2d(a, b, 5, stride=stride, padding=2), _norm(b, groups), nn.ReLU(),
+                    *pool]
+
+        self.features = nn.Sequential(*block(c_in, c1), *block(c1, c2))
         flat = c2 * (h // 4) * (w // 4)
-        self.classifier = nn.Sequential(
-            nn.Linear(flat, hidden[0]), nn.ReLU(),
-            nn.Linear(hidden[0], hidden[1]), nn.ReLU(),
-            nn.Linear(hidden[1], n_outputs),
-        )
+        sizes = [flat, *hidden, n_outputs]
+        head: list[nn.Module] = []
+        for j, (a, b) in enumerate(itertools.pairwise(sizes)):
+            head.append(nn.Linear(a, b))
+            if j < len(sizes) - 2:
+                head.append(nn.ReLU())
+        self.classifier = nn.Sequential(*head)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
