@@ -24,6 +24,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import replace
@@ -38,11 +39,13 @@ from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import Source, load_source
 from clusterfl.experiment import Experiment
+from clusterfl.report.figures import plot_comparison
 from clusterfl.report.methods.cam import balance_series
 from clusterfl.report.methods.cam import figures as cam_figures
 
 HERE = Path(__file__).resolve().parent
-CLUSTERED = ("ifca", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam")
+CLUSTERED = ("ifca", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam", "fesem_lam0001",
+             "fesem_lam01", "fesem_cam_lam0001", "fesem_cam_lam01")
 
 
 def load_suite() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -186,7 +189,8 @@ def write_table(suite: dict[str, Any], scale: str) -> None:
                   "| method | seeds | accuracy | macro-F1 | paper acc. | paper F1 | ARI | "
                   "largest cluster (final / max) | CPU s / run |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        for method in s["methods"]:
+        extra = [m for m in suite["methods"] if m not in s["methods"]]  # e.g. the λ search
+        for method in [*s["methods"], *extra]:
             res = [json.loads(p.read_text()) for p in found
                    if p.name.rsplit("_seed", 1)[0] == method]
             if not res:
@@ -204,13 +208,29 @@ def write_table(suite: dict[str, Any], scale: str) -> None:
             largest = (f"{np.mean(row['largest_final']):.2f} / {np.mean(row['largest_max']):.2f}"
                        if method in CLUSTERED else "–")
             p_acc, p_f1 = ("–" if v is None else v for v in paper)
+            ari_cell = f"{np.mean(ari):.2f}" if ari and method in CLUSTERED else "–"
             lines.append(
                 f"| {method} | {len(res)} | {_fmt(row['accuracy'])} | {_fmt(row['macro_f1'])} | "
-                f"{p_acc} | {p_f1} | {f'{np.mean(ari):.2f}' if ari else '–'} | {largest} | "
+                f"{p_acc} | {p_f1} | {ari_cell} | {largest} | "
                 f"{np.mean(row['cpu_s']):.0f} |")
     (root / "table.md").write_text("\n".join(lines).lstrip() + "\n")
     (root / "table.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
+
+
+def write_comparisons(suite: dict[str, Any], label: str, out: Path, seed: int = 0) -> None:
+    """Accuracy and ARI per round of every method of a setting (one seed) in one figure:
+    `figures/<label>_<setting>_accuracy_compare.png` and `..._ari_compare.png`."""
+    fig_dir = HERE / "figures"
+    for setting, s in suite["settings"].items():
+        methods = [*s["methods"], *(m for m in suite["methods"] if m not in s["methods"])]
+        runs = [(m, out / label / setting / m / f"seed{seed}") for m in methods]
+        runs = [(m, d) for m, d in runs if (d / "summary.json").is_file()]  # finished runs
+        if len(runs) < 2:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in plot_comparison([d for _, d in runs], tmp, [m for m, _ in runs])[:2]:
+                shutil.copy(path, fig_dir / f"{label}_{setting}_seed{seed}_{path.name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.table:
         write_table(suite, args.scale + args.tag)
+        write_comparisons(suite, args.scale + args.tag, Path(args.out))
         return 0
     torch.set_num_threads(args.threads)
     scale = suite["scales"][args.scale]
