@@ -37,7 +37,7 @@ import torch
 from clusterfl.config import apply_overrides
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
-from clusterfl.data.sources import Source, load_source
+from clusterfl.data.sources import Source, load_source, standardize
 from clusterfl.experiment import Experiment
 from clusterfl.report.figures import plot_comparison
 from clusterfl.report.methods.cam import balance_series
@@ -99,21 +99,12 @@ def _data_dir() -> str:
     return os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets")
 
 
-def standardize(source: Source) -> Source:
-    """Inputs shifted and scaled by the training split's mean and std per channel (the
-    `Normalize(mean, std)` step of the usual Fashion-MNIST pipelines; a dataset constant,
-    the same for every client)."""
-    dims = [0, *range(2, source.x_train.ndim)]
-    mean = source.x_train.mean(dim=dims, keepdim=True)
-    std = source.x_train.std(dim=dims, keepdim=True)
-    return replace(source, x_train=(source.x_train - mean) / std,
-                   x_test=(source.x_test - mean) / std)
-
-
 def build_federation(raw: dict[str, Any], scale: dict[str, Any], seed: int,
                      normalize: bool = False) -> Federation:
     source = load_source(raw["data"]["source"], raw["data"]["data_dir"])
     source = subsample(source, scale.get("train_rows"), scale.get("test_rows"), seed)
+    # --normalize alone decides (base.toml's data.standardize is for runs of base.toml on its
+    # own), so the commands of RESULTS.md keep giving what they gave
     if normalize:
         source = standardize(source)
     scen = dict(raw["scenario"])
@@ -149,6 +140,7 @@ def run_one(base: dict[str, Any], suite: dict[str, Any], setting: str, method: s
     if run_dir.exists():
         shutil.rmtree(run_dir)
     wall, cpu = time.perf_counter(), time.process_time()
+    raw["data"]["standardize"] = bool(fed.meta.get("standardized", False))  # in config.toml
     history = Experiment.from_config(raw, out_dir=run_dir, federation=fed).run(progress=False)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     figs = cam_figures(run_dir, history.records, history.summary) if method in CLUSTERED else []
@@ -226,6 +218,15 @@ def write_comparisons(suite: dict[str, Any], label: str, out: Path, seed: int = 
         methods = [*s["methods"], *(m for m in suite["methods"] if m not in s["methods"])]
         runs = [(m, out / label / setting / m / f"seed{seed}") for m in methods]
         runs = [(m, d) for m, d in runs if (d / "summary.json").is_file()]  # finished runs
+        results = HERE / "results" / label / setting
+        recorded = [m for m in methods if (results / f"{m}_seed{seed}.json").is_file()]
+        target = fig_dir / f"{label}_{setting}_seed{seed}_accuracy_compare.png"
+        if len(runs) < len(recorded) and target.is_file():
+            # run folders are not committed: a fresh checkout has only the newest runs, and a
+            # figure of those alone must not replace the committed one of the whole setting
+            print(f"{setting}: kept {target.name} ({len(runs)} of {len(recorded)} seed-{seed} "
+                  "runs have their folders here)")
+            continue
         if len(runs) < 2:
             continue
         with tempfile.TemporaryDirectory() as tmp:

@@ -56,6 +56,8 @@ class RunSettings(_Strict):
 class DataConfig(_Strict):
     source: str = "digits"
     data_dir: str | None = None
+    standardize: bool = Field(
+        False, description="scale inputs by the training split's mean and std per channel")
 
 
 class TrainConfig(_Strict):

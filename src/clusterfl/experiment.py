@@ -33,6 +33,7 @@ from clusterfl.config import (
 )
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
+from clusterfl.data.sources import Source, load_source, standardize
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateRequest
@@ -44,14 +45,19 @@ CHECKPOINT = "checkpoint/state.pt"
 
 def build_federation(config: Config) -> Federation:
     try:
-        return make_federation(
-            config.data.source, config.scenario_name, config.scenario.model_dump(),
+        source: str | Source = config.data.source
+        if config.data.standardize:
+            source = standardize(load_source(config.data.source, config.data.data_dir))
+        federation = make_federation(
+            source, config.scenario_name, config.scenario.model_dump(),
             seed=config.run.seed, data_dir=config.data.data_dir,
         )
     except ConfigError as exc:
         if exc.field == "source":
             raise ConfigError("data.source", exc.message) from None
         raise
+    federation.meta["standardized"] = config.data.standardize
+    return federation
 
 
 def build_backend(config: Config, federation: Federation, factory: ModelFactory) -> Backend:

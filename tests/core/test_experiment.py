@@ -108,3 +108,15 @@ def test_run_on_real_mnist_if_available(tmp_path):
            "scenario": {"name": "label_swap", "n_clients": 4, "n_clusters": 2}}
     h = Experiment.from_config(cfg).run(progress=False)
     assert h.series("accuracy")[-1] > 0.6
+
+
+def test_standardized_inputs_keep_the_federation_and_learn(tmp_path):
+    raw = Experiment.from_config(SMALL).federation
+    cfg = {**SMALL, "data": {"source": "digits", "standardize": True}}
+    exp = Experiment.from_config(cfg, out_dir=tmp_path)
+    fed = exp.federation
+    assert fed.meta["standardized"] and not raw.meta["standardized"]
+    assert (fed.y_train == raw.y_train).all() and (fed.train_offsets == raw.train_offsets).all()
+    assert abs(float(fed.x_train.mean())) < 0.05 and abs(float(fed.x_train.std()) - 1) < 0.05
+    acc = exp.run(progress=False).series("accuracy")
+    assert acc[-1] > acc[0] + 0.2 and acc[-1] > 0.5

@@ -18,6 +18,7 @@ from clusterfl.data.sources import (
     default_data_dir,
     load_source,
     read_idx,
+    standardize,
     stratified_test_mask,
 )
 from clusterfl.errors import ConfigError, DataError
@@ -195,3 +196,15 @@ def test_cifar_refuses_foreign_pickles_and_missing_files(tmp_path: Path) -> None
     (folder / "test_batch").write_bytes(pickle.dumps({b"data": os.system}, protocol=2))
     with pytest.raises(DataError, match="refusing to load"):
         load_source("cifar10", tmp_path)
+
+
+def test_standardize_uses_training_statistics_per_channel() -> None:
+    raw = load_source("digits")
+    std = standardize(raw)
+    assert std.x_train.mean().abs() < 1e-5 and abs(float(std.x_train.std()) - 1.0) < 1e-3
+    # the test split is mapped by the same affine map (the training constants), not its own
+    mean, scale = raw.x_train.mean(), raw.x_train.std()
+    assert torch.allclose(std.x_test, (raw.x_test - mean) / scale, atol=1e-5)
+    assert torch.equal(std.y_train, raw.y_train) and std.x_train.shape == raw.x_train.shape
+    with pytest.raises(ConfigError, match="data.standardize"):
+        standardize(load_source("synthetic_regression"))
