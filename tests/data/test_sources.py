@@ -206,5 +206,5 @@ def test_standardize_uses_training_statistics_per_channel() -> None:
     mean, scale = raw.x_train.mean(), raw.x_train.std()
     assert torch.allclose(std.x_test, (raw.x_test - mean) / scale, atol=1e-5)
     assert torch.equal(std.y_train, raw.y_train) and std.x_train.shape == raw.x_train.shape
-    with pytest.raises(ConfigError, match="data.standardize"):
+    with pytest.raises(ConfigError, match=r"data\.standardize"):
         standardize(load_source("synthetic_regression"))
