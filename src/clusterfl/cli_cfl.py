@@ -117,7 +117,12 @@ def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
     fed = build_federation(config)
     factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
     alg = CFL(config.algorithm)
-    alg.load_state_dict(state)
+    try:
+        alg.load_state_dict(state)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ClusterFLError(f"{run_dir}: its CFL state does not fit this clusterfl ({exc}); "
+                             "it was probably written by an older version: rerun the CFL "
+                             "run") from None
     if alg.clients.base.numel() != factory.size:
         raise ClusterFLError("the model of the overridden config does not match the run's")
     backend = build_backend(config, fed, factory)

@@ -36,7 +36,7 @@ from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import Source, load_source, standardize
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import EvaluateRequest
+from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor
 from clusterfl.robust.adversary import benign_vs_adversarial, choose_adversaries, flip_labels
 from clusterfl.robust.guard import Guard
 
@@ -208,9 +208,8 @@ class Experiment:
             if self._robust_on() or any(events.values()):
                 rec["robust"] = events
         if evaluate:
-            reply = ctx.backend.execute(
-                EvaluateRequest(np.arange(self.federation.n_clients), self.algorithm.predictor())
-            )
+            reply = evaluate_all(ctx.backend, self.algorithm.predictor(),
+                                 self.federation.n_clients)
             rec["metrics"] = metrics.summarize(reply)
             rec["client_accuracy"] = reply.accuracy
             rec["client_macro_f1"] = reply.macro_f1
@@ -320,7 +319,13 @@ class Experiment:
                 f"--resume: the checkpoint in {path.parent} was made with another config; "
                 "use the same config (see its config.toml) or a new --out"
             )
-        self.algorithm.load_state_dict(state["algorithm"])
+        try:
+            self.algorithm.load_state_dict(state["algorithm"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterFLError(
+                f"--resume: the checkpoint in {path.parent} does not fit this clusterfl's "
+                f"{self.algorithm.name} state ({exc}); it was probably written by an older "
+                "version: rerun without --resume into a new --out") from None
         ctx.rng.bit_generator.state = state["rng"]
         ctx.floats_down, ctx.floats_up = state["floats"]
         ctx.client_updates = int(state.get("client_updates", 0))
@@ -328,6 +333,25 @@ class Experiment:
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
         return int(state["round"]) + 1, float(state["elapsed"]), list(state["records"])
+
+
+def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:
+    """Every client evaluates its predictor; a client that did not answer (a dead Flower
+    node) gets NaN metrics in its row, so per-client series stay aligned with client ids
+    (the summary metrics skip NaN)."""
+    everyone = np.arange(n_clients)
+    reply = backend.execute(EvaluateRequest(everyone, predictor))
+    if len(reply.clients) == n_clients:
+        return reply
+
+    def full(values: np.ndarray) -> np.ndarray:
+        out = np.full(n_clients, np.nan)
+        out[reply.clients] = values
+        return out
+
+    return EvaluateReply(everyone, full(reply.accuracy), full(reply.macro_f1),
+                         full(reply.loss), np.nan_to_num(full(reply.n_samples)).astype(np.int64),
+                         {k: full(v) for k, v in reply.extras.items()})
 
 
 def _check_fault_clients(config: Config, n_clients: int) -> None:

@@ -1,17 +1,25 @@
 """The requests a server may send to clients, and the replies (DESIGN.md §1, floor 4).
 
 Algorithms never touch client data: they build one of these requests for a set of clients
-and hand it to a backend. Every request knows its communication cost in floats, so the
-history can report what a method costs on the wire whatever backend runs it.
+and hand it to `Context.send`. Every request knows what one client receives and sends in
+floats (`unit_cost`), so `Context.send` books what a method costs on the wire, whatever
+backend runs it, in one place.
 
 Models travel as flat vectors. A request carries a stack `models: [K, d]` and, per client,
 which row(s) that client uses, so K distinct models go to many clients without copies.
+
+Clients on the first axis: a request lists its `clients`; a reply lists the clients whose
+rows it holds (`clients`, in request order, only those that answered). Fields marked
+`PER_CLIENT` have one entry per listed client on their first axis (in a nested `Predictor`,
+its `members`); every other field is the same for all clients. `subset` and `join` are the one
+way to take some clients of a request or reply and to put replies together; robustness,
+backends and the Flower codec all use them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +51,10 @@ class LocalTraining:
     eps: float = 1e-8
 
 
+PER_CLIENT = {"per_client": True}
+"""Field metadata: one entry per listed client on the first axis (sliced by `subset`)."""
+
+
 @dataclass(frozen=True)
 class Predictor:
     """How each client predicts: `members[i]` are the rows of `models` client i combines.
@@ -53,20 +65,12 @@ class Predictor:
     """
 
     models: torch.Tensor
-    members: np.ndarray
+    members: np.ndarray = field(metadata=PER_CLIENT)
     combine: Combine = "single"
 
     @staticmethod
     def single(models: torch.Tensor, model_of_client: np.ndarray) -> Predictor:
         return Predictor(models, np.asarray(model_of_client, np.int64)[:, None], "single")
-
-
-def _n(clients: np.ndarray) -> int:
-    return len(clients)
-
-
-SHARED = {"shared": True}
-"""Field metadata: an array the same for every client (never sliced per client on the wire)."""
 
 
 def reply_width(models: torch.Tensor, coords: np.ndarray | None) -> int:
@@ -98,32 +102,45 @@ class TrainRequest:
     clients): each client replies with `params[:, coords]` only, the trained model at those
     coordinates (CFL-GP's compressed clustering features, Kim et al. App. E.1); the uplink
     is then d̂ = len(coords) floats per client, the downlink still the whole model.
+
+    What travels (booked by `Context.send` from `unit_cost`): down, the client's start model
+    and the offset's member models — nothing when `models_held` (the clients already hold
+    them: sent with an earlier message of the same round, as IFCA's K models go with its loss
+    request, or the client's own model kept on the device); up, the trained model (d̂ floats
+    with `coords`) — nothing when `keep_local` (the model stays on the device: Local, FeSEM's
+    warm-up; the simulated reply still reaches the server, which plays the device's storage).
     """
 
-    clients: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
     models: torch.Tensor
-    model_of_client: np.ndarray
+    model_of_client: np.ndarray = field(metadata=PER_CLIENT)
     training: LocalTraining
     seed: int
-    offset: Predictor | None = None
-    count_cost: bool = True
-    coords: np.ndarray | None = field(default=None, metadata=SHARED)
+    offset: Predictor | None = field(default=None, metadata=PER_CLIENT)
+    coords: np.ndarray | None = None
+    models_held: bool = False
+    keep_local: bool = False
+
+    def unit_cost(self) -> tuple[float, float]:
+        """(floats down, floats up) of one client."""
+        d = int(self.models.shape[1])
+        off = self.offset
+        extra = 0 if off is None else off.members.shape[1] * int(off.models.shape[1])
+        down = 0 if self.models_held else d + extra
+        up = 0 if self.keep_local else reply_width(self.models, self.coords)
+        return float(down), float(up)
 
     def cost(self) -> tuple[float, float]:
-        if not self.count_cost:
-            return 0.0, 0.0
-        d = self.models.shape[1]
-        off = self.offset
-        extra = 0 if off is None else off.members.shape[1] * off.models.shape[1]
-        up = reply_width(self.models, self.coords)
-        return float(_n(self.clients) * (d + extra)), float(_n(self.clients) * up)
+        """(floats down, floats up) if every listed client answers."""
+        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
 class TrainReply:
-    params: torch.Tensor
-    n_samples: np.ndarray
-    loss: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    params: torch.Tensor = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+    loss: np.ndarray = field(metadata=PER_CLIENT)
 
 
 @dataclass
@@ -133,47 +150,66 @@ class GradientRequest:
 
     `coords` (optional, sorted int64 indices into the flat parameter vector, the same for all
     clients): reply with `grads[:, coords]` only, d̂ = len(coords) floats per client up; the
-    model still travels whole (d floats down per client).
+    model still travels whole (d floats down per client) unless `models_held` (the clients
+    already hold it from an earlier message of the round).
     """
 
-    clients: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
     models: torch.Tensor
-    model_of_client: np.ndarray
+    model_of_client: np.ndarray = field(metadata=PER_CLIENT)
     batch_size: int | None
     seed: int
-    coords: np.ndarray | None = field(default=None, metadata=SHARED)
+    coords: np.ndarray | None = None
+    models_held: bool = False
+
+    def unit_cost(self) -> tuple[float, float]:
+        down = 0 if self.models_held else int(self.models.shape[1])
+        return float(down), float(reply_width(self.models, self.coords))
 
     def cost(self) -> tuple[float, float]:
-        d, up = self.models.shape[1], reply_width(self.models, self.coords)
-        return float(_n(self.clients) * d), float(_n(self.clients) * up)
+        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
 class GradientReply:
-    grads: torch.Tensor
-    n_samples: np.ndarray
-    loss: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    grads: torch.Tensor = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+    loss: np.ndarray = field(metadata=PER_CLIENT)
 
 
 @dataclass
 class LossRequest:
     """Each client reports the loss and accuracy of every one of K models on its data
-    (IFCA's cluster identity estimate)."""
+    (IFCA's cluster identity estimate). With an `offset`, model k's logits are added to the
+    offset's (CAM: the loss of the sum h(x; Θ_g) + f(x; Θ_k)).
 
-    clients: np.ndarray
+    Down: the K models and the offset's members; `shared_coords` coordinates that are the
+    same in all K models (IFCA's weight sharing) travel once instead of K times. Up: K losses.
+    """
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
     models: torch.Tensor
     split: Split = "train"
-    offset: Predictor | None = None
+    offset: Predictor | None = field(default=None, metadata=PER_CLIENT)
+    shared_coords: int = 0
+
+    def unit_cost(self) -> tuple[float, float]:
+        k, d = (int(x) for x in self.models.shape)
+        off = self.offset
+        extra = 0 if off is None else off.members.shape[1] * int(off.models.shape[1])
+        down = k * d - (k - 1) * self.shared_coords + extra if k else 0
+        return float(down), float(k)
 
     def cost(self) -> tuple[float, float]:
-        k, d = self.models.shape
-        return float(_n(self.clients) * k * d), float(_n(self.clients) * k)
+        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
 class LossReply:
-    loss: np.ndarray
-    accuracy: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    loss: np.ndarray = field(metadata=PER_CLIENT)
+    accuracy: np.ndarray = field(metadata=PER_CLIENT)
 
 
 @dataclass
@@ -183,9 +219,12 @@ class EvaluateRequest:
     Evaluation is measurement, not training traffic: its cost is not counted.
     """
 
-    clients: np.ndarray
-    predictor: Predictor
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    predictor: Predictor = field(metadata=PER_CLIENT)
     split: Split = "test"
+
+    def unit_cost(self) -> tuple[float, float]:
+        return 0.0, 0.0
 
     def cost(self) -> tuple[float, float]:
         return 0.0, 0.0
@@ -193,15 +232,12 @@ class EvaluateRequest:
 
 @dataclass
 class EvaluateReply:
-    accuracy: np.ndarray
-    macro_f1: np.ndarray
-    loss: np.ndarray
-    n_samples: np.ndarray
-    extras: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-Request = TrainRequest | GradientRequest | LossRequest | EvaluateRequest
-Reply = TrainReply | GradientReply | LossReply | EvaluateReply
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    accuracy: np.ndarray = field(metadata=PER_CLIENT)
+    macro_f1: np.ndarray = field(metadata=PER_CLIENT)
+    loss: np.ndarray = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+    extras: dict[str, np.ndarray] = field(default_factory=dict, metadata=PER_CLIENT)
 
 
 # ----------------------------------------------------------------------------- signatures
@@ -224,7 +260,7 @@ class EmbedRequest:
     All fields are arrays, tensors, ints, floats or strings, so any backend can ship it.
     """
 
-    clients: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
     method: str
     encoder: torch.Tensor | None
     signature_dim: int
@@ -237,20 +273,157 @@ class EmbedRequest:
     kmeans_n_init: int = 10
     seed: int = 0
 
-    def cost(self) -> tuple[float, float]:
-        """Floats down: the encoder once per client (0 for PCA); up: k·e per client."""
-        n = _n(self.clients)
+    def unit_cost(self) -> tuple[float, float]:
+        """Floats down: the encoder (0 for PCA); up: k·e."""
         down = 0 if self.encoder is None else int(self.encoder.numel())
-        return float(n * down), float(n * self.k * self.signature_dim)
+        return float(down), float(self.k * self.signature_dim)
+
+    def cost(self) -> tuple[float, float]:
+        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
 class EmbedReply:
     """`signatures[i]` is client i's `[k, e]` centroid set; `n_samples` its data size."""
 
-    signatures: np.ndarray
-    n_samples: np.ndarray
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    signatures: np.ndarray = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
 
 
 Request = TrainRequest | GradientRequest | LossRequest | EvaluateRequest | EmbedRequest
 Reply = TrainReply | GradientReply | LossReply | EvaluateReply | EmbedReply
+
+REQUEST_TYPES: tuple[type, ...] = (TrainRequest, GradientRequest, LossRequest, EvaluateRequest,
+                                   EmbedRequest)
+REPLY_TYPES: tuple[type, ...] = (TrainReply, GradientReply, LossReply, EvaluateReply,
+                                 EmbedReply)
+
+
+class Executor(Protocol):
+    """Anything that executes requests (a backend); what the robustness layer drives."""
+
+    def execute(self, request: Any) -> Any: ...
+
+
+def _total(unit: tuple[float, float], n: int) -> tuple[float, float]:
+    return float(n * unit[0]), float(n * unit[1])
+
+
+# ----------------------------------------------------------------------------- subsets, joins
+
+M = TypeVar("M")
+
+
+def _take(value: Any, rows: np.ndarray) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value[torch.from_numpy(rows)]
+    if isinstance(value, np.ndarray):
+        return value[rows]
+    if isinstance(value, dict):
+        return {k: _take(v, rows) for k, v in value.items()}
+    if isinstance(value, Predictor):
+        return subset(value, rows)
+    raise TypeError(f"cannot take client rows of a {type(value).__name__}")
+
+
+def subset(message: M, rows: np.ndarray | list[int]) -> M:
+    """`message` (a request, a reply or a `Predictor`) restricted to the clients at positions
+    `rows` of its client axis, in that order: every `PER_CLIENT` field follows."""
+    idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+    msg: Any = message
+    changes = {f.name: _take(getattr(msg, f.name), idx) for f in fields(msg)
+               if f.metadata.get("per_client")}
+    out: M = replace(msg, **changes)
+    return out
+
+
+def positions_of(message: Any, clients: np.ndarray | list[int]) -> np.ndarray:
+    """Positions of client ids `clients` on `message.clients` (each must be listed)."""
+    where = {int(c): i for i, c in enumerate(np.asarray(message.clients).tolist())}
+    try:
+        return np.array([where[int(c)] for c in np.asarray(clients).tolist()], dtype=np.int64)
+    except KeyError as exc:
+        raise ValueError(f"client {exc.args[0]} is not listed in the "
+                         f"{type(message).__name__}") from None
+
+
+def select(message: M, clients: np.ndarray | list[int]) -> M:
+    """`message` restricted to the client ids `clients` (in that order)."""
+    return subset(message, positions_of(message, clients))
+
+
+def _cat(values: list[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(values)
+    if isinstance(first, np.ndarray):
+        return np.concatenate(values)
+    if isinstance(first, dict):
+        return {k: _cat([v[k] for v in values]) for k in first}
+    raise TypeError(f"cannot join client rows of a {type(first).__name__}")
+
+
+def join(replies: list[M], order: np.ndarray | None = None) -> M:
+    """The rows of several replies of one type as one reply; with `order` (client ids, e.g.
+    the request's `clients`), the rows are put in that order (clients not in any reply are
+    absent)."""
+    if not replies:
+        raise ValueError("join needs at least one reply")
+    first: Any = replies[0]
+    out: Any = first
+    if len(replies) > 1:
+        out = replace(first, **{
+            f.name: _cat([getattr(r, f.name) for r in replies])
+            for f in fields(first) if f.metadata.get("per_client")})
+    if order is None:
+        done: M = out
+        return done
+    rank = {int(c): i for i, c in enumerate(np.asarray(order).tolist())}
+    have = np.asarray(out.clients).tolist()
+    missing = [c for c in have if int(c) not in rank]
+    if missing:
+        raise ValueError(f"reply rows for clients {missing} that were not asked")
+    ordered: M = subset(out, np.argsort([rank[int(c)] for c in have], kind="stable"))
+    return ordered
+
+
+def empty_reply(request: Request) -> Reply:
+    """A reply with no rows, of the type and widths `request` would get."""
+    none = np.zeros(0, dtype=np.int64)
+    if isinstance(request, TrainRequest):
+        d = reply_width(request.models, request.coords)  # d̂ when narrowed to `coords`
+        return TrainReply(none, torch.zeros(0, d, dtype=request.models.dtype), none.copy(),
+                          np.zeros(0))
+    if isinstance(request, GradientRequest):
+        d = reply_width(request.models, request.coords)
+        return GradientReply(none, torch.zeros(0, d, dtype=request.models.dtype), none.copy(),
+                             np.zeros(0))
+    if isinstance(request, LossRequest):
+        k = int(request.models.shape[0])
+        return LossReply(none, np.zeros((0, k)), np.zeros((0, k)))
+    if isinstance(request, EvaluateRequest):
+        return EvaluateReply(none, np.zeros(0), np.zeros(0), np.zeros(0), none.copy())
+    if isinstance(request, EmbedRequest):
+        return EmbedReply(none, np.zeros((0, int(request.k), int(request.signature_dim))),
+                          none.copy())
+    raise TypeError(f"unknown request type {type(request).__name__}")
+
+
+def start_models(request: TrainRequest | GradientRequest,
+                 clients: np.ndarray | None = None) -> torch.Tensor:
+    """θ_start of `clients` (default: all listed), the row of `request.models` each was sent,
+    at the request's `coords` when it asked for some coordinates only (a reply's shape)."""
+    rows = np.asarray(request.model_of_client, dtype=np.int64)
+    if clients is not None:
+        rows = rows[positions_of(request, clients)]
+    return narrow(request.models[torch.from_numpy(rows)], request.coords)
+
+
+def mean_finite(values: np.ndarray | list[float]) -> float | None:
+    """Mean of the finite entries (None when there is none, e.g. nobody answered)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if len(v) else None

@@ -90,7 +90,11 @@ def test_two_part_training_freezes_the_other_part_as_an_offset():
         p_g, _ = ref.train_client(module, g, x, y, sched, ctx.training, fed.task, off_k)
         torch.testing.assert_close(rep_k.params[j], p_k)
         torch.testing.assert_close(rep_g.params[j], p_g)
-    assert ctx.floats_up == 2 * 2 * ctx.factory.size and ctx.floats_down == 0
+    d = ctx.factory.size
+    # per client: the cluster part and Θ_g (its offset) down once, θ_i and θ_i^0 up
+    assert ctx.floats_up == 2 * 2 * d and ctx.floats_down == 2 * 2 * d
+    train_both(ctx, clients, g, clusters, row_of, held=True)  # sent with the loss request
+    assert ctx.floats_up == 2 * 2 * 2 * d and ctx.floats_down == 2 * 2 * d
 
 
 def test_eq6_moves_each_cluster_by_its_share_of_all_samples():
@@ -113,7 +117,7 @@ def test_ifca_cam_warms_up_with_fedavg_then_finds_the_clusters():
     _run(fedavg, ctx_f, 2)
     extras = _run(alg, ctx, 2)
     assert [e["warmup"] for e in extras] == [1, 1]
-    assert torch.equal(alg.g, fedavg.model[0])
+    assert torch.equal(alg.state.g, fedavg.state.model[0])
     assert (alg.assignment() == -1).all()
     for t in range(3, 15):
         extras.append(alg.run_round(ctx, t))
@@ -138,7 +142,8 @@ def test_ifca_cam_eq6_default_and_unassigned_clients_use_the_global_model_alone(
     module = ctx.factory.build()
     i = int(np.flatnonzero(a < 0)[0])
     x, _ = fed.client_test(i)
-    torch.testing.assert_close(ctx.backend._outputs(pred, i, x), ref.predict(module, alg.g, x))
+    torch.testing.assert_close(ctx.backend._outputs(pred, i, x),
+                               ref.predict(module, alg.state.g, x))
 
 
 def test_fesem_cam_recovers_clusters_after_local_warmup():

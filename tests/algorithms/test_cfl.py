@@ -4,6 +4,7 @@ parameter tree and Algorithm 4, checkpoint/resume, CLI and figures."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from tests.core.conftest import blob_federation
 
 from clusterfl.algorithms.base import Context
-from clusterfl.algorithms.cfl import CFL, CFLConfig, ClientSide
+from clusterfl.algorithms.cfl import CFL, CFLConfig, ClientSide, ParameterTree, TreeNode
 from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.config import load_config
@@ -147,11 +148,11 @@ def test_weighted_cfl_before_any_split_is_fedavg():
     for t in range(1, 4):
         alg.run_round(ctx, t)
         ref.run_round(ref_ctx, t)
-    torch.testing.assert_close(alg.model_of(0), ref.model[0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(alg.model_of(0), ref.state.model[0], atol=1e-6, rtol=0)
     unweighted = CFL(CFLConfig(eps1=1e-9, aggregation="mean"))
     u_ctx = make_ctx(fed)
     run(unweighted, u_ctx, 3)
-    assert (unweighted.model_of(0) - ref.model[0]).abs().max() > 1e-5
+    assert (unweighted.model_of(0) - ref.state.model[0]).abs().max() > 1e-5
 
 
 class Spy(SequentialBackend):
@@ -221,6 +222,40 @@ def test_privacy_same_clustering_and_no_plain_update_reaches_the_server(monkeypa
             assert not torch.isclose(plain_rows, row[None]).all(dim=1).any()
     server_view = private.tree.nodes[1].model
     assert not torch.allclose(private.clients.base + server_view, private.model_of(1))
+
+
+# ---------------------------------------------------------------------------- state
+
+
+def test_state_round_trip_continues_identically():
+    """The checkpoint is `CFLState` (tree, devices, pending, choices); a CFL loaded from it
+    without `setup` (as `clusterfl cfl-place` does) continues exactly, privacy included."""
+    fed = blob_federation(n_clients=6, n_clusters=2)
+    cfg = CFLConfig(**BLOB, privacy=True, keep_best="train")
+    ctx = make_ctx(fed)
+    alg = CFL(cfg)
+    run(alg, ctx, 6)
+    assert alg.n_clusters() == 2 and alg.state.choice is not None
+    buffer = io.BytesIO()
+    torch.save(alg.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=False)
+    assert "tree" in saved  # what `cfl-place` checks a checkpoint for
+    copy = CFL(cfg)
+    copy.load_state_dict(saved)
+    assert isinstance(copy.tree, ParameterTree) and all(
+        isinstance(v, TreeNode) for v in copy.tree.nodes)
+    assert copy.tree.nodes[1].updates is not None and copy.tree.root.updates is None
+    assert copy.state.pending == alg.state.pending and copy.clients is not alg.clients
+    torch.testing.assert_close(copy.clients.base, alg.clients.base, rtol=0, atol=0)
+    twin = make_ctx(fed)
+    twin.rng.bit_generator.state = ctx.rng.bit_generator.state
+    for t in range(7, 10):
+        assert copy.run_round(twin, t) == alg.run_round(ctx, t)
+    a, b = alg.predictor(), copy.predictor()
+    assert torch.equal(a.models, b.models) and np.array_equal(a.members, b.members)
+    assert all(torch.equal(v.model, w.model) for v, w in zip(alg.tree.nodes, copy.tree.nodes,
+                                                             strict=True))
 
 
 # ---------------------------------------------------------------------------- Algorithm 4

@@ -77,7 +77,7 @@ def test_labels_stay_on_their_models_across_periods():
 
 def test_randomized_svd_route_clusters_the_same():
     exp, h = run(algorithm={"svd": "randomized"})
-    assert exp.algorithm.block_gram.shape[0] == 0  # no Gram matrix kept on this route
+    assert exp.algorithm.state.block_gram.shape[0] == 0  # no Gram matrix kept on this route
     assert clustering_records(h)[-1]["ari"] == pytest.approx(1.0)
 
 
@@ -86,7 +86,7 @@ def test_compressed_features_ratio_10_keep_ari_one(seed):
     exp, h = run(seed=seed, algorithm={"compression_ratio": 10.0})
     d = exp.factory.size
     assert h.records[-1]["extras"]["feature_dim"] == round(d / 10)
-    assert exp.algorithm.features.shape == (8, 4, round(d / 10))
+    assert exp.algorithm.state.features.shape == (8, 4, round(d / 10))
     assert clustering_records(h)[-1]["ari"] == pytest.approx(1.0)
 
 
@@ -131,7 +131,7 @@ class FakeClients(Backend):
         rows = req.models[torch.as_tensor(req.model_of_client)].clone()
         rows += torch.as_tensor(req.clients, dtype=rows.dtype)[:, None]
         n = len(req.clients)
-        return GradientReply(rows, np.ones(n, dtype=np.int64), np.zeros(n))
+        return GradientReply(req.clients.copy(), rows, np.ones(n, dtype=np.int64), np.zeros(n))
 
     def train(self, req):  # pragma: no cover - not used
         raise NotImplementedError
@@ -163,7 +163,7 @@ def test_algorithm_1_by_hand(aggregation):
     history: dict[int, list[torch.Tensor]] = {0: [], 1: []}
     kbar = -1
     for t in range(1, 9):
-        models, assign = algo.models.clone(), algo.assignment()
+        models, assign = algo.state.models.clone(), algo.assignment()
         down_before = ctx.floats_down
         extras = algo.run_round(ctx, t)
         clustering = t % 2 == 1
@@ -173,20 +173,21 @@ def test_algorithm_1_by_hand(aggregation):
             kbar = (kbar + 1) % k
             assert extras["broadcast_model"] == kbar
             history[kbar].append(models[kbar][None] + ids)  # every client's vector at θ_k̄
-            assert torch.allclose(algo.features[:, kbar], torch.stack(history[kbar]).mean(0))
+            assert torch.allclose(algo.state.features[:, kbar],
+                                  torch.stack(history[kbar]).mean(0))
             extra_clients = int((assign != kbar).sum())  # the others already hold θ_k̄
         assert ctx.floats_down - down_before == (c + extra_clients) * d
         for j in range(k):
             members = torch.as_tensor(np.flatnonzero(assign == j))
             if len(members) == 0:
-                assert torch.equal(algo.models[j], models[j])
+                assert torch.equal(algo.state.models[j], models[j])
                 continue
             grads = models[j][None] + ids[members]
             step = grads.mean(0) if aggregation == "mean" else grads.sum(0)
-            assert torch.allclose(algo.models[j], models[j] - lr * step)
+            assert torch.allclose(algo.state.models[j], models[j] - lr * step)
     assert len(history[0]) == len(history[1]) == 2
-    full = gram_matrix(algo.features.reshape(c, -1))  # the per-block Gram sums to GᵀG
-    assert np.allclose(algo.block_gram.sum(0), full, rtol=1e-10, atol=1e-10)
+    full = gram_matrix(algo.state.features.reshape(c, -1))  # the per-block Gram sums to GᵀG
+    assert np.allclose(algo.state.block_gram.sum(0), full, rtol=1e-10, atol=1e-10)
     y = extras["models_down_per_client_period"]
     assert 2.0 <= y <= 3.0  # Table 5: Y ≤ P + 1 per client and period
 
@@ -211,8 +212,8 @@ def test_repo_mode_fills_block_zero_with_own_model_gradients():
     assert np.array_equal(algo.assignment(), np.zeros(5))  # the code starts all on model 0
     for t in range(1, 6):
         algo.run_round(ctx, t)
-    assert torch.count_nonzero(algo.features[:, 1]) == 0
-    assert torch.count_nonzero(algo.features[:, 0]) > 0
+    assert torch.count_nonzero(algo.state.features[:, 1]) == 0
+    assert torch.count_nonzero(algo.state.features[:, 0]) > 0
     assert all(len(r.clients) == 5 for r in ctx.backend.calls)  # no extra broadcast
 
 
@@ -221,8 +222,8 @@ def test_stops_clustering_after_stable_rounds_and_respects_t_cl():
     algo = CFLGP(CFLGPConfig(n_clusters=2, period=1, stable_rounds=3, estimate_k=False))
     algo.setup(ctx)
     flags = [algo.run_round(ctx, t)["clustering"] for t in range(1, 12)]
-    stopped = algo.stopped_at
-    assert stopped is not None and stopped - algo.last_change == 3
+    stopped = algo.state.stopped_at
+    assert stopped is not None and stopped - algo.state.last_change == 3
     assert not any(flags[stopped:])  # rounds after the stop do not cluster
     algo = CFLGP(CFLGPConfig(n_clusters=2, period=2, cluster_rounds=5, stable_rounds=0,
                              estimate_k=False))
@@ -231,12 +232,49 @@ def test_stops_clustering_after_stable_rounds_and_respects_t_cl():
                                                                 False, False, False]
 
 
+class NaNClient(FakeClients):
+    """Client 3 diverged: its gradients are NaN, which the context's guard rejects."""
+
+    def gradient(self, req: GradientRequest) -> GradientReply:
+        reply = super().gradient(req)
+        reply.grads[torch.from_numpy(np.flatnonzero(reply.clients == 3))] = float("nan")
+        return reply
+
+
+def test_a_rejected_client_is_left_out_and_keeps_its_feature():
+    ctx = fake_context()
+    ctx.backend = NaNClient()
+    algo = CFLGP(CFLGPConfig(n_clusters=2, period=1, stable_rounds=0, estimate_k=False))
+    algo.setup(ctx)
+    models, assign, d = algo.state.models.clone(), algo.assignment(), ctx.factory.size
+    ctx.guard.begin_round(1)
+    extras = algo.run_round(ctx, 1)
+    rejected = ctx.guard.end_round()["rejected"]
+    # both of client 3's replies (its model update and the broadcast θ_0, or only the first
+    # if it is in cluster 0) are rejected by the guard, not by the algorithm
+    assert {r["client"] for r in rejected} == {3} and len(rejected) == 1 + int(assign[3] != 0)
+    assert any("clients [3]" in line for line in ctx.log)
+    ids = torch.arange(5, dtype=torch.float32)[:, None]
+    # block 0 of the profile: every other client's vector at θ_0; client 3 keeps its old (0)
+    assert torch.count_nonzero(algo.state.features[3]) == 0
+    for c in (0, 1, 2, 4):
+        assert torch.allclose(algo.state.features[c, 0], models[0] + ids[c, 0])
+    for j in range(2):  # the model step averages the clients that answered
+        members = torch.as_tensor([c for c in np.flatnonzero(assign == j) if c != 3])
+        step = (models[j][None] + ids[members]).mean(0)
+        assert torch.allclose(algo.state.models[j], models[j] - 0.5 * step)
+    # a rejected reply was uploaded and is booked; the method counts the replies it received
+    others = int((assign != 0).sum())
+    assert ctx.floats_up == (5 + others) * d
+    assert extras["uplink_floats_compressed"] == (5 + others - len(rejected)) * d
+
+
 # ------------------------------------------------------------------ options
 
 
 def test_weight_sharing_keeps_shared_layers_identical():
     exp, _ = run(rounds=6, algorithm={"shared_layers": ["layers.0"]})
-    models = exp.algorithm.models
+    models = exp.algorithm.state.models
     idx = exp.factory.layout.index(["layers.0"])
     rest = exp.factory.layout.index(["layers.1"])
     assert torch.equal(models[:, idx], models[0, idx].expand(4, -1))
@@ -246,10 +284,10 @@ def test_weight_sharing_keeps_shared_layers_identical():
 def test_selected_layer_features_and_init_range():
     exp, _ = run(rounds=1, algorithm={"feature_layers": ["layers.1"], "init_range": 0.3})
     layout = exp.factory.layout
-    assert torch.equal(exp.algorithm.feature_index, layout.index(["layers.1"]))
+    assert torch.equal(exp.algorithm.state.feature_index, layout.index(["layers.1"]))
     linear = CFLGP(CFLGPConfig(n_clusters=3, init_range=0.3))
     linear.setup(fake_context())
-    w = linear.models  # [K, (weight, bias)]
+    w = linear.state.models  # [K, (weight, bias)]
     assert torch.all(w[:, 0].abs() <= 0.3) and torch.all(w[:, 1] == 0)  # weight, bias
 
 

@@ -28,11 +28,11 @@ from clusterfl.protocol import (
     GradientRequest,
     LocalTraining,
     TrainRequest,
+    empty_reply,
     narrow,
 )
 from clusterfl.robust.config import AdversaryConfig, PrivacyConfig, ValidationConfig
 from clusterfl.robust.guard import Guard
-from clusterfl.robust.replies import empty_reply
 from clusterfl.robust.validate import check_reply
 
 DIGITS = {
@@ -133,10 +133,10 @@ def test_validation_accepts_narrowed_and_rejects_wrong_widths(fed, factory):
     cfg = ValidationConfig()
     for req in _requests(factory, fed.n_clients, coords):
         reply = be.execute(req)
-        keep, rejected = check_reply(req, reply, clients, cfg)
+        keep, rejected = check_reply(req, reply, cfg)
         assert keep.all() and rejected == []
         whole = be.execute(type(req)(**{**req.__dict__, "coords": None}))
-        keep, rejected = check_reply(req, whole, clients, cfg)  # d wide where d̂ was asked
+        keep, rejected = check_reply(req, whole, cfg)  # d wide where d̂ was asked
         assert not keep.any() and {r.reason for r in rejected} == {"shape"}
         assert _rows(empty_reply(req)).shape == (0, len(coords))
     # a training reply's norm is that of the update at the coordinates sent
@@ -145,7 +145,7 @@ def test_validation_accepts_narrowed_and_rejects_wrong_widths(fed, factory):
     start = req.models[torch.as_tensor(req.model_of_client)][:, coords]
     norms = torch.linalg.vector_norm(reply.params - start, dim=1).numpy()
     bound = float(np.median(norms)) * 1.01
-    keep, rejected = check_reply(req, reply, clients, ValidationConfig(max_norm=bound))
+    keep, rejected = check_reply(req, reply, ValidationConfig(max_norm=bound))
     np.testing.assert_array_equal(keep, norms <= bound)
     assert {r.client for r in rejected} == set(clients[norms > bound].tolist())
 
@@ -164,8 +164,10 @@ def test_clipping_and_attacks_act_on_the_narrowed_rows(fed, factory):
         guard = Guard(n, 0, fed.train_sizes, privacy=PrivacyConfig(clip=clip),
                       adversary=AdversaryConfig(kind="sign_flip", clients=[1]),
                       adversaries=np.array([1]))
-        reply, down, up = guard.send(be, req)
-        assert (down, up) == req.cost() and up == n * len(coords)
+        reply, reached, uploaded = guard.send(be, req)
+        assert reached == uploaded == n  # the cost booked: the whole model down, d̂ floats up
+        assert req.unit_cost() == (float(factory.size), float(len(coords)))
+        np.testing.assert_array_equal(reply.clients, np.arange(n))
         sent[1] = -sent[1]  # client 1 flips its sign before sending
         expected = sent * torch.clamp(clip / norms, max=1.0)
         got = _rows(reply) - start
@@ -207,7 +209,7 @@ def _expected_uplink(history, d: int, width: int, k: int) -> float:
 def test_compressed_run_clusters_like_server_side_subsampling(monkeypatch, protocol):
     extra = {"protocol": protocol}
     exp, h = _run(**extra)
-    d, d_hat = exp.factory.size, len(exp.algorithm.feature_index)
+    d, d_hat = exp.factory.size, len(exp.algorithm.state.feature_index)
     assert d_hat == round(d / 10)
     assert exp.algorithm.coords is not None and len(exp.algorithm.coords) == d_hat
     recs = [r for r in h.records if r["extras"]["clustering"]]
@@ -221,8 +223,8 @@ def test_compressed_run_clusters_like_server_side_subsampling(monkeypatch, proto
     old_exp, old = _run(**extra)
     assert old_exp.algorithm.coords is None
     assert [r["assignment"] for r in old.records] == [r["assignment"] for r in h.records]
-    assert torch.equal(old_exp.algorithm.features, exp.algorithm.features)
-    assert torch.equal(old_exp.algorithm.models, exp.algorithm.models)
+    assert torch.equal(old_exp.algorithm.state.features, exp.algorithm.state.features)
+    assert torch.equal(old_exp.algorithm.state.models, exp.algorithm.state.models)
     assert old.records[-1]["floats_up"] == _expected_uplink(old, d, d, 4)
     # 9 rounds × 8 clients send whole vectors; the rest are the clustering-only replies
     others = (old.records[-1]["floats_up"] - 9 * 8 * d) / d
@@ -252,7 +254,7 @@ def test_dropouts_book_only_what_answering_clients_send():
     cfg["faults"] = {"drop_clients": [2, 5], "drop_rounds": [1, 3]}
     exp = Experiment.from_config(cfg)
     h = exp.run(progress=False)
-    d, d_hat = exp.factory.size, len(exp.algorithm.feature_index)
+    d, d_hat = exp.factory.size, len(exp.algorithm.state.feature_index)
     ups = np.diff([0.0] + [r["floats_up"] for r in h.records])
     assert h.records[-1]["extras"]["uplink_floats_compressed"] == ups.sum()
     assert ups[1] == 8 * d  # round 2: no clustering, everybody answers with whole vectors

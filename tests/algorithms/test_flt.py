@@ -1,18 +1,17 @@
-"""FLT (Jamali-Rad et al. 2022) and PCA+kM+HC: server math against brute force, the automatic
-number of clusters, Case-I snapshot aggregation, client signatures, encoders, clustering quality
-through the real UMAP path, and resume."""
+"""FLT (Jamali-Rad et al. 2022) and PCA+kM+HC: client signatures, encoders, clustering quality
+through the real UMAP path, clients without a signature, the server state and resume. The
+server math (A, Ã, Ω, Ward, the automatic C) is tested in tests/clustering/."""
 
 import argparse
-import itertools
 import json
 
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import adjusted_rand_score
 
 from clusterfl import cli_encoder, encoders
 from clusterfl.algorithms import ALGORITHMS, flt
+from clusterfl.algorithms.base import Context
 from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.config import load_config
@@ -21,7 +20,7 @@ from clusterfl.engine.signatures import client_signature, kmeans_centroids
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
-from clusterfl.protocol import EmbedReply, EmbedRequest
+from clusterfl.protocol import EmbedReply, EmbedRequest, LocalTraining, subset
 from clusterfl.report.methods import flt as flt_figures
 
 
@@ -65,89 +64,6 @@ def config(algorithm: dict, rounds: int = 4, **top) -> dict:
 
 FAST_FLT = {"name": "flt", "encoder": "none", "latent": 16, "k": 3, "finetune_epochs": 2,
             "fraction": 0.5}
-
-
-# ============================================================================ server math
-
-
-def test_min_distance_adjacency_equals_brute_force():
-    rng = np.random.default_rng(1)
-    pts = rng.normal(size=(7, 4, 3))
-    a = flt.min_distance_adjacency(pts, block=3)  # blocks that do not divide M
-    for i, j in itertools.product(range(7), repeat=2):
-        brute = min(np.linalg.norm(pts[i, r] - pts[j, s]) for r in range(4) for s in range(4))
-        assert a[i, j] == pytest.approx(0.0 if i == j else brute, abs=1e-9)
-    assert np.array_equal(a, a.T)
-
-
-def test_matched_distance_equals_permutation_search():
-    rng = np.random.default_rng(2)
-    pts = rng.normal(size=(5, 4, 2))
-    a = flt.matched_distance_adjacency(pts)
-    for i, j in itertools.combinations(range(5), 2):
-        brute = min(np.mean([np.sum((pts[i, r] - pts[j, p[r]]) ** 2) for r in range(4)])
-                    for p in itertools.permutations(range(4)))
-        assert a[i, j] == pytest.approx(brute, abs=1e-12)
-        assert a[j, i] == a[i, j]
-
-
-def test_threshold_and_relatedness_weights_by_hand():
-    a = np.array([[0.0, 0.5, 3.0], [0.5, 0.0, 0.99], [3.0, 0.99, 0.0]])
-    related = flt.threshold(a, 1.0)
-    assert related.tolist() == [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
-    omega = flt.relatedness_weights(related, np.array([10, 30, 60]))
-    np.testing.assert_allclose(omega, [[0.25, 0.75, 0.0], [0.1, 0.3, 0.6], [0.0, 1 / 3, 2 / 3]])
-
-
-def separated_points(sizes=(4, 3, 5), k=3, spread=0.05, seed=0):
-    """Clients of group g have k points near centre 10·g (2-d), well separated groups."""
-    rng = np.random.default_rng(seed)
-    truth = np.repeat(np.arange(len(sizes)), sizes)
-    pts = 10.0 * truth[:, None, None] + spread * rng.normal(size=(len(truth), k, 2))
-    return pts, truth
-
-
-@pytest.mark.parametrize("sizes", [(4, 3, 5), (2, 2, 2, 2, 2), (6, 6)])
-def test_automatic_number_of_clusters_on_separated_clients(sizes):
-    pts, truth = separated_points(sizes)
-    related = flt.threshold(flt.min_distance_adjacency(pts), 1.0)
-    z = flt.ward_linkage(related)
-    c = flt.auto_n_clusters(z)
-    assert c == len(sizes)
-    labels = flt.cut_tree(z, c, len(truth))
-    assert adjusted_rand_score(truth, labels) == 1.0
-    assert labels[0] == 0  # numbered by first appearance
-
-
-def test_automatic_number_of_clusters_edge_cases():
-    pts, _ = separated_points((3, 3, 3, 3))
-    z = flt.ward_linkage(flt.threshold(flt.min_distance_adjacency(pts), 1.0))
-    assert flt.auto_n_clusters(z, max_clusters=2) == 2  # bounded search
-    assert flt.auto_n_clusters(flt.ward_linkage(np.ones((6, 6)))) == 1  # nothing to split
-    assert flt.auto_n_clusters(flt.ward_linkage(np.array([[0.0], [5.0]]))) == 2
-    # raw distances as profiles (PCA+kM+HC without threshold) also find the groups
-    a = flt.min_distance_adjacency(separated_points((3, 4, 3))[0])
-    assert flt.auto_n_clusters(flt.ward_linkage(a)) == 3
-
-
-def test_case_one_reads_a_snapshot_and_ignores_client_order():
-    rng = np.random.default_rng(3)
-    snapshot = torch.from_numpy(rng.normal(size=(5, 4)))
-    related = flt.threshold(flt.min_distance_adjacency(rng.normal(size=(5, 2, 2)) * 0.7), 1.0)
-    sizes = np.array([5, 10, 20, 7, 3])
-    omega = flt.relatedness_weights(related, sizes)
-    new = flt.relatedness_average(snapshot, omega)
-    by_hand = torch.stack([sum(omega[m, j] * snapshot[j] for j in range(5)) for m in range(5)])
-    torch.testing.assert_close(new, by_hand)
-    in_place = snapshot.clone()  # the bug the snapshot prevents: reading updated rows
-    for m in range(5):
-        in_place[m] = sum(omega[m, j] * in_place[j] for j in range(5))
-    assert not torch.allclose(in_place, new)
-    perm = rng.permutation(5)
-    permuted = flt.relatedness_average(snapshot[perm],
-                                       flt.relatedness_weights(related[np.ix_(perm, perm)],
-                                                               sizes[perm]))
-    torch.testing.assert_close(permuted, new[perm])
 
 
 # ============================================================================ client side
@@ -194,6 +110,50 @@ def test_embed_request_cost_and_backends_agree():
     assert seq.n_samples.tolist() == [40, 40, 40]
 
 
+class Unreliable(SequentialBackend):
+    """Client 3 sends a non-finite signature (rejected by the guard), client 5 never answers
+    the signature request (a dead node)."""
+
+    def embed(self, req: EmbedRequest) -> EmbedReply:
+        reply = super().embed(req)
+        sig = reply.signatures.copy()
+        sig[reply.clients == 3] = np.nan
+        keep = np.flatnonzero(reply.clients != 5)
+        return subset(EmbedReply(reply.clients, sig, reply.n_samples), keep)
+
+
+@pytest.mark.parametrize("aggregation", ["clusters", "relatedness"])
+def test_clients_without_a_signature_become_their_own_clusters(aggregation):
+    fed = prototypes_federation()
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [32]}), fed.input_shape,
+                           fed.n_outputs)
+    ctx = Context(Unreliable(fed, factory), factory, LocalTraining(lr=0.1, batch_size=10),
+                  fed.n_clients, fed.train_sizes, np.random.default_rng(0), seed=0)
+    algo = ALGORITHMS["flt"](flt.FLTConfig(**{**FAST_FLT, "umap": False, "threshold": 0.04,
+                                              "finetune_epochs": 0, "aggregation": aggregation}))
+    algo.setup(ctx)
+    extras = algo.run_round(ctx, 1)
+    assert ctx.guard is not None
+    assert [r["client"] for r in ctx.guard.end_round()["rejected"]] == [3]
+    labels = algo.assignment()
+    others = np.setdiff1d(np.arange(12), [3, 5])
+    assert labels[3] != labels[5] and {labels[3], labels[5]}.isdisjoint(labels[others])
+    truth = fed.clusters[others]  # the others are still clustered correctly
+    assert np.array_equal(labels[others][:, None] == labels[others][None],
+                          truth[:, None] == truth[None])
+    assert extras["rejected_signatures"] == 2 and extras["n_clusters_found"] == 5
+    assert algo.relatedness()["signature_clients"].tolist() == others.tolist()
+    a = algo.relatedness()["adjacency"]
+    assert np.isinf(a[3, others]).all() and a[5, 5] == 0.0
+    assert np.all(np.asarray(extras["adjacency"])[[3, 5]][:, others] == -1.0)
+    d_enc = encoders.resolve("none", (1, 8, 8), 16, 1, 0).params.numel()
+    assert extras["clustering_floats_down"] == 12 * d_enc  # every listed client got it
+    assert extras["clustering_floats_up"] == 10 * 3 * 16  # signatures that arrived
+    rows = 12 if aggregation == "relatedness" else 5
+    assert algo.state.models.shape[0] == rows
+    assert algo.predictor().members.max() < rows
+
+
 # ============================================================================ encoders
 
 
@@ -236,7 +196,7 @@ def test_flt_recovers_clusters_through_umap_without_knowing_c():
     assert np.asarray(extras["umap_points"]).shape == (36, 2)
     acc = hist.series("accuracy")
     assert acc[-1] > acc[0] and acc[-1] > 0.9  # 2 classes per cluster model
-    assert exp.algorithm.models.shape[0] == 3
+    assert exp.algorithm.state.models.shape[0] == 3
 
 
 def test_flt_case_one_and_matched_distance_without_umap():
@@ -247,7 +207,7 @@ def test_flt_case_one_and_matched_distance_without_umap():
     exp = Experiment.from_config(config(algo, rounds=3), federation=fed)
     hist = exp.run(progress=False)
     assert hist.records[0]["ari"] == 1.0
-    models = exp.algorithm.models
+    models = exp.algorithm.state.models
     assert models.shape[0] == 12  # Case I: one model per client
     related = exp.algorithm.relatedness()["relatedness"]
     assert np.array_equal(related, fed.clusters[:, None] == fed.clusters[None, :])
@@ -278,12 +238,18 @@ def test_state_dict_round_trip_and_resume(tmp_path):
     resumed = Experiment.from_config(cfg, out_dir=tmp_path / "ref", federation=fed)
     hist = resumed.run(resume=True, progress=False)
     assert hist.records[-1]["client_accuracy"] == ref_hist.records[-1]["client_accuracy"]
-    torch.testing.assert_close(resumed.algorithm.models, ref.algorithm.models)
+    assert torch.equal(resumed.algorithm.state.models, ref.algorithm.state.models)
     state = ref.algorithm.state_dict()
     other = ALGORITHMS["flt"](ref.algorithm.config)
-    other.load_state_dict(state)
+    other.load_state_dict(state)  # no setup: the state alone predicts
+    assert isinstance(other.state, flt.FLTState)
     assert np.array_equal(other.assignment(), ref.algorithm.assignment())
-    torch.testing.assert_close(other.predictor().models, ref.algorithm.predictor().models)
+    assert other.state.labels.dtype == np.int64 and other.state.clustered
+    assert other.state.info == ref.algorithm.state.info
+    for key, value in ref.algorithm.relatedness().items():
+        assert other.relatedness()[key].dtype == value.dtype
+        np.testing.assert_array_equal(other.relatedness()[key], value)
+    assert torch.equal(other.predictor().models, ref.algorithm.predictor().models)
     assert (tmp_path / "ref" / flt.ARTIFACT).is_file()
     drawn = flt_figures.figures(tmp_path / "ref", ref_hist.records, ref_hist.summary)
     assert {p.name for p in drawn} >= {"flt_adjacency.png", "flt_dendrogram.png"}

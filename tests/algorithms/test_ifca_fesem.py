@@ -12,14 +12,16 @@ from tests.core.conftest import blob_federation
 from clusterfl.algorithms.base import Context
 from clusterfl.algorithms.ensemble import FedAvgPlus, FedAvgPlusConfig, FedProxPlus
 from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, layer_index
-from clusterfl.algorithms.ifca import IFCA, IFCAConfig, choose_clusters, last_layer_mask
+from clusterfl.algorithms.ifca import IFCA, IFCAConfig
 from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.clustering.aggregate import choose_clusters
 from clusterfl.config import load_config
 from clusterfl.data.federation import Federation
 from clusterfl.engine.reference import predict
 from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory, model_config
-from clusterfl.protocol import EvaluateRequest, LocalTraining, LossReply, TrainRequest
+from clusterfl.models.params import last_layer_mask
+from clusterfl.protocol import EvaluateRequest, LocalTraining, TrainRequest
 
 
 def _setup(fed: Federation, hidden: int = 16, lr: float = 0.1, epochs: int = 2,
@@ -76,8 +78,8 @@ def test_ifca_weight_sharing_keeps_all_but_the_last_layer_common():
     head = last_layer_mask(ctx.factory.layout)
     names = [e.name for e in ctx.factory.layout.entries]
     assert head.sum() == 16 * 3 + 3 and names[-2:] == ["layers.1.weight", "layers.1.bias"]
-    assert torch.equal(alg.models[0, ~head], alg.models[1, ~head])
-    assert not torch.equal(alg.models[0, head], alg.models[1, head])
+    assert torch.equal(alg.state.models[0, ~head], alg.state.models[1, ~head])
+    assert not torch.equal(alg.state.models[0, head], alg.state.models[1, head])
     d_shared = int((~head).sum())
     # round cost: per client the shared layers once plus 2 heads, one model up
     assert ctx.floats_down == 3 * 6 * (d_shared + 2 * int(head.sum()))
@@ -89,19 +91,19 @@ def test_ifca_warmup_is_fedavg_then_models_share_the_warm_body():
     alg = IFCA(IFCAConfig(n_clusters=2, warmup_rounds=2))
     extras = _run(alg, ctx, 2)
     assert [e["warmup"] for e in extras] == [1, 1]
-    assert (alg.assignment() == -1).all() and alg.warm is None
+    assert (alg.assignment() == -1).all() and alg.state.warm is None
     head = last_layer_mask(ctx.factory.layout)
-    assert torch.equal(alg.models[0, ~head], alg.models[1, ~head])
-    assert not torch.equal(alg.models[0, head], alg.models[1, head])
+    assert torch.equal(alg.state.models[0, ~head], alg.state.models[1, ~head])
+    assert not torch.equal(alg.state.models[0, head], alg.state.models[1, head])
     alg.run_round(ctx, 3)
     assert (alg.assignment() >= 0).all()
 
 
 def test_choose_by_accuracy_breaks_ties_by_loss_and_skips_nan():
-    reply = LossReply(loss=np.array([[0.5, 0.2, np.nan], [0.9, 0.1, 0.3]]),
-                      accuracy=np.array([[1.0, 1.0, 1.0], [0.5, 0.4, 0.5]]))
-    np.testing.assert_array_equal(choose_clusters(reply, "accuracy"), [1, 2])
-    np.testing.assert_array_equal(choose_clusters(reply, "loss"), [1, 1])
+    loss = np.array([[0.5, 0.2, np.nan], [0.9, 0.1, 0.3]])
+    accuracy = np.array([[1.0, 1.0, 1.0], [0.5, 0.4, 0.5]])
+    np.testing.assert_array_equal(choose_clusters(loss, accuracy, "accuracy"), [1, 2])
+    np.testing.assert_array_equal(choose_clusters(loss, accuracy, "loss"), [1, 1])
 
 
 def test_ifca_resume_from_state_dict_continues_identically():
@@ -118,7 +120,7 @@ def test_ifca_resume_from_state_dict_continues_identically():
     ctx_c.rng.bit_generator.state = rng_state
     for t in (3, 4):
         c.run_round(ctx_c, t)
-    assert torch.equal(a.models, c.models)
+    assert torch.equal(a.state.models, c.state.models)
     np.testing.assert_array_equal(a.assignment(), c.assignment())
 
 
@@ -134,7 +136,7 @@ def test_fesem_recovers_clusters_and_beats_one_model():
     assert sorted(extras[-1]["cluster_sizes"]) == [3, 3, 3]
     assert _accuracy(alg, ctx) > 0.85
     # the centers are the sample-weighted means of their members' trained models
-    assert alg.centers is not None and alg.centers.shape == (3, ctx.factory.size)
+    assert alg.state.centers is not None and alg.state.centers.shape == (3, ctx.factory.size)
 
 
 def test_fesem_warmup_trains_locally_then_clusters_on_linear_layers():
@@ -144,7 +146,7 @@ def test_fesem_warmup_trains_locally_then_clusters_on_linear_layers():
     alg.setup(ctx)
     alg.run_round(ctx, 1)
     assert ctx.floats_down == 0 and ctx.floats_up == 0  # local training only
-    assert (alg.assignment() == -1).all() and alg.local is not None
+    assert (alg.assignment() == -1).all() and alg.state.local is not None
     alg.run_round(ctx, 2)
     assert ctx.floats_up == 8 * ctx.factory.size  # uploads for the first clustering
     assert adjusted_rand_score(fed.clusters, alg.assignment()) == 1.0
@@ -158,7 +160,7 @@ def test_fesem_server_step_is_weighted_kmeans_from_current_centers():
     alg = FeSEM(FeSEMConfig(n_clusters=2, lam=0.0, kmeans_iters=50))
     alg.setup(ctx)
     alg.run_round(ctx, 1)
-    centers, before = alg.centers.clone(), alg.assignment()
+    centers, before = alg.state.centers.clone(), alg.assignment()
     # replay round 2 by hand: same seeds, same training, then k-means from `centers`
     rng_state = ctx.rng.bit_generator.state
     alg.run_round(ctx, 2)
@@ -170,7 +172,7 @@ def test_fesem_server_step_is_weighted_kmeans_from_current_centers():
     km = KMeans(2, init=centers.double().numpy(), n_init=1, tol=0.0, algorithm="lloyd",
                 max_iter=50).fit(x, sample_weight=reply.n_samples.astype(float))
     np.testing.assert_array_equal(alg.assignment(), km.labels_)
-    np.testing.assert_allclose(alg.centers.double().numpy(), km.cluster_centers_, atol=1e-5)
+    np.testing.assert_allclose(alg.state.centers.double().numpy(), km.cluster_centers_, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- ensembles
@@ -185,12 +187,12 @@ def test_fedavg_plus_trains_k_independent_models_and_votes_softly():
     for t in range(1, 6):
         alg.run_round(ctx, t)
     assert _accuracy(alg, ctx) > max(before + 0.3, 0.85)
-    assert not torch.equal(alg.models[0], alg.models[1])
+    assert not torch.equal(alg.state.models[0], alg.state.models[1])
     assert ctx.floats_down == 5 * 3 * 6 * ctx.factory.size
     # soft voting = mean of the members' softmax outputs, by hand
     x, _ = fed.client_test(0)
     probs = []
-    for m in alg.models:
+    for m in alg.state.models:
         probs.append(torch.softmax(predict(ctx.factory.build(), m, x), -1))
     by_hand = torch.stack(probs).mean(0).argmax(-1)
     out = ctx.backend._outputs(alg.predictor(), 0, x)
@@ -207,7 +209,7 @@ def test_fedprox_plus_uses_mu():
     _run(a, ctx_a, 1)
     _run(b, ctx_b, 1)
     init = ctx_a.factory.init_many(2, 0)
-    assert (b.models - init).norm() < (a.models - init).norm()
+    assert (b.state.models - init).norm() < (a.state.models - init).norm()
 
 
 # --------------------------------------------------------------------------- configs

@@ -27,6 +27,8 @@ from clusterfl.protocol import (
     LossRequest,
     Predictor,
     TrainRequest,
+    join,
+    subset,
 )
 from tests.flower.conftest import BASE
 
@@ -111,7 +113,7 @@ def test_registry_is_every_protocol_dataclass_and_embed_requests_travel():
         req = classes["EmbedRequest"](clients=np.arange(3), method="encoder",
                                       encoder=torch.randn(50), signature_dim=4, k=2)
         _same(codec.decode(*codec.encode(req)), req)
-        view = codec.client_view(req, 1)
+        view = subset(req, [1])
         np.testing.assert_array_equal(view.clients, [1])
         torch.testing.assert_close(view.encoder, req.encoder)
 
@@ -125,7 +127,7 @@ def test_coords_round_trip_and_stay_whole_in_client_views(factory):
         back, _ = codec.from_recorddict(codec.to_recorddict(req))
         _same(back, req)
         for i in (0, 4):
-            view = codec.client_view(req, i)
+            view = subset(req, [i])
             np.testing.assert_array_equal(view.model_of_client, req.model_of_client[i : i + 1])
             np.testing.assert_array_equal(view.coords, req.coords)  # not cut to one entry
             assert view.cost() == (req.models.shape[1], len(req.coords))
@@ -158,11 +160,11 @@ def test_nodes_answer_like_the_whole_federation(fed, factory, idx):
     setup = {"recipe": RECIPE, "model": MODEL}
     parts = []
     for i in range(fed.n_clients):
-        skeleton, arrays = codec.encode(codec.client_view(req, i))
+        skeleton, arrays = codec.encode(subset(req, [i]))
         meta = {codec.SKELETON_KEY: skeleton, "setup": json.dumps(setup)}
         out_meta, out_arrays = handle_raw("request", {"partition-id": i}, meta, arrays)
         parts.append(codec.decode(out_meta[codec.SKELETON_KEY], out_arrays))
-    got = codec.assemble(parts)
+    got = join(parts)
     for f in dataclasses.fields(expected):
         a, b = getattr(got, f.name), getattr(expected, f.name)
         if isinstance(b, torch.Tensor):
@@ -174,17 +176,16 @@ def test_nodes_answer_like_the_whole_federation(fed, factory, idx):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
 
 
-def test_assemble_fills_missing_clients_with_nan_rows(fed, factory):
+def test_join_keeps_only_the_answering_clients_in_request_order(fed, factory):
     req = _requests(factory, fed.n_clients)[0]
     full = SimulationBackend(fed, factory).execute(req)
-    one = dataclasses.replace(full, params=full.params[:1], n_samples=full.n_samples[:1],
-                              loss=full.loss[:1])
-    got = codec.assemble([one, None, one])
-    assert got.params.shape == (3, full.params.shape[1])
-    assert torch.isnan(got.params[1]).all() and not torch.isnan(got.params[0]).any()
-    np.testing.assert_array_equal(got.n_samples, [one.n_samples[0], 0, one.n_samples[0]])
-    with pytest.raises(ValueError, match="no client answered"):
-        codec.assemble([None, None])
+    parts = [subset(full, [i]) for i in (4, 0, 2)]  # arrival order differs from the request
+    got = join(parts, order=req.clients)
+    np.testing.assert_array_equal(got.clients, req.clients[[0, 2, 4]])
+    torch.testing.assert_close(got.params, full.params[[0, 2, 4]])
+    np.testing.assert_array_equal(got.n_samples, full.n_samples[[0, 2, 4]])
+    with pytest.raises(ValueError, match="not asked"):
+        join(parts, order=req.clients[:2])
 
 
 def test_partition_files_round_trip_and_match_simulated_partitions(fed, tmp_path):

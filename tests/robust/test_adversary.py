@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from clusterfl.algorithms.base import weighted_mean
+from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.protocol import TrainRequest
@@ -61,7 +61,7 @@ def test_guard_poisons_only_the_attackers(digits):
     ref = clean.execute(TrainRequest(np.arange(8), start, np.zeros(8, np.int64), TRAIN, seed))
     params = ref.params.clone()
     params[[1, 4]] = start[0] - 3.0 * (params[[1, 4]] - start[0])
-    torch.testing.assert_close(algo.model[0], weighted_mean(params, ref.n_samples))
+    torch.testing.assert_close(algo.state.model[0], weighted_mean(params, ref.n_samples))
 
 
 def test_norm_rule_rejects_scaled_attackers(digits):

@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from clusterfl.algorithms import ALGORITHMS
-from clusterfl.algorithms.base import weighted_mean
 from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from clusterfl.backends.simulation import SimulationBackend
+from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.experiment import Experiment
-from clusterfl.protocol import EvaluateRequest, TrainRequest
+from clusterfl.protocol import EvaluateRequest, TrainRequest, subset
 from clusterfl.robust.config import FaultsConfig
 from clusterfl.robust.faults import FaultPlan, partial_steps
 from clusterfl.robust.guard import Guard
-from clusterfl.robust.replies import answered, mark_answered, take
 
 from .conftest import TRAIN, Tamper, config, factory_for, make_context
 
@@ -42,7 +41,7 @@ def _fedavg_round(fed, guard, backend=None):
     ctx = make_context(fed, backend or Tamper(SimulationBackend(fed, f)), guard)
     algo = FedAvg(FedAvgConfig())
     algo.setup(ctx)
-    start = algo.model.clone()
+    start = algo.state.model.clone()
     seed = make_context(fed).next_seed()  # the request seed the round will use
     guard.begin_round(1)
     algo.run_round(ctx, 1)
@@ -55,7 +54,7 @@ def test_dropped_clients_get_nothing_and_vanish_from_the_average(digits):
     assert [c.tolist() for c in (r.clients for r in ctx.backend.seen)] == [[0, 2, 3, 5, 6, 7]]
     ref = clean.execute(TrainRequest(np.array([0, 2, 3, 5, 6, 7]), start,
                                      np.zeros(6, np.int64), TRAIN, seed))
-    torch.testing.assert_close(algo.model[0], weighted_mean(ref.params, ref.n_samples))
+    torch.testing.assert_close(algo.state.model[0], weighted_mean(ref.params, ref.n_samples))
     assert guard.end_round()["dropped"] == [1, 4]
     d = start.shape[1]
     assert ctx.floats_down == 6 * d and ctx.floats_up == 6 * d  # only who was reached / sent
@@ -64,14 +63,14 @@ def test_dropped_clients_get_nothing_and_vanish_from_the_average(digits):
 def test_nobody_answers_keeps_the_model(digits):
     guard = Guard(8, 0, digits.train_sizes, faults=FaultsConfig(drop_clients=list(range(8))))
     ctx, algo, start, _, _ = _fedavg_round(digits, guard)
-    assert ctx.backend.seen == [] and torch.equal(algo.model, start)
+    assert ctx.backend.seen == [] and torch.equal(algo.state.model, start)
 
 
 def test_a_backend_may_report_dead_nodes(digits):
-    """A backend (e.g. Flower) answers for fewer clients and marks who answered."""
+    """A backend (e.g. Flower) answers for fewer clients: its reply lists who answered."""
     def lose_two(request, reply):
         keep = np.array([i for i, c in enumerate(request.clients) if c not in (3, 6)])
-        return mark_answered(take(reply, keep), np.asarray(request.clients)[keep])
+        return subset(reply, keep)
 
     f = factory_for(digits)
     guard = Guard(8, 0, digits.train_sizes)
@@ -79,7 +78,7 @@ def test_a_backend_may_report_dead_nodes(digits):
         digits, guard, Tamper(SimulationBackend(digits, f), lose_two))
     ok = np.array([0, 1, 2, 4, 5, 7])
     ref = clean.execute(TrainRequest(ok, start, np.zeros(6, np.int64), TRAIN, seed))
-    torch.testing.assert_close(algo.model[0], weighted_mean(ref.params, ref.n_samples))
+    torch.testing.assert_close(algo.state.model[0], weighted_mean(ref.params, ref.n_samples))
     assert guard.end_round()["dropped"] == [3, 6]
 
 
@@ -99,7 +98,7 @@ def test_stragglers_return_their_partial_work(digits):
                                                 replace(TRAIN, steps=steps), seed)))
     params = torch.cat([p.params for p in parts])
     sizes = np.concatenate([p.n_samples for p in parts])
-    torch.testing.assert_close(algo.model[0], weighted_mean(params, sizes))
+    torch.testing.assert_close(algo.state.model[0], weighted_mean(params, sizes))
     assert guard.end_round()["stragglers"] == slow
 
 
@@ -167,15 +166,6 @@ def test_every_method_runs_with_dropouts_and_stragglers(method, monkeypatch):
     assert all(np.isfinite(acc)) and acc[-1] > acc[0] + 0.02, acc  # still learning
     a = np.asarray(h.records[-1]["assignment"])
     assert len(a) == 8 and a.min() >= -1
-
-
-def test_answered_defaults_to_the_request(digits):
-    from clusterfl.protocol import LossReply
-
-    reply = LossReply(np.zeros((2, 1)), np.zeros((2, 1)))
-    assert answered(reply, np.array([4, 5])).tolist() == [4, 5]
-    with pytest.raises(ValueError):
-        answered(reply)
 
 
 def test_cfl_places_clients_absent_at_the_split_by_algorithm_4():

@@ -66,7 +66,7 @@ def test_fedavg_under_clipping_is_the_mean_of_clipped_updates(digits):
     ref = clean.execute(TrainRequest(np.arange(8), start, np.zeros(8, np.int64), TRAIN, seed))
     clipped, norms = clip_rows(ref.params - start[0], 0.05)
     assert (norms > 0.05).all()  # the bound binds here
-    torch.testing.assert_close(algo.model[0], start[0] + clipped.mean(0))  # unweighted
+    torch.testing.assert_close(algo.state.model[0], start[0] + clipped.mean(0))  # unweighted
     assert guard.end_round()["clipped"] == 8
 
 
@@ -81,7 +81,7 @@ def test_noise_is_calibrated_per_cluster_aggregate(digits):
         if isinstance(reply, TrainReply):
             frozen["groups"] = np.asarray(request.model_of_client)
             start = request.models[torch.as_tensor(request.model_of_client)]
-            return TrainReply(start.clone(), reply.n_samples, reply.loss)
+            return TrainReply(reply.clients, start.clone(), reply.n_samples, reply.loss)
         return reply
 
     sigma, clip = 3.0, 0.01
@@ -90,16 +90,16 @@ def test_noise_is_calibrated_per_cluster_aggregate(digits):
     ctx = make_context(digits, Tamper(SimulationBackend(digits, f), no_training), guard)
     algo = IFCA(IFCAConfig(n_clusters=2))
     algo.setup(ctx)
-    before = algo.models.clone()
+    before = algo.state.models.clone()
     guard.begin_round(1)
     algo.run_round(ctx, 1)
     sizes = np.bincount(frozen["groups"], minlength=2)
     for j in range(2):
         if sizes[j]:
-            drift = (algo.models[j] - before[j]) * sizes[j]  # the sum's noise
+            drift = (algo.state.models[j] - before[j]) * sizes[j]  # the sum's noise
             assert drift.std().item() == pytest.approx(sigma * clip, rel=0.05)
         else:
-            assert torch.equal(algo.models[j], before[j])
+            assert torch.equal(algo.state.models[j], before[j])
 
 
 def test_run_reports_epsilon_from_its_releases():

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import clusterfl.experiment as experiment
-from clusterfl.algorithms.base import weighted_mean
 from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from clusterfl.algorithms.ifca import IFCA, IFCAConfig
 from clusterfl.backends.simulation import SimulationBackend
+from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.experiment import Experiment
 from clusterfl.protocol import (
     GradientReply,
@@ -37,7 +37,7 @@ def test_check_reply_names_each_bad_row():
     params = torch.tensor([[1.0, 0, 0], [0, 1, 0], [float("nan"), 0, 0], [0, 0, float("inf")],
                            [0, 500.0, 0], [0, 0, 1]])
     sizes = np.array([5, 5, 5, 5, 5, 0])
-    keep, rej = check_reply(req, TrainReply(params, sizes, np.zeros(6)), req.clients,
+    keep, rej = check_reply(req, TrainReply(req.clients, params, sizes, np.zeros(6)),
                             ValidationConfig())
     assert keep.tolist() == [True, True, False, False, False, False]
     assert [(r.client, r.reason) for r in rej] == [(12, "non_finite"), (13, "non_finite"),
@@ -48,24 +48,24 @@ def test_check_reply_names_each_bad_row():
 def test_norm_bounds_absolute_and_relative_and_off():
     req = _train_request(4)
     params = torch.tensor([[1.0, 0, 0], [0, 2.0, 0], [0, 0, 3.0], [0, 40.0, 0]])
-    reply = TrainReply(params, np.ones(4), np.zeros(4))
-    keep, _ = check_reply(req, reply, req.clients, ValidationConfig(max_norm=2.5))
+    reply = TrainReply(req.clients, params, np.ones(4), np.zeros(4))
+    keep, _ = check_reply(req, reply, ValidationConfig(max_norm=2.5))
     assert keep.tolist() == [True, True, False, False]
-    keep, _ = check_reply(req, reply, req.clients, ValidationConfig(median_multiple=10.0))
+    keep, _ = check_reply(req, reply, ValidationConfig(median_multiple=10.0))
     assert keep.tolist() == [True, True, True, False]  # median 2.5 → bound 25
-    keep, _ = check_reply(req, reply, req.clients, ValidationConfig(enabled=False))
+    keep, _ = check_reply(req, reply, ValidationConfig(enabled=False))
     assert keep.all()
     # the norm is that of the *update*: a start model far from 0 changes nothing
     moved = replace(req, models=torch.full((1, 3), 1000.0))
-    keep, _ = check_reply(moved, replace(reply, params=params + 1000.0), req.clients,
+    keep, _ = check_reply(moved, replace(reply, params=params + 1000.0),
                           ValidationConfig(median_multiple=10.0))
     assert keep.tolist() == [True, True, True, False]
 
 
 def test_wrong_shape_rejects_the_whole_reply():
     req = _train_request(3)
-    keep, rej = check_reply(req, TrainReply(torch.zeros(3, 4), np.ones(3), np.zeros(3)),
-                            req.clients, ValidationConfig())
+    keep, rej = check_reply(req, TrainReply(req.clients, torch.zeros(3, 4), np.ones(3),
+                                            np.zeros(3)), ValidationConfig())
     assert not keep.any() and {r.reason for r in rej} == {"shape"} and len(rej) == 3
 
 
@@ -92,7 +92,7 @@ def test_fedavg_averages_only_the_valid_replies(digits):
     ctx = make_context(digits, Tamper(SimulationBackend(digits, f), _poison_rows(bad)), guard)
     algo = FedAvg(FedAvgConfig())
     algo.setup(ctx)
-    start = algo.model.clone()
+    start = algo.state.model.clone()
     seed_ctx = make_context(digits)  # same generator: the same request seed
     seed = seed_ctx.next_seed()
     guard.begin_round(1)
@@ -100,7 +100,7 @@ def test_fedavg_averages_only_the_valid_replies(digits):
     good = np.array([c for c in range(8) if c not in bad])
     ref = clean.execute(TrainRequest(good, start, np.zeros(len(good), np.int64), TRAIN,
                                      seed))
-    torch.testing.assert_close(algo.model[0], weighted_mean(ref.params, ref.n_samples))
+    torch.testing.assert_close(algo.state.model[0], weighted_mean(ref.params, ref.n_samples))
     events = guard.end_round()
     assert [(r["client"], r["reason"]) for r in events["rejected"]] == [
         (2, "non_finite"), (5, "norm"), (6, "non_finite")]
@@ -122,7 +122,7 @@ def test_gradient_replies_are_checked_too(digits):
     algo.setup(ctx)
     guard.begin_round(1)
     algo.run_round(ctx, 1)
-    assert torch.isfinite(algo.models).all()
+    assert torch.isfinite(algo.state.models).all()
     assert [r["reason"] for r in guard.end_round()["rejected"]] == ["non_finite"]
     sent = [r for r in ctx.backend.seen if isinstance(r, GradientRequest)]
     assert len(sent) == 1 and len(sent[0].clients) == 8

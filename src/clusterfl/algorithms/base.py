@@ -1,7 +1,8 @@
 """The interface every method implements (DESIGN.md §2), and the context it runs in.
 
 An algorithm is server logic only. It reaches clients through `ctx.send(request)`, which
-executes the request on the backend and books its communication cost. Each method lives
+runs the request through the robustness layer and the backend and books its communication
+cost (the one place that does). Each method lives
 in its own module with its own pydantic `Config` (no shared flag parser).
 """
 
@@ -9,24 +10,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict
 
 from clusterfl.backends.base import Backend
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
+    EmbedReply,
+    EmbedRequest,
+    EvaluateReply,
+    EvaluateRequest,
+    GradientReply,
     GradientRequest,
     LocalTraining,
+    LossReply,
+    LossRequest,
     Predictor,
     Reply,
     Request,
+    TrainReply,
     TrainRequest,
 )
 from clusterfl.robust.guard import Guard
-from clusterfl.robust.replies import answered, mark_answered
+from clusterfl.state import restore, snapshot
 
 
 class AlgorithmConfig(BaseModel):
@@ -42,7 +50,9 @@ class Context:
 
     `rounds` is the run's planned number of rounds T (some methods schedule by it).
     `true_clusters` is given for diagnostics only (e.g. CFL's separation gap); an algorithm
-    must never use it to decide anything.
+    must never use it to decide anything. A context always has a `guard`
+    (`clusterfl.robust`): without one given, the default validation (non-finite, wrong-shape
+    and absurd replies are rejected) and no faults, adversaries or privacy.
     """
 
     backend: Backend
@@ -61,25 +71,37 @@ class Context:
     #: local trainings and gradients computed by clients so far (answered requests only)
     client_updates: int = 0
 
-    def send(self, request: Request) -> Reply:
-        """Execute `request` and book its cost; the reply holds the clients that answered.
+    def __post_init__(self) -> None:
+        if self.guard is None:
+            self.guard = Guard(self.n_clients, self.seed, self.train_sizes)
 
-        A client that dropped out, missed the deadline or sent a rejected reply is *absent*
-        from the reply: its rows are the clients `answered(reply, request.clients)` (from
-        `clusterfl.robust.replies`), in request order. With a `guard` (`clusterfl.robust`:
-        faults, adversaries, validation, privacy) the request runs through it; without one
-        the backend's reply is returned as is (a backend may still mark fewer clients).
+    @overload
+    def send(self, request: TrainRequest) -> TrainReply: ...
+    @overload
+    def send(self, request: GradientRequest) -> GradientReply: ...
+    @overload
+    def send(self, request: LossRequest) -> LossReply: ...
+    @overload
+    def send(self, request: EvaluateRequest) -> EvaluateReply: ...
+    @overload
+    def send(self, request: EmbedRequest) -> EmbedReply: ...
+
+    def send(self, request: Request) -> Reply:
+        """Execute `request` and book its communication; returns the reply.
+
+        The reply holds the clients that answered, in request order: its `clients` field
+        says who they are. A client that dropped out, missed the deadline or sent a rejected
+        reply is absent. This is the only place communication is booked: the request's
+        per-client downlink for every client it reached, its uplink for every client that
+        uploaded a reply (a rejected reply was still uploaded).
         """
-        if self.guard is not None:
-            reply, down, up = self.guard.send(self.backend, request)
-        else:
-            down, up = request.cost()
-            reply = self.backend.execute(request)
-            mark_answered(reply, answered(reply, request.clients))
-        self.floats_down += down
-        self.floats_up += up
+        assert self.guard is not None
+        reply, reached, uploaded = self.guard.send(self.backend, request)
+        down, up = request.unit_cost()
+        self.floats_down += down * reached
+        self.floats_up += up * uploaded
         if isinstance(request, TrainRequest | GradientRequest):
-            self.client_updates += len(answered(reply, request.clients))
+            self.client_updates += len(reply.clients)
         return reply
 
     def next_seed(self) -> int:
@@ -96,17 +118,26 @@ class Context:
 
 
 class Algorithm(ABC):
-    """One federated method. Subclasses set `name`, `Config`, and implement the hooks."""
+    """One federated method. Subclasses set `name`, `Config`, `State`, and implement the hooks.
+
+    Everything the server must keep to continue a run exactly lives in `self.state`, an
+    instance of the method's `State` dataclass; checkpoints are derived from it
+    (`clusterfl.state`), so no method writes its own save/load code. Things that follow from
+    the config and the model alone (masks, index sets) are rebuilt by `setup`, which runs
+    before a checkpoint is loaded.
+    """
 
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
+    State: ClassVar[type[Any]]
+    state: Any
 
     def __init__(self, config: AlgorithmConfig) -> None:
         self.config = config
 
     @abstractmethod
     def setup(self, ctx: Context) -> None:
-        """Create the initial state (models, assignments)."""
+        """Create the initial state (models, assignments) in `self.state`."""
 
     @abstractmethod
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
@@ -120,12 +151,13 @@ class Algorithm(ABC):
     def predictor(self) -> Predictor:
         """How each client predicts (the models the method gives every client)."""
 
-    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the run exactly (tensors, arrays, numbers)."""
+        """Everything needed to continue the run exactly (a plain copy of `self.state`)."""
+        out: dict[str, Any] = snapshot(self.state)
+        return out
 
-    @abstractmethod
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = restore(type(self).State, state)
 
     def n_clusters(self) -> int:
         a = self.assignment()
@@ -133,20 +165,3 @@ class Algorithm(ABC):
 
     def label(self) -> str:
         return self.name
-
-
-def weighted_mean(params: torch.Tensor, weights: np.ndarray) -> torch.Tensor:
-    """Σ w_i p_i / Σ w_i over the rows of `params`."""
-    w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=params.dtype)
-    return torch.mv(params.t(), w / w.sum())  # one pass over [n, d], no [n, d] temporary
-
-
-def average_per_group(
-    models: torch.Tensor, params: torch.Tensor, groups: np.ndarray, weights: np.ndarray
-) -> torch.Tensor:
-    """New `[K, d]` models: each row the weighted mean of its members' params (kept if none)."""
-    out = models.clone()
-    for k in np.unique(groups):
-        sel = groups == k
-        out[int(k)] = weighted_mean(params[torch.from_numpy(sel)], weights[sel])
-    return out

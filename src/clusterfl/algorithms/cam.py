@@ -32,67 +32,65 @@ Choices the paper leaves open, and ours:
 - Eq. 15 writes f(X_i; θ_i^0), a typo: Θ_g's local training uses the frozen cluster part,
   which at the start of the round is θ_i = Θ_c(i) (Alg. 1 line 4), exactly as in IFCA-CAM.
 - Initialisation: Θ_g and Θ_1..K independent PyTorch default initialisations.
-- Communication per selected client and round: Θ_g and the K cluster models down (IFCA-CAM;
-  FeSEM-CAM sends Θ_g and Θ_c(i)), θ_i and θ_i^0 up.
+- Communication per selected client and round: Θ_g and the K cluster models down (IFCA-CAM,
+  with the loss request; FeSEM-CAM sends Θ_g and Θ_c(i) with the first training request),
+  θ_i and θ_i^0 up. The second training request reuses what the client already holds
+  (`models_held`).
 - A client not yet assigned (partial participation): IFCA-CAM predicts it with Θ_g plus an
   all-zero cluster model, i.e. h(x; Θ_g) alone for the built-in models (whose last layer is
   linear); FeSEM-CAM uses FeSEM's common start Θ_0 as its cluster part (for training and
   prediction) until k-means assigns it. After FeSEM-CAM's warm-up every client is assigned.
-- Replies with NaN/Inf parameters are left out of every average, and so are clients absent
-  from a reply (dropped out or rejected, `clusterfl.robust`); they keep their cluster.
+- Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
+  absurd norms; `clusterfl.robust`) are left out of every average and keep their cluster.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
-from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, LayerSpec
-from clusterfl.algorithms.ifca import (
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, LayerSpec
+from clusterfl.clustering.aggregate import (
     average_members,
-    book,
     choose_clusters,
     cluster_sizes,
-    finite_rows,
-    mean_finite,
+    weighted_mean,
 )
-from clusterfl.protocol import LossRequest, Predictor, TrainReply, TrainRequest
-from clusterfl.robust.replies import answered, positions
+from clusterfl.protocol import LossRequest, Predictor, TrainReply, TrainRequest, mean_finite
 
 # ----------------------------------------------------------------------------- shared parts
 
 
 def train_both(
     ctx: Context, clients: np.ndarray, global_model: torch.Tensor, rows: torch.Tensor,
-    row_of: np.ndarray, mu: float = 0.0,
+    row_of: np.ndarray, mu: float = 0.0, held: bool = False,
 ) -> tuple[TrainReply, TrainReply]:
     """Alg. 1 lines 4-7: θ_i from rows[row_of[i]] with Θ_g frozen, θ_i^0 from Θ_g with the
-    cluster part frozen. Uploads (2d per client) are booked here; downloads by the caller."""
+    cluster part frozen. The first request carries Θ_g and the client's cluster model down
+    unless the clients already hold them (`held`: IFCA-CAM sent them with its loss request);
+    the second reuses them."""
     n = len(clients)
     zeros = np.zeros(n, dtype=np.int64)
     cluster_training = replace(ctx.training, mu=mu) if mu else ctx.training
     rep_k = ctx.send(TrainRequest(clients, rows, row_of, cluster_training, ctx.next_seed(),
                                   offset=Predictor.single(global_model[None], zeros),
-                                  count_cost=False))
+                                  models_held=held))
     rep_g = ctx.send(TrainRequest(clients, global_model[None], zeros, ctx.training,
                                   ctx.next_seed(), offset=Predictor.single(rows, row_of),
-                                  count_cost=False))
-    book(ctx, up=2 * n * global_model.shape[0])
+                                  models_held=True))
     return rep_k, rep_g
 
 
-def update_global(global_model: torch.Tensor, reply: TrainReply) -> tuple[torch.Tensor, int]:
-    """Eq. 9: Θ_g ← Σ_i (n_i/n) θ_i^0 over the finite replies; returns it and the rejects."""
-    ok = finite_rows(reply.params)
-    if not ok.any():
-        return global_model, len(ok)
-    return weighted_mean(reply.params[torch.from_numpy(ok)], reply.n_samples[ok]), int(
-        (~ok).sum())
+def update_global(global_model: torch.Tensor, reply: TrainReply) -> torch.Tensor:
+    """Eq. 9: Θ_g ← Σ_i (n_i/n) θ_i^0 over the answering clients (kept if none)."""
+    if not len(reply.clients):
+        return global_model
+    return weighted_mean(reply.params, reply.n_samples)
 
 
 def eq6_update(models: torch.Tensor, params: torch.Tensor, groups: np.ndarray,
@@ -135,80 +133,75 @@ class IFCACAMConfig(AlgorithmConfig):
         '"mean": Θ_k becomes its members\' weighted mean (IFCA)')
 
 
+@dataclass
+class IFCACAMState:
+    g: torch.Tensor  # [d], the global part Θ_g
+    clusters: torch.Tensor  # [K, d], the cluster parts Θ_1..Θ_K
+    assign: np.ndarray  # [n_clients], cluster of each client (-1: never selected)
+
+
 class IFCACAM(Algorithm):
     """IFCA-CAM: least-loss assignment of h(x; Θ_g) + f(x; Θ_k), parallel two-part training."""
 
     name = "ifca_cam"
     Config = IFCACAMConfig
+    State = IFCACAMState
     config: IFCACAMConfig
+    state: IFCACAMState
 
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters
-        self.g = ctx.factory.init(ctx.seed)
-        self.clusters = ctx.factory.init_many(k, ctx.seed + 1)
-        self.assign = np.full(ctx.n_clients, -1, dtype=np.int64)
+        self.state = IFCACAMState(ctx.factory.init(ctx.seed),
+                                  ctx.factory.init_many(k, ctx.seed + 1),
+                                  np.full(ctx.n_clients, -1, dtype=np.int64))
 
     def _warm(self, t: int) -> bool:
         return t <= self.config.warmup_rounds
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        cfg = self.config
+        st, cfg = self.state, self.config
         clients = ctx.sample(cfg.fraction)
-        n, d = len(clients), self.g.shape[0]
-        zeros = np.zeros(n, dtype=np.int64)
+        zeros = np.zeros(len(clients), dtype=np.int64)
         if self._warm(t):  # FedAvg on Θ_g alone
-            reply = ctx.send(TrainRequest(clients, self.g[None], zeros, ctx.training,
+            reply = ctx.send(TrainRequest(clients, st.g[None], zeros, ctx.training,
                                           ctx.next_seed()))
-            self.g, rejected = update_global(self.g, reply)
+            st.g = update_global(st.g, reply)
             return {"train_loss_global": mean_finite(reply.loss), "train_loss_cluster": None,
-                    "assign_loss": None, "rejected": rejected, "warmup": 1,
-                    "cluster_sizes": cluster_sizes(self.assign, cfg.n_clusters)}
+                    "assign_loss": None, "warmup": 1,
+                    "cluster_sizes": cluster_sizes(st.assign, cfg.n_clusters)}
         # (i) Eq. 2: least loss of the sum, Θ_g sent along as the offset
-        losses = ctx.send(LossRequest(clients, self.clusters,
-                                      offset=Predictor.single(self.g[None], zeros)))
-        clients = answered(losses, clients)  # dropped clients are absent from every reply
-        n = len(clients)
-        book(ctx, down=n * d)
-        chosen = choose_clusters(losses, "loss")
-        self.assign[clients] = chosen
+        losses = ctx.send(LossRequest(clients, st.clusters,
+                                      offset=Predictor.single(st.g[None], zeros)))
+        clients = losses.clients  # dropped clients are absent from every reply
+        chosen = choose_clusters(losses.loss)
+        st.assign[clients] = chosen
         # (ii)+(iii) Eq. 5 and Eq. 8 in parallel
-        rep_k, rep_g = train_both(ctx, clients, self.g, self.clusters, chosen)
-        ok = finite_rows(rep_k.params)
-        keep = torch.from_numpy(ok)
+        rep_k, rep_g = train_both(ctx, clients, st.g, st.clusters, chosen, held=True)
         update = eq6_update if cfg.cluster_update == "eq6" else average_members
-        chosen_k = chosen[positions(answered(rep_k, clients), clients)]
-        self.clusters = update(self.clusters, rep_k.params[keep], chosen_k[ok],
-                               rep_k.n_samples[ok])
-        self.g, rejected_g = update_global(self.g, rep_g)
+        st.clusters = update(st.clusters, rep_k.params, st.assign[rep_k.clients],
+                             rep_k.n_samples)
+        st.g = update_global(st.g, rep_g)
         return {
             "train_loss_cluster": mean_finite(rep_k.loss),
             "train_loss_global": mean_finite(rep_g.loss),
-            "assign_loss": mean_finite(losses.loss[np.arange(n), chosen]),
-            "rejected": int((~ok).sum()) + rejected_g, "warmup": 0,
-            "cluster_sizes": cluster_sizes(self.assign, cfg.n_clusters),
+            "assign_loss": mean_finite(losses.loss[np.arange(len(clients)), chosen]),
+            "warmup": 0,
+            "cluster_sizes": cluster_sizes(st.assign, cfg.n_clusters),
         }
 
     def assignment(self) -> np.ndarray:
-        return self.assign.copy()
+        return self.state.assign.copy()
 
     def predictor(self) -> Predictor:
-        n = len(self.assign)
-        if (self.assign < 0).all():  # warm-up: Θ_g alone
-            return Predictor.single(self.g[None], np.zeros(n, np.int64))
-        rows, row_of = self.clusters, self.assign
+        st = self.state
+        n = len(st.assign)
+        if (st.assign < 0).all():  # warm-up: Θ_g alone
+            return Predictor.single(st.g[None], np.zeros(n, np.int64))
+        rows, row_of = st.clusters, st.assign
         if (row_of < 0).any():  # never selected yet: Θ_g plus an all-zero cluster model
             rows = torch.cat([rows, torch.zeros_like(rows[:1])])
-            row_of = np.where(row_of >= 0, row_of, len(self.clusters))
-        return cam_predictor(self.g, rows, row_of)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"g": self.g.clone(), "clusters": self.clusters.clone(),
-                "assign": self.assign.copy()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.g = state["g"].clone()
-        self.clusters = state["clusters"].clone()
-        self.assign = np.asarray(state["assign"], dtype=np.int64).copy()
+            row_of = np.where(row_of >= 0, row_of, len(st.clusters))
+        return cam_predictor(st.g, rows, row_of)
 
 
 # ----------------------------------------------------------------------------- FeSEM-CAM
@@ -217,7 +210,7 @@ class IFCACAM(Algorithm):
 class FeSEMCAMConfig(FeSEMConfig):
     """Settings of FeSEM-CAM (`[algorithm] name = "fesem_cam"`); FeSEM's, other defaults."""
 
-    name: Literal["fesem_cam"] = "fesem_cam"  # type: ignore[assignment]
+    name: Literal["fesem_cam"] = "fesem_cam"  # type: ignore[assignment]  # narrows the literal
     kmeans_layers: LayerSpec = Field(
         "linear", description='parameters k-means measures: "linear" (fully-connected layers, '
         'CAM §5), "all" or a list of parameter-name prefixes')
@@ -225,49 +218,53 @@ class FeSEMCAMConfig(FeSEMConfig):
         30, ge=0, description="β: rounds of local training only before the first clustering")
 
 
+@dataclass
+class FeSEMCAMState(FeSEMState):
+    g: torch.Tensor  # [d], the global part Θ_g
+
+
 class FeSEMCAM(FeSEM):
     """FeSEM-CAM: FeSEM's k-means on the cluster parts, plus a shared global model Θ_g."""
 
     name = "fesem_cam"
     Config = FeSEMCAMConfig
+    State = FeSEMCAMState
     config: FeSEMCAMConfig
+    state: FeSEMCAMState
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        self.g = ctx.factory.init(ctx.seed + 1)
+        base = self.state
+        self.state = FeSEMCAMState(base.start, base.assign, base.centers, base.local,
+                                   ctx.factory.init(ctx.seed + 1))
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         if t <= self.config.warmup_rounds:
             return self._warmup_round(ctx, t)
+        st = self.state
         clients = ctx.sample(self.config.fraction)
         rows, row_of = self.starts(clients)
-        book(ctx, down=2 * len(clients) * self.g.shape[0])  # Θ_g and Θ_c(i)
-        rep_k, rep_g = train_both(ctx, clients, self.g, rows, row_of, mu=self.config.lam)
-        self.g, rejected_g = update_global(self.g, rep_g)
-        info = self._recluster(ctx, answered(rep_k, clients), rep_k.params, rep_k.n_samples)
-        info["rejected"] += rejected_g
+        rep_k, rep_g = train_both(ctx, clients, st.g, rows, row_of, mu=self.config.lam)
+        st.g = update_global(st.g, rep_g)
+        info = self._recluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
         return {"train_loss_cluster": mean_finite(rep_k.loss),
                 "train_loss_global": mean_finite(rep_g.loss), **info, "warmup": 0}
 
     def predictor(self) -> Predictor:
-        if self.local is not None:  # warm-up: each client's own local model
-            return Predictor.single(self.local, np.arange(len(self.local)))
-        rows, row_of = self.starts(np.arange(len(self.assign)))
-        return cam_predictor(self.g, rows, row_of)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "g": self.g.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.g = state["g"].clone()
+        st = self.state
+        if st.local is not None:  # warm-up: each client's own local model
+            return Predictor.single(st.local, np.arange(len(st.local)))
+        rows, row_of = self.starts(np.arange(len(st.assign)))
+        return cam_predictor(st.g, rows, row_of)
 
 
 __all__ = [
     "IFCACAM",
     "FeSEMCAM",
     "FeSEMCAMConfig",
+    "FeSEMCAMState",
     "IFCACAMConfig",
+    "IFCACAMState",
     "cam_predictor",
     "eq6_update",
     "train_both",

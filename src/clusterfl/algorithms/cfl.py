@@ -46,10 +46,14 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   `"test"` on its test data (optimistic: the same data accuracy is reported on).
 - All clients take part in every round (Alg. 5 has no client sampling).
 - A cluster of one client is never split; a zero update has similarity 0 to all others.
-- Clients absent from a round's reply (dropped out or rejected, `clusterfl.robust`) are left
-  out of that round's averages and split test. A client absent when its cluster splits waits
-  at that (now inner) node, predicting with its frozen model, and is placed into a child by
-  Algorithm 4 (its update vs. the cached pre-split updates) in the next round it answers.
+- Clients absent from a round's reply (dropped out, or rejected by the guard of
+  `clusterfl.robust`: non-finite or absurd updates) are left out of that round's averages and
+  split test. A client absent when its cluster splits waits at that (now inner) node,
+  predicting with its frozen model, and is placed into a child by Algorithm 4 (its update vs.
+  the cached pre-split updates) in the next round it answers.
+- Everything the server keeps (the tree, the clients waiting at inner nodes, the keep_best
+  choices, and the devices' θ_0 and secret seed) is one `CFLState`; checkpoints and the file
+  `save_artifacts` writes for `clusterfl cfl-place` are that state.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
     bipartition,
@@ -72,8 +77,16 @@ from clusterfl.clustering.cosine import (
     pairwise_cosine,
     separation_gap,
 )
-from clusterfl.protocol import LocalTraining, LossRequest, Predictor, TrainRequest
-from clusterfl.robust.replies import answered, mean_finite, positions
+from clusterfl.protocol import (
+    LocalTraining,
+    LossReply,
+    LossRequest,
+    Predictor,
+    TrainReply,
+    TrainRequest,
+    mean_finite,
+    start_models,
+)
 
 TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `cfl-place`)."""
@@ -141,29 +154,13 @@ class TreeNode:
     def is_leaf(self) -> bool:
         return not self.children
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "clients": self.clients.copy(), "parent": self.parent,
-            "model": self.model.clone(), "created": self.created,
-            "children": list(self.children), "split_round": self.split_round,
-            "updates": None if self.updates is None else self.updates.clone(),
-        }
 
-    @staticmethod
-    def from_state(s: dict[str, Any]) -> TreeNode:
-        return TreeNode(
-            int(s["id"]), np.asarray(s["clients"], np.int64), int(s["parent"]),
-            s["model"].clone(), int(s["created"]), [int(c) for c in s["children"]],
-            None if s["split_round"] is None else int(s["split_round"]),
-            None if s["updates"] is None else s["updates"].clone(),
-        )
-
-
+@dataclass
 class ParameterTree:
-    """The tree of clusters CFL builds by recursive bipartitioning (Fig. 5)."""
+    """The tree of clusters CFL builds by recursive bipartitioning (Fig. 5); node ids are
+    positions in `nodes`."""
 
-    def __init__(self, nodes: list[TreeNode]) -> None:
-        self.nodes = nodes
+    nodes: list[TreeNode]
 
     @staticmethod
     def new(n_clients: int, model: torch.Tensor) -> ParameterTree:
@@ -207,15 +204,18 @@ class ParameterTree:
         parent.split_round = t
         return ids[0], ids[1]
 
-    def state(self) -> list[dict[str, Any]]:
-        return [v.state() for v in self.nodes]
-
-    @staticmethod
-    def from_state(state: list[dict[str, Any]]) -> ParameterTree:
-        return ParameterTree([TreeNode.from_state(s) for s in state])
-
 
 # ====================================================================== the client side
+
+
+@dataclass
+class DeviceStorage:
+    """What the client devices keep for the whole run: the public initial model θ_0 and, with
+    privacy, the seed of the permutation P they agreed on (Alg. 5 line 3)."""
+
+    base: torch.Tensor
+    privacy: bool
+    secret: int
 
 
 class ClientSide:
@@ -227,24 +227,28 @@ class ClientSide:
     cannot read), build P from it, apply P⁻¹ to what the server broadcasts and P to what they
     upload. Here the backend plays the devices' training step; this class wraps it so that
     whatever the server receives has already been permuted. In simulation the seed is drawn
-    from the run's generator so that runs stay reproducible; it lives only in this object and
-    in the `client_side` entry of the checkpoint (the devices' own storage).
+    from the run's generator so that runs stay reproducible; it lives only in the devices' own
+    storage, simulated by the `DeviceStorage` that `CFLState.devices` (and so the checkpoint)
+    holds for them, and in this object, which is rebuilt from it.
 
     Models travel as displacements D from the public initial model θ_0: the clients rebuild
     θ = θ_0 + P⁻¹ D, train, and return P(θ_new − θ).
     """
 
-    def __init__(self, base: torch.Tensor, privacy: bool, secret_seed: int) -> None:
-        self.base = base.clone()
-        self.privacy = bool(privacy)
-        self._secret = int(secret_seed)
+    def __init__(self, storage: DeviceStorage) -> None:
+        self.storage = storage
         self._perm, self._inv = self._permutation()
 
+    @property
+    def base(self) -> torch.Tensor:
+        """θ_0, the public initial model."""
+        return self.storage.base
+
     def _permutation(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if not self.privacy:
+        if not self.storage.privacy:
             return None, None
         g = torch.Generator()
-        g.manual_seed(self._secret)
+        g.manual_seed(self.storage.secret)
         perm = torch.randperm(self.base.numel(), generator=g)
         return perm, torch.argsort(perm)
 
@@ -259,29 +263,21 @@ class ClientSide:
 
     def train(self, ctx: Context, clients: np.ndarray, displacements: torch.Tensor,
               model_of_client: np.ndarray, training: LocalTraining,
-              seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]:
-        """Clients train from their cluster models; returns (P Δθ `[m, d]`, |D_i|, loss, and
-        the m clients that answered, in request order)."""
-        start = self.decode(displacements)
-        reply = ctx.send(TrainRequest(clients, start, model_of_client, training, seed))
-        who = answered(reply, clients)
-        rows = np.asarray(model_of_client, dtype=np.int64)[positions(who, clients)]
-        update = reply.params - start[torch.from_numpy(rows)]
-        return self.encode(update), reply.n_samples, reply.loss, who
+              seed: int) -> tuple[torch.Tensor, TrainReply]:
+        """Clients train from their cluster models; returns P Δθ `[m, d]` of the m clients
+        that answered and the reply (its `clients`, `n_samples` and `loss` are theirs, in
+        request order)."""
+        request = TrainRequest(clients, self.decode(displacements), model_of_client, training,
+                               seed)
+        reply = ctx.send(request)
+        update = reply.params - start_models(request, reply.clients)
+        return self.encode(update), reply
 
     def losses(self, ctx: Context, clients: np.ndarray, displacements: torch.Tensor,
-               split: Literal["train", "test"]) -> tuple[np.ndarray, np.ndarray]:
-        """Each answering client's loss and accuracy `[m, K]` of K decoded models on its own
-        data, and the m clients that answered."""
-        reply = ctx.send(LossRequest(clients, self.decode(displacements), split))
-        return reply.loss, reply.accuracy, answered(reply, clients)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"base": self.base.clone(), "privacy": self.privacy, "secret": self._secret}
-
-    @staticmethod
-    def from_state(state: dict[str, Any]) -> ClientSide:
-        return ClientSide(state["base"], bool(state["privacy"]), int(state["secret"]))
+               split: Literal["train", "test"]) -> LossReply:
+        """The loss and accuracy `[m, K]` of K decoded models on each answering client's own
+        data (the reply: its `clients` are the m that answered)."""
+        return ctx.send(LossRequest(clients, self.decode(displacements), split))
 
 
 # ====================================================================== the method
@@ -313,22 +309,48 @@ class _ClusterStep:
     gap: float | None
 
 
+@dataclass
+class CFLState:
+    """Everything the CFL server keeps to continue a run (and `cfl-place` to place clients)."""
+
+    n_clients: int
+    tree: ParameterTree
+    devices: DeviceStorage  # held for the simulated devices: only `ClientSide` reads it
+    #: client absent at its cluster's split → the inner node it waits at
+    pending: dict[int, int] = field(default_factory=dict)
+    #: keep_best: the node each client predicts with (None: its leaf or pending node)
+    choice: np.ndarray | None = None
+
+
 class CFL(Algorithm):
     """Clustered FL: FedAvg per cluster, recursive bipartitioning at stationary points."""
 
     name = "cfl"
     Config = CFLConfig
+    State = CFLState
 
     config: CFLConfig
+    state: CFLState
+    _devices: ClientSide | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
         base = ctx.factory.init(ctx.seed)
-        self._n = ctx.n_clients
-        self.clients = ClientSide(base, self.config.privacy, ctx.next_seed())
-        self.tree = ParameterTree.new(self._n, torch.zeros_like(base))
-        self._choice: np.ndarray | None = None
-        self.pending: dict[int, int] = {}  # client absent at its cluster's split → inner node
+        self.state = CFLState(
+            ctx.n_clients, ParameterTree.new(ctx.n_clients, torch.zeros_like(base)),
+            DeviceStorage(base, self.config.privacy, ctx.next_seed()))
+
+    @property
+    def tree(self) -> ParameterTree:
+        return self.state.tree
+
+    @property
+    def clients(self) -> ClientSide:
+        """The simulated devices, rebuilt from `state.devices` (after `setup` or a load)."""
+        devices = self._devices
+        if devices is None or devices.storage is not self.state.devices:
+            devices = self._devices = ClientSide(self.state.devices)
+        return devices
 
     # ------------------------------------------------------------------ one round
     def _training(self, ctx: Context, t: int) -> LocalTraining:
@@ -343,20 +365,22 @@ class CFL(Algorithm):
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         placed = self._place_pending(ctx)
+        n = self.state.n_clients
         leaves = self.tree.leaves()
         row = {v.id: k for k, v in enumerate(leaves)}
-        leaf_of = self.tree.leaf_of_clients(self._n)
+        leaf_of = self.tree.leaf_of_clients(n)
         clients = np.flatnonzero(leaf_of >= 0)
         models = torch.stack([v.model for v in leaves])
-        got, sizes, loss, who = self.clients.train(
+        got, reply = self.clients.train(
             ctx, clients, models, np.array([row[int(v)] for v in leaf_of[clients]]),
             self._training(ctx, t), ctx.next_seed())
         # one row per client id; `present` marks who answered (absent: dropped or rejected)
-        updates = torch.zeros(self._n, models.shape[1], dtype=got.dtype)
+        who = reply.clients
+        updates = torch.zeros(n, models.shape[1], dtype=got.dtype)
         updates[torch.from_numpy(who)] = got
-        n_samples = np.zeros(self._n)
-        n_samples[who] = sizes
-        present = np.zeros(self._n, dtype=bool)
+        n_samples = np.zeros(n)
+        n_samples[who] = reply.n_samples
+        present = np.zeros(n, dtype=bool)
         present[who] = True
         steps = [self._examine(v, updates, n_samples, present, ctx.true_clusters)
                  for v in leaves]
@@ -367,8 +391,8 @@ class CFL(Algorithm):
             else:
                 self._split(s, event, t)
         self._refresh_choice(ctx)
-        return {**self._extras(steps, events, loss), "placed": placed,
-                "pending": sorted(self.pending)}
+        return {**self._extras(steps, events, reply.loss), "placed": placed,
+                "pending": sorted(self.state.pending)}
 
     def _examine(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
                  present: np.ndarray, truth: np.ndarray | None) -> _ClusterStep:
@@ -412,7 +436,7 @@ class CFL(Algorithm):
         groups = (s.members[a], s.members[b])
         ids = self.tree.split(s.node.id, groups, models, upd, t)
         for c in np.setdiff1d(s.node.clients, s.members):  # placed by Alg. 4 when they answer
-            self.pending[int(c)] = s.node.id
+            self.state.pending[int(c)] = s.node.id
         event.update({
             "children": list(ids), "groups": [g.tolist() for g in groups],
             "members": s.members.tolist(), "similarity": np.round(s.similarity, 5).tolist(),
@@ -440,22 +464,22 @@ class CFL(Algorithm):
     def _refresh_choice(self, ctx: Context) -> None:
         """keep_best: each client picks the best model on its path (root … leaf)."""
         if self.config.keep_best == "off" or len(self.tree.nodes) == 1:
-            self._choice = None
+            self.state.choice = None
             return
-        previous = self._choice
+        previous = self.state.choice
         choice = self._node_of()  # absent clients: their leaf (or pending node) ...
         if previous is not None:  # ... or their last choice, if still on their path
             choice = np.where(self._on_path(previous, choice), previous, choice)
         for leaf in self.tree.leaves():
             path = self.tree.path(leaf.id)
             models = torch.stack([self.tree.nodes[v].model for v in path])
-            loss, acc, who = self.clients.losses(ctx, leaf.clients, models,
-                                                 self.config.keep_best)
-            score = -loss if np.all(np.isnan(acc)) else np.nan_to_num(acc, nan=-np.inf)
+            reply = self.clients.losses(ctx, leaf.clients, models, self.config.keep_best)
+            acc = reply.accuracy
+            score = -reply.loss if np.all(np.isnan(acc)) else np.nan_to_num(acc, nan=-np.inf)
             # ties go to the most specific model (the last, deepest one)
             best = score.shape[1] - 1 - np.argmax(score[:, ::-1], axis=1)
-            choice[who] = np.asarray(path, dtype=np.int64)[best]
-        self._choice = choice
+            choice[reply.clients] = np.asarray(path, dtype=np.int64)[best]
+        self.state.choice = choice
 
     def _on_path(self, chosen: np.ndarray, node_of: np.ndarray) -> np.ndarray:
         """Whether each client's chosen node lies on the root path of its current node."""
@@ -464,8 +488,8 @@ class CFL(Algorithm):
 
     def _node_of(self) -> np.ndarray:
         """Each client's leaf, or for a pending client the inner node it waits at."""
-        out = self.tree.leaf_of_clients(self._n)
-        for c, v in self.pending.items():
+        out = self.tree.leaf_of_clients(self.state.n_clients)
+        for c, v in self.state.pending.items():
             out[c] = v
         return out
 
@@ -476,9 +500,9 @@ class CFL(Algorithm):
         return self._node_of()
 
     def predictor(self) -> Predictor:
-        if self._choice is not None:
+        if self.state.choice is not None:
             models = torch.stack([v.model for v in self.tree.nodes])
-            return Predictor.single(self.clients.decode(models), self._choice)
+            return Predictor.single(self.clients.decode(models), self.state.choice)
         node_of = self._node_of()
         used = np.unique(node_of)
         row = {int(v): k for k, v in enumerate(used)}
@@ -488,21 +512,6 @@ class CFL(Algorithm):
     def model_of(self, node_id: int) -> torch.Tensor:
         """The plain model of tree node `node_id` (client side: decoded from the server view)."""
         return self.clients.decode(self.tree.nodes[node_id].model)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "n": self._n, "tree": self.tree.state(),
-            "choice": None if self._choice is None else self._choice.copy(),
-            "client_side": self.clients.state_dict(),
-            "pending": dict(self.pending),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._n = int(state["n"])
-        self.tree = ParameterTree.from_state(state["tree"])
-        self._choice = None if state["choice"] is None else np.asarray(state["choice"])
-        self.clients = ClientSide.from_state(state["client_side"])
-        self.pending = {int(c): int(v) for c, v in state.get("pending", {}).items()}
 
     # ------------------------------------------------------------------ Algorithm 4
     def place(self, ctx: Context, clients: np.ndarray | list[int]) -> list[Placement]:
@@ -536,18 +545,18 @@ class CFL(Algorithm):
     def _place_pending(self, ctx: Context) -> list[int]:
         """Walk the clients that missed their cluster's split down the tree (Algorithm 4);
         those that reach a leaf join it. Returns the clients placed."""
-        if not self.pending:
+        if not self.state.pending:
             return []
-        ids = np.array(sorted(self.pending), dtype=np.int64)
+        ids = np.array(sorted(self.state.pending), dtype=np.int64)
         done = []
-        for p in self._walk(ctx, ids, np.array([self.pending[int(c)] for c in ids])):
+        for p in self._walk(ctx, ids, np.array([self.state.pending[int(c)] for c in ids])):
             node = self.tree.nodes[p.leaf]
             if node.is_leaf:
                 node.clients = np.sort(np.append(node.clients, p.client))
-                del self.pending[p.client]
+                del self.state.pending[p.client]
                 done.append(p.client)
             else:
-                self.pending[p.client] = p.leaf
+                self.state.pending[p.client] = p.leaf
         return done
 
     def _place_step(self, ctx: Context, node: TreeNode, ids: np.ndarray, rows: np.ndarray,
@@ -555,11 +564,10 @@ class CFL(Algorithm):
                     paths: list[list[int]]) -> np.ndarray:
         """One level of Algorithm 4 for `rows`; returns which of them answered (and moved)."""
         t = node.split_round or 1
-        upd, _, _, who = self.clients.train(
+        upd, reply = self.clients.train(
             ctx, ids[rows], node.model[None], np.zeros(len(rows), np.int64),
             self._training(ctx, t), ctx.next_seed())
-        moved = np.zeros(len(rows), dtype=bool)
-        moved[positions(who, ids[rows])] = True
+        moved = np.isin(ids[rows], reply.clients)  # the reply's rows: these, in this order
         if not moved.any():
             return moved
         a, b = (self.tree.nodes[c] for c in node.children)

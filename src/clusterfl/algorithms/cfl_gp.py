@@ -59,17 +59,24 @@ implemented, with the paper's line numbers:
   extras (`k_estimate`, `spectral_gap_s`) but K stays fixed.
 - **Costs** (Appendix D.2, Tables 5–6): per-client models received / vectors sent / gradient
   computations per period of P rounds (the paper's Y ≤ P + 1) and `uplink_floats_compressed`,
-  the uplink floats this method's requests booked (what was sent, d̂-wide clustering replies
-  included; it equals the history's cumulative `floats_up` for a CFL-GP run).
+  the uplink floats of the replies this method received, counted from its own requests
+  (`unit_cost` × the clients that answered: d̂-wide clustering replies included, absent
+  clients send nothing). Without rejected replies it equals the history's cumulative
+  `floats_up` for a CFL-GP run; a reply the guard rejects was uploaded, so `floats_up` books
+  it and this count does not.
 
 Choices the paper leaves open, made here: the initial clusters S^(0) are a random balanced
 assignment drawn from the run's generator (the models θ_k^(0) are independent initialisations;
 `init_range = r` draws every non-bias parameter from U(−r, r) and sets biases to 0, the
 linear-regression setup of §5.1/F.4); the first round is a clustering round (t = 1); the
 cluster mean of gradients is unweighted (each client's gradient already averages its minibatch);
-k-means keeps the best of `kmeans_n_init` k-means++ runs; a client whose reply is not finite, or
-that did not answer (dropped out or rejected, `clusterfl.robust`), is left out of the round's
-averages and keeps its old feature.
+k-means keeps the best of `kmeans_n_init` k-means++ runs; a client that did not answer (dropped
+out, or rejected by the guard of `clusterfl.robust`, e.g. for a non-finite reply) is left out of
+the round's averages and keeps its old feature.
+
+Everything the server keeps between rounds is one `CFLGPState` (models, assignment, profile,
+per-block Gram matrices, schedule and cost counters); the shared-layer index and the number of
+unchanged rounds that stops the clustering follow from the config and are rebuilt by `setup`.
 
 `mode = "repo"` reproduces the authors' released code instead: the round-robin index never
 advances, so only block 0 of the profile is ever filled, and it is filled with each client's
@@ -81,6 +88,7 @@ the same round (the code clusters before it averages).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -100,8 +108,13 @@ from clusterfl.clustering.spectral import (
 )
 from clusterfl.errors import ConfigError
 from clusterfl.models import ParamLayout
-from clusterfl.protocol import GradientRequest, Predictor, TrainRequest, narrow
-from clusterfl.robust.replies import answered, mean_finite, positions
+from clusterfl.protocol import (
+    GradientRequest,
+    Predictor,
+    TrainRequest,
+    mean_finite,
+    start_models,
+)
 
 DEFAULT_STABLE_ROUNDS = 20
 """T/10 for the paper's T = 200, used when the context does not say how many rounds run."""
@@ -159,18 +172,6 @@ class CFLGPConfig(AlgorithmConfig):
         return self
 
 
-def _in_request_order(vectors: torch.Tensor, loss: np.ndarray, who: np.ndarray,
-                      clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-    """One row per requested client; clients absent from the reply (dropped out, rejected)
-    get NaN rows, which every later step already treats as "no finite reply"."""
-    rows = torch.from_numpy(positions(who, clients))
-    full = torch.full((len(clients), vectors.shape[1]), float("nan"), dtype=vectors.dtype)
-    full[rows] = vectors
-    out_loss = np.full(len(clients), np.nan)
-    out_loss[rows.numpy()] = np.asarray(loss, dtype=np.float64)
-    return full, out_loss
-
-
 def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) -> torch.Tensor:
     try:
         return layout.index(prefixes)
@@ -178,12 +179,37 @@ def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) ->
         raise ConfigError(field, str(exc.args[0])) from None
 
 
+def _no_counts() -> dict[str, float]:
+    return {"models_down": 0.0, "vectors_up": 0.0, "gradients": 0.0,
+            "uplink_floats_compressed": 0.0, "rounds": 0.0}
+
+
+@dataclass
+class CFLGPState:
+    """Everything the CFL-GP server keeps to continue a run."""
+
+    models: torch.Tensor  # [K, d], θ_1..θ_K
+    assign: np.ndarray  # [C] int64, each client's cluster S^(t)
+    feature_index: torch.Tensor  # [d̂] int64, the coordinates the features keep (E.1/E.2)
+    features: torch.Tensor  # [C, K, d̂] float32, the gradient profile, block k = g_{·,k}
+    block_gram: np.ndarray  # [K, C, C] G_kᵀG_k per block; [0, C, C] off the Gram route
+    block_updates: np.ndarray  # [K] int64, how often each block was updated
+    kbar: int = -1  # k̄, the model broadcast in the last clustering round
+    last_change: int = 0  # the last round whose clustering changed the assignment
+    stopped_at: int | None = None  # the round the clustering stopped (stable_rounds)
+    counts: dict[str, float] = field(default_factory=_no_counts)  # Tables 5–6, run totals
+    estimate: dict[str, int | None] = field(
+        default_factory=lambda: {"k_estimate": None, "spectral_gap_s": None})  # App. G
+
+
 class CFLGP(Algorithm):
     """CFL-GP with the gradient (Alg. 1) or model averaging (Alg. 4) protocol."""
 
     name = "cfl_gp"
     Config = CFLGPConfig
+    State = CFLGPState
     config: CFLGPConfig
+    state: CFLGPState
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
@@ -192,41 +218,39 @@ class CFLGP(Algorithm):
             raise ConfigError("algorithm.n_clusters",
                               f"K = {k} models need at least {k} clients, the federation has {c}")
         layout = ctx.factory.layout
-        self.models = self._initial_models(ctx)
+        models = self._initial_models(ctx)
+        #: weight sharing: the coordinates common to the K models (from the config)
         self.shared: torch.Tensor | None = None
         if cfg.shared_layers is not None:
             self.shared = _layer_index(layout, cfg.shared_layers, "algorithm.shared_layers")
-            self.models[:, self.shared] = self.models[0, self.shared]
+            models[:, self.shared] = models[0, self.shared]
         selected = _layer_index(layout, cfg.feature_layers, "algorithm.feature_layers")
         if cfg.compression_ratio > 1.0:
             keep = max(1, round(len(selected) / cfg.compression_ratio))
             pick = np.random.default_rng(ctx.next_seed()).choice(len(selected), keep,
                                                                  replace=False)
             selected = selected[torch.from_numpy(np.sort(pick))]
-        self.feature_index: torch.Tensor = selected
-        self.coords = self._wire_coords()
-        self.features = torch.zeros(c, k, len(selected), dtype=torch.float32)
         use_gram = cfg.svd == "gram" or (cfg.svd == "auto" and c <= GRAM_MAX_CLIENTS)
-        # G_kᵀG_k per block (GᵀG is their sum), only when the Gram route is taken
-        self.block_gram = np.zeros((k, c, c) if use_gram else (0, c, c))
-        self.block_updates = np.zeros(k, dtype=np.int64)
         if cfg.mode == "repo":
-            self.assign = np.zeros(c, dtype=np.int64)
+            assign = np.zeros(c, dtype=np.int64)
         else:
-            self.assign = ctx.rng.permutation(np.arange(c) % k).astype(np.int64)
-        self.kbar = -1
-        self.last_change = 0
-        self.stopped_at: int | None = None
+            assign = ctx.rng.permutation(np.arange(c) % k).astype(np.int64)
+        self.state = CFLGPState(
+            models, assign, selected, torch.zeros(c, k, len(selected), dtype=torch.float32),
+            # G_kᵀG_k per block (GᵀG is their sum), only when the Gram route is taken
+            np.zeros((k, c, c) if use_gram else (0, c, c)), np.zeros(k, dtype=np.int64))
+        #: stop clustering after this many unchanged rounds (from the config and T)
         self.stable = self._stable_rounds(ctx)
-        self.counts = {"models_down": 0.0, "vectors_up": 0.0, "gradients": 0.0,
-                       "uplink_floats_compressed": 0.0, "rounds": 0.0}
-        self._up_before = 0.0
-        self.estimate: dict[str, Any] = {"k_estimate": None, "spectral_gap_s": None}
+
+    @property
+    def coords(self) -> np.ndarray | None:
+        """`coords` of the clustering-only requests (see `_wire_coords`)."""
+        return self._wire_coords()
 
     def _wire_coords(self) -> np.ndarray | None:
         """`coords` of the clustering-only requests: the feature index (App. E.1/E.2), or
         None when the features are every coordinate (the reply is then the whole vector)."""
-        d, idx = self.models.shape[1], self.feature_index
+        d, idx = self.state.models.shape[1], self.state.feature_index
         if len(idx) == d and torch.equal(idx, torch.arange(d)):
             return None
         return idx.numpy().astype(np.int64)
@@ -234,11 +258,12 @@ class CFLGP(Algorithm):
     def _to_features(self, rows: torch.Tensor) -> torch.Tensor:
         """Client vectors in feature space: whole vectors (d wide) are subsampled at the
         feature index; replies already narrowed on the wire (d̂ wide) are taken as they are."""
-        if rows.shape[1] == self.models.shape[1]:
-            return rows[:, self.feature_index]
-        if rows.shape[1] != len(self.feature_index):
+        d, idx = self.state.models.shape[1], self.state.feature_index
+        if rows.shape[1] == d:
+            return rows[:, idx]
+        if rows.shape[1] != len(idx):
             raise ValueError(f"client vectors of width {rows.shape[1]}: expected "
-                             f"{self.models.shape[1]} or {len(self.feature_index)}")
+                             f"{d} or {len(idx)}")
         return rows
 
     def _initial_models(self, ctx: Context) -> torch.Tensor:
@@ -271,89 +296,97 @@ class CFLGP(Algorithm):
     def clustering_round(self, t: int) -> bool:
         """Alg. 1 line 5: t mod P = 1 (every round for P = 1), t < T_cl, not yet stopped."""
         cfg = self.config
-        return (self.stopped_at is None and (t - 1) % cfg.period == 0
+        return (self.state.stopped_at is None and (t - 1) % cfg.period == 0
                 and (cfg.cluster_rounds is None or t < cfg.cluster_rounds))
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        cfg = self.config
-        self._up_before = ctx.floats_up
+        cfg, st = self.config, self.state
         seed = ctx.next_seed()
-        clients = np.arange(ctx.n_clients)
-        own, loss = self._client_vectors(ctx, self.models, clients, self.assign, seed)
-        ok = torch.isfinite(own).all(dim=1).numpy()
-        if not ok.all():
-            ctx.log.append(f"cfl_gp round {t}: no finite reply (absent or non-finite) from "
-                           f"clients {np.flatnonzero(~ok).tolist()}")
-        extras: dict[str, Any] = {"train_loss": mean_finite(np.where(ok, loss, np.nan))}
-        down = np.ones(ctx.n_clients)
-        new_assign = self.assign
+        c = len(st.assign)
+        rows, loss, who = self._client_vectors(ctx, st.models, np.arange(c), st.assign, seed)
+        # one row per client id; `present` marks who answered (absent: dropped or rejected)
+        present = np.zeros(c, dtype=bool)
+        present[who] = True
+        own = torch.zeros(c, rows.shape[1], dtype=rows.dtype)
+        own[torch.from_numpy(who)] = rows
+        if not present.all():
+            ctx.log.append(f"cfl_gp round {t}: no reply (dropped out or rejected) from "
+                           f"clients {np.flatnonzero(~present).tolist()}")
+        extras: dict[str, Any] = {"train_loss": mean_finite(loss)}
+        down = np.ones(c)
+        new_assign = st.assign
         clustering = self.clustering_round(t)
         if clustering:
-            probe, probed = self._probe(ctx, own, seed)
+            probe, fresh, probed = self._probe(ctx, own, present, seed)
             down += probed
-            finite = torch.isfinite(probe).all(dim=1).numpy()
-            extras.update(self._update_features(t, probe, finite))
-            result, more = self._cluster(ctx, t)
-            new_assign = result
+            extras.update(self._update_features(t, probe, fresh))
+            new_assign, more = self._cluster(ctx, t)
             extras.update(more)
-        update_with = new_assign if cfg.mode == "repo" else self.assign
-        self._update_models(own, update_with, ok, self._lr(ctx))
-        changed = int((new_assign != self.assign).sum())
-        self.assign = np.asarray(new_assign, dtype=np.int64)
+        update_with = new_assign if cfg.mode == "repo" else st.assign
+        self._update_models(own, update_with, present, self._lr(ctx))
+        changed = int((new_assign != st.assign).sum())
+        st.assign = np.asarray(new_assign, dtype=np.int64)
         if clustering and changed:
-            self.last_change = t
-        if (self.stopped_at is None and self.stable > 0
-                and t - self.last_change >= self.stable):
-            self.stopped_at = t
-        self._book(ctx, down)
+            st.last_change = t
+        if st.stopped_at is None and self.stable > 0 and t - st.last_change >= self.stable:
+            st.stopped_at = t
+        self._count(down)
         extras.update({
-            "clustering": clustering, "broadcast_model": self.kbar if clustering else -1,
-            "assignment_changes": changed, "clustering_stopped_at": self.stopped_at,
-            **self.estimate, **self._cost_extras(),
+            "clustering": clustering, "broadcast_model": st.kbar if clustering else -1,
+            "assignment_changes": changed, "clustering_stopped_at": st.stopped_at,
+            **st.estimate, **self._cost_extras(),
         })
         return extras
 
     def _client_vectors(
         self, ctx: Context, models: torch.Tensor, clients: np.ndarray, model_of: np.ndarray,
         seed: int, coords: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Gradients (Alg. 1) or model gaps Δθ = θ' − θ (Alg. 4/5) of `clients` at their models;
-        the same seed gives every client the same minibatch(es). With `coords` the clients
-        send those coordinates only (d̂ floats each) and the rows are d̂ wide."""
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """Gradients (Alg. 1) or model gaps Δθ = θ' − θ (Alg. 4/5) at their models, with the
+        losses, of those of `clients` that answered, and who they are (in request order). The
+        same seed gives every client the same minibatch(es). With `coords` the clients send
+        those coordinates only (d̂ floats each) and the rows are d̂ wide. The replies' uplink
+        is added to the `uplink_floats_compressed` count."""
+        request: GradientRequest | TrainRequest
         if self.config.protocol == "gradient":
-            g = ctx.send(GradientRequest(clients, models, model_of, ctx.training.batch_size,
-                                         seed, coords=coords))
-            return _in_request_order(g.grads, g.loss, answered(g, clients), clients)
-        r = ctx.send(TrainRequest(clients, models, model_of, ctx.training, seed,
-                                  coords=coords))
-        rows = positions(answered(r, clients), clients)
-        start = models[torch.from_numpy(np.asarray(model_of, dtype=np.int64)[rows])]
-        if r.params.shape[1] != start.shape[1]:  # narrowed to `coords` on the wire
-            start = narrow(start, coords)
-        return _in_request_order(r.params - start, r.loss, answered(r, clients), clients)
+            request = GradientRequest(clients, models, model_of, ctx.training.batch_size, seed,
+                                      coords=coords)
+            g = ctx.send(request)
+            rows, loss, who = g.grads, g.loss, g.clients
+        else:
+            request = TrainRequest(clients, models, model_of, ctx.training, seed,
+                                   coords=coords)
+            r = ctx.send(request)  # θ_start is narrowed to `coords` like the reply
+            rows, loss, who = r.params - start_models(request, r.clients), r.loss, r.clients
+        self.state.counts["uplink_floats_compressed"] += request.unit_cost()[1] * len(who)
+        return rows, loss, who
 
-    def _probe(self, ctx: Context, own: torch.Tensor, seed: int) -> tuple[torch.Tensor,
-                                                                          np.ndarray]:
+    def _probe(self, ctx: Context, own: torch.Tensor, present: np.ndarray,
+               seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """Alg. 2 lines 6–7: the next model k̄ goes to the clients not already on it; returns
-        every client's feature (d̂ coordinates) at θ_k̄ and which clients received an extra
-        model. These vectors serve the profile only, so the clients send the d̂ feature
-        coordinates (`coords`, App. E.1); clients of cluster k̄ reuse the whole vector they
-        sent for the model update (D.2: no re-transmission)."""
-        k = self.config.n_clusters
+        every client's feature (d̂ coordinates) at θ_k̄, which clients have a fresh one (they
+        answered) and which clients received an extra model. These vectors serve the profile
+        only, so the clients send the d̂ feature coordinates (`coords`, App. E.1); clients of
+        cluster k̄ reuse the whole vector they sent for the model update (D.2: no
+        re-transmission)."""
+        st, k = self.state, self.config.n_clusters
         extra = np.zeros(len(own))
         probe = self._to_features(own)
+        fresh = present.copy()
         if self.config.mode == "repo":
-            self.kbar = 0
-            return probe, extra
-        self.kbar = (self.kbar + 1) % k
-        others = np.flatnonzero(self.assign != self.kbar)
+            st.kbar = 0
+            return probe, fresh, extra
+        st.kbar = (st.kbar + 1) % k
+        others = np.flatnonzero(st.assign != st.kbar)
         if len(others):
-            rows, _ = self._client_vectors(ctx, self.models[self.kbar : self.kbar + 1], others,
-                                           np.zeros(len(others), dtype=np.int64), seed,
-                                           coords=self.coords)
-            probe[torch.from_numpy(others)] = self._to_features(rows)
+            rows, _, who = self._client_vectors(ctx, st.models[st.kbar : st.kbar + 1], others,
+                                                np.zeros(len(others), dtype=np.int64), seed,
+                                                coords=self.coords)
+            probe[torch.from_numpy(who)] = self._to_features(rows)
+            fresh[others] = False
+            fresh[who] = True
             extra[others] = 1.0
-        return probe, extra
+        return probe, fresh, extra
 
     def _beta(self, t: int) -> float:
         cfg = self.config
@@ -361,29 +394,29 @@ class CFLGP(Algorithm):
             return 1.0
         if cfg.mode == "repo":
             return 1.0 / (t // (cfg.n_clusters * cfg.period) + 1)
-        return 1.0 / (int(self.block_updates[self.kbar]) + 1)
+        return 1.0 / (int(self.state.block_updates[self.state.kbar]) + 1)
 
-    def _update_features(self, t: int, probe: torch.Tensor, ok: np.ndarray) -> dict[str, Any]:
-        """Alg. 1 lines 8–9: running mean of block k̄ (clients with finite replies only)."""
-        beta = self._beta(t)
-        rows = torch.from_numpy(np.flatnonzero(ok))
-        block = self.features[:, self.kbar]
-        fresh = probe[rows].to(block.dtype)
-        block[rows] = (1.0 - beta) * block[rows] + beta * fresh
-        self.block_updates[self.kbar] += 1
-        if len(self.block_gram):
-            self.block_gram[self.kbar] = gram_matrix(block)  # only block k̄ changed
+    def _update_features(self, t: int, probe: torch.Tensor,
+                         fresh: np.ndarray) -> dict[str, Any]:
+        """Alg. 1 lines 8–9: running mean of block k̄ (clients that answered only)."""
+        st, beta = self.state, self._beta(t)
+        rows = torch.from_numpy(np.flatnonzero(fresh))
+        block = st.features[:, st.kbar]
+        new = probe[rows].to(block.dtype)
+        block[rows] = (1.0 - beta) * block[rows] + beta * new
+        st.block_updates[st.kbar] += 1
+        if len(st.block_gram):
+            st.block_gram[st.kbar] = gram_matrix(block)  # only block k̄ changed
         return {"beta": beta}
 
     def _cluster(self, ctx: Context, t: int) -> tuple[np.ndarray, dict[str, Any]]:
         """Alg. 1 line 10 / Alg. 3, plus the Appendix-G spectrum and estimate."""
-        cfg = self.config
-        c = ctx.n_clients
-        rows = self.features.reshape(c, -1)
+        cfg, st = self.config, self.state
+        rows = st.features.reshape(len(st.assign), -1)
         want = max(cfg.n_clusters, 2 * cfg.k_max) if cfg.estimate_k else cfg.n_clusters
-        res = spectral_clustering(rows, cfg.n_clusters, self.assign, ctx.next_seed(),
+        res = spectral_clustering(rows, cfg.n_clusters, st.assign, ctx.next_seed(),
                                   cfg.svd, cfg.kmeans_n_init, n_components=want,
-                                  gram=self.block_gram.sum(0) if len(self.block_gram) else None)
+                                  gram=st.block_gram.sum(0) if len(st.block_gram) else None)
         sv = res.projection.singular_values
         extras: dict[str, Any] = {
             "singular_values": sv[:MAX_SPECTRUM].tolist(),
@@ -400,23 +433,23 @@ class CFLGP(Algorithm):
         k_hi = min(cfg.k_max, ctx.n_clients - 1)
         k, scores = estimate_n_clusters(feats[:, :s], k_hi, ctx.next_seed(), cfg.k_criterion,
                                         cfg.kmeans_n_init)
-        self.estimate = {"k_estimate": int(k), "spectral_gap_s": int(s)}
+        self.state.estimate = {"k_estimate": int(k), "spectral_gap_s": int(s)}
         return {"k_scores": {str(key): float(v) for key, v in scores.items()}}
 
-    def _update_models(self, own: torch.Tensor, groups: np.ndarray, ok: np.ndarray,
+    def _update_models(self, own: torch.Tensor, groups: np.ndarray, present: np.ndarray,
                        lr: float) -> None:
         """Alg. 1 line 4 (θ_k −= γ agg ∇) or Alg. 4 line 5 (θ_k += mean Δθ), then the shared
-        coordinates from all clients."""
-        cfg = self.config
+        coordinates from all clients (those that answered)."""
+        cfg, models = self.config, self.state.models
         sign, scale = (-1.0, lr) if cfg.protocol == "gradient" else (1.0, 1.0)
-        shared_base = None if self.shared is None else self.models[0, self.shared].clone()
+        shared_base = None if self.shared is None else models[0, self.shared].clone()
         for k in range(cfg.n_clusters):
-            members = np.flatnonzero((groups == k) & ok)
+            members = np.flatnonzero((groups == k) & present)
             if len(members):
-                self.models[k] += sign * scale * self._aggregate(own[torch.from_numpy(members)])
-        if self.shared is not None and shared_base is not None and ok.any():
-            rows = own[torch.from_numpy(np.flatnonzero(ok))][:, self.shared]
-            self.models[:, self.shared] = shared_base + sign * scale * self._aggregate(rows)
+                models[k] += sign * scale * self._aggregate(own[torch.from_numpy(members)])
+        if self.shared is not None and shared_base is not None and present.any():
+            rows = own[torch.from_numpy(np.flatnonzero(present))][:, self.shared]
+            models[:, self.shared] = shared_base + sign * scale * self._aggregate(rows)
 
     def _aggregate(self, rows: torch.Tensor) -> torch.Tensor:
         if self.config.gradient_aggregation == "sum":
@@ -428,61 +461,34 @@ class CFLGP(Algorithm):
         return float(lr if lr is not None else ctx.training.lr)
 
     # ------------------------------------------------------------------ costs (Tables 5–6)
-    def _book(self, ctx: Context, down: np.ndarray) -> None:
-        self.counts["models_down"] += float(down.sum())
-        self.counts["vectors_up"] += float(down.sum())
-        self.counts["gradients"] += float(down.sum())
-        # the uplink this round's requests booked, i.e. what was sent (d̂-wide clustering
-        # replies, whole vectors for the model update; absent clients send nothing)
-        self.counts["uplink_floats_compressed"] += ctx.floats_up - self._up_before
-        self.counts["rounds"] += 1.0
+    def _count(self, down: np.ndarray) -> None:
+        """Add the round's models received, vectors sent and gradients computed per client
+        (the uplink floats are counted by `_client_vectors`, request by request)."""
+        counts = self.state.counts
+        counts["models_down"] += float(down.sum())
+        counts["vectors_up"] += float(down.sum())
+        counts["gradients"] += float(down.sum())
+        counts["rounds"] += 1.0
 
     def _cost_extras(self) -> dict[str, Any]:
         """Per client and per period of P rounds (the paper's Y ≤ P + 1), running averages."""
-        n = max(self.counts["rounds"], 1.0) * len(self.assign)
+        st = self.state
+        n = max(st.counts["rounds"], 1.0) * len(st.assign)
         p = self.config.period
         return {
-            "models_down_per_client_period": self.counts["models_down"] / n * p,
-            "vectors_up_per_client_period": self.counts["vectors_up"] / n * p,
-            "gradients_per_client_period": self.counts["gradients"] / n * p,
-            "feature_dim": len(self.feature_index),
-            "uplink_floats_compressed": self.counts["uplink_floats_compressed"],
+            "models_down_per_client_period": st.counts["models_down"] / n * p,
+            "vectors_up_per_client_period": st.counts["vectors_up"] / n * p,
+            "gradients_per_client_period": st.counts["gradients"] / n * p,
+            "feature_dim": len(st.feature_index),
+            "uplink_floats_compressed": st.counts["uplink_floats_compressed"],
         }
 
     # ------------------------------------------------------------------ interface
     def assignment(self) -> np.ndarray:
-        return self.assign.copy()
+        return self.state.assign.copy()
 
     def predictor(self) -> Predictor:
-        return Predictor.single(self.models, self.assign)
+        return Predictor.single(self.state.models, self.state.assign)
 
     def label(self) -> str:
         return f"CFL-GP (K={self.config.n_clusters})"
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "models": self.models.clone(), "assign": self.assign.copy(),
-            "features": self.features.clone(), "block_gram": self.block_gram.copy(),
-            "block_updates": self.block_updates.copy(),
-            "kbar": self.kbar, "last_change": self.last_change, "stopped_at": self.stopped_at,
-            "feature_index": self.feature_index.clone(),
-            "shared": None if self.shared is None else self.shared.clone(),
-            "counts": dict(self.counts), "estimate": dict(self.estimate),
-            "stable": self.stable,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.models = state["models"].clone()
-        self.assign = np.asarray(state["assign"], dtype=np.int64).copy()
-        self.features = state["features"].clone()
-        self.block_gram = np.asarray(state["block_gram"], dtype=np.float64).copy()
-        self.block_updates = np.asarray(state["block_updates"], dtype=np.int64).copy()
-        self.kbar = int(state["kbar"])
-        self.last_change = int(state["last_change"])
-        self.stopped_at = None if state["stopped_at"] is None else int(state["stopped_at"])
-        self.feature_index = state["feature_index"].clone()
-        self.coords = self._wire_coords()
-        self.shared = None if state["shared"] is None else state["shared"].clone()
-        self.counts = dict(state["counts"])
-        self.estimate = dict(state["estimate"])
-        self.stable = int(state["stable"])

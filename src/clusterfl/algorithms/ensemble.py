@@ -9,21 +9,22 @@ client predicts with the mean of the K models' softmax outputs (`"mean_probs"`).
 
 Choices left open: the K runs share the round loop (one round of each per round) and the
 client fraction; sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here.
-Replies with NaN/Inf parameters are left out of the averages.
+Clients absent from a reply (dropped out, or rejected by the guard, e.g. NaN/Inf parameters)
+are left out of the averages.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
-from clusterfl.algorithms.ifca import finite_rows, mean_finite
-from clusterfl.protocol import Predictor, TrainRequest
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.clustering.aggregate import weighted_mean
+from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
 class FedAvgPlusConfig(AlgorithmConfig):
@@ -37,8 +38,14 @@ class FedAvgPlusConfig(AlgorithmConfig):
 class FedProxPlusConfig(FedAvgPlusConfig):
     """Settings of FedProx+ (`[algorithm] name = "fedprox_plus"`)."""
 
-    name: Literal["fedprox_plus"] = "fedprox_plus"  # type: ignore[assignment]
+    name: Literal["fedprox_plus"] = "fedprox_plus"  # type: ignore[assignment]  # narrows the literal
     mu: float = Field(0.01, ge=0.0, description="proximal weight μ")
+
+
+@dataclass
+class EnsembleState:
+    models: torch.Tensor  # [K, d], the K global models
+    n_clients: int
 
 
 class FedAvgPlus(Algorithm):
@@ -46,44 +53,40 @@ class FedAvgPlus(Algorithm):
 
     name = "fedavg_plus"
     Config = FedAvgPlusConfig
+    State = EnsembleState
     config: FedAvgPlusConfig
+    state: EnsembleState
 
     def setup(self, ctx: Context) -> None:
-        self.models = ctx.factory.init_many(self.config.n_models, ctx.seed)
-        self._n = ctx.n_clients
+        self.state = EnsembleState(ctx.factory.init_many(self.config.n_models, ctx.seed),
+                                   ctx.n_clients)
 
     def _mu(self) -> float:
         return 0.0
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
-        losses, rejected = [], 0
-        new = self.models.clone()
-        for k in range(len(self.models)):
+        losses = []
+        models = self.state.models
+        new = models.clone()
+        for k in range(len(models)):
             clients = ctx.sample(self.config.fraction)
-            reply = ctx.send(TrainRequest(clients, self.models[k : k + 1],
+            reply = ctx.send(TrainRequest(clients, models[k : k + 1],
                                           np.zeros(len(clients), np.int64), training,
                                           ctx.next_seed()))
-            ok = finite_rows(reply.params)
-            rejected += int((~ok).sum())
-            if ok.any():
-                new[k] = weighted_mean(reply.params[torch.from_numpy(ok)], reply.n_samples[ok])
+            if len(reply.clients):
+                new[k] = weighted_mean(reply.params, reply.n_samples)
             losses.append(mean_finite(reply.loss))
-        self.models = new
-        return {"train_loss": losses, "rejected": rejected}
+        self.state.models = new
+        return {"train_loss": losses}
 
     def assignment(self) -> np.ndarray:
-        return np.zeros(self._n, dtype=np.int64)
+        return np.zeros(self.state.n_clients, dtype=np.int64)
 
     def predictor(self) -> Predictor:
-        members = np.tile(np.arange(len(self.models), dtype=np.int64), (self._n, 1))
-        return Predictor(self.models, members, "mean_probs")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"models": self.models.clone(), "n": self._n}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.models, self._n = state["models"].clone(), int(state["n"])
+        k = len(self.state.models)
+        members = np.tile(np.arange(k, dtype=np.int64), (self.state.n_clients, 1))
+        return Predictor(self.state.models, members, "mean_probs")
 
 
 class FedProxPlus(FedAvgPlus):

@@ -7,15 +7,16 @@ mu/2 ||w - w_global||² to every local objective; FedAvg is FedProx with mu = 0.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, weighted_mean
-from clusterfl.protocol import Predictor, TrainRequest
-from clusterfl.robust.replies import mean_finite
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.clustering.aggregate import weighted_mean
+from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -23,19 +24,26 @@ class FedAvgConfig(AlgorithmConfig):
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
 
 
-class FedProxConfig(AlgorithmConfig):
-    name: Literal["fedprox"] = "fedprox"
-    fraction: float = Field(1.0, gt=0.0, le=1.0)
+class FedProxConfig(FedAvgConfig):
+    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # narrows the literal
     mu: float = Field(0.01, ge=0.0, description="proximal weight")
+
+
+@dataclass
+class FedAvgState:
+    model: torch.Tensor  # [1, d]
+    n_clients: int
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     Config = FedAvgConfig
+    State = FedAvgState
+    config: FedAvgConfig
+    state: FedAvgState
 
     def setup(self, ctx: Context) -> None:
-        self.model = ctx.factory.init(ctx.seed)[None]
-        self._n = ctx.n_clients
+        self.state = FedAvgState(ctx.factory.init(ctx.seed)[None], ctx.n_clients)
 
     def _mu(self) -> float:
         return 0.0
@@ -43,30 +51,24 @@ class FedAvg(Algorithm):
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         clients = ctx.sample(self.config.fraction)
         training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
-        reply = ctx.send(
-            TrainRequest(clients, self.model, np.zeros(len(clients), np.int64), training,
-                         ctx.next_seed())
-        )
-        if len(reply.n_samples):  # nobody answered (all dropped or rejected): keep the model
-            self.model = weighted_mean(reply.params, reply.n_samples)[None]
+        reply = ctx.send(TrainRequest(clients, self.state.model,
+                                      np.zeros(len(clients), np.int64), training,
+                                      ctx.next_seed()))
+        if len(reply.clients):  # nobody answered (all dropped or rejected): keep the model
+            self.state.model = weighted_mean(reply.params, reply.n_samples)[None]
         return {"train_loss": mean_finite(reply.loss)}
 
     def assignment(self) -> np.ndarray:
-        return np.zeros(self._n, dtype=np.int64)
+        return np.zeros(self.state.n_clients, dtype=np.int64)
 
     def predictor(self) -> Predictor:
-        return Predictor.single(self.model, self.assignment())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.clone(), "n": self._n}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model, self._n = state["model"].clone(), int(state["n"])
+        return Predictor.single(self.state.model, self.assignment())
 
 
 class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig
+    config: FedProxConfig
 
     def _mu(self) -> float:
-        return float(self.config.mu)  # type: ignore[attr-defined]
+        return float(self.config.mu)

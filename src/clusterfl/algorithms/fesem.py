@@ -20,28 +20,27 @@ Choices the papers leave open, and ours:
 - λ defaults to 0.01 (CAM chooses λ from {0.001, 0.01, 0.1} per experiment).
 - Clients not sampled keep their cluster; a client never clustered trains from (and is
   evaluated with) Θ_0.
-- Warm-up local training (no communication) uses every client; the uploads that feed the
-  first clustering are booked at the end of the warm-up.
-- Replies with NaN/Inf parameters are left out (they keep their previous cluster), and so are
-  clients absent from a reply (dropped out or rejected, `clusterfl.robust`).
+- Warm-up local training (no communication: the models stay on the devices) uses every
+  client; in the last warm-up round the clients upload their models for the first clustering.
+- Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
+  absurd norms; `clusterfl.robust`) keep their previous cluster and are left out of k-means.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
-from torch import nn
 
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
-from clusterfl.algorithms.ifca import book, cluster_sizes, finite_rows, mean_finite
+from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import Predictor, TrainRequest
-from clusterfl.robust.replies import answered
+from clusterfl.models.params import linear_layer_prefixes
+from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 LayerSpec = Literal["all", "linear"] | list[str]
 
@@ -67,8 +66,7 @@ def layer_index(factory: ModelFactory, spec: LayerSpec) -> torch.Tensor | None:
     if spec == "all":
         return None
     if spec == "linear":
-        module = factory.build()
-        prefixes = [f"{n}." for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+        prefixes = linear_layer_prefixes(factory.build())
         if not prefixes:
             raise ValueError(f"model {factory.name!r} has no nn.Linear layer for k-means")
         return factory.layout.index(prefixes)
@@ -104,20 +102,27 @@ def cluster_models(
     return res.labels, full, info
 
 
+@dataclass
+class FeSEMState:
+    start: torch.Tensor  # [d], Θ_0, the common start before clustering
+    assign: np.ndarray  # [n_clients], cluster of each client (-1: never clustered)
+    centers: torch.Tensor | None  # [K, d] once the first clustering ran
+    local: torch.Tensor | None  # [n_clients, d], the warm-up's client models (None after)
+
+
 class FeSEM(Algorithm):
     """FeSEM: proximal local training from the assigned center, then k-means on the models."""
 
     name = "fesem"
     Config = FeSEMConfig
+    State = FeSEMState
     config: FeSEMConfig
+    state: FeSEMState
 
     def setup(self, ctx: Context) -> None:
-        cfg = self.config
-        self.start = ctx.factory.init(ctx.seed)  # Θ_0, the common start before clustering
-        self.centers: torch.Tensor | None = None
-        self.assign = np.full(ctx.n_clients, -1, dtype=np.int64)
-        self.local: torch.Tensor | None = None  # warm-up client models
-        self.index = layer_index(ctx.factory, cfg.kmeans_layers)
+        self.state = FeSEMState(ctx.factory.init(ctx.seed),
+                                np.full(ctx.n_clients, -1, dtype=np.int64), None, None)
+        self.index = layer_index(ctx.factory, self.config.kmeans_layers)
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
@@ -128,77 +133,63 @@ class FeSEM(Algorithm):
         reply = ctx.send(TrainRequest(clients, starts, start_of,
                                       replace(ctx.training, mu=self.config.lam),
                                       ctx.next_seed()))
-        info = self._recluster(ctx, answered(reply, clients), reply.params, reply.n_samples)
+        info = self._recluster(ctx, reply.clients, reply.params, reply.n_samples)
         return {"train_loss": mean_finite(reply.loss), **info, "warmup": 0}
 
     def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        """Local training only (every client continues its own model; nothing is sent)."""
-        n = ctx.n_clients
-        if self.local is None:
-            self.local = self.start[None].repeat(n, 1)
+        """Local training only: every client continues its own model on its device. In the
+        last warm-up round the clients upload their models for the first clustering."""
+        st, n = self.state, ctx.n_clients
+        if st.local is None:
+            st.local = st.start[None].repeat(n, 1)
         clients = np.arange(n)
-        reply = ctx.send(TrainRequest(clients, self.local, clients, ctx.training,
-                                      ctx.next_seed(), count_cost=False))
-        ok = finite_rows(reply.params)  # absent clients keep their local model
-        who = torch.from_numpy(answered(reply, clients)[ok])
-        self.local[who] = reply.params[torch.from_numpy(ok)]
+        last = t == self.config.warmup_rounds
+        reply = ctx.send(TrainRequest(clients, st.local, clients, ctx.training,
+                                      ctx.next_seed(), models_held=True, keep_local=not last))
+        st.local[torch.from_numpy(reply.clients)] = reply.params  # absent: keep their model
         extras: dict[str, Any] = {"train_loss": mean_finite(reply.loss), "warmup": 1}
-        if t == self.config.warmup_rounds:
-            book(ctx, up=n * self.local.shape[1])  # clients upload θ_i for the first clustering
-            extras.update(self._recluster(ctx, clients, self.local, ctx.train_sizes))
-            self.local = None
+        if last:
+            extras.update(self._recluster(ctx, clients, st.local, ctx.train_sizes))
+            st.local = None
         else:
-            extras["cluster_sizes"] = cluster_sizes(self.assign, self.config.n_clusters)
+            extras["cluster_sizes"] = cluster_sizes(st.assign, self.config.n_clusters)
         return extras
 
     def starts(self, clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """Start models `[K+1, d]` (centers, then Θ_0) and each client's row in it."""
-        k = self.config.n_clusters
-        centers = self.centers if self.centers is not None else self.start[None].repeat(k, 1)
-        rows = torch.cat([centers, self.start[None]])
-        a = self.assign[clients]
+        st, k = self.state, self.config.n_clusters
+        centers = st.centers if st.centers is not None else st.start[None].repeat(k, 1)
+        rows = torch.cat([centers, st.start[None]])
+        a = st.assign[clients]
         return rows, np.where(a >= 0, a, k).astype(np.int64)
 
     def _recluster(self, ctx: Context, clients: np.ndarray, params: torch.Tensor,
                    n_samples: np.ndarray) -> dict[str, Any]:
-        """k-means on the uploaded models (finite ones) → new centers and assignments."""
-        cfg = self.config
-        ok = finite_rows(params)
-        info: dict[str, Any] = {"rejected": int((~ok).sum())}
-        if ok.any():
+        """k-means on the uploaded models → new centers and assignments."""
+        st, cfg = self.state, self.config
+        info: dict[str, Any] = {}
+        if len(clients):
             rng = np.random.default_rng(ctx.next_seed())
             labels, centers, km = cluster_models(
-                params[torch.from_numpy(ok)], np.asarray(n_samples)[ok], self.centers,
-                cfg.n_clusters, self.index, cfg.kmeans_iters, cfg.kmeans_restarts, rng,
-                fallback=self.start[None].repeat(cfg.n_clusters, 1))
-            self.centers = centers
-            self.assign[clients[ok]] = labels
+                params, np.asarray(n_samples), st.centers, cfg.n_clusters, self.index,
+                cfg.kmeans_iters, cfg.kmeans_restarts, rng,
+                fallback=st.start[None].repeat(cfg.n_clusters, 1))
+            st.centers = centers
+            st.assign[clients] = labels
             info.update(km)
-        info["cluster_sizes"] = cluster_sizes(self.assign, cfg.n_clusters)
+        info["cluster_sizes"] = cluster_sizes(st.assign, cfg.n_clusters)
         return info
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
-        return self.assign.copy()
+        return self.state.assign.copy()
 
     def predictor(self) -> Predictor:
-        if self.local is not None:
-            return Predictor.single(self.local, np.arange(len(self.local)))
-        rows, row_of = self.starts(np.arange(len(self.assign)))
+        st = self.state
+        if st.local is not None:
+            return Predictor.single(st.local, np.arange(len(st.local)))
+        rows, row_of = self.starts(np.arange(len(st.assign)))
         return Predictor.single(rows, row_of)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "start": self.start.clone(), "assign": self.assign.copy(),
-            "centers": None if self.centers is None else self.centers.clone(),
-            "local": None if self.local is None else self.local.clone(),
-        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.start = state["start"].clone()
-        self.assign = np.asarray(state["assign"], dtype=np.int64).copy()
-        self.centers = None if state["centers"] is None else state["centers"].clone()
-        self.local = None if state["local"] is None else state["local"].clone()
-
-
-__all__ = ["FeSEM", "FeSEMConfig", "cluster_models", "layer_index"]
+__all__ = ["FeSEM", "FeSEMConfig", "FeSEMState", "cluster_models", "layer_index"]

@@ -1,51 +1,55 @@
-"""Local: every client trains only its own model; nothing is communicated."""
+"""Local: every client trains only its own model; nothing is communicated.
+
+The models live on the devices (`keep_local`, `models_held`: no floats booked); in
+simulation the server holds them for the devices, to continue and to evaluate them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
-from clusterfl.protocol import Predictor, TrainRequest
-from clusterfl.robust.replies import answered, mean_finite
+from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
 class LocalConfig(AlgorithmConfig):
     name: Literal["local"] = "local"
 
 
+@dataclass
+class LocalState:
+    models: torch.Tensor  # [n_clients, d], client i's own model in row i
+
+
 class Local(Algorithm):
     name = "local"
     Config = LocalConfig
+    State = LocalState
+    state: LocalState
 
     def setup(self, ctx: Context) -> None:
         init = ctx.factory.init(ctx.seed)
-        self.models = init[None].repeat(ctx.n_clients, 1)
+        self.state = LocalState(init[None].repeat(ctx.n_clients, 1))
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        clients = np.arange(len(self.models))
-        reply = ctx.send(
-            TrainRequest(clients, self.models, clients, ctx.training, ctx.next_seed(),
-                         count_cost=False)
-        )
-        who = torch.from_numpy(answered(reply, clients))  # absent clients keep their model
-        self.models = self.models.clone()
-        self.models[who] = reply.params
+        models = self.state.models
+        clients = np.arange(len(models))
+        reply = ctx.send(TrainRequest(clients, models, clients, ctx.training, ctx.next_seed(),
+                                      models_held=True, keep_local=True))
+        models = models.clone()  # absent clients keep their model
+        models[torch.from_numpy(reply.clients)] = reply.params
+        self.state.models = models
         return {"train_loss": mean_finite(reply.loss)}
 
     def assignment(self) -> np.ndarray:
-        return np.arange(len(self.models), dtype=np.int64)
+        return np.arange(len(self.state.models), dtype=np.int64)
 
     def n_clusters(self) -> int:
-        return len(self.models)
+        return len(self.state.models)
 
     def predictor(self) -> Predictor:
-        return Predictor.single(self.models, self.assignment())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"models": self.models.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.models = state["models"].clone()
+        return Predictor.single(self.state.models, self.assignment())

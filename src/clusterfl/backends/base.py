@@ -71,7 +71,7 @@ class Backend(ABC):
             x, y = fed.client_train(int(c))
             rows.append(client_signature(x, y, req, int(req.seed) * 1_000_003 + int(c)))
         sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
-        return EmbedReply(sigs, fed.train_sizes[clients].copy())
+        return EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (processes, connections)."""

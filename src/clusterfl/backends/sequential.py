@@ -59,7 +59,7 @@ class SequentialBackend(Backend):
             params.append(p)
             losses.append(loss)
         out = narrow(_stack(params, self.factory.size), req.coords)  # the d̂ coords asked for
-        return TrainReply(out, sizes.copy(), np.array(losses))
+        return TrainReply(clients.copy(), out, sizes.copy(), np.array(losses))
 
     def gradient(self, req: GradientRequest) -> GradientReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -75,7 +75,7 @@ class SequentialBackend(Backend):
             losses.append(loss)
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         out = narrow(_stack(grads, self.factory.size), req.coords)  # the d̂ coords asked for
-        return GradientReply(out, used, np.array(losses))
+        return GradientReply(clients.copy(), out, used, np.array(losses))
 
     def losses(self, req: LossRequest) -> LossReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -93,7 +93,7 @@ class SequentialBackend(Backend):
                 loss[i, j] = float(per_sample_loss(out, y, fed.task).mean())
                 if fed.task == "classification":
                     acc[i, j] = float((out.argmax(-1) == y).double().mean())
-        return LossReply(loss, acc)
+        return LossReply(clients.copy(), loss, acc)
 
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -103,13 +103,15 @@ class SequentialBackend(Backend):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
             out = self._outputs(req.predictor, i, x)
             rows.append(client_metrics(out, y, fed.task, fed.n_classes))
-        return metrics_reply(rows, np.diff(off)[clients])
+        return metrics_reply(clients, rows, np.diff(off)[clients])
 
 
-def metrics_reply(rows: list[dict[str, float]], sizes: np.ndarray) -> EvaluateReply:
+def metrics_reply(clients: np.ndarray, rows: list[dict[str, float]],
+                  sizes: np.ndarray) -> EvaluateReply:
     col = {k: np.array([r[k] for r in rows]) for k in ("accuracy", "macro_f1", "loss", "mse")}
     return EvaluateReply(
-        col["accuracy"], col["macro_f1"], col["loss"], sizes.copy(), {"mse": col["mse"]}
+        np.asarray(clients, dtype=np.int64).copy(), col["accuracy"], col["macro_f1"],
+        col["loss"], sizes.copy(), {"mse": col["mse"]}
     )
 
 

@@ -111,7 +111,7 @@ class SimulationBackend(Backend):
             data, rows, req.models, as_index(req.model_of_client), sched, tr, fed.task,
             offsets, req.seed,
         )
-        return TrainReply(narrow(params, req.coords), sizes.copy(), loss)
+        return TrainReply(clients.copy(), narrow(params, req.coords), sizes.copy(), loss)
 
     def gradient(self, req: GradientRequest) -> GradientReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -119,13 +119,13 @@ class SimulationBackend(Backend):
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         if len(clients) == 0:
             empty = req.models.new_zeros(0, self.factory.size)
-            return GradientReply(narrow(empty, req.coords), used, np.zeros(0))
+            return GradientReply(clients.copy(), narrow(empty, req.coords), used, np.zeros(0))
         batches = gradient_batches(sizes, clients, req.batch_size, req.seed)
         data, rows = self._rows("train", req.models.dtype, clients)
         grads, loss = self.engine.gradients(
             data, rows, req.models, as_index(req.model_of_client), batches, fed.task, req.seed
         )
-        return GradientReply(narrow(grads, req.coords), used, loss)
+        return GradientReply(clients.copy(), narrow(grads, req.coords), used, loss)
 
     def losses(self, req: LossRequest) -> LossReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -134,7 +134,7 @@ class SimulationBackend(Backend):
         loss = np.zeros((len(clients), k))
         acc = np.full((len(clients), k), np.nan)
         if len(clients) == 0:
-            return LossReply(loss, acc)
+            return LossReply(clients.copy(), loss, acc)
         base = self._offsets(req.offset, req.split, clients, req.models.dtype)
         y = self._local_targets(data, rows)
         out = self.engine.all_model_outputs(data, rows, req.models)  # [total, K, O]
@@ -153,7 +153,7 @@ class SimulationBackend(Backend):
             hit = (out.argmax(-1) == y.unsqueeze(1)).double()
             for j in range(k):
                 acc[:, j] = mean_per_client(hit[:, j], rows.size)
-        return LossReply(loss, acc)
+        return LossReply(clients.copy(), loss, acc)
 
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -162,5 +162,6 @@ class SimulationBackend(Backend):
         y = self._local_targets(data, rows)
         m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes)
         return EvaluateReply(
-            m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(), {"mse": m["mse"]}
+            clients.copy(), m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(),
+            {"mse": m["mse"]}
         )

@@ -99,3 +99,23 @@ def get_flat_grad(module: nn.Module) -> torch.Tensor:
             for p in module.parameters()
         ]
     )
+
+
+def last_layer_mask(layout: ParamLayout) -> torch.Tensor:
+    """Boolean `[d]` mask of the last layer: the parameters of the module owning the last one.
+
+    E.g. `classifier.4.weight` and `classifier.4.bias` for LeNet, `layers.1.*` for an MLP.
+    """
+    last = layout.entries[-1].name
+    owner = last.rsplit(".", 1)[0] + "." if "." in last else last
+    mask = torch.zeros(layout.size, dtype=torch.bool)
+    for e in layout.entries:
+        if e.name == last or e.name.startswith(owner):
+            mask[e.start : e.stop] = True
+    return mask
+
+
+def linear_layer_prefixes(module: nn.Module) -> list[str]:
+    """Name prefixes (`"layers.1."`) of every `nn.Linear` of `module`: its fully-connected
+    layers."""
+    return [f"{n}." for n, m in module.named_modules() if isinstance(m, nn.Linear)]

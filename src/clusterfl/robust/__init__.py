@@ -4,7 +4,6 @@
 - `validate`: replies with NaN/Inf, a wrong shape or an absurd update norm are rejected;
 - `adversary`: label flipping, sign-flipped / scaled / random updates of chosen clients;
 - `privacy`: per-client clipping, Gaussian noise per aggregate, ε by dp-accounting;
-- `replies`: the seam — a reply holds only the clients that answered (`answered(reply)`);
 - `guard`: the layer that applies all of it to each request;
 - `config`: the `[validation]`, `[faults]`, `[adversary]` and `[privacy]` tables.
 """
@@ -17,14 +16,10 @@ from clusterfl.robust.config import (
     PrivacyConfig,
     ValidationConfig,
 )
-from clusterfl.robust.replies import answered, mark_answered, positions
 
 __all__ = [
     "AdversaryConfig",
     "FaultsConfig",
     "PrivacyConfig",
     "ValidationConfig",
-    "answered",
-    "mark_answered",
-    "positions",
 ]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from clusterfl.protocol import LocalTraining, Predictor, Request, TrainRequest
+from clusterfl.protocol import LocalTraining, TrainRequest, subset
 from clusterfl.robust.config import FaultsConfig
 
 _DROP, _STRAGGLE = 1, 2
@@ -65,23 +65,6 @@ class FaultPlan:
                            frozenset(np.flatnonzero(slow).tolist()))
 
 
-def restrict(request: Request, rows: np.ndarray) -> Request:
-    """The same request addressed only to the clients at positions `rows` (per-client fields —
-    model rows, offset members — follow)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    changes: dict[str, object] = {"clients": np.asarray(request.clients)[rows]}
-    if hasattr(request, "model_of_client"):
-        changes["model_of_client"] = np.asarray(request.model_of_client)[rows]  # type: ignore[union-attr]
-    offset = getattr(request, "offset", None)
-    if offset is not None:
-        changes["offset"] = Predictor(offset.models, offset.members[rows], offset.combine)
-    predictor = getattr(request, "predictor", None)
-    if predictor is not None:
-        changes["predictor"] = Predictor(predictor.models, predictor.members[rows],
-                                         predictor.combine)
-    return replace(request, **changes)  # type: ignore[arg-type]
-
-
 def partial_steps(training: LocalTraining, n_samples: int, work: float) -> int:
     """Local steps a straggler finishes: `work` × its full number of steps (at least 1).
 
@@ -102,13 +85,13 @@ def straggler_requests(request: TrainRequest, slow: frozenset[int], work: float,
         return [request]
     out: list[TrainRequest] = []
     if (~is_slow).any():
-        out.append(restrict(request, np.flatnonzero(~is_slow)))  # type: ignore[arg-type]
+        out.append(subset(request, np.flatnonzero(~is_slow)))
     steps = np.array([partial_steps(request.training, int(sizes[c]), work) for c in clients])
     for s in np.unique(steps[is_slow]):
         rows = np.flatnonzero(is_slow & (steps == s))
-        part = restrict(request, rows)
-        out.append(replace(part, training=replace(request.training, steps=int(s))))  # type: ignore[arg-type]
+        part = subset(request, rows)
+        out.append(replace(part, training=replace(request.training, steps=int(s))))
     return out
 
 
-__all__ = ["FaultPlan", "RoundFaults", "partial_steps", "restrict", "straggler_requests"]
+__all__ = ["FaultPlan", "RoundFaults", "partial_steps", "straggler_requests"]

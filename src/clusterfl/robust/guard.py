@@ -5,15 +5,15 @@ For one request, in order:
 1. faults: clients unreachable this round are taken off the request; stragglers' training is
    cut to their partial step count (or their reply is lost);
 2. the backend executes what is left; a backend may answer for fewer clients (a dead Flower
-   node) and say so with `mark_answered`;
+   node): its reply lists only those in `clients`;
 3. adversaries replace their updates (model poisoning);
 4. validation rejects bad rows (`clusterfl.robust.validate`);
 5. privacy clips the surviving updates, adds the Gaussian noise and reports n_i = 1;
-6. communication is booked: downlink for every client the request reached, uplink for every
-   client that answered (a rejected reply was still uploaded).
+6. `send` returns how many clients the request reached and how many uploaded a reply (a
+   rejected reply was still uploaded); `Context.send` books the communication from them.
 
-The reply returned holds only the clients that answered and passed, with `reply.clients`
-saying who they are (`clusterfl.robust.replies`). Everything that happened is kept per round
+The reply returned holds only the clients that answered and passed; its `clients` field
+says who they are (`clusterfl.protocol`). Everything that happened is kept per round
 (`end_round`) for the history, and the totals for the summary. Evaluation requests pass
 untouched (measurement, not training traffic).
 
@@ -30,15 +30,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.backends.base import Backend
 from clusterfl.protocol import (
     EvaluateRequest,
+    Executor,
     GradientReply,
     GradientRequest,
     Reply,
     Request,
     TrainReply,
     TrainRequest,
+    empty_reply,
+    join,
+    positions_of,
+    start_models,
+    subset,
 )
 from clusterfl.robust.adversary import poison
 from clusterfl.robust.config import (
@@ -47,17 +52,9 @@ from clusterfl.robust.config import (
     PrivacyConfig,
     ValidationConfig,
 )
-from clusterfl.robust.faults import FaultPlan, RoundFaults, restrict, straggler_requests
+from clusterfl.robust.faults import FaultPlan, RoundFaults, straggler_requests
 from clusterfl.robust.privacy import clip_rows, epsilon, noise_rows
-from clusterfl.robust.replies import (
-    answered,
-    concat,
-    empty_reply,
-    mark_answered,
-    positions,
-    take,
-)
-from clusterfl.robust.validate import Rejection, check_reply, start_models
+from clusterfl.robust.validate import Rejection, check_reply
 
 _NOISE_STREAM, _ATTACK_STREAM = 31337, 27182
 
@@ -109,45 +106,44 @@ class Guard:
         }
 
     # ------------------------------------------------------------------ one request
-    def send(self, backend: Backend, request: Request) -> tuple[Reply, float, float]:
-        """Run `request` through the layer; returns (reply, floats down, floats up)."""
+    def send(self, backend: Executor, request: Request) -> tuple[Reply, int, int]:
+        """Run `request` through the layer.
+
+        Returns the reply (the clients that answered and passed, in request order), the
+        number of clients the request reached and the number that uploaded a reply (a
+        rejected reply was still uploaded): `Context.send` books the cost from these.
+        """
         self._request_no += 1
         requested = np.asarray(request.clients, dtype=np.int64)
         if isinstance(request, EvaluateRequest):
-            reply = backend.execute(request)
-            return mark_answered(reply, answered(reply, requested)), 0.0, 0.0
-        down, up = request.cost()
+            return join([backend.execute(request)], order=requested), len(requested), 0
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
-        sent = request if reachable.all() else restrict(request, np.flatnonzero(reachable))
+        sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
         reply = self._execute(backend, sent)
-        clients = answered(reply, np.asarray(sent.clients))
-        silent = set(np.asarray(sent.clients).tolist()) - set(clients.tolist())
+        silent = set(np.asarray(sent.clients).tolist()) - set(reply.clients.tolist())
         self._events["dropped"].update(int(c) for c in silent)
-        n_req = max(len(requested), 1)
-        down_booked = down * int(reachable.sum()) / n_req
-        up_booked = up * len(clients) / n_req
-        if isinstance(sent, TrainRequest | GradientRequest) and len(clients):
-            reply = self._attack(sent, reply, clients)
-        if len(clients):
-            keep, rejected = check_reply(sent, reply, clients, self.validation)
+        uploaded = len(reply.clients)
+        if isinstance(sent, TrainRequest | GradientRequest) and uploaded:
+            reply = self._attack(sent, reply)
+        if uploaded:
+            keep, rejected = check_reply(sent, reply, self.validation)
             self._events["rejected"].extend(rejected)
             self.totals["rejected"] += len(rejected)
             if not keep.all():
-                reply = take(reply, np.flatnonzero(keep)) if keep.any() else empty_reply(sent)
+                reply = subset(reply, np.flatnonzero(keep)) if keep.any() else empty_reply(sent)
         if self.privacy.clip is not None and isinstance(sent, TrainRequest | GradientRequest):
             reply = self._privatize(sent, reply)
-        return reply, down_booked, up_booked
+        return reply, int(reachable.sum()), uploaded
 
-    def _execute(self, backend: Backend, request: Request) -> Reply:
+    def _execute(self, backend: Executor, request: Request) -> Reply:
         """Execute (split for stragglers); the reply's rows follow `request.clients`."""
         clients = np.asarray(request.clients, dtype=np.int64)
         if len(clients) == 0:
             return empty_reply(request)
         slow = self._now.stragglers & set(clients.tolist())
         if not slow or not isinstance(request, TrainRequest):
-            reply = backend.execute(request)
-            return mark_answered(reply, answered(reply, clients))
+            return join([backend.execute(request)], order=clients)
         self._events["stragglers"].update(slow)
         self.totals["straggled"] += len(slow)
         work = self.faults.config.straggler_work
@@ -156,15 +152,11 @@ class Guard:
             self._events["dropped"].update(slow)
             if not on_time.any():
                 return empty_reply(request)
-            reply = backend.execute(restrict(request, np.flatnonzero(on_time)))
-            return mark_answered(reply, answered(reply, clients[on_time]))
-        parts = []
-        for part in straggler_requests(request, slow, work, self.train_sizes):
-            rep = backend.execute(part)
-            parts.append(mark_answered(rep, answered(rep, np.asarray(part.clients))))
-        merged = concat(parts)
-        order = np.argsort(positions(answered(merged), clients), kind="stable")
-        return take(merged, order)
+            return join([backend.execute(subset(request, np.flatnonzero(on_time)))],
+                        order=clients)
+        parts = [backend.execute(part)
+                 for part in straggler_requests(request, slow, work, self.train_sizes)]
+        return join(parts, order=clients)
 
     # ------------------------------------------------------------------ attacks, privacy
     def _generator(self, stream: int) -> torch.Generator:
@@ -173,11 +165,11 @@ class Guard:
                           .integers(0, 2**63 - 1)))
         return g
 
-    def _attack(self, request: TrainRequest | GradientRequest, reply: Reply,
-                clients: np.ndarray) -> Reply:
+    def _attack(self, request: TrainRequest | GradientRequest, reply: Reply) -> Reply:
         kind = self.adversary.kind
         if kind in ("none", "label_flip") or not self._bad:
             return reply
+        clients = reply.clients
         rows = np.flatnonzero([int(c) in self._bad for c in clients])
         if len(rows) == 0:
             return reply
@@ -187,30 +179,30 @@ class Guard:
             params = reply.params
             if params.ndim != 2 or len(params) != len(clients):
                 return reply
-            start = start_models(request, clients[rows], np.asarray(request.clients))
+            start = start_models(request, clients[rows])
             bad = poison(kind, params[idx] - start, self.adversary.strength(), gen)
             params = params.clone()
             params[idx] = (start + bad).to(params.dtype)  # replies may be float32
-            return mark_answered(replace(reply, params=params), clients)
+            return replace(reply, params=params)
         if isinstance(reply, GradientReply) and len(reply.grads) == len(clients):
             grads = reply.grads.clone()
             grads[idx] = poison(kind, grads[idx], self.adversary.strength(), gen)
-            return mark_answered(replace(reply, grads=grads), clients)
+            return replace(reply, grads=grads)
         return reply
 
     def _privatize(self, request: TrainRequest | GradientRequest, reply: Reply) -> Reply:
         """Clip every update to S, add the noise, report n_i = 1."""
         p = self.privacy
         assert p.clip is not None
-        clients = answered(reply)
+        clients = reply.clients
         if len(clients) == 0:
             return reply
-        rows = positions(clients, np.asarray(request.clients))
+        rows = positions_of(request, clients)
         groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
         gen = self._generator(_NOISE_STREAM)
         ones = np.ones(len(clients), dtype=np.int64)
         if isinstance(reply, TrainReply):
-            start = start_models(request, clients, np.asarray(request.clients))
+            start = start_models(request, clients)
             delta, norms = clip_rows(reply.params - start, p.clip)
         else:
             assert isinstance(reply, GradientReply)
@@ -223,10 +215,8 @@ class Guard:
                                        p.noise, gen, delta.dtype)
             self.totals["releases"] += 1
         if isinstance(reply, TrainReply):
-            out: Reply = replace(reply, params=start + delta, n_samples=ones)
-        else:
-            out = replace(reply, grads=delta, n_samples=ones)
-        return mark_answered(out, clients)
+            return replace(reply, params=start + delta, n_samples=ones)
+        return replace(reply, grads=delta, n_samples=ones)
 
     # ------------------------------------------------------------------ reports, state
     def privacy_report(self) -> dict[str, Any] | None:

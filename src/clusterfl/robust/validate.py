@@ -13,6 +13,7 @@ What is checked, per reply type (`ValidationConfig` sets the bounds):
   at the requested coordinates (θ_start restricted to them).
 - Loss replies: shape `[n, K]` ("shape"). A non-finite loss is kept: it is what a diverged
   model honestly scores, and the methods treat it as +∞.
+- Embed replies (FLT signatures): every value finite ("non_finite").
 - Evaluate replies: not checked (measurement, never aggregated).
 
 Default: finite + shape + sample-count checks, and the median rule at 100× (an update two
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from clusterfl.protocol import (
+    EmbedReply,
     GradientReply,
     GradientRequest,
     LossReply,
@@ -36,10 +38,10 @@ from clusterfl.protocol import (
     TrainReply,
     TrainRequest,
     narrow,
+    positions_of,
     reply_width,
 )
 from clusterfl.robust.config import ValidationConfig
-from clusterfl.robust.replies import positions
 
 
 @dataclass(frozen=True)
@@ -56,19 +58,11 @@ class Rejection:
                 "value": self.value}
 
 
-def start_models(request: TrainRequest | GradientRequest, clients: np.ndarray,
-                 requested: np.ndarray) -> torch.Tensor:
-    """θ_start of each answering client (the row of `request.models` it was sent), at the
-    request's `coords` when it asked for some coordinates only (the shape of the reply)."""
-    rows = np.asarray(request.model_of_client, dtype=np.int64)[positions(clients, requested)]
-    return narrow(request.models[torch.from_numpy(rows)], request.coords)
-
-
 _NORM_ROWS = 256  # rows per block in `update_norms` (bounds the temporary memory)
 
 
-def update_norms(request: TrainRequest | GradientRequest, reply: TrainReply | GradientReply,
-                 clients: np.ndarray) -> np.ndarray:
+def update_norms(request: TrainRequest | GradientRequest,
+                 reply: TrainReply | GradientReply) -> np.ndarray:
     """‖update‖₂ of each reply row, accumulated in float64, block by block.
 
     Never builds an `[n, d]` temporary (a round of 1,000 MLP clients is 0.6 GB per copy).
@@ -79,7 +73,7 @@ def update_norms(request: TrainRequest | GradientRequest, reply: TrainReply | Gr
     rows = None
     if isinstance(reply, TrainReply):
         which = np.asarray(request.model_of_client, dtype=np.int64)
-        rows = torch.from_numpy(which[positions(clients, np.asarray(request.clients))])
+        rows = torch.from_numpy(which[positions_of(request, reply.clients)])
     out = np.empty(len(vec))
     for lo in range(0, len(vec), _NORM_ROWS):
         block = vec[lo : lo + _NORM_ROWS]
@@ -90,9 +84,10 @@ def update_norms(request: TrainRequest | GradientRequest, reply: TrainReply | Gr
     return out
 
 
-def check_reply(request: Request, reply: Reply, clients: np.ndarray,
+def check_reply(request: Request, reply: Reply,
                 config: ValidationConfig) -> tuple[np.ndarray, list[Rejection]]:
     """Boolean keep-mask over the reply's rows and the rejections (one per rejected row)."""
+    clients = np.asarray(reply.clients, dtype=np.int64)
     n = len(clients)
     keep = np.ones(n, dtype=bool)
     kind = type(request).__name__.removesuffix("Request").lower()
@@ -103,6 +98,10 @@ def check_reply(request: Request, reply: Reply, clients: np.ndarray,
         if reply.loss.shape != (n, k) or reply.accuracy.shape != (n, k):
             return _all(clients, kind, "shape")
         return keep, []
+    if isinstance(reply, EmbedReply):
+        sig = np.asarray(reply.signatures, dtype=np.float64).reshape(n, -1)
+        finite = np.isfinite(sig).all(axis=1)
+        return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
     if not isinstance(reply, TrainReply | GradientReply):
         return keep, []
     assert isinstance(request, TrainRequest | GradientRequest)
@@ -111,7 +110,7 @@ def check_reply(request: Request, reply: Reply, clients: np.ndarray,
     if vec.ndim != 2 or tuple(vec.shape) != (n, d) or len(reply.n_samples) != n:
         return _all(clients, kind, "shape")
     out: list[Rejection] = []
-    norms = update_norms(request, reply, clients)
+    norms = update_norms(request, reply)
     finite = np.isfinite(norms)
     sizes = np.asarray(reply.n_samples, dtype=np.float64)
     good_n = np.isfinite(sizes) & (sizes > 0)
@@ -139,4 +138,4 @@ def _all(clients: np.ndarray, kind: str, reason: str) -> tuple[np.ndarray, list[
             [Rejection(int(c), kind, reason) for c in clients])
 
 
-__all__ = ["Rejection", "check_reply", "start_models", "update_norms"]
+__all__ = ["Rejection", "check_reply", "update_norms"]

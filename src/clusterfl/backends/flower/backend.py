@@ -5,19 +5,17 @@ opens a `FlowerSession` (grid + which node holds which client) before building t
 Experiment. `execute(request)` then
 
 1. sends one message per client listed in `request.clients`, to that client's node, holding
-   the request as that client alone needs it (`codec.client_view`: its own
+   the request as that client alone needs it (`protocol.subset`: its own
    `model_of_client` / predictor rows; the model stack is shared);
 2. waits for the replies (`grid.push_messages` / `grid.pull_messages`, i.e. the loop of
    `grid.send_and_receive` with a shorter poll interval) until `backend.timeout`;
-3. assembles one reply in the request's client order (`codec.assemble`).
+3. joins the one-client replies in the request's client order (`protocol.join`).
 
 A client whose node does not answer in time, answers with an error, or has no node is
-*dropped* from that reply: for training/gradient/loss/embedding requests the reply holds the
-rows of the answering clients only and says which ones they are with
-`clusterfl.robust.replies.mark_answered` (the seam `Context.send` reads to record the
-dropout and to let the algorithms average over the answering clients only). Evaluation
-replies keep one row per client with NaN metrics for a dropped client, so per-client
-histories stay aligned (the summary metrics skip NaN). Every dropout is also kept in
+*dropped* from that reply: the reply holds the rows of the answering clients only, and its
+`clients` field says which ones they are (what `Context.send` reads to record the dropout,
+and what lets the algorithms average over the answering clients only). Every dropout is also
+kept in
 `FlowerBackend.dropouts` (request type, clients, reason), which the ServerApp writes to
 `flower.json` in the run directory. A client that missed a deadline is not waited for
 again (later requests end once the others answered) until it answers again; a request for
@@ -42,6 +40,7 @@ from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
+from clusterfl.protocol import empty_reply, join, subset
 
 SUSPECT_GRACE = 1.0
 """Seconds a request still waits for clients that were silent before, once all others answered."""
@@ -124,10 +123,8 @@ class FlowerBackend(Backend):
     # ------------------------------------------------------------------ dispatch
     def execute(self, request: Any) -> Any:
         clients = np.asarray(request.clients, dtype=np.int64)
-        if len(clients) == 0:  # nothing to send: the empty reply, computed locally
-            from clusterfl.backends.sequential import SequentialBackend
-
-            return SequentialBackend(self.federation, self.factory).execute(request)
+        if len(clients) == 0:  # nothing to send
+            return empty_reply(request)
         self._group += 1
         from flwr.app import Message
 
@@ -139,8 +136,7 @@ class FlowerBackend(Backend):
             if node is None:
                 reasons[int(c)] = "no node holds this client"
                 continue
-            content = codec.to_recorddict(codec.client_view(request, i),
-                                          {"setup": self._setup_json})
+            content = codec.to_recorddict(subset(request, [i]), {"setup": self._setup_json})
             messages.append(Message(content, node, kind, group_id=str(self._group)))
             sent.append(int(c))
         t0 = time.perf_counter()
@@ -205,11 +201,7 @@ class FlowerBackend(Backend):
             raise ClusterFLError(
                 f"no client answered the {type(request).__name__} (asked: "
                 f"{clients.tolist()}; e.g. {next(iter(reasons.values()), '')})")
-        if type(request).__name__ == "EvaluateRequest":
-            return codec.assemble([got.get(int(c)) for c in clients])
-        present = [int(c) for c in clients if int(c) in got]
-        reply = codec.assemble([got[c] for c in present])
-        return _mark_answered(reply, np.array(present, dtype=np.int64))
+        return join([got[int(c)] for c in clients if int(c) in got])
 
     # The abstract per-type hooks all go through `execute` (any request type works).
     def train(self, req: Any) -> Any:
@@ -226,12 +218,3 @@ class FlowerBackend(Backend):
 
     def embed(self, req: Any) -> Any:
         return self.execute(req)
-
-
-def _mark_answered(reply: Any, clients: np.ndarray) -> Any:
-    try:
-        from clusterfl.robust.replies import mark_answered
-    except ImportError:  # pragma: no cover - the seam predates this backend in releases
-        reply.clients = clients
-        return reply
-    return mark_answered(reply, clients)

@@ -15,13 +15,9 @@ request type added there later works unchanged). `to_recorddict` / `from_recordd
 two parts into a Flower `RecordDict` (one `ArrayRecord` "arrays", one `ConfigRecord`
 "meta" holding the skeleton string); they import Flower lazily.
 
-Per-client slicing (server → one node) and reply assembly (nodes → one reply) follow the
-protocol's conventions, stated in `clusterfl.protocol`: a request names its clients in
-`clients`; numpy arrays whose first axis has one entry per listed client are per-client
-(`model_of_client`, `Predictor.members`, ...), except fields whose metadata says
-`{"shared": True}` (`coords` of Train/Gradient requests: the same index set for all, whatever
-its length); tensors are shared by all clients (model stacks); every array of a reply has the
-clients on its first axis.
+Per-client slicing (server → one node) and reply assembly (nodes → one reply) are not done
+here: the backend uses `clusterfl.protocol.subset` and `clusterfl.protocol.join`, the one way
+the package takes some clients of a message or puts replies together.
 """
 
 from __future__ import annotations
@@ -138,65 +134,3 @@ def from_recorddict(content: Any) -> tuple[Any, dict[str, Any]]:
     rec = content.array_records.get(ARRAYS)
     arrays = {} if rec is None else {k: a.numpy() for k, a in rec.items()}
     return decode(str(meta.pop(SKELETON_KEY)), arrays), meta
-
-
-# ---------------------------------------------------------------------------- slicing
-def client_view(request: Any, i: int) -> Any:
-    """The request as client `request.clients[i]` alone needs it (its per-client rows)."""
-    n = len(request.clients)
-    return _slice(request, n, i)
-
-
-def _slice(v: Any, n: int, i: int) -> Any:
-    if isinstance(v, np.ndarray):
-        return v[i : i + 1].copy() if v.ndim >= 1 and v.shape[0] == n else v
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return dataclasses.replace(
-            v, **{f.name: _slice(getattr(v, f.name), n, i) for f in dataclasses.fields(v)
-                  if f.init and not f.metadata.get("shared", False)}
-        )
-    if isinstance(v, dict):
-        return {k: _slice(x, n, i) for k, x in v.items()}
-    return v
-
-
-def assemble(parts: list[Any | None]) -> Any:
-    """One reply for all clients from one-client replies in client order (None = missing).
-
-    Arrays are concatenated along their first axis; a missing client gets a row of NaN
-    (floating arrays) or 0 (integer/bool arrays), so that averaging code that keeps only
-    finite rows leaves it out. Non-array fields are taken from the first reply.
-    """
-    present = [p for p in parts if p is not None]
-    if not present:
-        raise ValueError("no client answered")
-    return _join(parts, present[0])
-
-
-def _join(parts: list[Any], template: Any) -> Any:
-    if isinstance(template, torch.Tensor | np.ndarray):
-        rows = [_row(p, template) for p in parts]
-        if isinstance(template, torch.Tensor):
-            return torch.cat(rows) if rows else template[:0]
-        return np.concatenate(rows) if rows else template[:0]
-    if dataclasses.is_dataclass(template) and not isinstance(template, type):
-        return dataclasses.replace(template, **{
-            f.name: _join([None if p is None else getattr(p, f.name) for p in parts],
-                          getattr(template, f.name))
-            for f in dataclasses.fields(template) if f.init
-        })
-    if isinstance(template, dict):
-        return {k: _join([None if p is None else p.get(k) for p in parts], x)
-                for k, x in template.items()}
-    return template
-
-
-def _row(part: Any, template: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-    if part is not None:
-        return part
-    shape = (1, *template.shape[1:])
-    if isinstance(template, torch.Tensor):
-        fill = float("nan") if template.is_floating_point() else 0
-        return torch.full(shape, fill, dtype=template.dtype)
-    fill = np.nan if np.issubdtype(template.dtype, np.floating) else 0
-    return np.full(shape, fill, dtype=template.dtype)

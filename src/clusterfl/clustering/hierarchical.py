@@ -1,0 +1,75 @@
+"""Ward hierarchical clustering of clients, and where to cut the dendrogram (FLT, Jamali-Rad
+et al. 2022, Alg. 2 line 19, and its PCA+kM+HC baseline; used by `clusterfl.algorithms.flt`).
+
+- `ward_linkage`: scipy's Ward linkage of the rows of a feature matrix, each row one client
+  read as a Euclidean point (FLT: the rows of the relatedness matrix Ã, each client's 0/1
+  profile, or the rows of the distance matrix A).
+- `auto_n_clusters`: the number of clusters C when it is not given ("HC proposes the best
+  fitting number of clusters"). With the M − 1 merge heights sorted, h_1 ≤ … ≤ h_{M−1},
+  cutting between h_j and h_{j+1} gives M − j clusters, j ≥ 1 (never all singletons); the
+  cut at the largest gap wins, ties go to fewer clusters, and `max_clusters` bounds the
+  search. If every merge height is 0 (all rows equal), C = 1; two clients at a positive
+  distance give C = 2.
+- `cut_tree`: the cut into C clusters, numbered 0..C−1 by first appearance in client order.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+
+def ward_linkage(features: np.ndarray) -> np.ndarray:
+    """scipy's Ward linkage matrix `[M−1, 4]` of the rows of `features`."""
+    from scipy.cluster.hierarchy import ClusterWarning, linkage
+
+    f = np.asarray(features, dtype=np.float64)
+    if len(f) < 2:
+        return np.zeros((0, 4))
+    with warnings.catch_warnings():  # rows of a distance matrix are meant as observations here
+        warnings.simplefilter("ignore", ClusterWarning)
+        return linkage(f, method="ward")
+
+
+def auto_n_clusters(z: np.ndarray, max_clusters: int | None = None, tol: float = 1e-9) -> int:
+    """Number of clusters at the largest gap between consecutive merge heights (see module doc).
+
+    Cutting between heights h_j and h_{j+1} (j = 1..M−2) gives M − j clusters; only cuts with
+    at most `max_clusters` clusters are considered; ties go to fewer clusters. One client, or
+    all heights ≤ tol, gives 1 cluster; two clients at a positive distance give 2.
+    """
+    m = len(z) + 1
+    h = np.sort(np.asarray(z[:, 2], dtype=np.float64)) if len(z) else np.zeros(0)
+    if m <= 1 or h[-1] <= tol:
+        return 1
+    if m == 2:
+        return 2 if max_clusters is None or max_clusters >= 2 else 1
+    best_c, best_gap = 1, -1.0
+    for j in range(1, m - 1):  # cut between h[j-1] and h[j] (0-based): m - j clusters
+        c = m - j
+        if max_clusters is not None and c > max_clusters:
+            continue
+        gap = h[j] - h[j - 1]
+        if gap >= best_gap - tol:  # later j = fewer clusters wins ties
+            best_c, best_gap = c, gap
+    if max_clusters is not None and max_clusters < 2:
+        return 1
+    return best_c
+
+
+def cut_tree(z: np.ndarray, n_clusters: int, m: int) -> np.ndarray:
+    """Cluster ids 0..C−1 of the M leaves, numbered by first appearance in client order."""
+    from scipy.cluster.hierarchy import fcluster
+
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    if n_clusters <= 1 or m == 1:
+        return np.zeros(m, dtype=np.int64)
+    raw = fcluster(z, t=min(n_clusters, m), criterion="maxclust")
+    _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    return rank[inverse].astype(np.int64)
+
+
+__all__ = ["auto_n_clusters", "cut_tree", "ward_linkage"]
