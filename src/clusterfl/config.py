@@ -26,8 +26,13 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from clusterfl.algorithms import ALGORITHMS
+from clusterfl.backends import BACKENDS
 from clusterfl.config_util import parse, pick
+from clusterfl.data.scenarios import SCENARIOS, scenario_params
+from clusterfl.data.sources import SOURCE_NAMES
 from clusterfl.errors import ConfigError
+from clusterfl.models import model_config
 from clusterfl.protocol import LocalTraining
 from clusterfl.robust.config import (
     AdversaryConfig,
@@ -154,12 +159,6 @@ def _tomlable(v: Any) -> Any:
 
 def load_config(raw: dict[str, Any]) -> Config:
     """Validate a config dict; raises ConfigError naming the first bad field."""
-    from clusterfl.algorithms import ALGORITHMS
-    from clusterfl.backends import BACKENDS
-    from clusterfl.data.scenarios import SCENARIOS, scenario_params
-    from clusterfl.data.sources import SOURCE_NAMES
-    from clusterfl.models import model_config
-
     for key in raw:
         if key not in TOP_LEVEL:
             allowed = ", ".join(TOP_LEVEL)

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.data.sources import default_data_dir, load_source
+from clusterfl.data.catalog import default_data_dir
+from clusterfl.data.sources import load_source
 from clusterfl.engine.signatures import build_conv_ae, train_autoencoder
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.models.params import get_flat

@@ -103,7 +103,8 @@ def test_cli_errors_are_one_clear_line(tmp_path):
 def test_run_on_real_mnist_if_available(tmp_path):
     root = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
     if not (root / "mnist" / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"MNIST files not found under {root}")
+        pytest.skip(f"no mnist/ files in the data folder {root} ($CLUSTERFL_DATA, "
+                    "default /work/shared/datasets)")
     cfg = {**SMALL, "rounds": 3, "data": {"source": "mnist", "data_dir": str(root)},
            "scenario": {"name": "label_swap", "n_clients": 4, "n_clusters": 2}}
     h = Experiment.from_config(cfg).run(progress=False)

@@ -132,7 +132,9 @@ def test_registry() -> None:
     assert DATASETS["mnist"].files[0].url.startswith("https://ossci-datasets.s3.amazonaws.com/")
 
 
-@pytest.mark.skipif(not (SHARED / "SHA256SUMS").is_file(), reason=f"no SHA256SUMS in {SHARED}")
+@pytest.mark.skipif(not (SHARED / "SHA256SUMS").is_file(),
+                    reason=f"no SHA256SUMS in the data folder {SHARED} ($CLUSTERFL_DATA, "
+                           "default /work/shared/datasets)")
 def test_registry_matches_shared_checksums_and_files() -> None:
     listed = dict(line.split()[::-1] for line in (SHARED / "SHA256SUMS").read_text().splitlines()
                   if line.strip())

@@ -49,7 +49,9 @@ def _write_idx_dataset(root: Path, n_train: int = 5, n_test: int = 3) -> dict[st
 # ---------------------------------------------------------------------- real files
 
 
-@pytest.mark.skipif(not (SHARED / "mnist").is_dir(), reason=f"no MNIST under {SHARED}")
+@pytest.mark.skipif(not (SHARED / "mnist").is_dir(),
+                    reason=f"no mnist/ in the data folder {SHARED} ($CLUSTERFL_DATA, "
+                           "default /work/shared/datasets)")
 def test_real_mnist() -> None:
     src = load_source("mnist", SHARED)
     assert src.x_train.shape == (60000, 1, 28, 28) and src.x_test.shape == (10000, 1, 28, 28)
@@ -62,7 +64,9 @@ def test_real_mnist() -> None:
     assert load_source("mnist", SHARED) is src  # decoded once per process
 
 
-@pytest.mark.skipif(not (SHARED / "fashion_mnist").is_dir(), reason=f"no data under {SHARED}")
+@pytest.mark.skipif(not (SHARED / "fashion_mnist").is_dir(),
+                    reason=f"no fashion_mnist/ in the data folder {SHARED} ($CLUSTERFL_DATA, "
+                           "default /work/shared/datasets)")
 def test_real_fashion_mnist() -> None:
     src = load_source("fashion_mnist", SHARED)
     assert src.x_train.shape == (60000, 1, 28, 28) and len(src.y_test) == 10000

@@ -30,6 +30,22 @@ SMALL: dict[str, Any] = {
 }
 TRAIN = LocalTraining(lr=0.1, batch_size=32, epochs=1)
 
+# Every method `clusterfl.algorithms.ALGORITHMS` must hold. The registry leaves out a method
+# whose module is missing, so the tests assert this list against it rather than filtering
+# their cases by it: a missing method fails, it is not quietly skipped.
+EXPECTED_METHODS = (
+    "fedavg", "fedprox", "local", "fedavg_plus", "fedprox_plus", "ifca", "fesem", "ifca_cam",
+    "fesem_cam", "cfl", "cfl_gp", "flt", "pca_km_hc",
+)
+
+
+def assert_registry_complete(registered: Any) -> None:
+    """The registry holds exactly EXPECTED_METHODS (a missing module shows up here by name)."""
+    missing = sorted(set(EXPECTED_METHODS) - set(registered))
+    unknown = sorted(set(registered) - set(EXPECTED_METHODS))
+    assert not missing, f"methods missing from clusterfl.algorithms.ALGORITHMS: {missing}"
+    assert not unknown, f"new methods {unknown}: add them to EXPECTED_METHODS and their tests"
+
 
 def config(**tables: Any) -> dict[str, Any]:
     """SMALL with whole tables (or top-level values) replaced."""

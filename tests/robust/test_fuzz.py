@@ -4,6 +4,7 @@ traceback — every failure is a ClusterFLError naming the field or the file."""
 from __future__ import annotations
 
 import io
+import os
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -171,10 +172,12 @@ def test_run_with_a_bad_robust_field_names_it(tmp_path):
 
 # ------------------------------------------------------------------ corrupted dataset files
 
-MNIST = Path("/work/shared/datasets/mnist")
+DATA = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
+MNIST = DATA / "mnist"
 
 
-@pytest.mark.skipif(not MNIST.is_dir(), reason="needs the real MNIST files")
+@pytest.mark.skipif(not MNIST.is_dir(), reason=f"needs the real MNIST files: no {MNIST} "
+                    f"(the data folder is $CLUSTERFL_DATA, default /work/shared/datasets)")
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_damaged_dataset_names_file_and_checksum(tmp_path, damage):
     from clusterfl.data.download import DATASETS

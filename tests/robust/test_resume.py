@@ -20,7 +20,7 @@ from clusterfl.algorithms import ALGORITHMS
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
 
-from .conftest import config
+from .conftest import EXPECTED_METHODS, assert_registry_complete, config
 from .test_faults import METHOD_SETTINGS
 
 ROBUST = {
@@ -28,9 +28,15 @@ ROBUST = {
     "adversary": {"kind": "sign_flip", "clients": [7]},
     "privacy": {"clip": 5.0, "noise_multiplier": 0.05},
 }
-ONE_SHOT = {"pca_km_hc": {"fraction": 1.0, "n_clusters": 2}}  # flt: pretrains on another set
-CASES = [(m, s, True) for m, s in METHOD_SETTINGS.items() if m in ALGORITHMS]
-CASES += [(m, s, False) for m, s in ONE_SHOT.items() if m in ALGORITHMS]
+ONE_SHOT = {"pca_km_hc": {"fraction": 1.0, "n_clusters": 2}}
+NOT_RESUMED_HERE = {"flt": "pretrains its encoder on another dataset"}
+CASES = [(m, s, True) for m, s in METHOD_SETTINGS.items()]
+CASES += [(m, s, False) for m, s in ONE_SHOT.items()]
+
+
+def test_every_expected_method_is_registered_and_resumed_here():
+    assert_registry_complete(ALGORITHMS)
+    assert sorted({c[0] for c in CASES}) == sorted(set(EXPECTED_METHODS) - set(NOT_RESUMED_HERE))
 
 
 class StopError(Exception):

@@ -1,9 +1,10 @@
-"""Data layer: dataset sources, transforms, scenarios and the `Federation` they produce."""
+"""Data layer: dataset catalog, sources, transforms, scenarios and the `Federation` they produce."""
 
-from clusterfl.data.download import DATASETS, download, verify
+from clusterfl.data.catalog import DATASETS, default_data_dir
+from clusterfl.data.download import download, verify
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import SCENARIOS, make_federation, scenario_params
-from clusterfl.data.sources import SOURCE_NAMES, Source, default_data_dir, load_source
+from clusterfl.data.sources import SOURCE_NAMES, Source, load_source
 
 __all__ = [
     "DATASETS",

@@ -20,7 +20,6 @@ import functools
 import gzip
 import importlib
 import io
-import os
 import pickle
 import tarfile
 import zlib
@@ -32,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from clusterfl.data.catalog import DATASETS, default_data_dir
 from clusterfl.data.federation import Task
 from clusterfl.errors import ConfigError, DataError
 
@@ -71,12 +71,6 @@ class Source:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
-
-
-def default_data_dir() -> Path:
-    """`$CLUSTERFL_DATA` if set, else `~/.cache/clusterfl`."""
-    env = os.environ.get("CLUSTERFL_DATA")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "clusterfl"
 
 
 def load_source(name: str, data_dir: str | Path | None = None) -> Source:
@@ -143,8 +137,6 @@ def _corrupt(name: str, path: Path, why: str) -> DataError:
 
 def _expected(name: str, path: Path) -> str:
     """'; expected sha256 … (N bytes)' for a file the download registry knows, else ''."""
-    from clusterfl.data.download import DATASETS  # lazy: download imports this module
-
     info = DATASETS.get(name)
     for f in info.files if info is not None else ():
         if Path(f.path).name == path.name and f.sha256:
