@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from clusterfl.backends.flower.server_app import FINAL_STATE, run_on_grid
+from clusterfl.deploy.server_app import FINAL_STATE, run_on_grid
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import Experiment
 from tests.flower.conftest import BASE, CFL_GP, IFCA, FakeGrid
@@ -87,7 +87,7 @@ def test_handshake_rejects_a_gap_in_client_ids():
 
 def test_server_holds_no_client_data(tmp_path):
     grid = FakeGrid([{"partition-id": i} for i in range(6)])
-    from clusterfl.backends.flower import server_app
+    from clusterfl.deploy import server_app
 
     seen = {}
     original = server_app.server_federation
@@ -123,7 +123,7 @@ def test_backend_config_fields_are_validated():
 
 def test_a_request_for_no_client_sends_nothing_and_returns_an_empty_reply():
     from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
-    from clusterfl.backends.flower.server_app import server_federation
+    from clusterfl.deploy.server_app import server_federation
     from clusterfl.models import ModelFactory, model_config
     from clusterfl.protocol import LocalTraining, TrainRequest
 

@@ -1,7 +1,7 @@
 """`FlowerBackend`: protocol requests as Flower messages over a `Grid` (DESIGN.md §9).
 
-The backend lives inside a ServerApp's `main(grid, context)` (see `server_app.py`), which
-opens a `FlowerSession` (grid + which node holds which client) before building the
+The backend lives inside a ServerApp's `main(grid, context)` (see `clusterfl.deploy.server_app`),
+which opens a `FlowerSession` (grid + which node holds which client) before building the
 Experiment. `execute(request)` then
 
 1. sends one message per client listed in `request.clients`, to that client's node, holding
@@ -90,7 +90,7 @@ class FlowerBackend(Backend):
 
     Args:
         federation: the server's view of the federation: sizes and shapes only (see
-            `server_app.server_federation`); the data lives on the nodes.
+            `clusterfl.deploy.server_app.server_federation`); the data lives on the nodes.
         factory: the architecture.
         session: the Grid and the client → node map of the running ServerApp.
     """
