@@ -42,6 +42,7 @@ from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
+from clusterfl.robust.replies import mark_answered
 
 SUSPECT_GRACE = 1.0
 """Seconds a request still waits for clients that were silent before, once all others answered."""
@@ -209,7 +210,7 @@ class FlowerBackend(Backend):
             return codec.assemble([got.get(int(c)) for c in clients])
         present = [int(c) for c in clients if int(c) in got]
         reply = codec.assemble([got[c] for c in present])
-        return _mark_answered(reply, np.array(present, dtype=np.int64))
+        return mark_answered(reply, np.array(present, dtype=np.int64))
 
     # The abstract per-type hooks all go through `execute` (any request type works).
     def train(self, req: Any) -> Any:
@@ -226,12 +227,3 @@ class FlowerBackend(Backend):
 
     def embed(self, req: Any) -> Any:
         return self.execute(req)
-
-
-def _mark_answered(reply: Any, clients: np.ndarray) -> Any:
-    try:
-        from clusterfl.robust.replies import mark_answered
-    except ImportError:  # pragma: no cover - the seam predates this backend in releases
-        reply.clients = clients
-        return reply
-    return mark_answered(reply, clients)
