@@ -116,9 +116,17 @@ def test_flower_backend_outside_a_serverapp_is_a_config_error():
 
 def test_backend_config_fields_are_validated():
     with pytest.raises(ConfigError, match=r"backend\.timeout"):
-        Experiment.from_config({**BASE, "backend": {"timeout": -1}})
+        Experiment.from_config({**BASE, "backend": {"name": "flower", "timeout": -1}})
     with pytest.raises(ConfigError, match=r"backend\.client_engine"):
-        Experiment.from_config({**BASE, "backend": {"client_engine": "gpu"}})
+        Experiment.from_config({**BASE, "backend": {"name": "flower", "client_engine": "gpu"}})
+
+
+def test_flower_settings_belong_to_the_flower_backend_only():
+    with pytest.raises(ConfigError, match=r"^backend\.timeout: unknown field; allowed fields "
+                                          r"here: chunk_size, name$"):
+        Experiment.from_config({**BASE, "backend": {"timeout": 5.0}})  # simulation (default)
+    with pytest.raises(ConfigError, match=r"^backend\.wait_nodes: unknown field"):
+        Experiment.from_config({**BASE, "backend": {"name": "sequential", "wait_nodes": 6}})
 
 
 def test_a_request_for_no_client_sends_nothing_and_returns_an_empty_reply():

@@ -4,7 +4,8 @@ Only the backend lives here (neither module imports Flower at import time):
 
 - `codec`: generic wire format of protocol dataclasses (RecordDict ⇄ request/reply).
 - `backend`: `FlowerBackend`, one message per selected client over the ServerApp's Grid;
-  `FlowerSession` / `active_session` (the Grid of the running ServerApp).
+  `FlowerSession` / `active_session` (the Grid of the running ServerApp); `FlowerConfig`,
+  the `[backend]` table of `name = "flower"`.
 
 The deployment side — the ServerApp and ClientApp, the Flower App project, what a node does
 with a message, the node worker, the local launcher and test certificates — is

@@ -33,11 +33,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Self
 
 import numpy as np
+from pydantic import Field
 
-from clusterfl.backends.base import Backend
+from clusterfl.backends.base import Backend, BackendConfig
 from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
@@ -49,6 +50,21 @@ SUSPECT_GRACE = 1.0
 
 POLL_INTERVAL = 0.1
 """Seconds between two pulls of replies from the SuperLink."""
+
+
+class FlowerConfig(BackendConfig):
+    """Settings of the flower backend (`[backend] name = "flower"`; the ServerApp sets the
+    name). `chunk_size` is accepted and ignored (each node computes its own client)."""
+
+    name: Literal["flower"] = "flower"
+    timeout: float = Field(600.0, gt=0.0, description="seconds to wait for the replies to one "
+                           "request; a node silent that long is dropped")
+    wait_nodes: int = Field(0, ge=0, description="SuperNodes to wait for before the run starts "
+                            "(0: scenario.n_clients)")
+    wait_timeout: float = Field(300.0, gt=0.0, description="give up waiting for the SuperNodes "
+                                "after this many seconds")
+    client_engine: Literal["simulation", "sequential"] = Field(
+        "simulation", description="the engine each node computes with")
 
 
 @dataclass
@@ -97,6 +113,7 @@ class FlowerBackend(Backend):
     """
 
     name = "flower"
+    Config = FlowerConfig
 
     def __init__(self, federation: Federation, factory: ModelFactory,
                  session: FlowerSession) -> None:
@@ -110,9 +127,10 @@ class FlowerBackend(Backend):
         self.suspects: set[int] = set()
 
     @classmethod
-    def from_config(cls, config: Any, federation: Federation,
-                    factory: ModelFactory) -> FlowerBackend:
-        """The backend of the ServerApp's active session (error outside a ServerApp)."""
+    def from_config(cls, config: BackendConfig, federation: Federation,
+                    factory: ModelFactory) -> Self:
+        """The backend of the ServerApp's active session (error outside a ServerApp); the
+        session already holds what the ServerApp read from `config` (timeout, nodes)."""
         if not _ACTIVE:
             raise ConfigError(
                 "backend.name", "'flower' runs inside a Flower ServerApp: start it with "
