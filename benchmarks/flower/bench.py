@@ -61,8 +61,8 @@ def summarize(name: str, times: list[float], clients: int, total: float,
 def run_inprocess(raw: dict[str, Any], clients: int) -> dict[str, Any]:
     from clusterfl.experiment import Experiment
 
-    t0 = time.perf_counter()
-    h = Experiment.from_config(raw).run(progress=False)
+    t0 = time.perf_counter()  # the default backend; the flower settings are not its own
+    h = Experiment.from_config({**raw, "backend": {"name": "simulation"}}).run(progress=False)
     return summarize("inprocess", round_times(h.records), clients, time.perf_counter() - t0,
                      h.final)
 
@@ -70,8 +70,8 @@ def run_inprocess(raw: dict[str, Any], clients: int) -> dict[str, Any]:
 def run_ray(raw: dict[str, Any], clients: int) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
-    from clusterfl.backends.flower.client_app import app as client_app
-    from clusterfl.backends.flower.server_app import make_main
+    from clusterfl.deploy.client_app import app as client_app
+    from clusterfl.deploy.server_app import make_main
 
     result: list[Any] = []
     t0 = time.perf_counter()
@@ -82,9 +82,9 @@ def run_ray(raw: dict[str, Any], clients: int) -> dict[str, Any]:
 
 
 def run_deployment(raw: dict[str, Any], clients: int, work: Path) -> dict[str, Any]:
-    from clusterfl.backends.flower.launch import local_deployment
-    from clusterfl.backends.flower.server_app import FINAL_STATE
     from clusterfl.config import dump_toml
+    from clusterfl.deploy.launch import local_deployment
+    from clusterfl.deploy.server_app import FINAL_STATE
 
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "run.toml"

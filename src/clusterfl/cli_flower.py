@@ -61,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _app_dir() -> Path:
-    from clusterfl.backends.flower.launch import APP_DIR
+    from clusterfl.deploy.launch import APP_DIR
 
     return APP_DIR
 
@@ -77,8 +77,8 @@ def _raw(path: str, overrides: list[str] | None) -> dict[str, Any]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the partitions of a config's federation (one .npz per client)."""
-    from clusterfl.backends.flower.clientdata import export_partitions
     from clusterfl.config import apply_overrides, load_config, read_toml
+    from clusterfl.deploy.clientdata import export_partitions
     from clusterfl.experiment import build_federation
 
     config = load_config(apply_overrides(read_toml(args.config), list(args.set or [])))
@@ -89,7 +89,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """Generate test certificates and node keys."""
-    from clusterfl.backends.flower.certs import make_node_keys, make_tls
+    from clusterfl.deploy.certs import make_node_keys, make_tls
 
     if args.nodes < 0:
         raise ClusterFLError("--nodes must be >= 0")
@@ -125,8 +125,8 @@ def n_clients_of(raw: dict[str, Any]) -> int:
 def _run_ray(raw: dict[str, Any], out: str | None) -> int:
     from flwr.simulation import run_simulation
 
-    from clusterfl.backends.flower.client_app import app as client_app
-    from clusterfl.backends.flower.server_app import make_main
+    from clusterfl.deploy.client_app import app as client_app
+    from clusterfl.deploy.server_app import make_main
 
     result: list[Any] = []
     run_simulation(make_main(raw, (), out, result), client_app, num_supernodes=n_clients_of(raw),
@@ -139,8 +139,8 @@ def _run_ray(raw: dict[str, Any], out: str | None) -> int:
 
 def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str | None,
                timeout: float) -> int:
-    from clusterfl.backends.flower.launch import local_deployment
-    from clusterfl.backends.flower.server_app import FINAL_STATE
+    from clusterfl.deploy.launch import local_deployment
+    from clusterfl.deploy.server_app import FINAL_STATE
 
     if out is None:
         raise ClusterFLError("--mode local needs --out DIR (the run's files are read from it)")
@@ -164,7 +164,7 @@ def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str 
 def _submit(config: str, overrides: list[str], out: str | None, superlink: str | None) -> int:
     import subprocess
 
-    from clusterfl.backends.flower.launch import flower_bin, run_config_arg
+    from clusterfl.deploy.launch import flower_bin, run_config_arg
 
     cmd = [flower_bin("flwr"), "run", str(_app_dir())]
     if superlink:

@@ -10,7 +10,8 @@ Layout of a config file (every table optional; defaults shown by `clusterfl conf
     [train]      client optimisation: optimizer, lr, momentum, weight_decay, batch_size,
                  epochs | steps
     [algorithm]  name + that method's parameters (each method's own Config class)
-    [backend]    name = "simulation" | "sequential", chunk_size
+    [backend]    name = "simulation" | "sequential" | "flower" + that backend's parameters
+                 (each backend's own Config class, e.g. chunk_size; flower: timeout, ...)
     [output]     figures, progress
     [validation] [faults] [adversary] [privacy]   robustness (clusterfl.robust.config)
 """
@@ -21,7 +22,7 @@ import copy
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,6 +41,9 @@ from clusterfl.robust.config import (
     PrivacyConfig,
     ValidationConfig,
 )
+
+if TYPE_CHECKING:  # the backends are imported when a config is loaded (`load_config`)
+    from clusterfl.backends.base import BackendConfig
 
 TOP_LEVEL = ("seed", "rounds", "eval_every", "checkpoint_every", "data", "scenario", "model",
              "train", "algorithm", "backend", "output", "validation", "faults", "adversary",
@@ -88,20 +92,6 @@ class TrainConfig(_Strict):
         )
 
 
-class BackendConfig(_Strict):
-    name: str = "simulation"
-    chunk_size: int = Field(64, ge=1, description="clients computed together (memory bound)")
-    # The `flower` backend (clusterfl.backends.flower; ignored by the others):
-    timeout: float = Field(600.0, gt=0.0, description="flower: seconds to wait for the "
-                           "replies to one request; a node silent that long is dropped")
-    wait_nodes: int = Field(0, ge=0, description="flower: SuperNodes to wait for before "
-                            "the run starts (0: scenario.n_clients)")
-    wait_timeout: float = Field(300.0, gt=0.0, description="flower: give up waiting for "
-                                "the SuperNodes after this many seconds")
-    client_engine: Literal["simulation", "sequential"] = Field(
-        "simulation", description="flower: the engine each node computes with")
-
-
 class OutputConfig(_Strict):
     figures: bool = True
     progress: Literal["auto", "on", "off"] = "auto"
@@ -118,7 +108,7 @@ class Config:
     model: BaseModel
     train: TrainConfig
     algorithm: BaseModel
-    backend: BackendConfig
+    backend: BackendConfig  # the chosen backend's own Config class
     output: OutputConfig
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
@@ -178,8 +168,13 @@ def load_config(raw: dict[str, Any]) -> Config:
     algo_raw.setdefault("name", "fedavg")
     algo_cls = pick(ALGORITHMS, algo_raw["name"], "algorithm.name")
     algorithm = parse(algo_cls.Config, algo_raw, "algorithm")
-    backend = parse(BackendConfig, raw.get("backend"), "backend")
-    pick(BACKENDS, backend.name, "backend.name")
+    backend_raw = raw.get("backend")
+    if backend_raw is not None and not isinstance(backend_raw, dict):
+        raise ConfigError("backend", "must be a table of settings, got "
+                                     f"{type(backend_raw).__name__}")
+    backend_raw = {"name": "simulation", **(backend_raw or {})}
+    backend_cls = pick(BACKENDS, backend_raw["name"], "backend.name")
+    backend = parse(backend_cls.Config, backend_raw, "backend")
     output = parse(OutputConfig, raw.get("output"), "output")
     robust = (parse(ValidationConfig, raw.get("validation"), "validation"),
               parse(FaultsConfig, raw.get("faults"), "faults"),

@@ -61,14 +61,7 @@ def build_federation(config: Config) -> Federation:
 
 
 def build_backend(config: Config, federation: Federation, factory: ModelFactory) -> Backend:
-    cls = BACKENDS[config.backend.name]
-    from_config = getattr(cls, "from_config", None)  # e.g. flower: built from its session
-    if callable(from_config):
-        return from_config(config, federation, factory)
-    try:
-        return cls(federation, factory, chunk_size=config.backend.chunk_size)  # type: ignore[call-arg]
-    except TypeError:
-        return cls(federation, factory)
+    return BACKENDS[config.backend.name].from_config(config.backend, federation, factory)
 
 
 @dataclass

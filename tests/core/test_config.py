@@ -32,6 +32,15 @@ def test_defaults_resolve_and_roundtrip():
         ({"scenario": {"name": "swirl"}}, "scenario.name", "rotation"),
         ({"scenario": {"name": "dirichlet", "alpha": -1}}, "scenario.alpha", "greater than"),
         ({"backend": {"name": "gpu"}}, "backend.name", "allowed: "),
+        ({"backend": {"timeout": 5.0}}, "backend.timeout",
+         "unknown field; allowed fields here: chunk_size, name"),
+        ({"backend": {"name": "sequential", "client_engine": "sequential"}},
+         "backend.client_engine", "unknown field; allowed fields here: chunk_size, name"),
+        ({"backend": {"name": "flower", "wait_nodes": -1}}, "backend.wait_nodes",
+         "greater than or equal to 0"),
+        ({"backend": {"name": "simulation", "chunk_size": 0}}, "backend.chunk_size",
+         "greater than or equal to 1"),
+        ({"backend": "flower"}, "backend", "must be a table"),
         ({"train": 5}, "train", "must be a table"),
     ],
 )
@@ -61,3 +70,30 @@ def test_read_toml_errors(tmp_path):
     bad.write_text("rounds = = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
         read_toml(bad)
+
+
+def test_each_backend_validates_its_own_table_and_builds_from_it():
+    from clusterfl.backends import SequentialBackend, SimulationBackend
+    from clusterfl.backends.flower.backend import FlowerConfig
+    from clusterfl.backends.sequential import SequentialConfig
+    from clusterfl.backends.simulation import SimulationConfig
+    from clusterfl.experiment import build_backend
+    from clusterfl.models import ModelFactory, model_config
+    from tests.core.conftest import blob_federation
+
+    assert type(load_config({}).backend) is SimulationConfig
+    flower_keys = {"timeout": 5.0, "wait_nodes": 3, "wait_timeout": 9.0,
+                   "client_engine": "sequential"}
+    cfg = load_config({"backend": {"name": "flower", "chunk_size": 8, **flower_keys}})
+    assert type(cfg.backend) is FlowerConfig and cfg.backend.client_engine == "sequential"
+    assert cfg.to_dict()["backend"] == {"name": "flower", "chunk_size": 8, **flower_keys}
+    assert load_config(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+    fed = blob_federation()
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [4]}), fed.input_shape,
+                           fed.n_outputs)
+    sim = build_backend(load_config({"backend": {"chunk_size": 3}}), fed, factory)
+    assert type(sim) is SimulationBackend and sim.engine.chunk_size == 3
+    seq_cfg = load_config({"backend": {"name": "sequential", "chunk_size": 3}})
+    assert type(seq_cfg.backend) is SequentialConfig
+    assert type(build_backend(seq_cfg, fed, factory)) is SequentialBackend

@@ -1,7 +1,7 @@
 """An in-process Flower Grid for fast tests of the flower backend (no processes, no Ray).
 
 `FakeGrid` implements the `flwr.serverapp.Grid` methods our ServerApp uses and answers
-every message by calling the real ClientApp (`clusterfl.backends.flower.client_app.app`)
+every message by calling the real ClientApp (`clusterfl.deploy.client_app.app`)
 with a real Flower `Context` whose node config names the node's partition. Nodes listed in
 `dead_from[node] = g` stop answering from message group g on (a crashed SuperNode).
 """
@@ -15,7 +15,7 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from clusterfl.backends.flower.client_app import app as client_app
+from clusterfl.deploy.client_app import app as client_app
 
 BASE = {
     "seed": 0, "rounds": 3, "eval_every": 3, "checkpoint_every": 0,

@@ -11,8 +11,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from clusterfl import cli_flower
-from clusterfl.backends.flower.clientdata import read_client_file
 from clusterfl.config import dump_toml
+from clusterfl.deploy.clientdata import read_client_file
 from clusterfl.errors import ClusterFLError, ConfigError
 from tests.flower.conftest import BASE, IFCA
 
@@ -67,11 +67,11 @@ def test_run_validates_the_config_first(tmp_path):
 def test_app_dir_holds_a_valid_flower_app(tmp_path):
     from flwr.cli.config_utils import load_and_validate
 
-    from clusterfl.backends.flower.launch import APP_DIR
+    from clusterfl.deploy.launch import APP_DIR
 
     config, _ = load_and_validate(APP_DIR / "pyproject.toml")
     comps = config["tool"]["flwr"]["app"]["components"]
-    assert comps["serverapp"].startswith("clusterfl.backends.flower.server_app")
+    assert comps["serverapp"].startswith("clusterfl.deploy.server_app")
     # the ClientApp a SuperNode imports per message must not pull in torch
     code = (f"import sys; sys.path.insert(0, {str(APP_DIR)!r}); import clusterfl_app.client; "
             "print('torch' in sys.modules)")
@@ -85,7 +85,7 @@ def test_local_superlink_state_is_in_memory_and_its_superexec_is_ours(tmp_path):
     misspelt name once left one state file shared by every local deployment."""
     from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 
-    from clusterfl.backends.flower.launch import (
+    from clusterfl.deploy.launch import (
         IN_MEMORY,
         Tls,
         superexec_cmd,

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from clusterfl.backends.flower import codec
-from clusterfl.backends.flower.clientdata import (
+from clusterfl.backends.simulation import SimulationBackend
+from clusterfl.data.scenarios import make_federation
+from clusterfl.deploy.clientdata import (
     export_partitions,
     read_client_file,
     simulated_client,
 )
-from clusterfl.backends.flower.node import handle_raw
-from clusterfl.backends.simulation import SimulationBackend
-from clusterfl.data.scenarios import make_federation
+from clusterfl.deploy.node import handle_raw
 from clusterfl.errors import DataError
 from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import (

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from clusterfl.backends.flower.certs import make_node_keys, make_tls
-from clusterfl.backends.flower.launch import LocalDeployment, Process, Tls, local_deployment
-from clusterfl.backends.flower.server_app import FINAL_STATE
 from clusterfl.config import dump_toml
+from clusterfl.deploy.certs import make_node_keys, make_tls
+from clusterfl.deploy.launch import LocalDeployment, Process, Tls, local_deployment
+from clusterfl.deploy.server_app import FINAL_STATE
 from clusterfl.experiment import Experiment
 from tests.flower.conftest import BASE, IFCA
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from clusterfl.backends.flower.server_app import FINAL_STATE, run_on_grid
+from clusterfl.deploy.server_app import FINAL_STATE, run_on_grid
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import Experiment
 from tests.flower.conftest import BASE, CFL_GP, IFCA, FakeGrid
@@ -87,7 +87,7 @@ def test_handshake_rejects_a_gap_in_client_ids():
 
 def test_server_holds_no_client_data(tmp_path):
     grid = FakeGrid([{"partition-id": i} for i in range(6)])
-    from clusterfl.backends.flower import server_app
+    from clusterfl.deploy import server_app
 
     seen = {}
     original = server_app.server_federation
@@ -116,14 +116,22 @@ def test_flower_backend_outside_a_serverapp_is_a_config_error():
 
 def test_backend_config_fields_are_validated():
     with pytest.raises(ConfigError, match=r"backend\.timeout"):
-        Experiment.from_config({**BASE, "backend": {"timeout": -1}})
+        Experiment.from_config({**BASE, "backend": {"name": "flower", "timeout": -1}})
     with pytest.raises(ConfigError, match=r"backend\.client_engine"):
-        Experiment.from_config({**BASE, "backend": {"client_engine": "gpu"}})
+        Experiment.from_config({**BASE, "backend": {"name": "flower", "client_engine": "gpu"}})
+
+
+def test_flower_settings_belong_to_the_flower_backend_only():
+    with pytest.raises(ConfigError, match=r"^backend\.timeout: unknown field; allowed fields "
+                                          r"here: chunk_size, name$"):
+        Experiment.from_config({**BASE, "backend": {"timeout": 5.0}})  # simulation (default)
+    with pytest.raises(ConfigError, match=r"^backend\.wait_nodes: unknown field"):
+        Experiment.from_config({**BASE, "backend": {"name": "sequential", "wait_nodes": 6}})
 
 
 def test_a_request_for_no_client_sends_nothing_and_returns_an_empty_reply():
     from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
-    from clusterfl.backends.flower.server_app import server_federation
+    from clusterfl.deploy.server_app import server_federation
     from clusterfl.models import ModelFactory, model_config
     from clusterfl.protocol import LocalTraining, TrainRequest
 

@@ -1,11 +1,17 @@
-"""The backend seam: something that executes protocol requests for many clients."""
+"""The backend seam: something that executes protocol requests for many clients.
+
+Each backend has its own pydantic `Config` (the `[backend]` table of a run config, chosen by
+`name` like the algorithms' tables) and builds itself from it with `from_config`.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar, Self
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from clusterfl.data.federation import Federation
 from clusterfl.models import ModelFactory
@@ -25,12 +31,34 @@ from clusterfl.protocol import (
 )
 
 
+class BackendConfig(BaseModel):
+    """Settings every backend accepts (each backend adds its own fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    chunk_size: int = Field(64, ge=1, description="used by `simulation` only (clients computed "
+                            "together); the other backends accept and ignore it")
+
+
 class Backend(ABC):
-    """Executes requests. In simulation it holds the federation; on Flower, the clients do."""
+    """Executes requests. In simulation it holds the federation; on Flower, the clients do.
+
+    A backend listed in `clusterfl.backends.BACKENDS` sets `name`, `Config` (its
+    `BackendConfig` subclass) and `from_config`.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[BackendConfig]]
 
     def __init__(self, federation: Federation, factory: ModelFactory) -> None:
         self.federation = federation
         self.factory = factory
+
+    @classmethod
+    def from_config(cls, config: BackendConfig, federation: Federation,
+                    factory: ModelFactory) -> Self:
+        """The backend for a validated `[backend]` table (`config` is a `cls.Config`)."""
+        raise NotImplementedError(f"{cls.__name__} does not say how to build it from a config")
 
     def execute(self, request: Request) -> Reply:
         if isinstance(request, TrainRequest):

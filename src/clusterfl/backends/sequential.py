@@ -6,13 +6,17 @@ Train/Gradient requests with `coords` are answered with those coordinates only
 
 from __future__ import annotations
 
+from typing import Literal, Self
+
 import numpy as np
 import torch
 
-from clusterfl.backends.base import Backend, as_index
+from clusterfl.backends.base import Backend, BackendConfig, as_index
+from clusterfl.data.federation import Federation
 from clusterfl.engine import reference as ref
 from clusterfl.engine.common import client_metrics, combine, per_sample_loss
 from clusterfl.engine.schedule import batch_schedule, gradient_batches
+from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
     EvaluateReply,
     EvaluateRequest,
@@ -27,14 +31,27 @@ from clusterfl.protocol import (
 )
 
 
+class SequentialConfig(BackendConfig):
+    """Settings of the reference backend (`[backend] name = "sequential"`): none of its own
+    (`chunk_size` is accepted and ignored: it computes one client at a time)."""
+
+    name: Literal["sequential"] = "sequential"
+
+
 class SequentialBackend(Backend):
     """Executes each request client by client with `clusterfl.engine.reference`."""
 
     name = "sequential"
+    Config = SequentialConfig
 
     def __init__(self, federation, factory) -> None:
         super().__init__(federation, factory)
         self.module = factory.build()
+
+    @classmethod
+    def from_config(cls, config: BackendConfig, federation: Federation,
+                    factory: ModelFactory) -> Self:
+        return cls(federation, factory)
 
     # -------------------------------------------------------------- helpers
     def _outputs(self, pred: Predictor, row: int, x: torch.Tensor) -> torch.Tensor:

@@ -10,10 +10,13 @@ computes its whole update and sends only the d̂ floats asked for (`protocol.nar
 
 from __future__ import annotations
 
+from typing import Literal, Self
+
 import numpy as np
 import torch
+from pydantic import Field
 
-from clusterfl.backends.base import Backend, as_index
+from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.data.federation import Federation
 from clusterfl.engine.allocator import tune_allocator
 from clusterfl.engine.common import per_sample_loss
@@ -40,6 +43,13 @@ from clusterfl.protocol import (
 )
 
 
+class SimulationConfig(BackendConfig):
+    """Settings of the simulation backend (`[backend] name = "simulation"`, the default)."""
+
+    name: Literal["simulation"] = "simulation"
+    chunk_size: int = Field(64, ge=1, description="clients computed together (memory bound)")
+
+
 class SimulationBackend(Backend):
     """Executes requests for many clients at once with the vectorized engine.
 
@@ -53,6 +63,7 @@ class SimulationBackend(Backend):
     """
 
     name = "simulation"
+    Config = SimulationConfig
 
     def __init__(
         self,
@@ -67,6 +78,11 @@ class SimulationBackend(Backend):
         self.module = factory.build()
         self.engine = VectorizedEngine(self.module, factory.layout, kernel, chunk_size)
         self._splits: dict[tuple[str, torch.dtype], SplitData] = {}
+
+    @classmethod
+    def from_config(cls, config: BackendConfig, federation: Federation,
+                    factory: ModelFactory) -> Self:
+        return cls(federation, factory, chunk_size=config.chunk_size)
 
     # -------------------------------------------------------------- helpers
     def _split(self, name: str, dtype: torch.dtype) -> SplitData:

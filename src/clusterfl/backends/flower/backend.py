@@ -1,7 +1,7 @@
 """`FlowerBackend`: protocol requests as Flower messages over a `Grid` (DESIGN.md §9).
 
-The backend lives inside a ServerApp's `main(grid, context)` (see `server_app.py`), which
-opens a `FlowerSession` (grid + which node holds which client) before building the
+The backend lives inside a ServerApp's `main(grid, context)` (see `clusterfl.deploy.server_app`),
+which opens a `FlowerSession` (grid + which node holds which client) before building the
 Experiment. `execute(request)` then
 
 1. sends one message per client listed in `request.clients`, to that client's node, holding
@@ -31,11 +31,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Self
 
 import numpy as np
+from pydantic import Field
 
-from clusterfl.backends.base import Backend
+from clusterfl.backends.base import Backend, BackendConfig
 from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
@@ -47,6 +48,21 @@ SUSPECT_GRACE = 1.0
 
 POLL_INTERVAL = 0.1
 """Seconds between two pulls of replies from the SuperLink."""
+
+
+class FlowerConfig(BackendConfig):
+    """Settings of the flower backend (`[backend] name = "flower"`; the ServerApp sets the
+    name). `chunk_size` is accepted and ignored (each node computes its own client)."""
+
+    name: Literal["flower"] = "flower"
+    timeout: float = Field(600.0, gt=0.0, description="seconds to wait for the replies to one "
+                           "request; a node silent that long is dropped")
+    wait_nodes: int = Field(0, ge=0, description="SuperNodes to wait for before the run starts "
+                            "(0: scenario.n_clients)")
+    wait_timeout: float = Field(300.0, gt=0.0, description="give up waiting for the SuperNodes "
+                                "after this many seconds")
+    client_engine: Literal["simulation", "sequential"] = Field(
+        "simulation", description="the engine each node computes with")
 
 
 @dataclass
@@ -89,12 +105,13 @@ class FlowerBackend(Backend):
 
     Args:
         federation: the server's view of the federation: sizes and shapes only (see
-            `server_app.server_federation`); the data lives on the nodes.
+            `clusterfl.deploy.server_app.server_federation`); the data lives on the nodes.
         factory: the architecture.
         session: the Grid and the client → node map of the running ServerApp.
     """
 
     name = "flower"
+    Config = FlowerConfig
 
     def __init__(self, federation: Federation, factory: ModelFactory,
                  session: FlowerSession) -> None:
@@ -108,9 +125,10 @@ class FlowerBackend(Backend):
         self.suspects: set[int] = set()
 
     @classmethod
-    def from_config(cls, config: Any, federation: Federation,
-                    factory: ModelFactory) -> FlowerBackend:
-        """The backend of the ServerApp's active session (error outside a ServerApp)."""
+    def from_config(cls, config: BackendConfig, federation: Federation,
+                    factory: ModelFactory) -> Self:
+        """The backend of the ServerApp's active session (error outside a ServerApp); the
+        session already holds what the ServerApp read from `config` (timeout, nodes)."""
         if not _ACTIVE:
             raise ConfigError(
                 "backend.name", "'flower' runs inside a Flower ServerApp: start it with "

@@ -15,7 +15,7 @@ Wire format of one frame (both directions): 8-byte big-endian length, then an `.
 whose array `__header__` is UTF-8 JSON (`{"kind", "node_config", "meta"}` in, `{"ok",
 "meta", "error"}` out) and whose other arrays are the message's arrays.
 
-    python -m clusterfl.backends.flower.worker --socket PATH --node-config JSON \
+    python -m clusterfl.deploy.worker --socket PATH --node-config JSON \
         [--watch-pid PID] [--idle-timeout SECONDS]
 """
 
@@ -82,7 +82,7 @@ def _alive(pid: int) -> bool:
 def serve(path: Path, node_config: dict[str, Any], watch_pid: int | None,
           idle_timeout: float) -> None:
     """Answer frames on the Unix socket `path` until the watched process is gone or idle."""
-    from clusterfl.backends.flower.node import handle_raw
+    from clusterfl.deploy.node import handle_raw
 
     with contextlib.suppress(FileNotFoundError):
         path.unlink()

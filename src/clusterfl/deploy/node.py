@@ -18,8 +18,8 @@ import json
 from typing import Any
 
 from clusterfl.backends.base import Backend
-from clusterfl.backends.flower.clientdata import describe, read_client_file, simulated_client
 from clusterfl.data.federation import Federation
+from clusterfl.deploy.clientdata import describe, read_client_file, simulated_client
 from clusterfl.errors import ConfigError
 
 

@@ -5,17 +5,17 @@ a new `flwr-clientapp` process for every message. Two ways to answer:
 
 - **persistent worker** (default under a SuperNode, i.e. in a `flwr-clientapp` process):
   forward the message over a Unix socket to the node's long-lived worker
-  (`clusterfl.backends.flower.worker`, started on first use; it keeps torch, the engine and
+  (`clusterfl.deploy.worker`, started on first use; it keeps torch, the engine and
   the client's data in memory and exits with the SuperNode);
 - **in-process** (Flower's Ray simulation, whose actors are long-lived, or node config
-  `worker="none"`): call `clusterfl.backends.flower.node.handle_raw` directly.
+  `worker="none"`): call `clusterfl.deploy.node.handle_raw` directly.
 
 Both run the same `handle_raw`. Message types: `query.describe` (handshake, reply
 `ConfigRecord "info"`), and `train.request` / `evaluate.request` / `query.request` (one
 protocol request in the generic wire format of `clusterfl.backends.flower.codec`).
 
 Node config keys: `partition-id` and/or `data-file` (the client's data, see
-`clusterfl.backends.flower.clientdata`), `worker` ("auto" | "persistent" | "none"),
+`clusterfl.deploy.clientdata`), `worker` ("auto" | "persistent" | "none"),
 `worker-dir` (socket directory; default `$CLUSTERFL_WORKER_DIR` or the temp dir).
 """
 
@@ -42,7 +42,7 @@ from flwr.clientapp import ClientApp
 
 app = ClientApp()
 
-HEADER = "__header__"  # same frame format as clusterfl.backends.flower.worker
+HEADER = "__header__"  # same frame format as clusterfl.deploy.worker
 WORKER_START_TIMEOUT = 180.0
 
 
@@ -112,7 +112,7 @@ def _worker_connection(node_config: dict[str, Any]) -> socket.socket:
             return conn
         log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
         subprocess.Popen(
-            [sys.executable, "-m", "clusterfl.backends.flower.worker", "--socket", str(path),
+            [sys.executable, "-m", "clusterfl.deploy.worker", "--socket", str(path),
              "--node-config", json.dumps(node_config, default=str), "--watch-pid", str(watch)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
@@ -147,7 +147,7 @@ def _answer(kind: str, message: Message, context: Context) -> Message:
     if _persistent(node_config):
         out_meta, out_arrays = _call_worker(kind, node_config, meta, arrays)
     else:
-        from clusterfl.backends.flower.node import handle_raw
+        from clusterfl.deploy.node import handle_raw
 
         out_meta, out_arrays = handle_raw(kind, node_config, meta, arrays)
     if kind == "describe":
