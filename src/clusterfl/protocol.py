@@ -1,4 +1,4 @@
-"""The requests a server may send to clients, and the replies (DESIGN.md §1, floor 4).
+"""The requests a server may send to clients, and the replies (floor 0, docs/architecture.md).
 
 Algorithms never touch client data: they build one of these requests for a set of clients
 and hand it to `Context.send`. Every request knows what one client receives and sends in
