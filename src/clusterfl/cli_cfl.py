@@ -112,8 +112,8 @@ def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
     if data_dir:
         overrides = [*overrides, f"data.data_dir={json.dumps(data_dir)}"]
     config = load_config(apply_overrides(read_toml(run_dir / "config.toml"), overrides))
-    if config.algorithm.name != "cfl":  # type: ignore[attr-defined]
-        raise ClusterFLError(f"{run_dir} is a run of {config.algorithm.name!r}, not cfl")  # type: ignore[attr-defined]
+    if config.algorithm.name != "cfl":
+        raise ClusterFLError(f"{run_dir} is a run of {config.algorithm.name!r}, not cfl")
     fed = build_federation(config)
     factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
     alg = CFL(config.algorithm)

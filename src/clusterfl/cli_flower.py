@@ -114,9 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def n_clients_of(raw: dict[str, Any]) -> int:
     """Number of SuperNodes a config needs (backend.wait_nodes or scenario.n_clients)."""
     from clusterfl.config import load_config
+    from clusterfl.deploy.server_app import flower_settings
 
     config = load_config(raw)
-    n = config.backend.wait_nodes or int(config.scenario.model_dump().get("n_clients") or 0)
+    n = flower_settings(config).wait_nodes or int(
+        config.scenario.model_dump().get("n_clients") or 0)
     if n < 1:
         raise ClusterFLError("set backend.wait_nodes (the scenario does not give n_clients)")
     return n

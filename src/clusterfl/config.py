@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clusterfl.algorithms import ALGORITHMS
+from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
 from clusterfl.backends import BACKENDS
 from clusterfl.config_util import parse, pick
 from clusterfl.data.scenarios import SCENARIOS, scenario_params
 from clusterfl.data.sources import SOURCE_NAMES
 from clusterfl.errors import ConfigError
-from clusterfl.models import model_config
+from clusterfl.models import ModelConfig, model_config
 from clusterfl.protocol import LocalTraining
 from clusterfl.robust.config import (
     AdversaryConfig,
@@ -105,15 +105,15 @@ class Config:
     data: DataConfig
     scenario: BaseModel
     scenario_name: str
-    model: BaseModel
+    model: ModelConfig
     train: TrainConfig
-    algorithm: BaseModel
+    algorithm: AlgorithmConfig
     backend: BackendConfig  # the chosen backend's own Config class
     output: OutputConfig
-    validation: ValidationConfig = field(default_factory=ValidationConfig)
-    faults: FaultsConfig = field(default_factory=FaultsConfig)
-    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    validation: ValidationConfig = field(default_factory=lambda: ValidationConfig())
+    faults: FaultsConfig = field(default_factory=lambda: FaultsConfig())
+    adversary: AdversaryConfig = field(default_factory=lambda: AdversaryConfig())
+    privacy: PrivacyConfig = field(default_factory=lambda: PrivacyConfig())
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = self.run.model_dump()

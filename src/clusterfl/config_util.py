@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -11,7 +12,7 @@ from clusterfl.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
-def _describe(err: dict[str, Any], prefix: str) -> tuple[str, str]:
+def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:
     loc = ".".join(str(p) for p in err.get("loc", ()))
     field = ".".join(p for p in (prefix, loc) if p)
     msg = err.get("msg", "invalid value")

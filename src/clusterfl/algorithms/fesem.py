@@ -29,7 +29,7 @@ Choices the papers leave open, and ours:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -115,7 +115,7 @@ class FeSEM(Algorithm):
 
     name = "fesem"
     Config = FeSEMConfig
-    State = FeSEMState
+    State: ClassVar[type] = FeSEMState  # FeSEM-CAM's State extends it
     config: FeSEMConfig
     state: FeSEMState
 

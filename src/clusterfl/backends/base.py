@@ -7,7 +7,7 @@ Each backend has its own pydantic `Config` (the `[backend]` table of a run confi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Self
+from typing import ClassVar, Self, overload
 
 import numpy as np
 import torch
@@ -60,7 +60,21 @@ class Backend(ABC):
         """The backend for a validated `[backend]` table (`config` is a `cls.Config`)."""
         raise NotImplementedError(f"{cls.__name__} does not say how to build it from a config")
 
+    @overload
+    def execute(self, request: TrainRequest) -> TrainReply: ...
+    @overload
+    def execute(self, request: GradientRequest) -> GradientReply: ...
+    @overload
+    def execute(self, request: LossRequest) -> LossReply: ...
+    @overload
+    def execute(self, request: EvaluateRequest) -> EvaluateReply: ...
+    @overload
+    def execute(self, request: EmbedRequest) -> EmbedReply: ...
+    @overload
+    def execute(self, request: Request) -> Reply: ...
+
     def execute(self, request: Request) -> Reply:
+        """The reply of the clients that answered (all of them, in simulation)."""
         if isinstance(request, TrainRequest):
             return self.train(request)
         if isinstance(request, GradientRequest):

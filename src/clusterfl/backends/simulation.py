@@ -111,7 +111,8 @@ class SimulationBackend(Backend):
 
     @staticmethod
     def _local_targets(data: SplitData, rows: Rows) -> torch.Tensor:
-        idx = np.concatenate([np.arange(s, s + n) for s, n in zip(rows.start, rows.size)] or [[]])
+        pieces = [np.arange(s, s + n) for s, n in zip(rows.start, rows.size)]
+        idx = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
         return data.y.index_select(0, torch.from_numpy(idx.astype(np.int64)))
 
     # -------------------------------------------------------------- requests

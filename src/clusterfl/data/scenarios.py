@@ -71,7 +71,7 @@ ROTATION_PRESETS: dict[str, tuple[float, ...]] = {"ifca": IFCA_ANGLES, "cflgp": 
 class Part(NamedTuple):
     """Rows of a pool owned by each client: `index[offsets[i]:offsets[i+1]]` is client i's."""
 
-    index: np.ndarray
+    index: np.ndarray  # type: ignore[assignment]  # shadows tuple.index, never called on a Part
     offsets: np.ndarray
 
     @property
@@ -643,8 +643,9 @@ def plan_rotation_mixture(source: Source, p: RotationMixtureParams,
         mixed = np.where(first, a, b)
         return np.select([group == 0, group == 1], [a, b], mixed).astype(np.float64)
 
-    info = [{"angle": a}, {"angle": b}, {"angles": [a, b], "probabilities": [p.kappa,
-                                                                              1.0 - p.kappa]}]
+    info: list[dict[str, Any]] = [
+        {"angle": a}, {"angle": b},
+        {"angles": [a, b], "probabilities": [p.kappa, 1.0 - p.kappa]}]
     return Plan(train_pool, train, test_pool, test, clusters, info,
                 train_angles=row_angles(train), test_angles=row_angles(test),
                 extra={"layout": p.layout})

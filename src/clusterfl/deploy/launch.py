@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -231,7 +231,7 @@ def write_flwr_home(home: Path, address: str, name: str = "clusterfl",
     return path
 
 
-def run_config_arg(config: Path, out_dir: Path | None, overrides: list[str] = ()) -> str:
+def run_config_arg(config: Path, out_dir: Path | None, overrides: Sequence[str] = ()) -> str:
     """The `--run-config` value for our ServerApp."""
     parts = [f'config="{config}"', f'out-dir="{out_dir or ""}"']
     if overrides:
@@ -323,7 +323,7 @@ class LocalDeployment:
         self.supernodes.append(proc)
         return proc
 
-    def flwr_run(self, config: Path, out_dir: Path | None, overrides: list[str] = (),
+    def flwr_run(self, config: Path, out_dir: Path | None, overrides: Sequence[str] = (),
                  app_dir: Path = APP_DIR) -> Process:
         """Submit our app with `flwr run` (returns the `flwr` process; it streams logs)."""
         cmd = [flower_bin("flwr"), "run", str(app_dir), "clusterfl", "--stream",

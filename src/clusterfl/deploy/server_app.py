@@ -34,7 +34,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from clusterfl.backends.flower import FLOWER_VERSION
-from clusterfl.backends.flower.backend import FlowerSession, active_session
+from clusterfl.backends.flower.backend import FlowerConfig, FlowerSession, active_session
 from clusterfl.config import Config, apply_overrides, load_config, read_toml
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError
@@ -43,6 +43,14 @@ app = ServerApp()
 
 FINAL_STATE = "flower_final_state.pt"
 """The algorithm's final `state_dict()` (models, assignment), written beside summary.json."""
+
+
+def flower_settings(config: Config) -> FlowerConfig:
+    """The `[backend]` table of a Flower run (the ServerApp sets `backend.name = "flower"`)."""
+    if not isinstance(config.backend, FlowerConfig):
+        raise ClusterFLError(f"backend.name is {config.backend.name!r}; a Flower ServerApp "
+                             "runs backend 'flower'")
+    return config.backend
 
 
 def setup_of(config: Config) -> dict[str, Any]:
@@ -54,7 +62,7 @@ def setup_of(config: Config) -> dict[str, Any]:
             "data_dir": config.data.data_dir,
         },
         "model": config.model.model_dump(),
-        "engine": config.backend.client_engine,
+        "engine": flower_settings(config).client_engine,
     }
 
 
@@ -84,7 +92,7 @@ def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any],
             errors.append(f"node {node}: {msg.error.reason}")
             continue
         info = dict(msg.content.config_records["info"])
-        cid = int(info["client_id"])
+        cid = int(str(info["client_id"]))
         if cid in out:
             raise ClusterFLError(f"nodes {out[cid][0]} and {node} both hold client {cid}; "
                                  "give every SuperNode its own partition-id / data-file")
@@ -131,7 +139,7 @@ def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[st
     raw = apply_overrides(raw, list(overrides))
     raw.setdefault("backend", {})["name"] = "flower"
     config = load_config(raw)
-    b = config.backend
+    b = flower_settings(config)
     want = b.wait_nodes or int(config.scenario.model_dump().get("n_clients") or 0)
     if want < 1:
         raise ClusterFLError("set backend.wait_nodes: the scenario does not say how many "

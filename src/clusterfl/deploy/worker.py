@@ -44,7 +44,8 @@ def pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
     """One frame: length prefix + npz(header JSON, arrays)."""
     buf = io.BytesIO()
     blob = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    np.savez(buf, **{HEADER: blob}, **arrays)
+    payload: dict[str, Any] = {HEADER: blob, **arrays}
+    np.savez(buf, **payload)
     data = buf.getvalue()
     return struct.pack(">Q", len(data)) + data
 

@@ -54,7 +54,7 @@ def _feature_ops(features: nn.Sequential, layout: ParamLayout, prefix: str) -> l
             if m.groups != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str):
                 raise TypeError("only plain zero-padded Conv2d layers are stacked")
             ops.append(ConvOp("conv", names.index(p + "weight"), bias, _pair(m.stride),
-                              _pair(m.padding), _pair(m.dilation)))  # type: ignore[arg-type]
+                              _pair(m.padding), _pair(m.dilation)))
         elif isinstance(m, nn.GroupNorm):
             if not m.affine:
                 raise TypeError("GroupNorm without affine parameters is not stacked")

@@ -231,7 +231,7 @@ class VectorizedEngine:
     ) -> tuple[list[Tensor], np.ndarray]:
         """Train the clients `pick` together; returns their stacked parameters and losses."""
         m, dtype = len(pick), models.dtype
-        active = (schedule >= 0).any(-1)  # [m, S]
+        active = np.asarray((schedule >= 0).any(-1), dtype=bool)  # [m, S]
         n_steps = int(np.nonzero(active.any(0))[0].max()) + 1 if active.any() else 0
         schedule = schedule[:, :n_steps]
         gidx, lidx, valid = _pad_rows(rows, pick, schedule)

@@ -15,22 +15,28 @@ from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_fl
 from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression
 
 __all__ = [
-    "MLP", "ConvAE", "LeNet", "LeafCNN", "LinearRegression", "ModelFactory", "ParamLayout",
+    "MLP", "ConvAE", "LeNet", "LeafCNN", "LinearRegression", "ModelConfig", "ModelFactory",
+    "ParamLayout",
     "get_flat", "get_flat_grad", "model_config", "set_flat",
 ]
 
 
-class _Strict(BaseModel):
+class ModelConfig(BaseModel):
+    """Settings of one architecture (`[model]`); each architecture adds its fields."""
+
     model_config = ConfigDict(extra="forbid")
+    name: str
 
 
-class MLPConfig(_Strict):
+
+
+class MLPConfig(ModelConfig):
     name: Literal["mlp"] = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [200])
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
-class LeNetConfig(_Strict):
+class LeNetConfig(ModelConfig):
     name: Literal["lenet"] = "lenet"
     channels: tuple[int, int] = (6, 16)
     hidden: tuple[int, ...] = Field(
@@ -41,18 +47,18 @@ class LeNetConfig(_Strict):
         '"stride": stride-2 convolutions, no pooling')
 
 
-class LeafCNNConfig(_Strict):
+class LeafCNNConfig(ModelConfig):
     name: Literal["leaf_cnn"] = "leaf_cnn"
     hidden: int = Field(2048, ge=1)
     groups: int = Field(0, ge=0)
 
 
-class LinearConfig(_Strict):
+class LinearConfig(ModelConfig):
     name: Literal["linear"] = "linear"
     bias: bool = True
 
 
-class ConvAEConfig(_Strict):
+class ConvAEConfig(ModelConfig):
     name: Literal["conv_ae"] = "conv_ae"
     latent: int = Field(128, ge=1)
 
@@ -77,7 +83,7 @@ def _conv_ae(c: ConvAEConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return ConvAE(shape, c.latent)
 
 
-MODELS: dict[str, tuple[type[_Strict], Callable[[Any, tuple[int, ...], int], nn.Module]]] = {
+MODELS: dict[str, tuple[type[ModelConfig], Callable[[Any, tuple[int, ...], int], nn.Module]]] = {
     "mlp": (MLPConfig, _mlp),
     "lenet": (LeNetConfig, _lenet),
     "leaf_cnn": (LeafCNNConfig, _leaf),
@@ -86,7 +92,7 @@ MODELS: dict[str, tuple[type[_Strict], Callable[[Any, tuple[int, ...], int], nn.
 }
 
 
-def model_config(raw: dict[str, Any] | None, prefix: str = "model") -> _Strict:
+def model_config(raw: dict[str, Any] | None, prefix: str = "model") -> ModelConfig:
     """Validate a `[model]` table (its `name` picks the architecture)."""
     raw = dict(raw or {})
     name = raw.get("name", "mlp")
@@ -98,7 +104,7 @@ def model_config(raw: dict[str, Any] | None, prefix: str = "model") -> _Strict:
 class ModelFactory:
     """Builds one architecture for one federation and creates seeded initial parameters."""
 
-    config: _Strict
+    config: ModelConfig
     input_shape: tuple[int, ...]
     n_outputs: int
 
@@ -107,7 +113,7 @@ class ModelFactory:
 
     @property
     def name(self) -> str:
-        return self.config.name  # type: ignore[attr-defined]
+        return self.config.name
 
     @property
     def size(self) -> int:
@@ -115,7 +121,7 @@ class ModelFactory:
         return self.layout.size
 
     def build(self) -> nn.Module:
-        _, make = MODELS[self.config.name]  # type: ignore[attr-defined]
+        _, make = MODELS[self.config.name]
         return make(self.config, tuple(self.input_shape), self.n_outputs)
 
     def init(self, seed: int) -> torch.Tensor:

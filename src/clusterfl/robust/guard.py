@@ -211,8 +211,9 @@ class Guard:
         self._events["clipped"] += clipped
         self.totals["clipped"] += clipped
         if p.noise_multiplier > 0:
-            delta = delta + noise_rows(tuple(delta.shape), groups, p.noise_multiplier, p.clip,
-                                       p.noise, gen, delta.dtype)
+            shape = (int(delta.shape[0]), int(delta.shape[1]))
+            delta = delta + noise_rows(shape, groups, p.noise_multiplier, p.clip, p.noise, gen,
+                                       delta.dtype)
             self.totals["releases"] += 1
         if isinstance(reply, TrainReply):
             return replace(reply, params=start + delta, n_samples=ones)

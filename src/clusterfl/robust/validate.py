@@ -100,7 +100,7 @@ def check_reply(request: Request, reply: Reply,
         return keep, []
     if isinstance(reply, EmbedReply):
         sig = np.asarray(reply.signatures, dtype=np.float64).reshape(n, -1)
-        finite = np.isfinite(sig).all(axis=1)
+        finite = np.asarray(np.isfinite(sig).all(axis=1), dtype=bool)
         return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
     if not isinstance(reply, TrainReply | GradientReply):
         return keep, []

@@ -49,7 +49,9 @@ WORKER_START_TIMEOUT = 180.0
 # ----------------------------------------------------------------------------- frames
 def _pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, **{HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8)}, **arrays)
+    payload: dict[str, Any] = {
+        HEADER: np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays}
+    np.savez(buf, **payload)
     data = buf.getvalue()
     return struct.pack(">Q", len(data)) + data
 
