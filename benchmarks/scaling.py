@@ -36,9 +36,9 @@ from clusterfl.experiment import Experiment
 cfg = json.loads(sys.argv[1])
 with tempfile.TemporaryDirectory() as out:
     h = Experiment.from_config(cfg, out_dir=out).run(progress=False)
-walls = [r["wall_time"] for r in h.records]
+walls = [r.wall_time for r in h.records]
 print(json.dumps({"walls": walls, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "ari": h.final.get("ari")}))
+                  "ari": h.final.ari}))
 """
 
 

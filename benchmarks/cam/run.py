@@ -38,7 +38,8 @@ from clusterfl.config import apply_overrides
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import Source, load_source, standardize
-from clusterfl.experiment import Experiment
+from clusterfl.experiment import Experiment, History
+from clusterfl.records import RoundMetrics
 from clusterfl.report.figures import plot_comparison
 from clusterfl.report.methods.cam import balance_series
 from clusterfl.report.methods.cam import figures as cam_figures
@@ -114,20 +115,21 @@ def build_federation(raw: dict[str, Any], scale: dict[str, Any], seed: int,
     return fed
 
 
-def final_record(history: Any) -> dict[str, Any]:
+def final_record(history: History) -> dict[str, Any]:
     recs = history.records
     _, largest, _ = balance_series(recs)
     final = history.final
+    m = final.metrics or RoundMetrics()
     return {
-        "accuracy": final.get("accuracy"), "macro_f1": final.get("macro_f1"),
-        "accuracy_weighted": final.get("accuracy_weighted"), "ari": final.get("ari"),
-        "n_clusters": final.get("n_clusters"), "floats_down": final.get("floats_down"),
-        "floats_up": final.get("floats_up"),
+        "accuracy": m.accuracy, "macro_f1": m.macro_f1,
+        "accuracy_weighted": m.accuracy_weighted, "ari": final.ari,
+        "n_clusters": final.n_clusters, "floats_down": final.floats_down,
+        "floats_up": final.floats_up,
         "largest_cluster_share_final": float(largest[-1]) if len(largest) else None,
         "largest_cluster_share_max": float(np.nanmax(largest)) if len(largest) else None,
-        "cluster_sizes_final": recs[-1]["extras"].get("cluster_sizes") if recs else None,
-        "accuracy_curve": [[r["round"], r["metrics"]["accuracy"], r["metrics"]["macro_f1"]]
-                           for r in recs if r.get("metrics")],
+        "cluster_sizes_final": recs[-1].extras.get("cluster_sizes") if recs else None,
+        "accuracy_curve": [[r.round, r.metrics.accuracy, r.metrics.macro_f1]
+                           for r in recs if r.metrics is not None],
     }
 
 

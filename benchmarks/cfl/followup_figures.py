@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from clusterfl.records import HISTORY_FILE, read_history
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -35,18 +37,16 @@ def _load(results: Path, name: str) -> dict[str, Any] | None:
 
 def _truth_curves(run_dir: Path, truth: list[int]) -> dict[int, tuple[list[int], list[float]]]:
     """Per true cluster: eval rounds and the mean client accuracy, from `history.jsonl`."""
-    path = run_dir / "history.jsonl"
-    if not path.is_file():
+    if not (run_dir / HISTORY_FILE).is_file():
         return {}
     t = np.asarray(truth)
     out: dict[int, tuple[list[int], list[float]]] = {int(k): ([], []) for k in np.unique(t)}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("client_accuracy") is None:
+    for r in read_history(run_dir):
+        if r.client_accuracy is None:
             continue
-        acc = np.asarray(r["client_accuracy"], dtype=float)
+        acc = np.asarray(r.client_accuracy, dtype=float)
         for k in out:
-            out[k][0].append(int(r["round"]))
+            out[k][0].append(r.round)
             out[k][1].append(float(acc[t == k].mean()))
     return out
 

@@ -36,8 +36,9 @@ import torch
 
 from clusterfl.clustering.cosine import pairwise_cosine, separation_gap
 from clusterfl.config import read_toml
-from clusterfl.experiment import Experiment, build_backend
+from clusterfl.experiment import Experiment, History, build_backend
 from clusterfl.protocol import GradientRequest
+from clusterfl.records import RoundMetrics, RoundRecord, read_history, read_summary
 from clusterfl.report.methods.cfl import figures
 
 HERE = Path(__file__).resolve().parent
@@ -49,45 +50,55 @@ EPS2_RATIO = 3.0
 SMOKE: dict[str, Any] = {}
 
 
-def _reuse(out: Path, cfg: dict[str, Any]) -> Any | None:
-    """The history of a finished run in `out` made with the same config (else None)."""
+def _reuse(out: Path, cfg: dict[str, Any]) -> tuple[History, dict[str, Any]] | None:
+    """The history and timing of a finished run in `out` made with the same config (else
+    None)."""
     from clusterfl.config import load_config
-    from clusterfl.experiment import History
-    from clusterfl.report.history import load_history, load_summary
 
     try:
         same = read_toml(out / "config.toml") == load_config(cfg).to_dict()
         if not same:
             return None
-        history = History(load_history(out), load_summary(out))
+        history = History(read_history(out), read_summary(out))
     except Exception:
         return None
     if len(history.records) != cfg["rounds"]:
         return None
     timing = out / "bench_time.json"
-    history.summary.update(json.loads(timing.read_text()) if timing.is_file() else
-                           {"bench_wall_s": history.final.get("wall_time"), "bench_cpu_s": None})
-    return history
+    return history, (json.loads(timing.read_text()) if timing.is_file() else
+                     {"bench_wall_s": history.final.wall_time, "bench_cpu_s": None})
 
 
-def _run(raw: dict[str, Any], out: Path, algorithm: dict[str, Any]) -> tuple[Experiment, Any]:
-    """Run one config (or reuse the finished run in `out` made with the same config)."""
+def _run(raw: dict[str, Any], out: Path, algorithm: dict[str, Any]
+         ) -> tuple[Experiment, History, dict[str, Any]]:
+    """Run one config (or reuse the finished run in `out` made with the same config);
+    returns the experiment, its history and its timing (`bench_wall_s`, `bench_cpu_s`)."""
     cfg = {**raw, "algorithm": algorithm, **SMOKE}
     exp = Experiment.from_config(cfg, out_dir=out)
-    history = _reuse(out, cfg)
-    if history is None:
+    reused = _reuse(out, cfg)
+    if reused is None:
         t0, c0 = time.time(), time.process_time()
         history = exp.run(progress=False)
         timing = {"bench_wall_s": time.time() - t0, "bench_cpu_s": time.process_time() - c0}
         (out / "bench_time.json").write_text(json.dumps(timing))
-        history.summary.update(timing)
         if algorithm.get("eps1", 1.0) > NO_SPLIT:
             exp.algorithm.save_artifacts(out, cfg["rounds"])  # type: ignore[attr-defined]
+    else:
+        history, timing = reused
     if algorithm.get("eps1", 1.0) > NO_SPLIT:
         figures(out, history.records, history.summary)
-    print(f"{out.name}: {history.summary['bench_wall_s']:.0f}s wall, "
-          f"{history.summary['bench_cpu_s']}s cpu, final {history.final}", flush=True)
-    return exp, history
+    print(f"{out.name}: {timing['bench_wall_s']:.0f}s wall, "
+          f"{timing['bench_cpu_s']}s cpu, final {history.final.to_json_dict()}", flush=True)
+    return exp, history, timing
+
+
+def _accuracy(metrics: RoundMetrics | None) -> float | None:
+    return None if metrics is None else metrics.accuracy
+
+
+def _curve(records: list[RoundRecord]) -> list[tuple[int, float | None]]:
+    """(round, mean client accuracy) of the evaluated rounds."""
+    return [(r.round, _accuracy(r.metrics)) for r in records if r.metrics is not None]
 
 
 def _per_cluster(acc: list[float], truth: list[int]) -> dict[str, float]:
@@ -97,71 +108,68 @@ def _per_cluster(acc: list[float], truth: list[int]) -> dict[str, float]:
 
 def clustering_part(name: str, config: str, out: Path) -> dict[str, Any]:
     raw = read_toml(HERE / config)
-    _, fl = _run(raw, out / f"{name}_fedavg", {"name": "cfl", "eps1": NO_SPLIT})
-    norms = np.array([r["extras"]["mean_norm"][0] for r in fl.records])
+    _, fl, fl_time = _run(raw, out / f"{name}_fedavg", {"name": "cfl", "eps1": NO_SPLIT})
+    norms = np.array([r.extras["mean_norm"][0] for r in fl.records])
     peak = float(norms.max())
     eps1 = float(np.median(norms[len(norms) // 2:]))  # the FL plateau (see RESULTS.md)
     eps2 = EPS2_RATIO * eps1
-    _, cfl = _run(raw, out / f"{name}_cfl", {"name": "cfl", "eps1": eps1, "eps2": eps2})
-    truth = cfl.summary["true_clusters"]
+    _, cfl, cfl_time = _run(raw, out / f"{name}_cfl",
+                            {"name": "cfl", "eps1": eps1, "eps2": eps2})
+    truth = cfl.summary.true_clusters
+    cfl_acc, fl_acc = cfl.summary.client_accuracy, fl.summary.client_accuracy
     splits = []
     for r in cfl.records:
-        gap_of = dict(zip(r["extras"]["clusters"], r["extras"]["gap"]))
-        splits += [{"round": r["round"], "node": ev["node"], "groups": ev["groups"],
+        gap_of = dict(zip(r.extras["clusters"], r.extras["gap"]))
+        splits += [{"round": r.round, "node": ev["node"], "groups": ev["groups"],
                     "alpha_cross_max": ev["alpha_cross_max"], "gap": gap_of.get(ev["node"])}
-                   for ev in r["extras"]["splits"] if ev["accepted"]]
+                   for ev in r.extras["splits"] if ev["accepted"]]
     return {
         "config": config, "rounds": raw["rounds"], "eps1": eps1, "eps2": eps2,
         "fl_peak_mean_norm": peak, "fl_rule_of_thumb_eps1": peak / 10,
         "fl_rounds_below_rule_of_thumb_after_peak": int(
             (norms[int(norms.argmax()):] < peak / 10).sum()),
         "fl_mean_norm_per_round": norms.tolist(),
-        "fl_max_norm_per_round": [r["extras"]["max_norm"][0] for r in fl.records],
-        "mean_norm_per_round": [r["extras"]["mean_norm"] for r in cfl.records],
-        "max_norm_per_round": [r["extras"]["max_norm"] for r in cfl.records],
+        "fl_max_norm_per_round": [r.extras["max_norm"][0] for r in fl.records],
+        "mean_norm_per_round": [r.extras["mean_norm"] for r in cfl.records],
+        "max_norm_per_round": [r.extras["max_norm"] for r in cfl.records],
         "split_rounds": sorted({s["round"] for s in splits}), "splits": splits,
-        "ari_final": cfl.records[-1]["ari"], "n_clusters_final": cfl.records[-1]["n_clusters"],
-        "ari_per_round": [r["ari"] for r in cfl.records],
-        "gap_per_round": [r["extras"]["gap"] for r in cfl.records],
-        "clusters_per_round": [r["extras"]["clusters"] for r in cfl.records],
-        "fl_gap_per_round": [r["extras"]["gap"][0] for r in fl.records],
-        "accuracy": {"cfl": cfl.final["accuracy"], "fedavg": fl.final["accuracy"]},
+        "ari_final": cfl.records[-1].ari, "n_clusters_final": cfl.records[-1].n_clusters,
+        "ari_per_round": [r.ari for r in cfl.records],
+        "gap_per_round": [r.extras["gap"] for r in cfl.records],
+        "clusters_per_round": [r.extras["clusters"] for r in cfl.records],
+        "fl_gap_per_round": [r.extras["gap"][0] for r in fl.records],
+        "accuracy": {"cfl": _accuracy(cfl.final.metrics),
+                     "fedavg": _accuracy(fl.final.metrics)},
         "accuracy_per_true_cluster": {
-            "cfl": _per_cluster(cfl.summary["client_accuracy"], truth),
-            "fedavg": _per_cluster(fl.summary["client_accuracy"], truth)},
-        "client_accuracy_min": {"cfl": min(cfl.summary["client_accuracy"]),
-                                "fedavg": min(fl.summary["client_accuracy"])},
-        "client_accuracy_max_fedavg": max(fl.summary["client_accuracy"]),
-        "accuracy_curve": {
-            "cfl": [(r["round"], r["metrics"]["accuracy"]) for r in cfl.records if r["metrics"]],
-            "fedavg": [(r["round"], r["metrics"]["accuracy"]) for r in fl.records
-                       if r["metrics"]]},
-        "wall_s": {"cfl": cfl.summary["bench_wall_s"], "fedavg": fl.summary["bench_wall_s"]},
-        "cpu_s": {"cfl": cfl.summary["bench_cpu_s"], "fedavg": fl.summary["bench_cpu_s"]},
+            "cfl": _per_cluster(cfl_acc, truth), "fedavg": _per_cluster(fl_acc, truth)},
+        "client_accuracy_min": {"cfl": min(cfl_acc), "fedavg": min(fl_acc)},
+        "client_accuracy_max_fedavg": max(fl_acc),
+        "accuracy_curve": {"cfl": _curve(cfl.records), "fedavg": _curve(fl.records)},
+        "wall_s": {"cfl": cfl_time["bench_wall_s"], "fedavg": fl_time["bench_wall_s"]},
+        "cpu_s": {"cfl": cfl_time["bench_cpu_s"], "fedavg": fl_time["bench_cpu_s"]},
     }
 
 
-def _first_split(records: list[dict[str, Any]], eps1: float, eps2: float) -> int | None:
+def _first_split(records: list[RoundRecord], eps1: float, eps2: float) -> int | None:
     """Round at which Alg. 5's rule (eq. 30-31) would first split this FL trajectory."""
     for r in records:
-        e = r["extras"]
+        e = r.extras
         if e["mean_norm"][0] < eps1 and e["max_norm"][0] > eps2:
-            return int(r["round"])
+            return r.round
     return None
 
 
 def congruence_part(out: Path) -> dict[str, Any]:
     raw = read_toml(HERE / "congruence_mnist.toml")
     algo = {"name": "cfl", "eps1": NO_SPLIT}
-    _, cong = _run(raw, out / "congruent", algo)
+    _, cong, cong_time = _run(raw, out / "congruent", algo)
     inc_raw = {**raw, "scenario": {"name": "label_swap", "n_clients": 2, "n_clusters": 2,
                                    "n_train_per_client": 500, "n_test_per_client": 500}}
-    _, inc = _run(inc_raw, out / "incongruent", algo)
+    _, inc, inc_time = _run(inc_raw, out / "incongruent", algo)
     series = {
-        name: {"mean_norm": [r["extras"]["mean_norm"][0] for r in h.records],
-               "max_norm": [r["extras"]["max_norm"][0] for r in h.records],
-               "accuracy": [(r["round"], r["metrics"]["accuracy"]) for r in h.records
-                            if r["metrics"]]}
+        name: {"mean_norm": [r.extras["mean_norm"][0] for r in h.records],
+               "max_norm": [r.extras["max_norm"][0] for r in h.records],
+               "accuracy": _curve(h.records)}
         for name, h in (("congruent", cong), ("incongruent", inc))
     }
     peak = max(max(s["mean_norm"]) for s in series.values())
@@ -178,8 +186,8 @@ def congruence_part(out: Path) -> dict[str, Any]:
             rule: {"congruent": _first_split(cong.records, e1, EPS2_RATIO * e1),
                    "incongruent": _first_split(inc.records, e1, EPS2_RATIO * e1)}
             for rule, e1 in rules.items()},
-        "wall_s": cong.summary["bench_wall_s"] + inc.summary["bench_wall_s"],
-        "cpu_s": cong.summary["bench_cpu_s"] + inc.summary["bench_cpu_s"],
+        "wall_s": cong_time["bench_wall_s"] + inc_time["bench_wall_s"],
+        "cpu_s": cong_time["bench_cpu_s"] + inc_time["bench_cpu_s"],
     }
 
 
@@ -200,12 +208,13 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
             cfg = {**raw, "seed": seed, "rounds": 50, "eval_every": 50,
                    "output": {"figures": False, "progress": "off"},
                    "scenario": {**raw["scenario"], "n_train_per_client": n}}
-            exp, h = _run(cfg, out / f"gap_n{n}_s{seed}", {"name": "cfl", "eps1": NO_SPLIT})
-            rows.append({"n": n, "seed": seed, "gap_update": h.records[-1]["extras"]["gap"][0],
+            exp, h, timing = _run(cfg, out / f"gap_n{n}_s{seed}",
+                                  {"name": "cfl", "eps1": NO_SPLIT})
+            rows.append({"n": n, "seed": seed, "gap_update": h.records[-1].extras["gap"][0],
                          "gap_gradient": gradient_gap(exp),
-                         "gap_update_per_round": [r["extras"]["gap"][0] for r in h.records],
-                         "accuracy": h.final["accuracy"], "wall_s": h.summary["bench_wall_s"],
-                         "cpu_s": h.summary["bench_cpu_s"]})
+                         "gap_update_per_round": [r.extras["gap"][0] for r in h.records],
+                         "accuracy": _accuracy(h.final.metrics),
+                         "wall_s": timing["bench_wall_s"], "cpu_s": timing["bench_cpu_s"]})
     return {"rounds": 50, "rows": rows}
 
 

@@ -45,7 +45,7 @@ from run import gradient_gap  # the sibling runner (same Fig. 6 gradient gap)
 
 from clusterfl.config import read_toml
 from clusterfl.experiment import Experiment
-from clusterfl.report.history import load_history, load_summary
+from clusterfl.records import RoundRecord, RunSummary, read_history, read_summary
 from clusterfl.report.methods.cfl import figures
 
 HERE = Path(__file__).resolve().parent
@@ -70,8 +70,8 @@ CONGRUENCE_HELDOUT = {**CONGRUENCE_ALGO, "eps1": 0.01, "eps2": 0.06}
 GAP_TRAIN = {"batch_size": 5, "lr": 0.01}
 
 
-def _timed_run(cfg: dict[str, Any], out: Path) -> tuple[Experiment, list[dict[str, Any]],
-                                                        dict[str, Any], dict[str, float]]:
+def _timed_run(cfg: dict[str, Any], out: Path) -> tuple[Experiment, list[RoundRecord],
+                                                        RunSummary, dict[str, float]]:
     """Run `cfg` into `out` (always from scratch) and draw the CFL figures."""
     if out.exists():
         shutil.rmtree(out)
@@ -84,44 +84,45 @@ def _timed_run(cfg: dict[str, Any], out: Path) -> tuple[Experiment, list[dict[st
         exp.algorithm.save_artifacts(out, cfg["rounds"])  # type: ignore[attr-defined]
         figures(out, history.records, history.summary)
     print(f"{out.name}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s cpu, "
-          f"final {history.final}", flush=True)
+          f"final {history.final.to_json_dict()}", flush=True)
     return exp, history.records, history.summary, timing
 
 
-def _per_cluster(acc: list[float] | None, truth: list[int]) -> dict[str, float] | None:
+def _per_cluster(acc: list[float | None] | None, truth: list[int] | None
+                 ) -> dict[str, float] | None:
     if acc is None:
         return None
     a, t = np.asarray(acc, dtype=float), np.asarray(truth)
     return {str(int(k)): float(a[t == k].mean()) for k in np.unique(t)}
 
 
-def _at(records: list[dict[str, Any]], round_: int) -> dict[str, Any]:
-    return next(r for r in records if int(r["round"]) == round_)
+def _at(records: list[RoundRecord], round_: int) -> RoundRecord:
+    return next(r for r in records if r.round == round_)
 
 
-def _splits(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _splits(records: list[RoundRecord]) -> list[dict[str, Any]]:
     out = []
     for r in records:
-        e = r["extras"]
+        e = r.extras
         gap_of = dict(zip(e["clusters"], e["gap"]))
         mean_of = dict(zip(e["clusters"], e["mean_norm"]))
         max_of = dict(zip(e["clusters"], e["max_norm"]))
-        out += [{"round": int(r["round"]), "node": ev["node"], "groups": ev.get("groups"),
+        out += [{"round": r.round, "node": ev["node"], "groups": ev.get("groups"),
                  "alpha_cross_max": ev["alpha_cross_max"], "gap": gap_of.get(ev["node"]),
                  "mean_norm": mean_of.get(ev["node"]), "max_norm": max_of.get(ev["node"])}
                 for ev in e["splits"] if ev["accepted"]]
     return out
 
 
-def _node_series(records: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
+def _node_series(records: list[RoundRecord]) -> dict[str, dict[str, list[Any]]]:
     """Per tree node: rounds, size, mean norm, max client norm, gap."""
     out: dict[str, dict[str, list[Any]]] = {}
     for r in records:
-        e = r["extras"]
+        e = r.extras
         for k, node in enumerate(e["clusters"]):
             s = out.setdefault(str(node), {"round": [], "size": [], "mean_norm": [],
                                            "max_norm": [], "gap": []})
-            s["round"].append(int(r["round"]))
+            s["round"].append(r.round)
             s["size"].append(e["cluster_sizes"][k])
             s["mean_norm"].append(e["mean_norm"][k])
             s["max_norm"].append(e["max_norm"][k])
@@ -136,9 +137,9 @@ def swap_part(name: str, out: Path, ref: Path, smoke: bool = False) -> dict[str,
     cfg = {**raw, "rounds": v["rounds"], "train": {**raw["train"], **v["train"]},
            "algorithm": v["algorithm"], "backend": {"name": "simulation"}}
     _, recs, summary, timing = _timed_run(cfg, out / f"followup_{name}")
-    fl_recs, fl_sum = load_history(ref), load_summary(ref)
-    truth = summary["true_clusters"]
-    if fl_sum["true_clusters"] != truth:
+    fl_recs, fl_sum = read_history(ref), read_summary(ref)
+    truth = summary.true_clusters
+    if fl_sum.true_clusters != truth:
         raise SystemExit("FedAvg reference has other true clusters: not the same federation")
     fl_rounds = len(fl_recs)
     at50, last = _at(recs, min(fl_rounds, len(recs))), recs[-1]
@@ -147,26 +148,26 @@ def swap_part(name: str, out: Path, ref: Path, smoke: bool = False) -> dict[str,
         "variant": name, "config": cfg, "rounds": v["rounds"],
         "split_rounds": sorted({s["round"] for s in _splits(recs)}),
         "splits": _splits(recs),
-        "ari_per_round": [r["ari"] for r in recs],
-        "n_clusters_per_round": [r["n_clusters"] for r in recs],
-        "ari_at_ref_rounds": at50["ari"], "ari_final": last["ari"],
-        "n_clusters_final": last["n_clusters"],
+        "ari_per_round": [r.ari for r in recs],
+        "n_clusters_per_round": [r.n_clusters for r in recs],
+        "ari_at_ref_rounds": at50.ari, "ari_final": last.ari,
+        "n_clusters_final": last.n_clusters,
         "nodes": _node_series(recs),
-        "accuracy_curve": [(r["round"], r["metrics"]["accuracy"]) for r in recs
-                           if r["metrics"]],
-        "fedavg_accuracy_curve": [(r["round"], r["metrics"]["accuracy"]) for r in fl_recs
-                                  if r["metrics"]],
+        "accuracy_curve": [(r.round, r.metrics.accuracy) for r in recs
+                           if r.metrics],
+        "fedavg_accuracy_curve": [(r.round, r.metrics.accuracy) for r in fl_recs
+                                  if r.metrics],
         "ref_rounds": fl_rounds,
-        "accuracy": {"fedavg_ref": fl_last["metrics"]["accuracy"],
-                     "cfl_at_ref_rounds": at50["metrics"]["accuracy"],
-                     "cfl_final": last["metrics"]["accuracy"]},
+        "accuracy": {"fedavg_ref": fl_last.metrics.accuracy,
+                     "cfl_at_ref_rounds": at50.metrics.accuracy,
+                     "cfl_final": last.metrics.accuracy},
         "accuracy_per_true_cluster": {
-            "fedavg_ref": _per_cluster(fl_last["client_accuracy"], truth),
-            "cfl_at_ref_rounds": _per_cluster(at50["client_accuracy"], truth),
-            "cfl_final": _per_cluster(last["client_accuracy"], truth)},
-        "client_accuracy": {"fedavg_ref": fl_last["client_accuracy"],
-                            "cfl_at_ref_rounds": at50["client_accuracy"],
-                            "cfl_final": last["client_accuracy"]},
+            "fedavg_ref": _per_cluster(fl_last.client_accuracy, truth),
+            "cfl_at_ref_rounds": _per_cluster(at50.client_accuracy, truth),
+            "cfl_final": _per_cluster(last.client_accuracy, truth)},
+        "client_accuracy": {"fedavg_ref": fl_last.client_accuracy,
+                            "cfl_at_ref_rounds": at50.client_accuracy,
+                            "cfl_final": last.client_accuracy},
         "true_clusters": truth, "timing": timing,
     }
 
@@ -180,22 +181,22 @@ def perm_part(out: Path, smoke: bool = False) -> dict[str, Any]:
     cfg = {**raw, "rounds": 4 if smoke else 100, "backend": {"name": "simulation"},
            "algorithm": {"name": "cfl", "eps1": eps1, "eps2": 2 * eps1}}
     _, recs, summary, timing = _timed_run(cfg, out / "followup_perm_a")
-    truth = summary["true_clusters"]
+    truth = summary.true_clusters
     at50, fin = _at(recs, min(50, len(recs))), recs[-1]
     return {
         "variant": "perm_a", "config": cfg, "eps1": eps1, "eps2": 2 * eps1,
         "split_rounds": sorted({x["round"] for x in _splits(recs)}), "splits": _splits(recs),
-        "ari_per_round": [r["ari"] for r in recs], "ari_final": fin["ari"],
-        "n_clusters_final": fin["n_clusters"],
+        "ari_per_round": [r.ari for r in recs], "ari_final": fin.ari,
+        "n_clusters_final": fin.n_clusters,
         "accuracy": {"fedavg_last_session_r50": last["accuracy"]["fedavg"],
-                     "cfl_r50": at50["metrics"]["accuracy"],
-                     "cfl_final": fin["metrics"]["accuracy"]},
+                     "cfl_r50": at50.metrics.accuracy,
+                     "cfl_final": fin.metrics.accuracy},
         "accuracy_per_true_cluster": {
             "fedavg_last_session_r50": last["accuracy_per_true_cluster"]["fedavg"],
-            "cfl_r50": _per_cluster(at50["client_accuracy"], truth),
-            "cfl_final": _per_cluster(fin["client_accuracy"], truth)},
-        "client_accuracy_min": {"cfl_r50": min(at50["client_accuracy"]),
-                                "cfl_final": min(fin["client_accuracy"])},
+            "cfl_r50": _per_cluster(at50.client_accuracy, truth),
+            "cfl_final": _per_cluster(fin.client_accuracy, truth)},
+        "client_accuracy_min": {"cfl_r50": min(at50.client_accuracy),
+                                "cfl_final": min(fin.client_accuracy)},
         "true_clusters": truth, "timing": timing,
     }
 
@@ -225,10 +226,10 @@ def congruence_part(out: Path, rounds: int, fl_only: bool = False,
         res["cases"][case] = {
             "split_rounds": sorted({s["round"] for s in _splits(recs)}),
             "splits": _splits(recs), "nodes": _node_series(recs),
-            "ari_final": recs[-1]["ari"], "n_clusters_final": recs[-1]["n_clusters"],
-            "accuracy_curve": [(r["round"], r["metrics"]["accuracy"]) for r in recs
-                               if r["metrics"]],
-            "client_accuracy_final": recs[-1]["client_accuracy"], "timing": timing,
+            "ari_final": recs[-1].ari, "n_clusters_final": recs[-1].n_clusters,
+            "accuracy_curve": [(r.round, r.metrics.accuracy) for r in recs
+                               if r.metrics],
+            "client_accuracy_final": recs[-1].client_accuracy, "timing": timing,
         }
     return res
 
@@ -245,10 +246,10 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
                    "output": {"figures": False, "progress": "off"},
                    "scenario": {**raw["scenario"], "n_train_per_client": n}}
             exp, recs, _, timing = _timed_run(cfg, out / f"followup_gap_n{n}_s{seed}")
-            rows.append({"n": n, "seed": seed, "gap_update": recs[-1]["extras"]["gap"][0],
+            rows.append({"n": n, "seed": seed, "gap_update": recs[-1].extras["gap"][0],
                          "gap_gradient": gradient_gap(exp),
-                         "gap_update_per_round": [r["extras"]["gap"][0] for r in recs],
-                         "accuracy": recs[-1]["metrics"]["accuracy"], **timing})
+                         "gap_update_per_round": [r.extras["gap"][0] for r in recs],
+                         "accuracy": recs[-1].metrics.accuracy, **timing})
             print(f"  n={n} seed={seed}: g_update {rows[-1]['gap_update']:.3f}, "
                   f"g_grad {rows[-1]['gap_gradient']:.3f}, acc {rows[-1]['accuracy']:.3f}",
                   flush=True)

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfl.experiment import Experiment
+from clusterfl.experiment import Experiment, History
+from clusterfl.records import RoundMetrics, RoundRecord, read_history
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
@@ -50,35 +51,36 @@ def merged(base: dict[str, Any], **tables: Any) -> dict[str, Any]:
     return out
 
 
-def _first_round(records: list[dict[str, Any]], aris: list[float | None]) -> int | None:
+def _first_round(records: list[RoundRecord], aris: list[float | None]) -> int | None:
     """First round from which the ARI stays 1 to the end of the run."""
     first = None
     for r, a in zip(records, aris):
         perfect = a is not None and a > 1 - 1e-9
-        first = (first or r["round"]) if perfect else None
+        first = (first or r.round) if perfect else None
     return first
 
 
-def summarize(name: str, cfg: dict[str, Any], h: Any, truth: np.ndarray | None,
+def summarize(name: str, cfg: dict[str, Any], h: History, truth: np.ndarray | None,
               paired: bool) -> dict[str, Any]:
     """The small record kept per run."""
     recs = h.records
     last = recs[-1]
-    final = h.summary["final"]
+    final = h.final
+    m = final.metrics or RoundMetrics()
     ref = truth // 2 if (paired and truth is not None) else truth
-    aris = [None if ref is None else float(adjusted_rand_score(ref, r["assignment"]))
+    aris = [None if ref is None else float(adjusted_rand_score(ref, r.assignment))
             for r in recs]
-    ex = last.get("extras") or {}
-    clusterings = [r for r in recs if (r.get("extras") or {}).get("singular_values")]
+    ex = last.extras
+    clusterings = [r for r in recs if r.extras.get("singular_values")]
     out: dict[str, Any] = {
         "name": name, "algorithm": cfg["algorithm"]["name"], "seed": cfg["seed"],
         "rounds": cfg["rounds"], "n_clients": cfg["scenario"]["n_clients"],
-        "accuracy": final.get("accuracy"), "mse": final.get("mse"),
-        "ari": aris[-1], "ari_vs_true_clusters": last.get("ari"),
+        "accuracy": m.accuracy, "mse": m.mse,
+        "ari": aris[-1], "ari_vs_true_clusters": last.ari,
         "ari_measured_against": "angle pairs (true // 2)" if paired else "true clusters",
         "rounds_to_ari_1": _first_round(recs, aris),
-        "n_clusters": last.get("n_clusters"), "wall_time_s": round(last["wall_time"], 1),
-        "floats_down": final.get("floats_down"), "floats_up": final.get("floats_up"),
+        "n_clusters": last.n_clusters, "wall_time_s": round(last.wall_time, 1),
+        "floats_down": final.floats_down, "floats_up": final.floats_up,
     }
     if cfg["algorithm"]["name"] == "cfl_gp":
         out.update({
@@ -87,13 +89,13 @@ def summarize(name: str, cfg: dict[str, Any], h: Any, truth: np.ndarray | None,
             "Y_models_down_per_client_period": ex.get("models_down_per_client_period"),
             "Y_gradients_per_client_period": ex.get("gradients_per_client_period"),
             "uplink_floats_compressed": ex.get("uplink_floats_compressed"),
-            "ari_at": dict(list({str(r["round"]): a for r, a in zip(recs, aris)
-                                 if (r.get("extras") or {}).get("clustering")}.items())[:15]),
-            "spectra": {str(r["round"]): {
-                "singular_values": [round(v, 6) for v in r["extras"]["singular_values"][:12]],
-                "largest_gaps_after": r["extras"].get("largest_gaps_after"),
-                "k_estimate": r["extras"].get("k_estimate"),
-                "spectral_gap_s": r["extras"].get("spectral_gap_s")}
+            "ari_at": dict(list({str(r.round): a for r, a in zip(recs, aris)
+                                 if r.extras.get("clustering")}.items())[:15]),
+            "spectra": {str(r.round): {
+                "singular_values": [round(v, 6) for v in r.extras["singular_values"][:12]],
+                "largest_gaps_after": r.extras.get("largest_gaps_after"),
+                "k_estimate": r.extras.get("k_estimate"),
+                "spectral_gap_s": r.extras.get("spectral_gap_s")}
                 for r in clusterings[:1] + clusterings[-1:]},
         })
     return out
@@ -204,19 +206,17 @@ def spectrum_long(out: Path) -> list[dict[str, Any]]:
     cfg = merged(load("rotated_mnist.toml"), eval_every=200, backend={"name": "simulation"},
                  algorithm={"stable_rounds": 0})
     row = execute("mnist_cflgp_K4_T200_always_clustering", cfg, out, paired=True)
-    records = [json.loads(line) for line in
-               (out / "mnist_cflgp_K4_T200_always_clustering" / "history.jsonl").read_text()
-               .splitlines() if line.strip()]
+    records = read_history(out / "mnist_cflgp_K4_T200_always_clustering")
     spectra = {}
     for r in records:
-        sv = (r.get("extras") or {}).get("singular_values")
-        if sv and r["round"] in (1, 21, 51, 101, 151, 199):
+        sv = r.extras.get("singular_values")
+        if sv and r.round in (1, 21, 51, 101, 151, 199):
             top = np.asarray(sv[:12])
-            spectra[str(r["round"])] = {
+            spectra[str(r.round)] = {
                 "singular_values": [round(float(v), 4) for v in top],
                 "largest_gaps_after": (np.argsort(-(top[:-1] - top[1:])) + 1)[:4].tolist(),
                 "ratio_after": [round(float(v), 3) for v in top[:-1] / top[1:]],
-                "k_estimate": r["extras"].get("k_estimate")}
+                "k_estimate": r.extras.get("k_estimate")}
     row["spectra"] = spectra
     return [row]
 

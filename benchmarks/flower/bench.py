@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clusterfl.records import FinalMetrics, RoundRecord, read_history, read_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,18 +46,19 @@ def config(clients: int, rounds: int) -> dict[str, Any]:
     }
 
 
-def round_times(records: list[dict[str, Any]]) -> list[float]:
-    walls = [0.0] + [float(r["wall_time"]) for r in records]
+def round_times(records: list[RoundRecord]) -> list[float]:
+    walls = [0.0] + [float(r.wall_time) for r in records]
     return [b - a for a, b in itertools.pairwise(walls)]
 
 
 def summarize(name: str, times: list[float], clients: int, total: float,
-              final: dict[str, Any]) -> dict[str, Any]:
+              final: FinalMetrics) -> dict[str, Any]:
     steady = times[1:] if len(times) > 1 else times
     per_round = sum(steady) / len(steady)
+    accuracy = None if final.metrics is None else final.metrics.accuracy
     return {"executor": name, "round_times": times, "first_round": times[0],
             "per_round": per_round, "per_client_round": per_round / clients,
-            "total_wall": total, "accuracy": final.get("accuracy"), "ari": final.get("ari")}
+            "total_wall": total, "accuracy": accuracy, "ari": final.ari}
 
 
 def run_inprocess(raw: dict[str, Any], clients: int) -> dict[str, Any]:
@@ -101,8 +104,8 @@ def run_deployment(raw: dict[str, Any], clients: int, work: Path) -> dict[str, A
                 raise RuntimeError(f"flwr run ended early; see {proc.log}")
             time.sleep(0.5)
         total = time.perf_counter() - t0
-    records = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
-    final = json.loads((out / "summary.json").read_text())["final"]
+    records = read_history(out)
+    final = read_summary(out).final
     flower = json.loads((out / "flower.json").read_text())
     res = summarize("deployment", round_times(records), clients, total, final)
     res["messages"], res["message_seconds"] = flower["messages"], flower["message_seconds"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from clusterfl.config import load_config, read_toml
 from clusterfl.experiment import Experiment, build_federation
+from clusterfl.records import RunSummary
 
 HERE = Path(__file__).resolve().parent
 ENCODER_FOR = {  # Enc2: pretrained on the *other* dataset, fine-tuned F = 5 epochs per client
@@ -54,19 +55,19 @@ def method_table(method: str, source: str) -> dict[str, Any]:
     return {"name": method, "fraction": 0.2}
 
 
-def summarize(summary: dict[str, Any]) -> dict[str, Any]:
-    acc = np.asarray(summary["client_accuracy"], dtype=float) * 100
-    final, extras = summary["final"], summary.get("extras") or {}
+def summarize(summary: RunSummary) -> dict[str, Any]:
+    acc = np.asarray(summary.client_accuracy, dtype=float) * 100
+    final, extras = summary.final, summary.extras
     return {
         "accuracy": round(float(acc.mean()), 2),
         "std_error": round(float(acc.std(ddof=1) / np.sqrt(len(acc))), 2),
         "variance": round(float(acc.var()), 2),
-        "ari": final.get("ari"), "n_clusters": final.get("n_clusters"),
-        "floats_down": final.get("floats_down"), "floats_up": final.get("floats_up"),
+        "ari": final.ari, "n_clusters": final.n_clusters,
+        "floats_down": final.floats_down, "floats_up": final.floats_up,
         "clustering_floats_down": extras.get("clustering_floats_down"),
         "clustering_floats_up": extras.get("clustering_floats_up"),
         "clustering_seconds": extras.get("clustering_seconds"),
-        "wall_time_s": round(float(final.get("wall_time") or 0.0), 1),
+        "wall_time_s": round(float(final.wall_time or 0.0), 1),
     }
 
 

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
 
+from clusterfl.records import read_summary
+
 
 def main(root: str) -> None:
     rows = []
     for summary_path in sorted(Path(root).glob("rmnist_fedavg_s*/summary.json")):
-        s = json.loads(summary_path.read_text())
+        final = read_summary(summary_path.parent).final
         cfg = tomllib.loads((summary_path.parent / "config.toml").read_text())
-        rows.append((summary_path.parent.name, s["final"]["accuracy"], s["final"]["wall_time"],
+        accuracy = None if final.metrics is None else final.metrics.accuracy
+        rows.append((summary_path.parent.name, accuracy, final.wall_time,
                      cfg["backend"]["name"]))
     accs = np.array([r[1] for r in rows]) * 100
     print("# Foundation reproduction: one global FedAvg model on rotated MNIST\n")

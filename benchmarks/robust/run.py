@@ -77,16 +77,16 @@ def one(cfg: dict[str, Any]) -> dict[str, Any]:
     exp = Experiment.from_config(cfg)
     h = exp.run(progress=False)
     s = h.summary
-    truth = np.asarray(s["true_clusters"])
-    assign = np.asarray(s["assignment"])
-    acc = np.asarray(s["client_accuracy"], dtype=float)
+    truth = np.asarray(s.true_clusters)
+    assign = np.asarray(s.assignment)
+    acc = np.asarray(s.client_accuracy, dtype=float)
     bad = exp.adversaries
     benign = np.setdiff1d(np.arange(len(acc)), bad)
-    rob = s.get("robust", {})
+    rob = s.robust or {}
     return {
         "accuracy": float(acc.mean()), "benign_accuracy": float(acc[benign].mean()),
-        "ari": s["final"]["ari"], "ari_benign": ari(truth[benign], assign[benign]),
-        "n_clusters": s["final"]["n_clusters"], "adversaries": bad.tolist(),
+        "ari": s.final.ari, "ari_benign": ari(truth[benign], assign[benign]),
+        "n_clusters": s.final.n_clusters, "adversaries": bad.tolist(),
         "ari_adversarial": rob.get("ari_adversarial"), "isolated": rob.get("isolated"),
         "benign_exposed": rob.get("benign_exposed"), "rejected": rob.get("rejected"),
         "clipped": rob.get("clipped"), "privacy": rob.get("privacy"),

@@ -37,6 +37,14 @@ from clusterfl.compare import parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import CHECKPOINT, Experiment, build_federation
+from clusterfl.records import (
+    SUMMARY_FILE,
+    FinalMetrics,
+    RoundMetrics,
+    RoundRecord,
+    read_history,
+    read_summary,
+)
 
 
 @dataclass
@@ -119,18 +127,19 @@ def _prepare(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -
     if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
         log(f"{what}: config changed, run again")
         shutil.rmtree(target)
-    if (target / "summary.json").is_file():
+    if (target / SUMMARY_FILE).is_file():
         log(f"{what}: done before, skipped")
         return False
     return True
 
 
-def _finished(what: str, final: dict[str, Any], seconds: float, resumed: bool) -> str:
-    if final.get("accuracy") is not None:
-        shown = f"accuracy {100 * final['accuracy']:.1f}%"
+def _finished(what: str, final: FinalMetrics, seconds: float, resumed: bool) -> str:
+    m = final.metrics or RoundMetrics()
+    if m.accuracy is not None:
+        shown = f"accuracy {100 * m.accuracy:.1f}%"
     else:
-        shown = f"MSE {final.get('mse', float('nan')):.4g}"
-    return (f"{what}: {shown}, ARI {final.get('ari')}, {seconds:.0f} s"
+        shown = f"MSE {m.mse if m.mse is not None else float('nan'):.4g}"
+    return (f"{what}: {shown}, ARI {final.ari}, {seconds:.0f} s"
             + (" (resumed)" if resumed else ""))
 
 
@@ -231,36 +240,37 @@ class BenchError(ClusterFLError):
 
 
 # ---------------------------------------------------------------------------- results
-def rounds_to_perfect(history: Sequence[dict[str, Any]]) -> int | None:
+def rounds_to_perfect(history: Sequence[RoundRecord]) -> int | None:
     """First round from which the ARI stays 1 to the end of the run (None if never)."""
-    rounds = [(r["round"], r.get("ari")) for r in history if r.get("ari") is not None]
     first = None
-    for rnd, ari in rounds:
-        perfect = ari >= 1.0 - 1e-12
-        first = (rnd if first is None else first) if perfect else None
+    for r in history:
+        if r.ari is None:
+            continue
+        perfect = r.ari >= 1.0 - 1e-12
+        first = (r.round if first is None else first) if perfect else None
     return first
 
 
 def run_metrics(target: Path) -> dict[str, float | None] | None:
     """The suite's metrics of one finished run (None if it has not finished)."""
-    path = target / "summary.json"
-    if not path.is_file():
+    if not (target / SUMMARY_FILE).is_file():
         return None
-    summary = json.loads(path.read_text(encoding="utf-8"))
-    final = summary.get("final", {})
-    history = [json.loads(line) for line in (target / "history.jsonl").read_text().splitlines()
-               if line.strip()]
+    summary = read_summary(target)
+    final = summary.final
+    m = final.metrics or RoundMetrics()
+    history = read_history(target)
     perfect = rounds_to_perfect(history)
+    values = {"accuracy": m.accuracy, "macro_f1": m.macro_f1, "ari": final.ari,
+              "fairness_var": m.fairness_var, "mse": m.mse, "wall_time": final.wall_time}
     pct = {"accuracy", "macro_f1"}
     out: dict[str, float | None] = {}
-    for key in ("accuracy", "macro_f1", "ari", "fairness_var", "mse", "wall_time"):
-        v = final.get(key)
+    for key, v in values.items():
         out[key] = None if v is None else float(v) * (100.0 if key in pct else 1.0)
-    out["floats"] = float(final.get("floats_down", 0.0)) + float(final.get("floats_up", 0.0))
-    updates, wall = final.get("client_updates"), final.get("wall_time")
+    out["floats"] = float(final.floats_down or 0.0) + float(final.floats_up or 0.0)
+    updates, wall = final.client_updates, final.wall_time
     out["updates_per_s"] = float(updates) / float(wall) if updates and wall else None
     out["rounds_to_ari1"] = None if perfect is None else float(perfect)
-    out["rounds"] = float(summary.get("rounds", len(history)))
+    out["rounds"] = float(summary.rounds if summary.rounds is not None else len(history))
     return out
 
 
@@ -360,8 +370,8 @@ def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
             finished = [r for r in runs if r is not None]
             if not finished:
                 continue
-            key = "mse" if regression else "accuracy"
-            value, _, _ = _mean_std([r[key] for r in finished])
+            metric = "mse" if regression else "accuracy"
+            value, _, _ = _mean_std([r[metric] for r in finished])
             ari, _, _ = _mean_std([r["ari"] for r in finished])
             if value is None:
                 continue
@@ -369,8 +379,8 @@ def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
             if ari is not None and name not in ("fedavg", "fedprox", "local", "fedavg_plus",
                                                 "fedprox_plus"):
                 text += f" ({ari:.2f})"
-            key = (name, scenario.name)  # two configurations of one method: "a / b"
-            cells[key] = f"{cells[key]} / {text}" if key in cells else text
+            cell = (name, scenario.name)  # two configurations of one method: "a / b"
+            cells[cell] = f"{cells[cell]} / {text}" if cell in cells else text
     head = ["method", *[f"`{s.name}`" for s in scenarios]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
@@ -407,7 +417,7 @@ def write_results(
                      f"{scenario.source or '–'}; {done}/{total} runs finished.\n\n{table}\n")
         seed = scenario.seeds[0]
         finished = [(s, d) for s in scenario.methods
-                    if ((d := run_dir(runs, scenario, s, seed)) / "summary.json").is_file()]
+                    if ((d := run_dir(runs, scenario, s, seed)) / SUMMARY_FILE).is_file()]
         if len(finished) >= 2:
             report = write_comparison_report([d for _, d in finished], figures / scenario.name,
                                              [scenario.label(s) for s, _ in finished])

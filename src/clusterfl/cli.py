@@ -98,7 +98,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     con = _console()
     con.print(f"[bold]clusterfl demo[/]: digits, rotation scenario, "
-              f"{config.scenario.n_clients} clients; methods: {', '.join(args.methods)}")
+              f"{config.scenario.model_dump().get('n_clients')} clients; "
+              f"methods: {', '.join(args.methods)}")
     results = run_comparison(config, args.methods, out, progress=_progress(args))
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"report with figures: {out / 'report.md'}")

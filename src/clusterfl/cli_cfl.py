@@ -158,9 +158,11 @@ def _num(x: float) -> float | None:
 
 def _leaf_truth(run_dir: Path, alg: Any) -> dict[int, list[int]]:
     """True clusters of each leaf's training clients, from the run's summary (if known)."""
+    from clusterfl.records import RunDirError, read_summary
+
     try:
-        truth = json.loads((run_dir / "summary.json").read_text()).get("true_clusters")
-    except (OSError, ValueError):
+        truth = read_summary(run_dir).true_clusters
+    except RunDirError:
         return {}
     if truth is None:
         return {}

@@ -135,7 +135,7 @@ def _run_ray(raw: dict[str, Any], out: str | None) -> int:
                    backend_config={"client_resources": {"num_cpus": 1}})
     if not result:
         raise ClusterFLError("the Flower simulation ended without a result (see its log above)")
-    print(json.dumps(result[0].final, indent=2))
+    print(json.dumps(result[0].final.to_json_dict(), indent=2))
     return 0
 
 
@@ -158,8 +158,9 @@ def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str 
             if not proc.alive() or time.monotonic() > deadline:
                 raise ClusterFLError(f"the Flower run did not finish; logs in {work / 'logs'}")
             time.sleep(0.5)
-    summary = json.loads((out_dir / "summary.json").read_text())
-    print(json.dumps(summary["final"], indent=2))
+    from clusterfl.records import read_summary
+
+    print(json.dumps(read_summary(out_dir).final.to_json_dict(), indent=2))
     return 0
 
 

@@ -39,7 +39,7 @@ def run_comparison(
     for spec, cfg in zip(specs, configs):
         run_dir = out / spec.replace(":", "_").replace("=", "-")
         history = Experiment(cfg, run_dir, federation).run(progress=progress)
-        results.append((history.summary.get("label", spec), history))
+        results.append((history.summary.label or spec, history))
         run_dirs.append(run_dir)
     from clusterfl.report import write_comparison_report
 

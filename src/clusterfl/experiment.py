@@ -9,7 +9,6 @@ checkpoint, so a resumed run ends with exactly the results of an uninterrupted o
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -37,6 +36,15 @@ from clusterfl.data.sources import Source, load_source, standardize
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor
+from clusterfl.records import (
+    HISTORY_FILE,
+    SUMMARY_FILE,
+    FinalMetrics,
+    RoundMetrics,
+    RoundRecord,
+    RunSummary,
+    json_ready,
+)
 from clusterfl.robust.adversary import benign_vs_adversarial, choose_adversaries, flip_labels
 from clusterfl.robust.guard import Guard
 
@@ -66,33 +74,20 @@ def build_backend(config: Config, federation: Federation, factory: ModelFactory)
 
 @dataclass
 class History:
-    """The per-round records of a run and its summary."""
+    """The per-round records of a run and its summary (empty until the run ends)."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    records: list[RoundRecord] = field(default_factory=list)
+    summary: RunSummary = field(default_factory=RunSummary)
 
-    def series(self, key: str) -> list[Any]:
-        """A metric per evaluated round, e.g. `series("accuracy")`."""
-        return [r["metrics"][key] for r in self.records if r.get("metrics")]
+    def series(self, key: str) -> list[float | None]:
+        """A metric (a `RoundMetrics` field) per evaluated round, e.g. `series("accuracy")`."""
+        if key not in RoundMetrics.KEYS:
+            raise KeyError(f"{key!r} is not a round metric (one of {RoundMetrics.KEYS})")
+        return [getattr(r.metrics, key) for r in self.records if r.metrics is not None]
 
     @property
-    def final(self) -> dict[str, Any]:
-        return self.summary.get("final", {})
-
-
-def _clean(v: Any) -> Any:
-    """JSON-safe: numpy → Python, NaN → None."""
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
-    if isinstance(v, np.ndarray | torch.Tensor):
-        return _clean(v.tolist())
-    if isinstance(v, np.generic):
-        return _clean(v.item())
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    return v
+    def final(self) -> FinalMetrics:
+        return self.summary.final
 
 
 class Experiment:
@@ -100,7 +95,7 @@ class Experiment:
 
     >>> exp = Experiment.from_config("configs/demo.toml", overrides=["rounds=5"])
     >>> history = exp.run()
-    >>> history.final["accuracy"]
+    >>> history.final.metrics.accuracy
     """
 
     def __init__(
@@ -117,7 +112,7 @@ class Experiment:
         _check_fault_clients(config, self.federation.n_clients)
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
-        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)  # type: ignore[attr-defined]
+        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
 
     @classmethod
     def from_config(
@@ -185,69 +180,67 @@ class Experiment:
                     self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
 
     def _record(self, ctx: Context, t: int, extras: dict[str, Any], evaluate: bool,
-                wall: float) -> dict[str, Any]:
+                wall: float) -> RoundRecord:
         assignment = self.algorithm.assignment()
-        rec: dict[str, Any] = {
-            "round": t, "wall_time": wall, "n_clusters": self.algorithm.n_clusters(),
-            "assignment": assignment, "ari": metrics.ari(self.federation.clusters, assignment),
-            "floats_down": ctx.floats_down, "floats_up": ctx.floats_up,
-            "client_updates": ctx.client_updates,
-            "metrics": None, "client_accuracy": None, "rejected": 0, "extras": extras,
-        }
+        rec = RoundRecord(
+            round=t, wall_time=wall, n_clusters=self.algorithm.n_clusters(),
+            assignment=assignment.tolist(), ari=metrics.ari(self.federation.clusters, assignment),
+            floats_down=ctx.floats_down, floats_up=ctx.floats_up,
+            client_updates=ctx.client_updates, extras=extras,
+        )
         if ctx.guard is not None:
             events = ctx.guard.end_round()
             ctx.guard.count_round(events)
-            rec["rejected"] = len(events["rejected"])
+            rec.rejected = len(events["rejected"])
             if self._robust_on() or any(events.values()):
-                rec["robust"] = events
+                rec.robust = events
         if evaluate:
             reply = evaluate_all(ctx.backend, self.algorithm.predictor(),
                                  self.federation.n_clients)
-            rec["metrics"] = metrics.summarize(reply)
-            rec["client_accuracy"] = reply.accuracy
-            rec["client_macro_f1"] = reply.macro_f1
+            rec.metrics = RoundMetrics(**metrics.summarize(reply))
+            rec.client_accuracy = json_ready(reply.accuracy)
+            rec.client_macro_f1 = json_ready(reply.macro_f1)
             if self.federation.task == "regression":
-                rec["client_mse"] = reply.extras.get("mse")
-        return _clean(rec)
+                rec.client_mse = json_ready(reply.extras.get("mse"))
+        return rec.cleaned()  # numpy → Python, NaN → None
 
-    def _summary(self, history: History, ctx: Context) -> dict[str, Any]:
-        last_eval = next((r for r in reversed(history.records) if r.get("metrics")), None)
-        last = history.records[-1] if history.records else {}
-        final = dict(last_eval["metrics"]) if last_eval else {}
-        final.update({
-            "ari": last.get("ari"), "n_clusters": last.get("n_clusters"),
-            "floats_down": last.get("floats_down"), "floats_up": last.get("floats_up"),
-            "client_updates": last.get("client_updates"), "wall_time": last.get("wall_time"),
-        })
+    def _summary(self, history: History, ctx: Context) -> RunSummary:
+        last_eval = next((r for r in reversed(history.records) if r.metrics is not None), None)
+        last = history.records[-1] if history.records else None
+        final = FinalMetrics() if last is None else FinalMetrics(
+            metrics=last_eval.metrics if last_eval else None, ari=last.ari,
+            n_clusters=last.n_clusters, floats_down=last.floats_down, floats_up=last.floats_up,
+            client_updates=last.client_updates, wall_time=last.wall_time,
+        )
         fed = self.federation
-        return _clean({
-            "algorithm": self.config.algorithm.name,  # type: ignore[attr-defined]
-            "label": self.algorithm.label(),
-            "federation": fed.name, "n_clients": fed.n_clients,
-            "rounds": self.config.run.rounds,
-            "true_clusters": fed.clusters, "final": final,
-            "client_accuracy": last_eval["client_accuracy"] if last_eval else None,
-            "client_macro_f1": last_eval.get("client_macro_f1") if last_eval else None,
-            "assignment": last.get("assignment"),
-            "extras": last.get("extras", {}),
-            **self._robust_summary(ctx, last_eval, last),
-        })
+        return RunSummary(
+            algorithm=self.config.algorithm.name,
+            label=self.algorithm.label(),
+            federation=fed.name, n_clients=fed.n_clients,
+            rounds=self.config.run.rounds,
+            true_clusters=None if fed.clusters is None else fed.clusters.tolist(), final=final,
+            client_accuracy=last_eval.client_accuracy if last_eval else None,
+            client_macro_f1=last_eval.client_macro_f1 if last_eval else None,
+            assignment=last.assignment if last else None,
+            extras=last.extras if last else {},
+            robust=self._robust_summary(ctx, last_eval, last),
+        ).cleaned()
 
-    def _robust_summary(self, ctx: Context, last_eval: dict[str, Any] | None,
-                        last: dict[str, Any]) -> dict[str, Any]:
+    def _robust_summary(self, ctx: Context, last_eval: RoundRecord | None,
+                        last: RoundRecord | None) -> dict[str, Any] | None:
         """Adversaries, rejections, dropouts and (ε, δ), when any robustness option is on."""
         guard = ctx.guard
         if guard is None or not self._robust_on():
-            return {}
+            return None
         out = guard.summary()
         bad = self.adversaries
-        if len(bad) and last.get("assignment") is not None:
-            out.update(benign_vs_adversarial(np.asarray(last["assignment"]), bad))
-            acc = last_eval["client_accuracy"] if last_eval else None
+        if len(bad) and last is not None:
+            out.update(benign_vs_adversarial(np.asarray(last.assignment), bad))
+            acc = last_eval.client_accuracy if last_eval else None
             if acc is not None:
                 benign = np.setdiff1d(np.arange(len(acc)), bad)
                 out["benign_accuracy"] = float(np.mean(np.asarray(acc, dtype=float)[benign]))
-        return {"robust": out}
+        return out
 
     # ------------------------------------------------------------------ files
     def _want_progress(self, progress: bool | None) -> bool:
@@ -258,19 +251,19 @@ class Experiment:
             return mode == "on"
         return sys.stderr.isatty() and not os.environ.get("CI")
 
-    def _prepare_dir(self, records: list[dict[str, Any]]) -> None:
+    def _prepare_dir(self, records: list[RoundRecord]) -> None:
         if self.out_dir is None:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.toml").write_text(dump_toml(self.config.to_dict()))
-        with open(self.out_dir / "history.jsonl", "w") as fh:
+        with open(self.out_dir / HISTORY_FILE, "w") as fh:
             for r in records:
-                fh.write(json.dumps(r) + "\n")
+                fh.write(json.dumps(r.to_json_dict()) + "\n")
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, record: RoundRecord) -> None:
         if self.out_dir is not None:
-            with open(self.out_dir / "history.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            with open(self.out_dir / HISTORY_FILE, "a") as fh:
+                fh.write(json.dumps(record.to_json_dict()) + "\n")
 
     def _write_outputs(self, history: History) -> None:
         if self.out_dir is None:
@@ -278,21 +271,23 @@ class Experiment:
         save = getattr(self.algorithm, "save_artifacts", None)
         if callable(save):
             save(self.out_dir, self.config.run.rounds)
-        _atomic_write(self.out_dir / "summary.json", json.dumps(history.summary, indent=2))
+        _atomic_write(self.out_dir / SUMMARY_FILE,
+                      json.dumps(history.summary.to_json_dict(), indent=2))
         if self.config.output.figures:
             from clusterfl.report import write_run_report
 
             write_run_report(self.out_dir)
 
     def _save_checkpoint(self, ctx: Context, t: int, elapsed: float,
-                         records: list[dict[str, Any]]) -> None:
+                         records: list[RoundRecord]) -> None:
         if self.out_dir is None:
             return
         state = {
             "round": t, "elapsed": elapsed, "algorithm": self.algorithm.state_dict(),
             "rng": ctx.rng.bit_generator.state, "floats": (ctx.floats_down, ctx.floats_up),
             "client_updates": ctx.client_updates,
-            "records": records, "torch_rng": torch.get_rng_state(),
+            "records": [r.to_json_dict() for r in records],
+            "torch_rng": torch.get_rng_state(),
             "config": self.config.to_dict(),
             "guard": None if ctx.guard is None else ctx.guard.state_dict(),
         }
@@ -302,7 +297,7 @@ class Experiment:
         torch.save(state, tmp)
         os.replace(tmp, path)
 
-    def _load_checkpoint(self, ctx: Context) -> tuple[int, float, list[dict[str, Any]]]:
+    def _load_checkpoint(self, ctx: Context) -> tuple[int, float, list[RoundRecord]]:
         path = None if self.out_dir is None else self.out_dir / CHECKPOINT
         if path is None or not path.is_file():
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
@@ -325,7 +320,8 @@ class Experiment:
         torch.set_rng_state(state["torch_rng"])
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
-        return int(state["round"]) + 1, float(state["elapsed"]), list(state["records"])
+        records = [RoundRecord.from_json_dict(r) for r in state["records"]]
+        return int(state["round"]) + 1, float(state["elapsed"]), records
 
 
 def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:
@@ -381,15 +377,14 @@ class _Progress:
                                             info="")
         return self
 
-    def update(self, record: dict[str, Any]) -> None:
+    def update(self, record: RoundRecord) -> None:
         if self._bar is None:
             return
-        m = record.get("metrics") or {}
-        acc = m.get("accuracy")
-        info = f"acc {100 * acc:.1f}%" if acc is not None else ""
-        if m.get("mse") is not None:
-            info = f"mse {m['mse']:.4f}"
-        info += f"  clusters {record['n_clusters']}"
+        m = record.metrics or RoundMetrics()
+        info = f"acc {100 * m.accuracy:.1f}%" if m.accuracy is not None else ""
+        if m.mse is not None:
+            info = f"mse {m.mse:.4f}"
+        info += f"  clusters {record.n_clusters}"
         self._bar.update(self._task, advance=1, info=info)
 
     def __exit__(self, *exc: object) -> None:

@@ -44,9 +44,9 @@ def restore(cls: type[T], data: dict[str, Any]) -> T:
     """The `cls` dataclass rebuilt from `snapshot(...)` output (values copied)."""
     hints = typing.get_type_hints(cls)
     kwargs = {f.name: _restore(hints[f.name], data[f.name])
-              for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+              for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # cls: a dataclass
               if f.init and f.name in data}
-    missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+    missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # as above
                if f.init and f.name not in data
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -177,10 +177,10 @@ def test_cam_resumes_exactly_through_the_experiment_checkpoint(tmp_path):
         resumed = Experiment.from_config({**raw, "algorithm": algo}, out_dir=out,
                                          federation=fed).run(resume=True)
         assert len(resumed.records) == 4
-        assert resumed.records[-1]["assignment"] == full.records[-1]["assignment"]
-        assert resumed.records[-1]["extras"] == full.records[-1]["extras"]
-        assert resumed.final["accuracy"] == full.final["accuracy"]
-        assert resumed.final["floats_down"] == full.final["floats_down"]
+        assert resumed.records[-1].assignment == full.records[-1].assignment
+        assert resumed.records[-1].extras == full.records[-1].extras
+        assert resumed.final.metrics == full.final.metrics
+        assert resumed.final.floats_down == full.final.floats_down
 
 
 @pytest.mark.parametrize(("table", "field"), [

@@ -16,6 +16,7 @@ from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import GradientReply, GradientRequest, LocalTraining
+from clusterfl.records import RoundRecord, RunSummary, read_history
 
 DIGITS = {
     "seed": 0, "rounds": 9, "eval_every": 100, "checkpoint_every": 0,
@@ -49,7 +50,7 @@ def run(overrides: dict | None = None, algorithm: dict | None = None, **top):
 
 
 def clustering_records(history):
-    return [r for r in history.records if r["extras"]["clustering"]]
+    return [r for r in history.records if r.extras["clustering"]]
 
 
 # ------------------------------------------------------------------ clustering on real data
@@ -58,43 +59,43 @@ def clustering_records(history):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rotated_digits_clustered_perfectly_within_five_periods(seed):
     _, h = run(seed=seed)
-    aris = [r["ari"] for r in clustering_records(h)]
+    aris = [r.ari for r in clustering_records(h)]
     assert len(aris) == 5  # rounds 1, 3, 5, 7, 9 (t mod P = 1)
     assert aris[-1] == pytest.approx(1.0)
-    assert h.records[-1]["n_clusters"] == 4
+    assert h.records[-1].n_clusters == 4
 
 
 def test_labels_stay_on_their_models_across_periods():
     _, h = run(rounds=17)
     recs = clustering_records(h)
-    first = next(i for i, r in enumerate(recs) if r["ari"] == pytest.approx(1.0))
+    first = next(i for i, r in enumerate(recs) if r.ari == pytest.approx(1.0))
     assert first <= 4
-    kept = [r["assignment"] for r in recs[first:]]
+    kept = [r.assignment for r in recs[first:]]
     assert len(kept) >= 4 and all(a == kept[0] for a in kept)  # same ids, not just same sets
     # the k-means ids alone would be arbitrary: the matched ones follow the previous round
-    assert all(r["extras"]["assignment_changes"] == 0 for r in recs[first + 1:])
+    assert all(r.extras["assignment_changes"] == 0 for r in recs[first + 1:])
 
 
 def test_randomized_svd_route_clusters_the_same():
     exp, h = run(algorithm={"svd": "randomized"})
     assert exp.algorithm.state.block_gram.shape[0] == 0  # no Gram matrix kept on this route
-    assert clustering_records(h)[-1]["ari"] == pytest.approx(1.0)
+    assert clustering_records(h)[-1].ari == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_compressed_features_ratio_10_keep_ari_one(seed):
     exp, h = run(seed=seed, algorithm={"compression_ratio": 10.0})
     d = exp.factory.size
-    assert h.records[-1]["extras"]["feature_dim"] == round(d / 10)
+    assert h.records[-1].extras["feature_dim"] == round(d / 10)
     assert exp.algorithm.state.features.shape == (8, 4, round(d / 10))
-    assert clustering_records(h)[-1]["ari"] == pytest.approx(1.0)
+    assert clustering_records(h)[-1].ari == pytest.approx(1.0)
 
 
 def test_model_averaging_protocol_clusters_and_learns():
     _, h = run(overrides={"train": {"batch_size": 32, "steps": 5}}, rounds=9, eval_every=9,
                algorithm={"protocol": "model"})
-    assert all(r["ari"] == pytest.approx(1.0) for r in clustering_records(h))
-    assert h.records[-1]["metrics"]["accuracy"] > 0.4  # 10 classes: chance is 0.1
+    assert all(r.ari == pytest.approx(1.0) for r in clustering_records(h))
+    assert h.records[-1].metrics.accuracy > 0.4  # 10 classes: chance is 0.1
 
 
 def test_linear_regression_reaches_the_noise_floor():
@@ -112,9 +113,9 @@ def test_linear_regression_reaches_the_noise_floor():
     }
     h = Experiment.from_config(cfg).run(progress=False)
     final = h.records[-1]
-    assert final["ari"] == pytest.approx(1.0)
-    assert 0.035 < final["metrics"]["mse"] < 0.05
-    assert final["extras"]["clustering_stopped_at"] is not None  # unchanged for 20 rounds
+    assert final.ari == pytest.approx(1.0)
+    assert 0.035 < final.metrics.mse < 0.05
+    assert final.extras["clustering_stopped_at"] is not None  # unchanged for 20 rounds
 
 
 # ------------------------------------------------------------------ arithmetic, fake clients
@@ -295,15 +296,14 @@ def test_k_estimate_reported_in_extras_and_summary(tmp_path):
     exp = Experiment.from_config({**DIGITS, "rounds": 7, "algorithm": {
         **DIGITS["algorithm"], "estimate_k": True, "k_max": 6}}, out_dir=tmp_path)
     h = exp.run(progress=False)
-    last = h.records[-1]["extras"]
+    last = h.records[-1].extras
     assert 1 <= last["k_estimate"] <= 6 and last["spectral_gap_s"] >= 1
-    assert h.summary["extras"]["k_estimate"] == last["k_estimate"]
-    spectra = [r["extras"]["singular_values"] for r in clustering_records(h)]
+    assert h.summary.extras["k_estimate"] == last["k_estimate"]
+    spectra = [r.extras["singular_values"] for r in clustering_records(h)]
     assert all(np.all(np.diff(s) <= 1e-9) for s in spectra)  # descending
     from clusterfl.report.methods.cfl_gp import figures
 
-    records = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
-    paths = figures(tmp_path, records, h.summary)
+    paths = figures(tmp_path, read_history(tmp_path), h.summary)
     assert {p.name for p in paths} == {"cfl_gp_spectrum.png", "cfl_gp_features.png",
                                        "cfl_gp_k_estimate.png"}
     assert all(p.stat().st_size > 0 for p in paths)
@@ -335,6 +335,8 @@ def test_cross_field_and_setup_errors():
 
 
 def _strip(obj):
+    if isinstance(obj, RoundRecord | RunSummary):  # compared in their JSON form
+        return _strip(obj.to_json_dict())
     if isinstance(obj, dict):
         return {k: _strip(v) for k, v in obj.items() if k != "wall_time"}
     if isinstance(obj, list):

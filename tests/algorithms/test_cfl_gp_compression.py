@@ -193,13 +193,13 @@ def _expected_uplink(history, d: int, width: int, k: int) -> float:
     with the assignment before each round read from the previous record (round 1: the random
     balanced start, C/K clients per cluster)."""
     recs = history.records
-    c = len(recs[0]["assignment"])
+    c = len(recs[0].assignment)
     total = 0.0
     for i, r in enumerate(recs):
         total += c * d
-        if r["extras"]["clustering"]:
-            kbar = r["extras"]["broadcast_model"]
-            before = (np.asarray(recs[i - 1]["assignment"]) if i else None)
+        if r.extras["clustering"]:
+            kbar = r.extras["broadcast_model"]
+            before = (np.asarray(recs[i - 1].assignment) if i else None)
             others = c - c // k if before is None else int((before != kbar).sum())
             total += others * width
     return total
@@ -212,39 +212,39 @@ def test_compressed_run_clusters_like_server_side_subsampling(monkeypatch, proto
     d, d_hat = exp.factory.size, len(exp.algorithm.state.feature_index)
     assert d_hat == round(d / 10)
     assert exp.algorithm.coords is not None and len(exp.algorithm.coords) == d_hat
-    recs = [r for r in h.records if r["extras"]["clustering"]]
-    assert recs[-1]["ari"] == pytest.approx(1.0)
-    assert all(r["rejected"] == 0 for r in h.records)  # validation took the d̂-wide replies
-    up = h.records[-1]["floats_up"]
+    recs = [r for r in h.records if r.extras["clustering"]]
+    assert recs[-1].ari == pytest.approx(1.0)
+    assert all(r.rejected == 0 for r in h.records)  # validation took the d̂-wide replies
+    up = h.records[-1].floats_up
     assert up == _expected_uplink(h, d, d_hat, 4)
-    assert h.records[-1]["extras"]["uplink_floats_compressed"] == up
+    assert h.records[-1].extras["uplink_floats_compressed"] == up
     # the former behaviour: whole vectors sent, subsampled by the server
     monkeypatch.setattr(CFLGP, "_wire_coords", lambda self: None)
     old_exp, old = _run(**extra)
     assert old_exp.algorithm.coords is None
-    assert [r["assignment"] for r in old.records] == [r["assignment"] for r in h.records]
+    assert [r.assignment for r in old.records] == [r.assignment for r in h.records]
     assert torch.equal(old_exp.algorithm.state.features, exp.algorithm.state.features)
     assert torch.equal(old_exp.algorithm.state.models, exp.algorithm.state.models)
-    assert old.records[-1]["floats_up"] == _expected_uplink(old, d, d, 4)
+    assert old.records[-1].floats_up == _expected_uplink(old, d, d, 4)
     # 9 rounds × 8 clients send whole vectors; the rest are the clustering-only replies
-    others = (old.records[-1]["floats_up"] - 9 * 8 * d) / d
+    others = (old.records[-1].floats_up - 9 * 8 * d) / d
     assert len(recs) == 5 and others >= 5 * 6  # ≥ 6 clients off k̄ in each clustering round
-    assert old.records[-1]["floats_up"] - up == others * (d - d_hat)
-    assert h.records[-1]["floats_down"] == old.records[-1]["floats_down"]  # models go whole
+    assert old.records[-1].floats_up - up == others * (d - d_hat)
+    assert h.records[-1].floats_down == old.records[-1].floats_down  # models go whole
 
 
 def test_uncompressed_run_sends_whole_vectors():
     exp, h = _run(compression_ratio=1.0)
     d = exp.factory.size
     assert exp.algorithm.coords is None
-    assert h.records[-1]["floats_up"] == _expected_uplink(h, d, d, 4)
+    assert h.records[-1].floats_up == _expected_uplink(h, d, d, 4)
 
 
 def test_selected_layers_are_narrowed_on_the_wire():
     exp, h = _run(rounds=3, compression_ratio=1.0, feature_layers=["layers.1"])
     idx = exp.factory.layout.index(["layers.1"])
     np.testing.assert_array_equal(exp.algorithm.coords, idx.numpy())
-    assert h.records[-1]["floats_up"] == _expected_uplink(h, exp.factory.size, len(idx), 4)
+    assert h.records[-1].floats_up == _expected_uplink(h, exp.factory.size, len(idx), 4)
 
 
 def test_dropouts_book_only_what_answering_clients_send():
@@ -255,14 +255,14 @@ def test_dropouts_book_only_what_answering_clients_send():
     exp = Experiment.from_config(cfg)
     h = exp.run(progress=False)
     d, d_hat = exp.factory.size, len(exp.algorithm.state.feature_index)
-    ups = np.diff([0.0] + [r["floats_up"] for r in h.records])
-    assert h.records[-1]["extras"]["uplink_floats_compressed"] == ups.sum()
+    ups = np.diff([0.0] + [r.floats_up for r in h.records])
+    assert h.records[-1].extras["uplink_floats_compressed"] == ups.sum()
     assert ups[1] == 8 * d  # round 2: no clustering, everybody answers with whole vectors
     # round 1: 6 whole vectors, and the answering clients off k̄ = 0 (6 minus those dropped)
     narrowed_1 = (ups[0] - 6 * d) / d_hat
     assert narrowed_1 == int(narrowed_1) and 4 <= narrowed_1 <= 6
     # round 3: exact, from the assignment after round 2
-    before = np.asarray(h.records[1]["assignment"])
-    kbar = h.records[2]["extras"]["broadcast_model"]
+    before = np.asarray(h.records[1].assignment)
+    kbar = h.records[2].extras["broadcast_model"]
     off = [c for c in range(8) if c not in (2, 5) and before[c] != kbar]
     assert ups[2] == 6 * d + len(off) * d_hat

@@ -188,8 +188,8 @@ def test_flt_recovers_clusters_through_umap_without_knowing_c():
                                  federation=fed)
     hist = exp.run(progress=False)
     first = hist.records[0]
-    assert first["ari"] == 1.0 and first["n_clusters"] == 3  # C found, not given
-    extras = first["extras"]
+    assert first.ari == 1.0 and first.n_clusters == 3  # C found, not given
+    extras = first.extras
     d_enc = encoders.resolve("none", (1, 8, 8), 16, 1, 0).params.numel()
     assert extras["clustering_floats_down"] == 12 * d_enc  # the encoder once per client
     assert extras["clustering_floats_up"] == 12 * 3 * 16  # k·e per client
@@ -206,7 +206,7 @@ def test_flt_case_one_and_matched_distance_without_umap():
             "finetune_epochs": 0, "fraction": 1.0}
     exp = Experiment.from_config(config(algo, rounds=3), federation=fed)
     hist = exp.run(progress=False)
-    assert hist.records[0]["ari"] == 1.0
+    assert hist.records[0].ari == 1.0
     models = exp.algorithm.state.models
     assert models.shape[0] == 12  # Case I: one model per client
     related = exp.algorithm.relatedness()["relatedness"]
@@ -222,9 +222,9 @@ def test_pca_km_hc_runs_and_clusters():
     exp = Experiment.from_config(config({"name": "pca_km_hc", "k": 3, "pca_components": 4,
                                          "fraction": 0.5}, rounds=3), federation=fed)
     hist = exp.run(progress=False)
-    assert hist.records[0]["ari"] == 1.0
-    assert hist.records[0]["extras"]["clustering_floats_down"] == 0
-    assert hist.records[0]["extras"]["clustering_floats_up"] == 12 * 3 * 64
+    assert hist.records[0].ari == 1.0
+    assert hist.records[0].extras["clustering_floats_down"] == 0
+    assert hist.records[0].extras["clustering_floats_up"] == 12 * 3 * 64
     assert hist.series("accuracy")[-1] > 0.8
 
 
@@ -237,7 +237,7 @@ def test_state_dict_round_trip_and_resume(tmp_path):
     # the checkpoint of round 4 resumes to the same end
     resumed = Experiment.from_config(cfg, out_dir=tmp_path / "ref", federation=fed)
     hist = resumed.run(resume=True, progress=False)
-    assert hist.records[-1]["client_accuracy"] == ref_hist.records[-1]["client_accuracy"]
+    assert hist.records[-1].client_accuracy == ref_hist.records[-1].client_accuracy
     assert torch.equal(resumed.algorithm.state.models, ref.algorithm.state.models)
     state = ref.algorithm.state_dict()
     other = ALGORITHMS["flt"](ref.algorithm.config)
@@ -293,7 +293,7 @@ def test_large_federations_keep_matrices_out_of_the_history(tmp_path, monkeypatc
                  rounds=2)
     hist = Experiment.from_config(cfg, out_dir=tmp_path / "run", federation=fed).run(
         progress=False)
-    assert hist.records[0]["extras"]["adjacency"] is None
-    assert hist.records[0]["extras"]["clustering_floats_up"] == 12 * 3 * 16
+    assert hist.records[0].extras["adjacency"] is None
+    assert hist.records[0].extras["clustering_floats_up"] == 12 * 3 * 16
     drawn = flt_figures.figures(tmp_path / "run", hist.records, hist.summary)  # from the npz
     assert "flt_adjacency.png" in {p.name for p in drawn}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from clusterfl.bench import (
 )
 from clusterfl.cli import main
 from clusterfl.errors import ConfigError
+from clusterfl.records import RoundRecord, read_summary
 
 SUITE = """
 [suite]
@@ -75,11 +75,16 @@ def _suite(tmp_path: Path, paper: float = 50.0) -> Path:
     return folder
 
 
+def _record(t: int, ari: float | None) -> RoundRecord:
+    return RoundRecord(round=t, wall_time=0.0, n_clusters=2, assignment=[0, 1], ari=ari,
+                       floats_down=0.0, floats_up=0.0)
+
+
 def test_rounds_to_perfect_is_the_start_of_the_final_run_of_ones() -> None:
-    hist = [{"round": r, "ari": a} for r, a in enumerate([0.2, 1.0, 0.5, 1.0, 1.0], start=1)]
+    hist = [_record(r, a) for r, a in enumerate([0.2, 1.0, 0.5, 1.0, 1.0], start=1)]
     assert rounds_to_perfect(hist) == 4
     assert rounds_to_perfect(hist[:3]) is None
-    assert rounds_to_perfect([{"round": 1, "ari": None}]) is None
+    assert rounds_to_perfect([_record(1, None)]) is None
 
 
 def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> None:
@@ -123,15 +128,21 @@ def test_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     run_suite(full, runs, log=lambda m: None)
     target = run_dir(runs, full[0], "fedavg", 0)
-    reference = json.loads((target / "summary.json").read_text())["final"]["accuracy"]
+    reference = _final_accuracy(target)
     (target / "summary.json").unlink()  # as if killed after the round-2 checkpoint
     lines = (target / "history.jsonl").read_text().splitlines()
     (target / "history.jsonl").write_text("\n".join(lines[:2]) + "\n")
     logs: list[str] = []
     run_suite(full, runs, log=logs.append)
     assert any("(resumed)" in m for m in logs)
-    again = json.loads((target / "summary.json").read_text())["final"]["accuracy"]
+    again = _final_accuracy(target)
     assert again == reference
+
+
+def _final_accuracy(run: Path) -> float | None:
+    metrics = read_summary(run).final.metrics
+    assert metrics is not None
+    return metrics.accuracy
 
 
 def test_bad_suite_files_name_the_problem(tmp_path: Path) -> None:
@@ -164,8 +175,7 @@ def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
     logs.clear()
     run_suite(full, runs, log=logs.append)
     assert any("config changed" in m for m in logs)
-    summary = json.loads((run_dir(runs, full[0], "fedavg", 0) / "summary.json").read_text())
-    assert summary["rounds"] == 4
+    assert read_summary(run_dir(runs, full[0], "fedavg", 0)).rounds == 4
 
 
 def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path: Path) -> None:

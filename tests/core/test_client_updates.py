@@ -17,7 +17,8 @@ BASE = {
 def _run(algorithm: dict, **tables: dict) -> dict:
     cfg = {**BASE, "algorithm": algorithm, **tables}
     history = Experiment.from_config(cfg).run(progress=False)
-    return history.summary["final"] | {"records": [r["client_updates"] for r in history.records]}
+    return {"client_updates": history.final.client_updates,
+            "records": [r.client_updates for r in history.records]}
 
 
 def test_fedavg_counts_the_sampled_clients_each_round() -> None:

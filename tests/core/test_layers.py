@@ -32,7 +32,7 @@ FLOORS: dict[str, int] = {
     "config_util": 0,
     "metrics": 0,
     "protocol": 0,
-    "records": 0,  # may not exist yet
+    "records": 0,
     "state": 0,
     # 1: data, model definitions and clustering maths.
     "data": 1,

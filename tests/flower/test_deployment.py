@@ -25,6 +25,7 @@ from clusterfl.deploy.certs import make_node_keys, make_tls
 from clusterfl.deploy.launch import LocalDeployment, Process, Tls, local_deployment
 from clusterfl.deploy.server_app import FINAL_STATE
 from clusterfl.experiment import Experiment
+from clusterfl.records import RoundRecord, read_summary
 from tests.flower.conftest import BASE, IFCA
 
 RUN_TIMEOUT = 900.0  # seconds for one run of two rounds (generous: ~250 s at load 15 on 2 cores)
@@ -93,12 +94,14 @@ def test_deployment_equals_inprocess_simulation(deployment):
     _wait(out / FINAL_STATE, proc, deployment)
     report = json.loads((out / "flower.json").read_text())
     assert report["dropouts"] == [] and len(report["nodes"]) == 6, report
-    summary = json.loads((out / "summary.json").read_text())
+    summary = read_summary(out)
     exp = Experiment.from_config({**SHORT, "algorithm": algo})
     ref = exp.run(progress=False).summary
-    assert summary["final"]["ari"] == 1.0 == ref["final"]["ari"]
-    assert summary["assignment"] == ref["assignment"]
-    assert summary["final"]["accuracy"] == pytest.approx(ref["final"]["accuracy"], abs=1e-9)
+    assert summary.final.ari == 1.0 == ref.final.ari
+    assert summary.assignment == ref.assignment
+    assert summary.final.metrics is not None and ref.final.metrics is not None
+    assert summary.final.metrics.accuracy == pytest.approx(ref.final.metrics.accuracy,
+                                                           abs=1e-9)
     ours = _tensors(torch.load(out / FINAL_STATE, weights_only=False))
     theirs = _tensors(exp.algorithm.state_dict())
     assert ours.keys() == theirs.keys() and ours
@@ -136,9 +139,11 @@ def test_killed_supernode_is_dropped_and_the_run_finishes(deployment):
     victim.kill_now()
     assert not victim.alive()
     _wait(out / FINAL_STATE, proc, deployment)
-    records = [json.loads(x) for x in history.read_text().splitlines()]
-    assert [r["round"] for r in records] == [1, 2]
+    lines = history.read_text().splitlines()
+    records = [RoundRecord.from_json_dict(json.loads(x)) for x in lines]
+    assert [r.round for r in records] == [1, 2]
     report = json.loads((out / "flower.json").read_text())
     assert report["dropouts"] and all(d["clients"] == [5] for d in report["dropouts"])
-    assert records[-1]["client_accuracy"][5] is None
-    assert all(a is not None for a in records[-1]["client_accuracy"][:5])
+    acc = records[-1].client_accuracy
+    assert acc is not None and acc[5] is None
+    assert all(a is not None for a in acc[:5])

@@ -11,10 +11,11 @@ import torch
 from clusterfl.deploy.server_app import FINAL_STATE, run_on_grid
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import Experiment
+from clusterfl.records import RoundMetrics, RunSummary
 from tests.flower.conftest import BASE, CFL_GP, IFCA, FakeGrid
 
 
-def _inprocess(algo: dict) -> tuple[Experiment, dict]:
+def _inprocess(algo: dict) -> tuple[Experiment, RunSummary]:
     exp = Experiment.from_config({**BASE, "algorithm": algo})
     history = exp.run(progress=False)
     return exp, history.summary
@@ -29,10 +30,11 @@ def test_flower_run_equals_inprocess_run(algo, tmp_path):
     grid = FakeGrid([{"partition-id": i} for i in range(6)])
     history = run_on_grid(grid, {**BASE, "algorithm": algo}, out_dir=tmp_path)
     exp, summary = _inprocess(algo)
-    assert history.summary["final"]["ari"] == 1.0 == summary["final"]["ari"]
-    assert history.summary["assignment"] == summary["assignment"]
-    assert history.summary["final"]["accuracy"] == pytest.approx(
-        summary["final"]["accuracy"], abs=1e-9)
+    assert history.final.ari == 1.0 == summary.final.ari
+    assert history.summary.assignment == summary.assignment
+    ours_final = history.final.metrics or RoundMetrics()
+    ref_final = summary.final.metrics or RoundMetrics()
+    assert ours_final.accuracy == pytest.approx(ref_final.accuracy, abs=1e-9)
     ours = _tensors(torch.load(tmp_path / FINAL_STATE, weights_only=False))
     ref = _tensors(exp.algorithm.state_dict())
     assert ours.keys() == ref.keys() and ours
@@ -49,7 +51,7 @@ def test_dead_node_is_dropped_and_the_run_finishes(tmp_path):
     grid.dead_from[105] = 3  # client 5's node dies after the first round's two requests
     raw = {**BASE, "rounds": 3, "algorithm": IFCA, "backend": {"timeout": 5.0}}
     history = run_on_grid(grid, raw, out_dir=tmp_path)
-    assert [r["round"] for r in history.records] == [1, 2, 3]
+    assert [r.round for r in history.records] == [1, 2, 3]
     report = json.loads((tmp_path / "flower.json").read_text())
     dropped = {tuple(d["clients"]) for d in report["dropouts"]}
     assert dropped == {(5,)}
@@ -57,8 +59,8 @@ def test_dead_node_is_dropped_and_the_run_finishes(tmp_path):
     # dead client is not even asked to train (it is missing from the loss reply)
     assert {d["request"] for d in report["dropouts"]} == {"LossRequest", "EvaluateRequest"}
     # the evaluation keeps one row per client: NaN for the dead one, real values for the rest
-    acc = history.records[-1]["client_accuracy"]
-    assert acc[5] is None and all(a is not None for a in acc[:5])
+    acc = history.records[-1].client_accuracy
+    assert acc is not None and acc[5] is None and all(a is not None for a in acc[:5])
     # messages after the crash still went to every selected client (it may come back)
     late = [m for m in grid.sent if m.metadata.group_id.isdigit()
             and int(m.metadata.group_id) >= 3]

@@ -6,6 +6,7 @@ import io
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from rich.console import Console
 
 from clusterfl.errors import ClusterFLError
+from clusterfl.records import RoundRecord, RunSummary
 from clusterfl.report import (
     accuracy_series,
     ari_series,
@@ -26,14 +28,14 @@ from clusterfl.report import (
     evaluated_rounds,
     human_units,
     is_regression,
-    load_history,
-    load_summary,
     n_clusters_series,
     plot_client_accuracy,
     plot_cluster_sizes,
     plot_matrix,
     plot_run,
     plot_series,
+    read_history,
+    read_summary,
     split_rounds,
     summary_markdown,
     summary_rows,
@@ -182,7 +184,7 @@ def test_cluster_size_matrix_hand_example() -> None:
 
 
 def test_cluster_sizes_series_rows_sum_to_clients(runs: list[Path]) -> None:
-    rounds, ids, counts = cluster_sizes_series(load_history(runs[2]))
+    rounds, ids, counts = cluster_sizes_series(read_history(runs[2]))
     assert_array_equal(rounds, np.arange(1, ROUNDS + 1))
     assert counts.shape == (ROUNDS, ids.size)
     assert_array_equal(counts.sum(axis=1), N_CLIENTS)
@@ -190,58 +192,72 @@ def test_cluster_sizes_series_rows_sum_to_clients(runs: list[Path]) -> None:
 
 
 def test_series_helpers(runs: list[Path]) -> None:
-    history = load_history(runs[1])
+    history = read_history(runs[1])
     expected = np.array([1, *range(2, ROUNDS + 1, 2)])
     assert_array_equal(evaluated_rounds(history), expected)
     rounds, acc = accuracy_series(history)
     assert_array_equal(rounds, expected)
-    assert_allclose(acc[-1], history[-1]["metrics"]["accuracy"])
+    assert history[-1].metrics is not None
+    assert_allclose(acc[-1], history[-1].metrics.accuracy)
     q_rounds, low, high = client_accuracy_quantiles(history)
     assert_array_equal(q_rounds, expected)
     assert np.all(low <= high)
     assert ari_series(history)[0].size == ROUNDS
-    assert_array_equal(n_clusters_series(history)[1][:1], [history[0]["n_clusters"]])
+    assert_array_equal(n_clusters_series(history)[1][:1], [history[0].n_clusters])
     _, down, up = comm_series(history)
     assert np.all(np.diff(down) > 0) and np.all(np.diff(up) > 0)
     assert not is_regression(history)
 
 
 def test_split_rounds_and_unassigned(tmp_path: Path) -> None:
-    history = load_history(make_run(tmp_path / "cfl", "cfl", "cfl"))
+    history = read_history(make_run(tmp_path / "cfl", "cfl", "cfl"))
     assert split_rounds(history) == [6, 11]
-    ids, counts = cluster_size_matrix([history[2]["assignment"]])
+    ids, counts = cluster_size_matrix([history[2].assignment])
     assert ids[0] == -1 and counts[0, 0] == 1
 
 
-def test_load_history_sorts_and_keeps_last_of_repeated_round(tmp_path: Path) -> None:
-    lines = [{"round": 2, "n_clusters": 1}, {"round": 1, "n_clusters": 1},
-             {"round": 2, "n_clusters": 5}]
-    (tmp_path / "history.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n\n")
-    history = load_history(tmp_path)
-    assert [r["round"] for r in history] == [1, 2] and history[1]["n_clusters"] == 5
+def _line(t: int, n_clusters: int = 1) -> str:
+    """A history.jsonl line of round t (an unevaluated round)."""
+    return json.dumps(_record(t, n_clusters).to_json_dict())
+
+
+def _record(t: int, n_clusters: int = 1, assignment: list[int] | None = None) -> RoundRecord:
+    return RoundRecord(round=t, wall_time=0.1 * t, n_clusters=n_clusters,
+                       assignment=assignment or [0] * N_CLIENTS, ari=None, floats_down=0.0,
+                       floats_up=0.0)
+
+
+def test_read_history_sorts_and_keeps_last_of_repeated_round(tmp_path: Path) -> None:
+    lines = [_line(2, 1), _line(1, 1), _line(2, 5)]
+    (tmp_path / "history.jsonl").write_text("\n".join(lines) + "\n\n")
+    history = read_history(tmp_path)
+    assert [r.round for r in history] == [1, 2] and history[1].n_clusters == 5
 
 
 def test_missing_files_are_named(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("{}")
     with pytest.raises(ClusterFLError, match=r"missing history\.jsonl"):
-        load_history(tmp_path)
+        read_history(tmp_path)
     with pytest.raises(ClusterFLError, match=r"missing history\.jsonl"):
         write_run_report(tmp_path)
     (tmp_path / "summary.json").unlink()
-    (tmp_path / "history.jsonl").write_text('{"round": 1}\n')
+    (tmp_path / "history.jsonl").write_text(_line(1) + "\n")
     with pytest.raises(ClusterFLError, match=r"missing summary\.json"):
         write_run_report(tmp_path)
 
 
 def test_not_a_directory_and_bad_lines(tmp_path: Path) -> None:
     with pytest.raises(ClusterFLError, match="not a directory"):
-        load_history(tmp_path / "absent")
-    (tmp_path / "history.jsonl").write_text('{"round": 1}\n{"round": 2,\n')
+        read_history(tmp_path / "absent")
+    (tmp_path / "history.jsonl").write_text(_line(1) + '\n{"round": 2,\n')
     with pytest.raises(ClusterFLError, match=r"history\.jsonl:2: not valid JSON"):
-        load_history(tmp_path)
+        read_history(tmp_path)
+    (tmp_path / "history.jsonl").write_text(_line(1) + '\n{"round": 2}\n')
+    with pytest.raises(ClusterFLError, match=r"history\.jsonl:2: a history record lacks"):
+        read_history(tmp_path)
     (tmp_path / "history.jsonl").write_text("\n")
     with pytest.raises(ClusterFLError, match="empty"):
-        load_history(tmp_path)
+        read_history(tmp_path)
 
 
 # --------------------------------------------------------------------------- figures
@@ -258,11 +274,11 @@ def test_plot_run_writes_all_figures(runs: list[Path]) -> None:
 
 def test_plot_run_regression_and_unknown_truth(tmp_path: Path) -> None:
     run = make_run(tmp_path / "reg", "cfl", "cfl", regression=True)
-    summary = json.loads((run / "summary.json").read_text())
-    summary["true_clusters"] = None
-    (run / "summary.json").write_text(json.dumps(summary))
-    history = [{**r, "ari": None} for r in load_history(run)]
-    (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    summary = replace(read_summary(run), true_clusters=None)
+    (run / "summary.json").write_text(json.dumps(summary.to_json_dict()))
+    history = [replace(r, ari=None) for r in read_history(run)]
+    (run / "history.jsonl").write_text(
+        "".join(json.dumps(r.to_json_dict()) + "\n" for r in history))
     assert is_regression(history)
     paths = plot_run(run)
     assert "client_accuracy.png" not in {p.name for p in paths}  # no per-client accuracy
@@ -288,10 +304,9 @@ def test_client_accuracy_and_many_clusters_cap_legend(tmp_path: Path) -> None:
     truth = rng.integers(0, 15, 60)
     path = plot_client_accuracy(rng.random(60), tmp_path / "c.png", "x", truth.tolist())
     assert_png(path)
-    history = [{"round": t, "n_clusters": 30, "assignment": rng.integers(0, 30, 60).tolist()}
-               for t in range(1, 6)]
+    history = [_record(t, 30, rng.integers(0, 30, 60).tolist()) for t in range(1, 6)]
     assert_png(plot_cluster_sizes(history, tmp_path / "sizes.png", "flt"))
-    ids, counts = cluster_size_matrix([r["assignment"] for r in history])
+    ids, counts = cluster_size_matrix([r.assignment for r in history])
     layers, names, _ = _cluster_layers(ids, counts)
     assert len(names) == 11 and names[-1].startswith("other (20")
     assert_allclose(layers.sum(axis=0), 60)
@@ -309,10 +324,11 @@ def test_human_units(value: float, text: str) -> None:
     assert human_units(value) == text
 
 
-def _summary(label: str, **final: Any) -> dict[str, Any]:
+def _summary(label: str, **final: Any) -> RunSummary:
     base = dict.fromkeys(["accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
                           "ari", "n_clusters", "floats_down", "floats_up", "wall_time"])
-    return {"label": label, "algorithm": label, "final": {**base, **final}}
+    return RunSummary.from_json_dict(
+        {"label": label, "algorithm": label, "final": {**base, **final}})
 
 
 def test_summary_markdown_formats_numbers() -> None:
@@ -352,8 +368,9 @@ def test_write_run_report(runs: list[Path]) -> None:
     assert path == runs[2] / "report.md"
     assert text.startswith("# ifca(K=4) collapse\n") and "synthetic_rotated" in text
     assert '```toml\nalgorithm = "collapse"' in text
-    summary = load_summary(runs[2])
-    assert f"| {100 * summary['final']['accuracy']:.2f} |" in text
+    summary = read_summary(runs[2])
+    assert summary.final.metrics is not None and summary.final.metrics.accuracy is not None
+    assert f"| {100 * summary.final.metrics.accuracy:.2f} |" in text
     assert "| cfl_gap | 0.42 |" in text and "singular_values" not in text
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert len(links) == 5 and all((runs[2] / link).is_file() for link in links)

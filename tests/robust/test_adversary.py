@@ -87,9 +87,10 @@ def test_run_reports_attackers_and_benign_accuracy():
                  algorithm={"name": "local"})
     exp = Experiment.from_config(cfg)
     h = exp.run(progress=False)
-    rob = h.summary["robust"]
+    rob = h.summary.robust
+    assert rob is not None
     assert rob["adversaries"] == exp.adversaries.tolist() and len(rob["adversaries"]) == 2
-    acc = np.asarray(h.summary["client_accuracy"])
+    acc = np.asarray(h.summary.client_accuracy)
     benign = np.setdiff1d(np.arange(8), exp.adversaries)
     assert rob["benign_accuracy"] == pytest.approx(acc[benign].mean())
     # local models of label flippers are wrong on their (clean) test data

@@ -172,12 +172,12 @@ def test_every_method_runs_with_dropouts_and_stragglers(method, monkeypatch):
     for t, clients in sent:  # an unreachable client never receives a request of its round
         assert not set(clients) & plan.round(t).dropped, (t, clients)
     for r in h.records:  # the history names the dropped clients that were asked
-        asked = {c for t, cl in sent if t == r["round"] for c in cl}
-        wanted = plan.round(r["round"]).dropped & (asked | plan.round(r["round"]).dropped)
-        assert set(r["robust"]["dropped"]) == wanted
+        asked = {c for t, cl in sent if t == r.round for c in cl}
+        wanted = plan.round(r.round).dropped & (asked | plan.round(r.round).dropped)
+        assert r.robust is not None and set(r.robust["dropped"]) == wanted
     acc = h.series("accuracy")
     assert all(np.isfinite(acc)) and acc[-1] > acc[0] + 0.02, acc  # still learning
-    a = np.asarray(h.records[-1]["assignment"])
+    a = np.asarray(h.records[-1].assignment)
     assert len(a) == 8 and a.min() >= -1
 
 
@@ -188,8 +188,8 @@ def test_cfl_places_clients_absent_at_the_split_by_algorithm_4():
                  faults={"drop_clients": [2, 5], "drop_rounds": [3, 4, 5]},
                  algorithm={"name": "cfl", "eps1": 0.12, "eps2": 0.15, "warmup_rounds": 2})
     h = Experiment.from_config(cfg).run(progress=False)
-    rec = {r["round"]: r for r in h.records}
-    assert rec[3]["extras"]["split"] and rec[3]["extras"]["pending"] == [2, 5]
-    assert rec[3]["assignment"][2] == rec[3]["assignment"][5] == 0  # waiting at the root
-    assert rec[6]["extras"]["placed"] == [2, 5] and rec[6]["extras"]["pending"] == []
-    assert rec[6]["ari"] == pytest.approx(1.0) and h.final["ari"] == pytest.approx(1.0)
+    rec = {r.round: r for r in h.records}
+    assert rec[3].extras["split"] and rec[3].extras["pending"] == [2, 5]
+    assert rec[3].assignment[2] == rec[3].assignment[5] == 0  # waiting at the root
+    assert rec[6].extras["placed"] == [2, 5] and rec[6].extras["pending"] == []
+    assert rec[6].ari == pytest.approx(1.0) and h.final.ari == pytest.approx(1.0)

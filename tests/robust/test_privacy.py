@@ -106,7 +106,8 @@ def test_run_reports_epsilon_from_its_releases():
     cfg = config(rounds=4, eval_every=4, privacy={"clip": 1.0, "noise_multiplier": 1.2},
                  algorithm={"name": "fedavg", "fraction": 0.5})
     h = Experiment.from_config(cfg).run(progress=False)
-    p = h.summary["robust"]["privacy"]
+    assert h.summary.robust is not None
+    p = h.summary.robust["privacy"]
     assert p["releases"] == 4 and p["sampling_rate"] == pytest.approx(0.5)
     assert p["epsilon"] == pytest.approx(epsilon(1.2, 0.5, 4, 1e-5))
 

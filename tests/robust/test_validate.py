@@ -147,9 +147,10 @@ def test_history_records_rejections_and_the_run_goes_on(monkeypatch):
 
     monkeypatch.setattr(experiment, "build_backend", tampering)
     h = Experiment.from_config(config(eval_every=1)).run(progress=False)
-    assert [r["rejected"] for r in h.records] == [0, 1, 0, 1, 0, 0]
-    assert h.records[1]["robust"]["rejected"] == [
+    assert [r.rejected for r in h.records] == [0, 1, 0, 1, 0, 0]
+    events = [r.robust or {} for r in h.records]
+    assert events[1]["rejected"] == [
         {"client": 3, "request": "train", "reason": "non_finite", "value": None}]
-    assert h.records[3]["robust"]["rejected"][0]["reason"] == "norm"
+    assert events[3]["rejected"][0]["reason"] == "norm"
     acc = h.series("accuracy")
     assert all(np.isfinite(acc)) and acc[-1] > acc[0] + 0.1

@@ -111,7 +111,7 @@ def check_file(f: RemoteFile, data_dir: Path) -> FileStatus:
     if problem is None:
         return FileStatus(path, "ok")
     status, detail = problem
-    return FileStatus(path, status, detail)  # type: ignore[arg-type]
+    return FileStatus(path, status, detail)  # type: ignore[arg-type]  # a Status literal
 
 
 def verify(name: str, data_dir: str | Path | None = None) -> list[FileStatus]:

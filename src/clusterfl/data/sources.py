@@ -225,7 +225,7 @@ def _decode_idx_dataset(name: str, keys: tuple[tuple[str, int, int], ...]) -> So
         if len(images) != len(labels):
             raise _corrupt(name, labels_path, f"{len(labels)} labels for {len(images)} images")
         arrays += [images[:, None], labels]
-    return _as_source(tuple(arrays), 255.0, name)  # type: ignore[arg-type]
+    return _as_source(tuple(arrays), 255.0, name)  # type: ignore[arg-type]  # 4 arrays
 
 
 def read_idx(path: Path, ndim: int, name: str = "dataset") -> np.ndarray:

@@ -110,7 +110,7 @@ def read_client_file(path: str) -> tuple[Federation, int, int | None]:
         torch.from_numpy(d["x_train"].astype(np.float32)), y(d["y_train"]),
         np.array([0, len(d["x_train"])]), torch.from_numpy(d["x_test"].astype(np.float32)),
         y(d["y_test"]), np.array([0, len(d["x_test"])]), None, int(d["n_classes"]),
-        task,  # type: ignore[arg-type]
+        task,  # type: ignore[arg-type]  # a str read from the file; validated above
         str(d.get("name", p.stem)),
     )
     return sparse_federation(one, cid, cluster), cid, cluster

@@ -124,7 +124,7 @@ def server_federation(infos: dict[int, dict[str, Any]]) -> Federation:
     return Federation(
         *blank(int(tr[-1])), tr, *blank(int(te[-1])), te,
         clusters if (clusters >= 0).all() else None, int(rows[0]["n_classes"]),
-        task, f"flower:{rows[0].get('name', '')}",  # type: ignore[arg-type]
+        task, f"flower:{rows[0].get('name', '')}",  # type: ignore[arg-type]  # task: a str from the handshake, checked by the node
     )
 
 

@@ -274,7 +274,7 @@ class StackedOptimizer(Sink):
         denom = torch.sqrt(v, out=self._scratch(self._tmp, i))
         if isinstance(self._step_size, Tensor):
             shape = (-1,) + (1,) * (p.dim() - 1)
-            denom.div_(self._bc2_sqrt.view(shape)).add_(self.tr.eps)  # type: ignore[union-attr]
+            denom.div_(self._bc2_sqrt.view(shape)).add_(self.tr.eps)  # type: ignore[union-attr]  # set with _step_size
             torch.div(m, denom, out=denom)
             p.sub_(denom.mul_(self._step_size.view(shape)))
         else:

@@ -135,7 +135,7 @@ class DenseStack:
             sink.matmul(layer.weight, dz.transpose(1, 2), h_in)
             if layer.bias is not None:
                 sink.grad(layer.bias, dz.sum(1))
-            dz = dh  # type: ignore[assignment]
+            dz = dh  # type: ignore[assignment]  # dh is a Tensor here
         return dz if need_input_grad else None
 
 
@@ -188,7 +188,7 @@ class MLPKernel(StackedKernel):
             linears, relu, drop = [("linear", module.linear)], [False], [0.0]
         else:
             raise TypeError(f"MLPKernel does not handle {type(module).__name__}")
-        layers = dense_layers(layout, linears, relu, drop)  # type: ignore[arg-type]
+        layers = dense_layers(layout, linears, relu, drop)  # type: ignore[arg-type]  # nn.Linear list
         self.dense = DenseStack(layers, self.ws)
 
     def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:

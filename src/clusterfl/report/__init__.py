@@ -5,6 +5,9 @@ Typical use::
     from clusterfl.report import write_run_report, write_comparison_report
     write_run_report("runs/ifca")                      # runs/ifca/report.md + figures/
     write_comparison_report(["runs/fedavg", "runs/ifca"], "runs/compare")
+
+A run directory is read as typed records (`clusterfl.records`): `read_history(run_dir)` gives
+one `RoundRecord` per round, `read_summary(run_dir)` the `RunSummary`.
 """
 
 from clusterfl.report.figures import (
@@ -32,10 +35,10 @@ from clusterfl.report.history import (
     final_client_accuracy,
     is_regression,
     load_config_text,
-    load_history,
-    load_summary,
     metric_series,
     n_clusters_series,
+    read_history,
+    read_summary,
     run_label,
     split_rounds,
 )
@@ -61,8 +64,6 @@ __all__ = [
     "human_units",
     "is_regression",
     "load_config_text",
-    "load_history",
-    "load_summary",
     "metric_series",
     "n_clusters_series",
     "plot_accuracy",
@@ -74,6 +75,8 @@ __all__ = [
     "plot_matrix",
     "plot_run",
     "plot_series",
+    "read_history",
+    "read_summary",
     "run_label",
     "split_rounds",
     "summary_markdown",

@@ -17,8 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from clusterfl.records import RoundRecord, read_history, read_summary
 from clusterfl.report.history import (
-    Record,
     accuracy_series,
     ari_series,
     client_accuracy_quantiles,
@@ -26,8 +26,6 @@ from clusterfl.report.history import (
     comm_series,
     final_client_accuracy,
     is_regression,
-    load_history,
-    load_summary,
     metric_series,
     n_clusters_series,
     run_label,
@@ -139,7 +137,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     `client_accuracy.png` is skipped when the run has no per-client accuracy (regression).
     """
     run_dir = Path(run_dir)
-    history, summary = load_history(run_dir), load_summary(run_dir)
+    history, summary = read_history(run_dir), read_summary(run_dir)
     label, out = run_label(summary, run_dir), run_dir / FIGURES_DIR
     paths = [
         plot_accuracy(history, out / "accuracy.png", label),
@@ -149,12 +147,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ]
     accuracy = final_client_accuracy(summary, history)
     if accuracy is not None:
-        true = summary.get("true_clusters")
+        true = summary.true_clusters
         paths.insert(2, plot_client_accuracy(accuracy, out / "client_accuracy.png", label, true))
     return paths
 
 
-def plot_accuracy(history: Sequence[Record], path: str | Path, label: str = "") -> Path:
+def plot_accuracy(history: Sequence[RoundRecord], path: str | Path, label: str = "") -> Path:
     """Mean client accuracy per evaluated round, with the 10–90% client quantile band.
 
     Regression runs (MSE and no accuracy) show the mean MSE instead.
@@ -169,7 +167,7 @@ def plot_accuracy(history: Sequence[Record], path: str | Path, label: str = "") 
     return _save(fig, path)
 
 
-def _draw_accuracy(ax: Axes, history: Sequence[Record]) -> None:
+def _draw_accuracy(ax: Axes, history: Sequence[RoundRecord]) -> None:
     """Mean (solid), sample-weighted mean (dashed) and 10–90% band of client accuracy."""
     rounds, acc = accuracy_series(history)
     ax.set_ylabel("accuracy (%)")
@@ -188,14 +186,14 @@ def _draw_accuracy(ax: Axes, history: Sequence[Record]) -> None:
                 label="sample-weighted mean")
 
 
-def _draw_mse(ax: Axes, history: Sequence[Record]) -> None:
+def _draw_mse(ax: Axes, history: Sequence[RoundRecord]) -> None:
     """Mean client MSE per evaluated round."""
     rounds, mse = metric_series(history, "mse")
     ax.plot(rounds, mse, color="C0", marker=_marker(rounds.size), ms=3.5, label="mean MSE")
     ax.set_ylabel("MSE")
 
 
-def plot_ari(history: Sequence[Record], path: str | Path, label: str = "") -> Path:
+def plot_ari(history: Sequence[RoundRecord], path: str | Path, label: str = "") -> Path:
     """ARI against the true clusters (left axis) and number of clusters (right axis) per round.
 
     ARI is left out when it is null in every round; cluster splits (extras["split"]) are marked.
@@ -275,7 +273,7 @@ def _client_ticks(ax: Axes, order: np.ndarray) -> None:
         ax.set_xlabel("clients, sorted by final accuracy")
 
 
-def plot_cluster_sizes(history: Sequence[Record], path: str | Path, label: str = "") -> Path:
+def plot_cluster_sizes(history: Sequence[RoundRecord], path: str | Path, label: str = "") -> Path:
     """Number of clients in each cluster per round, as stacked areas.
 
     One band colour per cluster id; the `MAX_LEGEND` clusters with the largest peak size keep
@@ -323,7 +321,7 @@ def _cluster_layers(
     return np.array(layers, dtype=float).reshape(len(layers), -1), names, colors
 
 
-def plot_communication(history: Sequence[Record], path: str | Path, label: str = "") -> Path:
+def plot_communication(history: Sequence[RoundRecord], path: str | Path, label: str = "") -> Path:
     """Cumulative floats sent server→clients and clients→server per round (log scale)."""
     rounds, down, up = comm_series(history)
     fig, ax = _new_figure()
@@ -459,9 +457,9 @@ def plot_comparison(
 
 def _load_runs(
     run_dirs: Sequence[str | Path], names: Sequence[str] | None = None
-) -> list[tuple[str, list[Record]]]:
+) -> list[tuple[str, list[RoundRecord]]]:
     """(unique label, history) per run; duplicate labels get the folder name appended."""
-    loaded = [(Path(d), load_history(d), load_summary(d)) for d in run_dirs]
+    loaded = [(Path(d), read_history(d), read_summary(d)) for d in run_dirs]
     if names is not None and len(names) != len(loaded):
         raise ValueError(f"{len(names)} labels for {len(loaded)} runs")
     labels = list(names) if names is not None else [run_label(s, d) for d, _, s in loaded]
@@ -488,7 +486,7 @@ def _run_legend(fig: Figure, ax: Axes, n_runs: int) -> None:
         fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
 
 
-def _compare_accuracy(runs: list[tuple[str, list[Record]]], path: Path) -> Path:
+def _compare_accuracy(runs: list[tuple[str, list[RoundRecord]]], path: Path) -> Path:
     """Mean client accuracy (or MSE when every run is a regression) per run."""
     regression = all(is_regression(h) for _, h in runs)
     name, scale = ("mse", 1.0) if regression else ("accuracy", 100.0)
@@ -504,7 +502,7 @@ def _compare_accuracy(runs: list[tuple[str, list[Record]]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _compare_clustering(runs: list[tuple[str, list[Record]]], path: Path) -> Path:
+def _compare_clustering(runs: list[tuple[str, list[RoundRecord]]], path: Path) -> Path:
     """ARI (left panel) and number of clusters (right panel) per run."""
     fig, (ari_ax, count_ax) = _new_figure(width=11.0, ncols=2)
     for i, (label, history) in enumerate(runs):
@@ -525,7 +523,7 @@ def _compare_clustering(runs: list[tuple[str, list[Record]]], path: Path) -> Pat
     return _save(fig, path)
 
 
-def _compare_communication(runs: list[tuple[str, list[Record]]], path: Path) -> Path:
+def _compare_communication(runs: list[tuple[str, list[RoundRecord]]], path: Path) -> Path:
     """Cumulative floats down (left panel) and up (right panel) per run, log scale."""
     fig, (down_ax, up_ax) = _new_figure(width=11.0, ncols=2, sharey=True)
     for i, (label, history) in enumerate(runs):

@@ -5,19 +5,15 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.table import Table
 
+from clusterfl.records import FinalMetrics, RoundMetrics, RunSummary, read_history, read_summary
 from clusterfl.report.figures import human_units, plot_comparison, plot_run
-from clusterfl.report.history import (
-    Record,
-    load_config_text,
-    load_history,
-    load_summary,
-    run_label,
-)
+from clusterfl.report.history import load_config_text, run_label
 
 REPORT_FILE = "report.md"
 CONFIG_EXCERPT_LINES = 40
@@ -62,40 +58,52 @@ def _general(value: Any) -> str:
     return MISSING if value is None else f"{float(value):.4g}"
 
 
-# (header, key in summary["final"], formatter); "mse" only appears for regression runs.
-COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("accuracy (%)", "accuracy", _percent),
-    ("weighted acc (%)", "accuracy_weighted", _percent),
-    ("macro-F1 (%)", "macro_f1", _percent),
-    ("fairness var (%²)", "fairness_var", _fixed(2)),
-    ("MSE", "mse", _general),
-    ("ARI", "ari", _fixed(3)),
-    ("clusters", "n_clusters", _integer),
-    ("floats ↓", "floats_down", _human),
-    ("floats ↑", "floats_up", _human),
-    ("wall time (s)", "wall_time", _fixed(1)),
+def _metrics(final: FinalMetrics) -> RoundMetrics:
+    """The final metrics, all None when no round was evaluated."""
+    return final.metrics or RoundMetrics()
+
+
+class Column(NamedTuple):
+    header: str
+    value: Callable[[FinalMetrics], Any]
+    fmt: Callable[[Any], str]
+
+
+# The columns of the summary table, read from a run's final metrics; the MSE column only
+# appears when some run is a regression (`_columns`).
+MSE_COLUMN = Column("MSE", lambda f: _metrics(f).mse, _general)
+COLUMNS: list[Column] = [
+    Column("accuracy (%)", lambda f: _metrics(f).accuracy, _percent),
+    Column("weighted acc (%)", lambda f: _metrics(f).accuracy_weighted, _percent),
+    Column("macro-F1 (%)", lambda f: _metrics(f).macro_f1, _percent),
+    Column("fairness var (%²)", lambda f: _metrics(f).fairness_var, _fixed(2)),
+    MSE_COLUMN,
+    Column("ARI", lambda f: f.ari, _fixed(3)),
+    Column("clusters", lambda f: f.n_clusters, _integer),
+    Column("floats ↓", lambda f: f.floats_down, _human),
+    Column("floats ↑", lambda f: f.floats_up, _human),
+    Column("wall time (s)", lambda f: f.wall_time, _fixed(1)),
 ]
 
 
-def _columns(summaries: Sequence[Record]) -> list[tuple[str, str, Callable[[Any], str]]]:
+def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
     """The table's columns: MSE only when some run reports one."""
-    regression = any((s.get("final") or {}).get("mse") is not None for s in summaries)
-    return [c for c in COLUMNS if c[1] != "mse" or regression]
+    regression = any(_metrics(s.final).mse is not None for s in summaries)
+    return [c for c in COLUMNS if c is not MSE_COLUMN or regression]
 
 
-def summary_rows(summaries: Sequence[Record]) -> tuple[list[str], list[list[str]]]:
+def summary_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:
     """(headers, rows of formatted cells), one row per summary in the given order."""
     columns = _columns(summaries)
-    headers = ["method"] + [header for header, _, _ in columns]
+    headers = ["method"] + [c.header for c in columns]
     rows = []
     for summary in summaries:
-        final = summary.get("final") or {}
-        cells = [fmt(final.get(key)) for _, key, fmt in columns]
+        cells = [c.fmt(c.value(summary.final)) for c in columns]
         rows.append([run_label(summary), *cells])
     return headers, rows
 
 
-def summary_table(summaries: Sequence[Record], title: str | None = None) -> Table:
+def summary_table(summaries: Sequence[RunSummary], title: str | None = None) -> Table:
     """A rich Table of the final metrics, one row per run (numbers right-aligned)."""
     headers, rows = summary_rows(summaries)
     table = Table(title=title)
@@ -107,7 +115,7 @@ def summary_table(summaries: Sequence[Record], title: str | None = None) -> Tabl
     return table
 
 
-def summary_markdown(summaries: Sequence[Record]) -> str:
+def summary_markdown(summaries: Sequence[RunSummary]) -> str:
     """The same table as GitHub markdown (numbers right-aligned)."""
     headers, rows = summary_rows(summaries)
     lines = [
@@ -128,13 +136,13 @@ def _markdown_row(cells: Sequence[str]) -> str:
 def write_run_report(run_dir: str | Path) -> Path:
     """Draw the run's figures (`plot_run`) and write `run_dir/report.md`; return its path."""
     run_dir = Path(run_dir)
-    summary = load_summary(run_dir)
+    summary = read_summary(run_dir)
     figures = plot_run(run_dir) + method_figures(run_dir, summary)
     parts = [
         _run_header(summary, run_dir),
         _config_excerpt(load_config_text(run_dir)),
         "## Results\n\n" + summary_markdown([summary]),
-        _extras_section(summary.get("extras") or {}),
+        _extras_section(summary.extras),
         "## Figures\n\n" + _figure_links(figures, run_dir),
     ]
     path = run_dir / REPORT_FILE
@@ -142,14 +150,14 @@ def write_run_report(run_dir: str | Path) -> Path:
     return path
 
 
-def method_figures(run_dir: Path, summary: Record) -> list[Path]:
+def method_figures(run_dir: Path, summary: RunSummary) -> list[Path]:
     """Figures a method draws itself (`clusterfl.report.methods.<module>.figures`).
 
     The module has the name of the method's module in `clusterfl.algorithms`.
     """
     from clusterfl.algorithms import method_module
 
-    module = method_module(str(summary.get("algorithm", "")))
+    module = method_module(summary.algorithm or "")
     if module is None:
         return []
     try:
@@ -158,21 +166,25 @@ def method_figures(run_dir: Path, summary: Record) -> list[Path]:
         if exc.name and exc.name.startswith("clusterfl.report.methods"):
             return []
         raise
-    return list(mod.figures(run_dir, load_history(run_dir), summary))
+    return list(mod.figures(run_dir, read_history(run_dir), summary))
 
 
-def _run_header(summary: Record, run_dir: Path) -> str:
+def _run_header(summary: RunSummary, run_dir: Path) -> str:
     """Title and one line of facts about the run."""
-    true = summary.get("true_clusters")
+    true = summary.true_clusters
     truth = f"{len(set(true))} true clusters" if true else "true clusters unknown"
     facts = [
-        f"algorithm `{summary.get('algorithm', '?')}`",
-        f"federation `{summary.get('federation', '?')}`",
-        f"{summary.get('n_clients', '?')} clients",
-        f"{summary.get('rounds', '?')} rounds",
+        f"algorithm `{_known(summary.algorithm)}`",
+        f"federation `{_known(summary.federation)}`",
+        f"{_known(summary.n_clients)} clients",
+        f"{_known(summary.rounds)} rounds",
         truth,
     ]
     return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
+
+
+def _known(value: Any) -> str:
+    return "?" if value is None else str(value)
 
 
 def _config_excerpt(config: str | None) -> str:
@@ -216,11 +228,11 @@ def write_comparison_report(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = [load_summary(d) for d in run_dirs]
+    summaries = [read_summary(d) for d in run_dirs]
     if labels is not None:
-        summaries = [{**s, "label": lab} for s, lab in zip(summaries, labels, strict=True)]
+        summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
     figures = plot_comparison(run_dirs, out_dir, labels)
-    federations = sorted({str(s.get("federation", "?")) for s in summaries})
+    federations = sorted({_known(s.federation) for s in summaries})
     parts = [
         f"# Comparison of {len(summaries)} runs\n\nFederation: "
         + ", ".join(f"`{f}`" for f in federations) + ".\n",
@@ -233,7 +245,8 @@ def write_comparison_report(
     return path
 
 
-def _run_links(run_dirs: Sequence[str | Path], summaries: Sequence[Record], base: Path) -> str:
+def _run_links(run_dirs: Sequence[str | Path], summaries: Sequence[RunSummary],
+               base: Path) -> str:
     """A bullet per run linking its report (or folder) relative to `base`."""
     lines = []
     for run_dir, summary in zip(run_dirs, summaries):

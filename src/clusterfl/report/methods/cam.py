@@ -14,58 +14,52 @@ areas). These add, from the per-round `assignment` and `extras`:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from clusterfl.records import RoundRecord, RunSummary
 from clusterfl.report.figures import plot_series
+from clusterfl.report.history import run_label
 
-Record = dict[str, Any]
 
-
-def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]:
+def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> list[Path]:
     """Draw the clustering-balance (and, for CAM, part-loss) figures into `run_dir/figures`."""
     out = Path(run_dir) / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    records = [r for r in records if isinstance(r.get("extras"), dict)]
     if not records:
         return []
-    paths = [plot_balance(records, out / "cluster_balance.png", _label(summary))]
-    if any("train_loss_cluster" in r["extras"] for r in records):
-        paths.append(plot_part_losses(records, out / "cam_train_losses.png", _label(summary)))
+    label = run_label(summary)
+    paths = [plot_balance(records, out / "cluster_balance.png", label)]
+    if any("train_loss_cluster" in r.extras for r in records):
+        paths.append(plot_part_losses(records, out / "cam_train_losses.png", label))
     return paths
 
 
-def _label(summary: Record) -> str:
-    return str(summary.get("label") or summary.get("algorithm") or "run")
-
-
-def warmup_end(records: list[Record]) -> list[int]:
+def warmup_end(records: list[RoundRecord]) -> list[int]:
     """The last warm-up round, as a one-element list (empty when there was no warm-up)."""
-    warm = [int(r["round"]) for r in records if r["extras"].get("warmup")]
+    warm = [r.round for r in records if r.extras.get("warmup")]
     return [max(warm)] if warm else []
 
 
-def balance_series(records: list[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def balance_series(records: list[RoundRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rounds, share of clients in the largest cluster, non-empty clusters / K).
 
     Unassigned clients (-1) count in the denominator of the share; K is the length of the
     `cluster_sizes` extra when present, else the number of distinct ids ever seen.
     """
-    seen = {int(a) for r in records for a in (r.get("assignment") or []) if a is not None
-            and a >= 0}
+    seen = {int(a) for r in records for a in r.assignment if a is not None and a >= 0}
     rounds, largest, used = [], [], []
     for r in records:
-        a = np.array([-1 if v is None else v for v in (r.get("assignment") or [])], int)
-        k = len(r["extras"].get("cluster_sizes") or []) or max(len(seen), 1)
+        a = np.array([-1 if v is None else v for v in r.assignment], int)
+        k = len(r.extras.get("cluster_sizes") or []) or max(len(seen), 1)
         counts = np.bincount(a[a >= 0], minlength=k) if len(a) else np.zeros(k, int)
-        rounds.append(int(r["round"]))
+        rounds.append(r.round)
         largest.append(counts.max() / len(a) if len(a) else np.nan)
         used.append((counts > 0).sum() / k)
     return np.array(rounds), np.array(largest, float), np.array(used, float)
 
 
-def plot_balance(records: list[Record], path: Path, label: str) -> Path:
+def plot_balance(records: list[RoundRecord], path: Path, label: str) -> Path:
     """Largest-cluster share and used-cluster fraction per round (collapse → share 1)."""
     rounds, largest, used = balance_series(records)
     return plot_series(
@@ -74,7 +68,7 @@ def plot_balance(records: list[Record], path: Path, label: str) -> Path:
         mark_label="end of warm-up")
 
 
-def plot_part_losses(records: list[Record], path: Path, label: str) -> Path:
+def plot_part_losses(records: list[RoundRecord], path: Path, label: str) -> Path:
     """Mean local training loss of the cluster part and of the global part per round."""
     series: dict[str, tuple[list[float], list[float]]] = {}
     names = {"train_loss_cluster": "cluster part θ_i (global frozen)",
@@ -82,10 +76,10 @@ def plot_part_losses(records: list[Record], path: Path, label: str) -> Path:
              "train_loss": "warm-up local training"}
     for r in records:
         for key, name in names.items():
-            value = r["extras"].get(key)
+            value = r.extras.get(key)
             if isinstance(value, int | float):
                 xs, ys = series.setdefault(name, ([], []))
-                xs.append(float(r["round"]))
+                xs.append(float(r.round))
                 ys.append(float(value))
     return plot_series({k: (np.array(x), np.array(y)) for k, (x, y) in series.items()}, path,
                        f"{label}: local training loss", "mean training loss",

@@ -19,19 +19,18 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-Record = dict[str, Any]
+from clusterfl.records import RoundRecord, RunSummary
 
 
-def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]:
+def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> list[Path]:
     """Draw the CFL figures of a run into `run_dir / "figures"`; returns the files written."""
     out = Path(run_dir) / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    records = [r for r in records if isinstance(r.get("extras"), dict) and "mean_norm" in
-               r["extras"]]
+    records = [r for r in records if "mean_norm" in r.extras]
     if not records:
         return []
     eps = _thresholds(Path(run_dir))
-    truth = summary.get("true_clusters")
+    truth = summary.true_clusters
     paths = [
         plot_norms(records, out / "cfl_norms.png", eps),
         plot_accuracy_gap(records, out / "cfl_accuracy_gap.png", truth),
@@ -43,27 +42,28 @@ def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]
 # --------------------------------------------------------------------------- series
 
 
-def split_rounds(records: list[Record]) -> list[int]:
+def split_rounds(records: list[RoundRecord]) -> list[int]:
     """Rounds in which a cluster split."""
-    return [int(r["round"]) for r in records if r["extras"].get("split")]
+    return [r.round for r in records if r.extras.get("split")]
 
 
-def node_series(records: list[Record], key: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def node_series(records: list[RoundRecord], key: str
+                ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """`node id -> (rounds, values)` of a per-cluster extra (`mean_norm`, `max_norm`, `gap`)."""
     acc: dict[int, tuple[list[int], list[float]]] = {}
     for r in records:
-        e = r["extras"]
+        e = r.extras
         for node, value in zip(e.get("clusters", []), e.get(key, [])):
             xs, ys = acc.setdefault(int(node), ([], []))
-            xs.append(int(r["round"]))
+            xs.append(r.round)
             ys.append(np.nan if value is None else float(value))
     return {k: (np.array(x), np.array(y)) for k, (x, y) in sorted(acc.items())}
 
 
-def group_accuracy(records: list[Record], groups: np.ndarray
+def group_accuracy(records: list[RoundRecord], groups: np.ndarray
                    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """`group -> (rounds, mean client accuracy of the group)` over evaluated rounds."""
-    rows = [(int(r["round"]), r["client_accuracy"]) for r in records if r.get("client_accuracy")]
+    rows = [(r.round, r.client_accuracy) for r in records if r.client_accuracy]
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     if not rows:
         return out
@@ -96,7 +96,7 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def plot_norms(records: list[Record], path: Path, eps: dict[str, float]) -> Path:
+def plot_norms(records: list[RoundRecord], path: Path, eps: dict[str, float]) -> Path:
     """Fig. 8: mean update norm (solid) and max client norm (dashed) per cluster."""
     fig = Figure(figsize=(7.5, 4.4), layout="constrained")
     ax = fig.subplots()
@@ -117,14 +117,14 @@ def plot_norms(records: list[Record], path: Path, eps: dict[str, float]) -> Path
     return _save(fig, path)
 
 
-def plot_accuracy_gap(records: list[Record], path: Path, truth: Any) -> Path:
+def plot_accuracy_gap(records: list[RoundRecord], path: Path, truth: Any) -> Path:
     """Fig. 9: accuracy per client group (top) and separation gap per cluster (bottom)."""
     fig = Figure(figsize=(7.5, 6.4), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     if truth is not None:
         groups, name = np.asarray(truth, dtype=int), "true cluster"
     else:
-        groups, name = np.asarray(records[-1]["assignment"], dtype=int), "final cluster"
+        groups, name = np.asarray(records[-1].assignment, dtype=int), "final cluster"
     for g, (x, y) in group_accuracy(records, groups).items():
         top.plot(x, y, marker="o" if len(x) <= 40 else None, ms=3, label=f"{name} {g}")
     top.set_ylabel("mean test accuracy")
@@ -148,13 +148,13 @@ def plot_accuracy_gap(records: list[Record], path: Path, truth: Any) -> Path:
     return _save(fig, path)
 
 
-def plot_split_similarities(records: list[Record], out: Path, truth: Any) -> list[Path]:
+def plot_split_similarities(records: list[RoundRecord], out: Path, truth: Any) -> list[Path]:
     """One heatmap per accepted split: similarity ordered by group, then by true cluster."""
     from clusterfl.report.figures import plot_matrix
 
     paths = []
     for r in records:
-        for event in r["extras"].get("splits", []):
+        for event in r.extras.get("splits", []):
             if not event.get("accepted") or "similarity" not in event:
                 continue
             members = np.asarray(event["members"], dtype=int)
@@ -163,8 +163,8 @@ def plot_split_similarities(records: list[Record], out: Path, truth: Any) -> lis
             key = (group, members) if true is None else (group, true, members)
             order = np.lexsort(key[::-1])
             labels = group if true is None else true
-            name = f"cfl_similarity_{int(r['round'])}_{int(event['node'])}.png"
-            title = (f"round {r['round']}: split of node {event['node']} "
+            name = f"cfl_similarity_{r.round}_{int(event['node'])}.png"
+            title = (f"round {r.round}: split of node {event['node']} "
                      f"(α_cross_max = {event['alpha_cross_max']:.3f})")
             paths.append(plot_matrix(np.asarray(event["similarity"]), order, out / name, title,
                                      labels=labels))

@@ -19,32 +19,31 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-Record = dict[str, Any]
+from clusterfl.records import RoundRecord, RunSummary
 
 MAX_SPECTRA = 6  # spectra drawn in one figure
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
-def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]:
+def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> list[Path]:
     """Draw the CFL-GP figures of a run into `run_dir / "figures"`; returns the files written."""
     out = Path(run_dir) / "figures"
     rounds = clustering_records(records)
     if not rounds:
         return []
     out.mkdir(parents=True, exist_ok=True)
-    truth = summary.get("true_clusters")
+    truth = summary.true_clusters
     paths = [plot_spectrum(rounds, out / "cfl_gp_spectrum.png"),
              plot_features(rounds, out / "cfl_gp_features.png", truth)]
-    if any(r["extras"].get("k_estimate") is not None for r in rounds):
-        stopped = (records[-1].get("extras") or {}).get("clustering_stopped_at")
+    if any(r.extras.get("k_estimate") is not None for r in rounds):
+        stopped = records[-1].extras.get("clustering_stopped_at")
         paths.append(plot_k_estimate(rounds, out / "cfl_gp_k_estimate.png", stopped))
     return paths
 
 
-def clustering_records(records: list[Record]) -> list[Record]:
+def clustering_records(records: list[RoundRecord]) -> list[RoundRecord]:
     """The records of rounds with a clustering update (those carry the spectrum)."""
-    return [r for r in records if isinstance(r.get("extras"), dict)
-            and r["extras"].get("singular_values")]
+    return [r for r in records if r.extras.get("singular_values")]
 
 
 def _picked(n: int, k: int) -> list[int]:
@@ -67,19 +66,19 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def plot_spectrum(rounds: list[Record], path: Path) -> Path:
+def plot_spectrum(rounds: list[RoundRecord], path: Path) -> Path:
     """Singular values per clustering round (log y), the last round's largest gap marked."""
     fig, ax = _new_figure()
     chosen = _picked(len(rounds), MAX_SPECTRA)
     cmap = colormaps["Reds"]
     for j, i in enumerate(chosen):
-        sv = np.asarray(rounds[i]["extras"]["singular_values"], dtype=float)
+        sv = np.asarray(rounds[i].extras["singular_values"], dtype=float)
         idx = np.arange(1, len(sv) + 1)
         keep = sv > 0
         shade = 0.35 + 0.65 * (j + 1) / len(chosen)
         ax.plot(idx[keep], sv[keep], marker="o", ms=3, color=cmap(shade),
-                label=f"round {rounds[i]['round']}")
-    last = rounds[chosen[-1]]["extras"]
+                label=f"round {rounds[i].round}")
+    last = rounds[chosen[-1]].extras
     s = last.get("spectral_gap_s")
     title = "Singular values of the gradient profile"
     if s is not None:
@@ -108,17 +107,16 @@ def _scatter(ax: Any, feats: np.ndarray, assign: np.ndarray, truth: np.ndarray |
     ax.set_title(title, fontsize="medium")
 
 
-def plot_features(rounds: list[Record], path: Path, truth: list[int] | None) -> Path:
+def plot_features(rounds: list[RoundRecord], path: Path, truth: list[int] | None) -> Path:
     """Projected client features (first two coordinates) at the first and last clustering."""
     ends = [rounds[0], rounds[-1]] if len(rounds) > 1 else [rounds[0]]
     fig, axes = _new_figure(width=5.0 * len(ends), height=4.4, ncols=len(ends))
     true = None if truth is None else np.asarray(truth, dtype=int)
     for ax, rec in zip(np.atleast_1d(axes), ends):
-        feats = np.asarray(rec["extras"]["projected_features"], dtype=float)
-        assign = np.asarray(rec["assignment"], dtype=int)
-        ari = rec.get("ari")
-        note = "" if ari is None else f", ARI {ari:.2f}"
-        _scatter(ax, feats, assign, true, f"round {rec['round']}{note} (colour = model)")
+        feats = np.asarray(rec.extras["projected_features"], dtype=float)
+        assign = np.asarray(rec.assignment, dtype=int)
+        note = "" if rec.ari is None else f", ARI {rec.ari:.2f}"
+        _scatter(ax, feats, assign, true, f"round {rec.round}{note} (colour = model)")
     if true is not None and len(np.unique(true)) <= len(MARKERS):
         legend = np.atleast_1d(axes)[-1].legend(loc="best", fontsize="x-small", title="marker")
         for handle in legend.legend_handles:
@@ -127,13 +125,14 @@ def plot_features(rounds: list[Record], path: Path, truth: list[int] | None) -> 
     return _save(fig, path)
 
 
-def plot_k_estimate(rounds: list[Record], path: Path, stopped: int | None = None) -> Path:
+def plot_k_estimate(rounds: list[RoundRecord], path: Path, stopped: int | None = None
+                    ) -> Path:
     """Estimated number of clusters and gap position s per clustering round."""
     fig, ax = _new_figure()
-    t = [int(r["round"]) for r in rounds]
+    t = [r.round for r in rounds]
     for key, label, style in (("k_estimate", "estimated K", "-o"),
                               ("spectral_gap_s", "largest gap s", "--s")):
-        y = [np.nan if r["extras"].get(key) is None else float(r["extras"][key]) for r in rounds]
+        y = [np.nan if r.extras.get(key) is None else float(r.extras[key]) for r in rounds]
         ax.plot(t, y, style, ms=4, label=label)
     if stopped is not None:
         ax.axvline(stopped, color="0.35", ls=":", label=f"clustering stopped (round {stopped})")

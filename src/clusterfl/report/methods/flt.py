@@ -19,13 +19,13 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from clusterfl.records import RoundRecord, RunSummary
 from clusterfl.report.figures import plot_matrix
 
-Record = dict[str, Any]
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
-def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]:
+def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> list[Path]:
     """Draw the FLT figures of a run into `run_dir / "figures"`; returns the files written."""
     data = clustering_data(Path(run_dir), records)
     if data is None:
@@ -35,7 +35,7 @@ def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]
     labels = np.asarray(data["labels"], dtype=int)
     z = np.asarray(data["linkage"], dtype=float)
     order = leaf_order(z, len(labels))
-    truth = summary.get("true_clusters")
+    truth = summary.true_clusters
     paths = [plot_matrix(data["adjacency"], order, out / "flt_adjacency.png",
                          "Distance matrix A (dendrogram order)", labels)]
     related = data.get("relatedness")
@@ -51,16 +51,16 @@ def figures(run_dir: Path, records: list[Record], summary: Record) -> list[Path]
     return paths
 
 
-def clustering_data(run_dir: Path, records: list[Record]) -> dict[str, Any] | None:
+def clustering_data(run_dir: Path, records: list[RoundRecord]) -> dict[str, Any] | None:
     """A, Ã, linkage, labels (and UMAP points) of the run's one-off clustering, or None."""
     for rec in records:
-        extras = rec.get("extras") if isinstance(rec.get("extras"), dict) else None
-        if extras and extras.get("adjacency") is not None:
+        extras = rec.extras
+        if extras.get("adjacency") is not None:
             a = np.asarray(extras["adjacency"], dtype=float)
             a = np.where(a < 0, np.nan, a)  # clients without a signature
             return {"adjacency": a, "relatedness": extras.get("relatedness"),
                     "linkage": extras.get("linkage") or np.zeros((0, 4)),
-                    "labels": rec["assignment"], "umap_points": extras.get("umap_points")}
+                    "labels": rec.assignment, "umap_points": extras.get("umap_points")}
     npz = run_dir / "flt_relatedness.npz"
     if npz.is_file():
         with np.load(npz) as f:

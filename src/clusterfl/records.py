@@ -1,0 +1,363 @@
+"""The files of a run directory as types: one `RoundRecord` per line of `history.jsonl`, one
+`RunSummary` in `summary.json`, and the one place that reads them (`read_history`,
+`read_summary`).
+
+Every reader (the report, the benchmark suite, the CLI) goes through these types; the JSON
+layout lives only in `to_json_dict` / `from_json_dict`. The JSON is the one the experiment
+runner has always written: `to_json_dict()` gives the same keys in the same order, and
+`from_json_dict(d).to_json_dict() == d` for every record and summary the runner writes, old
+files included (they lack the newer optional keys, which then stay absent).
+
+This module is the bottom floor: it imports only the standard library, numpy and
+`clusterfl.errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterfl.errors import ClusterFLError
+
+HISTORY_FILE = "history.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+class RunDirError(ClusterFLError):
+    """A directory is not a readable run directory (missing, empty or malformed file)."""
+
+
+def json_ready(value: Any) -> Any:
+    """JSON-safe copy: numpy (and torch) arrays and scalars → Python, NaN/inf → None, tuples →
+    lists, dict keys → str."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(x) for k, x in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(x) for x in value]
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    if isinstance(value, np.generic):
+        return json_ready(value.item())
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if not isinstance(value, str | int | bool | None) and callable(getattr(value, "tolist", None)):
+        return json_ready(value.tolist())  # torch.Tensor (this module does not import torch)
+    return value
+
+
+def _check_keys(d: Mapping[str, Any], required: Iterable[str], optional: Iterable[str],
+                what: str) -> None:
+    """Raise ValueError naming the missing required keys or the unknown keys of `d`."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{what} must be a JSON object, got {type(d).__name__}")
+    required = tuple(required)
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(map(repr, missing))}")
+    known = set(required) | set(optional)
+    unknown = [k for k in d if k not in known]
+    if unknown:
+        raise ValueError(f"{what} has unknown key(s) {', '.join(map(repr, unknown))}")
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+@dataclass(kw_only=True)
+class RoundMetrics:
+    """Client metrics of an evaluated round (`clusterfl.metrics.summarize`).
+
+    Means over the clients whose value is defined; None when no client has one (e.g. `mse`
+    of a classification run, the accuracies of a regression run).
+    """
+
+    accuracy: float | None = None
+    """Mean client accuracy in 0..1."""
+    accuracy_weighted: float | None = None
+    """Client accuracy weighted by the clients' test-set sizes."""
+    macro_f1: float | None = None
+    fairness_var: float | None = None
+    """Variance of client accuracy in %²."""
+    loss: float | None = None
+    mse: float | None = None
+
+    KEYS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "accuracy": self.accuracy, "accuracy_weighted": self.accuracy_weighted,
+            "macro_f1": self.macro_f1, "fairness_var": self.fairness_var, "loss": self.loss,
+            "mse": self.mse,
+        }
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any]) -> RoundMetrics:
+        _check_keys(d, cls.KEYS, (), "metrics")
+        return cls(
+            accuracy=d["accuracy"], accuracy_weighted=d["accuracy_weighted"],
+            macro_f1=d["macro_f1"], fairness_var=d["fairness_var"], loss=d["loss"],
+            mse=d["mse"],
+        )
+
+
+# --------------------------------------------------------------------------- one round
+
+
+@dataclass(kw_only=True)
+class RoundRecord:
+    """What happened in one round: a line of `history.jsonl`.
+
+    Built by `Experiment._record` with JSON-ready values (`cleaned()`). The optional keys
+    (`client_updates`, `robust`, `client_macro_f1`, `client_mse`) are written only when not
+    None, as the runner always did: `robust` when a robustness option is on or something
+    happened, `client_macro_f1` in evaluated rounds, `client_mse` in evaluated rounds of a
+    regression run, `client_updates` always (files older than it lack it).
+    """
+
+    round: int
+    wall_time: float
+    """Seconds since the start of the run (resumed runs continue the count)."""
+    n_clusters: int
+    assignment: list[int]
+    """Cluster id of each client (-1: none)."""
+    ari: float | None
+    """ARI of the assignment against the true clusters (None when they are unknown)."""
+    floats_down: float
+    """Cumulative floats sent server → clients."""
+    floats_up: float
+    """Cumulative floats sent clients → server."""
+    client_updates: int | None = None
+    """Cumulative client updates (local trainings and gradients) computed."""
+    metrics: RoundMetrics | None = None
+    """None in rounds that were not evaluated."""
+    client_accuracy: list[float | None] | None = None
+    rejected: int = 0
+    """Replies the guard rejected this round."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """The algorithm's own per-round values (`Algorithm.run_round`)."""
+    robust: dict[str, Any] | None = None
+    """The guard's events of the round (rejected, clipped, dropped, ...)."""
+    client_macro_f1: list[float | None] | None = None
+    client_mse: list[float | None] | None = None
+
+    REQUIRED = ("round", "wall_time", "n_clusters", "assignment", "ari", "floats_down",
+                "floats_up", "metrics", "client_accuracy", "rejected", "extras")
+    OPTIONAL = ("client_updates", "robust", "client_macro_f1", "client_mse")
+
+    @property
+    def evaluated(self) -> bool:
+        return self.metrics is not None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The line of `history.jsonl` (keys in the order the runner has always written)."""
+        d: dict[str, Any] = {
+            "round": self.round, "wall_time": self.wall_time, "n_clusters": self.n_clusters,
+            "assignment": self.assignment, "ari": self.ari, "floats_down": self.floats_down,
+            "floats_up": self.floats_up,
+        }
+        if self.client_updates is not None:
+            d["client_updates"] = self.client_updates
+        d.update({
+            "metrics": None if self.metrics is None else self.metrics.to_json_dict(),
+            "client_accuracy": self.client_accuracy, "rejected": self.rejected,
+            "extras": self.extras,
+        })
+        for key, value in (("robust", self.robust), ("client_macro_f1", self.client_macro_f1),
+                           ("client_mse", self.client_mse)):
+            if value is not None:
+                d[key] = value
+        return d
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
+        """Read a line of `history.jsonl`; ValueError on missing or unknown keys."""
+        _check_keys(d, cls.REQUIRED, cls.OPTIONAL, "a history record")
+        m = d["metrics"]
+        return cls(
+            round=d["round"], wall_time=d["wall_time"], n_clusters=d["n_clusters"],
+            assignment=d["assignment"], ari=d["ari"], floats_down=d["floats_down"],
+            floats_up=d["floats_up"], client_updates=d.get("client_updates"),
+            metrics=None if m is None else RoundMetrics.from_json_dict(m),
+            client_accuracy=d["client_accuracy"], rejected=d["rejected"], extras=d["extras"],
+            robust=d.get("robust"), client_macro_f1=d.get("client_macro_f1"),
+            client_mse=d.get("client_mse"),
+        )
+
+    def cleaned(self) -> RoundRecord:
+        """A copy whose values are JSON-ready (`json_ready`): what the runner records."""
+        return RoundRecord.from_json_dict(json_ready(self.to_json_dict()))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass(kw_only=True)
+class FinalMetrics:
+    """`summary.json`'s "final": the metrics of the last evaluated round and the clustering,
+    costs and time of the last round. In the JSON the metrics' keys come first, flat (absent
+    when no round was evaluated)."""
+
+    metrics: RoundMetrics | None = None
+    ari: float | None = None
+    n_clusters: int | None = None
+    floats_down: float | None = None
+    floats_up: float | None = None
+    client_updates: int | None = None
+    wall_time: float | None = None
+
+    KEYS = ("ari", "n_clusters", "floats_down", "floats_up", "client_updates", "wall_time")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        d = {} if self.metrics is None else self.metrics.to_json_dict()
+        d.update({
+            "ari": self.ari, "n_clusters": self.n_clusters, "floats_down": self.floats_down,
+            "floats_up": self.floats_up, "client_updates": self.client_updates,
+            "wall_time": self.wall_time,
+        })
+        return d
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any]) -> FinalMetrics:
+        """Lenient: a missing key reads as None (files older than `client_updates` lack it)."""
+        _check_keys(d, (), RoundMetrics.KEYS + cls.KEYS, "summary 'final'")
+        evaluated = any(k in d for k in RoundMetrics.KEYS)
+        return cls(
+            metrics=RoundMetrics(**{k: d.get(k) for k in RoundMetrics.KEYS}) if evaluated
+            else None,
+            ari=d.get("ari"), n_clusters=d.get("n_clusters"), floats_down=d.get("floats_down"),
+            floats_up=d.get("floats_up"), client_updates=d.get("client_updates"),
+            wall_time=d.get("wall_time"),
+        )
+
+
+@dataclass(kw_only=True)
+class RunSummary:
+    """`summary.json`: what the run was and how it ended.
+
+    Every field may be None (or empty) when read from a partial file; a summary written by
+    the runner has them all. `robust` is written only when a robustness option is on.
+    """
+
+    algorithm: str | None = None
+    label: str | None = None
+    """Display name of the method (e.g. "ifca(K=4)")."""
+    federation: str | None = None
+    n_clients: int | None = None
+    rounds: int | None = None
+    true_clusters: list[int] | None = None
+    final: FinalMetrics = field(default_factory=FinalMetrics)
+    client_accuracy: list[float | None] | None = None
+    """Per-client accuracy of the last evaluated round."""
+    client_macro_f1: list[float | None] | None = None
+    assignment: list[int] | None = None
+    """Cluster id of each client after the last round."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """The last round's extras."""
+    robust: dict[str, Any] | None = None
+    """The guard's totals, adversary exposure and privacy (ε, δ)."""
+
+    KEYS = ("algorithm", "label", "federation", "n_clients", "rounds", "true_clusters",
+            "final", "client_accuracy", "client_macro_f1", "assignment", "extras", "robust")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "algorithm": self.algorithm, "label": self.label, "federation": self.federation,
+            "n_clients": self.n_clients, "rounds": self.rounds,
+            "true_clusters": self.true_clusters, "final": self.final.to_json_dict(),
+            "client_accuracy": self.client_accuracy, "client_macro_f1": self.client_macro_f1,
+            "assignment": self.assignment, "extras": self.extras,
+        }
+        if self.robust is not None:
+            d["robust"] = self.robust
+        return d
+
+    @classmethod
+    def from_json_dict(cls, d: Mapping[str, Any]) -> RunSummary:
+        """Lenient about missing keys (None), ValueError on unknown ones."""
+        _check_keys(d, (), cls.KEYS, "a summary")
+        return cls(
+            algorithm=d.get("algorithm"), label=d.get("label"), federation=d.get("federation"),
+            n_clients=d.get("n_clients"), rounds=d.get("rounds"),
+            true_clusters=d.get("true_clusters"),
+            final=FinalMetrics.from_json_dict(d.get("final") or {}),
+            client_accuracy=d.get("client_accuracy"), client_macro_f1=d.get("client_macro_f1"),
+            assignment=d.get("assignment"), extras=d.get("extras") or {},
+            robust=d.get("robust"),
+        )
+
+    def cleaned(self) -> RunSummary:
+        """A copy whose values are JSON-ready (`json_ready`): what the runner writes."""
+        return RunSummary.from_json_dict(json_ready(self.to_json_dict()))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _require_file(run_dir: str | Path, name: str) -> Path:
+    """Return `run_dir/name`, or raise a RunDirError naming the missing file."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: not a directory (expected a run directory)")
+    path = run_dir / name
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} is not a run directory: missing {name} ({path})")
+    return path
+
+
+def read_history(run_dir: str | Path) -> list[RoundRecord]:
+    """The records of `run_dir/history.jsonl`, one per round, sorted by round.
+
+    If a round occurs twice (a resumed run that replayed it), the last record wins.
+    Raises RunDirError when the file is missing or empty, or a line is not a record (with the
+    file and line number).
+    """
+    path = _require_file(run_dir, HISTORY_FILE)
+    by_round: dict[int, RoundRecord] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = RoundRecord.from_json_dict(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise RunDirError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+        except (ValueError, TypeError) as err:
+            raise RunDirError(f"{path}:{lineno}: {err}") from err
+        by_round[int(record.round)] = record
+    if not by_round:
+        raise RunDirError(f"{path}: {HISTORY_FILE} is empty (no round was recorded)")
+    return [by_round[t] for t in sorted(by_round)]
+
+
+def read_summary(run_dir: str | Path) -> RunSummary:
+    """The summary in `run_dir/summary.json`; RunDirError when it is missing or malformed."""
+    path = _require_file(run_dir, SUMMARY_FILE)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise RunDirError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from err
+    if not isinstance(raw, dict):
+        raise RunDirError(f"{path}: {SUMMARY_FILE} must hold a JSON object")
+    try:
+        return RunSummary.from_json_dict(raw)
+    except (ValueError, TypeError) as err:
+        raise RunDirError(f"{path}: {err}") from err
+
+
+__all__ = [
+    "HISTORY_FILE",
+    "SUMMARY_FILE",
+    "FinalMetrics",
+    "RoundMetrics",
+    "RoundRecord",
+    "RunDirError",
+    "RunSummary",
+    "json_ready",
+    "read_history",
+    "read_summary",
+]
