@@ -103,7 +103,7 @@ def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
                   overrides: list[str], data_dir: str | None = None) -> list[dict[str, Any]]:
     """Place clients of the (possibly overridden) run federation; one dict per client."""
     from clusterfl.algorithms.base import Context
-    from clusterfl.algorithms.cfl import CFL
+    from clusterfl.algorithms.cfl import CFL, CFLConfig
     from clusterfl.config import apply_overrides, load_config, read_toml
     from clusterfl.experiment import build_backend, build_federation
     from clusterfl.models import ModelFactory
@@ -116,6 +116,7 @@ def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
         raise ClusterFLError(f"{run_dir} is a run of {config.algorithm.name!r}, not cfl")
     fed = build_federation(config)
     factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
+    assert isinstance(config.algorithm, CFLConfig)  # checked by name above
     alg = CFL(config.algorithm)
     try:
         alg.load_state_dict(state)

@@ -19,7 +19,7 @@ backends and the Flower codec all use them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -92,8 +92,29 @@ def narrow(rows: torch.Tensor, coords: np.ndarray | None) -> torch.Tensor:
     return rows[:, torch.from_numpy(idx.astype(np.int64))]
 
 
+RE = TypeVar("RE")
+
+
+class Asks(Generic[RE]):
+    """Base of every request: `Asks[TrainReply]` is a request answered by a `TrainReply`
+    (what `Context.send` and `Backend.execute` return for it)."""
+
+    clients: np.ndarray
+
+    def unit_cost(self) -> tuple[float, float]:
+        """(floats down, floats up) of one client: down for every client the request reaches,
+        up for every client that uploads a reply."""
+        raise NotImplementedError
+
+    def cost(self) -> tuple[float, float]:
+        """(floats down, floats up) if every listed client answers."""
+        down, up = self.unit_cost()
+        n = len(self.clients)
+        return float(n * down), float(n * up)
+
+
 @dataclass
-class TrainRequest:
+class TrainRequest(Asks["TrainReply"]):
     """Clients train locally, each starting from `models[model_of_client[i]]`.
 
     `offset` (optional) is a frozen predictor whose logits are added to the trained model's
@@ -130,9 +151,6 @@ class TrainRequest:
         up = 0 if self.keep_local else reply_width(self.models, self.coords)
         return float(down), float(up)
 
-    def cost(self) -> tuple[float, float]:
-        """(floats down, floats up) if every listed client answers."""
-        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
@@ -144,7 +162,7 @@ class TrainReply:
 
 
 @dataclass
-class GradientRequest:
+class GradientRequest(Asks["GradientReply"]):
     """Each client returns the gradient of its mean loss at `models[model_of_client[i]]`,
     on one random minibatch of `batch_size` (None: all its training data).
 
@@ -166,8 +184,6 @@ class GradientRequest:
         down = 0 if self.models_held else int(self.models.shape[1])
         return float(down), float(reply_width(self.models, self.coords))
 
-    def cost(self) -> tuple[float, float]:
-        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
@@ -179,7 +195,7 @@ class GradientReply:
 
 
 @dataclass
-class LossRequest:
+class LossRequest(Asks["LossReply"]):
     """Each client reports the loss and accuracy of every one of K models on its data
     (IFCA's cluster identity estimate). With an `offset`, model k's logits are added to the
     offset's (CAM: the loss of the sum h(x; Θ_g) + f(x; Θ_k)).
@@ -201,8 +217,6 @@ class LossRequest:
         down = k * d - (k - 1) * self.shared_coords + extra if k else 0
         return float(down), float(k)
 
-    def cost(self) -> tuple[float, float]:
-        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
@@ -213,7 +227,7 @@ class LossReply:
 
 
 @dataclass
-class EvaluateRequest:
+class EvaluateRequest(Asks["EvaluateReply"]):
     """Each client evaluates its predictor on its own data (default: its test split).
 
     Evaluation is measurement, not training traffic: its cost is not counted.
@@ -224,9 +238,6 @@ class EvaluateRequest:
     split: Split = "test"
 
     def unit_cost(self) -> tuple[float, float]:
-        return 0.0, 0.0
-
-    def cost(self) -> tuple[float, float]:
         return 0.0, 0.0
 
 
@@ -245,7 +256,7 @@ class EvaluateReply:
 
 
 @dataclass
-class EmbedRequest:
+class EmbedRequest(Asks["EmbedReply"]):
     """Each client compresses its training data into k signature vectors (FLT Alg. 2).
 
     `method = "encoder"`: the client loads `encoder` (the flat parameters of a ConvAE with a
@@ -278,8 +289,6 @@ class EmbedRequest:
         down = 0 if self.encoder is None else int(self.encoder.numel())
         return float(down), float(self.k * self.signature_dim)
 
-    def cost(self) -> tuple[float, float]:
-        return _total(self.unit_cost(), len(self.clients))
 
 
 @dataclass
@@ -304,10 +313,6 @@ class Executor(Protocol):
     """Anything that executes requests (a backend); what the robustness layer drives."""
 
     def execute(self, request: Any) -> Any: ...
-
-
-def _total(unit: tuple[float, float], n: int) -> tuple[float, float]:
-    return float(n * unit[0]), float(n * unit[1])
 
 
 # ----------------------------------------------------------------------------- subsets, joins

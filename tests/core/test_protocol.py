@@ -10,32 +10,14 @@ import pytest
 import torch
 
 from clusterfl import protocol
-from clusterfl.protocol import (
-    EmbedRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientRequest,
-    LocalTraining,
-    LossReply,
-    LossRequest,
-    Predictor,
-    TrainReply,
-    TrainRequest,
-    empty_reply,
-    join,
-    positions_of,
-    select,
-    start_models,
-    subset,
-)
 
-TR = LocalTraining()
+TR = protocol.LocalTraining()
 
 
-def _train(n: int = 5, d: int = 4) -> TrainRequest:
+def _train(n: int = 5, d: int = 4) -> protocol.TrainRequest:
     models = torch.arange(3 * d, dtype=torch.float64).reshape(3, d)
-    off = Predictor(torch.ones(2, d), np.arange(2 * n).reshape(n, 2) % 2, "sum_logits")
-    return TrainRequest(np.arange(10, 10 + n), models, np.arange(n) % 3, TR, 7, offset=off,
+    off = protocol.Predictor(torch.ones(2, d), np.arange(2 * n).reshape(n, 2) % 2, "sum_logits")
+    return protocol.TrainRequest(np.arange(10, 10 + n), models, np.arange(n) % 3, TR, 7, offset=off,
                         coords=np.array([0, 2]))
 
 
@@ -50,7 +32,7 @@ def test_every_reply_declares_its_clients_first():
 
 def test_subset_slices_per_client_fields_only():
     req = _train()
-    part = subset(req, [3, 1])
+    part = protocol.subset(req, [3, 1])
     np.testing.assert_array_equal(part.clients, [13, 11])
     np.testing.assert_array_equal(part.model_of_client, req.model_of_client[[3, 1]])
     np.testing.assert_array_equal(part.offset.members, req.offset.members[[3, 1]])
@@ -61,42 +43,42 @@ def test_subset_slices_per_client_fields_only():
 
 def test_select_by_client_id_and_unknown_clients_fail():
     req = _train()
-    np.testing.assert_array_equal(select(req, [14, 10]).model_of_client,
+    np.testing.assert_array_equal(protocol.select(req, [14, 10]).model_of_client,
                                   req.model_of_client[[4, 0]])
-    np.testing.assert_array_equal(positions_of(req, [12, 10]), [2, 0])
+    np.testing.assert_array_equal(protocol.positions_of(req, [12, 10]), [2, 0])
     with pytest.raises(ValueError, match="client 99 is not listed"):
-        select(req, [99])
+        protocol.select(req, [99])
 
 
 def test_join_restores_request_order_and_keeps_only_who_answered():
-    a = TrainReply(np.array([13, 10]), torch.tensor([[3.0], [0.0]]), np.array([3, 0]),
+    a = protocol.TrainReply(np.array([13, 10]), torch.tensor([[3.0], [0.0]]), np.array([3, 0]),
                    np.array([0.3, 0.0]))
-    b = TrainReply(np.array([12]), torch.tensor([[2.0]]), np.array([2]), np.array([0.2]))
-    out = join([a, b], order=np.arange(10, 15))
+    b = protocol.TrainReply(np.array([12]), torch.tensor([[2.0]]), np.array([2]), np.array([0.2]))
+    out = protocol.join([a, b], order=np.arange(10, 15))
     np.testing.assert_array_equal(out.clients, [10, 12, 13])
     assert out.params[:, 0].tolist() == [0.0, 2.0, 3.0]
     np.testing.assert_array_equal(out.n_samples, [0, 2, 3])
     with pytest.raises(ValueError, match="not asked"):
-        join([a], order=np.array([10]))
-    ev = EvaluateReply(np.array([1]), np.ones(1), np.ones(1), np.ones(1), np.ones(1, int),
+        protocol.join([a], order=np.array([10]))
+    ev = protocol.EvaluateReply(np.array([1]), np.ones(1), np.ones(1), np.ones(1), np.ones(1, int),
                        {"mse": np.array([0.5])})
-    both = join([ev, dataclasses.replace(ev, clients=np.array([0]))], order=np.arange(2))
+    both = protocol.join([ev, dataclasses.replace(ev, clients=np.array([0]))], order=np.arange(2))
     np.testing.assert_array_equal(both.clients, [0, 1])
     assert both.extras["mse"].tolist() == [0.5, 0.5]
 
 
 def test_empty_replies_have_the_request_widths():
     req = _train()
-    assert tuple(empty_reply(req).params.shape) == (0, 2)  # d̂ = len(coords)
-    loss = empty_reply(LossRequest(np.arange(3), torch.zeros(4, 6)))
-    assert isinstance(loss, LossReply) and loss.loss.shape == (0, 4)
-    emb = empty_reply(EmbedRequest(np.arange(2), "pca", None, 9, k=3))
+    assert tuple(protocol.empty_reply(req).params.shape) == (0, 2)  # d̂ = len(coords)
+    loss = protocol.empty_reply(protocol.LossRequest(np.arange(3), torch.zeros(4, 6)))
+    assert isinstance(loss, protocol.LossReply) and loss.loss.shape == (0, 4)
+    emb = protocol.empty_reply(protocol.EmbedRequest(np.arange(2), "pca", None, 9, k=3))
     assert emb.signatures.shape == (0, 3, 9) and len(emb.clients) == 0
 
 
 def test_start_models_are_the_rows_each_client_was_sent():
     req = _train()
-    got = start_models(req, np.array([14, 11]))
+    got = protocol.start_models(req, np.array([14, 11]))
     expected = req.models[[req.model_of_client[4], req.model_of_client[1]]][:, [0, 2]]
     assert torch.equal(got, expected)
 
@@ -108,11 +90,12 @@ def test_unit_costs_per_client():
     assert req.cost() == (n * 3 * d, n * 2)
     assert dataclasses.replace(req, models_held=True).unit_cost() == (0, 2)
     assert dataclasses.replace(req, keep_local=True, coords=None).unit_cost() == (3 * d, 0)
-    grad = GradientRequest(np.arange(n), torch.zeros(2, d), np.zeros(n, int), None, 0)
+    grad = protocol.GradientRequest(np.arange(n), torch.zeros(2, d), np.zeros(n, int), None, 0)
     assert grad.unit_cost() == (d, d)
     assert dataclasses.replace(grad, models_held=True).unit_cost() == (0, d)
-    loss = LossRequest(np.arange(n), torch.zeros(3, 10))
+    loss = protocol.LossRequest(np.arange(n), torch.zeros(3, 10))
     assert loss.unit_cost() == (30, 3)
     assert dataclasses.replace(loss, shared_coords=6).unit_cost() == (6 + 3 * 4, 3)
-    ev = EvaluateRequest(np.arange(n), Predictor.single(torch.zeros(1, d), np.zeros(n)))
+    one = protocol.Predictor.single(torch.zeros(1, d), np.zeros(n))
+    ev = protocol.EvaluateRequest(np.arange(n), one)
     assert ev.unit_cost() == (0, 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -18,19 +18,12 @@ from pydantic import BaseModel, ConfigDict
 from clusterfl.backends.base import Backend
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
-    EmbedReply,
-    EmbedRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientReply,
+    RE,
+    Asks,
     GradientRequest,
     LocalTraining,
-    LossReply,
-    LossRequest,
     Predictor,
-    Reply,
     Request,
-    TrainReply,
     TrainRequest,
 )
 from clusterfl.robust.guard import Guard
@@ -75,18 +68,7 @@ class Context:
         if self.guard is None:
             self.guard = Guard(self.n_clients, self.seed, self.train_sizes)
 
-    @overload
-    def send(self, request: TrainRequest) -> TrainReply: ...
-    @overload
-    def send(self, request: GradientRequest) -> GradientReply: ...
-    @overload
-    def send(self, request: LossRequest) -> LossReply: ...
-    @overload
-    def send(self, request: EvaluateRequest) -> EvaluateReply: ...
-    @overload
-    def send(self, request: EmbedRequest) -> EmbedReply: ...
-
-    def send(self, request: Request) -> Reply:
+    def send(self, request: Asks[RE]) -> RE:
         """Execute `request` and book its communication; returns the reply.
 
         The reply holds the clients that answered, in request order: its `clients` field
@@ -96,13 +78,13 @@ class Context:
         uploaded a reply (a rejected reply was still uploaded).
         """
         assert self.guard is not None
-        reply, reached, uploaded = self.guard.send(self.backend, request)
+        reply, reached, uploaded = self.guard.send(self.backend, cast(Request, request))
         down, up = request.unit_cost()
         self.floats_down += down * reached
         self.floats_up += up * uploaded
         if isinstance(request, TrainRequest | GradientRequest):
             self.client_updates += len(reply.clients)
-        return reply
+        return cast(RE, reply)
 
     def next_seed(self) -> int:
         """A fresh request seed from the run's (checkpointed) generator."""
@@ -117,7 +99,11 @@ class Context:
         return np.sort(self.rng.choice(pool, size=k, replace=False))
 
 
-class Algorithm(ABC):
+C = TypeVar("C", bound=AlgorithmConfig)
+S = TypeVar("S")
+
+
+class Algorithm(ABC, Generic[C, S]):
     """One federated method. Subclasses set `name`, `Config`, `State`, and implement the hooks.
 
     Everything the server must keep to continue a run exactly lives in `self.state`, an
@@ -130,9 +116,10 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
     State: ClassVar[type[Any]]
-    state: Any
+    config: C
+    state: S
 
-    def __init__(self, config: AlgorithmConfig) -> None:
+    def __init__(self, config: C) -> None:
         self.config = config
 
     @abstractmethod

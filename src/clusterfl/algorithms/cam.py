@@ -140,14 +140,12 @@ class IFCACAMState:
     assign: np.ndarray  # [n_clients], cluster of each client (-1: never selected)
 
 
-class IFCACAM(Algorithm):
+class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
     """IFCA-CAM: least-loss assignment of h(x; Θ_g) + f(x; Θ_k), parallel two-part training."""
 
     name = "ifca_cam"
     Config = IFCACAMConfig
     State = IFCACAMState
-    config: IFCACAMConfig
-    state: IFCACAMState
 
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters

@@ -322,15 +322,13 @@ class CFLState:
     choice: np.ndarray | None = None
 
 
-class CFL(Algorithm):
+class CFL(Algorithm[CFLConfig, CFLState]):
     """Clustered FL: FedAvg per cluster, recursive bipartitioning at stationary points."""
 
     name = "cfl"
     Config = CFLConfig
     State = CFLState
 
-    config: CFLConfig
-    state: CFLState
     _devices: ClientSide | None = None
 
     # ------------------------------------------------------------------ setup

@@ -202,14 +202,12 @@ class CFLGPState:
         default_factory=lambda: {"k_estimate": None, "spectral_gap_s": None})  # App. G
 
 
-class CFLGP(Algorithm):
+class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     """CFL-GP with the gradient (Alg. 1) or model averaging (Alg. 4) protocol."""
 
     name = "cfl_gp"
     Config = CFLGPConfig
     State = CFLGPState
-    config: CFLGPConfig
-    state: CFLGPState
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:

@@ -48,14 +48,12 @@ class EnsembleState:
     n_clients: int
 
 
-class FedAvgPlus(Algorithm):
+class FedAvgPlus(Algorithm[FedAvgPlusConfig, EnsembleState]):
     """K independent FedAvg runs, served as one soft-voting ensemble."""
 
     name = "fedavg_plus"
     Config = FedAvgPlusConfig
     State = EnsembleState
-    config: FedAvgPlusConfig
-    state: EnsembleState
 
     def setup(self, ctx: Context) -> None:
         self.state = EnsembleState(ctx.factory.init_many(self.config.n_models, ctx.seed),

@@ -35,12 +35,10 @@ class FedAvgState:
     n_clients: int
 
 
-class FedAvg(Algorithm):
+class FedAvg(Algorithm[FedAvgConfig, FedAvgState]):
     name = "fedavg"
     Config = FedAvgConfig
     State = FedAvgState
-    config: FedAvgConfig
-    state: FedAvgState
 
     def setup(self, ctx: Context) -> None:
         self.state = FedAvgState(ctx.factory.init(ctx.seed)[None], ctx.n_clients)

@@ -110,14 +110,12 @@ class FeSEMState:
     local: torch.Tensor | None  # [n_clients, d], the warm-up's client models (None after)
 
 
-class FeSEM(Algorithm):
+class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
     """FeSEM: proximal local training from the assigned center, then k-means on the models."""
 
     name = "fesem"
     Config = FeSEMConfig
     State: ClassVar[type] = FeSEMState  # FeSEM-CAM's State extends it
-    config: FeSEMConfig
-    state: FeSEMState
 
     def setup(self, ctx: Context) -> None:
         self.state = FeSEMState(ctx.factory.init(ctx.seed),

@@ -173,14 +173,12 @@ class FLTState:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-class FLT(Algorithm):
+class FLT(Algorithm[_OneShotConfig, FLTState]):
     """FLT (Jamali-Rad et al. 2022): one-off client relatedness, then (clustered) FedAvg."""
 
     name = "flt"
     Config: ClassVar[type[_OneShotConfig]] = FLTConfig
     State = FLTState
-    config: _OneShotConfig
-    state: FLTState
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:

@@ -56,13 +56,7 @@ from clusterfl.clustering.aggregate import (
     weighted_mean,
 )
 from clusterfl.models.params import last_layer_mask
-from clusterfl.protocol import (
-    GradientRequest,
-    LossRequest,
-    Predictor,
-    TrainRequest,
-    mean_finite,
-)
+from clusterfl.protocol import GradientRequest, LossRequest, Predictor, TrainRequest, mean_finite
 
 
 class IFCAConfig(AlgorithmConfig):
@@ -97,14 +91,12 @@ class IFCAState:
 # ----------------------------------------------------------------------------- IFCA
 
 
-class IFCA(Algorithm):
+class IFCA(Algorithm[IFCAConfig, IFCAState]):
     """IFCA (Ghosh et al. 2020): K models, least-loss cluster identity, per-cluster averaging."""
 
     name = "ifca"
     Config = IFCAConfig
     State = IFCAState
-    config: IFCAConfig
-    state: IFCAState
 
     def setup(self, ctx: Context) -> None:
         cfg = self.config

@@ -25,11 +25,10 @@ class LocalState:
     models: torch.Tensor  # [n_clients, d], client i's own model in row i
 
 
-class Local(Algorithm):
+class Local(Algorithm[LocalConfig, LocalState]):
     name = "local"
     Config = LocalConfig
     State = LocalState
-    state: LocalState
 
     def setup(self, ctx: Context) -> None:
         init = ctx.factory.init(ctx.seed)

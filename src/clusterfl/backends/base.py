@@ -7,7 +7,7 @@ Each backend has its own pydantic `Config` (the `[backend]` table of a run confi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Self, overload
+from typing import ClassVar, Self, cast
 
 import numpy as np
 import torch
@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from clusterfl.data.federation import Federation
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
+    RE,
+    Asks,
     EmbedReply,
     EmbedRequest,
     EvaluateReply,
@@ -25,7 +27,6 @@ from clusterfl.protocol import (
     LossReply,
     LossRequest,
     Reply,
-    Request,
     TrainReply,
     TrainRequest,
 )
@@ -60,32 +61,22 @@ class Backend(ABC):
         """The backend for a validated `[backend]` table (`config` is a `cls.Config`)."""
         raise NotImplementedError(f"{cls.__name__} does not say how to build it from a config")
 
-    @overload
-    def execute(self, request: TrainRequest) -> TrainReply: ...
-    @overload
-    def execute(self, request: GradientRequest) -> GradientReply: ...
-    @overload
-    def execute(self, request: LossRequest) -> LossReply: ...
-    @overload
-    def execute(self, request: EvaluateRequest) -> EvaluateReply: ...
-    @overload
-    def execute(self, request: EmbedRequest) -> EmbedReply: ...
-    @overload
-    def execute(self, request: Request) -> Reply: ...
-
-    def execute(self, request: Request) -> Reply:
+    def execute(self, request: Asks[RE]) -> RE:
         """The reply of the clients that answered (all of them, in simulation)."""
+        reply: Reply
         if isinstance(request, TrainRequest):
-            return self.train(request)
-        if isinstance(request, GradientRequest):
-            return self.gradient(request)
-        if isinstance(request, LossRequest):
-            return self.losses(request)
-        if isinstance(request, EvaluateRequest):
-            return self.evaluate(request)
-        if isinstance(request, EmbedRequest):
-            return self.embed(request)
-        raise TypeError(f"unknown request type {type(request).__name__}")
+            reply = self.train(request)
+        elif isinstance(request, GradientRequest):
+            reply = self.gradient(request)
+        elif isinstance(request, LossRequest):
+            reply = self.losses(request)
+        elif isinstance(request, EvaluateRequest):
+            reply = self.evaluate(request)
+        elif isinstance(request, EmbedRequest):
+            reply = self.embed(request)
+        else:
+            raise TypeError(f"unknown request type {type(request).__name__}")
+        return cast(RE, reply)
 
     @abstractmethod
     def train(self, req: TrainRequest) -> TrainReply: ...
