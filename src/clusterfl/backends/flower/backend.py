@@ -41,7 +41,7 @@ from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import empty_reply, join, subset
+from clusterfl.protocol import EvaluateRequest, TrainRequest, empty_reply, join, subset
 
 SUSPECT_GRACE = 1.0
 """Seconds a request still waits for clients that were silent before, once all others answered."""
@@ -92,10 +92,9 @@ def active_session(session: FlowerSession) -> Iterator[FlowerSession]:
 
 def message_type(request: Any) -> str:
     """Flower message type of a protocol request ("<category>.request")."""
-    name = type(request).__name__
-    if name.startswith("Train"):
+    if isinstance(request, TrainRequest):
         return "train.request"
-    if name.startswith("Evaluate"):
+    if isinstance(request, EvaluateRequest):
         return "evaluate.request"
     return "query.request"
 
