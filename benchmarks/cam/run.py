@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from clusterfl.algorithms.base import KClusterExtras
 from clusterfl.config import apply_overrides
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
@@ -127,7 +128,8 @@ def final_record(history: History) -> dict[str, Any]:
         "floats_up": final.floats_up,
         "largest_cluster_share_final": float(largest[-1]) if len(largest) else None,
         "largest_cluster_share_max": float(np.nanmax(largest)) if len(largest) else None,
-        "cluster_sizes_final": recs[-1].extras.get("cluster_sizes") if recs else None,
+        "cluster_sizes_final": KClusterExtras.from_dict(recs[-1].extras).cluster_sizes
+        if recs and KClusterExtras.matches(recs[-1].extras) else None,  # None: no K clusters
         "accuracy_curve": [[r.round, r.metrics.accuracy, r.metrics.macro_f1]
                            for r in recs if r.metrics is not None],
     }

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from clusterfl.algorithms.cfl import CFLExtras
 from clusterfl.clustering.cosine import pairwise_cosine, separation_gap
 from clusterfl.config import read_toml
 from clusterfl.experiment import Experiment, History, build_backend
@@ -106,10 +107,15 @@ def _per_cluster(acc: list[float], truth: list[int]) -> dict[str, float]:
     return {str(int(k)): float(a[t == k].mean()) for k in np.unique(t)}
 
 
+def _cfl(r: RoundRecord) -> CFLExtras:
+    """The CFL extras of a round."""
+    return CFLExtras.from_dict(r.extras)
+
+
 def clustering_part(name: str, config: str, out: Path) -> dict[str, Any]:
     raw = read_toml(HERE / config)
     _, fl, fl_time = _run(raw, out / f"{name}_fedavg", {"name": "cfl", "eps1": NO_SPLIT})
-    norms = np.array([r.extras["mean_norm"][0] for r in fl.records])
+    norms = np.array([_cfl(r).mean_norm[0] for r in fl.records])
     peak = float(norms.max())
     eps1 = float(np.median(norms[len(norms) // 2:]))  # the FL plateau (see RESULTS.md)
     eps2 = EPS2_RATIO * eps1
@@ -119,25 +125,26 @@ def clustering_part(name: str, config: str, out: Path) -> dict[str, Any]:
     cfl_acc, fl_acc = cfl.summary.client_accuracy, fl.summary.client_accuracy
     splits = []
     for r in cfl.records:
-        gap_of = dict(zip(r.extras["clusters"], r.extras["gap"]))
+        e = _cfl(r)
+        gap_of = dict(zip(e.clusters, e.gap))
         splits += [{"round": r.round, "node": ev["node"], "groups": ev["groups"],
                     "alpha_cross_max": ev["alpha_cross_max"], "gap": gap_of.get(ev["node"])}
-                   for ev in r.extras["splits"] if ev["accepted"]]
+                   for ev in e.splits if ev["accepted"]]
     return {
         "config": config, "rounds": raw["rounds"], "eps1": eps1, "eps2": eps2,
         "fl_peak_mean_norm": peak, "fl_rule_of_thumb_eps1": peak / 10,
         "fl_rounds_below_rule_of_thumb_after_peak": int(
             (norms[int(norms.argmax()):] < peak / 10).sum()),
         "fl_mean_norm_per_round": norms.tolist(),
-        "fl_max_norm_per_round": [r.extras["max_norm"][0] for r in fl.records],
-        "mean_norm_per_round": [r.extras["mean_norm"] for r in cfl.records],
-        "max_norm_per_round": [r.extras["max_norm"] for r in cfl.records],
+        "fl_max_norm_per_round": [_cfl(r).max_norm[0] for r in fl.records],
+        "mean_norm_per_round": [_cfl(r).mean_norm for r in cfl.records],
+        "max_norm_per_round": [_cfl(r).max_norm for r in cfl.records],
         "split_rounds": sorted({s["round"] for s in splits}), "splits": splits,
         "ari_final": cfl.records[-1].ari, "n_clusters_final": cfl.records[-1].n_clusters,
         "ari_per_round": [r.ari for r in cfl.records],
-        "gap_per_round": [r.extras["gap"] for r in cfl.records],
-        "clusters_per_round": [r.extras["clusters"] for r in cfl.records],
-        "fl_gap_per_round": [r.extras["gap"][0] for r in fl.records],
+        "gap_per_round": [_cfl(r).gap for r in cfl.records],
+        "clusters_per_round": [_cfl(r).clusters for r in cfl.records],
+        "fl_gap_per_round": [_cfl(r).gap[0] for r in fl.records],
         "accuracy": {"cfl": _accuracy(cfl.final.metrics),
                      "fedavg": _accuracy(fl.final.metrics)},
         "accuracy_per_true_cluster": {
@@ -153,8 +160,8 @@ def clustering_part(name: str, config: str, out: Path) -> dict[str, Any]:
 def _first_split(records: list[RoundRecord], eps1: float, eps2: float) -> int | None:
     """Round at which Alg. 5's rule (eq. 30-31) would first split this FL trajectory."""
     for r in records:
-        e = r.extras
-        if e["mean_norm"][0] < eps1 and e["max_norm"][0] > eps2:
+        e = _cfl(r)
+        if e.mean_norm[0] < eps1 and e.max_norm[0] > eps2:
             return r.round
     return None
 
@@ -167,8 +174,8 @@ def congruence_part(out: Path) -> dict[str, Any]:
                                    "n_train_per_client": 500, "n_test_per_client": 500}}
     _, inc, inc_time = _run(inc_raw, out / "incongruent", algo)
     series = {
-        name: {"mean_norm": [r.extras["mean_norm"][0] for r in h.records],
-               "max_norm": [r.extras["max_norm"][0] for r in h.records],
+        name: {"mean_norm": [_cfl(r).mean_norm[0] for r in h.records],
+               "max_norm": [_cfl(r).max_norm[0] for r in h.records],
                "accuracy": _curve(h.records)}
         for name, h in (("congruent", cong), ("incongruent", inc))
     }
@@ -210,9 +217,9 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
                    "scenario": {**raw["scenario"], "n_train_per_client": n}}
             exp, h, timing = _run(cfg, out / f"gap_n{n}_s{seed}",
                                   {"name": "cfl", "eps1": NO_SPLIT})
-            rows.append({"n": n, "seed": seed, "gap_update": h.records[-1].extras["gap"][0],
+            rows.append({"n": n, "seed": seed, "gap_update": _cfl(h.records[-1]).gap[0],
                          "gap_gradient": gradient_gap(exp),
-                         "gap_update_per_round": [r.extras["gap"][0] for r in h.records],
+                         "gap_update_per_round": [_cfl(r).gap[0] for r in h.records],
                          "accuracy": _accuracy(h.final.metrics),
                          "wall_s": timing["bench_wall_s"], "cpu_s": timing["bench_cpu_s"]})
     return {"rounds": 50, "rows": rows}

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from run import gradient_gap  # the sibling runner (same Fig. 6 gradient gap)
 
+from clusterfl.algorithms.cfl import CFLExtras
 from clusterfl.config import read_toml
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundRecord, RunSummary, read_history, read_summary
@@ -100,17 +101,22 @@ def _at(records: list[RoundRecord], round_: int) -> RoundRecord:
     return next(r for r in records if r.round == round_)
 
 
+def _cfl(r: RoundRecord) -> CFLExtras:
+    """The CFL extras of a round."""
+    return CFLExtras.from_dict(r.extras)
+
+
 def _splits(records: list[RoundRecord]) -> list[dict[str, Any]]:
     out = []
     for r in records:
-        e = r.extras
-        gap_of = dict(zip(e["clusters"], e["gap"]))
-        mean_of = dict(zip(e["clusters"], e["mean_norm"]))
-        max_of = dict(zip(e["clusters"], e["max_norm"]))
+        e = _cfl(r)
+        gap_of = dict(zip(e.clusters, e.gap))
+        mean_of = dict(zip(e.clusters, e.mean_norm))
+        max_of = dict(zip(e.clusters, e.max_norm))
         out += [{"round": r.round, "node": ev["node"], "groups": ev.get("groups"),
                  "alpha_cross_max": ev["alpha_cross_max"], "gap": gap_of.get(ev["node"]),
                  "mean_norm": mean_of.get(ev["node"]), "max_norm": max_of.get(ev["node"])}
-                for ev in e["splits"] if ev["accepted"]]
+                for ev in e.splits if ev["accepted"]]
     return out
 
 
@@ -118,15 +124,15 @@ def _node_series(records: list[RoundRecord]) -> dict[str, dict[str, list[Any]]]:
     """Per tree node: rounds, size, mean norm, max client norm, gap."""
     out: dict[str, dict[str, list[Any]]] = {}
     for r in records:
-        e = r.extras
-        for k, node in enumerate(e["clusters"]):
+        e = _cfl(r)
+        for k, node in enumerate(e.clusters):
             s = out.setdefault(str(node), {"round": [], "size": [], "mean_norm": [],
                                            "max_norm": [], "gap": []})
             s["round"].append(r.round)
-            s["size"].append(e["cluster_sizes"][k])
-            s["mean_norm"].append(e["mean_norm"][k])
-            s["max_norm"].append(e["max_norm"][k])
-            s["gap"].append(e["gap"][k])
+            s["size"].append(e.cluster_sizes[k])
+            s["mean_norm"].append(e.mean_norm[k])
+            s["max_norm"].append(e.max_norm[k])
+            s["gap"].append(e.gap[k])
     return out
 
 
@@ -246,9 +252,9 @@ def gap_part(out: Path, sizes: list[int], seeds: dict[int, list[int]]) -> dict[s
                    "output": {"figures": False, "progress": "off"},
                    "scenario": {**raw["scenario"], "n_train_per_client": n}}
             exp, recs, _, timing = _timed_run(cfg, out / f"followup_gap_n{n}_s{seed}")
-            rows.append({"n": n, "seed": seed, "gap_update": recs[-1].extras["gap"][0],
+            rows.append({"n": n, "seed": seed, "gap_update": _cfl(recs[-1]).gap[0],
                          "gap_gradient": gradient_gap(exp),
-                         "gap_update_per_round": [r.extras["gap"][0] for r in recs],
+                         "gap_update_per_round": [_cfl(r).gap[0] for r in recs],
                          "accuracy": recs[-1].metrics.accuracy, **timing})
             print(f"  n={n} seed={seed}: g_update {rows[-1]['gap_update']:.3f}, "
                   f"g_grad {rows[-1]['gap_gradient']:.3f}, acc {rows[-1]['accuracy']:.3f}",

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPExtras
 from clusterfl.experiment import Experiment, History
 from clusterfl.records import RoundMetrics, RoundRecord, read_history
 
@@ -70,8 +71,9 @@ def summarize(name: str, cfg: dict[str, Any], h: History, truth: np.ndarray | No
     ref = truth // 2 if (paired and truth is not None) else truth
     aris = [None if ref is None else float(adjusted_rand_score(ref, r.assignment))
             for r in recs]
-    ex = last.extras
-    clusterings = [r for r in recs if r.extras.get("singular_values")]
+    ex = CFLGPExtras.from_dict(last.extras)
+    spectra = [(r, CFLGPClusteringExtras.from_dict(r.extras)) for r in recs]
+    clusterings = [(r, e) for r, e in spectra if e.singular_values]
     out: dict[str, Any] = {
         "name": name, "algorithm": cfg["algorithm"]["name"], "seed": cfg["seed"],
         "rounds": cfg["rounds"], "n_clients": cfg["scenario"]["n_clients"],
@@ -84,19 +86,19 @@ def summarize(name: str, cfg: dict[str, Any], h: History, truth: np.ndarray | No
     }
     if cfg["algorithm"]["name"] == "cfl_gp":
         out.update({
-            "clustering_stopped_at": ex.get("clustering_stopped_at"),
-            "k_estimate": ex.get("k_estimate"), "spectral_gap_s": ex.get("spectral_gap_s"),
-            "Y_models_down_per_client_period": ex.get("models_down_per_client_period"),
-            "Y_gradients_per_client_period": ex.get("gradients_per_client_period"),
-            "uplink_floats_compressed": ex.get("uplink_floats_compressed"),
-            "ari_at": dict(list({str(r.round): a for r, a in zip(recs, aris)
-                                 if r.extras.get("clustering")}.items())[:15]),
+            "clustering_stopped_at": ex.clustering_stopped_at,
+            "k_estimate": ex.k_estimate, "spectral_gap_s": ex.spectral_gap_s,
+            "Y_models_down_per_client_period": ex.models_down_per_client_period,
+            "Y_gradients_per_client_period": ex.gradients_per_client_period,
+            "uplink_floats_compressed": ex.uplink_floats_compressed,
+            "ari_at": dict(list({str(r.round): a for (r, e), a in zip(spectra, aris)
+                                 if e.clustering}.items())[:15]),
             "spectra": {str(r.round): {
-                "singular_values": [round(v, 6) for v in r.extras["singular_values"][:12]],
-                "largest_gaps_after": r.extras.get("largest_gaps_after"),
-                "k_estimate": r.extras.get("k_estimate"),
-                "spectral_gap_s": r.extras.get("spectral_gap_s")}
-                for r in clusterings[:1] + clusterings[-1:]},
+                "singular_values": [round(v, 6) for v in e.singular_values[:12]],
+                "largest_gaps_after": e.largest_gaps_after,
+                "k_estimate": e.k_estimate,
+                "spectral_gap_s": e.spectral_gap_s}
+                for r, e in clusterings[:1] + clusterings[-1:]},
         })
     return out
 
@@ -209,14 +211,15 @@ def spectrum_long(out: Path) -> list[dict[str, Any]]:
     records = read_history(out / "mnist_cflgp_K4_T200_always_clustering")
     spectra = {}
     for r in records:
-        sv = r.extras.get("singular_values")
+        e = CFLGPClusteringExtras.from_dict(r.extras)
+        sv = e.singular_values
         if sv and r.round in (1, 21, 51, 101, 151, 199):
             top = np.asarray(sv[:12])
             spectra[str(r.round)] = {
                 "singular_values": [round(float(v), 4) for v in top],
                 "largest_gaps_after": (np.argsort(-(top[:-1] - top[1:])) + 1)[:4].tolist(),
                 "ratio_after": [round(float(v), 3) for v in top[:-1] / top[1:]],
-                "k_estimate": r.extras.get("k_estimate")}
+                "k_estimate": e.k_estimate}
     row["spectra"] = spectra
     return [row]
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterfl.algorithms.flt import FLTExtras
 from clusterfl.config import load_config, read_toml
 from clusterfl.experiment import Experiment, build_federation
 from clusterfl.records import RunSummary
@@ -57,16 +58,18 @@ def method_table(method: str, source: str) -> dict[str, Any]:
 
 def summarize(summary: RunSummary) -> dict[str, Any]:
     acc = np.asarray(summary.client_accuracy, dtype=float) * 100
-    final, extras = summary.final, summary.extras
+    final = summary.final
+    # FLT and PCA+kM+HC report their one-off clustering; the other methods have none (None)
+    flt = FLTExtras.from_dict(summary.extras) if FLTExtras.matches(summary.extras) else None
     return {
         "accuracy": round(float(acc.mean()), 2),
         "std_error": round(float(acc.std(ddof=1) / np.sqrt(len(acc))), 2),
         "variance": round(float(acc.var()), 2),
         "ari": final.ari, "n_clusters": final.n_clusters,
         "floats_down": final.floats_down, "floats_up": final.floats_up,
-        "clustering_floats_down": extras.get("clustering_floats_down"),
-        "clustering_floats_up": extras.get("clustering_floats_up"),
-        "clustering_seconds": extras.get("clustering_seconds"),
+        "clustering_floats_down": None if flt is None else flt.clustering_floats_down,
+        "clustering_floats_up": None if flt is None else flt.clustering_floats_up,
+        "clustering_seconds": None if flt is None else flt.clustering_seconds,
         "wall_time_s": round(float(final.wall_time or 0.0), 1),
     }
 

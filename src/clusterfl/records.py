@@ -1,6 +1,6 @@
 """The files of a run directory as types: one `RoundRecord` per line of `history.jsonl`, one
 `RunSummary` in `summary.json`, and the one place that reads them (`read_history`,
-`read_summary`).
+`read_summary`). `RoundExtras` is the base of the methods' typed per-round extras.
 
 Every reader (the report, the benchmark suite, the CLI) goes through these types; the JSON
 layout lives only in `to_json_dict` / `from_json_dict`. The JSON is the one the experiment
@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -106,6 +106,43 @@ class RoundMetrics:
         )
 
 
+# --------------------------------------------------------------------------- extras
+
+
+@dataclass(kw_only=True)
+class RoundExtras:
+    """Base of a method's typed per-round extras (`RoundRecord.extras`).
+
+    A method declares, in its own module, a subclass whose fields are exactly the keys it
+    writes in (a kind of) round, every field with a default; its `run_round` returns
+    `XExtras(...).to_dict()`. Readers (the report, the benchmarks) read a record's extras with
+    `XExtras.from_dict(rec.extras).field` instead of string keys. A method whose rounds write
+    different key sets (e.g. clustering rounds carry more) declares one subclass per kind of
+    round, the larger extending the smaller.
+    """
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The keys this class writes: its field names, in field order."""
+        return tuple(f.name for f in fields(cls))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, in field order (a shallow dict: values are not copied)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        """Read the declared fields of an extras dict, values as they are (e.g. as in the
+        JSON: lists, not arrays). A missing key reads as the field's default; keys the class
+        does not declare are ignored (they stay readable in `d`)."""
+        return cls(**{k: d[k] for k in cls.field_names() if k in d})
+
+    @classmethod
+    def matches(cls, d: Mapping[str, Any]) -> bool:
+        """Whether `d` holds every key this class declares (a round of this kind wrote it)."""
+        return all(k in d for k in cls.field_names())
+
+
 # --------------------------------------------------------------------------- one round
 
 
@@ -140,7 +177,8 @@ class RoundRecord:
     rejected: int = 0
     """Replies the guard rejected this round."""
     extras: dict[str, Any] = field(default_factory=dict)
-    """The algorithm's own per-round values (`Algorithm.run_round`)."""
+    """The algorithm's own per-round values (`Algorithm.run_round`); read them through the
+    method's `RoundExtras` subclass (`IFCAExtras.from_dict(rec.extras).cluster_sizes`)."""
     robust: dict[str, Any] | None = None
     """The guard's events of the round (rejected, clipped, dropped, ...)."""
     client_macro_f1: list[float | None] | None = None
@@ -353,6 +391,7 @@ __all__ = [
     "HISTORY_FILE",
     "SUMMARY_FILE",
     "FinalMetrics",
+    "RoundExtras",
     "RoundMetrics",
     "RoundRecord",
     "RunDirError",

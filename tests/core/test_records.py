@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from clusterfl.errors import ClusterFLError
 from clusterfl.experiment import CHECKPOINT, Experiment
 from clusterfl.records import (
     FinalMetrics,
+    RoundExtras,
     RoundMetrics,
     RoundRecord,
     RunDirError,
@@ -150,3 +152,36 @@ def test_json_ready_matches_the_runner_cleaning() -> None:
              "b": np.array([[1, 2]]), "inf": float("-inf"), "s": "x", "n": None, "ok": True}
     assert json_ready(value) == {"1": 0.5, "a": [3, None], "t": [1.0], "b": [[1, 2]],
                                  "inf": None, "s": "x", "n": None, "ok": True}
+
+
+@dataclass(kw_only=True)
+class _Extras(RoundExtras):
+    loss: float | None = None
+    sizes: list[int] = field(default_factory=list)
+    warm: int = 0
+
+
+@dataclass(kw_only=True)
+class _MoreExtras(_Extras):
+    spectrum: list[float] = field(default_factory=list)
+
+
+def test_round_extras_to_dict_and_from_dict() -> None:
+    e = _Extras(loss=0.5, sizes=[3, 5])
+    assert list(e.to_dict().items()) == [("loss", 0.5), ("sizes", [3, 5]), ("warm", 0)]
+    assert _Extras.field_names() == ("loss", "sizes", "warm")
+    assert _MoreExtras.field_names() == ("loss", "sizes", "warm", "spectrum")
+    assert _Extras.from_dict(e.to_dict()) == e
+    # missing keys read as the defaults; unknown keys are ignored (and stay in the dict)
+    line = {"sizes": [1], "other": {"kept": True}}
+    read = _Extras.from_dict(line)
+    assert read == _Extras(sizes=[1]) and line["other"] == {"kept": True}
+    assert _Extras.from_dict({}) == _Extras()
+    # values are taken as they are (no conversion)
+    assert _Extras.from_dict({"loss": None, "warm": 1}).to_dict() == {
+        "loss": None, "sizes": [], "warm": 1}
+    # a round of the larger kind matches both classes, one of the smaller only the smaller
+    more = _MoreExtras(spectrum=[2.0, 1.0]).to_dict()
+    assert _MoreExtras.matches(more) and _Extras.matches(more)
+    assert _Extras.matches(e.to_dict()) and not _MoreExtras.matches(e.to_dict())
+    assert _MoreExtras.from_dict(e.to_dict()).spectrum == []

@@ -3,7 +3,8 @@
 An algorithm is server logic only. It reaches clients through `ctx.send(request)`, which
 runs the request through the robustness layer and the backend and books its communication
 cost (the one place that does). Each method lives
-in its own module with its own pydantic `Config` (no shared flag parser).
+in its own module with its own pydantic `Config` (no shared flag parser) and, when anything
+reads its per-round extras, its own typed extras (`clusterfl.records.RoundExtras`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from clusterfl.protocol import (
     Request,
     TrainRequest,
 )
+from clusterfl.records import RoundExtras
 from clusterfl.robust.guard import Guard
 from clusterfl.state import restore, snapshot
 
@@ -35,6 +37,17 @@ class AlgorithmConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str
+
+
+@dataclass(kw_only=True)
+class KClusterExtras(RoundExtras):
+    """What IFCA, FeSEM, IFCA-CAM and FeSEM-CAM write in every round (their extras classes
+    extend it), so that one reader serves all four (`clusterfl.report.methods.cam`)."""
+
+    #: clients assigned to each of the K clusters after the round
+    cluster_sizes: list[int] = field(default_factory=list)
+    #: 1 in a warm-up round (before the clustering starts), else 0
+    warmup: int = 0
 
 
 @dataclass
@@ -128,7 +141,12 @@ class Algorithm(ABC, Generic[C, S]):
 
     @abstractmethod
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        """One communication round; returns algorithm-specific extras for the history."""
+        """One communication round; returns algorithm-specific extras for the history.
+
+        A method whose extras are read (by the report, the benchmarks) builds them as its
+        `RoundExtras` subclass and returns `.to_dict()`; the dict is what `RoundRecord.extras`
+        holds and `history.jsonl` writes.
+        """
 
     @abstractmethod
     def assignment(self) -> np.ndarray:

@@ -53,8 +53,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
-from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, LayerSpec
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, KClusterExtras
+from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, KMeansExtras, LayerSpec
 from clusterfl.clustering.aggregate import (
     average_members,
     choose_clusters,
@@ -64,6 +64,16 @@ from clusterfl.clustering.aggregate import (
 from clusterfl.protocol import LossRequest, Predictor, TrainReply, TrainRequest, mean_finite
 
 # ----------------------------------------------------------------------------- shared parts
+
+
+@dataclass(kw_only=True)
+class CAMExtras(KClusterExtras):
+    """What both CAM methods write: IFCA-CAM in every round, FeSEM-CAM after its warm-up."""
+
+    #: mean local training loss of the cluster part θ_i, Θ_g frozen (None in a warm-up)
+    train_loss_cluster: float | None = None
+    #: mean local training loss of the global part θ_i^0, cluster part frozen (warm-up: Θ_g)
+    train_loss_global: float | None = None
 
 
 def train_both(
@@ -133,6 +143,14 @@ class IFCACAMConfig(AlgorithmConfig):
         '"mean": Θ_k becomes its members\' weighted mean (IFCA)')
 
 
+@dataclass(kw_only=True)
+class IFCACAMExtras(CAMExtras):
+    """IFCA-CAM's per-round extras (every round, warm-up included)."""
+
+    #: mean training loss of the sum h + f_k each selected client chose (None in warm-up)
+    assign_loss: float | None = None
+
+
 @dataclass
 class IFCACAMState:
     g: torch.Tensor  # [d], the global part Θ_g
@@ -164,9 +182,10 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
             reply = ctx.send(TrainRequest(clients, st.g[None], zeros, ctx.training,
                                           ctx.next_seed()))
             st.g = update_global(st.g, reply)
-            return {"train_loss_global": mean_finite(reply.loss), "train_loss_cluster": None,
-                    "assign_loss": None, "warmup": 1,
-                    "cluster_sizes": cluster_sizes(st.assign, cfg.n_clusters)}
+            return IFCACAMExtras(train_loss_global=mean_finite(reply.loss),
+                                 train_loss_cluster=None, assign_loss=None, warmup=1,
+                                 cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters)
+                                 ).to_dict()
         # (i) Eq. 2: least loss of the sum, Θ_g sent along as the offset
         losses = ctx.send(LossRequest(clients, st.clusters,
                                       offset=Predictor.single(st.g[None], zeros)))
@@ -179,13 +198,12 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
         st.clusters = update(st.clusters, rep_k.params, st.assign[rep_k.clients],
                              rep_k.n_samples)
         st.g = update_global(st.g, rep_g)
-        return {
-            "train_loss_cluster": mean_finite(rep_k.loss),
-            "train_loss_global": mean_finite(rep_g.loss),
-            "assign_loss": mean_finite(losses.loss[np.arange(len(clients)), chosen]),
-            "warmup": 0,
-            "cluster_sizes": cluster_sizes(st.assign, cfg.n_clusters),
-        }
+        return IFCACAMExtras(
+            train_loss_cluster=mean_finite(rep_k.loss),
+            train_loss_global=mean_finite(rep_g.loss),
+            assign_loss=mean_finite(losses.loss[np.arange(len(clients)), chosen]),
+            warmup=0, cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters),
+        ).to_dict()
 
     def assignment(self) -> np.ndarray:
         return self.state.assign.copy()
@@ -216,6 +234,17 @@ class FeSEMCAMConfig(FeSEMConfig):
         30, ge=0, description="β: rounds of local training only before the first clustering")
 
 
+@dataclass(kw_only=True)
+class FeSEMCAMExtras(CAMExtras):
+    """FeSEM-CAM's extras after the warm-up in a round in which no client answered. Its
+    warm-up rounds are FeSEM's and write `FeSEMExtras` (`FeSEMKMeansExtras` in the last)."""
+
+
+@dataclass(kw_only=True)
+class FeSEMCAMKMeansExtras(FeSEMCAMExtras, KMeansExtras):
+    """FeSEM-CAM's extras after the warm-up in a round whose k-means ran."""
+
+
 @dataclass
 class FeSEMCAMState(FeSEMState):
     g: torch.Tensor  # [d], the global part Θ_g
@@ -244,9 +273,13 @@ class FeSEMCAM(FeSEM):
         rows, row_of = self.starts(clients)
         rep_k, rep_g = train_both(ctx, clients, st.g, rows, row_of, mu=self.config.lam)
         st.g = update_global(st.g, rep_g)
-        info = self._recluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
-        return {"train_loss_cluster": mean_finite(rep_k.loss),
-                "train_loss_global": mean_finite(rep_g.loss), **info, "warmup": 0}
+        km = self._recluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
+        extras = FeSEMCAMExtras(
+            train_loss_cluster=mean_finite(rep_k.loss), train_loss_global=mean_finite(rep_g.loss),
+            cluster_sizes=cluster_sizes(st.assign, self.config.n_clusters), warmup=0)
+        if km is None:
+            return extras.to_dict()
+        return FeSEMCAMKMeansExtras(**extras.to_dict(), **km.to_dict()).to_dict()
 
     def predictor(self) -> Predictor:
         st = self.state
@@ -258,10 +291,14 @@ class FeSEMCAM(FeSEM):
 
 __all__ = [
     "IFCACAM",
+    "CAMExtras",
     "FeSEMCAM",
     "FeSEMCAMConfig",
+    "FeSEMCAMExtras",
+    "FeSEMCAMKMeansExtras",
     "FeSEMCAMState",
     "IFCACAMConfig",
+    "IFCACAMExtras",
     "IFCACAMState",
     "cam_predictor",
     "eq6_update",

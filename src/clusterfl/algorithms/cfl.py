@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -87,6 +87,7 @@ from clusterfl.protocol import (
     mean_finite,
     start_models,
 )
+from clusterfl.records import RoundExtras
 
 TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `cfl-place`)."""
@@ -309,6 +310,54 @@ class _ClusterStep:
     gap: float | None
 
 
+class CFLSplitEvent(TypedDict):
+    """The split test of one cluster in one round (an entry of `CFLExtras.splits`)."""
+
+    node: int  # the tree node (cluster) tested
+    alpha_cross_max: float  # α_cross^max of its optimal bipartition
+    gamma_bound: float  # sqrt((1 − α_cross^max)/2): the largest γ_max that accepts it (eq. 36)
+    accepted: bool  # whether the split passed the γ test and happened
+    children: NotRequired[list[int]]  # accepted: the two new nodes
+    groups: NotRequired[list[list[int]]]  # accepted: the clients of each new node
+    members: NotRequired[list[int]]  # accepted: the clients whose updates were compared
+    similarity: NotRequired[list[list[float]]]  # accepted: their cosine similarities (5 digits)
+
+
+@dataclass(kw_only=True)
+class CFLExtras(RoundExtras):
+    """CFL's per-round extras. The per-cluster lists run over the clusters examined this round
+    (the tree's leaves before the round's splits), in the order of `clusters`."""
+
+    #: clusters (tree leaves) after the round's splits
+    n_clusters: int = 0
+    #: tree node id of each cluster examined
+    clusters: list[int] = field(default_factory=list)
+    #: clients of each cluster that answered
+    cluster_sizes: list[int] = field(default_factory=list)
+    #: norm of each cluster's mean update ‖Δθ_c‖ (eq. 30)
+    mean_norm: list[float] = field(default_factory=list)
+    #: largest client update norm max_i ‖Δθ_i‖ of each cluster (eq. 31)
+    max_norm: list[float] = field(default_factory=list)
+    #: α_cross^max of each cluster's bipartition (None: fewer than two clients answered)
+    alpha_cross_max: list[float | None] = field(default_factory=list)
+    #: separation gap g(α) of each cluster against the true clusters (None: unknown or < 2)
+    gap: list[float | None] = field(default_factory=list)
+    #: largest ‖Δθ_c‖ over the clusters
+    max_mean_norm: float = 0.0
+    #: largest client update norm over all clusters
+    max_client_norm: float = 0.0
+    #: whether a cluster split this round
+    split: bool = False
+    #: the split tests of the clusters that were split candidates (eq. 30-31 held)
+    splits: list[CFLSplitEvent] = field(default_factory=list)
+    #: mean local training loss of the clients that answered
+    train_loss: float | None = None
+    #: clients Algorithm 4 placed into a leaf this round (they missed their cluster's split)
+    placed: list[int] = field(default_factory=list)
+    #: clients still waiting at an inner node of the tree
+    pending: list[int] = field(default_factory=list)
+
+
 @dataclass
 class CFLState:
     """Everything the CFL server keeps to continue a run (and `cfl-place` to place clients)."""
@@ -389,8 +438,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             else:
                 self._split(s, event, t)
         self._refresh_choice(ctx)
-        return {**self._extras(steps, events, reply.loss), "placed": placed,
-                "pending": sorted(self.state.pending)}
+        return self._extras(steps, events, reply.loss, placed).to_dict()
 
     def _examine(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
                  present: np.ndarray, truth: np.ndarray | None) -> _ClusterStep:
@@ -413,19 +461,19 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                             float(torch.linalg.vector_norm(mean.double())),
                             float(norms.max()), sim, split, gap)
 
-    def _decide(self, s: _ClusterStep, t: int) -> dict[str, Any] | None:
+    def _decide(self, s: _ClusterStep, t: int) -> CFLSplitEvent | None:
         """The split test of Alg. 5 lines 14-18 for one cluster; None if not a candidate."""
         c = self.config
         if (s.split is None or t <= c.warmup_rounds or len(s.members) < c.min_split_size
                 or not (s.mean_norm < c.eps1 and s.max_norm > c.eps2)):
             return None
-        return {
-            "node": s.node.id, "alpha_cross_max": s.split.max_cross,
-            "gamma_bound": gamma_bound(s.split.max_cross),
-            "accepted": gamma_criterion(s.split.max_cross, c.gamma_max),
-        }
+        return CFLSplitEvent(
+            node=s.node.id, alpha_cross_max=s.split.max_cross,
+            gamma_bound=gamma_bound(s.split.max_cross),
+            accepted=gamma_criterion(s.split.max_cross, c.gamma_max),
+        )
 
-    def _split(self, s: _ClusterStep, event: dict[str, Any], t: int) -> None:
+    def _split(self, s: _ClusterStep, event: CFLSplitEvent, t: int) -> None:
         assert s.split is not None and s.similarity is not None
         a, b = s.split.first, s.split.second
         upd = (s.updates[torch.as_tensor(a)], s.updates[torch.as_tensor(b)])
@@ -435,28 +483,30 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         ids = self.tree.split(s.node.id, groups, models, upd, t)
         for c in np.setdiff1d(s.node.clients, s.members):  # placed by Alg. 4 when they answer
             self.state.pending[int(c)] = s.node.id
-        event.update({
-            "children": list(ids), "groups": [g.tolist() for g in groups],
-            "members": s.members.tolist(), "similarity": np.round(s.similarity, 5).tolist(),
-        })
+        event["children"] = list(ids)
+        event["groups"] = [g.tolist() for g in groups]
+        event["members"] = s.members.tolist()
+        event["similarity"] = np.round(s.similarity, 5).tolist()
 
-    def _extras(self, steps: list[_ClusterStep], events: list[dict[str, Any] | None],
-                loss: np.ndarray) -> dict[str, Any]:
+    def _extras(self, steps: list[_ClusterStep], events: list[CFLSplitEvent | None],
+                loss: np.ndarray, placed: list[int]) -> CFLExtras:
         done = [e for e in events if e is not None]
-        return {
-            "n_clusters": len(self.tree.leaves()),
-            "clusters": [s.node.id for s in steps],
-            "cluster_sizes": [len(s.members) for s in steps],
-            "mean_norm": [s.mean_norm for s in steps],
-            "max_norm": [s.max_norm for s in steps],
-            "alpha_cross_max": [None if s.split is None else s.split.max_cross for s in steps],
-            "gap": [s.gap for s in steps],
-            "max_mean_norm": max(s.mean_norm for s in steps),
-            "max_client_norm": max(s.max_norm for s in steps),
-            "split": any(e["accepted"] for e in done),
-            "splits": done,
-            "train_loss": mean_finite(loss),
-        }
+        return CFLExtras(
+            n_clusters=len(self.tree.leaves()),
+            clusters=[s.node.id for s in steps],
+            cluster_sizes=[len(s.members) for s in steps],
+            mean_norm=[s.mean_norm for s in steps],
+            max_norm=[s.max_norm for s in steps],
+            alpha_cross_max=[None if s.split is None else s.split.max_cross for s in steps],
+            gap=[s.gap for s in steps],
+            max_mean_norm=max(s.mean_norm for s in steps),
+            max_client_norm=max(s.max_norm for s in steps),
+            split=any(e["accepted"] for e in done),
+            splits=done,
+            train_loss=mean_finite(loss),
+            placed=placed,
+            pending=sorted(self.state.pending),
+        )
 
     # ------------------------------------------------------------------ best model on path
     def _refresh_choice(self, ctx: Context) -> None:

@@ -115,6 +115,7 @@ from clusterfl.protocol import (
     mean_finite,
     start_models,
 )
+from clusterfl.records import RoundExtras
 
 DEFAULT_STABLE_ROUNDS = 20
 """T/10 for the paper's T = 200, used when the context does not say how many rounds run."""
@@ -182,6 +183,69 @@ def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) ->
 def _no_counts() -> dict[str, float]:
     return {"models_down": 0.0, "vectors_up": 0.0, "gradients": 0.0,
             "uplink_floats_compressed": 0.0, "rounds": 0.0}
+
+
+@dataclass(kw_only=True)
+class CFLGPExtras(RoundExtras):
+    """CFL-GP's per-round extras in a round without a clustering update."""
+
+    #: mean loss of the clients that answered, at their cluster's model (Alg. 1 / Alg. 4)
+    train_loss: float | None = None
+    #: whether this round updated the gradient profile and the clustering
+    clustering: bool = False
+    #: k̄, the model broadcast for the profile this round (-1: not a clustering round)
+    broadcast_model: int = -1
+    #: clients whose cluster changed this round
+    assignment_changes: int = 0
+    #: the round the clustering stopped (`stable_rounds` unchanged rounds), None while it runs
+    clustering_stopped_at: int | None = None
+    #: latest Appendix-G estimate of the number of clusters (None before the first, or off)
+    k_estimate: int | None = None
+    #: the s of that estimate: position of the largest singular-value gap
+    spectral_gap_s: int | None = None
+    #: models received per client and period of P rounds, running mean (Tables 5–6)
+    models_down_per_client_period: float = 0.0
+    #: vectors sent per client and period of P rounds, running mean
+    vectors_up_per_client_period: float = 0.0
+    #: gradients (or local trainings) per client and period of P rounds, running mean
+    gradients_per_client_period: float = 0.0
+    #: d̂, the coordinates a feature keeps (App. E.1/E.2)
+    feature_dim: int = 0
+    #: uplink floats of the replies CFL-GP received so far (narrowed replies counted as such)
+    uplink_floats_compressed: float = 0.0
+
+
+@dataclass(kw_only=True)
+class CFLGPClusteringExtras(CFLGPExtras):
+    """CFL-GP's extras in a clustering round (with `estimate_k` off; see
+    `CFLGPEstimateExtras`)."""
+
+    #: β of this round's running mean of block k̄ (Alg. 1 line 9)
+    beta: float = 0.0
+    #: leading singular values of the gradient profile (at most 64)
+    singular_values: list[float] = field(default_factory=list)
+    #: positions s (1-based) of the three largest gaps σ_s − σ_{s+1}, largest first
+    largest_gaps_after: list[int] = field(default_factory=list)
+    #: every client's projected feature Ûᵀg_c, its first K coordinates
+    projected_features: list[list[float]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class CFLGPEstimateExtras(CFLGPClusteringExtras):
+    """CFL-GP's extras in a clustering round with the Appendix-G estimate on (`estimate_k`)."""
+
+    #: the estimate's criterion (silhouette or gap statistic) per candidate k
+    k_scores: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Spectrum:
+    """What a clustering update reports (`CFLGP._cluster`)."""
+
+    singular_values: list[float]
+    largest_gaps_after: list[int]
+    projected_features: list[list[float]]
+    k_scores: dict[str, float] | None  # None: estimate_k off
 
 
 @dataclass
@@ -310,16 +374,15 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         if not present.all():
             ctx.log.append(f"cfl_gp round {t}: no reply (dropped out or rejected) from "
                            f"clients {np.flatnonzero(~present).tolist()}")
-        extras: dict[str, Any] = {"train_loss": mean_finite(loss)}
         down = np.ones(c)
         new_assign = st.assign
         clustering = self.clustering_round(t)
+        beta, spectrum = 0.0, None
         if clustering:
             probe, fresh, probed = self._probe(ctx, own, present, seed)
             down += probed
-            extras.update(self._update_features(t, probe, fresh))
-            new_assign, more = self._cluster(ctx, t)
-            extras.update(more)
+            beta = self._update_features(t, probe, fresh)
+            new_assign, spectrum = self._cluster(ctx, t)
         update_with = new_assign if cfg.mode == "repo" else st.assign
         self._update_models(own, update_with, present, self._lr(ctx))
         changed = int((new_assign != st.assign).sum())
@@ -329,12 +392,16 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         if st.stopped_at is None and self.stable > 0 and t - st.last_change >= self.stable:
             st.stopped_at = t
         self._count(down)
-        extras.update({
-            "clustering": clustering, "broadcast_model": st.kbar if clustering else -1,
-            "assignment_changes": changed, "clustering_stopped_at": st.stopped_at,
-            **st.estimate, **self._cost_extras(),
-        })
-        return extras
+        extras = self._extras(mean_finite(loss), clustering, changed)
+        if spectrum is None:
+            return extras.to_dict()
+        clustered = CFLGPClusteringExtras(
+            **extras.to_dict(), beta=beta, singular_values=spectrum.singular_values,
+            largest_gaps_after=spectrum.largest_gaps_after,
+            projected_features=spectrum.projected_features)
+        if spectrum.k_scores is None:
+            return clustered.to_dict()
+        return CFLGPEstimateExtras(**clustered.to_dict(), k_scores=spectrum.k_scores).to_dict()
 
     def _client_vectors(
         self, ctx: Context, models: torch.Tensor, clients: np.ndarray, model_of: np.ndarray,
@@ -394,9 +461,8 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
             return 1.0 / (t // (cfg.n_clusters * cfg.period) + 1)
         return 1.0 / (int(self.state.block_updates[self.state.kbar]) + 1)
 
-    def _update_features(self, t: int, probe: torch.Tensor,
-                         fresh: np.ndarray) -> dict[str, Any]:
-        """Alg. 1 lines 8–9: running mean of block k̄ (clients that answered only)."""
+    def _update_features(self, t: int, probe: torch.Tensor, fresh: np.ndarray) -> float:
+        """Alg. 1 lines 8–9: running mean of block k̄ (clients that answered only); returns β."""
         st, beta = self.state, self._beta(t)
         rows = torch.from_numpy(np.flatnonzero(fresh))
         block = st.features[:, st.kbar]
@@ -405,9 +471,9 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         st.block_updates[st.kbar] += 1
         if len(st.block_gram):
             st.block_gram[st.kbar] = gram_matrix(block)  # only block k̄ changed
-        return {"beta": beta}
+        return beta
 
-    def _cluster(self, ctx: Context, t: int) -> tuple[np.ndarray, dict[str, Any]]:
+    def _cluster(self, ctx: Context, t: int) -> tuple[np.ndarray, _Spectrum]:
         """Alg. 1 line 10 / Alg. 3, plus the Appendix-G spectrum and estimate."""
         cfg, st = self.config, self.state
         rows = st.features.reshape(len(st.assign), -1)
@@ -416,23 +482,23 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
                                   cfg.svd, cfg.kmeans_n_init, n_components=want,
                                   gram=st.block_gram.sum(0) if len(st.block_gram) else None)
         sv = res.projection.singular_values
-        extras: dict[str, Any] = {
-            "singular_values": sv[:MAX_SPECTRUM].tolist(),
-            "largest_gaps_after": gap_ranking(sv[:MAX_SPECTRUM]),
-            "projected_features": res.projection.features[:, : cfg.n_clusters].tolist(),
-        }
-        if cfg.estimate_k:
-            extras.update(self._estimate(ctx, res.projection.features, sv))
-        return res.assignment, extras
+        spectrum = _Spectrum(
+            singular_values=sv[:MAX_SPECTRUM].tolist(),
+            largest_gaps_after=gap_ranking(sv[:MAX_SPECTRUM]),
+            projected_features=res.projection.features[:, : cfg.n_clusters].tolist(),
+            k_scores=self._estimate(ctx, res.projection.features, sv) if cfg.estimate_k
+            else None)
+        return res.assignment, spectrum
 
-    def _estimate(self, ctx: Context, feats: np.ndarray, sv: np.ndarray) -> dict[str, Any]:
+    def _estimate(self, ctx: Context, feats: np.ndarray, sv: np.ndarray) -> dict[str, float]:
+        """Appendix G: the estimate (kept in the state) and its criterion's value per k."""
         cfg = self.config
         s = largest_gap(sv, max_s=feats.shape[1])
         k_hi = min(cfg.k_max, ctx.n_clients - 1)
         k, scores = estimate_n_clusters(feats[:, :s], k_hi, ctx.next_seed(), cfg.k_criterion,
                                         cfg.kmeans_n_init)
         self.state.estimate = {"k_estimate": int(k), "spectral_gap_s": int(s)}
-        return {"k_scores": {str(key): float(v) for key, v in scores.items()}}
+        return {str(key): float(v) for key, v in scores.items()}
 
     def _update_models(self, own: torch.Tensor, groups: np.ndarray, present: np.ndarray,
                        lr: float) -> None:
@@ -468,18 +534,23 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         counts["gradients"] += float(down.sum())
         counts["rounds"] += 1.0
 
-    def _cost_extras(self) -> dict[str, Any]:
-        """Per client and per period of P rounds (the paper's Y ≤ P + 1), running averages."""
+    def _extras(self, loss: float | None, clustering: bool, changed: int) -> CFLGPExtras:
+        """What every round reports; the costs per client and per period of P rounds (the
+        paper's Y ≤ P + 1) as running averages."""
         st = self.state
         n = max(st.counts["rounds"], 1.0) * len(st.assign)
         p = self.config.period
-        return {
-            "models_down_per_client_period": st.counts["models_down"] / n * p,
-            "vectors_up_per_client_period": st.counts["vectors_up"] / n * p,
-            "gradients_per_client_period": st.counts["gradients"] / n * p,
-            "feature_dim": len(st.feature_index),
-            "uplink_floats_compressed": st.counts["uplink_floats_compressed"],
-        }
+        return CFLGPExtras(
+            train_loss=loss, clustering=clustering,
+            broadcast_model=st.kbar if clustering else -1, assignment_changes=changed,
+            clustering_stopped_at=st.stopped_at, k_estimate=st.estimate["k_estimate"],
+            spectral_gap_s=st.estimate["spectral_gap_s"],
+            models_down_per_client_period=st.counts["models_down"] / n * p,
+            vectors_up_per_client_period=st.counts["vectors_up"] / n * p,
+            gradients_per_client_period=st.counts["gradients"] / n * p,
+            feature_dim=len(st.feature_index),
+            uplink_floats_compressed=st.counts["uplink_floats_compressed"],
+        )
 
     # ------------------------------------------------------------------ interface
     def assignment(self) -> np.ndarray:

@@ -28,6 +28,7 @@ Choices the papers leave open, and ours:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -35,12 +36,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, KClusterExtras
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
+from clusterfl.records import RoundExtras
 
 LayerSpec = Literal["all", "linear"] | list[str]
 
@@ -59,6 +61,33 @@ class FeSEMConfig(AlgorithmConfig):
     kmeans_restarts: int = Field(5, ge=1, description="k-means++ starts of the first clustering")
     warmup_rounds: int = Field(
         0, ge=0, description="rounds of local training only before the first clustering")
+
+
+@dataclass(kw_only=True)
+class KMeansExtras(RoundExtras):
+    """The server's k-means step, in the extras of the FeSEM and FeSEM-CAM rounds it ran in."""
+
+    #: Lloyd iterations (center updates) performed
+    kmeans_iters: int = 0
+    #: 1 if the assignment stopped changing within `kmeans_iters` iterations, else 0
+    kmeans_converged: int = 0
+    #: weighted k-means objective Σ_i n_i ||θ_i − Θ_c(i)||² on the layers k-means reads
+    kmeans_inertia: float = math.nan
+
+
+@dataclass(kw_only=True)
+class FeSEMExtras(KClusterExtras):
+    """FeSEM's extras in a round without k-means: a warm-up round but the last, or a round in
+    which no client answered."""
+
+    #: mean local training loss of the clients that answered
+    train_loss: float | None = None
+
+
+@dataclass(kw_only=True)
+class FeSEMKMeansExtras(FeSEMExtras, KMeansExtras):
+    """FeSEM's extras in a round whose k-means ran: the last warm-up round and every later
+    round in which a client answered."""
 
 
 def layer_index(factory: ModelFactory, spec: LayerSpec) -> torch.Tensor | None:
@@ -81,7 +110,7 @@ def cluster_models(
     params: torch.Tensor, weights: np.ndarray, centers: torch.Tensor | None, k: int,
     index: torch.Tensor | None, iters: int, restarts: int, rng: np.random.Generator,
     fallback: torch.Tensor,
-) -> tuple[np.ndarray, torch.Tensor, dict[str, Any]]:
+) -> tuple[np.ndarray, torch.Tensor, KMeansExtras]:
     """FeSEM's server step: k-means on (chosen layers of) client models → labels, new centers.
 
     `centers` None means the first clustering (seeded k-means++ restarts); otherwise Lloyd
@@ -97,8 +126,8 @@ def cluster_models(
         res = lloyd(x, _select(centers, index), weights, max_iter=iters)
         previous = centers
     full = weighted_centroids(params, res.labels, weights, previous)
-    info = {"kmeans_iters": res.n_iter, "kmeans_converged": int(res.converged),
-            "kmeans_inertia": res.inertia}
+    info = KMeansExtras(kmeans_iters=res.n_iter, kmeans_converged=int(res.converged),
+                        kmeans_inertia=res.inertia)
     return res.labels, full, info
 
 
@@ -131,8 +160,18 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         reply = ctx.send(TrainRequest(clients, starts, start_of,
                                       replace(ctx.training, mu=self.config.lam),
                                       ctx.next_seed()))
-        info = self._recluster(ctx, reply.clients, reply.params, reply.n_samples)
-        return {"train_loss": mean_finite(reply.loss), **info, "warmup": 0}
+        km = self._recluster(ctx, reply.clients, reply.params, reply.n_samples)
+        return self._extras(mean_finite(reply.loss), km, warmup=0)
+
+    def _extras(self, loss: float | None, km: KMeansExtras | None,
+                warmup: int) -> dict[str, Any]:
+        """The round's `FeSEMExtras` (`FeSEMKMeansExtras` when k-means ran), as a dict."""
+        extras = FeSEMExtras(train_loss=loss, warmup=warmup,
+                             cluster_sizes=cluster_sizes(self.state.assign,
+                                                         self.config.n_clusters))
+        if km is None:
+            return extras.to_dict()
+        return FeSEMKMeansExtras(**extras.to_dict(), **km.to_dict()).to_dict()
 
     def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
         """Local training only: every client continues its own model on its device. In the
@@ -145,13 +184,11 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         reply = ctx.send(TrainRequest(clients, st.local, clients, ctx.training,
                                       ctx.next_seed(), models_held=True, keep_local=not last))
         st.local[torch.from_numpy(reply.clients)] = reply.params  # absent: keep their model
-        extras: dict[str, Any] = {"train_loss": mean_finite(reply.loss), "warmup": 1}
+        km = None
         if last:
-            extras.update(self._recluster(ctx, clients, st.local, ctx.train_sizes))
+            km = self._recluster(ctx, clients, st.local, ctx.train_sizes)
             st.local = None
-        else:
-            extras["cluster_sizes"] = cluster_sizes(st.assign, self.config.n_clusters)
-        return extras
+        return self._extras(mean_finite(reply.loss), km, warmup=1)
 
     def starts(self, clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """Start models `[K+1, d]` (centers, then Θ_0) and each client's row in it."""
@@ -162,21 +199,19 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         return rows, np.where(a >= 0, a, k).astype(np.int64)
 
     def _recluster(self, ctx: Context, clients: np.ndarray, params: torch.Tensor,
-                   n_samples: np.ndarray) -> dict[str, Any]:
-        """k-means on the uploaded models → new centers and assignments."""
+                   n_samples: np.ndarray) -> KMeansExtras | None:
+        """k-means on the uploaded models → new centers and assignments (None: no client)."""
         st, cfg = self.state, self.config
-        info: dict[str, Any] = {}
-        if len(clients):
-            rng = np.random.default_rng(ctx.next_seed())
-            labels, centers, km = cluster_models(
-                params, np.asarray(n_samples), st.centers, cfg.n_clusters, self.index,
-                cfg.kmeans_iters, cfg.kmeans_restarts, rng,
-                fallback=st.start[None].repeat(cfg.n_clusters, 1))
-            st.centers = centers
-            st.assign[clients] = labels
-            info.update(km)
-        info["cluster_sizes"] = cluster_sizes(st.assign, cfg.n_clusters)
-        return info
+        if not len(clients):
+            return None
+        rng = np.random.default_rng(ctx.next_seed())
+        labels, centers, km = cluster_models(
+            params, np.asarray(n_samples), st.centers, cfg.n_clusters, self.index,
+            cfg.kmeans_iters, cfg.kmeans_restarts, rng,
+            fallback=st.start[None].repeat(cfg.n_clusters, 1))
+        st.centers = centers
+        st.assign[clients] = labels
+        return km
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -190,4 +225,13 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         return Predictor.single(rows, row_of)
 
 
-__all__ = ["FeSEM", "FeSEMConfig", "FeSEMState", "cluster_models", "layer_index"]
+__all__ = [
+    "FeSEM",
+    "FeSEMConfig",
+    "FeSEMExtras",
+    "FeSEMKMeansExtras",
+    "FeSEMState",
+    "KMeansExtras",
+    "cluster_models",
+    "layer_index",
+]

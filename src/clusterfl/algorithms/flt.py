@@ -89,6 +89,7 @@ from clusterfl.clustering.relatedness import (
 )
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import EmbedRequest, Predictor, TrainRequest, mean_finite
+from clusterfl.records import RoundExtras
 
 ARTIFACT = "flt_relatedness.npz"
 HISTORY_MAX_CLIENTS = 500  # above this, A/Ã/linkage/points go to ARTIFACT only, not history
@@ -152,6 +153,44 @@ class PCAKMHCConfig(_OneShotConfig):
     aggregation: Literal["relatedness", "clusters"] = Field("clusters")
 
 
+# ============================================================================ extras
+
+
+@dataclass(kw_only=True)
+class FLTExtras(RoundExtras):
+    """FLT's (and PCA+kM+HC's) per-round extras in the rounds after the one-off clustering."""
+
+    #: mean local training loss of the clients that answered
+    train_loss: float | None = None
+    #: the one-off clustering's downlink: the EmbedRequest's per-client floats × clients listed
+    clustering_floats_down: float = 0.0
+    #: its uplink: the per-client floats × the clients whose signature arrived
+    clustering_floats_up: float = 0.0
+    #: clusters found (a client without a signature is a cluster of its own)
+    n_clusters_found: int = 0
+    #: clients without a (valid) signature: dropped out or rejected
+    rejected_signatures: int = 0
+    #: wall time of the one-off clustering in seconds
+    clustering_seconds: float = 0.0
+
+
+@dataclass(kw_only=True)
+class FLTClusteringExtras(FLTExtras):
+    """The extras of the round of the one-off clustering (the first). The matrices are None
+    above `HISTORY_MAX_CLIENTS` clients (they are then in `ARTIFACT` only)."""
+
+    #: the distance matrix A, 5 digits (-1 where a client has no signature)
+    adjacency: list[list[float]] | None = None
+    #: the Ward linkage of the clients with a signature (scipy's [M−1, 4] rows), 6 digits
+    linkage: list[list[float]] | None = None
+    #: the relatedness matrix Ã, 0/1 (the identity without a threshold)
+    relatedness: list[list[int]] | None = None
+    #: the UMAP points, k per client with a signature, 5 digits (None without UMAP)
+    umap_points: list[list[float]] | None = None
+    #: the encoder used (`clusterfl.encoders.describe`; None for PCA+kM+HC)
+    encoder: dict[str, Any] | None = None
+
+
 # ============================================================================ the method
 
 
@@ -211,7 +250,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                           cfg.umap_min_dist)
         return flat.reshape(m, k, 2)
 
-    def _cluster(self, ctx: Context) -> dict[str, Any]:
+    def _cluster(self, ctx: Context) -> None:
         cfg, st = self.config, self.state
         n = len(st.labels)
         t0 = time.perf_counter()
@@ -249,28 +288,42 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             "n_clusters_found": n_groups, "rejected_signatures": len(bad),
             "clustering_seconds": round(time.perf_counter() - t0, 3),
         })
-        if n > HISTORY_MAX_CLIENTS:  # M² numbers per line: keep them in the npz only
-            return {"adjacency": None, "linkage": None, "relatedness": None, "umap_points": None}
-        finite_a = np.where(np.isfinite(a), a, -1.0)
+
+    def _clustering_extras(self, extras: FLTExtras) -> FLTClusteringExtras:
+        """`extras` plus the one-off clustering's matrices (history-sized: None for big
+        federations, whose M² numbers per line stay in the npz only)."""
+        st, cfg = self.state, self.config
+        encoder = st.info.get("encoder")
+        if len(st.labels) > HISTORY_MAX_CLIENTS:
+            return FLTClusteringExtras(**extras.to_dict(), encoder=encoder)
+        a = st.arrays["adjacency"]
         umap_used = isinstance(cfg, FLTConfig) and cfg.umap
-        return {"adjacency": np.round(finite_a, 5), "linkage": np.round(z, 6),
-                "relatedness": related.astype(np.int8), "umap_points":
-                np.round(st.arrays["points"], 5) if umap_used else None}
+        return FLTClusteringExtras(
+            **extras.to_dict(),
+            adjacency=np.round(np.where(np.isfinite(a), a, -1.0), 5).tolist(),
+            linkage=np.round(st.arrays["linkage"], 6).tolist(),
+            relatedness=st.arrays["relatedness"].astype(np.int8).tolist(),
+            umap_points=np.round(st.arrays["points"], 5).tolist() if umap_used else None,
+            encoder=encoder)
 
     # ------------------------------------------------------------------ rounds (Alg. 3)
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        big = self._cluster(ctx) if not self.state.clustered else {}
+        first = not self.state.clustered
+        if first:
+            self._cluster(ctx)
         clients = ctx.sample(self.config.fraction)
         if self.config.aggregation == "relatedness":
             loss = self._relatedness_step(ctx, clients)
         else:
             loss = self._cluster_step(ctx, clients)
-        out = {"train_loss": loss,
-               **{k: v for k, v in self.state.info.items() if k != "encoder"}}
-        if big:
-            out.update(big)
-            out["encoder"] = self.state.info.get("encoder")
-        return out
+        info = self.state.info
+        extras = FLTExtras(
+            train_loss=loss, clustering_floats_down=info["clustering_floats_down"],
+            clustering_floats_up=info["clustering_floats_up"],
+            n_clusters_found=info["n_clusters_found"],
+            rejected_signatures=info["rejected_signatures"],
+            clustering_seconds=info["clustering_seconds"])
+        return (self._clustering_extras(extras) if first else extras).to_dict()
 
     def _relatedness_step(self, ctx: Context, clients: np.ndarray) -> float | None:
         """Case I: participants train their own model; every model ← Ω · snapshot."""
@@ -332,4 +385,5 @@ class PCAKMHC(FLT):
                             kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed())
 
 
-__all__ = ["FLT", "PCAKMHC", "FLTConfig", "FLTState", "PCAKMHCConfig"]
+__all__ = ["FLT", "PCAKMHC", "FLTClusteringExtras", "FLTConfig", "FLTExtras", "FLTState",
+           "PCAKMHCConfig"]

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, KClusterExtras
 from clusterfl.clustering.aggregate import (
     average_members,
     choose_clusters,
@@ -79,6 +79,16 @@ class IFCAConfig(AlgorithmConfig):
         None, ge=1, description="gradient averaging: minibatch per client (None: all its data)")
     server_lr: float | None = Field(
         None, gt=0.0, description="gradient averaging step γ (None: the [train] lr)")
+
+
+@dataclass(kw_only=True)
+class IFCAExtras(KClusterExtras):
+    """IFCA's per-round extras (every round, warm-up included)."""
+
+    #: mean local training loss of the clients that answered (warm-up: of the FedAvg model)
+    train_loss: float | None = None
+    #: mean training loss of the cluster model each sampled client chose (None in warm-up)
+    assign_loss: float | None = None
 
 
 @dataclass
@@ -124,12 +134,11 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
             loss = self._model_step(ctx, clients)
         else:
             loss = self._gradient_step(ctx, clients)
-        return {
-            "train_loss": loss,
-            "assign_loss": mean_finite(losses.loss[np.arange(len(clients)), chosen]),
-            "cluster_sizes": cluster_sizes(st.assign, cfg.n_clusters),
-            "warmup": 0,
-        }
+        return IFCAExtras(
+            train_loss=loss,
+            assign_loss=mean_finite(losses.loss[np.arange(len(clients)), chosen]),
+            cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters), warmup=0,
+        ).to_dict()
 
     def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
         """FedAvg on the warm model; on the last warm-up round, seed the K cluster models."""
@@ -144,9 +153,9 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
             body = ~self.head
             st.models[:, body] = st.warm[body]
             st.warm = None
-        return {"train_loss": mean_finite(reply.loss), "assign_loss": None,
-                "cluster_sizes": cluster_sizes(st.assign, self.config.n_clusters),
-                "warmup": 1}
+        return IFCAExtras(train_loss=mean_finite(reply.loss), assign_loss=None,
+                          cluster_sizes=cluster_sizes(st.assign, self.config.n_clusters),
+                          warmup=1).to_dict()
 
     def _model_step(self, ctx: Context, clients: np.ndarray) -> float | None:
         """Option II: local training from θ_ĵ, per-cluster weighted model averaging."""
@@ -180,4 +189,4 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         return Predictor.single(st.models, np.maximum(st.assign, 0))
 
 
-__all__ = ["IFCA", "IFCAConfig", "IFCAState"]
+__all__ = ["IFCA", "IFCAConfig", "IFCAExtras", "IFCAState"]

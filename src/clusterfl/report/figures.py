@@ -196,7 +196,7 @@ def _draw_mse(ax: Axes, history: Sequence[RoundRecord]) -> None:
 def plot_ari(history: Sequence[RoundRecord], path: str | Path, label: str = "") -> Path:
     """ARI against the true clusters (left axis) and number of clusters (right axis) per round.
 
-    ARI is left out when it is null in every round; cluster splits (extras["split"]) are marked.
+    ARI is left out when it is null in every round; cluster splits (CFL's `split`) are marked.
     """
     fig, ax = _new_figure()
     rounds, ari = ari_series(history)

@@ -114,8 +114,11 @@ def comm_series(history: Sequence[RoundRecord]) -> tuple[np.ndarray, np.ndarray,
 
 
 def split_rounds(history: Sequence[RoundRecord]) -> list[int]:
-    """Rounds whose extras report a cluster split (`extras["split"]` true), e.g. for CFL."""
-    return [r.round for r in history if r.extras.get("split")]
+    """Rounds in which a cluster split (`CFLExtras.split`; only CFL splits clusters)."""
+    # imported here: the methods (and torch) load only when a figure needs them
+    from clusterfl.algorithms.cfl import CFLExtras
+
+    return [r.round for r in history if CFLExtras.from_dict(r.extras).split]
 
 
 def cluster_size_matrix(

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from clusterfl.algorithms.base import KClusterExtras
+from clusterfl.algorithms.cam import CAMExtras
+from clusterfl.algorithms.fesem import FeSEMExtras
 from clusterfl.records import RoundRecord, RunSummary
 from clusterfl.report.figures import plot_series
 from clusterfl.report.history import run_label
@@ -30,14 +33,14 @@ def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> l
         return []
     label = run_label(summary)
     paths = [plot_balance(records, out / "cluster_balance.png", label)]
-    if any("train_loss_cluster" in r.extras for r in records):
+    if any(CAMExtras.matches(r.extras) for r in records):  # a CAM round (after any warm-up)
         paths.append(plot_part_losses(records, out / "cam_train_losses.png", label))
     return paths
 
 
 def warmup_end(records: list[RoundRecord]) -> list[int]:
     """The last warm-up round, as a one-element list (empty when there was no warm-up)."""
-    warm = [r.round for r in records if r.extras.get("warmup")]
+    warm = [r.round for r in records if KClusterExtras.from_dict(r.extras).warmup]
     return [max(warm)] if warm else []
 
 
@@ -51,7 +54,7 @@ def balance_series(records: list[RoundRecord]) -> tuple[np.ndarray, np.ndarray, 
     rounds, largest, used = [], [], []
     for r in records:
         a = np.array([-1 if v is None else v for v in r.assignment], int)
-        k = len(r.extras.get("cluster_sizes") or []) or max(len(seen), 1)
+        k = len(KClusterExtras.from_dict(r.extras).cluster_sizes or []) or max(len(seen), 1)
         counts = np.bincount(a[a >= 0], minlength=k) if len(a) else np.zeros(k, int)
         rounds.append(r.round)
         largest.append(counts.max() / len(a) if len(a) else np.nan)
@@ -71,12 +74,12 @@ def plot_balance(records: list[RoundRecord], path: Path, label: str) -> Path:
 def plot_part_losses(records: list[RoundRecord], path: Path, label: str) -> Path:
     """Mean local training loss of the cluster part and of the global part per round."""
     series: dict[str, tuple[list[float], list[float]]] = {}
-    names = {"train_loss_cluster": "cluster part θ_i (global frozen)",
-             "train_loss_global": "global part θ_i^0 (cluster frozen)",
-             "train_loss": "warm-up local training"}
     for r in records:
-        for key, name in names.items():
-            value = r.extras.get(key)
+        cam, warm = CAMExtras.from_dict(r.extras), FeSEMExtras.from_dict(r.extras)
+        for name, value in (("cluster part θ_i (global frozen)", cam.train_loss_cluster),
+                            ("global part θ_i^0 (cluster frozen)", cam.train_loss_global),
+                            # FeSEM-CAM's warm-up rounds are FeSEM's
+                            ("warm-up local training", warm.train_loss)):
             if isinstance(value, int | float):
                 xs, ys = series.setdefault(name, ([], []))
                 xs.append(float(r.round))

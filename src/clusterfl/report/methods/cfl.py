@@ -13,12 +13,14 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from clusterfl.algorithms.cfl import CFLExtras
 from clusterfl.records import RoundRecord, RunSummary
 
 
@@ -26,7 +28,7 @@ def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> l
     """Draw the CFL figures of a run into `run_dir / "figures"`; returns the files written."""
     out = Path(run_dir) / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    records = [r for r in records if "mean_norm" in r.extras]
+    records = [r for r in records if CFLExtras.from_dict(r.extras).mean_norm]  # CFL rounds
     if not records:
         return []
     eps = _thresholds(Path(run_dir))
@@ -44,16 +46,17 @@ def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> l
 
 def split_rounds(records: list[RoundRecord]) -> list[int]:
     """Rounds in which a cluster split."""
-    return [r.round for r in records if r.extras.get("split")]
+    return [r.round for r in records if CFLExtras.from_dict(r.extras).split]
 
 
-def node_series(records: list[RoundRecord], key: str
+def node_series(records: list[RoundRecord], values: Callable[[CFLExtras], Sequence[float | None]]
                 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """`node id -> (rounds, values)` of a per-cluster extra (`mean_norm`, `max_norm`, `gap`)."""
+    """`node id -> (rounds, values)` of a per-cluster extra, e.g. `lambda e: e.mean_norm`
+    (`mean_norm`, `max_norm`, `gap`)."""
     acc: dict[int, tuple[list[int], list[float]]] = {}
     for r in records:
-        e = r.extras
-        for node, value in zip(e.get("clusters", []), e.get(key, [])):
+        e = CFLExtras.from_dict(r.extras)
+        for node, value in zip(e.clusters, values(e)):
             xs, ys = acc.setdefault(int(node), ([], []))
             xs.append(r.round)
             ys.append(np.nan if value is None else float(value))
@@ -100,7 +103,8 @@ def plot_norms(records: list[RoundRecord], path: Path, eps: dict[str, float]) ->
     """Fig. 8: mean update norm (solid) and max client norm (dashed) per cluster."""
     fig = Figure(figsize=(7.5, 4.4), layout="constrained")
     ax = fig.subplots()
-    mean, peak = node_series(records, "mean_norm"), node_series(records, "max_norm")
+    mean = node_series(records, lambda e: e.mean_norm)
+    peak = node_series(records, lambda e: e.max_norm)
     for i, node in enumerate(mean):
         color = f"C{i % 10}"
         ax.plot(*mean[node], color=color, lw=1.5, label=f"‖mean Δθ‖ node {node}")
@@ -129,7 +133,7 @@ def plot_accuracy_gap(records: list[RoundRecord], path: Path, truth: Any) -> Pat
         top.plot(x, y, marker="o" if len(x) <= 40 else None, ms=3, label=f"{name} {g}")
     top.set_ylabel("mean test accuracy")
     top.set_title("CFL: accuracy per client group (top), separation gap g(α) per cluster")
-    gaps = node_series(records, "gap")
+    gaps = node_series(records, lambda e: e.gap)
     for node, (x, y) in gaps.items():
         if np.isfinite(y).any():
             bottom.plot(x, y, lw=1.3, label=f"node {node}")
@@ -154,8 +158,8 @@ def plot_split_similarities(records: list[RoundRecord], out: Path, truth: Any) -
 
     paths = []
     for r in records:
-        for event in r.extras.get("splits", []):
-            if not event.get("accepted") or "similarity" not in event:
+        for event in CFLExtras.from_dict(r.extras).splits:
+            if not event["accepted"] or "similarity" not in event:
                 continue
             members = np.asarray(event["members"], dtype=int)
             group = np.isin(members, event["groups"][1]).astype(int)

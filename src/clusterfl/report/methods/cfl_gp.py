@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPExtras
 from clusterfl.records import RoundRecord, RunSummary
 
 MAX_SPECTRA = 6  # spectra drawn in one figure
@@ -35,15 +36,15 @@ def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> l
     truth = summary.true_clusters
     paths = [plot_spectrum(rounds, out / "cfl_gp_spectrum.png"),
              plot_features(rounds, out / "cfl_gp_features.png", truth)]
-    if any(r.extras.get("k_estimate") is not None for r in rounds):
-        stopped = records[-1].extras.get("clustering_stopped_at")
+    if any(CFLGPExtras.from_dict(r.extras).k_estimate is not None for r in rounds):
+        stopped = CFLGPExtras.from_dict(records[-1].extras).clustering_stopped_at
         paths.append(plot_k_estimate(rounds, out / "cfl_gp_k_estimate.png", stopped))
     return paths
 
 
 def clustering_records(records: list[RoundRecord]) -> list[RoundRecord]:
     """The records of rounds with a clustering update (those carry the spectrum)."""
-    return [r for r in records if r.extras.get("singular_values")]
+    return [r for r in records if CFLGPClusteringExtras.from_dict(r.extras).singular_values]
 
 
 def _picked(n: int, k: int) -> list[int]:
@@ -72,18 +73,19 @@ def plot_spectrum(rounds: list[RoundRecord], path: Path) -> Path:
     chosen = _picked(len(rounds), MAX_SPECTRA)
     cmap = colormaps["Reds"]
     for j, i in enumerate(chosen):
-        sv = np.asarray(rounds[i].extras["singular_values"], dtype=float)
+        sv = np.asarray(CFLGPClusteringExtras.from_dict(rounds[i].extras).singular_values,
+                        dtype=float)
         idx = np.arange(1, len(sv) + 1)
         keep = sv > 0
         shade = 0.35 + 0.65 * (j + 1) / len(chosen)
         ax.plot(idx[keep], sv[keep], marker="o", ms=3, color=cmap(shade),
                 label=f"round {rounds[i].round}")
-    last = rounds[chosen[-1]].extras
-    s = last.get("spectral_gap_s")
+    last = CFLGPExtras.from_dict(rounds[chosen[-1]].extras)
+    s = last.spectral_gap_s
     title = "Singular values of the gradient profile"
     if s is not None:
         ax.axvline(s + 0.5, color="0.3", ls=":", lw=1.2, label=f"largest gap (s = {s})")
-        title += f" — estimated K = {last.get('k_estimate')}"
+        title += f" — estimated K = {last.k_estimate}"
     ax.set_yscale("log")
     ax.set_xlabel("index i")
     ax.set_ylabel("σ_i")
@@ -113,7 +115,8 @@ def plot_features(rounds: list[RoundRecord], path: Path, truth: list[int] | None
     fig, axes = _new_figure(width=5.0 * len(ends), height=4.4, ncols=len(ends))
     true = None if truth is None else np.asarray(truth, dtype=int)
     for ax, rec in zip(np.atleast_1d(axes), ends):
-        feats = np.asarray(rec.extras["projected_features"], dtype=float)
+        feats = np.asarray(CFLGPClusteringExtras.from_dict(rec.extras).projected_features,
+                           dtype=float)
         assign = np.asarray(rec.assignment, dtype=int)
         note = "" if rec.ari is None else f", ARI {rec.ari:.2f}"
         _scatter(ax, feats, assign, true, f"round {rec.round}{note} (colour = model)")
@@ -130,9 +133,10 @@ def plot_k_estimate(rounds: list[RoundRecord], path: Path, stopped: int | None =
     """Estimated number of clusters and gap position s per clustering round."""
     fig, ax = _new_figure()
     t = [r.round for r in rounds]
-    for key, label, style in (("k_estimate", "estimated K", "-o"),
-                              ("spectral_gap_s", "largest gap s", "--s")):
-        y = [np.nan if r.extras.get(key) is None else float(r.extras[key]) for r in rounds]
+    extras = [CFLGPExtras.from_dict(r.extras) for r in rounds]
+    for values, label, style in (([e.k_estimate for e in extras], "estimated K", "-o"),
+                                 ([e.spectral_gap_s for e in extras], "largest gap s", "--s")):
+        y = [np.nan if v is None else float(v) for v in values]
         ax.plot(t, y, style, ms=4, label=label)
     if stopped is not None:
         ax.axvline(stopped, color="0.35", ls=":", label=f"clustering stopped (round {stopped})")

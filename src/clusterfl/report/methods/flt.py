@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from clusterfl.algorithms.flt import FLTClusteringExtras
 from clusterfl.records import RoundRecord, RunSummary
 from clusterfl.report.figures import plot_matrix
 
@@ -54,13 +55,13 @@ def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> l
 def clustering_data(run_dir: Path, records: list[RoundRecord]) -> dict[str, Any] | None:
     """A, Ã, linkage, labels (and UMAP points) of the run's one-off clustering, or None."""
     for rec in records:
-        extras = rec.extras
-        if extras.get("adjacency") is not None:
-            a = np.asarray(extras["adjacency"], dtype=float)
+        extras = FLTClusteringExtras.from_dict(rec.extras)
+        if extras.adjacency is not None:
+            a = np.asarray(extras.adjacency, dtype=float)
             a = np.where(a < 0, np.nan, a)  # clients without a signature
-            return {"adjacency": a, "relatedness": extras.get("relatedness"),
-                    "linkage": extras.get("linkage") or np.zeros((0, 4)),
-                    "labels": rec.assignment, "umap_points": extras.get("umap_points")}
+            return {"adjacency": a, "relatedness": extras.relatedness,
+                    "linkage": extras.linkage or np.zeros((0, 4)),
+                    "labels": rec.assignment, "umap_points": extras.umap_points}
     npz = run_dir / "flt_relatedness.npz"
     if npz.is_file():
         with np.load(npz) as f:
