@@ -16,7 +16,7 @@ import pkgutil
 from typing import Any
 
 import pytest
-import torch
+from tests.robust.conftest import one_thread  # noqa: F401  (autouse: one torch thread)
 
 import clusterfl.algorithms
 from clusterfl.algorithms.base import KClusterExtras
@@ -82,14 +82,6 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
 
 # Classes that are parts of the above, never a round's whole extras.
 PARTS: set[type[RoundExtras]] = {KClusterExtras, KMeansExtras, CAMExtras}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def run(case: str) -> list[RoundRecord]:
