@@ -46,8 +46,7 @@ class KClusterExtras(RoundExtras):
 
     #: clients assigned to each of the K clusters after the round
     cluster_sizes: list[int] = field(default_factory=list)
-    #: 1 in a warm-up round (before the clustering starts), else 0
-    warmup: int = 0
+    warmup: int = 0  # 1 in a warm-up round (before the clustering starts), else 0
 
 
 @dataclass
@@ -74,8 +73,7 @@ class Context:
     floats_up: float = 0.0
     log: list[str] = field(default_factory=list)
     guard: Guard | None = None
-    #: local trainings and gradients computed by clients so far (answered requests only)
-    client_updates: int = 0
+    client_updates: int = 0  # trainings and gradients clients computed so far
 
     def __post_init__(self) -> None:
         if self.guard is None:

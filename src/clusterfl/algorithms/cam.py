@@ -70,10 +70,8 @@ from clusterfl.protocol import LossRequest, Predictor, TrainReply, TrainRequest,
 class CAMExtras(KClusterExtras):
     """What both CAM methods write: IFCA-CAM in every round, FeSEM-CAM after its warm-up."""
 
-    #: mean local training loss of the cluster part θ_i, Θ_g frozen (None in a warm-up)
-    train_loss_cluster: float | None = None
-    #: mean local training loss of the global part θ_i^0, cluster part frozen (warm-up: Θ_g)
-    train_loss_global: float | None = None
+    train_loss_cluster: float | None = None  # mean loss training θ_i, Θ_g frozen (None: warm-up)
+    train_loss_global: float | None = None  # mean loss training θ_i^0, cluster part frozen
 
 
 def train_both(
@@ -147,8 +145,7 @@ class IFCACAMConfig(AlgorithmConfig):
 class IFCACAMExtras(CAMExtras):
     """IFCA-CAM's per-round extras (every round, warm-up included)."""
 
-    #: mean training loss of the sum h + f_k each selected client chose (None in warm-up)
-    assign_loss: float | None = None
+    assign_loss: float | None = None  # mean loss of the sum h + f_k chosen (None: warm-up)
 
 
 @dataclass

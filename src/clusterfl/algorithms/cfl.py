@@ -328,12 +328,9 @@ class CFLExtras(RoundExtras):
     """CFL's per-round extras. The per-cluster lists run over the clusters examined this round
     (the tree's leaves before the round's splits), in the order of `clusters`."""
 
-    #: clusters (tree leaves) after the round's splits
-    n_clusters: int = 0
-    #: tree node id of each cluster examined
-    clusters: list[int] = field(default_factory=list)
-    #: clients of each cluster that answered
-    cluster_sizes: list[int] = field(default_factory=list)
+    n_clusters: int = 0  # clusters (tree leaves) after the round's splits
+    clusters: list[int] = field(default_factory=list)  # tree node id of each cluster examined
+    cluster_sizes: list[int] = field(default_factory=list)  # clients of each cluster that answered
     #: norm of each cluster's mean update ‖Δθ_c‖ (eq. 30)
     mean_norm: list[float] = field(default_factory=list)
     #: largest client update norm max_i ‖Δθ_i‖ of each cluster (eq. 31)
@@ -342,16 +339,12 @@ class CFLExtras(RoundExtras):
     alpha_cross_max: list[float | None] = field(default_factory=list)
     #: separation gap g(α) of each cluster against the true clusters (None: unknown or < 2)
     gap: list[float | None] = field(default_factory=list)
-    #: largest ‖Δθ_c‖ over the clusters
-    max_mean_norm: float = 0.0
-    #: largest client update norm over all clusters
-    max_client_norm: float = 0.0
-    #: whether a cluster split this round
-    split: bool = False
+    max_mean_norm: float = 0.0  # largest ‖Δθ_c‖ over the clusters
+    max_client_norm: float = 0.0  # largest client update norm over all clusters
+    split: bool = False  # whether a cluster split this round
     #: the split tests of the clusters that were split candidates (eq. 30-31 held)
     splits: list[CFLSplitEvent] = field(default_factory=list)
-    #: mean local training loss of the clients that answered
-    train_loss: float | None = None
+    train_loss: float | None = None  # mean local training loss of the clients that answered
     #: clients Algorithm 4 placed into a leaf this round (they missed their cluster's split)
     placed: list[int] = field(default_factory=list)
     #: clients still waiting at an inner node of the tree
@@ -367,8 +360,7 @@ class CFLState:
     devices: DeviceStorage  # held for the simulated devices: only `ClientSide` reads it
     #: client absent at its cluster's split → the inner node it waits at
     pending: dict[int, int] = field(default_factory=dict)
-    #: keep_best: the node each client predicts with (None: its leaf or pending node)
-    choice: np.ndarray | None = None
+    choice: np.ndarray | None = None  # keep_best: each client's node (None: leaf/pending)
 
 
 class CFL(Algorithm[CFLConfig, CFLState]):

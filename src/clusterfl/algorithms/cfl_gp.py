@@ -189,30 +189,18 @@ def _no_counts() -> dict[str, float]:
 class CFLGPExtras(RoundExtras):
     """CFL-GP's per-round extras in a round without a clustering update."""
 
-    #: mean loss of the clients that answered, at their cluster's model (Alg. 1 / Alg. 4)
-    train_loss: float | None = None
-    #: whether this round updated the gradient profile and the clustering
-    clustering: bool = False
-    #: k̄, the model broadcast for the profile this round (-1: not a clustering round)
-    broadcast_model: int = -1
-    #: clients whose cluster changed this round
-    assignment_changes: int = 0
-    #: the round the clustering stopped (`stable_rounds` unchanged rounds), None while it runs
-    clustering_stopped_at: int | None = None
-    #: latest Appendix-G estimate of the number of clusters (None before the first, or off)
-    k_estimate: int | None = None
-    #: the s of that estimate: position of the largest singular-value gap
-    spectral_gap_s: int | None = None
-    #: models received per client and period of P rounds, running mean (Tables 5–6)
-    models_down_per_client_period: float = 0.0
-    #: vectors sent per client and period of P rounds, running mean
-    vectors_up_per_client_period: float = 0.0
-    #: gradients (or local trainings) per client and period of P rounds, running mean
-    gradients_per_client_period: float = 0.0
-    #: d̂, the coordinates a feature keeps (App. E.1/E.2)
-    feature_dim: int = 0
-    #: uplink floats of the replies CFL-GP received so far (narrowed replies counted as such)
-    uplink_floats_compressed: float = 0.0
+    train_loss: float | None = None  # mean loss of the answering clients at their model
+    clustering: bool = False  # whether this round updated the gradient profile and the clustering
+    broadcast_model: int = -1  # k̄ broadcast for the profile (-1: no clustering)
+    assignment_changes: int = 0  # clients whose cluster changed this round
+    clustering_stopped_at: int | None = None  # round the clustering stopped (None: still on)
+    k_estimate: int | None = None  # Appendix-G estimate of K (None: not yet, or off)
+    spectral_gap_s: int | None = None  # s of that estimate: the largest singular gap
+    models_down_per_client_period: float = 0.0  # models received per client and period
+    vectors_up_per_client_period: float = 0.0  # vectors sent per client and period
+    gradients_per_client_period: float = 0.0  # gradients/trainings per client and period
+    feature_dim: int = 0  # d̂, the coordinates a feature keeps (App. E.1/E.2)
+    uplink_floats_compressed: float = 0.0  # uplink floats of the replies received
 
 
 @dataclass(kw_only=True)
@@ -220,8 +208,7 @@ class CFLGPClusteringExtras(CFLGPExtras):
     """CFL-GP's extras in a clustering round (with `estimate_k` off; see
     `CFLGPEstimateExtras`)."""
 
-    #: β of this round's running mean of block k̄ (Alg. 1 line 9)
-    beta: float = 0.0
+    beta: float = 0.0  # β of this round's running mean of block k̄ (Alg. 1 line 9)
     #: leading singular values of the gradient profile (at most 64)
     singular_values: list[float] = field(default_factory=list)
     #: positions s (1-based) of the three largest gaps σ_s − σ_{s+1}, largest first

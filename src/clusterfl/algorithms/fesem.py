@@ -67,12 +67,9 @@ class FeSEMConfig(AlgorithmConfig):
 class KMeansExtras(RoundExtras):
     """The server's k-means step, in the extras of the FeSEM and FeSEM-CAM rounds it ran in."""
 
-    #: Lloyd iterations (center updates) performed
-    kmeans_iters: int = 0
-    #: 1 if the assignment stopped changing within `kmeans_iters` iterations, else 0
-    kmeans_converged: int = 0
-    #: weighted k-means objective Σ_i n_i ||θ_i − Θ_c(i)||² on the layers k-means reads
-    kmeans_inertia: float = math.nan
+    kmeans_iters: int = 0  # Lloyd iterations (center updates) performed
+    kmeans_converged: int = 0  # 1 if the assignment settled within kmeans_iters
+    kmeans_inertia: float = math.nan  # weighted k-means objective Σ n_i ||θ_i − Θ_c(i)||²
 
 
 @dataclass(kw_only=True)
@@ -80,8 +77,7 @@ class FeSEMExtras(KClusterExtras):
     """FeSEM's extras in a round without k-means: a warm-up round but the last, or a round in
     which no client answered."""
 
-    #: mean local training loss of the clients that answered
-    train_loss: float | None = None
+    train_loss: float | None = None  # mean local training loss of the clients that answered
 
 
 @dataclass(kw_only=True)

@@ -160,18 +160,12 @@ class PCAKMHCConfig(_OneShotConfig):
 class FLTExtras(RoundExtras):
     """FLT's (and PCA+kM+HC's) per-round extras in the rounds after the one-off clustering."""
 
-    #: mean local training loss of the clients that answered
-    train_loss: float | None = None
-    #: the one-off clustering's downlink: the EmbedRequest's per-client floats × clients listed
-    clustering_floats_down: float = 0.0
-    #: its uplink: the per-client floats × the clients whose signature arrived
-    clustering_floats_up: float = 0.0
-    #: clusters found (a client without a signature is a cluster of its own)
-    n_clusters_found: int = 0
-    #: clients without a (valid) signature: dropped out or rejected
-    rejected_signatures: int = 0
-    #: wall time of the one-off clustering in seconds
-    clustering_seconds: float = 0.0
+    train_loss: float | None = None  # mean local training loss of the clients that answered
+    clustering_floats_down: float = 0.0  # downlink: per-client floats × clients listed
+    clustering_floats_up: float = 0.0  # uplink: per-client floats × signatures received
+    n_clusters_found: int = 0  # clusters (a client without signature: its own)
+    rejected_signatures: int = 0  # clients without a (valid) signature: dropped out or rejected
+    clustering_seconds: float = 0.0  # wall time of the one-off clustering in seconds
 
 
 @dataclass(kw_only=True)
@@ -187,8 +181,7 @@ class FLTClusteringExtras(FLTExtras):
     relatedness: list[list[int]] | None = None
     #: the UMAP points, k per client with a signature, 5 digits (None without UMAP)
     umap_points: list[list[float]] | None = None
-    #: the encoder used (`clusterfl.encoders.describe`; None for PCA+kM+HC)
-    encoder: dict[str, Any] | None = None
+    encoder: dict[str, Any] | None = None  # the encoder used (None for PCA+kM+HC)
 
 
 # ============================================================================ the method

@@ -85,10 +85,8 @@ class IFCAConfig(AlgorithmConfig):
 class IFCAExtras(KClusterExtras):
     """IFCA's per-round extras (every round, warm-up included)."""
 
-    #: mean local training loss of the clients that answered (warm-up: of the FedAvg model)
-    train_loss: float | None = None
-    #: mean training loss of the cluster model each sampled client chose (None in warm-up)
-    assign_loss: float | None = None
+    train_loss: float | None = None  # mean local loss of the answering clients
+    assign_loss: float | None = None  # mean loss of the chosen models (None: warm-up)
 
 
 @dataclass
