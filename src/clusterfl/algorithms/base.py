@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from clusterfl.backends.base import Backend
+from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
     RE,
@@ -97,6 +98,13 @@ class Context:
             return pool.copy()
         k = max(1, round(fraction * len(pool)))
         return np.sort(self.rng.choice(pool, size=k, replace=False))
+
+
+def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") -> None:
+    """K cluster models need at least K clients: a `ConfigError` naming `field` otherwise."""
+    if k > n_clients:
+        raise ConfigError(field, f"K = {k} cluster models need at least {k} clients, the "
+                                 f"federation has {n_clients}; allowed: 1..{n_clients}")
 
 
 C = TypeVar("C", bound=AlgorithmConfig)

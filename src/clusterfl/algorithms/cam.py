@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, check_k_fits
 from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, LayerSpec
 from clusterfl.clustering.aggregate import (
     average_members,
@@ -149,6 +149,7 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
 
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters
+        check_k_fits(k, ctx.n_clients)
         self.state = IFCACAMState(ctx.factory.init(ctx.seed),
                                   ctx.factory.init_many(k, ctx.seed + 1),
                                   np.full(ctx.n_clients, -1, dtype=np.int64))

@@ -95,7 +95,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, check_k_fits
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
     KCriterion,
@@ -212,9 +212,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
         cfg, k, c = self.config, self.config.n_clusters, ctx.n_clients
-        if c < k:
-            raise ConfigError("algorithm.n_clusters",
-                              f"K = {k} models need at least {k} clients, the federation has {c}")
+        check_k_fits(k, c)
         layout = ctx.factory.layout
         models = self._initial_models(ctx)
         #: weight sharing: the coordinates common to the K models (from the config)

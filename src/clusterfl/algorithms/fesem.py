@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, check_k_fits
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
@@ -118,6 +118,7 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
     State: ClassVar[type] = FeSEMState  # FeSEM-CAM's State extends it
 
     def setup(self, ctx: Context) -> None:
+        check_k_fits(self.config.n_clusters, ctx.n_clients)
         self.state = FeSEMState(ctx.factory.init(ctx.seed),
                                 np.full(ctx.n_clients, -1, dtype=np.int64), None, None)
         self.index = layer_index(ctx.factory, self.config.kmeans_layers)

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, check_k_fits
 from clusterfl.clustering.aggregate import (
     average_members,
     choose_clusters,
@@ -100,6 +100,7 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
 
     def setup(self, ctx: Context) -> None:
         cfg = self.config
+        check_k_fits(cfg.n_clusters, ctx.n_clients)
         models = ctx.factory.init_many(cfg.n_clusters, ctx.seed)
         self.head = last_layer_mask(ctx.factory.layout)
         self.shared = ~self.head if cfg.weight_sharing else None
