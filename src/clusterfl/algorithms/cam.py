@@ -47,7 +47,7 @@ Choices the paper leaves open, and ours:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -124,6 +124,7 @@ class IFCACAMConfig(AlgorithmConfig):
     """Settings of IFCA-CAM (`[algorithm] name = "ifca_cam"`)."""
 
     name: Literal["ifca_cam"] = "ifca_cam"
+    display: ClassVar[str] = "IFCA-CAM"
     n_clusters: int = Field(5, ge=1, description="K, the number of cluster models")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients selected per round")
     warmup_rounds: int = Field(
@@ -210,6 +211,7 @@ class FeSEMCAMConfig(FeSEMConfig):
     """Settings of FeSEM-CAM (`[algorithm] name = "fesem_cam"`); FeSEM's, other defaults."""
 
     name: Literal["fesem_cam"] = "fesem_cam"  # type: ignore[assignment]  # narrows the literal
+    display: ClassVar[str] = "FeSEM-CAM"
     kmeans_layers: LayerSpec = Field(
         "linear", description='parameters k-means measures: "linear" (fully-connected layers, '
         'CAM §5), "all" or a list of parameter-name prefixes')

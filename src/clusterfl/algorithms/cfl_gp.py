@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -126,6 +126,7 @@ class CFLGPConfig(AlgorithmConfig):
     """Settings of CFL-GP (`[algorithm] name = "cfl_gp"`)."""
 
     name: Literal["cfl_gp"] = "cfl_gp"
+    display: ClassVar[str] = "CFL-GP"
     n_clusters: int = Field(4, ge=1, description="K, the number of models (and clusters)")
     period: int = Field(2, ge=1, description="P: a clustering update in rounds t with "
                         "t mod P = 1 (every round when P = 1)")
@@ -485,6 +486,3 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     def predictor(self) -> Predictor:
         return Predictor.single(self.state.models, self.state.assign)
-
-    def label(self) -> str:
-        return f"CFL-GP (K={self.config.n_clusters})"

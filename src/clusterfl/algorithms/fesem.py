@@ -49,6 +49,7 @@ class FeSEMConfig(AlgorithmConfig):
     """Settings of FeSEM (`[algorithm] name = "fesem"`)."""
 
     name: Literal["fesem"] = "fesem"
+    display: ClassVar[str] = "FeSEM"
     n_clusters: int = Field(5, ge=1, description="K, the number of centers")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
     lam: float = Field(0.01, ge=0.0, description="λ, proximal pull toward the center")

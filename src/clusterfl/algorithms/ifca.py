@@ -42,7 +42,7 @@ Options and the choices the paper leaves open:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -63,6 +63,7 @@ class IFCAConfig(AlgorithmConfig):
     """Settings of IFCA (`[algorithm] name = "ifca"`)."""
 
     name: Literal["ifca"] = "ifca"
+    display: ClassVar[str] = "IFCA"
     n_clusters: int = Field(5, ge=1, description="K, the number of cluster models")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
     averaging: Literal["model", "gradient"] = Field(
