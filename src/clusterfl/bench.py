@@ -399,7 +399,7 @@ def scenario_table(scenario: Scenario, out: Path) -> tuple[str, int]:
                _cell(col.get("updates_per_s", []), 1)]
         lines.append("| " + " | ".join(row) + " |")
     notes = [f"- {scenario.label(s)}: {p['note']}" for s, p in scenario.paper.items()
-             if isinstance(p, dict) and p.get("note")]
+             if isinstance(p, dict) and p.get("note") and s in scenario.methods]
     text = "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
     return text, done
 

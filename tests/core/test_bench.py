@@ -117,6 +117,10 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     ifca_ari = sum(r["ari"] for r in ifca) / 2
     assert f"| IFCA | {ifca_acc:.1f} ({ifca_ari:.2f}) |" in overview
     assert "a note for the reader" in text
+    quick = load_suite(_suite(tmp_path / "q"), quick=True)
+    quick[0].methods = ["ifca:n_clusters=2"]  # notes only of the methods in the table
+    assert "a note for the reader" not in write_results(
+        quick, runs, tmp_path / "Q.md", "clusterfl bench").read_text()
     link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
     assert link and (tmp_path / link.group(1)).is_file()
     assert "| IFCA (K=2) |" in (tmp_path / link.group(1)).read_text()
