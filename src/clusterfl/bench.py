@@ -3,20 +3,25 @@
 A suite is a folder of TOML files, one per scenario (`benchmarks/suite/*.toml`). Each holds
 
 - `[suite]`: `title`, `source` (where the paper's numbers come from), `seeds`, `methods`
-  (specs as for `clusterfl compare`: `"ifca:n_clusters=4"`), optional `labels` (a display
-  name per spec), and `[suite.quick]` with `set` (overrides, like `--set`), `seeds` and
-  optionally `methods` for the `--quick` pass;
+  (specs as for `clusterfl compare`: `"ifca:n_clusters=4"`), and `[suite.quick]` with `set`
+  (overrides, like `--set`), `seeds` and optionally `methods` for the `--quick` pass;
+  a method is named in tables and figures as everywhere else (`method_label`: its display
+  name and non-default options, e.g. "IFCA (K=4)"), so a suite file gives no labels;
 - `[paper."<spec>"]`: the paper's numbers for that method (`accuracy`, `macro_f1`, `ari`,
   `mse`, in the paper's units: percent for accuracy and F1), and optionally `note`;
 - `[config]`: a complete run config (the tables of `clusterfl run`).
 
-`run_suite` runs every (scenario, method, seed) into `RUNS/<scenario>/<method>/seed<N>/`,
-skipping finished runs (their `summary.json` exists) and resuming interrupted ones from their
-checkpoint, so a killed suite continues where it stopped. `write_results` then writes the
-results markdown (`benchmarks/RESULTS.md` for the full suite): per scenario a table of
-methods × (accuracy, macro-F1, ARI, fairness variance, rounds until ARI = 1, floats
-communicated, wall time) as mean ± std over seeds, with the paper's number and our difference
-beside it, and the comparison figures of the first seed.
+`run_suite` runs every (scenario, method, seed) into `RUNS/<scenario>/<method>/seed<N>/`
+(`<method>`: `run_folder_name`, e.g. `ifca_n_clusters=4`), skipping finished runs (their
+`summary.json` exists) and resuming interrupted ones from their checkpoint, so a killed suite
+continues where it stopped. Run folders of the older naming (the spec with `:` → `_` and
+`=` → `-`, e.g. `ifca_n_clusters-4`) are renamed to the new name when found, by `run_suite`
+and by `write_results` (`--report-only`), so finished runs are neither lost nor rerun.
+
+`write_results` writes the results markdown (`benchmarks/RESULTS.md` for the full suite):
+per scenario a table of methods × (accuracy, macro-F1, ARI, fairness variance, rounds until
+ARI = 1, floats communicated, wall time) as mean ± std over seeds, with the paper's number
+and our difference beside it, and the comparison figures of the first seed.
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ from typing import Any
 
 import numpy as np
 
+from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
 from clusterfl.compare import parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import CHECKPOINT, Experiment, build_federation
+from clusterfl.naming import method_label, run_folder_name
 from clusterfl.records import (
     SUMMARY_FILE,
     FinalMetrics,
@@ -57,11 +64,23 @@ class Scenario:
     config: dict[str, Any]
     methods: list[str]
     seeds: list[int]
-    labels: dict[str, str] = field(default_factory=dict)
     paper: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _algorithms: dict[str, AlgorithmConfig] = field(default_factory=dict, repr=False)
+
+    def algorithm(self, spec: str) -> AlgorithmConfig:
+        """The validated `[algorithm]` table of a method spec on this scenario."""
+        if spec not in self._algorithms:
+            base = load_config(self.config)
+            self._algorithms[spec] = base.with_algorithm(parse_algorithm_spec(spec)).algorithm
+        return self._algorithms[spec]
 
     def label(self, spec: str) -> str:
-        return self.labels.get(spec, spec)
+        """The method's name in tables and figures, e.g. "IFCA (K=4)"."""
+        return method_label(self.algorithm(spec))
+
+    def folder(self, spec: str) -> str:
+        """The method's run folder name, e.g. "ifca_n_clusters=4"."""
+        return run_folder_name(self.algorithm(spec))
 
 
 def _list(table: dict[str, Any], key: str, kind: type, where: str) -> list[Any]:
@@ -82,18 +101,30 @@ def load_scenario(path: Path, quick: bool = False) -> Scenario:
         raise ConfigError(str(path), "a suite file needs a [suite] and a [config] table")
     methods = _list(suite, "methods", str, "suite")
     seeds = _list(suite, "seeds", int, "suite")
+    if "labels" in suite:
+        raise ConfigError(f"{path}: suite.labels", "no longer read: methods are named by "
+                          "their display name and non-default options (e.g. \"IFCA (K=4)\"); "
+                          "remove it and put explanations in [paper.\"<spec>\"] note")
     config = raw["config"]
     if quick:
         q = suite.get("quick", {})
         config = apply_overrides(config, list(q.get("set", [])))
         seeds = q.get("seeds", seeds[:1])
         methods = q.get("methods", methods)  # may hold quick-only specs (shorter warm-ups)
-    return Scenario(
+    scenario = Scenario(
         name=path.stem, title=str(suite.get("title", path.stem)),
         source=str(suite.get("source", "")), config=config, methods=list(methods),
-        seeds=[int(s) for s in seeds], labels=dict(suite.get("labels", {})),
-        paper=dict(raw.get("paper", {})),
+        seeds=[int(s) for s in seeds], paper=dict(raw.get("paper", {})),
     )
+    seen: dict[str, str] = {}
+    for spec in scenario.methods:  # validates every method; one run folder per method
+        folder = scenario.folder(spec)
+        if folder in seen:
+            raise ConfigError(f"{path}: suite.methods", f"{seen[folder]!r} and {spec!r} are "
+                              f"the same method with the same options "
+                              f"({scenario.label(spec)}); list it once")
+        seen[folder] = spec
+    return scenario
 
 
 def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = ()) -> list[Scenario]:
@@ -108,12 +139,38 @@ def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = ()) -> l
     return [load_scenario(f, quick) for f in files if not only or f.stem in only]
 
 
-def _spec_dir(spec: str) -> str:
-    return spec.replace(":", "_").replace("=", "-").replace("/", "-")
-
-
 def run_dir(out: Path, scenario: Scenario, spec: str, seed: int) -> Path:
-    return out / scenario.name / _spec_dir(spec) / f"seed{seed}"
+    """`out/<scenario>/<run folder name of the method>/seed<N>`."""
+    return out / scenario.name / scenario.folder(spec) / f"seed{seed}"
+
+
+def legacy_run_dir(out: Path, scenario: Scenario, spec: str, seed: int) -> Path:
+    """Where clusterfl before the one naming scheme put the run (`ifca_n_clusters-4`)."""
+    old = spec.replace(":", "_").replace("=", "-").replace("/", "-")
+    return out / scenario.name / old / f"seed{seed}"
+
+
+def migrate_run_dirs(scenarios: Sequence[Scenario], out: Path,
+                     log: Callable[[str], None] = print) -> int:
+    """Rename the run folders of the older naming to `run_dir`; returns how many moved.
+
+    A folder is moved only when the new one does not exist yet (nothing is overwritten).
+    """
+    moved = 0
+    for scenario in scenarios:
+        for spec in scenario.methods:
+            for seed in scenario.seeds:
+                old, new = legacy_run_dir(out, scenario, spec, seed), run_dir(
+                    out, scenario, spec, seed)
+                if old != new and old.is_dir() and not new.exists():
+                    new.parent.mkdir(parents=True, exist_ok=True)
+                    old.rename(new)
+                    moved += 1
+                    log(f"{scenario.name} / {spec} / seed {seed}: run folder renamed "
+                        f"{old.parent.name} → {new.parent.name}")
+                    if old.parent.is_dir() and not any(old.parent.iterdir()):
+                        old.parent.rmdir()
+    return moved
 
 
 def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
@@ -177,6 +234,7 @@ def run_suite(
     """
     if jobs < 1:
         raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
+    migrate_run_dirs(scenarios, out, log)
     # seed by seed across scenarios: a suite stopped early still has whole tables of its
     # first seeds
     ordered = sorted(
@@ -341,17 +399,9 @@ def scenario_table(scenario: Scenario, out: Path) -> tuple[str, int]:
                _cell(col.get("updates_per_s", []), 1)]
         lines.append("| " + " | ".join(row) + " |")
     notes = [f"- {scenario.label(s)}: {p['note']}" for s, p in scenario.paper.items()
-             if isinstance(p, dict) and p.get("note")]
+             if isinstance(p, dict) and p.get("note") and s in scenario.methods]
     text = "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
     return text, done
-
-
-_DISPLAY = {
-    "fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "fedavg_plus": "FedAvg+",
-    "fedprox_plus": "FedProx+", "ifca": "IFCA", "fesem": "FeSEM", "cfl": "CFL",
-    "cfl_gp": "CFL-GP", "flt": "FLT", "pca_km_hc": "PCA+kM+HC", "ifca_cam": "IFCA-CAM",
-    "fesem_cam": "FeSEM-CAM",
-}
 
 
 def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
@@ -384,14 +434,15 @@ def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
     head = ["method", *[f"`{s.name}`" for s in scenarios]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in names:
-        row = [_DISPLAY.get(name, name), *[cells.get((name, s.name), "–") for s in scenarios]]
+        display = ALGORITHMS[name].Config.display if name in ALGORITHMS else name
+        row = [display, *[cells.get((name, s.name), "–") for s in scenarios]]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def write_results(
     scenarios: Sequence[Scenario], runs: Path, results: Path, command: str,
-    preamble: str = "", sections: Sequence[str] = (),
+    preamble: str = "", sections: Sequence[str] = (), log: Callable[[str], None] = print,
 ) -> Path:
     """Write the `results` markdown from the finished runs under `runs`.
 
@@ -400,6 +451,7 @@ def write_results(
     """
     from clusterfl.report import write_comparison_report
 
+    migrate_run_dirs(scenarios, runs, log)
     figures = results.parent / f"{results.stem}_figures"
     parts = [f"# Benchmark suite results\n\n- command: `{command}`\n"
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S')}\n{preamble}",

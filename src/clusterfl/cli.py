@@ -1,25 +1,34 @@
-"""The `clusterfl` command line (DESIGN.md §7). Errors end in one clear line, exit code 2."""
+"""The `clusterfl` command line. Errors end in one clear line, exit code 2.
+
+Building the parser imports nothing heavy: torch, numpy, the methods, the experiment, Flower
+and matplotlib are imported inside the command that needs them, so `clusterfl --help` and
+every subcommand's `--help` answer at once (tests/core/test_cli.py checks both the time and
+that none of those modules is loaded).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from importlib import resources
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from clusterfl.errors import ClusterFLError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 DEMO_METHODS = [
     "fedavg", "fedprox:mu=0.01", "local", "ifca:n_clusters=4", "fesem:n_clusters=4",
-    "ifca_cam:n_clusters=4:warmup_rounds=5", 'cfl_gp:n_clusters=4:protocol="model"', "cfl",
+    "ifca_cam:n_clusters=4:warmup_rounds=5", "cfl_gp:n_clusters=4:protocol=model", "cfl",
 ]
 
 
 def _console() -> Console:
     """Console for tables; a pipe or file gets a width that fits the comparison table."""
+    from rich.console import Console
+
     con = Console(highlight=False)
     if not con.is_terminal:
         con = Console(highlight=False, width=160)
@@ -60,33 +69,43 @@ def _load(args: argparse.Namespace):
     return load_config(apply_overrides(read_toml(args.config), _overrides(args)))
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from clusterfl.compare import run_comparison
-    from clusterfl.report import summary_table
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"clusterfl: warning: {line}", file=sys.stderr)
 
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from clusterfl.compare import comparison_configs, run_comparison
+    from clusterfl.report import comparison_warnings, summary_table
+
+    specs = args.algorithms.split(",")
     config = _load(args)
-    specs = [s for s in args.algorithms.split(",") if s.strip()]
+    folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
     results = run_comparison(config, specs, out, progress=_progress(args))
     con = _console()
     con.print(summary_table([h.summary for _, h in results]))
+    _warn(comparison_warnings([out / f for f in folders]))
     con.print(f"comparison report: {out / 'report.md'}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from clusterfl.report import write_comparison_report, write_run_report
+    from clusterfl.report import comparison_warnings, write_comparison_report, write_run_report
 
     dirs = [Path(d) for d in args.dirs]
     if len(dirs) == 1:
         path = write_run_report(dirs[0])
     else:
         path = write_comparison_report(dirs, Path(args.out or "runs/report"))
+        _warn(comparison_warnings(dirs))
     _console().print(f"report: {path}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from importlib import resources
+
     from clusterfl.compare import run_comparison
     from clusterfl.config import apply_overrides, load_config, read_toml
     from clusterfl.report import summary_table
@@ -136,15 +155,19 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from clusterfl.config import dump_toml
+    """`clusterfl config show [CONFIG]` (`show` may be left out): the resolved config."""
+    from clusterfl.config import apply_overrides, dump_toml, load_config, read_toml
 
-    if args.config:
-        config = _load(args)
-    else:
-        from clusterfl.config import load_config
-
-        config = load_config({})
-    print(dump_toml(config.to_dict()))
+    words = [w for w in (args.action, args.config) if w is not None]
+    if words and words[0] == "show":
+        words = words[1:]
+    if len(words) > 1:
+        raise ClusterFLError(f"config: expected `clusterfl config show [CONFIG.toml]`, got "
+                             f"{' '.join(words)!r}")
+    args.config = words[0] if words else None
+    raw = {} if args.config is None else read_toml(args.config)
+    config = load_config(apply_overrides(raw, _overrides(args)))
+    print(dump_toml(config.to_dict()), end="")
     return 0
 
 
@@ -194,8 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--base-url", help="mirror to download from instead of the official host")
     data.set_defaults(func=cmd_data)
 
-    cfg = sub.add_parser("config", help="print a resolved config with all defaults")
-    cfg.add_argument("config", nargs="?")
+    cfg = sub.add_parser(
+        "config", help="print a resolved config with all defaults",
+        usage="clusterfl config show [CONFIG.toml] [--set KEY=VALUE ...] [--data-dir DIR]",
+        description="Print CONFIG.toml (or, without it, the default config) with every "
+        "default filled in and --set applied, as TOML. `show` may be left out.")
+    cfg.add_argument("action", nargs="?", metavar="show", help="the only action (optional)")
+    cfg.add_argument("config", nargs="?", help="a run config (default: the built-in defaults)")
     cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
     cfg.add_argument("--data-dir")
     cfg.set_defaults(func=cmd_config)

@@ -1,4 +1,8 @@
-"""`clusterfl bench`: run the benchmark suite (or its quick pass) and write the results table."""
+"""`clusterfl bench`: run the benchmark suite (or its quick pass) and write the results table.
+
+The suite machinery (`clusterfl.bench`, torch, the methods) is imported when the command runs,
+not when the parser is built, so `clusterfl --help` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-
-from clusterfl.bench import BenchError, load_suite, run_suite, write_results
 
 SUITE = Path("benchmarks/suite")
 
@@ -39,6 +41,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from clusterfl.bench import BenchError, load_suite, run_suite, write_results
+
     if args.data_dir:
         os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
     kind = "quick" if args.quick else "full"

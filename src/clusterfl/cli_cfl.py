@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from clusterfl.errors import ClusterFLError
+
+if TYPE_CHECKING:  # numpy and torch are imported when the command runs (fast --help)
+    import numpy as np
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -45,6 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def parse_clients(spec: str | None, n_clients: int) -> np.ndarray:
     """'0,3,8-11' → [0, 3, 8, 9, 10, 11]; None → all clients. Raises ClusterFLError."""
+    import numpy as np
+
     if spec is None:
         return np.arange(n_clients)
     out: list[int] = []
@@ -65,8 +67,45 @@ def parse_clients(spec: str | None, n_clients: int) -> np.ndarray:
     return np.array(sorted(set(out)), dtype=np.int64)
 
 
+def run_method(run_dir: Path) -> str | None:
+    """The method of a run (`[algorithm] name` of its config.toml, else its summary.json)."""
+    import tomllib
+
+    config = run_dir / "config.toml"
+    if config.is_file():
+        try:
+            table = tomllib.loads(config.read_text(encoding="utf-8")).get("algorithm")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            table = None
+        if isinstance(table, dict) and isinstance(table.get("name"), str):
+            return str(table["name"])
+    from clusterfl.records import RunDirError, read_summary
+
+    try:
+        return read_summary(run_dir).algorithm
+    except RunDirError:
+        return None
+
+
+def check_cfl_run(run_dir: Path) -> None:
+    """A one-line error unless `run_dir` is a run directory of a CFL run."""
+    if not run_dir.is_dir():
+        raise ClusterFLError(f"{run_dir}: no such run directory")
+    method = run_method(run_dir)
+    if method is not None and method != "cfl":
+        from clusterfl.algorithms import ALGORITHMS
+
+        cls = ALGORITHMS.get(method)
+        shown = f"{cls.Config.display} (`{method}`)" if cls else f"`{method}`"
+        raise ClusterFLError(
+            f"{run_dir} is a run of {shown}; cfl-place places new clients with the parameter "
+            "tree that only CFL builds, so placement is for CFL runs only (for now)")
+
+
 def load_cfl_state(run_dir: Path) -> tuple[dict[str, Any], str]:
     """The CFL algorithm state of a run and where it came from."""
+    import torch
+
     from clusterfl.algorithms.cfl import TREE_FILE
 
     tree = run_dir / TREE_FILE
@@ -88,6 +127,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     run_dir = Path(args.run_dir)
+    check_cfl_run(run_dir)
     state, origin = load_cfl_state(run_dir)
     rows = place_clients(run_dir, state, args.clients, list(args.set or []), args.data_dir)
     con = Console(highlight=False)
@@ -102,6 +142,9 @@ def cmd_place(args: argparse.Namespace) -> int:
 def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
                   overrides: list[str], data_dir: str | None = None) -> list[dict[str, Any]]:
     """Place clients of the (possibly overridden) run federation; one dict per client."""
+    import numpy as np
+    import torch
+
     from clusterfl.algorithms.base import Context
     from clusterfl.algorithms.cfl import CFL, CFLConfig
     from clusterfl.config import apply_overrides, load_config, read_toml
@@ -154,11 +197,13 @@ def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
 
 
 def _num(x: float) -> float | None:
-    return None if np.isnan(x) else float(x)
+    return None if x != x else float(x)  # NaN
 
 
 def _leaf_truth(run_dir: Path, alg: Any) -> dict[int, list[int]]:
     """True clusters of each leaf's training clients, from the run's summary (if known)."""
+    import numpy as np
+
     from clusterfl.records import RunDirError, read_summary
 
     try:

@@ -1,4 +1,4 @@
-"""`clusterfl flower ...`: run any method on Flower 1.41 (DESIGN.md §9, docs/deploy.md).
+"""`clusterfl flower ...`: run any method on Flower 1.41 (see docs/deploy.md).
 
     clusterfl flower run CONFIG.toml [--set K=V ...] [--out DIR] --mode ray|local|submit
         ray:    Flower's simulation engine (Ray), one virtual SuperNode per client
@@ -6,6 +6,9 @@
                 (loopback, insecure), then `flwr run`; everything is stopped at the end
         submit: `flwr run` against an existing SuperLink (`--superlink NAME`, a connection of
                 $FLWR_HOME/config.toml); CONFIG and --out are paths on the SuperLink machine
+        ray and local print a line per finished round (read from the run's history.jsonl)
+        and, at the end, the results table of `clusterfl run`; the run directory defaults
+        to runs/<config name>-flower
     clusterfl flower export-partitions CONFIG.toml OUT_DIR [--set K=V ...]
         one `client_XXXX.npz` per client of the config's federation (node data format)
     clusterfl flower certs OUT_DIR --host NAME [--host NAME ...] [--nodes N]
@@ -18,11 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterfl.errors import ClusterFLError
+
+if TYPE_CHECKING:
+    from clusterfl.records import RunSummary
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,12 +42,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a config on Flower")
     r.add_argument("config", help="clusterfl run config (TOML)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
-    r.add_argument("--out", help="run directory (default: none)")
+    r.add_argument("--out", help="run directory (default: runs/<config name>-flower; submit: "
+                                 "none)")
     r.add_argument("--mode", choices=["ray", "local", "submit"], default="ray")
     r.add_argument("--superlink", help="submit: SuperLink connection name in "
                                        "$FLWR_HOME/config.toml (default: its default)")
     r.add_argument("--timeout", type=float, default=3600.0,
                    help="local: give up after this many seconds (default 3600)")
+    r.add_argument("--quiet", action="store_true", help="no line per round")
     r.set_defaults(func=cmd_run)
 
     e = sub.add_parser("export-partitions", help="write each client's data to its own file")
@@ -104,11 +114,107 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run on Flower in the chosen mode."""
     raw = _raw(args.config, args.set)
+    if args.mode == "submit":
+        return _submit(args.config, list(args.set or []), args.out, args.superlink)
+    out = args.out or str(Path("runs") / f"{Path(args.config).stem}-flower")
+    echo: Callable[[str], None] = (lambda m: None) if args.quiet else _echo
     if args.mode == "ray":
-        return _run_ray(raw, args.out)
-    if args.mode == "local":
-        return _run_local(args.config, list(args.set or []), raw, args.out, args.timeout)
-    return _submit(args.config, list(args.set or []), args.out, args.superlink)
+        summary = _run_ray(raw, out, echo)
+    else:
+        summary = _run_local(args.config, list(args.set or []), raw, out, args.timeout, echo)
+    _print_results(summary, out)
+    return 0
+
+
+def _echo(message: str) -> None:
+    print(f"flower: {message}", flush=True)
+
+
+def _print_results(summary: RunSummary, out: str) -> None:
+    """The results table of `clusterfl run`, and where the run's files are."""
+    from rich.console import Console
+
+    from clusterfl.report import summary_table
+
+    con = Console(highlight=False)
+    if not con.is_terminal:
+        con = Console(highlight=False, width=160)
+    con.print(summary_table([summary]))
+    con.print(f"results in {out}/")
+
+
+class RoundWatch:
+    """Echoes a line per round of the run in `out_dir` as its history.jsonl grows, and a
+    line every `quiet` seconds while no round finishes (nodes starting, a slow round).
+
+    Runs in a thread (`with RoundWatch(...):`); a history.jsonl left by an earlier run in
+    the folder is ignored until the new run rewrites it.
+    """
+
+    def __init__(self, out_dir: str | Path, rounds: int, echo: Callable[[str], None],
+                 quiet: float = 60.0, poll: float = 1.0) -> None:
+        self.path = Path(out_dir) / "history.jsonl"
+        self.rounds, self.echo, self.quiet, self.poll_every = rounds, echo, quiet, poll
+        self.seen = 0
+        self._old = self._stat()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.t0 = self.last = time.monotonic()
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def poll(self) -> None:
+        """Echo the rounds written since the last poll."""
+        stat = self._stat()
+        if stat is None or stat == self._old:
+            return
+        self._old = None  # the run has written the file: everything in it is new
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return
+        if len(lines) < self.seen:  # rewritten (a new run in the folder)
+            self.seen = 0
+        for line in lines[self.seen:]:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line being written: read it at the next poll
+            self.echo(self._line(record))
+            self.seen += 1
+            self.last = time.monotonic()
+
+    def _line(self, record: dict[str, Any]) -> str:
+        metrics = record.get("metrics") or {}
+        parts = [f"round {record.get('round')}/{self.rounds}"]
+        if metrics.get("accuracy") is not None:
+            parts.append(f"accuracy {100 * metrics['accuracy']:.1f}%")
+        elif metrics.get("mse") is not None:
+            parts.append(f"MSE {metrics['mse']:.4g}")
+        parts.append(f"{record.get('n_clusters')} clusters")
+        return "  ".join(parts) + f"  ({time.monotonic() - self.t0:.0f} s)"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_every):
+            self.poll()
+            if time.monotonic() - self.last > self.quiet:
+                self.last = time.monotonic()
+                self.echo(f"waiting for round {self.seen + 1}/{self.rounds} "
+                          f"({time.monotonic() - self.t0:.0f} s so far)")
+
+    def __enter__(self) -> RoundWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
 
 
 def n_clients_of(raw: dict[str, Any]) -> int:
@@ -124,44 +230,55 @@ def n_clients_of(raw: dict[str, Any]) -> int:
     return n
 
 
-def _run_ray(raw: dict[str, Any], out: str | None) -> int:
+def _rounds(raw: dict[str, Any]) -> int:
+    from clusterfl.config import load_config
+
+    return load_config(raw).run.rounds
+
+
+def _run_ray(raw: dict[str, Any], out: str, echo: Callable[[str], None]) -> RunSummary:
     from flwr.simulation import run_simulation
 
     from clusterfl.deploy.client_app import app as client_app
     from clusterfl.deploy.server_app import make_main
 
+    n = n_clients_of(raw)
+    echo(f"simulating {n} SuperNodes with Ray; rounds are reported as they finish")
     result: list[Any] = []
-    run_simulation(make_main(raw, (), out, result), client_app, num_supernodes=n_clients_of(raw),
-                   backend_config={"client_resources": {"num_cpus": 1}})
+    with RoundWatch(out, _rounds(raw), echo):
+        run_simulation(make_main(raw, (), out, result), client_app, num_supernodes=n,
+                       backend_config={"client_resources": {"num_cpus": 1}})
     if not result:
         raise ClusterFLError("the Flower simulation ended without a result (see its log above)")
-    print(json.dumps(result[0].final.to_json_dict(), indent=2))
-    return 0
+    summary: RunSummary = result[0].summary
+    return summary
 
 
-def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str | None,
-               timeout: float) -> int:
+def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str,
+               timeout: float, echo: Callable[[str], None]) -> RunSummary:
     from clusterfl.deploy.launch import local_deployment
     from clusterfl.deploy.server_app import FINAL_STATE
+    from clusterfl.records import read_summary
 
-    if out is None:
-        raise ClusterFLError("--mode local needs --out DIR (the run's files are read from it)")
     out_dir = Path(out).resolve()
     work = out_dir.parent / (out_dir.name + ".flower")
-    with local_deployment(work) as dep:
+    n = n_clients_of(raw)
+    echo(f"starting a SuperLink and {n} SuperNodes on this machine (logs in {work / 'logs'})")
+    with local_deployment(work) as dep, RoundWatch(out_dir, _rounds(raw), echo):
         dep.start_superlink()
-        for i in range(n_clients_of(raw)):
+        for i in range(n):
             dep.start_supernode({"partition-id": i})
         proc = dep.flwr_run(Path(config).resolve(), out_dir, overrides)
         deadline = time.monotonic() + timeout
         while not (out_dir / FINAL_STATE).exists():
-            if not proc.alive() or time.monotonic() > deadline:
-                raise ClusterFLError(f"the Flower run did not finish; logs in {work / 'logs'}")
+            if not proc.alive():
+                raise ClusterFLError(f"the Flower run stopped before it finished; logs in "
+                                     f"{work / 'logs'}")
+            if time.monotonic() > deadline:
+                raise ClusterFLError(f"the Flower run did not finish within --timeout "
+                                     f"{timeout:g} s; logs in {work / 'logs'}")
             time.sleep(0.5)
-    from clusterfl.records import read_summary
-
-    print(json.dumps(read_summary(out_dir).final.to_json_dict(), indent=2))
-    return 0
+    return read_summary(out_dir)
 
 
 def _submit(config: str, overrides: list[str], out: str | None, superlink: str | None) -> int:

@@ -28,18 +28,48 @@ def parse_algorithm_spec(spec: str) -> dict[str, Any]:
     return out
 
 
+def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Config]]:
+    """(run folder name, config) of each method spec; raises ConfigError (`--algorithms`)
+    when no method is given or two specs are the same method with the same options (they
+    would be one run, in one folder, under one name)."""
+    from clusterfl.algorithms import ALGORITHMS
+    from clusterfl.naming import method_label, run_folder_name
+
+    specs = [s for s in specs if s.strip()]
+    if not specs:
+        raise ConfigError("--algorithms", "no method given; list methods separated by commas, "
+                          "e.g. fedavg,ifca:n_clusters=4; methods: "
+                          + ", ".join(sorted(ALGORITHMS)))
+    out: list[tuple[str, Config]] = []
+    seen: dict[str, str] = {}
+    for spec in specs:
+        cfg = config.with_algorithm(parse_algorithm_spec(spec))
+        folder = run_folder_name(cfg.algorithm)
+        if folder in seen:
+            raise ConfigError("--algorithms", f"{seen[folder]!r} and {spec!r} are the same "
+                              f"method with the same options ({method_label(cfg.algorithm)}); "
+                              "list each once")
+        seen[folder] = spec
+        out.append((folder, cfg))
+    return out
+
+
 def run_comparison(
     config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None
 ) -> list[tuple[str, History]]:
-    """Each method on the one federation built from `config`; returns (label, history)."""
+    """Each method on the one federation built from `config`; returns (label, history).
+
+    Every run goes to `out_dir/<run folder name>` (`naming.run_folder_name`: the
+    method and its non-default options); the comparison report to `out_dir/report.md`.
+    """
     out = Path(out_dir)
-    configs = [config.with_algorithm(parse_algorithm_spec(s)) for s in specs]
+    runs = comparison_configs(config, specs)
     federation = build_federation(config)
     results, run_dirs = [], []
-    for spec, cfg in zip(specs, configs):
-        run_dir = out / spec.replace(":", "_").replace("=", "-")
+    for folder, cfg in runs:
+        run_dir = out / folder
         history = Experiment(cfg, run_dir, federation).run(progress=progress)
-        results.append((history.summary.label or spec, history))
+        results.append((history.summary.label or folder, history))
         run_dirs.append(run_dir)
     from clusterfl.report import write_comparison_report
 

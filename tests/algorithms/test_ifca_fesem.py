@@ -227,3 +227,22 @@ def test_bad_config_values_name_the_field(table, field):
     with pytest.raises(ConfigError) as err:
         load_config({"algorithm": table})
     assert err.value.field.startswith(field)
+
+
+# --------------------------------------------------------------------------- K vs clients
+
+
+@pytest.mark.parametrize("name", ["ifca", "fesem", "ifca_cam", "fesem_cam", "cfl_gp"])
+def test_more_cluster_models_than_clients_is_a_config_error(name):
+    """K > n_clients is refused before any round, naming the field and the allowed range."""
+    from clusterfl.algorithms import ALGORITHMS
+
+    fed = blob_federation(n_clients=4)
+    cls = ALGORITHMS[name]
+    alg = cls(cls.Config(name=name, n_clusters=5))
+    with pytest.raises(ConfigError) as err:
+        alg.setup(_setup(fed))
+    assert err.value.field == "algorithm.n_clusters"
+    assert "the federation has 4" in str(err.value) and "allowed: 1..4" in str(err.value)
+    ok = cls(cls.Config(name=name, n_clusters=4))  # K = n_clients is fine
+    ok.setup(_setup(fed))

@@ -9,6 +9,7 @@ import pytest
 
 from clusterfl.bench import (
     BenchError,
+    legacy_run_dir,
     load_suite,
     rounds_to_perfect,
     run_dir,
@@ -26,7 +27,6 @@ title = "Rotated digits"
 source = "made up for the test"
 seeds = [0, 1]
 methods = ["fedavg", "ifca:n_clusters=2"]
-labels = {{ "ifca:n_clusters=2" = "IFCA two" }}
 
 [suite.quick]
 set = ["rounds=2"]
@@ -104,11 +104,12 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     text = results.read_text()
     accs = [run_metrics(run_dir(runs, scenarios[0], "fedavg", s))["accuracy"] for s in (0, 1)]
     mean = sum(accs) / 2
-    row = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
+    scenario_part = text.split("## Rotated digits", 1)[1]
+    row = next(line for line in scenario_part.splitlines() if line.startswith("| FedAvg |"))
     assert "| 2/2 |" in row
     assert f"{mean:.1f} ±" in row
     assert f"50.0 ({mean - 50.0:+.1f})" in row  # paper number and our difference
-    assert "| IFCA two | 2/2 |" in text
+    assert "| IFCA (K=2) | 2/2 |" in text  # one naming scheme: display name and options
     overview = text.split("## Overview", 1)[1].split("\n## ", 1)[0]
     assert f"| FedAvg | {mean:.1f} |" in overview
     ifca = [run_metrics(run_dir(runs, scenarios[0], "ifca:n_clusters=2", s)) for s in (0, 1)]
@@ -116,9 +117,13 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     ifca_ari = sum(r["ari"] for r in ifca) / 2
     assert f"| IFCA | {ifca_acc:.1f} ({ifca_ari:.2f}) |" in overview
     assert "a note for the reader" in text
+    quick = load_suite(_suite(tmp_path / "q"), quick=True)
+    quick[0].methods = ["ifca:n_clusters=2"]  # notes only of the methods in the table
+    assert "a note for the reader" not in write_results(
+        quick, runs, tmp_path / "Q.md", "clusterfl bench").read_text()
     link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
     assert link and (tmp_path / link.group(1)).is_file()
-    assert "| IFCA two |" in (tmp_path / link.group(1)).read_text()  # the suite's labels
+    assert "| IFCA (K=2) |" in (tmp_path / link.group(1)).read_text()
 
 
 def test_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:
@@ -216,3 +221,45 @@ def test_a_failing_run_is_reported_and_the_others_finish(
         assert (run_dir(runs, scenarios[0], "fedavg", seed) / "summary.json").is_file()
     with pytest.raises(ConfigError, match="--jobs"):
         run_suite(scenarios, runs, jobs=0)
+
+
+def test_run_folders_follow_the_naming_scheme_and_old_ones_are_renamed(tmp_path: Path) -> None:
+    """Run folders are `run_folder_name`s; a folder of the older naming (`ifca_n_clusters-2`)
+    is found and renamed, by `--report-only` and by a run, so finished runs are not rerun."""
+    scenarios = load_suite(_suite(tmp_path))
+    runs = tmp_path / "runs"
+    run_suite(scenarios, runs, log=lambda m: None)
+    new = run_dir(runs, scenarios[0], "ifca:n_clusters=2", 0)
+    assert new.parent.name == "ifca_n_clusters=2"
+    assert all(re.fullmatch(r"[A-Za-z0-9_=.-]+", p.name) for p in runs.rglob("*") if p.is_dir())
+    for seed in scenarios[0].seeds:  # as the previous clusterfl named them
+        old = legacy_run_dir(runs, scenarios[0], "ifca:n_clusters=2", seed)
+        assert old.parent.name == "ifca_n_clusters-2"
+        old.parent.mkdir(parents=True, exist_ok=True)
+        run_dir(runs, scenarios[0], "ifca:n_clusters=2", seed).rename(old)
+    new.parent.rmdir()
+    out = tmp_path / "R.md"
+    assert main(["bench", "--suite", str(tmp_path / "suite"), "--runs", str(runs),
+                 "--results", str(out), "--report-only"]) == 0
+    assert "4/4 runs finished" in out.read_text() and new.is_dir()
+    assert not legacy_run_dir(runs, scenarios[0], "ifca:n_clusters=2", 0).parent.exists()
+    logs: list[str] = []
+    run_suite(scenarios, runs, log=logs.append)
+    assert sum("skipped" in m for m in logs) == 4
+
+
+def test_suite_labels_and_twice_the_same_method_are_refused(tmp_path: Path) -> None:
+    folder = _suite(tmp_path)
+    path = folder / "digits.toml"
+    text = path.read_text()
+    path.write_text(text.replace('methods = ["fedavg", "ifca:n_clusters=2"]',
+                                 'methods = ["fedavg", "ifca:n_clusters=2"]\n'
+                                 'labels = { fedavg = "Fed" }', 1))
+    with pytest.raises(ConfigError, match=r"suite\.labels: no longer read"):
+        load_suite(folder)
+    # the same method and options twice (`fraction = 1.0` is FedAvg's default)
+    path.write_text(text.replace('methods = ["fedavg", "ifca:n_clusters=2"]',
+                                 'methods = ["fedavg", "fedavg:fraction=1.0"]', 1))
+    with pytest.raises(ConfigError, match=r"suite\.methods: 'fedavg' and 'fedavg:fraction=1.0' "
+                                          r"are the same method"):
+        load_suite(folder)

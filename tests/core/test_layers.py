@@ -33,6 +33,7 @@ FLOORS: dict[str, int] = {
     "metrics": 0,
     "protocol": 0,
     "records": 0,
+    "naming": 0,
     "state": 0,
     # 1: data, model definitions and clustering maths.
     "data": 1,

@@ -14,7 +14,7 @@ from clusterfl import cli_flower
 from clusterfl.config import dump_toml
 from clusterfl.deploy.clientdata import read_client_file
 from clusterfl.errors import ClusterFLError, ConfigError
-from tests.flower.conftest import BASE, IFCA
+from tests.flower.conftest import BASE, IFCA, FakeGrid
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -59,9 +59,6 @@ def test_run_validates_the_config_first(tmp_path):
     args = _parse(["flower", "run", _config(tmp_path), "--set", "backend.timeout=0"])
     with pytest.raises(ConfigError, match=r"backend\.timeout"):
         args.func(args)
-    args = _parse(["flower", "run", _config(tmp_path), "--mode", "local"])
-    with pytest.raises(ClusterFLError, match="needs --out"):
-        args.func(args)
 
 
 def test_app_dir_holds_a_valid_flower_app(tmp_path):
@@ -103,3 +100,57 @@ def test_local_superlink_state_is_in_memory_and_its_superexec_is_ours(tmp_path):
     assert exe[exe.index("--root-certificates") + 1] == str(tls.ca)
     assert exe[exe.index("--parent-pid") + 1] == "42" and "--insecure" not in exe
     assert "--insecure" in superexec_cmd("127.0.0.1:9092")
+
+
+def test_flower_help_points_to_the_deploy_docs():
+    out = subprocess.run([sys.executable, "-m", "clusterfl.cli", "flower", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "docs/deploy.md" in out and "DESIGN.md" not in out
+
+
+def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, capsys):
+    """`flower run` reports each round as it ends and the table of `clusterfl run`, not JSON
+    (Ray replaced by the in-process grid)."""
+    import flwr.simulation
+
+    def fake_simulation(server_app, client_app, num_supernodes, backend_config):
+        grid = FakeGrid([{"partition-id": i} for i in range(num_supernodes)])
+        server_app._main(grid, None)
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", fake_simulation)
+    out = tmp_path / "out"
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(out)])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "flower: simulating 6 SuperNodes" in text
+    assert [line.split("  ")[0] for line in text.splitlines() if "round " in line
+            and line.startswith("flower: round")] == [f"flower: round {t}/3" for t in (1, 2, 3)]
+    assert "accuracy (%)" in text and "IFCA (K=2)" in text and f"results in {out}/" in text
+    assert '"accuracy":' not in text  # no raw JSON
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(tmp_path / "q"), "--quiet"])
+    assert args.func(args) == 0
+    assert "flower: round" not in capsys.readouterr().out
+
+
+def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):
+    """`--mode local` giving up names `--timeout` and its value."""
+    import contextlib
+
+    import clusterfl.deploy.launch as launch
+
+    class Forever:
+        def alive(self) -> bool:
+            return True
+
+    class Deployment:
+        def start_superlink(self) -> None: ...
+        def start_supernode(self, config) -> None: ...
+        def flwr_run(self, *args) -> Forever:
+            return Forever()
+
+    monkeypatch.setattr(launch, "local_deployment",
+                        lambda work: contextlib.nullcontext(Deployment()))
+    args = _parse(["flower", "run", _config(tmp_path), "--mode", "local", "--out",
+                   str(tmp_path / "out"), "--timeout", "0.2", "--quiet"])
+    with pytest.raises(ClusterFLError, match=r"did not finish within --timeout 0\.2 s"):
+        args.func(args)

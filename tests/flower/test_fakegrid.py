@@ -70,8 +70,11 @@ def test_dead_node_is_dropped_and_the_run_finishes(tmp_path):
 def test_no_answer_at_all_is_a_clear_error(tmp_path):
     grid = FakeGrid([{"partition-id": i} for i in range(6)])
     grid.dead_from = {n: 1 for n in grid.nodes}
-    with pytest.raises(ClusterFLError, match="no client answered the LossRequest"):
+    with pytest.raises(ClusterFLError, match="no client answered the LossRequest") as err:
         run_on_grid(grid, {**BASE, "algorithm": IFCA, "backend": {"timeout": 1.0}})
+    # the message names the option that decides how long to wait, and its value
+    assert "no reply within backend.timeout = 1 s" in str(err.value)
+    assert "raise backend.timeout (now 1 s)" in str(err.value)
 
 
 def test_handshake_rejects_two_nodes_with_one_client():

@@ -383,10 +383,16 @@ def test_write_comparison_report(runs: list[Path], tmp_path: Path) -> None:
     for name in ("accuracy_compare", "ari_compare", "communication_compare"):
         assert_png(tmp_path / "cmp" / f"{name}.png")
     labels = ["ifca(K=4) collapse", "fedavg", "ifca(K=4)"]
-    table_rows = [line for line in text.splitlines() if line.startswith("| ") and "%" not in line]
+    results = text.split("## Results", 1)[1].split("\n## ", 1)[0]
+    table_rows = [line for line in results.splitlines()
+                  if line.startswith("| ") and "%" not in line]
     assert [row.split("|")[1].strip() for row in table_rows] == labels
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images == ["accuracy_compare.png", "ari_compare.png", "communication_compare.png"]
-    runs_links = re.findall(r"- \[[^\]]+\]\(([^)]+)\)", text)
+    runs = text.split("## Runs", 1)[1]
+    runs_links = re.findall(r"\| \[[^\]]+\]\(<([^)]+)>\)", runs)
     assert len(runs_links) == 3 and all((tmp_path / "cmp" / r).exists() for r in runs_links)
     assert runs_links[1].endswith("fedavg/report.md")
+    # one federation: no warning; each run's federation and folder in the runs table
+    assert "Warning" not in text
+    assert "| `synthetic_rotated`, 12 clients | `fedavg` |" in runs

@@ -17,7 +17,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from clusterfl.backends.base import Backend
+from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
+from clusterfl.naming import method_label
 from clusterfl.protocol import (
     RE,
     Asks,
@@ -36,6 +38,10 @@ class AlgorithmConfig(BaseModel):
     """Settings shared by convention (each method adds its own fields)."""
 
     model_config = ConfigDict(extra="forbid")
+    #: the method's name in tables, figures and reports (each method's Config sets its own)
+    display: ClassVar[str] = ""
+    #: options that only say where files are: left out of labels and folder names
+    locations: ClassVar[frozenset[str]] = frozenset()
     name: str
 
 
@@ -47,6 +53,7 @@ class KClusterExtras(RoundExtras):
     #: clients assigned to each of the K clusters after the round
     cluster_sizes: list[int] = field(default_factory=list)
     warmup: int = 0  # 1 in a warm-up round (before the clustering starts), else 0
+
 
 
 @dataclass
@@ -110,6 +117,13 @@ class Context:
         return np.sort(self.rng.choice(pool, size=k, replace=False))
 
 
+def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") -> None:
+    """K cluster models need at least K clients: a `ConfigError` naming `field` otherwise."""
+    if k > n_clients:
+        raise ConfigError(field, f"K = {k} cluster models need at least {k} clients, the "
+                                 f"federation has {n_clients}; allowed: 1..{n_clients}")
+
+
 C = TypeVar("C", bound=AlgorithmConfig)
 S = TypeVar("S")
 
@@ -167,4 +181,5 @@ class Algorithm(ABC, Generic[C, S]):
         return len(np.unique(a[a >= 0]))
 
     def label(self) -> str:
-        return self.name
+        """The method's name in tables and figures (`method_label` of its config)."""
+        return method_label(self.config)

@@ -47,13 +47,19 @@ Choices the paper leaves open, and ours:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, KClusterExtras
+from clusterfl.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Context,
+    KClusterExtras,
+    check_k_fits,
+)
 from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, KMeansExtras, LayerSpec
 from clusterfl.clustering.aggregate import (
     average_members,
@@ -132,6 +138,7 @@ class IFCACAMConfig(AlgorithmConfig):
     """Settings of IFCA-CAM (`[algorithm] name = "ifca_cam"`)."""
 
     name: Literal["ifca_cam"] = "ifca_cam"
+    display: ClassVar[str] = "IFCA-CAM"
     n_clusters: int = Field(5, ge=1, description="K, the number of cluster models")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients selected per round")
     warmup_rounds: int = Field(
@@ -164,6 +171,7 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
 
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters
+        check_k_fits(k, ctx.n_clients)
         self.state = IFCACAMState(ctx.factory.init(ctx.seed),
                                   ctx.factory.init_many(k, ctx.seed + 1),
                                   np.full(ctx.n_clients, -1, dtype=np.int64))
@@ -224,6 +232,7 @@ class FeSEMCAMConfig(FeSEMConfig):
     """Settings of FeSEM-CAM (`[algorithm] name = "fesem_cam"`); FeSEM's, other defaults."""
 
     name: Literal["fesem_cam"] = "fesem_cam"  # type: ignore[assignment]  # narrows the literal
+    display: ClassVar[str] = "FeSEM-CAM"
     kmeans_layers: LayerSpec = Field(
         "linear", description='parameters k-means measures: "linear" (fully-connected layers, '
         'CAM §5), "all" or a list of parameter-name prefixes')

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -97,6 +97,7 @@ class CFLConfig(AlgorithmConfig):
     """Settings of CFL (Sattler et al. 2020, Algorithm 5). Defaults: see the module docstring."""
 
     name: Literal["cfl"] = "cfl"
+    display: ClassVar[str] = "CFL"
     eps1: float = Field(
         0.4, gt=0.0, description="split only if the cluster's mean update norm is below ε1 "
         "(eq. 30; authors' code 0.4)")
@@ -629,7 +630,4 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         torch.save({"round": round_, "algorithm": self.state_dict(),
                     "config": self.config.model_dump()}, path)
         return [path]
-
-    def label(self) -> str:
-        return "cfl" + (" (P)" if self.config.privacy else "")
 

@@ -89,13 +89,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, check_k_fits
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
     KCriterion,
@@ -127,6 +127,7 @@ class CFLGPConfig(AlgorithmConfig):
     """Settings of CFL-GP (`[algorithm] name = "cfl_gp"`)."""
 
     name: Literal["cfl_gp"] = "cfl_gp"
+    display: ClassVar[str] = "CFL-GP"
     n_clusters: int = Field(4, ge=1, description="K, the number of models (and clusters)")
     period: int = Field(2, ge=1, description="P: a clustering update in rounds t with "
                         "t mod P = 1 (every round when P = 1)")
@@ -263,9 +264,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
         cfg, k, c = self.config, self.config.n_clusters, ctx.n_clients
-        if c < k:
-            raise ConfigError("algorithm.n_clusters",
-                              f"K = {k} models need at least {k} clients, the federation has {c}")
+        check_k_fits(k, c)
         layout = ctx.factory.layout
         models = self._initial_models(ctx)
         #: weight sharing: the coordinates common to the K models (from the config)
@@ -545,6 +544,3 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     def predictor(self) -> Predictor:
         return Predictor.single(self.state.models, self.state.assign)
-
-    def label(self) -> str:
-        return f"CFL-GP (K={self.config.n_clusters})"

@@ -16,7 +16,7 @@ are left out of the averages.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ class FedAvgPlusConfig(AlgorithmConfig):
     """Settings of FedAvg+ (`[algorithm] name = "fedavg_plus"`)."""
 
     name: Literal["fedavg_plus"] = "fedavg_plus"
+    display: ClassVar[str] = "FedAvg+"
     n_models: int = Field(5, ge=1, description="K, the number of independent global models")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
 
@@ -39,6 +40,7 @@ class FedProxPlusConfig(FedAvgPlusConfig):
     """Settings of FedProx+ (`[algorithm] name = "fedprox_plus"`)."""
 
     name: Literal["fedprox_plus"] = "fedprox_plus"  # type: ignore[assignment]  # narrows the literal
+    display: ClassVar[str] = "FedProx+"
     mu: float = Field(0.01, ge=0.0, description="proximal weight μ")
 
 

@@ -8,7 +8,7 @@ mu/2 ||w - w_global||² to every local objective; FedAvg is FedProx with mu = 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -21,11 +21,13 @@ from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 class FedAvgConfig(AlgorithmConfig):
     name: Literal["fedavg"] = "fedavg"
+    display: ClassVar[str] = "FedAvg"
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
 
 
 class FedProxConfig(FedAvgConfig):
     name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]  # narrows the literal
+    display: ClassVar[str] = "FedProx"
     mu: float = Field(0.01, ge=0.0, description="proximal weight")
 
 

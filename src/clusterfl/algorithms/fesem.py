@@ -36,7 +36,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, KClusterExtras
+from clusterfl.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Context,
+    KClusterExtras,
+    check_k_fits,
+)
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
@@ -51,6 +57,7 @@ class FeSEMConfig(AlgorithmConfig):
     """Settings of FeSEM (`[algorithm] name = "fesem"`)."""
 
     name: Literal["fesem"] = "fesem"
+    display: ClassVar[str] = "FeSEM"
     n_clusters: int = Field(5, ge=1, description="K, the number of centers")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
     lam: float = Field(0.01, ge=0.0, description="λ, proximal pull toward the center")
@@ -143,6 +150,7 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
     State: ClassVar[type] = FeSEMState  # FeSEM-CAM's State extends it
 
     def setup(self, ctx: Context) -> None:
+        check_k_fits(self.config.n_clusters, ctx.n_clients)
         self.state = FeSEMState(ctx.factory.init(ctx.seed),
                                 np.full(ctx.n_clients, -1, dtype=np.int64), None, None)
         self.index = layer_index(ctx.factory, self.config.kmeans_layers)

@@ -128,6 +128,8 @@ class FLTConfig(_OneShotConfig):
     """Settings of FLT (`[algorithm] name = "flt"`)."""
 
     name: Literal["flt"] = "flt"
+    display: ClassVar[str] = "FLT"
+    locations: ClassVar[frozenset[str]] = frozenset({"encoder_dir", "data_dir"})
     encoder: str = Field(
         "fashion_mnist", description="encoder file (.pt), a dataset to pretrain on (cached), "
         "or 'none' (untrained)")
@@ -148,6 +150,7 @@ class PCAKMHCConfig(_OneShotConfig):
     """Settings of PCA+kM+HC (`[algorithm] name = "pca_km_hc"`)."""
 
     name: Literal["pca_km_hc"] = "pca_km_hc"
+    display: ClassVar[str] = "PCA+kM+HC"
     pca_components: int = Field(10, ge=1, description="PCA components on each client")
     threshold: float | None = Field(None, gt=0.0, description="γ (None: HC on raw distances)")
     aggregation: Literal["relatedness", "clusters"] = Field("clusters")

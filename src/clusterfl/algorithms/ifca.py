@@ -42,13 +42,19 @@ Options and the choices the paper leaves open:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, KClusterExtras
+from clusterfl.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Context,
+    KClusterExtras,
+    check_k_fits,
+)
 from clusterfl.clustering.aggregate import (
     average_members,
     choose_clusters,
@@ -63,6 +69,7 @@ class IFCAConfig(AlgorithmConfig):
     """Settings of IFCA (`[algorithm] name = "ifca"`)."""
 
     name: Literal["ifca"] = "ifca"
+    display: ClassVar[str] = "IFCA"
     n_clusters: int = Field(5, ge=1, description="K, the number of cluster models")
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
     averaging: Literal["model", "gradient"] = Field(
@@ -108,6 +115,7 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
 
     def setup(self, ctx: Context) -> None:
         cfg = self.config
+        check_k_fits(cfg.n_clusters, ctx.n_clients)
         models = ctx.factory.init_many(cfg.n_clusters, ctx.seed)
         self.head = last_layer_mask(ctx.factory.layout)
         self.shared = ~self.head if cfg.weight_sharing else None

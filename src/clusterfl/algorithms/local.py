@@ -7,7 +7,7 @@ simulation the server holds them for the devices, to continue and to evaluate th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 class LocalConfig(AlgorithmConfig):
     name: Literal["local"] = "local"
+    display: ClassVar[str] = "Local"
 
 
 @dataclass

@@ -43,6 +43,8 @@ from clusterfl.report.history import (
     split_rounds,
 )
 from clusterfl.report.markdown import (
+    comparison_warnings,
+    run_setup,
     summary_markdown,
     summary_rows,
     summary_table,
@@ -59,6 +61,7 @@ __all__ = [
     "cluster_size_matrix",
     "cluster_sizes_series",
     "comm_series",
+    "comparison_warnings",
     "evaluated_rounds",
     "final_client_accuracy",
     "human_units",
@@ -78,6 +81,7 @@ __all__ = [
     "read_history",
     "read_summary",
     "run_label",
+    "run_setup",
     "split_rounds",
     "summary_markdown",
     "summary_rows",

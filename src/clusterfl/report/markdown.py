@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -223,8 +225,10 @@ def write_comparison_report(
     """Draw the comparison figures and write `out_dir/report.md`; return its path.
 
     The table keeps the order of `run_dirs`; `labels` (one per run) replace the runs' own
-    names in the table and figures. Each run is linked to its own `report.md` when it has
-    one, else to its folder.
+    names in the table and figures. The report opens with a warning when the runs were made
+    on different federations or with different training budgets (`comparison_warnings`), and
+    ends with each run's options, federation and a link to its own `report.md` (else its
+    folder).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -233,26 +237,143 @@ def write_comparison_report(
         summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
     figures = plot_comparison(run_dirs, out_dir, labels)
     federations = sorted({_known(s.federation) for s in summaries})
+    warnings = _differences([Path(d) for d in run_dirs], summaries)
     parts = [
         f"# Comparison of {len(summaries)} runs\n\nFederation: "
         + ", ".join(f"`{f}`" for f in federations) + ".\n",
+        "".join(f"> **Warning:** {w}\n>\n" for w in warnings).removesuffix(">\n"),
         "## Results\n\n" + summary_markdown(summaries),
         "## Figures\n\n" + _figure_links(figures, out_dir),
         "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir),
     ]
     path = out_dir / REPORT_FILE
-    path.write_text("\n".join(parts), encoding="utf-8")
+    path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
     return path
+
+
+# --------------------------------------------------------------------------- run setups
+
+#: the config fields that make a run's federation (`data.data_dir` only says where files are)
+FEDERATION_TABLES = ("data", "scenario")
+#: the config fields of the training budget every method of a comparison should share
+BUDGET_TABLES = ("model", "train")
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    """The run's `config.toml` as a dict ({} when absent or unreadable)."""
+    text = load_config_text(run_dir)
+    if text is None:
+        return {}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def _flat(table: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        return {prefix: table}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        out.update(_flat(value, f"{prefix}.{key}"))
+    return out
+
+
+def run_setup(run_dir: Path, summary: RunSummary) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(federation, budget) of a run as flat `field: value` dicts.
+
+    The federation: the summary's federation name and client count, and from `config.toml`
+    `seed` and the `[data]` (but `data_dir`) and `[scenario]` tables. The budget: `rounds`
+    and the `[model]` and `[train]` tables.
+    """
+    config = _config(run_dir)
+    fed: dict[str, Any] = {"federation": summary.federation, "n_clients": summary.n_clients}
+    if "seed" in config:
+        fed["seed"] = config["seed"]
+    for name in FEDERATION_TABLES:
+        if name in config:
+            fed.update(_flat(config[name], name))
+    fed.pop("data.data_dir", None)
+    budget: dict[str, Any] = {"rounds": summary.rounds}
+    for name in BUDGET_TABLES:
+        if name in config:
+            budget.update(_flat(config[name], name))
+    return fed, budget
+
+
+#: what a run directory without a config.toml still tells (its summary)
+SUMMARY_FIELDS = ("federation", "n_clients", "rounds")
+
+
+def _differing(setups: Sequence[dict[str, Any]], names: Sequence[str],
+               known: Sequence[bool]) -> list[str]:
+    """`field = value for run, run; value for run` for every field whose values differ.
+
+    A run without a readable config.toml (`known` False) takes part only in the fields its
+    summary gives.
+    """
+    out = []
+    for key in dict.fromkeys(k for s in setups for k in s):
+        runs = [(s, n) for s, n, k in zip(setups, names, known)
+                if k or key in SUMMARY_FIELDS]
+        values = [json.dumps(s.get(key), ensure_ascii=False) for s, _ in runs]
+        if len(set(values)) < 2:
+            continue
+        groups: dict[str, list[str]] = {}
+        for value, (_, name) in zip(values, runs):
+            groups.setdefault("unset" if value == "null" else value, []).append(name)
+        out.append(f"{key} = " + "; ".join(f"{v} for {', '.join(n)}" for v, n in groups.items()))
+    return out
+
+
+def _differences(run_dirs: Sequence[Path], summaries: Sequence[RunSummary]) -> list[str]:
+    names = [run_label(s, d) for s, d in zip(summaries, run_dirs)]
+    setups = [run_setup(d, s) for d, s in zip(run_dirs, summaries)]
+    known = [bool(_config(d)) for d in run_dirs]
+    out = []
+    fed = _differing([f for f, _ in setups], names, known)
+    if fed:
+        out.append("the runs' federations differ, so their numbers are not comparable: "
+                   + " | ".join(fed))
+    budget = _differing([b for _, b in setups], names, known)
+    if budget:
+        out.append("the runs' training budgets differ: " + " | ".join(budget))
+    return out
+
+
+def comparison_warnings(run_dirs: Sequence[str | Path]) -> list[str]:
+    """One line per kind of difference between the runs' setups: different federations
+    (federation, clients, seed, `[data]`, `[scenario]`), different training budgets
+    (rounds, `[model]`, `[train]`); [] when the runs are comparable."""
+    dirs = [Path(d) for d in run_dirs]
+    return _differences(dirs, [read_summary(d) for d in dirs])
+
+
+def _options(run_dir: Path) -> str:
+    """The run's `[algorithm]` options (all of them, from `config.toml`) as `key=value`."""
+    table = _config(run_dir).get("algorithm")
+    if not isinstance(table, dict):
+        return MISSING
+    items = [f"{k}={_option_text(v)}" for k, v in table.items() if k != "name"]
+    return ", ".join(items) if items else "(none)"
+
+
+def _option_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _run_links(run_dirs: Sequence[str | Path], summaries: Sequence[RunSummary],
                base: Path) -> str:
-    """A bullet per run linking its report (or folder) relative to `base`."""
-    lines = []
+    """A table of the runs: name linked to its report (or folder), options, federation."""
+    lines = ["| method | options | federation | folder |", "|:---|:---|:---|:---|"]
     for run_dir, summary in zip(run_dirs, summaries):
         run_dir = Path(run_dir)
         target = run_dir / REPORT_FILE if (run_dir / REPORT_FILE).is_file() else run_dir
         link = Path(os.path.relpath(target, base)).as_posix()
-        lines.append(f"- [{run_label(summary, run_dir)}]({link}) — `{run_dir.name}`")
+        fed, _ = run_setup(run_dir, summary)
+        where = f"`{_known(summary.federation)}`, {_known(summary.n_clients)} clients" + (
+            f", seed {fed['seed']}" if "seed" in fed else "")
+        name = run_label(summary, run_dir).replace("[", "\\[").replace("]", "\\]")
+        lines.append(_markdown_row([f"[{name}](<{link}>)", _options(run_dir), where,
+                                    f"`{run_dir.name}`"]))
     return "\n".join(lines) + "\n"
-

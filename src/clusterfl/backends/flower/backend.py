@@ -173,8 +173,9 @@ class FlowerBackend(Backend):
             got[c] = reply
         for c in sent:
             if c not in got and c not in reasons:
-                reasons[c] = (f"no reply within {self.session.timeout:g} s" if c not in
-                              self.suspects else "no reply (silent since an earlier request)")
+                reasons[c] = (f"no reply within backend.timeout = {self.session.timeout:g} s"
+                              if c not in self.suspects
+                              else "no reply (silent since an earlier request)")
         self.suspects = (self.suspects | set(reasons)) - set(got)
         return self._assemble(request, clients, got, reasons)
 
@@ -215,9 +216,12 @@ class FlowerBackend(Backend):
                 "clients": sorted(reasons), "reasons": {str(c): r for c, r in reasons.items()},
             })
         if not got:
+            late = any("backend.timeout" in r for r in reasons.values())
             raise ClusterFLError(
                 f"no client answered the {type(request).__name__} (asked: "
-                f"{clients.tolist()}; e.g. {next(iter(reasons.values()), '')})")
+                f"{clients.tolist()}; e.g. {next(iter(reasons.values()), '')})"
+                + (f"; if the nodes are only slow, raise backend.timeout (now "
+                   f"{self.session.timeout:g} s)" if late else ""))
         return join([got[int(c)] for c in clients if int(c) in got])
 
     # The abstract per-type hooks all go through `execute` (any request type works).

@@ -1,0 +1,195 @@
+"""The command line as a user meets it: fast help, one-line errors, names, warnings."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from clusterfl.cli import DEMO_METHODS, main
+from clusterfl.config import dump_toml
+
+#: what building the parser must not import (each costs a second or more of CPU)
+HEAVY = ("torch", "numpy", "matplotlib", "flwr", "sklearn", "clusterfl.experiment",
+         "clusterfl.algorithms", "clusterfl.config", "clusterfl.bench", "clusterfl.report")
+#: generous: about 0.1 s here; 4-5 s of CPU before the imports were made lazy
+HELP_SECONDS = 2.5
+SAFE_NAME = re.compile(r"[A-Za-z0-9_=.-]+")
+
+TINY = {
+    "seed": 0, "rounds": 2, "eval_every": 1, "checkpoint_every": 0,
+    "data": {"source": "digits"},
+    "scenario": {"name": "rotation", "n_clients": 4, "angles": [0, 180]},
+    "model": {"name": "mlp", "hidden": [8]},
+    "train": {"lr": 0.1, "batch_size": 16, "steps": 2},
+    "output": {"figures": False, "progress": "off"},
+}
+
+
+def _write(path: Path, **changes: object) -> str:
+    path.write_text(dump_toml({**TINY, **changes}))
+    return str(path)
+
+
+def _cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    return subprocess.run([sys.executable, "-m", "clusterfl.cli", *argv], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=120)
+
+
+# --------------------------------------------------------------------------- help
+
+
+def test_building_the_parser_imports_nothing_heavy() -> None:
+    code = ("import sys; from clusterfl.cli import build_parser; build_parser(); "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("command", [
+    [], ["run"], ["compare"], ["report"], ["demo"], ["data"], ["config"], ["cfl-place"],
+    ["encoder"], ["encoder", "train"], ["flower"], ["flower", "run"], ["bench"],
+])
+def test_help_answers_at_once(command: list[str]) -> None:
+    started = time.perf_counter()
+    r = _cli(*command, "--help")
+    seconds = time.perf_counter() - started
+    assert r.returncode == 0 and "usage: clusterfl" in r.stdout
+    assert seconds < HELP_SECONDS, f"clusterfl {' '.join(command)} --help took {seconds:.2f} s"
+
+
+# --------------------------------------------------------------------------- config show
+
+
+def test_config_show_prints_the_resolved_config(tmp_path: Path, capsys) -> None:
+    assert main(["config", "show"]) == 0  # the defaults
+    defaults = tomllib.loads(capsys.readouterr().out)
+    assert defaults["rounds"] == 50 and defaults["algorithm"]["name"] == "fedavg"
+    path = _write(tmp_path / "c.toml", algorithm={"name": "ifca", "n_clusters": 2})
+    assert main(["config", "show", path, "--set", "rounds=7"]) == 0
+    shown = tomllib.loads(capsys.readouterr().out)
+    assert shown["rounds"] == 7 and shown["algorithm"]["averaging"] == "model"  # a default
+    assert main(["config", path]) == 0  # `show` may be left out
+    assert tomllib.loads(capsys.readouterr().out)["rounds"] == 2
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@pytest.mark.parametrize(("algorithms", "message"), [
+    ("", "--algorithms: no method given; list methods separated by commas"),
+    (" , ", "--algorithms: no method given"),
+    ("fedavg,fedavg", "--algorithms: 'fedavg' and 'fedavg' are the same method with the same "
+                      "options (FedAvg); list each once"),
+    ("ifca:n_clusters=2:averaging=model,ifca:averaging=model:n_clusters=2",
+     "are the same method with the same options (IFCA (K=2))"),
+])
+def test_compare_refuses_no_method_or_one_twice(tmp_path: Path, algorithms: str,
+                                                message: str, capsys) -> None:
+    rc = main(["compare", _write(tmp_path / "c.toml"), "--algorithms", algorithms,
+               "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr()
+    assert rc == 2 and printed.out == ""
+    lines = printed.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterfl: error: ") and message in lines[0]
+    assert not (tmp_path / "out").exists()  # refused before any run
+
+
+def test_compare_names_runs_by_one_scheme_and_shows_their_options(tmp_path: Path,
+                                                                 capsys) -> None:
+    out = tmp_path / "cmp"
+    assert main(["compare", _write(tmp_path / "c.toml"), "--algorithms",
+                 "fedavg:fraction=0.5,ifca:n_clusters=2", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr()
+    assert "FedAvg (fraction=0.5)" in printed.out and "IFCA (K=2)" in printed.out
+    assert "warning" not in printed.err  # one federation
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "fedavg_fraction=0.5", "ifca_n_clusters=2"]
+    report = (out / "report.md").read_text()
+    assert "| FedAvg (fraction=0.5) |" in report and "| IFCA (K=2) |" in report
+    assert "Warning" not in report
+    runs = report.split("## Runs", 1)[1]
+    assert "| method | options | federation | folder |" in runs
+    assert "n_clusters=2, fraction=1.0, averaging=model" in runs  # every option of the run
+    assert "| `digits/rotation`, 4 clients, seed 0 | `ifca_n_clusters=2` |" in runs
+
+
+def test_demo_methods_get_distinct_safe_folder_names() -> None:
+    """The demo's folders have no quotes or other unsafe characters (once `"model"`)."""
+    from importlib import resources
+
+    from clusterfl.compare import comparison_configs
+    from clusterfl.config import load_config, read_toml
+
+    with resources.as_file(resources.files("clusterfl") / "configs" / "demo.toml") as path:
+        config = load_config(read_toml(path))
+    folders = [f for f, _ in comparison_configs(config, DEMO_METHODS)]
+    assert len(set(folders)) == len(DEMO_METHODS)
+    assert all(SAFE_NAME.fullmatch(f) for f in folders), folders
+    assert "cfl_gp_n_clusters=4_protocol=model" in folders
+    quoted = comparison_configs(config, ['cfl_gp:protocol="model"'])  # a TOML string
+    assert [f for f, _ in quoted] == ["cfl_gp_n_clusters=4_protocol=model"]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _run(out: Path, **changes: object) -> Path:
+    from clusterfl.config import load_config
+    from clusterfl.experiment import Experiment
+
+    Experiment(load_config({**TINY, **changes}), out).run(progress=False)
+    return out
+
+
+def test_report_warns_when_the_runs_federations_differ(tmp_path: Path, capsys) -> None:
+    a = _run(tmp_path / "a")
+    b = _run(tmp_path / "b", seed=1,
+             scenario={"name": "rotation", "n_clients": 6, "angles": [0, 180]})
+    c = _run(tmp_path / "c", algorithm={"name": "ifca", "n_clusters": 2})
+    assert main(["report", str(a), str(c), "--out", str(tmp_path / "same")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("clusterfl: warning: the runs' federations differ")
+    assert "n_clients = 4 for FedAvg; 6 for FedAvg" in err
+    assert "seed = 0 for FedAvg; 1 for FedAvg" in err
+    text = (tmp_path / "rep" / "report.md").read_text()
+    head = text.split("## Results", 1)[0]
+    assert "> **Warning:** the runs' federations differ" in head
+    assert "scenario.n_clients = 4 for FedAvg; 6 for FedAvg" in head
+    assert "4 clients, seed 0" in text and "6 clients, seed 1" in text
+
+
+# --------------------------------------------------------------------------- cfl-place
+
+
+def test_cfl_place_on_another_method_says_which(tmp_path: Path, capsys) -> None:
+    run = _run(tmp_path / "ifca", algorithm={"name": "ifca", "n_clusters": 2})
+    assert main(["cfl-place", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"clusterfl: error: {run} is a run of IFCA (`ifca`); cfl-place places new clients "
+        "with the parameter tree that only CFL builds, so placement is for CFL runs only "
+        "(for now)")
+    assert main(["cfl-place", str(tmp_path / "nope")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- README
+
+
+def test_readme_python_snippet_runs_from_any_folder(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    snippet = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    r = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "runs" / "python-ifca" / "summary.json").is_file()
