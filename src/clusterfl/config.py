@@ -52,7 +52,8 @@ ROBUST_TABLES = ("validation", "faults", "adversary", "privacy")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan are never meaningful settings (`lr = inf` would train to NaN)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RunSettings(_Strict):

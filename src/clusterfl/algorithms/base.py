@@ -33,7 +33,7 @@ from clusterfl.state import restore, snapshot
 class AlgorithmConfig(BaseModel):
     """Settings shared by convention (each method adds its own fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
 
 
