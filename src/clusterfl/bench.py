@@ -161,7 +161,9 @@ def _run_in_worker(config: dict[str, Any], seed: int, spec: str, target: str,
     out = Path(target)
     resume = (out / CHECKPOINT).is_file()
     started = time.perf_counter()
-    history = Experiment(cfg, out, _WORKER_FEDERATIONS[key]).run(resume=resume, progress=False)
+    # no checkpoint: whatever an unfinished attempt left there is replaced
+    history = Experiment(cfg, out, _WORKER_FEDERATIONS[key], overwrite=not resume).run(
+        resume=resume, progress=False)
     return _finished(what, history.final, time.perf_counter() - started, resume)
 
 
@@ -201,7 +203,7 @@ def run_suite(
             resume = (target / CHECKPOINT).is_file()
             started = time.perf_counter()
             try:
-                history = Experiment(cfg, target, federations[key]).run(
+                history = Experiment(cfg, target, federations[key], overwrite=not resume).run(
                     resume=resume, progress=progress)
             except Exception as exc:  # reported with the run name, the others go on
                 failures.append(f"{what}: {type(exc).__name__}: {exc}")

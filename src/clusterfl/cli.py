@@ -18,6 +18,9 @@ DEMO_METHODS = [
 ]
 
 
+OVERWRITE_HINT = "--overwrite to replace it, or another --out"
+
+
 def _console() -> Console:
     """Console for tables; a pipe or file gets a width that fits the comparison table."""
     con = Console(highlight=False)
@@ -42,11 +45,14 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from clusterfl.experiment import Experiment
+    from clusterfl.experiment import Experiment, claim_run_dir
     from clusterfl.report import summary_table
 
     out = Path(args.out or Path("runs") / Path(args.config).stem)
-    exp = Experiment.from_config(args.config, _overrides(args), out_dir=out)
+    config = _load(args)  # a bad config fails before anything in `out` is touched
+    claim_run_dir(out, resume=args.resume, overwrite=args.overwrite,
+                  hint="--resume to continue the run there or --overwrite to replace it")
+    exp = Experiment(config, out)
     history = exp.run(resume=args.resume, progress=_progress(args))
     con = _console()
     con.print(summary_table([history.summary]))
@@ -67,7 +73,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     config = _load(args)
     specs = [s for s in args.algorithms.split(",") if s.strip()]
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
-    results = run_comparison(config, specs, out, progress=_progress(args))
+    results = run_comparison(config, specs, out, progress=_progress(args),
+                             overwrite=args.overwrite, hint=OVERWRITE_HINT)
     con = _console()
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"comparison report: {out / 'report.md'}")
@@ -100,7 +107,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     con.print(f"[bold]clusterfl demo[/]: digits, rotation scenario, "
               f"{config.scenario.model_dump().get('n_clients')} clients; "
               f"methods: {', '.join(args.methods)}")
-    results = run_comparison(config, args.methods, out, progress=_progress(args))
+    results = run_comparison(config, args.methods, out, progress=_progress(args),
+                             overwrite=args.overwrite, hint=OVERWRITE_HINT)
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"report with figures: {out / 'report.md'}")
     return 0
@@ -162,8 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run one method from a TOML config")
     r.add_argument("config")
-    r.add_argument("--out", help="run directory (default runs/<config name>)")
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--out", help="run directory (default runs/<config name>); it holds one "
+                                 "run: reusing it needs --resume or --overwrite")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its last checkpoint")
+    again.add_argument("--overwrite", action="store_true",
+                       help="empty --out first (it must hold clusterfl results)")
     common(r)
     r.set_defaults(func=cmd_run)
 
@@ -171,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("config")
     c.add_argument("--algorithms", required=True,
                    help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1")
-    c.add_argument("--out")
+    c.add_argument("--out", help="output folder (default runs/compare-<config name>)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="empty --out first when it holds an earlier comparison")
     common(c)
     c.set_defaults(func=cmd_compare)
 
@@ -182,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the built-in demo (no files needed)")
     d.add_argument("--out", default="runs/demo")
+    d.add_argument("--overwrite", action="store_true",
+                   help="empty --out first when it holds an earlier demo")
     d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS)
     d.add_argument("--set", action="append", metavar="KEY=VALUE")
     d.add_argument("--quiet", action="store_true")

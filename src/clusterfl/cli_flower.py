@@ -34,7 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a config on Flower")
     r.add_argument("config", help="clusterfl run config (TOML)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
-    r.add_argument("--out", help="run directory (default: none)")
+    r.add_argument("--out", help="run directory (default: none); it holds one run")
+    r.add_argument("--overwrite", action="store_true",
+                   help="empty --out first when it holds an earlier run")
     r.add_argument("--mode", choices=["ray", "local", "submit"], default="ray")
     r.add_argument("--superlink", help="submit: SuperLink connection name in "
                                        "$FLWR_HOME/config.toml (default: its default)")
@@ -104,6 +106,11 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run on Flower in the chosen mode."""
     raw = _raw(args.config, args.set)
+    if args.out and args.mode != "submit":  # submit: --out is a path on the SuperLink machine
+        from clusterfl.experiment import claim_run_dir
+
+        claim_run_dir(args.out, overwrite=args.overwrite,
+                      hint="--overwrite to replace it, or another --out")
     if args.mode == "ray":
         return _run_ray(raw, args.out)
     if args.mode == "local":

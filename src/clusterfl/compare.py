@@ -8,7 +8,7 @@ from typing import Any
 
 from clusterfl.config import Config
 from clusterfl.errors import ConfigError
-from clusterfl.experiment import Experiment, History, build_federation
+from clusterfl.experiment import Experiment, History, build_federation, claim_run_dir
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
@@ -29,11 +29,17 @@ def parse_algorithm_spec(spec: str) -> dict[str, Any]:
 
 
 def run_comparison(
-    config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None
+    config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None,
+    overwrite: bool = False, hint: str = "overwrite=True to replace it",
 ) -> list[tuple[str, History]]:
-    """Each method on the one federation built from `config`; returns (label, history)."""
+    """Each method on the one federation built from `config`; returns (label, history).
+
+    `out_dir` holds one comparison: when it is not empty, `overwrite` empties it first
+    (otherwise `RunDirInUseError`, whose message ends with `hint`).
+    """
     out = Path(out_dir)
     configs = [config.with_algorithm(parse_algorithm_spec(s)) for s in specs]
+    claim_run_dir(out, overwrite=overwrite, hint=hint)  # after the specs were validated
     federation = build_federation(config)
     results, run_dirs = [], []
     for spec, cfg in zip(specs, configs):

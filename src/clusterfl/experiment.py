@@ -1,7 +1,9 @@
 """Config → federation → algorithm on a backend → per-round history, checkpoints, summary.
 
 A run directory holds `config.toml` (resolved), `history.jsonl` (one line per round),
-`summary.json`, `checkpoint/state.pt` and, when enabled, `figures/` and `report.md`.
+`summary.json`, `checkpoint/state.pt` and, when enabled, `figures/` and `report.md`. It holds
+one run: a new run into a folder that is not empty needs `resume` (continue the run there) or
+`overwrite` (empty the folder first, `claim_run_dir`); otherwise it fails.
 Every random choice of a run comes from generators seeded by the config or stored in the
 checkpoint, so a resumed run ends with exactly the results of an uninterrupted one.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,6 +52,55 @@ from clusterfl.robust.adversary import benign_vs_adversarial, choose_adversaries
 from clusterfl.robust.guard import Guard
 
 CHECKPOINT = "checkpoint/state.pt"
+RUN_DIR_MARKERS = ("config.toml", HISTORY_FILE, SUMMARY_FILE, "report.md", "checkpoint")
+"""Files one of our runs writes: a folder holding one (or folders holding one) may be emptied."""
+
+
+class RunDirInUseError(ClusterFLError):
+    """The output folder of a new run is not empty (and neither resume nor overwrite was asked)."""
+
+
+def claim_run_dir(path: str | Path, resume: bool = False, overwrite: bool = False,
+                  hint: str = "resume=True to continue the run there or overwrite=True to "
+                              "replace it") -> None:
+    """Make `path` ready for one new run, or check it for a resumed one.
+
+    An absent or empty folder is fine. A folder with files needs `resume` (they are that run's
+    files) or `overwrite`, which empties it first, but only when it holds our results (a
+    run, or a comparison of runs): a folder of other files is never emptied. `hint` names the
+    two options in the caller's words (`--resume or --overwrite` on the command line).
+    """
+    path = Path(path)
+    if resume and overwrite:
+        raise ClusterFLError("resume and overwrite exclude each other: resume continues the "
+                             "run in the folder, overwrite deletes it")
+    if path.exists() and not path.is_dir():
+        raise RunDirInUseError(f"{path} is a file, not a run directory; choose another "
+                               "output folder")
+    if resume or not path.is_dir():
+        return
+    entries = sorted(p.name for p in path.iterdir())
+    if not entries:
+        return
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    if not overwrite:
+        raise RunDirInUseError(f"{path} is not empty (it holds {shown}); pass {hint}")
+    if not _holds_results(path):
+        raise RunDirInUseError(f"{path} holds files that are not clusterfl results ({shown}); "
+                          "refusing to empty it: choose another output folder")
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _holds_results(path: Path) -> bool:
+    """Whether `path` is a run folder or a folder of run folders (a comparison)."""
+    def is_run(p: Path) -> bool:
+        return any((p / m).exists() for m in RUN_DIR_MARKERS)
+
+    return is_run(path) or any(is_run(p) for p in path.iterdir() if p.is_dir())
 
 
 def build_federation(config: Config) -> Federation:
@@ -100,10 +152,13 @@ class Experiment:
 
     def __init__(
         self, config: Config, out_dir: str | Path | None = None,
-        federation: Federation | None = None,
+        federation: Federation | None = None, overwrite: bool = False,
     ) -> None:
+        """`overwrite`: a run (without resume) into a non-empty `out_dir` empties it first;
+        without it, such a run raises `RunDirInUseError` (see `claim_run_dir`)."""
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.overwrite = overwrite
         self.federation = federation if federation is not None else build_federation(config)
         self.adversaries = choose_adversaries(config.adversary, self.federation.n_clients,
                                               config.run.seed)
@@ -118,9 +173,11 @@ class Experiment:
     def from_config(
         cls, source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
         out_dir: str | Path | None = None, federation: Federation | None = None,
+        overwrite: bool = False,
     ) -> Experiment:
         raw = source if isinstance(source, dict) else read_toml(source)
-        return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation)
+        return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation,
+                   overwrite)
 
     # ------------------------------------------------------------------ the loop
     def _context(self, backend: Backend) -> Context:
@@ -145,6 +202,8 @@ class Experiment:
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`)."""
+        if self.out_dir is not None:
+            claim_run_dir(self.out_dir, resume=resume, overwrite=self.overwrite)
         torch.manual_seed(self.config.run.seed)
         backend = build_backend(self.config, self.federation, self.factory)
         ctx = self._context(backend)

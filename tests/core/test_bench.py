@@ -216,3 +216,17 @@ def test_a_failing_run_is_reported_and_the_others_finish(
         assert (run_dir(runs, scenarios[0], "fedavg", seed) / "summary.json").is_file()
     with pytest.raises(ConfigError, match="--jobs"):
         run_suite(scenarios, runs, jobs=0)
+
+
+def test_an_unfinished_run_without_checkpoint_is_run_again(tmp_path: Path) -> None:
+    """The suite manages its own run folders: a run killed before its first checkpoint left
+    config.toml and part of history.jsonl; the next suite run replaces it (no error)."""
+    quick = load_suite(_suite(tmp_path), quick=True)
+    runs, logs = tmp_path / "runs", []
+    run_suite(quick, runs, log=logs.append)
+    target = run_dir(runs, quick[0], "fedavg", 0)
+    (target / "summary.json").unlink()
+    (target / "report.md").write_text("stale")
+    run_suite(quick, runs, log=logs.append)
+    assert (target / "summary.json").is_file() and not (target / "report.md").exists()
+    assert not any("(resumed)" in m for m in logs)

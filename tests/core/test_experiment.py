@@ -129,3 +129,65 @@ def test_standardized_inputs_keep_the_federation_and_learn(tmp_path):
     assert abs(float(fed.x_train.mean())) < 0.05 and abs(float(fed.x_train.std()) - 1) < 0.05
     acc = exp.run(progress=False).series("accuracy")
     assert acc[-1] > acc[0] + 0.2 and acc[-1] > 0.5
+
+
+# ------------------------------------------------------------------ one run per run directory
+
+TINY = {**SMALL, "rounds": 2}
+
+
+def test_a_used_run_directory_needs_resume_or_overwrite(tmp_path):
+    from clusterfl.experiment import RunDirInUseError
+
+    Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
+    (tmp_path / "report.md").write_text("an older run's report")  # left by the earlier run
+    with pytest.raises(RunDirInUseError, match=r"not empty .*resume=True.*overwrite=True"):
+        Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
+    assert (tmp_path / "report.md").is_file()  # nothing was touched
+    h = Experiment.from_config(TINY, out_dir=tmp_path, overwrite=True).run(progress=False)
+    assert not (tmp_path / "report.md").exists()  # emptied first: no stale files
+    assert len(h.records) == 2 and (tmp_path / "summary.json").is_file()
+
+
+def test_overwrite_never_empties_a_folder_of_other_files(tmp_path):
+    from clusterfl.experiment import RunDirInUseError
+
+    (tmp_path / "thesis.tex").write_text("precious")
+    with pytest.raises(RunDirInUseError, match="not clusterfl results"):
+        Experiment.from_config(TINY, out_dir=tmp_path, overwrite=True).run(progress=False)
+    assert (tmp_path / "thesis.tex").read_text() == "precious"
+
+
+def test_cli_run_into_a_used_folder_is_one_line_naming_resume_and_overwrite(tmp_path, capsys):
+    from clusterfl.cli import main
+
+    path, out = tmp_path / "tiny.toml", tmp_path / "out"
+    path.write_text(dump_toml(TINY))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    (out / "figures").mkdir(exist_ok=True)
+    (out / "figures" / "stale.png").write_bytes(b"old")
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--resume" in err and "--overwrite" in err and str(out) in err
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--overwrite"]) == 0
+    assert not (out / "figures" / "stale.png").exists()
+    with pytest.raises(SystemExit):  # argparse: the two options exclude each other
+        main(["run", str(path), "--out", str(out), "--resume", "--overwrite"])
+
+
+def test_cli_compare_into_a_used_folder_needs_overwrite(tmp_path, capsys):
+    from clusterfl.cli import main
+
+    path, out = tmp_path / "tiny.toml", tmp_path / "cmp"
+    path.write_text(dump_toml(TINY))
+    argv = ["compare", str(path), "--algorithms", "fedavg", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    (out / "old-method").mkdir()
+    (out / "old-method" / "summary.json").write_text("{}")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and err.count("\n") == 1
+    assert main([*argv, "--overwrite"]) == 0
+    assert not (out / "old-method").exists() and (out / "report.md").is_file()
