@@ -57,6 +57,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     con = _console()
     con.print(summary_table([history.summary]))
     con.print(f"results in {out}/ (summary.json, history.jsonl, report.md)")
+    return _diverged([history.summary], args)
+
+
+DIVERGED_EXIT = 3
+
+
+def _diverged(summaries: list, args: argparse.Namespace) -> int:
+    """Name the runs that diverged (stderr); DIVERGED_EXIT with --fail-on-divergence."""
+    bad = [s for s in summaries if s.divergence]
+    for s in bad:
+        print(f"clusterfl: warning: {s.label or s.algorithm} diverged: {s.divergence['reason']}",
+              file=sys.stderr)
+    if bad and getattr(args, "fail_on_divergence", False):
+        print(f"clusterfl: error: {len(bad)} of {len(summaries)} run(s) diverged "
+              "(--fail-on-divergence); the results are kept", file=sys.stderr)
+        return DIVERGED_EXIT
     return 0
 
 
@@ -78,7 +94,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     con = _console()
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"comparison report: {out / 'report.md'}")
-    return 0
+    return _diverged([h.summary for _, h in results], args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -111,7 +127,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                              overwrite=args.overwrite, hint=OVERWRITE_HINT)
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"report with figures: {out / 'report.md'}")
-    return 0
+    return _diverged([h.summary for _, h in results], args)
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -156,6 +172,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def fail_on_divergence(q: argparse.ArgumentParser, default: bool = False) -> None:
+    q.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction,
+                   default=default,
+                   help=f"exit with code {DIVERGED_EXIT} when a run diverged (every update of "
+                   "a round rejected, or a non-finite or exploding training loss); the "
+                   f"results are written either way (default: {'on' if default else 'off'})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clusterfl", description="Clustered federated learning: run, compare, report."
@@ -167,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value, e.g. --set rounds=20 --set train.lr=0.05")
         q.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
+        fail_on_divergence(q)
 
     r = sub.add_parser("run", help="run one method from a TOML config")
     r.add_argument("config")
@@ -202,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS)
     d.add_argument("--set", action="append", metavar="KEY=VALUE")
     d.add_argument("--quiet", action="store_true")
+    fail_on_divergence(d)
     d.set_defaults(func=cmd_demo)
 
     data = sub.add_parser("data", help="list, verify or download datasets")

@@ -49,6 +49,7 @@ from clusterfl.records import (
     json_ready,
 )
 from clusterfl.robust.adversary import benign_vs_adversarial, choose_adversaries, flip_labels
+from clusterfl.robust.divergence import Divergence, diagnose, loss_scale
 from clusterfl.robust.guard import Guard
 
 CHECKPOINT = "checkpoint/state.pt"
@@ -168,6 +169,11 @@ class Experiment:
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
         self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
+        self.divergence: Divergence | None = None
+        """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
+        self.diverged_rounds = 0
+        self.checkpoint_round: int | None = None
+        """The round the checkpoint in `out_dir` holds (None: none written or loaded yet)."""
 
     @classmethod
     def from_config(
@@ -229,6 +235,8 @@ class Experiment:
                 if ctx.guard is not None:
                     ctx.guard.begin_round(t)
                 extras = self.algorithm.run_round(ctx, t)
+                if ctx.guard is not None:
+                    self._watch(t, ctx.guard, bar)
                 evaluate = t % run.eval_every == 0 or t == run.rounds
                 record = self._record(ctx, t, extras, evaluate, time.perf_counter() - t0)
                 history.records.append(record)
@@ -237,6 +245,23 @@ class Experiment:
                 every = run.checkpoint_every
                 if every and (t % every == 0) and t < run.rounds:
                     self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
+
+    def _watch(self, t: int, guard: Guard, bar: _Progress) -> None:
+        """Diagnose round t's updates; warn at the first diverged round."""
+        found = diagnose(t, guard.round_updates(), self._loss_scale())
+        if found is None:
+            return
+        self.diverged_rounds += 1
+        if self.divergence is None:
+            self.divergence = found
+            bar.warn(f"clusterfl: warning: {found.reason}")
+
+    def _loss_scale(self) -> float | None:
+        fed = self.federation
+        if fed.task == "classification":
+            return loss_scale(fed.task, fed.n_classes)
+        return loss_scale(fed.task, fed.n_classes, float(fed.y_train.double().square().mean())
+                          if fed.y_train.numel() else None)
 
     def _record(self, ctx: Context, t: int, extras: dict[str, Any], evaluate: bool,
                 wall: float) -> RoundRecord:
@@ -270,6 +295,7 @@ class Experiment:
             metrics=last_eval.metrics if last_eval else None, ari=last.ari,
             n_clusters=last.n_clusters, floats_down=last.floats_down, floats_up=last.floats_up,
             client_updates=last.client_updates, wall_time=last.wall_time,
+            rejected=sum(r.rejected for r in history.records),
         )
         fed = self.federation
         return RunSummary(
@@ -283,6 +309,8 @@ class Experiment:
             assignment=last.assignment if last else None,
             extras=last.extras if last else {},
             robust=self._robust_summary(ctx, last_eval, last),
+            divergence=None if self.divergence is None else {
+                **self.divergence.as_dict(), "rounds": self.diverged_rounds},
         ).cleaned()
 
     def _robust_summary(self, ctx: Context, last_eval: RoundRecord | None,
@@ -349,12 +377,15 @@ class Experiment:
             "torch_rng": torch.get_rng_state(),
             "config": self.config.to_dict(),
             "guard": None if ctx.guard is None else ctx.guard.state_dict(),
+            "divergence": None if self.divergence is None else self.divergence.as_dict(),
+            "diverged_rounds": self.diverged_rounds,
         }
         path = self.out_dir / CHECKPOINT
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
+        self.checkpoint_round = t
 
     def _load_checkpoint(self, ctx: Context) -> tuple[int, float, list[RoundRecord]]:
         path = None if self.out_dir is None else self.out_dir / CHECKPOINT
@@ -380,6 +411,10 @@ class Experiment:
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
+        if state.get("divergence") is not None:
+            self.divergence = Divergence(**state["divergence"])
+        self.diverged_rounds = int(state.get("diverged_rounds", 0))
+        self.checkpoint_round = int(state["round"])
         return int(state["round"]) + 1, float(state["elapsed"]), records
 
 
@@ -445,6 +480,13 @@ class _Progress:
             info = f"mse {m.mse:.4f}"
         info += f"  clusters {record.n_clusters}"
         self._bar.update(self._task, advance=1, info=info)
+
+    def warn(self, text: str) -> None:
+        """A line for the user: above the bar when one is shown, else on stderr."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False, style="yellow")
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

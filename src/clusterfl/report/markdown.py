@@ -82,8 +82,10 @@ COLUMNS: list[Column] = [
     Column("clusters", lambda f: f.n_clusters, _integer),
     Column("floats ↓", lambda f: f.floats_down, _human),
     Column("floats ↑", lambda f: f.floats_up, _human),
+    Column("rejected", lambda f: f.rejected, _integer),
     Column("wall time (s)", lambda f: f.wall_time, _fixed(1)),
 ]
+"""`rejected`: client replies the guard's validation rejected over the whole run."""
 
 
 def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
@@ -140,6 +142,7 @@ def write_run_report(run_dir: str | Path) -> Path:
     figures = plot_run(run_dir) + method_figures(run_dir, summary)
     parts = [
         _run_header(summary, run_dir),
+        _divergence_note([summary]),
         _config_excerpt(load_config_text(run_dir)),
         "## Results\n\n" + summary_markdown([summary]),
         _extras_section(summary.extras),
@@ -181,6 +184,18 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
         truth,
     ]
     return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
+
+
+def _divergence_note(summaries: Sequence[RunSummary]) -> str:
+    """A warning per diverged run ('' when none diverged)."""
+    lines = []
+    for s in summaries:
+        d = s.divergence
+        if d:
+            rounds = d.get("rounds")
+            more = f" ({rounds} diverged rounds in all)" if rounds and rounds > 1 else ""
+            lines.append(f"> **Warning: {run_label(s)} diverged.** {d.get('reason', '')}{more}")
+    return "\n>\n".join(lines) + "\n" if lines else ""
 
 
 def _known(value: Any) -> str:
@@ -236,12 +251,13 @@ def write_comparison_report(
     parts = [
         f"# Comparison of {len(summaries)} runs\n\nFederation: "
         + ", ".join(f"`{f}`" for f in federations) + ".\n",
+        _divergence_note(summaries),
         "## Results\n\n" + summary_markdown(summaries),
         "## Figures\n\n" + _figure_links(figures, out_dir),
         "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir),
     ]
     path = out_dir / REPORT_FILE
-    path.write_text("\n".join(parts), encoding="utf-8")
+    path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
     return path
 
 
