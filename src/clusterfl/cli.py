@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from importlib import resources
 from pathlib import Path
@@ -53,11 +54,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     claim_run_dir(out, resume=args.resume, overwrite=args.overwrite,
                   hint="--resume to continue the run there or --overwrite to replace it")
     exp = Experiment(config, out)
-    history = exp.run(resume=args.resume, progress=_progress(args))
+    try:
+        history = exp.run(resume=args.resume, progress=_progress(args))
+    except KeyboardInterrupt:
+        print(_interrupted(args, out, exp), file=sys.stderr)
+        return 130
     con = _console()
     con.print(summary_table([history.summary]))
-    con.print(f"results in {out}/ (summary.json, history.jsonl, report.md)")
+    written = [n for n in ("summary.json", "history.jsonl", "report.md", "figures/")
+               if (out / n).exists()]
+    con.print(f"results in {out}/ ({', '.join(written)})")
     return _diverged([history.summary], args)
+
+
+def _interrupted(args: argparse.Namespace, out: Path, exp) -> str:
+    """What Ctrl-C left behind, and the command that continues the run."""
+    every, rounds = exp.config.run.checkpoint_every, exp.config.run.rounds
+    if exp.checkpoint_round is None:
+        why = ("checkpoints are off (checkpoint_every = 0)" if not every else
+               f"before the first checkpoint (checkpoint_every = {every})")
+        return (f"clusterfl: interrupted {why}: there is nothing to resume; run again with "
+                f"--overwrite to start over in {out}")
+    command = ["clusterfl", "run", args.config, "--out", str(out)]
+    for item in args.set or []:
+        command += ["--set", item]
+    if args.data_dir:
+        command += ["--data-dir", args.data_dir]
+    return (f"clusterfl: interrupted; the checkpoint in {out / 'checkpoint'} holds round "
+            f"{exp.checkpoint_round} of {rounds}. Continue with --resume: "
+            f"{shlex.join([*command, '--resume'])}")
 
 
 DIVERGED_EXIT = 3

@@ -191,3 +191,62 @@ def test_cli_compare_into_a_used_folder_needs_overwrite(tmp_path, capsys):
     assert "--overwrite" in err and err.count("\n") == 1
     assert main([*argv, "--overwrite"]) == 0
     assert not (out / "old-method").exists() and (out / "report.md").is_file()
+
+
+# ------------------------------------------------------------------ Ctrl-C, and what run lists
+
+
+def test_sigint_names_the_checkpoint_round_and_resume(tmp_path):
+    cfg = {**SMALL, "rounds": 400, "checkpoint_every": 2}
+    path, out = tmp_path / "long.toml", tmp_path / "run"
+    path.write_text(dump_toml(cfg))
+    cmd = [sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hist = out / "history.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "checkpoint" / "state.pt").exists() and len(
+                hist.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be interrupted")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    held = torch_round(out)
+    assert "Traceback" not in err
+    assert f"holds round {held} of 400" in err and "--resume" in err
+    assert f"--out {out}" in err and err.strip().endswith("--resume")
+
+
+def torch_round(out: Path) -> int:
+    import torch
+
+    return int(torch.load(out / "checkpoint" / "state.pt", weights_only=False)["round"])
+
+
+def test_interrupt_before_any_checkpoint_says_there_is_nothing_to_resume(
+        tmp_path, capsys, monkeypatch):
+    from clusterfl.cli import main
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    monkeypatch.setattr(Experiment, "_loop", interrupted)
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "checkpoints are off" in err and "nothing to resume" in err and "--overwrite" in err
+
+
+def test_run_lists_report_md_only_when_written(tmp_path, capsys):
+    from clusterfl.cli import main
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))  # figures = false: no report
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    listed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert listed.startswith("results in") and "summary.json" in listed
+    assert "report.md" not in listed and not (tmp_path / "a" / "report.md").exists()
