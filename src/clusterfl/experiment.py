@@ -106,12 +106,13 @@ def _holds_results(path: Path) -> bool:
 
 def build_federation(config: Config) -> Federation:
     try:
+        verify = config.data.verify is not False
         source: str | Source = config.data.source
         if config.data.standardize:
-            source = standardize(load_source(config.data.source, config.data.data_dir))
+            source = standardize(load_source(config.data.source, config.data.data_dir, verify))
         federation = make_federation(
             source, config.scenario_name, config.scenario.model_dump(),
-            seed=config.run.seed, data_dir=config.data.data_dir,
+            seed=config.run.seed, data_dir=config.data.data_dir, verify=verify,
         )
     except ConfigError as exc:
         if exc.field == "source":

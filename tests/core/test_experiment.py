@@ -13,6 +13,7 @@ import pytest
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundRecord, RunSummary, read_summary
+from tests.datasets import require
 
 SMALL = {
     "seed": 3, "rounds": 8, "eval_every": 1, "checkpoint_every": 0,
@@ -109,11 +110,8 @@ def test_cli_errors_are_one_clear_line(tmp_path):
 
 
 def test_run_on_real_mnist_if_available(tmp_path):
-    root = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
-    if not (root / "mnist" / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"no mnist/ files in the data folder {root} ($CLUSTERFL_DATA, "
-                    "default /work/shared/datasets)")
-    cfg = {**SMALL, "rounds": 3, "data": {"source": "mnist", "data_dir": str(root)},
+    require("mnist")  # found through $CLUSTERFL_DATA, as a user's run finds it
+    cfg = {**SMALL, "rounds": 3, "data": {"source": "mnist"},
            "scenario": {"name": "label_swap", "n_clients": 4, "n_clusters": 2}}
     h = Experiment.from_config(cfg).run(progress=False)
     assert h.series("accuracy")[-1] > 0.6
