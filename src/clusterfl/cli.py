@@ -168,12 +168,24 @@ def cmd_data(args: argparse.Namespace) -> int:
             con.print(f"  {name:15s} {'present' if ok else 'missing or incomplete'}")
         con.print("  digits          built in (scikit-learn)")
         return 0
-    names = [args.name] if args.name else sorted(DATASETS)
-    for name in names:
-        if name not in DATASETS:
-            raise ClusterFLError(
-                f"dataset: unknown {name!r}; allowed: {', '.join(sorted(DATASETS))}"
-            )
+    allowed = ", ".join(sorted(DATASETS))
+    if args.name is not None and args.name not in DATASETS:
+        raise ClusterFLError(f"dataset: unknown {args.name!r}; allowed: {allowed}")
+    if args.action == "download" and args.name is None:
+        raise ClusterFLError(f"data download: name the dataset to fetch, one of: {allowed} "
+                             "(e.g. `clusterfl data download mnist`)")
+    if args.name is not None:
+        names = [args.name]
+    else:  # verify: the datasets that are there, not the ones a user never fetched
+        names = [n for n in sorted(DATASETS)
+                 if any((root / f.path).exists() for f in DATASETS[n].files)]
+        for n in sorted(set(DATASETS) - set(names)):
+            con.print(f"{n}: not present in {root} (skipped; `clusterfl data download {n}` "
+                      "fetches it)")
+        if not names:
+            print(f"clusterfl: error: no dataset files in {root}; name one to check, or "
+                  f"fetch one with `clusterfl data download NAME` ({allowed})", file=sys.stderr)
+            return 1
     bad = 0
     for name in names:
         if args.action == "download":
@@ -209,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clusterfl", description="Clustered federated learning: run, compare, report."
     )
+    p.add_argument("--data-dir", dest="global_data_dir", metavar="DATA_DIR",
+                   help="dataset folder, as the subcommands' --data-dir (default: "
+                   "$CLUSTERFL_DATA, else ~/.cache/clusterfl)")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
@@ -256,9 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     data = sub.add_parser("data", help="list, verify or download datasets")
-    data.add_argument("action", choices=["list", "verify", "download"])
-    data.add_argument("name", nargs="?")
-    data.add_argument("--data-dir")
+    data.add_argument("action", choices=["list", "verify", "download"],
+                      help="list: what is there; verify [NAME]: check the files of NAME, or "
+                      "of every dataset present; download NAME: fetch and check")
+    data.add_argument("name", nargs="?", help="mnist, fashion_mnist or cifar10")
+    data.add_argument("--data-dir", help="data folder (default: $CLUSTERFL_DATA or cache)")
     data.add_argument("--base-url", help="mirror to download from instead of the official host")
     data.set_defaults(func=cmd_data)
 
@@ -278,7 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    folder = args.global_data_dir
+    if folder:  # `clusterfl --data-dir X cmd ...` means `clusterfl cmd ... --data-dir X`
+        if getattr(args, "data_dir", None) not in (None, folder):
+            parser.error(f"--data-dir given twice: {folder} and {args.data_dir}")
+        if hasattr(args, "data_dir"):
+            args.data_dir = folder
+        else:  # a command without its own option (flower, report, ...): as $CLUSTERFL_DATA
+            os.environ["CLUSTERFL_DATA"] = folder
     try:
         return int(args.func(args) or 0)
     except ClusterFLError as exc:
