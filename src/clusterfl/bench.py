@@ -424,6 +424,9 @@ def write_results(
     from clusterfl.report import write_comparison_report
 
     figures = results.parent / f"{results.stem}_figures"
+    # run folders outside the results' tree (`--runs /elsewhere`) are named, not linked: a
+    # link would hold a path of this machine
+    inside = runs.resolve().is_relative_to(results.parent.resolve())
     parts = [f"# Benchmark suite results\n\n- command: `{command}`\n"
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S')}\n{preamble}",
              "## Overview: every method on every federation\n\nMean accuracy (%) over the "
@@ -443,7 +446,8 @@ def write_results(
                     if ((d := run_dir(runs, scenario, s, seed)) / SUMMARY_FILE).is_file()]
         if len(finished) >= 2:
             report = write_comparison_report([d for _, d in finished], figures / scenario.name,
-                                             [scenario.label(s) for s, _ in finished])
+                                             [scenario.label(s) for s, _ in finished],
+                                             runs_root=None if inside else runs)
             link = report.relative_to(results.parent).as_posix()
             parts.append(f"Curves and figures (seed {seed}): [{link}]({link})\n")
     parts.extend(sections)

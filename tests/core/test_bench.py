@@ -119,6 +119,13 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
     assert link and (tmp_path / link.group(1)).is_file()
     assert "| IFCA two |" in (tmp_path / link.group(1)).read_text()  # the suite's labels
+    assert "](../../runs/digits/fedavg/seed0" in (tmp_path / link.group(1)).read_text()
+
+    # run folders outside the results' tree are named, never linked (no path of this machine)
+    elsewhere = write_results(scenarios, runs, tmp_path / "docs" / "R.md", "clusterfl bench")
+    report = (elsewhere.parent / "R_figures" / "digits" / "report.md").read_text()
+    assert "- IFCA two — `digits/ifca_n_clusters-2/seed0`" in report
+    assert "../" not in report.split("## Runs", 1)[1]
 
 
 def test_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:

@@ -233,13 +233,16 @@ def _figure_links(figures: Sequence[Path], base: Path) -> str:
 
 
 def write_comparison_report(
-    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None
+    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None,
+    runs_root: str | Path | None = None,
 ) -> Path:
     """Draw the comparison figures and write `out_dir/report.md`; return its path.
 
     The table keeps the order of `run_dirs`; `labels` (one per run) replace the runs' own
     names in the table and figures. Each run is linked to its own `report.md` when it has
-    one, else to its folder.
+    one, else to its folder; with `runs_root` (run folders that do not travel with the
+    report, e.g. outside the repository) each run is named by its path under `runs_root`
+    instead, never linked.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -254,7 +257,7 @@ def write_comparison_report(
         _divergence_note(summaries),
         "## Results\n\n" + summary_markdown(summaries),
         "## Figures\n\n" + _figure_links(figures, out_dir),
-        "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir),
+        "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir, runs_root),
     ]
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
@@ -262,11 +265,16 @@ def write_comparison_report(
 
 
 def _run_links(run_dirs: Sequence[str | Path], summaries: Sequence[RunSummary],
-               base: Path) -> str:
-    """A bullet per run linking its report (or folder) relative to `base`."""
+               base: Path, runs_root: str | Path | None = None) -> str:
+    """A bullet per run linking its report (or folder) relative to `base` (named by its path
+    under `runs_root` instead, when given)."""
     lines = []
     for run_dir, summary in zip(run_dirs, summaries):
         run_dir = Path(run_dir)
+        if runs_root is not None:
+            where = Path(os.path.relpath(run_dir, runs_root)).as_posix()
+            lines.append(f"- {run_label(summary, run_dir)} — `{where}`")
+            continue
         target = run_dir / REPORT_FILE if (run_dir / REPORT_FILE).is_file() else run_dir
         link = Path(os.path.relpath(target, base)).as_posix()
         lines.append(f"- [{run_label(summary, run_dir)}]({link}) — `{run_dir.name}`")
