@@ -97,14 +97,17 @@ def _mismatch(name: str, f: RemoteFile, path: Path, size: int, sha256: str,
             f.size is None or f.size == size):
         return None
     expected = f"the {name} file {f.path}"
+    root = path
+    for _ in Path(f.path).parts:  # the data folder: `path` is root / f.path
+        root = root.parent
     other = identify(sha256, md5)
     if other is not None:
         other_name, other_file = other
         return DataError(
             f"{name}: {path} is not {expected}: it is the {other_name} file {other_file.path} "
-            f"(its checksum). Put the {name} files under {path.parent} (fetch them with "
-            f"`clusterfl data download {name}`) and the {other_name} files under "
-            f"{other_file.path.split('/')[0]}/.")
+            f"(same checksum). It belongs in {root / other_file.path}; put the {name} files "
+            f"in {path.parent} (`clusterfl data download {name} --data-dir {root}` fetches "
+            "them).")
     want = f"sha256 {f.sha256}" if f.sha256 else f"md5 {f.md5}"
     got = f"sha256 {sha256}" if f.sha256 else f"md5 {md5}"
     sizes = f"{size} bytes, expected {f.size}; " if f.size is not None and f.size != size else ""
