@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set rounds=20 --set train.lr=0.05")
-        q.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+        q.add_argument("--data-dir", help="dataset folder, before the config's data.data_dir "
+                       "(default: data.data_dir, else $CLUSTERFL_DATA, else ~/.cache/clusterfl)")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
         fail_on_divergence(q)
 
