@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# runs/demo is replaced on every `make demo` (a plain `clusterfl demo` refuses a used folder)
 demo: $(STAMP)
-	$(VENV)/bin/clusterfl demo
+	$(VENV)/bin/clusterfl demo --overwrite
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -91,19 +91,12 @@ def run_config(base: dict[str, Any], suite: dict[str, Any], setting: str, method
         elif value == "auto":
             algo[key] = round(0.3 * raw["rounds"])
     raw["algorithm"] = algo
-    raw["data"] = {**raw["data"], "data_dir": _data_dir()}
     return raw
-
-
-def _data_dir() -> str:
-    import os
-
-    return os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets")
 
 
 def build_federation(raw: dict[str, Any], scale: dict[str, Any], seed: int,
                      normalize: bool = False) -> Federation:
-    source = load_source(raw["data"]["source"], raw["data"]["data_dir"])
+    source = load_source(raw["data"]["source"], raw["data"].get("data_dir"))  # $CLUSTERFL_DATA
     source = subsample(source, scale.get("train_rows"), scale.get("test_rows"), seed)
     # --normalize alone decides (base.toml's data.standardize is for runs of base.toml on its
     # own), so the commands of RESULTS.md keep giving what they gave

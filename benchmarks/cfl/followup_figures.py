@@ -1,6 +1,6 @@
 """Figures and markdown tables for the follow-up CFL runs (`run_followup.py`).
 
-    python benchmarks/cfl/followup_figures.py [--runs /tmp/cfl-runs]
+    python benchmarks/cfl/followup_figures.py [--runs benchmarks/cfl/runs]
 
 Reads `results/followup_*.json` (and, for the per-round accuracy of each true cluster, the run
 directories under --runs when they still exist) and writes:
@@ -285,5 +285,5 @@ def draw_all(results: Path, figures: Path, runs: Path) -> None:
 
 if __name__ == "__main__":
     runs = Path(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else Path(
-        "/tmp/cfl-runs")
+        "benchmarks/cfl/runs")
     draw_all(HERE / "results", HERE / "figures", runs)

@@ -1,7 +1,7 @@
 """Follow-up reproductions of CFL (Sattler et al. 2020) for issue 5, scaled to a shared CPU.
 
     OMP_NUM_THREADS=1 python benchmarks/cfl/run_followup.py swap_a congruence gap swap_b \
-        [--out /tmp/cfl-runs] [--ref /tmp/cfl-runs/ref_label_swap_fedavg]
+        [--out benchmarks/cfl/runs] [--ref benchmarks/cfl/runs/ref_label_swap_fedavg]
     OMP_NUM_THREADS=1 python benchmarks/cfl/run_followup.py congruence_fl gap_more
     OMP_NUM_THREADS=1 python benchmarks/cfl/run_followup.py congruence_heldout
     python benchmarks/cfl/followup_figures.py     # figures + tables from the JSON
@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("parts", nargs="*",
                    choices=["swap_a", "swap_b", "perm_a", "congruence", "congruence_fl",
                             "congruence_heldout", "gap", "gap_more"])
-    p.add_argument("--out", default="/tmp/cfl-runs")
-    p.add_argument("--ref", default="/tmp/cfl-runs/ref_label_swap_fedavg",
+    p.add_argument("--out", default="benchmarks/cfl/runs")
+    p.add_argument("--ref", default="benchmarks/cfl/runs/ref_label_swap_fedavg",
                    help="last session's FedAvg label-swap run directory (50 rounds)")
     p.add_argument("--rounds", type=int, default=300, help="congruence rounds")
     p.add_argument("--sizes", default="10,20,50,100,200")

@@ -5,8 +5,9 @@
 Groups: linreg_main, mnist_main, compression, mnist_clients, linreg_sweeps, mixture, mixture_seeds,
 spectrum_long,
 aggregation (the Appendix-G estimate is read from the spectra the MNIST runs record). Each
-run's directory goes to --out (default /tmp/cfl_gp_bench); the small per-run results are
-merged into benchmarks/cfl_gp/results.json. RESULTS.md is written by hand from that file.
+run's directory goes to --out (default benchmarks/cfl_gp/runs, not committed); the small
+per-run results are merged into benchmarks/cfl_gp/results.json. RESULTS.md is written by
+hand from that file.
 
 Everything runs on one torch thread (tiny models; the CPU is shared) with the sequential
 (reference) backend. ARI for K = 4 on the 8-angle rotated MNIST is measured as the paper does
@@ -250,7 +251,7 @@ GROUPS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(GROUPS))
-    parser.add_argument("--out", default="/tmp/cfl_gp_bench")
+    parser.add_argument("--out", default="benchmarks/cfl_gp/runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}

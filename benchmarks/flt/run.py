@@ -1,7 +1,7 @@
 """FLT reproduction runner (Jamali-Rad et al. 2022, Tables 1-2 and a Scenario-4 analogue).
 
-    OMP_NUM_THREADS=1 CLUSTERFL_DATA=/work/shared/datasets \\
-        python benchmarks/flt/run.py s1_mnist --methods flt,fedavg,local,pca_km_hc,fesem
+    OMP_NUM_THREADS=1 python benchmarks/flt/run.py s1_mnist \\
+        --methods flt,fedavg,local,pca_km_hc,fesem      # data from $CLUSTERFL_DATA
 
 Each method runs on the same federation (the config in `configs/<scenario>.toml`, its
 `[algorithm]` table replaced by the method's settings below) into

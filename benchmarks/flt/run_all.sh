@@ -1,7 +1,7 @@
 #!/bin/sh
 # The FLT reproduction as it was actually run here (priority order; shared, heavily loaded
 # 2-core machine, so some runs are scaled down, see RESULTS.md):
-#   OMP_NUM_THREADS=1 CLUSTERFL_DATA=/work/shared/datasets sh benchmarks/flt/run_all.sh
+#   OMP_NUM_THREADS=1 sh benchmarks/flt/run_all.sh     (data from $CLUSTERFL_DATA)
 set -e
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python

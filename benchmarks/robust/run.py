@@ -30,7 +30,7 @@ from clusterfl.metrics import ari
 HERE = Path(__file__).parent
 BASE: dict[str, Any] = {
     "seed": 0, "rounds": 30, "eval_every": 10, "checkpoint_every": 0,
-    "data": {"source": "mnist", "data_dir": "/work/shared/datasets"},
+    "data": {"source": "mnist"},  # files from $CLUSTERFL_DATA
     "scenario": {"name": "label_permutation", "n_clients": 20, "n_clusters": 2,
                  "n_train_per_client": 300, "n_test_per_client": 100},
     "model": {"name": "mlp", "hidden": [64]},

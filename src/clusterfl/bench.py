@@ -204,7 +204,7 @@ _WORKER_FEDERATIONS: dict[str, Any] = {}
 
 
 def _run_in_worker(config: dict[str, Any], seed: int, spec: str, target: str,
-                   threads: int, what: str) -> str:
+                   threads: int, what: str) -> tuple[str, str | None]:
     """One suite run in a worker process (federations cached per scenario and seed)."""
     import torch
 
@@ -218,19 +218,29 @@ def _run_in_worker(config: dict[str, Any], seed: int, spec: str, target: str,
     out = Path(target)
     resume = (out / CHECKPOINT).is_file()
     started = time.perf_counter()
-    history = Experiment(cfg, out, _WORKER_FEDERATIONS[key]).run(resume=resume, progress=False)
-    return _finished(what, history.final, time.perf_counter() - started, resume)
+    # no checkpoint: whatever an unfinished attempt left there is replaced
+    history = Experiment(cfg, out, _WORKER_FEDERATIONS[key], overwrite=not resume).run(
+        resume=resume, progress=False)
+    return (_finished(what, history.final, time.perf_counter() - started, resume),
+            _diverged(history.summary.divergence))
+
+
+def _diverged(divergence: dict[str, Any] | None) -> str | None:
+    """The reason of a diverged run (None: it did not diverge)."""
+    return None if not divergence else str(divergence.get("reason", "diverged"))
 
 
 def run_suite(
     scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print,
-    progress: bool | None = False, jobs: int = 1,
+    progress: bool | None = False, jobs: int = 1, fail_on_divergence: bool = True,
 ) -> None:
     """Run every (scenario, method, seed) not finished yet; resume interrupted runs.
 
     `jobs > 1` runs that many runs at once in worker processes, each with
     `max(1, cores // jobs)` torch threads. A failed run is logged and the others go on; the
-    failures are raised together at the end.
+    failures are raised together at the end. With `fail_on_divergence` a diverged run (its
+    summary's `divergence`, finished now or before) counts as a failure; its results are
+    kept and tabulated.
     """
     if jobs < 1:
         raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
@@ -241,6 +251,14 @@ def run_suite(
         ((i, s, scenario, seed) for s, scenario in enumerate(scenarios)
          for i, seed in enumerate(scenario.seeds)), key=lambda t: (t[0], t[1]))
     todo: list[tuple[Scenario, int, str, Config, Path, str]] = []
+    failures: list[str] = []
+
+    def diverged(what: str, reason: str | None) -> None:
+        if reason is not None:
+            log(f"{what}: DIVERGED ({reason})")
+            if fail_on_divergence:
+                failures.append(f"{what}: diverged: {reason}")
+
     for _i, _s, scenario, seed in ordered:
         _base, configs = _configs(scenario, seed)  # validates every method first
         for spec, cfg in zip(scenario.methods, configs):
@@ -248,7 +266,8 @@ def run_suite(
             what = f"{scenario.name} / {spec} / seed {seed}"
             if _prepare(target, cfg, what, log):
                 todo.append((scenario, seed, spec, cfg, target, what))
-    failures: list[str] = []
+            else:
+                diverged(what, _diverged(read_summary(target).divergence))
     if jobs == 1:
         federations: dict[tuple[str, int], Any] = {}
         for scenario, seed, _spec, cfg, target, what in todo:
@@ -259,13 +278,14 @@ def run_suite(
             resume = (target / CHECKPOINT).is_file()
             started = time.perf_counter()
             try:
-                history = Experiment(cfg, target, federations[key]).run(
+                history = Experiment(cfg, target, federations[key], overwrite=not resume).run(
                     resume=resume, progress=progress)
             except Exception as exc:  # reported with the run name, the others go on
                 failures.append(f"{what}: {type(exc).__name__}: {exc}")
                 log(f"{what}: FAILED ({type(exc).__name__}: {exc})")
                 continue
             log(_finished(what, history.final, time.perf_counter() - started, resume))
+            diverged(what, _diverged(history.summary.divergence))
     else:
         import multiprocessing as mp
         import os
@@ -281,16 +301,19 @@ def run_suite(
             for future in as_completed(futures):
                 what = futures[future]
                 try:
-                    log(future.result())
+                    text, reason = future.result()
                 except Exception as exc:  # reported with the run name, the others go on
                     failures.append(f"{what}: {type(exc).__name__}: {exc}")
                     log(f"{what}: FAILED ({type(exc).__name__}: {exc})")
+                    continue
+                log(text)
+                diverged(what, reason)
     if failures:
         raise BenchError(failures)
 
 
 class BenchError(ClusterFLError):
-    """Some suite runs failed (the others finished and are kept)."""
+    """Some suite runs failed or diverged (the others finished and are kept)."""
 
     def __init__(self, failures: list[str]) -> None:
         self.failures = failures
@@ -453,6 +476,9 @@ def write_results(
 
     migrate_run_dirs(scenarios, runs, log)
     figures = results.parent / f"{results.stem}_figures"
+    # run folders outside the results' tree (`--runs /elsewhere`) are named, not linked: a
+    # link would hold a path of this machine
+    inside = runs.resolve().is_relative_to(results.parent.resolve())
     parts = [f"# Benchmark suite results\n\n- command: `{command}`\n"
              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S')}\n{preamble}",
              "## Overview: every method on every federation\n\nMean accuracy (%) over the "
@@ -472,7 +498,8 @@ def write_results(
                     if ((d := run_dir(runs, scenario, s, seed)) / SUMMARY_FILE).is_file()]
         if len(finished) >= 2:
             report = write_comparison_report([d for _, d in finished], figures / scenario.name,
-                                             [scenario.label(s) for s, _ in finished])
+                                             [scenario.label(s) for s, _ in finished],
+                                             runs_root=None if inside else runs)
             link = report.relative_to(results.parent).as_posix()
             parts.append(f"Curves and figures (seed {seed}): [{link}]({link})\n")
     parts.extend(sections)

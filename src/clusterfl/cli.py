@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,9 @@ DEMO_METHODS = [
     "fedavg", "fedprox:mu=0.01", "local", "ifca:n_clusters=4", "fesem:n_clusters=4",
     "ifca_cam:n_clusters=4:warmup_rounds=5", "cfl_gp:n_clusters=4:protocol=model", "cfl",
 ]
+
+
+OVERWRITE_HINT = "--overwrite to replace it, or another --out"
 
 
 def _console() -> Console:
@@ -51,15 +55,58 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from clusterfl.experiment import Experiment
+    from clusterfl.experiment import Experiment, claim_run_dir
     from clusterfl.report import summary_table
 
     out = Path(args.out or Path("runs") / Path(args.config).stem)
-    exp = Experiment.from_config(args.config, _overrides(args), out_dir=out)
-    history = exp.run(resume=args.resume, progress=_progress(args))
+    config = _load(args)  # a bad config fails before anything in `out` is touched
+    claim_run_dir(out, resume=args.resume, overwrite=args.overwrite,
+                  hint="--resume to continue the run there or --overwrite to replace it")
+    exp = Experiment(config, out)
+    try:
+        history = exp.run(resume=args.resume, progress=_progress(args))
+    except KeyboardInterrupt:
+        print(_interrupted(args, out, exp), file=sys.stderr)
+        return 130
     con = _console()
     con.print(summary_table([history.summary]))
-    con.print(f"results in {out}/ (summary.json, history.jsonl, report.md)")
+    written = [n for n in ("summary.json", "history.jsonl", "report.md", "figures/")
+               if (out / n).exists()]
+    con.print(f"results in {out}/ ({', '.join(written)})")
+    return _diverged([history.summary], args)
+
+
+def _interrupted(args: argparse.Namespace, out: Path, exp) -> str:
+    """What Ctrl-C left behind, and the command that continues the run."""
+    every, rounds = exp.config.run.checkpoint_every, exp.config.run.rounds
+    if exp.checkpoint_round is None:
+        why = ("checkpoints are off (checkpoint_every = 0)" if not every else
+               f"before the first checkpoint (checkpoint_every = {every})")
+        return (f"clusterfl: interrupted {why}: there is nothing to resume; run again with "
+                f"--overwrite to start over in {out}")
+    command = ["clusterfl", "run", args.config, "--out", str(out)]
+    for item in args.set or []:
+        command += ["--set", item]
+    if args.data_dir:
+        command += ["--data-dir", args.data_dir]
+    return (f"clusterfl: interrupted; the checkpoint in {out / 'checkpoint'} holds round "
+            f"{exp.checkpoint_round} of {rounds}. Continue with --resume: "
+            f"{shlex.join([*command, '--resume'])}")
+
+
+DIVERGED_EXIT = 3
+
+
+def _diverged(summaries: list, args: argparse.Namespace) -> int:
+    """Name the runs that diverged (stderr); DIVERGED_EXIT with --fail-on-divergence."""
+    bad = [s for s in summaries if s.divergence]
+    for s in bad:
+        print(f"clusterfl: warning: {s.label or s.algorithm} diverged: {s.divergence['reason']}",
+              file=sys.stderr)
+    if bad and getattr(args, "fail_on_divergence", False):
+        print(f"clusterfl: error: {len(bad)} of {len(summaries)} run(s) diverged "
+              "(--fail-on-divergence); the results are kept", file=sys.stderr)
+        return DIVERGED_EXIT
     return 0
 
 
@@ -82,12 +129,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     config = _load(args)
     folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
-    results = run_comparison(config, specs, out, progress=_progress(args))
+    results = run_comparison(config, specs, out, progress=_progress(args),
+                             overwrite=args.overwrite, hint=OVERWRITE_HINT)
     con = _console()
     con.print(summary_table([h.summary for _, h in results]))
     _warn(comparison_warnings([out / f for f in folders]))
     con.print(f"comparison report: {out / 'report.md'}")
-    return 0
+    return _diverged([h.summary for _, h in results], args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -119,10 +167,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     con.print(f"[bold]clusterfl demo[/]: digits, rotation scenario, "
               f"{config.scenario.model_dump().get('n_clients')} clients; "
               f"methods: {', '.join(args.methods)}")
-    results = run_comparison(config, args.methods, out, progress=_progress(args))
+    results = run_comparison(config, args.methods, out, progress=_progress(args),
+                             overwrite=args.overwrite, hint=OVERWRITE_HINT)
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"report with figures: {out / 'report.md'}")
-    return 0
+    return _diverged([h.summary for _, h in results], args)
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -138,12 +187,24 @@ def cmd_data(args: argparse.Namespace) -> int:
             con.print(f"  {name:15s} {'present' if ok else 'missing or incomplete'}")
         con.print("  digits          built in (scikit-learn)")
         return 0
-    names = [args.name] if args.name else sorted(DATASETS)
-    for name in names:
-        if name not in DATASETS:
-            raise ClusterFLError(
-                f"dataset: unknown {name!r}; allowed: {', '.join(sorted(DATASETS))}"
-            )
+    allowed = ", ".join(sorted(DATASETS))
+    if args.name is not None and args.name not in DATASETS:
+        raise ClusterFLError(f"dataset: unknown {args.name!r}; allowed: {allowed}")
+    if args.action == "download" and args.name is None:
+        raise ClusterFLError(f"data download: name the dataset to fetch, one of: {allowed} "
+                             "(e.g. `clusterfl data download mnist`)")
+    if args.name is not None:
+        names = [args.name]
+    else:  # verify: the datasets that are there, not the ones a user never fetched
+        names = [n for n in sorted(DATASETS)
+                 if any((root / f.path).exists() for f in DATASETS[n].files)]
+        for n in sorted(set(DATASETS) - set(names)):
+            con.print(f"{n}: not present in {root} (skipped; `clusterfl data download {n}` "
+                      "fetches it)")
+        if not names:
+            print(f"clusterfl: error: no dataset files in {root}; name one to check, or "
+                  f"fetch one with `clusterfl data download NAME` ({allowed})", file=sys.stderr)
+            return 1
     bad = 0
     for name in names:
         if args.action == "download":
@@ -171,22 +232,40 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def fail_on_divergence(q: argparse.ArgumentParser, default: bool = False) -> None:
+    q.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction,
+                   default=default,
+                   help=f"exit with code {DIVERGED_EXIT} when a run diverged (every update of "
+                   "a round rejected, or a non-finite or exploding training loss); the "
+                   f"results are written either way (default: {'on' if default else 'off'})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clusterfl", description="Clustered federated learning: run, compare, report."
     )
+    p.add_argument("--data-dir", dest="global_data_dir", metavar="DATA_DIR",
+                   help="dataset folder, as the subcommands' --data-dir (default: "
+                   "$CLUSTERFL_DATA, else ~/.cache/clusterfl)")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set rounds=20 --set train.lr=0.05")
-        q.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+        q.add_argument("--data-dir", help="dataset folder, before the config's data.data_dir "
+                       "(default: data.data_dir, else $CLUSTERFL_DATA, else ~/.cache/clusterfl)")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
+        fail_on_divergence(q)
 
     r = sub.add_parser("run", help="run one method from a TOML config")
     r.add_argument("config")
-    r.add_argument("--out", help="run directory (default runs/<config name>)")
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--out", help="run directory (default runs/<config name>); it holds one "
+                                 "run: reusing it needs --resume or --overwrite")
+    again = r.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its last checkpoint")
+    again.add_argument("--overwrite", action="store_true",
+                       help="empty --out first (it must hold clusterfl results)")
     common(r)
     r.set_defaults(func=cmd_run)
 
@@ -194,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("config")
     c.add_argument("--algorithms", required=True,
                    help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1")
-    c.add_argument("--out")
+    c.add_argument("--out", help="output folder (default runs/compare-<config name>)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="empty --out first when it holds an earlier comparison")
     common(c)
     c.set_defaults(func=cmd_compare)
 
@@ -205,15 +286,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the built-in demo (no files needed)")
     d.add_argument("--out", default="runs/demo")
+    d.add_argument("--overwrite", action="store_true",
+                   help="empty --out first when it holds an earlier demo")
     d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS)
     d.add_argument("--set", action="append", metavar="KEY=VALUE")
     d.add_argument("--quiet", action="store_true")
+    fail_on_divergence(d)
     d.set_defaults(func=cmd_demo)
 
     data = sub.add_parser("data", help="list, verify or download datasets")
-    data.add_argument("action", choices=["list", "verify", "download"])
-    data.add_argument("name", nargs="?")
-    data.add_argument("--data-dir")
+    data.add_argument("action", choices=["list", "verify", "download"],
+                      help="list: what is there; verify [NAME]: check the files of NAME, or "
+                      "of every dataset present; download NAME: fetch and check")
+    data.add_argument("name", nargs="?", help="mnist, fashion_mnist or cifar10")
+    data.add_argument("--data-dir", help="data folder (default: $CLUSTERFL_DATA or cache)")
     data.add_argument("--base-url", help="mirror to download from instead of the official host")
     data.set_defaults(func=cmd_data)
 
@@ -238,7 +324,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    folder = args.global_data_dir
+    if folder:  # `clusterfl --data-dir X cmd ...` means `clusterfl cmd ... --data-dir X`
+        if getattr(args, "data_dir", None) not in (None, folder):
+            parser.error(f"--data-dir given twice: {folder} and {args.data_dir}")
+        if hasattr(args, "data_dir"):
+            args.data_dir = folder
+        else:  # a command without its own option (flower, report, ...): as $CLUSTERFL_DATA
+            os.environ["CLUSTERFL_DATA"] = folder
     try:
         return int(args.func(args) or 0)
     except ClusterFLError as exc:

@@ -36,6 +36,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="runs at once, each in its own process with cores/jobs threads "
                    "(default 1; 2 uses both cores of a 2-core machine best)")
     b.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+    b.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction, default=True,
+                   help="a diverged run (every update of a round rejected, or a non-finite or "
+                   "exploding training loss) counts as a failed run: the command exits "
+                   "non-zero after writing the table (default: on)")
     b.set_defaults(func=cmd_bench)
     return b
 
@@ -53,7 +57,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     failed: BenchError | None = None
     if not args.report_only:
         try:
-            run_suite(scenarios, runs, log=lambda m: print(m, flush=True), jobs=args.jobs)
+            run_suite(scenarios, runs, log=lambda m: print(m, flush=True), jobs=args.jobs,
+                      fail_on_divergence=args.fail_on_divergence)
         except BenchError as exc:  # the table is still written from the runs that finished
             failed = exc
     command = " ".join(["clusterfl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] \

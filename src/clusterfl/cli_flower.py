@@ -43,7 +43,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("config", help="clusterfl run config (TOML)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     r.add_argument("--out", help="run directory (default: runs/<config name>-flower; submit: "
-                                 "none)")
+                                 "none); it holds one run")
+    r.add_argument("--overwrite", action="store_true",
+                   help="empty --out first when it holds an earlier run")
     r.add_argument("--mode", choices=["ray", "local", "submit"], default="ray")
     r.add_argument("--superlink", help="submit: SuperLink connection name in "
                                        "$FLWR_HOME/config.toml (default: its default)")
@@ -118,6 +120,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _submit(args.config, list(args.set or []), args.out, args.superlink)
     out = args.out or str(Path("runs") / f"{Path(args.config).stem}-flower")
     echo: Callable[[str], None] = (lambda m: None) if args.quiet else _echo
+    from clusterfl.experiment import claim_run_dir  # submit: --out is on the SuperLink machine
+
+    claim_run_dir(out, overwrite=args.overwrite,
+                  hint="--overwrite to replace it, or another --out")
     if args.mode == "ray":
         summary = _run_ray(raw, out, echo)
     else:

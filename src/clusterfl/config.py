@@ -52,7 +52,8 @@ ROBUST_TABLES = ("validation", "faults", "adversary", "privacy")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan are never meaningful settings (`lr = inf` would train to NaN)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RunSettings(_Strict):
@@ -64,9 +65,15 @@ class RunSettings(_Strict):
 
 class DataConfig(_Strict):
     source: str = "digits"
-    data_dir: str | None = None
+    data_dir: str | None = Field(
+        None, description="the data folder; comes before $CLUSTERFL_DATA (default: "
+        "$CLUSTERFL_DATA, else ~/.cache/clusterfl). Better left out of shared configs: "
+        "`--data-dir` sets it for one command")
     standardize: bool = Field(
         False, description="scale inputs by the training split's mean and std per channel")
+    verify: bool | None = Field(
+        None, description="check dataset files against the catalog's checksums when first "
+        "read (default: on; false: files of your own under the catalog's names)")
 
 
 class TrainConfig(_Strict):

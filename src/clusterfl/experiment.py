@@ -1,7 +1,9 @@
 """Config → federation → algorithm on a backend → per-round history, checkpoints, summary.
 
 A run directory holds `config.toml` (resolved), `history.jsonl` (one line per round),
-`summary.json`, `checkpoint/state.pt` and, when enabled, `figures/` and `report.md`.
+`summary.json`, `checkpoint/state.pt` and, when enabled, `figures/` and `report.md`. It holds
+one run: a new run into a folder that is not empty needs `resume` (continue the run there) or
+`overwrite` (empty the folder first, `claim_run_dir`); otherwise it fails.
 Every random choice of a run comes from generators seeded by the config or stored in the
 checkpoint, so a resumed run ends with exactly the results of an uninterrupted one.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,19 +49,70 @@ from clusterfl.records import (
     json_ready,
 )
 from clusterfl.robust.adversary import benign_vs_adversarial, choose_adversaries, flip_labels
+from clusterfl.robust.divergence import Divergence, diagnose, loss_scale
 from clusterfl.robust.guard import Guard
 
 CHECKPOINT = "checkpoint/state.pt"
+RUN_DIR_MARKERS = ("config.toml", HISTORY_FILE, SUMMARY_FILE, "report.md", "checkpoint")
+"""Files one of our runs writes: a folder holding one (or folders holding one) may be emptied."""
+
+
+class RunDirInUseError(ClusterFLError):
+    """The output folder of a new run is not empty (and neither resume nor overwrite was asked)."""
+
+
+def claim_run_dir(path: str | Path, resume: bool = False, overwrite: bool = False,
+                  hint: str = "resume=True to continue the run there or overwrite=True to "
+                              "replace it") -> None:
+    """Make `path` ready for one new run, or check it for a resumed one.
+
+    An absent or empty folder is fine. A folder with files needs `resume` (they are that run's
+    files) or `overwrite`, which empties it first, but only when it holds our results (a
+    run, or a comparison of runs): a folder of other files is never emptied. `hint` names the
+    two options in the caller's words (`--resume or --overwrite` on the command line).
+    """
+    path = Path(path)
+    if resume and overwrite:
+        raise ClusterFLError("resume and overwrite exclude each other: resume continues the "
+                             "run in the folder, overwrite deletes it")
+    if path.exists() and not path.is_dir():
+        raise RunDirInUseError(f"{path} is a file, not a run directory; choose another "
+                               "output folder")
+    if resume or not path.is_dir():
+        return
+    entries = sorted(p.name for p in path.iterdir())
+    if not entries:
+        return
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    if not overwrite:
+        raise RunDirInUseError(f"{path} is not empty (it holds {shown}); pass {hint}")
+    if not _holds_results(path):
+        raise RunDirInUseError(f"{path} holds files that are not clusterfl results ({shown}); "
+                          "refusing to empty it: choose another output folder")
+    for entry in path.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _holds_results(path: Path) -> bool:
+    """Whether `path` is a run folder or a folder of run folders (a comparison)."""
+    def is_run(p: Path) -> bool:
+        return any((p / m).exists() for m in RUN_DIR_MARKERS)
+
+    return is_run(path) or any(is_run(p) for p in path.iterdir() if p.is_dir())
 
 
 def build_federation(config: Config) -> Federation:
     try:
+        verify = config.data.verify is not False
         source: str | Source = config.data.source
         if config.data.standardize:
-            source = standardize(load_source(config.data.source, config.data.data_dir))
+            source = standardize(load_source(config.data.source, config.data.data_dir, verify))
         federation = make_federation(
             source, config.scenario_name, config.scenario.model_dump(),
-            seed=config.run.seed, data_dir=config.data.data_dir,
+            seed=config.run.seed, data_dir=config.data.data_dir, verify=verify,
         )
     except ConfigError as exc:
         if exc.field == "source":
@@ -100,10 +154,13 @@ class Experiment:
 
     def __init__(
         self, config: Config, out_dir: str | Path | None = None,
-        federation: Federation | None = None,
+        federation: Federation | None = None, overwrite: bool = False,
     ) -> None:
+        """`overwrite`: a run (without resume) into a non-empty `out_dir` empties it first;
+        without it, such a run raises `RunDirInUseError` (see `claim_run_dir`)."""
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.overwrite = overwrite
         self.federation = federation if federation is not None else build_federation(config)
         self.adversaries = choose_adversaries(config.adversary, self.federation.n_clients,
                                               config.run.seed)
@@ -113,14 +170,21 @@ class Experiment:
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
         self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
+        self.divergence: Divergence | None = None
+        """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
+        self.diverged_rounds = 0
+        self.checkpoint_round: int | None = None
+        """The round the checkpoint in `out_dir` holds (None: none written or loaded yet)."""
 
     @classmethod
     def from_config(
         cls, source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
         out_dir: str | Path | None = None, federation: Federation | None = None,
+        overwrite: bool = False,
     ) -> Experiment:
         raw = source if isinstance(source, dict) else read_toml(source)
-        return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation)
+        return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation,
+                   overwrite)
 
     # ------------------------------------------------------------------ the loop
     def _context(self, backend: Backend) -> Context:
@@ -145,6 +209,8 @@ class Experiment:
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`)."""
+        if self.out_dir is not None:
+            claim_run_dir(self.out_dir, resume=resume, overwrite=self.overwrite)
         torch.manual_seed(self.config.run.seed)
         backend = build_backend(self.config, self.federation, self.factory)
         ctx = self._context(backend)
@@ -170,6 +236,8 @@ class Experiment:
                 if ctx.guard is not None:
                     ctx.guard.begin_round(t)
                 extras = self.algorithm.run_round(ctx, t)
+                if ctx.guard is not None:
+                    self._watch(t, ctx.guard, bar)
                 evaluate = t % run.eval_every == 0 or t == run.rounds
                 record = self._record(ctx, t, extras, evaluate, time.perf_counter() - t0)
                 history.records.append(record)
@@ -178,6 +246,23 @@ class Experiment:
                 every = run.checkpoint_every
                 if every and (t % every == 0) and t < run.rounds:
                     self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
+
+    def _watch(self, t: int, guard: Guard, bar: _Progress) -> None:
+        """Diagnose round t's updates; warn at the first diverged round."""
+        found = diagnose(t, guard.round_updates(), self._loss_scale())
+        if found is None:
+            return
+        self.diverged_rounds += 1
+        if self.divergence is None:
+            self.divergence = found
+            bar.warn(f"clusterfl: warning: {found.reason}")
+
+    def _loss_scale(self) -> float | None:
+        fed = self.federation
+        if fed.task == "classification":
+            return loss_scale(fed.task, fed.n_classes)
+        return loss_scale(fed.task, fed.n_classes, float(fed.y_train.double().square().mean())
+                          if fed.y_train.numel() else None)
 
     def _record(self, ctx: Context, t: int, extras: dict[str, Any], evaluate: bool,
                 wall: float) -> RoundRecord:
@@ -211,6 +296,7 @@ class Experiment:
             metrics=last_eval.metrics if last_eval else None, ari=last.ari,
             n_clusters=last.n_clusters, floats_down=last.floats_down, floats_up=last.floats_up,
             client_updates=last.client_updates, wall_time=last.wall_time,
+            rejected=sum(r.rejected for r in history.records),
         )
         fed = self.federation
         return RunSummary(
@@ -224,6 +310,8 @@ class Experiment:
             assignment=last.assignment if last else None,
             extras=last.extras if last else {},
             robust=self._robust_summary(ctx, last_eval, last),
+            divergence=None if self.divergence is None else {
+                **self.divergence.as_dict(), "rounds": self.diverged_rounds},
         ).cleaned()
 
     def _robust_summary(self, ctx: Context, last_eval: RoundRecord | None,
@@ -290,12 +378,15 @@ class Experiment:
             "torch_rng": torch.get_rng_state(),
             "config": self.config.to_dict(),
             "guard": None if ctx.guard is None else ctx.guard.state_dict(),
+            "divergence": None if self.divergence is None else self.divergence.as_dict(),
+            "diverged_rounds": self.diverged_rounds,
         }
         path = self.out_dir / CHECKPOINT
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
+        self.checkpoint_round = t
 
     def _load_checkpoint(self, ctx: Context) -> tuple[int, float, list[RoundRecord]]:
         path = None if self.out_dir is None else self.out_dir / CHECKPOINT
@@ -321,6 +412,10 @@ class Experiment:
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
+        if state.get("divergence") is not None:
+            self.divergence = Divergence(**state["divergence"])
+        self.diverged_rounds = int(state.get("diverged_rounds", 0))
+        self.checkpoint_round = int(state["round"])
         return int(state["round"]) + 1, float(state["elapsed"]), records
 
 
@@ -386,6 +481,13 @@ class _Progress:
             info = f"mse {m.mse:.4f}"
         info += f"  clusters {record.n_clusters}"
         self._bar.update(self._task, advance=1, info=info)
+
+    def warn(self, text: str) -> None:
+        """A line for the user: above the bar when one is shown, else on stderr."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False, style="yellow")
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

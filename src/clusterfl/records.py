@@ -248,8 +248,12 @@ class FinalMetrics:
     floats_up: float | None = None
     client_updates: int | None = None
     wall_time: float | None = None
+    rejected: int | None = None
+    """Replies the guard rejected over the whole run (written when known; older files lack
+    it)."""
 
-    KEYS = ("ari", "n_clusters", "floats_down", "floats_up", "client_updates", "wall_time")
+    KEYS = ("ari", "n_clusters", "floats_down", "floats_up", "client_updates", "wall_time",
+            "rejected")
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {} if self.metrics is None else self.metrics.to_json_dict()
@@ -258,6 +262,8 @@ class FinalMetrics:
             "floats_up": self.floats_up, "client_updates": self.client_updates,
             "wall_time": self.wall_time,
         })
+        if self.rejected is not None:
+            d["rejected"] = self.rejected
         return d
 
     @classmethod
@@ -270,7 +276,7 @@ class FinalMetrics:
             else None,
             ari=d.get("ari"), n_clusters=d.get("n_clusters"), floats_down=d.get("floats_down"),
             floats_up=d.get("floats_up"), client_updates=d.get("client_updates"),
-            wall_time=d.get("wall_time"),
+            wall_time=d.get("wall_time"), rejected=d.get("rejected"),
         )
 
 
@@ -279,7 +285,8 @@ class RunSummary:
     """`summary.json`: what the run was and how it ended.
 
     Every field may be None (or empty) when read from a partial file; a summary written by
-    the runner has them all. `robust` is written only when a robustness option is on.
+    the runner has them all. `robust` is written only when a robustness option is on,
+    `divergence` only when the run diverged.
     """
 
     algorithm: str | None = None
@@ -299,9 +306,14 @@ class RunSummary:
     """The last round's extras."""
     robust: dict[str, Any] | None = None
     """The guard's totals, adversary exposure and privacy (ε, δ)."""
+    divergence: dict[str, Any] | None = None
+    """The first diverged round, when the run diverged (`clusterfl.robust.divergence`):
+    `round`, `kind`, `reason` (a sentence naming the round and the likely cause) and
+    `rounds` (how many rounds were diverged). Absent from the file otherwise."""
 
     KEYS = ("algorithm", "label", "federation", "n_clients", "rounds", "true_clusters",
-            "final", "client_accuracy", "client_macro_f1", "assignment", "extras", "robust")
+            "final", "client_accuracy", "client_macro_f1", "assignment", "extras", "robust",
+            "divergence")
 
     def to_json_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -313,6 +325,8 @@ class RunSummary:
         }
         if self.robust is not None:
             d["robust"] = self.robust
+        if self.divergence is not None:
+            d["divergence"] = self.divergence
         return d
 
     @classmethod
@@ -326,7 +340,7 @@ class RunSummary:
             final=FinalMetrics.from_json_dict(d.get("final") or {}),
             client_accuracy=d.get("client_accuracy"), client_macro_f1=d.get("client_macro_f1"),
             assignment=d.get("assignment"), extras=d.get("extras") or {},
-            robust=d.get("robust"),
+            robust=d.get("robust"), divergence=d.get("divergence"),
         )
 
     def cleaned(self) -> RunSummary:

@@ -124,6 +124,13 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     link = re.search(r"\[(RESULTS_figures/digits/report\.md)\]", text)
     assert link and (tmp_path / link.group(1)).is_file()
     assert "| IFCA (K=2) |" in (tmp_path / link.group(1)).read_text()
+    assert "](<../../runs/digits/fedavg/seed0" in (tmp_path / link.group(1)).read_text()
+
+    # run folders outside the results' tree are named, never linked (no path of this machine)
+    elsewhere = write_results(scenarios, runs, tmp_path / "docs" / "R.md", "clusterfl bench")
+    report = (elsewhere.parent / "R_figures" / "digits" / "report.md").read_text()
+    assert "| IFCA (K=2) |" in report and "`digits/ifca_n_clusters=2/seed0`" in report
+    assert "../" not in report.split("## Runs", 1)[1]
 
 
 def test_resumes_an_interrupted_run_from_its_checkpoint(tmp_path: Path) -> None:
@@ -263,3 +270,17 @@ def test_suite_labels_and_twice_the_same_method_are_refused(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"suite\.methods: 'fedavg' and 'fedavg:fraction=1.0' "
                                           r"are the same method"):
         load_suite(folder)
+
+
+def test_an_unfinished_run_without_checkpoint_is_run_again(tmp_path: Path) -> None:
+    """The suite manages its own run folders: a run killed before its first checkpoint left
+    config.toml and part of history.jsonl; the next suite run replaces it (no error)."""
+    quick = load_suite(_suite(tmp_path), quick=True)
+    runs, logs = tmp_path / "runs", []
+    run_suite(quick, runs, log=logs.append)
+    target = run_dir(runs, quick[0], "fedavg", 0)
+    (target / "summary.json").unlink()
+    (target / "report.md").write_text("stale")
+    run_suite(quick, runs, log=logs.append)
+    assert (target / "summary.json").is_file() and not (target / "report.md").exists()
+    assert not any("(resumed)" in m for m in logs)

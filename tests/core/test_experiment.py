@@ -13,6 +13,7 @@ import pytest
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundRecord, RunSummary, read_summary
+from tests.datasets import require
 
 SMALL = {
     "seed": 3, "rounds": 8, "eval_every": 1, "checkpoint_every": 0,
@@ -109,11 +110,8 @@ def test_cli_errors_are_one_clear_line(tmp_path):
 
 
 def test_run_on_real_mnist_if_available(tmp_path):
-    root = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
-    if not (root / "mnist" / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"no mnist/ files in the data folder {root} ($CLUSTERFL_DATA, "
-                    "default /work/shared/datasets)")
-    cfg = {**SMALL, "rounds": 3, "data": {"source": "mnist", "data_dir": str(root)},
+    require("mnist")  # found through $CLUSTERFL_DATA, as a user's run finds it
+    cfg = {**SMALL, "rounds": 3, "data": {"source": "mnist"},
            "scenario": {"name": "label_swap", "n_clients": 4, "n_clusters": 2}}
     h = Experiment.from_config(cfg).run(progress=False)
     assert h.series("accuracy")[-1] > 0.6
@@ -129,3 +127,124 @@ def test_standardized_inputs_keep_the_federation_and_learn(tmp_path):
     assert abs(float(fed.x_train.mean())) < 0.05 and abs(float(fed.x_train.std()) - 1) < 0.05
     acc = exp.run(progress=False).series("accuracy")
     assert acc[-1] > acc[0] + 0.2 and acc[-1] > 0.5
+
+
+# ------------------------------------------------------------------ one run per run directory
+
+TINY = {**SMALL, "rounds": 2}
+
+
+def test_a_used_run_directory_needs_resume_or_overwrite(tmp_path):
+    from clusterfl.experiment import RunDirInUseError
+
+    Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
+    (tmp_path / "report.md").write_text("an older run's report")  # left by the earlier run
+    with pytest.raises(RunDirInUseError, match=r"not empty .*resume=True.*overwrite=True"):
+        Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
+    assert (tmp_path / "report.md").is_file()  # nothing was touched
+    h = Experiment.from_config(TINY, out_dir=tmp_path, overwrite=True).run(progress=False)
+    assert not (tmp_path / "report.md").exists()  # emptied first: no stale files
+    assert len(h.records) == 2 and (tmp_path / "summary.json").is_file()
+
+
+def test_overwrite_never_empties_a_folder_of_other_files(tmp_path):
+    from clusterfl.experiment import RunDirInUseError
+
+    (tmp_path / "thesis.tex").write_text("precious")
+    with pytest.raises(RunDirInUseError, match="not clusterfl results"):
+        Experiment.from_config(TINY, out_dir=tmp_path, overwrite=True).run(progress=False)
+    assert (tmp_path / "thesis.tex").read_text() == "precious"
+
+
+def test_cli_run_into_a_used_folder_is_one_line_naming_resume_and_overwrite(tmp_path, capsys):
+    from clusterfl.cli import main
+
+    path, out = tmp_path / "tiny.toml", tmp_path / "out"
+    path.write_text(dump_toml(TINY))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    (out / "figures").mkdir(exist_ok=True)
+    (out / "figures" / "stale.png").write_bytes(b"old")
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--resume" in err and "--overwrite" in err and str(out) in err
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--overwrite"]) == 0
+    assert not (out / "figures" / "stale.png").exists()
+    with pytest.raises(SystemExit):  # argparse: the two options exclude each other
+        main(["run", str(path), "--out", str(out), "--resume", "--overwrite"])
+
+
+def test_cli_compare_into_a_used_folder_needs_overwrite(tmp_path, capsys):
+    from clusterfl.cli import main
+
+    path, out = tmp_path / "tiny.toml", tmp_path / "cmp"
+    path.write_text(dump_toml(TINY))
+    argv = ["compare", str(path), "--algorithms", "fedavg", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    (out / "old-method").mkdir()
+    (out / "old-method" / "summary.json").write_text("{}")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and err.count("\n") == 1
+    assert main([*argv, "--overwrite"]) == 0
+    assert not (out / "old-method").exists() and (out / "report.md").is_file()
+
+
+# ------------------------------------------------------------------ Ctrl-C, and what run lists
+
+
+def test_sigint_names_the_checkpoint_round_and_resume(tmp_path):
+    cfg = {**SMALL, "rounds": 400, "checkpoint_every": 2}
+    path, out = tmp_path / "long.toml", tmp_path / "run"
+    path.write_text(dump_toml(cfg))
+    cmd = [sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hist = out / "history.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "checkpoint" / "state.pt").exists() and len(
+                hist.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be interrupted")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    held = torch_round(out)
+    assert "Traceback" not in err
+    assert f"holds round {held} of 400" in err and "--resume" in err
+    assert f"--out {out}" in err and err.strip().endswith("--resume")
+
+
+def torch_round(out: Path) -> int:
+    import torch
+
+    return int(torch.load(out / "checkpoint" / "state.pt", weights_only=False)["round"])
+
+
+def test_interrupt_before_any_checkpoint_says_there_is_nothing_to_resume(
+        tmp_path, capsys, monkeypatch):
+    from clusterfl.cli import main
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    monkeypatch.setattr(Experiment, "_loop", interrupted)
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "checkpoints are off" in err and "nothing to resume" in err and "--overwrite" in err
+
+
+def test_run_lists_report_md_only_when_written(tmp_path, capsys):
+    from clusterfl.cli import main
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))  # figures = false: no report
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    listed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert listed.startswith("results in") and "summary.json" in listed
+    assert "report.md" not in listed and not (tmp_path / "a" / "report.md").exists()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,8 +14,8 @@ import pytest
 
 from clusterfl.data.download import DATASETS, DatasetInfo, RemoteFile, download, verify
 from clusterfl.errors import ConfigError, DataError
+from tests.datasets import require, skip_unless
 
-SHARED = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
 PAYLOAD = b"clusterfl test payload " * 1000
 
 
@@ -132,14 +131,17 @@ def test_registry() -> None:
     assert DATASETS["mnist"].files[0].url.startswith("https://ossci-datasets.s3.amazonaws.com/")
 
 
-@pytest.mark.skipif(not (SHARED / "SHA256SUMS").is_file(),
-                    reason=f"no SHA256SUMS in the data folder {SHARED} ($CLUSTERFL_DATA, "
-                           "default /work/shared/datasets)")
+@skip_unless("mnist", "fashion_mnist")
 def test_registry_matches_shared_checksums_and_files() -> None:
-    listed = dict(line.split()[::-1] for line in (SHARED / "SHA256SUMS").read_text().splitlines()
+    """The catalog agrees with the data folder's SHA256SUMS (`sha256sum -c` format), when the
+    folder has one, and its files verify."""
+    shared = require("mnist", "fashion_mnist")
+    if not (shared / "SHA256SUMS").is_file():
+        pytest.skip(f"no SHA256SUMS in $CLUSTERFL_DATA = {shared}")
+    listed = dict(line.split()[::-1] for line in (shared / "SHA256SUMS").read_text().splitlines()
                   if line.strip())
     for name in ("mnist", "fashion_mnist"):
         for f in DATASETS[name].files:
             assert listed[f.path] == f.sha256
-            assert (SHARED / f.path).stat().st_size == f.size
-        assert all(s.ok for s in verify(name, SHARED))
+            assert (shared / f.path).stat().st_size == f.size
+        assert all(s.ok for s in verify(name, shared))

@@ -22,8 +22,7 @@ from clusterfl.data.sources import (
     stratified_test_mask,
 )
 from clusterfl.errors import ConfigError, DataError
-
-SHARED = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
+from tests.datasets import require, skip_unless
 
 
 def _idx_bytes(array: np.ndarray) -> bytes:
@@ -49,11 +48,10 @@ def _write_idx_dataset(root: Path, n_train: int = 5, n_test: int = 3) -> dict[st
 # ---------------------------------------------------------------------- real files
 
 
-@pytest.mark.skipif(not (SHARED / "mnist").is_dir(),
-                    reason=f"no mnist/ in the data folder {SHARED} ($CLUSTERFL_DATA, "
-                           "default /work/shared/datasets)")
+@skip_unless("mnist")
 def test_real_mnist() -> None:
-    src = load_source("mnist", SHARED)
+    shared = require("mnist")
+    src = load_source("mnist", shared)
     assert src.x_train.shape == (60000, 1, 28, 28) and src.x_test.shape == (10000, 1, 28, 28)
     assert src.x_train.dtype == torch.float32 and src.y_train.dtype == torch.int64
     assert float(src.x_train.min()) >= 0.0 and float(src.x_train.max()) == 1.0
@@ -61,14 +59,12 @@ def test_real_mnist() -> None:
     assert torch.bincount(src.y_test).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028,
                                                    974, 1009]
     assert src.n_classes == 10 and src.task == "classification" and src.name == "mnist"
-    assert load_source("mnist", SHARED) is src  # decoded once per process
+    assert load_source("mnist", shared) is src  # decoded once per process
 
 
-@pytest.mark.skipif(not (SHARED / "fashion_mnist").is_dir(),
-                    reason=f"no fashion_mnist/ in the data folder {SHARED} ($CLUSTERFL_DATA, "
-                           "default /work/shared/datasets)")
+@skip_unless("fashion_mnist")
 def test_real_fashion_mnist() -> None:
-    src = load_source("fashion_mnist", SHARED)
+    src = load_source("fashion_mnist", require("fashion_mnist"))
     assert src.x_train.shape == (60000, 1, 28, 28) and len(src.y_test) == 10000
     assert torch.bincount(src.y_train).tolist() == [6000] * 10
 
@@ -104,7 +100,9 @@ def test_unknown_source() -> None:
 
 def test_tiny_idx_dataset(tmp_path: Path) -> None:
     arrays = _write_idx_dataset(tmp_path)
-    src = load_source("mnist", tmp_path)
+    with pytest.raises(DataError, match="is not the mnist file"):  # not the real MNIST files
+        load_source("mnist", tmp_path)
+    src = load_source("mnist", tmp_path, verify=False)
     assert src.x_train.shape == (5, 1, 28, 28) and src.x_test.shape == (3, 1, 28, 28)
     expected = torch.from_numpy(arrays["x_train"].astype(np.float32) / 255)[:, None]
     torch.testing.assert_close(src.x_train, expected)
@@ -116,6 +114,28 @@ def test_missing_file_names_path_and_command(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="clusterfl data download mnist") as err:
         load_source("mnist", tmp_path)
     assert str(tmp_path / "mnist" / "train-images-idx3-ubyte.gz") in str(err.value)
+
+
+def test_not_found_names_where_the_folder_came_from(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message says which setting chose the data folder and what to change."""
+    env, cfg = tmp_path / "env", tmp_path / "cfg"
+    monkeypatch.setenv("CLUSTERFL_DATA", str(env))
+    with pytest.raises(DataError) as err:
+        load_source("mnist")
+    text = str(err.value)
+    assert f"the data folder {env} is $CLUSTERFL_DATA" in text and "--data-dir" in text
+    with pytest.raises(DataError) as err:
+        load_source("mnist", cfg)  # a config's data.data_dir comes first...
+    text = str(err.value)
+    assert f"the data folder {cfg} is data.data_dir" in text
+    assert f"$CLUSTERFL_DATA = {env} is set, but data.data_dir comes first" in text  # ...loudly
+    assert f"clusterfl data download mnist --data-dir {cfg}" in text and "\n" not in text
+    monkeypatch.delenv("CLUSTERFL_DATA")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(DataError, match=r"is the default \(neither data\.data_dir nor "
+                                        r"\$CLUSTERFL_DATA is set\)"):
+        load_source("fashion_mnist")
 
 
 def test_truncated_gzip(tmp_path: Path) -> None:
@@ -159,7 +179,7 @@ def _cifar_files() -> dict[str, tuple[bytes, np.ndarray, np.ndarray]]:
 
 
 def _check_cifar(src_root: Path, files: dict) -> None:
-    src = load_source("cifar10", src_root)
+    src = load_source("cifar10", src_root, verify=False)  # made-up batches
     assert src.x_train.shape == (15, 3, 32, 32) and src.x_test.shape == (3, 3, 32, 32)
     _, data, labels = files["data_batch_2"]
     red = data[0, :1024].reshape(32, 32) / 255.0  # row-major 1024 red, 1024 green, 1024 blue
@@ -178,6 +198,8 @@ def test_cifar_tar(tmp_path: Path) -> None:
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
+    with pytest.raises(DataError, match=r"is not the cifar10 file cifar10/cifar-10-python\.tar"):
+        load_source("cifar10", tmp_path)  # a made-up archive is not the official one
     _check_cifar(tmp_path, files)
 
 

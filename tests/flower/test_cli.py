@@ -61,6 +61,21 @@ def test_run_validates_the_config_first(tmp_path):
         args.func(args)
 
 
+def test_run_into_a_used_folder_needs_overwrite(tmp_path, monkeypatch):
+    """The run folder is checked before Flower starts; --overwrite empties it first."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # an earlier run, whose final state would fool
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(out), "--mode", "local"])
+    with pytest.raises(ClusterFLError, match="--overwrite"):
+        args.func(args)
+    started: list[str] = []
+    monkeypatch.setattr(cli_flower, "_run_local", lambda *a: started.append("local") or 0)
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(out), "--mode", "local",
+                   "--overwrite"])
+    assert args.func(args) == 0 and started == ["local"] and not any(out.iterdir())
+
+
 def test_app_dir_holds_a_valid_flower_app(tmp_path):
     from flwr.cli.config_utils import load_and_validate
 

@@ -335,17 +335,18 @@ def test_summary_markdown_formats_numbers() -> None:
     summaries = [
         _summary("ifca(K=4)", accuracy=0.8734, accuracy_weighted=0.9, macro_f1=0.81234,
                  fairness_var=12.345, ari=0.91234, n_clusters=4, floats_down=1.2e6,
-                 floats_up=3.4e9, wall_time=12.34),
+                 floats_up=3.4e9, rejected=7, wall_time=12.34),
         _summary("fedavg", accuracy=0.5),
     ]
     text = summary_markdown(summaries)
     lines = text.strip().splitlines()
     assert lines[0].startswith("| method | accuracy (%) | weighted acc (%) | macro-F1 (%)")
-    assert "MSE" not in lines[0] and lines[1].count("---:") == 9
+    assert "| rejected |" in lines[0]  # rejected updates over the run
+    assert "MSE" not in lines[0] and lines[1].count("---:") == 10
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["ifca(K=4)", "87.34", "90.00", "81.23", "12.35", "0.912", "4", "1.2M",
-                     "3.4G", "12.3"]
-    assert re.fullmatch(r"\| fedavg \| 50\.00 (\| — ){8}\|", lines[3])
+                     "3.4G", "7", "12.3"]
+    assert re.fullmatch(r"\| fedavg \| 50\.00 (\| — ){9}\|", lines[3])
 
 
 def test_mse_column_only_with_regression() -> None:

@@ -4,9 +4,7 @@ traceback — every failure is a ClusterFLError naming the field or the file."""
 from __future__ import annotations
 
 import io
-import os
 from contextlib import redirect_stderr, redirect_stdout
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from clusterfl.config import TOP_LEVEL, apply_overrides, dump_toml, load_config,
 from clusterfl.data.scenarios import SCENARIOS
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import Experiment
+from tests.datasets import require, skip_unless
 
 FIELDS = [*TOP_LEVEL, "name", "n_clients", "angles", "alpha", "lr", "batch_size", "epochs",
           "steps", "fraction", "n_clusters", "dropout", "clip", "noise_multiplier", "kind",
@@ -172,12 +171,7 @@ def test_run_with_a_bad_robust_field_names_it(tmp_path):
 
 # ------------------------------------------------------------------ corrupted dataset files
 
-DATA = Path(os.environ.get("CLUSTERFL_DATA", "/work/shared/datasets"))
-MNIST = DATA / "mnist"
-
-
-@pytest.mark.skipif(not MNIST.is_dir(), reason=f"needs the real MNIST files: no {MNIST} "
-                    f"(the data folder is $CLUSTERFL_DATA, default /work/shared/datasets)")
+@skip_unless("mnist")
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_damaged_dataset_names_file_and_checksum(tmp_path, damage):
     from clusterfl.data.download import DATASETS
@@ -185,7 +179,7 @@ def test_damaged_dataset_names_file_and_checksum(tmp_path, damage):
 
     folder = tmp_path / "mnist"
     folder.mkdir()
-    for f in MNIST.iterdir():
+    for f in (require("mnist") / "mnist").iterdir():
         (folder / f.name).write_bytes(f.read_bytes())
     victim = folder / "t10k-labels-idx1-ubyte.gz"
     blob = bytearray(victim.read_bytes())

@@ -37,7 +37,7 @@ from clusterfl.state import restore, snapshot
 class AlgorithmConfig(BaseModel):
     """Settings shared by convention (each method adds its own fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     #: the method's name in tables, figures and reports (each method's Config sets its own)
     display: ClassVar[str] = ""
     #: options that only say where files are: left out of labels and folder names

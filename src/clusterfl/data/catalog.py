@@ -28,6 +28,42 @@ def default_data_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "clusterfl"
 
 
+def resolve_data_dir(data_dir: str | Path | None) -> tuple[Path, str]:
+    """The data folder of a run and where it came from.
+
+    Precedence: `data_dir` (a config's `data.data_dir`, which `--data-dir` sets) >
+    `$CLUSTERFL_DATA` > `~/.cache/clusterfl`. The origin is "data.data_dir",
+    "CLUSTERFL_DATA" or "default".
+    """
+    if data_dir is not None:
+        return Path(data_dir).expanduser(), "data.data_dir"
+    if os.environ.get("CLUSTERFL_DATA"):
+        return default_data_dir(), "CLUSTERFL_DATA"
+    return default_data_dir(), "default"
+
+
+def where_to_put(name: str, root: Path, origin: str) -> str:
+    """Where the data folder came from and what to change, for a 'not found' message."""
+    env = os.environ.get("CLUSTERFL_DATA")
+    folder = f"the folder that contains {name}/"
+    if origin == "data.data_dir":
+        text = (f"the data folder {root} is data.data_dir (from the config or --data-dir): "
+                f"change it (or pass --data-dir) to {folder}")
+        if env and Path(env).expanduser() != root:
+            text += (f" ($CLUSTERFL_DATA = {env} is set, but data.data_dir comes first: "
+                     "remove data.data_dir from the config to use it)")
+        fetch = f"clusterfl data download {name} --data-dir {root}"
+    elif origin == "CLUSTERFL_DATA":
+        text = (f"the data folder {root} is $CLUSTERFL_DATA: set it (or pass --data-dir) "
+                f"to {folder}")
+        fetch = f"clusterfl data download {name}"
+    else:
+        text = (f"the data folder {root} is the default (neither data.data_dir nor "
+                f"$CLUSTERFL_DATA is set): set CLUSTERFL_DATA (or pass --data-dir) to {folder}")
+        fetch = f"clusterfl data download {name}"
+    return f"{text}, or fetch the files there with `{fetch}`"
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     """One file of a dataset. `path` is relative to the data directory."""

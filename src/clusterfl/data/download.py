@@ -16,7 +16,6 @@ A mirror given as `base_url` must mirror the data-directory layout: the file
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import urllib.error
@@ -37,6 +36,7 @@ from clusterfl.data.catalog import (
     dataset_info,
     default_data_dir,
 )
+from clusterfl.data.integrity import file_digests
 from clusterfl.errors import DataError
 
 __all__ = [
@@ -80,17 +80,6 @@ class FileStatus:
 # ---------------------------------------------------------------------- checking
 
 
-def _digests(path: Path) -> tuple[int, str, str]:
-    """(size, sha256, md5) of a file, read once in chunks."""
-    sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            sha.update(chunk)
-            md5.update(chunk)
-            size += len(chunk)
-    return size, sha.hexdigest(), md5.hexdigest()
-
-
 def _mismatch(f: RemoteFile, size: int, sha256: str, md5: str) -> tuple[str, str] | None:
     """None when size and every known checksum match, else (status, explanation)."""
     if f.size is not None and size != f.size:
@@ -107,7 +96,7 @@ def check_file(f: RemoteFile, data_dir: Path) -> FileStatus:
     path = data_dir / f.path
     if not path.is_file():
         return FileStatus(path, "missing", "not found")
-    problem = _mismatch(f, *_digests(path))
+    problem = _mismatch(f, *file_digests(path))
     if problem is None:
         return FileStatus(path, "ok")
     status, detail = problem
@@ -165,7 +154,7 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
     try:
         with os.fdopen(fd, "wb") as out:
             _stream(url, out, timeout, progress)
-        problem = _mismatch(f, *_digests(tmp))
+        problem = _mismatch(f, *file_digests(tmp))
         if problem is not None:
             raise DataError(
                 f"checksum mismatch for {f.path} downloaded from {url}: {problem[1]}; "

@@ -1028,8 +1028,11 @@ def check_source(spec: ScenarioSpec, source: Source) -> None:
 def make_federation(source: str | Source, scenario: str,
                     params: dict[str, Any] | ScenarioParams | None = None, seed: int = 0,
                     data_dir: str | Path | None = None,
-                    field_prefix: str = "scenario") -> Federation:
+                    field_prefix: str = "scenario", verify: bool = True) -> Federation:
     """Build the federation of `source` (a name or a loaded Source) under `scenario`.
+
+    A named source is read from `data_dir` (`load_source`; `verify`: check its files'
+    checksums).
 
     Deterministic: the same (source, scenario, params, seed) gives an identical federation.
     `meta` records the scenario, the validated params, the seed and per-cluster facts
@@ -1039,7 +1042,7 @@ def make_federation(source: str | Source, scenario: str,
     if not isinstance(params, spec.params):
         params = scenario_params(scenario, params if isinstance(params, dict) or params is None
                                  else params.model_dump(), field_prefix)
-    loaded = source if isinstance(source, Source) else load_source(source, data_dir)
+    loaded = source if isinstance(source, Source) else load_source(source, data_dir, verify)
     federation = spec.build(loaded, params, np.random.default_rng(seed), field_prefix)
     federation.meta["seed"] = seed
     return federation

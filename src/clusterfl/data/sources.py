@@ -1,6 +1,7 @@
 """Dataset readers: files on disk → `Source` tensors.
 
-Layout of the data directory (`CLUSTERFL_DATA`, else `~/.cache/clusterfl`)::
+Layout of the data directory (a run's `data.data_dir` or `--data-dir`, else `CLUSTERFL_DATA`,
+else `~/.cache/clusterfl`: `catalog.resolve_data_dir`)::
 
     DATA_DIR/
     ├── mnist/           train-images-idx3-ubyte.gz  train-labels-idx1-ubyte.gz
@@ -12,6 +13,11 @@ Layout of the data directory (`CLUSTERFL_DATA`, else `~/.cache/clusterfl`)::
 neither needs files. Decoded datasets are cached in-process, keyed by the resolved file paths
 and their size and modification time, so loading the same files twice costs nothing. The
 tensors of a cached `Source` are shared: never modify them in place.
+
+Every file the catalog lists is checked against its checksum when first read
+(`clusterfl.data.integrity`, remembered per file version across runs), so a wrong file — a
+Fashion-MNIST archive under `mnist/` — fails naming the file and the dataset expected instead
+of training to chance. `verify=False` (`data.verify = false`) reads files of one's own.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from clusterfl.data.catalog import DATASETS, default_data_dir
+from clusterfl.data.catalog import DATASETS, resolve_data_dir, where_to_put
+from clusterfl.data.catalog import default_data_dir as default_data_dir  # re-exported
 from clusterfl.data.federation import Task
+from clusterfl.data.integrity import check_known_files
 from clusterfl.errors import ConfigError, DataError
 
 IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10")
@@ -73,20 +81,25 @@ class Source:
         return tuple(self.x_train.shape[1:])
 
 
-def load_source(name: str, data_dir: str | Path | None = None) -> Source:
-    """Load dataset `name` (one of `SOURCE_NAMES`) from `data_dir` (default: `default_data_dir()`).
+def load_source(name: str, data_dir: str | Path | None = None, verify: bool = True) -> Source:
+    """Load dataset `name` (one of `SOURCE_NAMES`) from `data_dir` (default: `$CLUSTERFL_DATA`,
+    else `~/.cache/clusterfl`).
+
+    `verify`: check the files against the catalog's checksums (once per file version; False
+    reads files of one's own under the catalog's names).
 
     Raises:
         ConfigError: unknown name.
-        DataError: files missing, truncated or malformed (the message names the file and the
-            `clusterfl data ...` command that fixes it).
+        DataError: files missing, truncated, malformed or not the catalog's (the message names
+            the file, the data folder and where it came from, and the setting or `clusterfl
+            data ...` command that fixes it).
     """
-    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+    root, origin = resolve_data_dir(data_dir)
     loaders: dict[str, Callable[[Path], Source]] = {
         "digits": lambda _root: _load_digits(),
-        "mnist": lambda r: _load_idx_dataset("mnist", r / "mnist"),
-        "fashion_mnist": lambda r: _load_idx_dataset("fashion_mnist", r / "fashion_mnist"),
-        "cifar10": _load_cifar10,
+        "mnist": lambda r: _load_idx_dataset("mnist", r, origin, verify),
+        "fashion_mnist": lambda r: _load_idx_dataset("fashion_mnist", r, origin, verify),
+        "cifar10": lambda r: _load_cifar10(r, origin, verify),
         "synthetic_regression": lambda _root: _empty_regression_source(),
     }
     if name not in loaders:
@@ -121,11 +134,10 @@ def _file_key(path: Path) -> tuple[str, int, int]:
     return (str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
-def _missing(name: str, path: Path) -> DataError:
-    return DataError(
-        f"{name}: file not found: {path}. Run `clusterfl data download {name}` "
-        f"(or set CLUSTERFL_DATA to the folder that contains {path.parent.name}/)."
-    )
+def _missing(name: str, path: Path, root: Path | None = None, origin: str = "") -> DataError:
+    if root is None:  # a file read directly (`read_idx`), no data folder to speak of
+        return DataError(f"{name}: file not found: {path}. Run `clusterfl data download {name}`.")
+    return DataError(f"{name}: file not found: {path}; {where_to_put(name, root, origin)}.")
 
 
 def _corrupt(name: str, path: Path, why: str) -> DataError:
@@ -204,13 +216,17 @@ def stratified_test_mask(labels: np.ndarray, fraction: float, seed: int) -> np.n
 # ---------------------------------------------------------------------- IDX (MNIST family)
 
 
-def _load_idx_dataset(name: str, folder: Path) -> Source:
+def _load_idx_dataset(name: str, root: Path, origin: str, verify: bool) -> Source:
+    folder = root / name
     paths = {key: folder / fname for key, fname in IDX_FILES.items()}
     for path in paths.values():
         if not path.is_file():
-            raise _missing(name, path)
+            raise _missing(name, path, root, origin)
     keys = tuple(_file_key(paths[k]) for k in ("x_train", "y_train", "x_test", "y_test"))
-    return _decode_idx_dataset(name, keys)
+    source = _decode_idx_dataset(name, keys)  # a malformed file is named by the reader first
+    if verify:
+        check_known_files(name, paths.values())
+    return source
 
 
 @functools.lru_cache(maxsize=8)
@@ -259,21 +275,22 @@ def read_idx(path: Path, ndim: int, name: str = "dataset") -> np.ndarray:
 # ---------------------------------------------------------------------- CIFAR-10
 
 
-def _load_cifar10(root: Path) -> Source:
+def _load_cifar10(root: Path, origin: str = "default", verify: bool = True) -> Source:
     folder = root / "cifar10"
     extracted, archive = folder / CIFAR_DIR, folder / CIFAR_TAR
-    if extracted.is_dir():
+    if extracted.is_dir():  # the catalog has no checksums of the extracted batches
         names = (*CIFAR_TRAIN_BATCHES, CIFAR_TEST_BATCH)
         for batch in names:
             if not (extracted / batch).is_file():
-                raise _missing("cifar10", extracted / batch)
+                raise _missing("cifar10", extracted / batch, root, origin)
         return _decode_cifar_dir(tuple(_file_key(extracted / b) for b in names))
     if archive.is_file():
-        return _decode_cifar_tar(_file_key(archive))
-    raise DataError(
-        f"cifar10: neither {archive} nor {extracted}/ found. Run `clusterfl data download cifar10` "
-        "(or set CLUSTERFL_DATA to the folder that contains cifar10/)."
-    )
+        source = _decode_cifar_tar(_file_key(archive))
+        if verify:
+            check_known_files("cifar10", [archive])
+        return source
+    raise DataError(f"cifar10: neither {archive} nor {extracted}/ found; "
+                    f"{where_to_put('cifar10', root, origin)}.")
 
 
 @functools.lru_cache(maxsize=2)

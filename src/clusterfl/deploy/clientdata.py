@@ -122,7 +122,7 @@ def _recipe_federation(recipe_json: str) -> Federation:
 
     r = json.loads(recipe_json)
     return make_federation(r["source"], r["scenario"], r["params"], seed=r["seed"],
-                           data_dir=r.get("data_dir"))
+                           data_dir=r.get("data_dir"), verify=r.get("verify", True))
 
 
 def simulated_client(recipe: dict[str, Any], client_id: int) -> tuple[Federation, int | None]:

@@ -60,6 +60,7 @@ def setup_of(config: Config) -> dict[str, Any]:
             "source": config.data.source, "scenario": config.scenario_name,
             "params": config.scenario.model_dump(), "seed": config.run.seed,
             "data_dir": config.data.data_dir,
+            **({"verify": False} if config.data.verify is False else {}),
         },
         "model": config.model.model_dump(),
         "engine": flower_settings(config).client_engine,

@@ -84,8 +84,10 @@ COLUMNS: list[Column] = [
     Column("clusters", lambda f: f.n_clusters, _integer),
     Column("floats ↓", lambda f: f.floats_down, _human),
     Column("floats ↑", lambda f: f.floats_up, _human),
+    Column("rejected", lambda f: f.rejected, _integer),
     Column("wall time (s)", lambda f: f.wall_time, _fixed(1)),
 ]
+"""`rejected`: client replies the guard's validation rejected over the whole run."""
 
 
 def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
@@ -142,6 +144,7 @@ def write_run_report(run_dir: str | Path) -> Path:
     figures = plot_run(run_dir) + method_figures(run_dir, summary)
     parts = [
         _run_header(summary, run_dir),
+        _divergence_note([summary]),
         _config_excerpt(load_config_text(run_dir)),
         "## Results\n\n" + summary_markdown([summary]),
         _extras_section(summary.extras),
@@ -185,6 +188,18 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
     return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
 
 
+def _divergence_note(summaries: Sequence[RunSummary]) -> str:
+    """A warning per diverged run ('' when none diverged)."""
+    lines = []
+    for s in summaries:
+        d = s.divergence
+        if d:
+            rounds = d.get("rounds")
+            more = f" ({rounds} diverged rounds in all)" if rounds and rounds > 1 else ""
+            lines.append(f"> **Warning: {run_label(s)} diverged.** {d.get('reason', '')}{more}")
+    return "\n>\n".join(lines) + "\n" if lines else ""
+
+
 def _known(value: Any) -> str:
     return "?" if value is None else str(value)
 
@@ -220,15 +235,18 @@ def _figure_links(figures: Sequence[Path], base: Path) -> str:
 
 
 def write_comparison_report(
-    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None
+    run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None,
+    runs_root: str | Path | None = None,
 ) -> Path:
     """Draw the comparison figures and write `out_dir/report.md`; return its path.
 
     The table keeps the order of `run_dirs`; `labels` (one per run) replace the runs' own
     names in the table and figures. The report opens with a warning when the runs were made
-    on different federations or with different training budgets (`comparison_warnings`), and
-    ends with each run's options, federation and a link to its own `report.md` (else its
-    folder).
+    on different federations or with different training budgets (`comparison_warnings`) and
+    one per diverged run, and ends with each run's options, federation and a link to its own
+    `report.md` (else its folder); with `runs_root` (run folders that do not travel with the
+    report, e.g. outside the repository) each run is named by its path under `runs_root`
+    instead, never linked.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -242,9 +260,10 @@ def write_comparison_report(
         f"# Comparison of {len(summaries)} runs\n\nFederation: "
         + ", ".join(f"`{f}`" for f in federations) + ".\n",
         "".join(f"> **Warning:** {w}\n>\n" for w in warnings).removesuffix(">\n"),
+        _divergence_note(summaries),
         "## Results\n\n" + summary_markdown(summaries),
         "## Figures\n\n" + _figure_links(figures, out_dir),
-        "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir),
+        "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir, runs_root),
     ]
     path = out_dir / REPORT_FILE
     path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
@@ -363,17 +382,22 @@ def _option_text(value: Any) -> str:
 
 
 def _run_links(run_dirs: Sequence[str | Path], summaries: Sequence[RunSummary],
-               base: Path) -> str:
-    """A table of the runs: name linked to its report (or folder), options, federation."""
+               base: Path, runs_root: str | Path | None = None) -> str:
+    """A table of the runs: name linked to its report (or folder; named by its path under
+    `runs_root` instead, never linked, when given), options, federation."""
     lines = ["| method | options | federation | folder |", "|:---|:---|:---|:---|"]
     for run_dir, summary in zip(run_dirs, summaries):
         run_dir = Path(run_dir)
-        target = run_dir / REPORT_FILE if (run_dir / REPORT_FILE).is_file() else run_dir
-        link = Path(os.path.relpath(target, base)).as_posix()
         fed, _ = run_setup(run_dir, summary)
         where = f"`{_known(summary.federation)}`, {_known(summary.n_clients)} clients" + (
             f", seed {fed['seed']}" if "seed" in fed else "")
         name = run_label(summary, run_dir).replace("[", "\\[").replace("]", "\\]")
+        if runs_root is not None:  # named by its path, never linked
+            folder = Path(os.path.relpath(run_dir, runs_root)).as_posix()
+            lines.append(_markdown_row([name, _options(run_dir), where, f"`{folder}`"]))
+            continue
+        target = run_dir / REPORT_FILE if (run_dir / REPORT_FILE).is_file() else run_dir
+        link = Path(os.path.relpath(target, base)).as_posix()
         lines.append(_markdown_row([f"[{name}](<{link}>)", _options(run_dir), where,
                                     f"`{run_dir.name}`"]))
     return "\n".join(lines) + "\n"

@@ -52,6 +52,7 @@ from clusterfl.robust.config import (
     PrivacyConfig,
     ValidationConfig,
 )
+from clusterfl.robust.divergence import RoundUpdates
 from clusterfl.robust.faults import FaultPlan, RoundFaults, straggler_requests
 from clusterfl.robust.privacy import clip_rows, epsilon, noise_rows
 from clusterfl.robust.validate import Rejection, check_reply
@@ -96,6 +97,12 @@ class Guard:
             frozenset(), frozenset())
         self._request_no = 0
         self._events = {"dropped": set(), "stragglers": set(), "rejected": [], "clipped": 0}
+        self._updates = RoundUpdates()
+
+    def round_updates(self) -> RoundUpdates:
+        """The round's training / gradient replies: uploaded, kept, losses, rejections (for
+        `clusterfl.robust.divergence.diagnose`)."""
+        return self._updates
 
     def end_round(self) -> dict[str, Any]:
         """What happened in the round (JSON-able), for the history record."""
@@ -124,14 +131,21 @@ class Guard:
         silent = set(np.asarray(sent.clients).tolist()) - set(reply.clients.tolist())
         self._events["dropped"].update(int(c) for c in silent)
         uploaded = len(reply.clients)
+        update = isinstance(sent, TrainRequest | GradientRequest)
         if isinstance(sent, TrainRequest | GradientRequest) and uploaded:
             reply = self._attack(sent, reply)
+            self._updates.uploaded += uploaded
+            self._updates.losses.extend(_losses(reply, uploaded))
         if uploaded:
             keep, rejected = check_reply(sent, reply, self.validation)
             self._events["rejected"].extend(rejected)
             self.totals["rejected"] += len(rejected)
+            if update:
+                self._updates.rejected.update(r.reason for r in rejected)
             if not keep.all():
                 reply = subset(reply, np.flatnonzero(keep)) if keep.any() else empty_reply(sent)
+        if update:
+            self._updates.kept += len(reply.clients)
         if self.privacy.clip is not None and isinstance(sent, TrainRequest | GradientRequest):
             reply = self._privatize(sent, reply)
         return reply, int(reachable.sum()), uploaded
@@ -251,6 +265,12 @@ class Guard:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.totals = dict(state["totals"])
+
+
+def _losses(reply: Reply, n: int) -> list[float]:
+    """The training losses of an update reply's n rows ([] when it has not one per row)."""
+    loss = np.asarray(getattr(reply, "loss", ()), dtype=np.float64).ravel()
+    return loss.tolist() if len(loss) == n else []
 
 
 __all__ = ["Guard", "Rejection"]

@@ -1,0 +1,146 @@
+"""A diverged run says so: a warning naming the round and the likely cause, `divergence` in
+summary.json, rejected updates in the tables, and a non-zero exit with --fail-on-divergence."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from clusterfl.bench import BenchError, load_suite, run_suite
+from clusterfl.cli import DIVERGED_EXIT, main
+from clusterfl.config import dump_toml
+from clusterfl.experiment import Experiment
+from clusterfl.records import read_summary
+from clusterfl.report import summary_markdown, write_run_report
+from clusterfl.robust.divergence import RoundUpdates, diagnose, loss_scale
+
+TINY = {
+    "seed": 0, "rounds": 3, "eval_every": 1, "checkpoint_every": 0,
+    "data": {"source": "digits"},
+    "scenario": {"name": "rotation", "n_clients": 6, "angles": [0, 180]},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"lr": 0.1, "batch_size": 16, "steps": 5},
+    "algorithm": {"name": "fedavg"},
+    "output": {"figures": False, "progress": "off"},
+}
+EXPLODING = {**TINY, "train": {**TINY["train"], "lr": 1e6}}
+
+
+# ------------------------------------------------------------------ the diagnosis
+
+
+def test_every_update_rejected_names_the_round_reason_and_cause():
+    found = diagnose(3, RoundUpdates(uploaded=8, kept=0, losses=[math.nan] * 8,
+                                     rejected=Counter({"non_finite": 8})), math.log(10))
+    assert found is not None and found.kind == "rejected" and found.round == 3
+    assert found.reason.startswith("round 3: every update was rejected (non_finite)")
+    assert "learning rate too high?" in found.reason
+
+
+def test_non_finite_and_exploding_losses_and_healthy_rounds():
+    scale = loss_scale("classification", 10)
+    assert scale == pytest.approx(math.log(10))
+    nan_half = RoundUpdates(uploaded=4, kept=4, losses=[math.nan, math.inf, 1.0, 2.0])
+    assert diagnose(2, nan_half, scale).kind == "non_finite_loss"  # type: ignore[union-attr]
+    huge = RoundUpdates(uploaded=3, kept=3, losses=[1e5, 2e5, 3.0])
+    found = diagnose(1, huge, scale)
+    assert found is not None and found.kind == "exploding_loss" and "round 1" in found.reason
+    assert diagnose(1, RoundUpdates(uploaded=3, kept=3, losses=[2.3, 1.0, 5.0]), scale) is None
+    assert diagnose(1, RoundUpdates(), scale) is None  # no update this round: nothing to say
+    assert diagnose(1, RoundUpdates(uploaded=2, kept=1, losses=[1.0, 2.0],
+                                    rejected=Counter({"norm": 1})), scale) is None
+    assert loss_scale("regression", 1, 0.0) is None  # unknown scale: no "exploding" check
+
+
+# ------------------------------------------------------------------ a run
+
+
+def test_lr_1e6_is_reported_in_the_summary_and_on_stderr(tmp_path, capsys):
+    history = Experiment.from_config(EXPLODING, out_dir=tmp_path).run(progress=False)
+    err = capsys.readouterr().err
+    assert "warning: round 1: the training loss exploded" in err
+    assert "learning rate too high?" in err and err.count("warning") == 1  # once per run
+    div = history.summary.divergence
+    assert div is not None and div["round"] == 1 and div["kind"] == "exploding_loss"
+    assert div["rounds"] == 3
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["divergence"]["round"] == 1 and "reason" in on_disk["divergence"]
+    assert on_disk["final"]["rejected"] == 0
+
+
+def test_a_healthy_run_has_no_divergence_and_counts_rejections(tmp_path):
+    history = Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
+    assert history.summary.divergence is None
+    assert "divergence" not in json.loads((tmp_path / "summary.json").read_text())
+    assert history.summary.final.rejected == 0
+
+
+def test_every_update_rejected_when_the_lr_is_infinite(tmp_path, capsys):
+    exp = Experiment.from_config(TINY, out_dir=tmp_path)
+    exp.config.train.lr = math.inf  # what `lr = inf` did before the config refused it
+    history = exp.run(progress=False)
+    div = history.summary.divergence
+    assert div is not None and div["kind"] == "rejected" and div["round"] == 1
+    assert div["reason"] == ("round 1: every update was rejected (non_finite) — learning rate "
+                             "too high? (train.lr)")
+    assert history.summary.final.rejected == 3 * 6  # every client, every round
+    assert "round 1: every update was rejected (non_finite)" in capsys.readouterr().err
+    table = summary_markdown([history.summary])
+    assert "| rejected |" in table and "| 18 |" in table
+    report = write_run_report(tmp_path).read_text()
+    assert "Warning: " in report and "every update was rejected" in report
+
+
+def test_divergence_survives_a_resume(tmp_path):
+    cfg = {**EXPLODING, "rounds": 4, "checkpoint_every": 2}
+    full = Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
+    again = Experiment.from_config(cfg, out_dir=tmp_path).run(resume=True, progress=False)
+    assert again.summary.divergence == full.summary.divergence
+    assert again.summary.final.rejected == full.summary.final.rejected
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_fail_on_divergence_exits_non_zero(tmp_path, capsys):
+    path = tmp_path / "lr.toml"
+    path.write_text(dump_toml(EXPLODING))
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "rejected" in out  # the results table has the column
+    assert "diverged: round 1:" in err
+    code = main(["run", str(path), "--out", str(tmp_path / "b"), "--quiet",
+                 "--fail-on-divergence"])
+    assert code == DIVERGED_EXIT != 0
+    assert "1 of 1 run(s) diverged" in capsys.readouterr().err
+    assert read_summary(tmp_path / "b").divergence is not None  # results are kept
+    path.write_text(dump_toml(TINY))
+    assert main(["run", str(path), "--out", str(tmp_path / "c"), "--quiet",
+                 "--fail-on-divergence"]) == 0
+
+
+def test_lr_inf_is_refused_at_validation(tmp_path, capsys):
+    path = tmp_path / "inf.toml"
+    path.write_text(dump_toml(TINY).replace("lr = 0.1", "lr = inf"))
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clusterfl: error: train.lr:") and "finite number" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_fails_on_a_diverged_run_and_keeps_it(tmp_path: Path):
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    suite = {"title": "exploding", "seeds": [0], "methods": ["fedavg"]}
+    (folder / "lr.toml").write_text(dump_toml({"suite": suite, "config": EXPLODING}))
+    scenarios, runs, logs = load_suite(folder), tmp_path / "runs", []
+    with pytest.raises(BenchError, match="diverged: round 1"):
+        run_suite(scenarios, runs, log=logs.append)
+    assert any("DIVERGED" in m for m in logs)
+    with pytest.raises(BenchError, match="diverged"):  # finished before: still a failure
+        run_suite(scenarios, runs, log=logs.append)
+    run_suite(scenarios, runs, log=logs.append, fail_on_divergence=False)
