@@ -35,7 +35,7 @@ def _console() -> Console:
 
     con = Console(highlight=False)
     if not con.is_terminal:
-        con = Console(highlight=False, width=160)
+        con = Console(highlight=False, width=200)
     return con
 
 

@@ -144,7 +144,7 @@ def _print_results(summary: RunSummary, out: str) -> None:
 
     con = Console(highlight=False)
     if not con.is_terminal:
-        con = Console(highlight=False, width=160)
+        con = Console(highlight=False, width=200)
     con.print(summary_table([summary]))
     con.print(f"results in {out}/")
 

@@ -70,7 +70,8 @@ def test_run_into_a_used_folder_needs_overwrite(tmp_path, monkeypatch):
     with pytest.raises(ClusterFLError, match="--overwrite"):
         args.func(args)
     started: list[str] = []
-    monkeypatch.setattr(cli_flower, "_run_local", lambda *a: started.append("local") or 0)
+    monkeypatch.setattr(cli_flower, "_run_local", lambda *a: started.append("local"))
+    monkeypatch.setattr(cli_flower, "_print_results", lambda *a: None)
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(out), "--mode", "local",
                    "--overwrite"])
     assert args.func(args) == 0 and started == ["local"] and not any(out.iterdir())
