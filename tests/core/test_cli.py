@@ -14,6 +14,7 @@ import pytest
 
 from clusterfl.cli import DEMO_METHODS, main
 from clusterfl.config import dump_toml
+from tests.tiny import tiny_config
 
 #: what building the parser must not import (each costs a second or more of CPU)
 HEAVY = ("torch", "numpy", "matplotlib", "flwr", "sklearn", "clusterfl.experiment",
@@ -22,14 +23,7 @@ HEAVY = ("torch", "numpy", "matplotlib", "flwr", "sklearn", "clusterfl.experimen
 HELP_SECONDS = 2.5
 SAFE_NAME = re.compile(r"[A-Za-z0-9_=.-]+")
 
-TINY = {
-    "seed": 0, "rounds": 2, "eval_every": 1, "checkpoint_every": 0,
-    "data": {"source": "digits"},
-    "scenario": {"name": "rotation", "n_clients": 4, "angles": [0, 180]},
-    "model": {"name": "mlp", "hidden": [8]},
-    "train": {"lr": 0.1, "batch_size": 16, "steps": 2},
-    "output": {"figures": False, "progress": "off"},
-}
+TINY = tiny_config()
 
 
 def _write(path: Path, **changes: object) -> str:

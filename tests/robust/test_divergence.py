@@ -17,16 +17,9 @@ from clusterfl.experiment import Experiment
 from clusterfl.records import read_summary
 from clusterfl.report import summary_markdown, write_run_report
 from clusterfl.robust.divergence import RoundUpdates, diagnose, loss_scale
+from tests.tiny import tiny_config
 
-TINY = {
-    "seed": 0, "rounds": 3, "eval_every": 1, "checkpoint_every": 0,
-    "data": {"source": "digits"},
-    "scenario": {"name": "rotation", "n_clients": 6, "angles": [0, 180]},
-    "model": {"name": "mlp", "hidden": [16]},
-    "train": {"lr": 0.1, "batch_size": 16, "steps": 5},
-    "algorithm": {"name": "fedavg"},
-    "output": {"figures": False, "progress": "off"},
-}
+TINY = tiny_config(rounds=3, n_clients=6, hidden=16, steps=5, algorithm={"name": "fedavg"})
 EXPLODING = {**TINY, "train": {**TINY["train"], "lr": 1e6}}
 
 
