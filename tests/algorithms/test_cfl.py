@@ -59,7 +59,7 @@ def accuracy(predictor: Any, ctx: Context) -> np.ndarray:
 
 # thresholds from the norms of these blob federations: incongruent clients keep a max update
 # norm of ~0.5 while the mean falls below 0.1; congruent ones fall below 0.2 together
-BLOB = {"eps1": 0.1, "eps2": 0.3}
+BLOB = {"split_rule": "epsilon", "eps1": 0.1, "eps2": 0.3}
 
 
 # ---------------------------------------------------------------------------- clustering
@@ -140,7 +140,7 @@ def test_weighted_cfl_before_any_split_is_fedavg():
     """Eq. (2): until the first split, CFL with weighted aggregation is FedAvg."""
     fed = blob_federation(n_clients=6, n_clusters=2)  # unequal client sizes
     ctx = make_ctx(fed)
-    alg = CFL(CFLConfig(eps1=1e-9))
+    alg = CFL(CFLConfig(split_rule="epsilon", eps1=1e-9))
     alg.setup(ctx)
     ref_ctx = make_ctx(fed)
     ref_ctx.rng.bit_generator.state = ctx.rng.bit_generator.state
@@ -150,7 +150,7 @@ def test_weighted_cfl_before_any_split_is_fedavg():
         alg.run_round(ctx, t)
         ref.run_round(ref_ctx, t)
     torch.testing.assert_close(alg.model_of(0), ref.state.model[0], atol=1e-6, rtol=0)
-    unweighted = CFL(CFLConfig(eps1=1e-9, aggregation="mean"))
+    unweighted = CFL(CFLConfig(split_rule="epsilon", eps1=1e-9, aggregation="mean"))
     u_ctx = make_ctx(fed)
     run(unweighted, u_ctx, 3)
     assert (unweighted.model_of(0) - ref.state.model[0]).abs().max() > 1e-5
@@ -324,7 +324,7 @@ LABEL_SWAP = {
                  "n_train_per_client": 150},
     "model": {"name": "mlp", "hidden": [32]},
     "train": {"lr": 0.1, "batch_size": 20, "epochs": 3},
-    "algorithm": {"name": "cfl", "eps1": 0.35, "eps2": 0.6},
+    "algorithm": {"name": "cfl", "split_rule": "epsilon", "eps1": 0.35, "eps2": 0.6},
     "output": {"figures": False, "progress": "off"},
 }
 

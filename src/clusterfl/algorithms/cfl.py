@@ -58,24 +58,28 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
+    Cohesion,
     bipartition,
+    cohesion,
     cross_cosine,
     gamma_bound,
     gamma_criterion,
     pairwise_cosine,
     separation_gap,
+    stationarity_ratio,
 )
 from clusterfl.protocol import (
     LocalTraining,
@@ -96,12 +100,28 @@ class CFLConfig(AlgorithmConfig):
     """Settings of CFL (Sattler et al. 2020, Algorithm 5). Defaults: see the module docstring."""
 
     name: Literal["cfl"] = "cfl"
+    split_rule: Literal["auto", "epsilon"] = Field(
+        "auto", description="'auto': our scale-free rule (stationarity ratio, cohesion of the "
+        "optimal bipartition, patience); 'epsilon': the paper's eqs. 30-31 with eps1, eps2. "
+        "Setting eps1 or eps2 without split_rule selects 'epsilon'")
     eps1: float = Field(
-        0.4, gt=0.0, description="split only if the cluster's mean update norm is below ε1 "
-        "(eq. 30; authors' code 0.4)")
+        0.4, gt=0.0, description="epsilon rule: split only if the cluster's mean update norm "
+        "is below ε1 (eq. 30; authors' code 0.4, the paper gives no number)")
     eps2: float = Field(
-        1.6, gt=0.0, description="... and the largest client update norm exceeds ε2 "
-        "(eq. 31; authors' code 1.6)")
+        1.6, gt=0.0, description="epsilon rule: ... and the largest client update norm "
+        "exceeds ε2 (eq. 31; authors' code 1.6, the paper gives no number)")
+    stationarity_max: float = Field(
+        0.5, gt=0.0, le=1.0, description="auto rule: split only if ‖mean update‖ / mean "
+        "client update norm is below this")
+    separation: float = Field(
+        0.5, ge=0.0, le=1.0, description="auto rule: ... and the mean cross similarity of "
+        "the optimal bipartition is below this × the smaller mean within-side similarity")
+    min_side: int = Field(
+        2, ge=1, description="auto rule: ... and each side of the bipartition has at least "
+        "this many clients")
+    patience: int = Field(
+        3, ge=1, description="auto rule: ... in this many consecutive rounds of the cluster "
+        "(the split uses the last round's bipartition)")
     gamma_max: float = Field(
         0.0, ge=0.0, lt=1.0, description="accept a bipartition only if "
         "sqrt((1 - α_cross_max)/2) > γ_max (eq. 36; 0 = accept all, like the authors' code)")
@@ -125,6 +145,20 @@ class CFLConfig(AlgorithmConfig):
     lr_decay: float = Field(
         1.0, gt=0.0, le=1.0, description="local learning rate × lr_decay^(t-1) in round t "
         "(authors' code: 0.99)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epsilon_if_eps_given(cls, data: Any) -> Any:
+        """eps1/eps2 given without a split rule: the epsilon rule they belong to; eps given with
+        split_rule = "auto" is a contradiction, not something to ignore silently."""
+        if not isinstance(data, dict) or not ({"eps1", "eps2"} & set(data)):
+            return data
+        if "split_rule" not in data:
+            return {**data, "split_rule": "epsilon"}
+        if data["split_rule"] == "auto":
+            raise ValueError("eps1/eps2 apply to split_rule = 'epsilon' only; drop them or set "
+                             "split_rule = 'epsilon'")
+        return data
 
 
 # ====================================================================== the parameter tree
@@ -283,6 +317,18 @@ class ClientSide:
 # ====================================================================== the method
 
 
+def _finite(x: float) -> float | None:
+    """A float for the history (JSON has no NaN): None when undefined."""
+    return None if math.isnan(x) else float(x)
+
+
+def _within_min(c: Cohesion) -> float:
+    """The smaller within-side mean; a side of one client counts as 1 (α_ii = 1, the
+    convention of eq. (19)), so only `min_side` keeps single clients from splitting off."""
+    sides = [w for w in (c.within_first, c.within_second) if not math.isnan(w)]
+    return min(sides) if sides else 1.0
+
+
 @dataclass
 class Placement:
     """Where Algorithm 4 put a new client: its leaf, the path, and α_0/α_1 at each level."""
@@ -307,6 +353,8 @@ class _ClusterStep:
     similarity: np.ndarray | None
     split: Bipartition | None
     gap: float | None
+    stationarity: float = math.nan
+    cohesion: Cohesion | None = None
 
 
 @dataclass
@@ -320,6 +368,8 @@ class CFLState:
     pending: dict[int, int] = field(default_factory=dict)
     #: keep_best: the node each client predicts with (None: its leaf or pending node)
     choice: np.ndarray | None = None
+    #: auto split rule: cluster (node id) → consecutive rounds its split test has passed
+    streak: dict[int, int] = field(default_factory=dict)
 
 
 class CFL(Algorithm[CFLConfig, CFLState]):
@@ -382,14 +432,16 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         present[who] = True
         steps = [self._examine(v, updates, n_samples, present, ctx.true_clusters)
                  for v in leaves]
-        events = [self._decide(s, t) for s in steps]
+        decisions = [self._decide(s, t) for s in steps]
+        events = [e for e, _ in decisions]
         for s, event in zip(steps, events):
             if event is None or not event["accepted"]:
                 s.node.model = s.node.model + s.mean
             else:
                 self._split(s, event, t)
         self._refresh_choice(ctx)
-        return {**self._extras(steps, events, reply.loss), "placed": placed,
+        return {**self._extras(steps, events, reply.loss),
+                "refused": [r for _, r in decisions], "placed": placed,
                 "pending": sorted(self.state.pending)}
 
     def _examine(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
@@ -403,27 +455,76 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         weights = self._weights(n_samples[members])
         mean = weighted_mean(own, weights)
         norms = torch.linalg.vector_norm(own.double(), dim=1)
-        sim, split, gap = None, None, None
+        sim, split, gap, coh = None, None, None, None
         if len(members) >= 2:
             sim = pairwise_cosine(own)
             split = bipartition(sim, self.config.bipartition)
+            coh = cohesion(sim, split.first, split.second)
             if truth is not None:
                 gap = separation_gap(sim, np.asarray(truth)[members])
         return _ClusterStep(node, members, own, weights, mean,
                             float(torch.linalg.vector_norm(mean.double())),
-                            float(norms.max()), sim, split, gap)
+                            float(norms.max()), sim, split, gap,
+                            stationarity_ratio(own, weights), coh)
 
-    def _decide(self, s: _ClusterStep, t: int) -> dict[str, Any] | None:
-        """The split test of Alg. 5 lines 14-18 for one cluster; None if not a candidate."""
+    def _decide(self, s: _ClusterStep, t: int) -> tuple[dict[str, Any] | None, str | None]:
+        """The split test of one cluster: (the split event or None if the cluster is no
+        candidate, why it does not split or None if it does)."""
         c = self.config
-        if (s.split is None or t <= c.warmup_rounds or len(s.members) < c.min_split_size
-                or not (s.mean_norm < c.eps1 and s.max_norm > c.eps2)):
-            return None
-        return {
+        if s.split is None:
+            return None, "fewer than 2 clients answered"
+        if t <= c.warmup_rounds:
+            return None, "warm-up"
+        if len(s.members) < c.min_split_size:
+            return None, "fewer than min_split_size clients"
+        if c.split_rule == "epsilon":
+            return self._decide_epsilon(s)
+        return self._decide_auto(s)
+
+    def _decide_epsilon(self, s: _ClusterStep) -> tuple[dict[str, Any] | None, str | None]:
+        """Alg. 5 lines 14-18: ‖Δθ_c‖ < ε1 (eq. 30), max_i ‖Δθ_i‖ > ε2 (eq. 31), γ (eq. 36)."""
+        c = self.config
+        assert s.split is not None
+        if not s.mean_norm < c.eps1:
+            return None, "mean norm ≥ eps1"
+        if not s.max_norm > c.eps2:
+            return None, "max norm ≤ eps2"
+        event = {
             "node": s.node.id, "alpha_cross_max": s.split.max_cross,
             "gamma_bound": gamma_bound(s.split.max_cross),
             "accepted": gamma_criterion(s.split.max_cross, c.gamma_max),
         }
+        return event, None if event["accepted"] else "gamma"
+
+    def _decide_auto(self, s: _ClusterStep) -> tuple[dict[str, Any] | None, str | None]:
+        """Our rule (not the paper's): stationary enough, a bipartition with cohesive sides
+        that are far apart, γ (eq. 36), all of it in `patience` consecutive rounds."""
+        c = self.config
+        assert s.split is not None and s.cohesion is not None
+        node = s.node.id
+        reason = None
+        if not s.stationarity < c.stationarity_max:  # NaN (all updates zero) refuses too
+            reason = "not stationary"
+        elif min(len(s.split.first), len(s.split.second)) < c.min_side:
+            reason = "side below min_side"
+        elif not s.cohesion.cross < c.separation * _within_min(s.cohesion):
+            reason = "sides not separated"
+        elif not gamma_criterion(s.split.max_cross, c.gamma_max):
+            reason = "gamma"
+        if reason is not None:
+            self.state.streak.pop(node, None)
+            return None, reason
+        streak = self.state.streak[node] = self.state.streak.get(node, 0) + 1
+        if streak < c.patience:
+            return None, f"patience {streak}/{c.patience}"
+        del self.state.streak[node]
+        return {
+            "node": node, "alpha_cross_max": s.split.max_cross,
+            "gamma_bound": gamma_bound(s.split.max_cross), "accepted": True,
+            "stationarity": s.stationarity, "within": [s.cohesion.within_first,
+                                                       s.cohesion.within_second],
+            "cross": s.cohesion.cross, "streak": streak,
+        }, None
 
     def _split(self, s: _ClusterStep, event: dict[str, Any], t: int) -> None:
         assert s.split is not None and s.similarity is not None
@@ -451,6 +552,12 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             "max_norm": [s.max_norm for s in steps],
             "alpha_cross_max": [None if s.split is None else s.split.max_cross for s in steps],
             "gap": [s.gap for s in steps],
+            "stationarity": [_finite(s.stationarity) for s in steps],
+            "within_mean": [None if s.cohesion is None else
+                            [_finite(s.cohesion.within_first),
+                             _finite(s.cohesion.within_second)] for s in steps],
+            "cross_mean": [None if s.cohesion is None else _finite(s.cohesion.cross)
+                           for s in steps],
             "max_mean_norm": max(s.mean_norm for s in steps),
             "max_client_norm": max(s.max_norm for s in steps),
             "split": any(e["accepted"] for e in done),
