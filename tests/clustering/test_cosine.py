@@ -203,7 +203,7 @@ def test_cohesion_matches_brute_force_means():
         labels[0], labels[-1] = 0, 1
         first, second = np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
 
-        def mean_over(pairs: list[tuple[int, int]]) -> float:
+        def mean_over(pairs: list[tuple[int, int]], sim: np.ndarray = sim) -> float:
             return sum(sim[i, j] for i, j in pairs) / len(pairs) if pairs else math.nan
 
         within = [mean_over([(i, j) for i in g for j in g if i != j]) for g in (first, second)]
