@@ -120,8 +120,8 @@ class CFLConfig(AlgorithmConfig):
         2, ge=1, description="auto rule: ... and each side of the bipartition has at least "
         "this many clients")
     patience: int = Field(
-        3, ge=1, description="auto rule: ... in this many consecutive rounds of the cluster "
-        "(the split uses the last round's bipartition)")
+        3, ge=1, description="auto rule: ... in this many consecutive rounds of the cluster, "
+        "with bipartitions that are all unions of the same blocks of >= min_side clients")
     gamma_max: float = Field(
         0.0, ge=0.0, lt=1.0, description="accept a bipartition only if "
         "sqrt((1 - α_cross_max)/2) > γ_max (eq. 36; 0 = accept all, like the authors' code)")
@@ -322,6 +322,18 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
+def _meet(blocks: list[list[int]] | None, sides: list[list[int]],
+          min_side: int) -> list[list[int]] | None:
+    """The common refinement of earlier candidate `blocks` and this round's bipartition, if
+    it covers the same clients and every block keeps at least `min_side` clients; else None
+    (the candidates disagree: the streak starts again)."""
+    if blocks is None or sorted(c for b in blocks for c in b) != sorted(sides[0] + sides[1]):
+        return None
+    out = [[c for c in b if c in side] for b in blocks for side in map(set, sides)]
+    out = [b for b in out if b]
+    return out if all(len(b) >= min_side for b in out) else None
+
+
 def _within_min(c: Cohesion) -> float:
     """The smaller within-side mean; a side of one client counts as 1 (α_ii = 1, the
     convention of eq. (19)), so only `min_side` keeps single clients from splitting off."""
@@ -369,7 +381,10 @@ class CFLState:
     #: keep_best: the node each client predicts with (None: its leaf or pending node)
     choice: np.ndarray | None = None
     #: auto split rule: cluster (node id) → consecutive rounds its split test has passed
+    #: with consistent bipartitions ...
     streak: dict[int, int] = field(default_factory=dict)
+    #: ... and the blocks (client ids) that all those bipartitions are unions of
+    candidate: dict[int, list[list[int]]] = field(default_factory=dict)
 
 
 class CFL(Algorithm[CFLConfig, CFLState]):
@@ -498,7 +513,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
 
     def _decide_auto(self, s: _ClusterStep) -> tuple[dict[str, Any] | None, str | None]:
         """Our rule (not the paper's): stationary enough, a bipartition with cohesive sides
-        that are far apart, γ (eq. 36), all of it in `patience` consecutive rounds."""
+        that are far apart, γ (eq. 36), all of it in `patience` consecutive rounds whose
+        bipartitions are unions of common blocks of at least `min_side` clients (noise
+        gives a new cut every round; distinct distributions give unions of the same groups)."""
         c = self.config
         assert s.split is not None and s.cohesion is not None
         node = s.node.id
@@ -513,11 +530,16 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             reason = "gamma"
         if reason is not None:
             self.state.streak.pop(node, None)
+            self.state.candidate.pop(node, None)
             return None, reason
-        streak = self.state.streak[node] = self.state.streak.get(node, 0) + 1
+        sides = [s.members[s.split.first].tolist(), s.members[s.split.second].tolist()]
+        blocks = _meet(self.state.candidate.get(node), sides, c.min_side)
+        streak = 1 if blocks is None else self.state.streak.get(node, 0) + 1
+        self.state.streak[node] = streak
+        self.state.candidate[node] = sides if blocks is None else blocks
         if streak < c.patience:
             return None, f"patience {streak}/{c.patience}"
-        del self.state.streak[node]
+        del self.state.streak[node], self.state.candidate[node]
         return {
             "node": node, "alpha_cross_max": s.split.max_cross,
             "gamma_bound": gamma_bound(s.split.max_cross), "accepted": True,
