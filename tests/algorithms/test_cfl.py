@@ -298,6 +298,63 @@ def test_keep_best_picks_the_best_model_on_the_path():
         assert choice[c] in alg.tree.path(int(alg.assignment()[c]))
 
 
+# ---------------------------------------------------------------------------- the auto rule
+
+
+def tiny_rotation(angles: list[int], seed: int = 0) -> dict[str, Any]:
+    """A demo-like federation (digits, rotation groups), 8 clients, CFL with its defaults."""
+    return {"seed": seed, "rounds": 40, "eval_every": 40, "checkpoint_every": 0,
+            "data": {"source": "digits"},
+            "scenario": {"name": "rotation", "n_clients": 8, "angles": angles},
+            "model": {"name": "mlp", "hidden": [32]},
+            "train": {"lr": 0.1, "momentum": 0.5, "batch_size": 16, "epochs": 1},
+            "algorithm": {"name": "cfl"}, "output": {"figures": False, "progress": "off"}}
+
+
+def test_auto_rule_is_the_default_and_finds_the_rotation_groups(tmp_path: Path):
+    assert CFLConfig().split_rule == "auto"
+    history = Experiment.from_config(tiny_rotation([0, 90, 180, 270]), out_dir=tmp_path).run()
+    last = history.records[-1]
+    assert last.ari == 1.0 and last.n_clusters == 4
+    splits = [r for r in history.records if r.extras["split"]]
+    assert len(splits) == 3
+    for r in splits:  # every accepted split met the rule, with the extras to show it
+        e, ev = r.extras, r.extras["splits"][0]
+        k = e["clusters"].index(ev["node"])
+        assert e["refused"][k] is None and e["stationarity"][k] < 0.5
+        assert e["cross_mean"][k] < 0.5 * min(e["within_mean"][k]) and ev["streak"] == 3
+    # the rounds before a split count the patience, with the reason recorded
+    before = history.records[splits[0].round - 2].extras
+    assert before["refused"][0] == "patience 2/3"
+
+
+def test_auto_rule_does_not_split_an_iid_federation(tmp_path: Path):
+    history = Experiment.from_config(tiny_rotation([0]), out_dir=tmp_path).run()
+    assert all(r.n_clusters == 1 for r in history.records)
+    reasons = {x for r in history.records for x in r.extras["refused"]}
+    assert "not stationary" in reasons and None not in reasons
+
+
+def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():
+    assert CFLConfig(eps1=0.2).split_rule == "epsilon"
+    assert CFLConfig(eps2=0.2, split_rule="epsilon").split_rule == "epsilon"
+    assert CFLConfig(patience=5).split_rule == "auto"
+    with pytest.raises(ValueError, match="split_rule"):
+        CFLConfig(eps1=0.2, split_rule="auto")
+    dumped = CFLConfig().model_dump()  # what config.toml holds: loads again, still auto
+    assert CFLConfig(**dumped).split_rule == "auto"
+
+
+def test_meet_of_candidate_bipartitions():
+    from clusterfl.algorithms.cfl import _meet
+    assert _meet(None, [[0, 1], [2, 3]], 2) is None
+    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # a union of the same groups: kept, refined
+    assert _meet(blocks, [[0, 1, 2, 3, 4, 5], [6, 7]], 2) == [[0, 1, 2, 3], [4, 5], [6, 7]]
+    assert _meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2) is None  # cuts off a single client
+    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) is None  # other clients answered
+
+
 # ---------------------------------------------------------------------------- config
 
 

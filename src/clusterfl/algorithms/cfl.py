@@ -149,13 +149,16 @@ class CFLConfig(AlgorithmConfig):
     @model_validator(mode="before")
     @classmethod
     def _epsilon_if_eps_given(cls, data: Any) -> Any:
-        """eps1/eps2 given without a split rule: the epsilon rule they belong to; eps given with
-        split_rule = "auto" is a contradiction, not something to ignore silently."""
+        """eps1/eps2 given without a split rule: the epsilon rule they belong to. Values other
+        than the defaults with split_rule = "auto" are a contradiction, not something to ignore
+        silently (a dumped config of an auto run carries the defaults and loads again)."""
         if not isinstance(data, dict) or not ({"eps1", "eps2"} & set(data)):
             return data
         if "split_rule" not in data:
             return {**data, "split_rule": "epsilon"}
-        if data["split_rule"] == "auto":
+        default = {"eps1": 0.4, "eps2": 1.6}
+        if data["split_rule"] == "auto" and any(
+                k in data and data[k] != v for k, v in default.items()):
             raise ValueError("eps1/eps2 apply to split_rule = 'epsilon' only; drop them or set "
                              "split_rule = 'epsilon'")
         return data
