@@ -246,8 +246,8 @@ def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, fl
     reasons = refusal_series(records)
     names = sorted({y for _, ys in reasons.values() for y in ys}, key=lambda v: (v == "split", v))
     row = {name: i for i, name in enumerate(names)}
-    for node, (x, ys) in reasons.items():
-        ax_w.scatter(x, [row[y] + 0.08 * (list(reasons).index(node) % 4) for y in ys], s=9,
+    for k, (node, (xs, ys)) in enumerate(reasons.items()):
+        ax_w.scatter(xs, [row[y] + 0.08 * (k % 4) for y in ys], s=9,
                      color=colors.get(node, "k"))
     ax_w.set_yticks(range(len(names)), names, fontsize="x-small")
     ax_w.set_ylabel("decision")
