@@ -348,6 +348,12 @@ def _meet(blocks: list[list[int]] | None, sides: list[list[int]],
     return out if all(len(b) >= min_side for b in out) else None
 
 
+def _within_max(c: Cohesion) -> float:
+    """The larger within-side mean (a side of one client counts as 1, as in `_within_min`)."""
+    sides = [w for w in (c.within_first, c.within_second) if not math.isnan(w)]
+    return max(sides) if len(sides) == 2 else 1.0
+
+
 def _within_min(c: Cohesion) -> float:
     """The smaller within-side mean; a side of one client counts as 1 (α_ii = 1, the
     convention of eq. (19)), so only `min_side` keeps single clients from splitting off."""
@@ -543,7 +549,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             reason = "side below min_side"
         elif not s.cohesion.cross < c.separation * _within_min(s.cohesion):
             reason = "sides not separated"
-        elif not _within_min(s.cohesion) > -s.cohesion.cross:
+        elif not _within_max(s.cohesion) > -s.cohesion.cross:
             reason = "sides not cohesive"
         elif not gamma_criterion(s.split.max_cross, c.gamma_max):
             reason = "gamma"
