@@ -32,7 +32,7 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   the mean within-side similarities ᾱ_A, ᾱ_B and cross similarity ᾱ_× of the optimal
   bipartition (Alg. 1; `clusterfl.clustering.cosine`), a cluster splits when r <
   `stationarity_max`, both sides have ≥ `min_side` clients, ᾱ_× < `separation` ·
-  min(ᾱ_A, ᾱ_B), min(ᾱ_A, ᾱ_B) > −ᾱ_× and the γ test passes, in `patience` consecutive
+  min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_× and the γ test passes, in `patience` consecutive
   rounds whose bipartitions are unions of common blocks of ≥ `min_side` clients. Constants
   (0.5, 0.5, 2, 3) chosen on a development set of federations (benchmarks/cfl/RESULTS.md).
 - γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
@@ -533,9 +533,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
 
     def _decide_auto(self, s: _ClusterStep) -> tuple[dict[str, Any] | None, str | None]:
         """Our rule (not the paper's): stationary enough, a bipartition whose sides are far
-        apart (cross < separation × within) and cohesive (within > −cross: near a stationary
-        point the updates of any cluster sum to about zero, so even pure noise has a negative
-        cross mean, about −1/(n−1); only sides more alike inside than opposed count), γ
+        apart (cross < separation × smaller within) and cohesive (larger within > −cross:
+        near a stationary point the updates of any cluster sum to about zero, so even pure
+        noise has a negative cross mean, about −1/(n−1)), γ
         (eq. 36), all of it in `patience` consecutive rounds whose bipartitions are unions of
         common blocks of at least `min_side` clients (noise gives a new cut every round;
         distinct distributions give unions of the same groups)."""
