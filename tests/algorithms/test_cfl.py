@@ -345,6 +345,24 @@ def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():
     assert CFLConfig(**dumped).split_rule == "auto"
 
 
+def test_auto_rule_state_survives_a_checkpoint():
+    """The patience streak and the candidate blocks are server state: a resumed run splits in
+    the same round as an uninterrupted one."""
+    fed = blob_federation(n_clients=8, n_clusters=2)
+    whole = CFL(CFLConfig())
+    full = run(whole, make_ctx(fed), 6)
+    first = CFL(CFLConfig())
+    ctx = make_ctx(fed)
+    head = run(first, ctx, 2)
+    assert first.state.streak  # mid-streak
+    second = CFL(CFLConfig())
+    second.setup(make_ctx(fed))
+    second.load_state_dict(first.state_dict())
+    tail = [second.run_round(ctx, t) for t in range(3, 7)]
+    assert [e["refused"] for e in head + tail] == [e["refused"] for e in full]
+    assert ari(fed.clusters, second.assignment()) == ari(fed.clusters, whole.assignment()) == 1.0
+
+
 def test_meet_of_candidate_bipartitions():
     from clusterfl.algorithms.cfl import _meet
     assert _meet(None, [[0, 1], [2, 3]], 2) is None
