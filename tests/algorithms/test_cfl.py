@@ -321,8 +321,10 @@ def test_auto_rule_is_the_default_and_finds_the_rotation_groups(tmp_path: Path):
     for r in splits:  # every accepted split met the rule, with the extras to show it
         e, ev = r.extras, r.extras["splits"][0]
         k = e["clusters"].index(ev["node"])
-        assert e["refused"][k] is None and e["stationarity"][k] < 0.5
-        assert e["cross_mean"][k] < 0.5 * min(e["within_mean"][k]) and ev["streak"] == 3
+        c = CFLConfig()
+        assert e["refused"][k] is None and e["stationarity"][k] < c.stationarity_max
+        assert e["cross_mean"][k] < c.separation * min(e["within_mean"][k])
+        assert ev["streak"] == c.patience
     # the rounds before a split count the patience, with the reason recorded
     before = history.records[splits[0].round - 2].extras
     assert before["refused"][0] == "patience 2/3"

@@ -34,7 +34,7 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   `stationarity_max`, both sides have ≥ `min_side` clients, ᾱ_× < `separation` ·
   min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_× and the γ test passes, in `patience` consecutive
   rounds whose bipartitions are unions of common blocks of ≥ `min_side` clients. Constants
-  (0.5, 0.5, 2, 3) chosen on a development set of federations (benchmarks/cfl/RESULTS.md).
+  (0.7, 0.5, 2, 3) chosen on a development set of federations (benchmarks/cfl/RESULTS.md).
 - γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
   (equivalent to γ_max = 0, which accepts any split with α_cross^max < 1).
 - `warmup_rounds` = 0 and `min_split_size` = 2 by default (Alg. 5 has neither); the authors'
@@ -122,7 +122,7 @@ class CFLConfig(AlgorithmConfig):
         1.6, gt=0.0, description="epsilon rule: ... and the largest client update norm "
         "exceeds ε2 (eq. 31; authors' code 1.6, the paper gives no number)")
     stationarity_max: float = Field(
-        0.5, gt=0.0, le=1.0, description="auto rule: split only if ‖mean update‖ / mean "
+        0.7, gt=0.0, le=1.0, description="auto rule: split only if ‖mean update‖ / mean "
         "client update norm is below this")
     separation: float = Field(
         0.5, ge=0.0, le=1.0, description="auto rule: ... and the mean cross similarity of "

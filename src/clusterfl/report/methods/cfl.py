@@ -91,7 +91,7 @@ def _thresholds(run_dir: Path) -> dict[str, float]:
     return {k: float(algo[k]) for k in ("eps1", "eps2") if k in algo}
 
 
-AUTO_DEFAULTS = {"stationarity_max": 0.5, "separation": 0.5}
+AUTO_DEFAULTS = {"stationarity_max": 0.7, "separation": 0.5}
 """Constants of the auto split rule drawn in `cfl_split_test.png` (CFLConfig's defaults)."""
 
 
