@@ -59,7 +59,7 @@ def accuracy(predictor: Any, ctx: Context) -> np.ndarray:
 
 # thresholds from the norms of these blob federations: incongruent clients keep a max update
 # norm of ~0.5 while the mean falls below 0.1; congruent ones fall below 0.2 together
-BLOB = {"eps1": 0.1, "eps2": 0.3}
+BLOB = {"split_rule": "epsilon", "eps1": 0.1, "eps2": 0.3}
 
 
 # ---------------------------------------------------------------------------- clustering
@@ -140,7 +140,7 @@ def test_weighted_cfl_before_any_split_is_fedavg():
     """Eq. (2): until the first split, CFL with weighted aggregation is FedAvg."""
     fed = blob_federation(n_clients=6, n_clusters=2)  # unequal client sizes
     ctx = make_ctx(fed)
-    alg = CFL(CFLConfig(eps1=1e-9))
+    alg = CFL(CFLConfig(split_rule="epsilon", eps1=1e-9))
     alg.setup(ctx)
     ref_ctx = make_ctx(fed)
     ref_ctx.rng.bit_generator.state = ctx.rng.bit_generator.state
@@ -150,7 +150,7 @@ def test_weighted_cfl_before_any_split_is_fedavg():
         alg.run_round(ctx, t)
         ref.run_round(ref_ctx, t)
     torch.testing.assert_close(alg.model_of(0), ref.state.model[0], atol=1e-6, rtol=0)
-    unweighted = CFL(CFLConfig(eps1=1e-9, aggregation="mean"))
+    unweighted = CFL(CFLConfig(split_rule="epsilon", eps1=1e-9, aggregation="mean"))
     u_ctx = make_ctx(fed)
     run(unweighted, u_ctx, 3)
     assert (unweighted.model_of(0) - ref.state.model[0]).abs().max() > 1e-5
@@ -298,6 +298,83 @@ def test_keep_best_picks_the_best_model_on_the_path():
         assert choice[c] in alg.tree.path(int(alg.assignment()[c]))
 
 
+# ---------------------------------------------------------------------------- the auto rule
+
+
+def tiny_rotation(angles: list[int], seed: int = 0) -> dict[str, Any]:
+    """A demo-like federation (digits, rotation groups), 8 clients, CFL with its defaults."""
+    return {"seed": seed, "rounds": 40, "eval_every": 40, "checkpoint_every": 0,
+            "data": {"source": "digits"},
+            "scenario": {"name": "rotation", "n_clients": 8, "angles": angles},
+            "model": {"name": "mlp", "hidden": [32]},
+            "train": {"lr": 0.1, "momentum": 0.5, "batch_size": 16, "epochs": 1},
+            "algorithm": {"name": "cfl"}, "output": {"figures": False, "progress": "off"}}
+
+
+def test_auto_rule_is_the_default_and_finds_the_rotation_groups(tmp_path: Path):
+    assert CFLConfig().split_rule == "auto"
+    history = Experiment.from_config(tiny_rotation([0, 90, 180, 270]), out_dir=tmp_path).run()
+    last = history.records[-1]
+    assert last.ari == 1.0 and last.n_clusters == 4
+    splits = [r for r in history.records if r.extras["split"]]
+    assert len(splits) == 3
+    for r in splits:  # every accepted split met the rule, with the extras to show it
+        e, ev = r.extras, r.extras["splits"][0]
+        k = e["clusters"].index(ev["node"])
+        c = CFLConfig()
+        assert e["refused"][k] is None and e["stationarity"][k] < c.stationarity_max
+        assert e["cross_mean"][k] < c.separation * min(e["within_mean"][k])
+        assert ev["streak"] == c.patience
+    # the rounds before a split count the patience, with the reason recorded
+    before = history.records[splits[0].round - 2].extras
+    assert before["refused"][0] == "patience 2/3"
+
+
+def test_auto_rule_does_not_split_an_iid_federation(tmp_path: Path):
+    history = Experiment.from_config(tiny_rotation([0]), out_dir=tmp_path).run()
+    assert all(r.n_clusters == 1 for r in history.records)
+    reasons = {x for r in history.records for x in r.extras["refused"]}
+    assert "not stationary" in reasons and None not in reasons
+
+
+def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():
+    assert CFLConfig(eps1=0.2).split_rule == "epsilon"
+    assert CFLConfig(eps2=0.2, split_rule="epsilon").split_rule == "epsilon"
+    assert CFLConfig(patience=5).split_rule == "auto"
+    with pytest.raises(ValueError, match="split_rule"):
+        CFLConfig(eps1=0.2, split_rule="auto")
+    dumped = CFLConfig().model_dump()  # what config.toml holds: loads again, still auto
+    assert CFLConfig(**dumped).split_rule == "auto"
+
+
+def test_auto_rule_state_survives_a_checkpoint():
+    """The patience streak and the candidate blocks are server state: a resumed run splits in
+    the same round as an uninterrupted one."""
+    fed = blob_federation(n_clients=8, n_clusters=2)
+    whole = CFL(CFLConfig())
+    full = run(whole, make_ctx(fed), 6)
+    first = CFL(CFLConfig())
+    ctx = make_ctx(fed)
+    head = run(first, ctx, 2)
+    assert first.state.streak  # mid-streak
+    second = CFL(CFLConfig())
+    second.setup(make_ctx(fed))
+    second.load_state_dict(first.state_dict())
+    tail = [second.run_round(ctx, t) for t in range(3, 7)]
+    assert [e["refused"] for e in head + tail] == [e["refused"] for e in full]
+    assert ari(fed.clusters, second.assignment()) == ari(fed.clusters, whole.assignment()) == 1.0
+
+
+def test_meet_of_candidate_bipartitions():
+    from clusterfl.algorithms.cfl import _meet
+    assert _meet(None, [[0, 1], [2, 3]], 2) is None
+    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # a union of the same groups: kept, refined
+    assert _meet(blocks, [[0, 1, 2, 3, 4, 5], [6, 7]], 2) == [[0, 1, 2, 3], [4, 5], [6, 7]]
+    assert _meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2) is None  # cuts off a single client
+    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) is None  # other clients answered
+
+
 # ---------------------------------------------------------------------------- config
 
 
@@ -324,7 +401,7 @@ LABEL_SWAP = {
                  "n_train_per_client": 150},
     "model": {"name": "mlp", "hidden": [32]},
     "train": {"lr": 0.1, "batch_size": 20, "epochs": 3},
-    "algorithm": {"name": "cfl", "eps1": 0.35, "eps2": 0.6},
+    "algorithm": {"name": "cfl", "split_rule": "epsilon", "eps1": 0.35, "eps2": 0.6},
     "output": {"figures": False, "progress": "off"},
 }
 

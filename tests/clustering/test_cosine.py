@@ -14,6 +14,7 @@ from sklearn.metrics.pairwise import cosine_similarity
 
 from clusterfl.clustering.cosine import (
     bipartition,
+    cohesion,
     complete_linkage_bipartition,
     cross_cosine,
     gamma_bound,
@@ -23,6 +24,7 @@ from clusterfl.clustering.cosine import (
     optimal_bipartition,
     pairwise_cosine,
     separation_gap,
+    stationarity_ratio,
 )
 
 
@@ -168,3 +170,60 @@ def test_bad_inputs():
         optimal_bipartition(np.ones((1, 1)))
     with pytest.raises(ValueError, match=r"\[n, d\]"):
         pairwise_cosine(np.ones(3))
+
+
+# ------------------------------------------------------- quantities of the "auto" split rule
+
+
+def test_stationarity_ratio_matches_brute_force_and_is_scale_free():
+    rng = np.random.default_rng(5)
+    for n in range(1, 7):
+        u = rng.normal(size=(n, 11))
+        w = rng.uniform(0.1, 3.0, size=n)
+        mean = sum(w[i] * u[i] for i in range(n))
+        spread = sum(w[i] * math.sqrt(sum(x * x for x in u[i])) for i in range(n))
+        expect = math.sqrt(sum(x * x for x in mean)) / spread
+        assert stationarity_ratio(torch.tensor(u), w) == pytest.approx(expect, rel=1e-12)
+        assert stationarity_ratio(u * 1e-4, w * 7) == pytest.approx(expect, rel=1e-9)
+        assert 0.0 <= expect <= 1.0 + 1e-12
+    same = np.tile(rng.normal(size=(1, 9)), (4, 1)) * np.array([[1.0], [2.0], [0.5], [3.0]])
+    assert stationarity_ratio(same) == pytest.approx(1.0)
+    assert stationarity_ratio(np.array([[1.0, 2.0], [-1.0, -2.0]])) == pytest.approx(0.0)
+    assert math.isnan(stationarity_ratio(np.zeros((3, 4))))
+    with pytest.raises(ValueError):
+        stationarity_ratio(np.ones((2, 3)), np.array([1.0, -1.0]))
+
+
+def test_cohesion_matches_brute_force_means():
+    rng = np.random.default_rng(6)
+    for n in range(2, 8):
+        sim = rng.uniform(-1, 1, size=(n, n))  # not symmetric: both orders count
+        np.fill_diagonal(sim, 1.0)
+        labels = rng.integers(0, 2, size=n)
+        labels[0], labels[-1] = 0, 1
+        first, second = np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
+
+        def mean_over(pairs: list[tuple[int, int]], sim: np.ndarray = sim) -> float:
+            return sum(sim[i, j] for i, j in pairs) / len(pairs) if pairs else math.nan
+
+        within = [mean_over([(i, j) for i in g for j in g if i != j]) for g in (first, second)]
+        cross = mean_over([(i, j) for i in first for j in second]
+                          + [(j, i) for i in first for j in second])
+        c = cohesion(sim, first, second)
+        for got, want in zip((c.within_first, c.within_second, c.cross), (*within, cross)):
+            assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
+        if len(first) > 1 and len(second) > 1:
+            assert c.within_min == pytest.approx(min(within))
+        else:
+            assert math.isnan(c.within_min)
+    with pytest.raises(ValueError):
+        cohesion(np.eye(3), np.array([0, 1, 2]), np.array([], dtype=np.int64))
+
+
+def test_cohesion_of_block_structure():
+    """Two clean blocks: within means 1, cross mean −1 (the split the auto rule wants)."""
+    u = np.array([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [-1.0, 0.0], [-5.0, 0.0]])
+    sim = pairwise_cosine(u)
+    part = optimal_bipartition(sim)
+    c = cohesion(sim, part.first, part.second)
+    assert (c.within_first, c.within_second, c.cross) == pytest.approx((1.0, 1.0, -1.0))

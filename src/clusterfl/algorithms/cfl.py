@@ -7,9 +7,10 @@ split test of Algorithm 3 and the parameter tree of Section IV-C / Algorithm 4:
   return their weight update Δθ_i; the server averages them per cluster (Alg. 5 line 13;
   weighted by |D_i| as in eq. (2) / Alg. 2 line 7 by default, unweighted as in Alg. 5 line 13
   and the authors' code with `aggregation = "mean"`);
-- a cluster c is split when ‖Δθ_c‖ < ε1 (eq. (30)) and max_i ‖Δθ_i‖ > ε2 (eq. (31)) (Alg. 5
-  line 14): its clients are bipartitioned on the cosine similarity of their updates (eq. (40);
-  Alg. 1, `clusterfl.clustering.cosine`) and the split is accepted only if
+- with `split_rule = "epsilon"`, a cluster c is split when ‖Δθ_c‖ < ε1 (eq. (30)) and
+  max_i ‖Δθ_i‖ > ε2 (eq. (31)) (Alg. 5 line 14): its clients are bipartitioned on the
+  cosine similarity of their updates (eq. (40); Alg. 1, `clusterfl.clustering.cosine`) and
+  the split is accepted only if
   sqrt((1 − α_cross^max)/2) > γ_max (eq. (36), Alg. 5 line 18);
 - the parameter tree (Section IV-C, properties 1-5) keeps, for every cluster ever formed, its
   clients, its model (frozen at the round it splits: the stationary solution θ*_v) and, on the
@@ -21,9 +22,19 @@ split test of Algorithm 3 and the parameter tree of Section IV-C / Algorithm 4:
 
 Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §5), we do:
 
-- ε1 = 0.4 and ε2 = 1.6 by default: the authors' code values (the paper gives only the rule of
-  thumb ε1 ≈ max_t ‖Δθ_c‖ / 10, ε2 ∈ [ε1, 10 ε1], Section V-B). Both depend on model, learning
-  rate and local epochs: check the `mean_norm` / `max_norm` extras of a first run.
+- The split rule. `split_rule = "epsilon"` is the paper's test above (eqs. (30)-(31)). The
+  paper gives no values for ε1, ε2, only the rule of thumb ε1 ≈ max_t ‖Δθ_c‖ / 10,
+  ε2 ∈ [ε1, 10 ε1] (Section V-B); the defaults ε1 = 0.4, ε2 = 1.6 are the authors' code
+  values. Both depend on model, learning rate and local epochs, and with them CFL rarely
+  splits outside the authors' setup. Setting eps1/eps2 without split_rule selects this rule.
+- The default `split_rule = "auto"` is ours (issue 22), built from the paper's quantities with
+  no scale-dependent threshold: with r = ‖Σ w_i Δθ_i‖ / Σ w_i ‖Δθ_i‖ (stationarity ratio) and
+  the mean within-side similarities ᾱ_A, ᾱ_B and cross similarity ᾱ_× of the optimal
+  bipartition (Alg. 1; `clusterfl.clustering.cosine`), a cluster splits when r <
+  `stationarity_max`, both sides have ≥ `min_side` clients, ᾱ_× < `separation` ·
+  min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_× and the γ test passes, in `patience` consecutive
+  rounds whose bipartitions are unions of common blocks of ≥ `min_side` clients. Constants
+  (0.7, 0.5, 2, 3) chosen on a development set of federations (benchmarks/cfl/RESULTS.md).
 - γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
   (equivalent to γ_max = 0, which accepts any split with α_cross^max < 1).
 - `warmup_rounds` = 0 and `min_split_size` = 2 by default (Alg. 5 has neither); the authors'
@@ -58,24 +69,28 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NotRequired, TypedDict
+from typing import Any, ClassVar, Literal, TypedDict
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
+    Cohesion,
     bipartition,
+    cohesion,
     cross_cosine,
     gamma_bound,
     gamma_criterion,
     pairwise_cosine,
     separation_gap,
+    stationarity_ratio,
 )
 from clusterfl.protocol import (
     LocalTraining,
@@ -98,12 +113,28 @@ class CFLConfig(AlgorithmConfig):
 
     name: Literal["cfl"] = "cfl"
     display: ClassVar[str] = "CFL"
+    split_rule: Literal["auto", "epsilon"] = Field(
+        "auto", description="'auto': our scale-free rule (stationarity ratio, cohesion of the "
+        "optimal bipartition, patience); 'epsilon': the paper's eqs. 30-31 with eps1, eps2. "
+        "Setting eps1 or eps2 without split_rule selects 'epsilon'")
     eps1: float = Field(
-        0.4, gt=0.0, description="split only if the cluster's mean update norm is below ε1 "
-        "(eq. 30; authors' code 0.4)")
+        0.4, gt=0.0, description="epsilon rule: split only if the cluster's mean update norm "
+        "is below ε1 (eq. 30; authors' code 0.4, the paper gives no number)")
     eps2: float = Field(
-        1.6, gt=0.0, description="... and the largest client update norm exceeds ε2 "
-        "(eq. 31; authors' code 1.6)")
+        1.6, gt=0.0, description="epsilon rule: ... and the largest client update norm "
+        "exceeds ε2 (eq. 31; authors' code 1.6, the paper gives no number)")
+    stationarity_max: float = Field(
+        0.7, gt=0.0, le=1.0, description="auto rule: split only if ‖mean update‖ / mean "
+        "client update norm is below this")
+    separation: float = Field(
+        0.5, ge=0.0, le=1.0, description="auto rule: ... and the mean cross similarity of "
+        "the optimal bipartition is below this × the smaller mean within-side similarity")
+    min_side: int = Field(
+        2, ge=1, description="auto rule: ... and each side of the bipartition has at least "
+        "this many clients")
+    patience: int = Field(
+        3, ge=1, description="auto rule: ... in this many consecutive rounds of the cluster, "
+        "with bipartitions that are all unions of the same blocks of >= min_side clients")
     gamma_max: float = Field(
         0.0, ge=0.0, lt=1.0, description="accept a bipartition only if "
         "sqrt((1 - α_cross_max)/2) > γ_max (eq. 36; 0 = accept all, like the authors' code)")
@@ -127,6 +158,23 @@ class CFLConfig(AlgorithmConfig):
     lr_decay: float = Field(
         1.0, gt=0.0, le=1.0, description="local learning rate × lr_decay^(t-1) in round t "
         "(authors' code: 0.99)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epsilon_if_eps_given(cls, data: Any) -> Any:
+        """eps1/eps2 given without a split rule: the epsilon rule they belong to. Values other
+        than the defaults with split_rule = "auto" are a contradiction, not something to ignore
+        silently (a dumped config of an auto run carries the defaults and loads again)."""
+        if not isinstance(data, dict) or not ({"eps1", "eps2"} & set(data)):
+            return data
+        if "split_rule" not in data:
+            return {**data, "split_rule": "epsilon"}
+        default = {"eps1": 0.4, "eps2": 1.6}
+        if data["split_rule"] == "auto" and any(
+                k in data and data[k] != v for k, v in default.items()):
+            raise ValueError("eps1/eps2 apply to split_rule = 'epsilon' only; drop them or set "
+                             "split_rule = 'epsilon'")
+        return data
 
 
 # ====================================================================== the parameter tree
@@ -285,6 +333,36 @@ class ClientSide:
 # ====================================================================== the method
 
 
+def _finite(x: float) -> float | None:
+    """A float for the history (JSON has no NaN): None when undefined."""
+    return None if math.isnan(x) else float(x)
+
+
+def _meet(blocks: list[list[int]] | None, sides: list[list[int]],
+          min_side: int) -> list[list[int]] | None:
+    """The common refinement of earlier candidate `blocks` and this round's bipartition, if
+    it covers the same clients and every block keeps at least `min_side` clients; else None
+    (the candidates disagree: the streak starts again)."""
+    if blocks is None or sorted(c for b in blocks for c in b) != sorted(sides[0] + sides[1]):
+        return None
+    out = [[c for c in b if c in side] for b in blocks for side in map(set, sides)]
+    out = [b for b in out if b]
+    return out if all(len(b) >= min_side for b in out) else None
+
+
+def _within_max(c: Cohesion) -> float:
+    """The larger within-side mean (a side of one client counts as 1, as in `_within_min`)."""
+    sides = [w for w in (c.within_first, c.within_second) if not math.isnan(w)]
+    return max(sides) if len(sides) == 2 else 1.0
+
+
+def _within_min(c: Cohesion) -> float:
+    """The smaller within-side mean; a side of one client counts as 1 (α_ii = 1, the
+    convention of eq. (19)), so only `min_side` keeps single clients from splitting off."""
+    sides = [w for w in (c.within_first, c.within_second) if not math.isnan(w)]
+    return min(sides) if sides else 1.0
+
+
 @dataclass
 class Placement:
     """Where Algorithm 4 put a new client: its leaf, the path, and α_0/α_1 at each level."""
@@ -309,19 +387,33 @@ class _ClusterStep:
     similarity: np.ndarray | None
     split: Bipartition | None
     gap: float | None
+    stationarity: float = math.nan
+    cohesion: Cohesion | None = None
 
 
-class CFLSplitEvent(TypedDict):
-    """The split test of one cluster in one round (an entry of `CFLExtras.splits`)."""
+class _CFLSplitTest(TypedDict):
+    """The keys of every split test (see `CFLSplitEvent`)."""
 
     node: int  # the tree node (cluster) tested
     alpha_cross_max: float  # α_cross^max of its optimal bipartition
     gamma_bound: float  # sqrt((1 − α_cross^max)/2): the largest γ_max that accepts it (eq. 36)
     accepted: bool  # whether the split passed the γ test and happened
-    children: NotRequired[list[int]]  # accepted: the two new nodes
-    groups: NotRequired[list[list[int]]]  # accepted: the clients of each new node
-    members: NotRequired[list[int]]  # accepted: the clients whose updates were compared
-    similarity: NotRequired[list[list[float]]]  # accepted: their cosine similarities (5 digits)
+
+
+class CFLSplitEvent(_CFLSplitTest, total=False):
+    """The split test of one cluster in one round (an entry of `CFLExtras.splits`); the keys
+    below are written only for an accepted split (the last four by the auto rule only).
+    (`total=False` rather than `NotRequired`: with postponed annotations Python 3.11 would
+    count `NotRequired` keys as required.)"""
+
+    children: list[int]  # the two new nodes
+    groups: list[list[int]]  # the clients of each new node
+    members: list[int]  # the clients whose updates were compared
+    similarity: list[list[float]]  # their cosine similarities (5 digits)
+    stationarity: float  # the stationarity ratio when it split
+    within: list[float]  # the two sides' within-cosine means
+    cross: float  # the cross-cosine mean
+    streak: int  # consecutive rounds the test had passed
 
 
 @dataclass(kw_only=True)
@@ -340,12 +432,20 @@ class CFLExtras(RoundExtras):
     alpha_cross_max: list[float | None] = field(default_factory=list)
     #: separation gap g(α) of each cluster against the true clusters (None: unknown or < 2)
     gap: list[float | None] = field(default_factory=list)
+    #: stationarity ratio ‖Σ w_i Δθ_i‖ / Σ w_i ‖Δθ_i‖ of each cluster (None: not finite)
+    stationarity: list[float | None] = field(default_factory=list)
+    #: within-cosine means of the two sides of each cluster's bipartition (None: < 2 clients)
+    within_mean: list[list[float | None] | None] = field(default_factory=list)
+    #: cross-cosine mean of each cluster's bipartition (None: < 2 clients)
+    cross_mean: list[float | None] = field(default_factory=list)
     max_mean_norm: float = 0.0  # largest ‖Δθ_c‖ over the clusters
     max_client_norm: float = 0.0  # largest client update norm over all clusters
     split: bool = False  # whether a cluster split this round
     #: the split tests of the clusters that were split candidates (eq. 30-31 held)
     splits: list[CFLSplitEvent] = field(default_factory=list)
-    train_loss: float | None = None  # mean local training loss of the clients that answered
+    train_loss: float | None = None  # mean local training loss of the answering clients
+    #: why each cluster did not split (None: it split)
+    refused: list[str | None] = field(default_factory=list)
     #: clients Algorithm 4 placed into a leaf this round (they missed their cluster's split)
     placed: list[int] = field(default_factory=list)
     #: clients still waiting at an inner node of the tree
@@ -362,6 +462,11 @@ class CFLState:
     #: client absent at its cluster's split → the inner node it waits at
     pending: dict[int, int] = field(default_factory=dict)
     choice: np.ndarray | None = None  # keep_best: each client's node (None: leaf/pending)
+    #: auto split rule: cluster (node id) → consecutive rounds its split test has passed
+    #: with consistent bipartitions ...
+    streak: dict[int, int] = field(default_factory=dict)
+    #: ... and the blocks (client ids) that all those bipartitions are unions of
+    candidate: dict[int, list[list[int]]] = field(default_factory=dict)
 
 
 class CFL(Algorithm[CFLConfig, CFLState]):
@@ -424,14 +529,16 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         present[who] = True
         steps = [self._examine(v, updates, n_samples, present, ctx.true_clusters)
                  for v in leaves]
-        events = [self._decide(s, t) for s in steps]
+        decisions = [self._decide(s, t) for s in steps]
+        events = [e for e, _ in decisions]
         for s, event in zip(steps, events):
             if event is None or not event["accepted"]:
                 s.node.model = s.node.model + s.mean
             else:
                 self._split(s, event, t)
         self._refresh_choice(ctx)
-        return self._extras(steps, events, reply.loss, placed).to_dict()
+        return self._extras(steps, events, [r for _, r in decisions], reply.loss,
+                            placed).to_dict()
 
     def _examine(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
                  present: np.ndarray, truth: np.ndarray | None) -> _ClusterStep:
@@ -444,27 +551,88 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         weights = self._weights(n_samples[members])
         mean = weighted_mean(own, weights)
         norms = torch.linalg.vector_norm(own.double(), dim=1)
-        sim, split, gap = None, None, None
+        sim, split, gap, coh = None, None, None, None
         if len(members) >= 2:
             sim = pairwise_cosine(own)
             split = bipartition(sim, self.config.bipartition)
+            coh = cohesion(sim, split.first, split.second)
             if truth is not None:
                 gap = separation_gap(sim, np.asarray(truth)[members])
         return _ClusterStep(node, members, own, weights, mean,
                             float(torch.linalg.vector_norm(mean.double())),
-                            float(norms.max()), sim, split, gap)
+                            float(norms.max()), sim, split, gap,
+                            stationarity_ratio(own, weights), coh)
 
-    def _decide(self, s: _ClusterStep, t: int) -> CFLSplitEvent | None:
-        """The split test of Alg. 5 lines 14-18 for one cluster; None if not a candidate."""
+    def _decide(self, s: _ClusterStep, t: int) -> tuple[CFLSplitEvent | None, str | None]:
+        """The split test of one cluster: (the split event or None if the cluster is no
+        candidate, why it does not split or None if it does)."""
         c = self.config
-        if (s.split is None or t <= c.warmup_rounds or len(s.members) < c.min_split_size
-                or not (s.mean_norm < c.eps1 and s.max_norm > c.eps2)):
-            return None
-        return CFLSplitEvent(
+        if s.split is None:
+            return None, "fewer than 2 clients answered"
+        if t <= c.warmup_rounds:
+            return None, "warm-up"
+        if len(s.members) < c.min_split_size:
+            return None, "fewer than min_split_size clients"
+        if c.split_rule == "epsilon":
+            return self._decide_epsilon(s)
+        return self._decide_auto(s)
+
+    def _decide_epsilon(self, s: _ClusterStep) -> tuple[CFLSplitEvent | None, str | None]:
+        """Alg. 5 lines 14-18: ‖Δθ_c‖ < ε1 (eq. 30), max_i ‖Δθ_i‖ > ε2 (eq. 31), γ (eq. 36)."""
+        c = self.config
+        assert s.split is not None
+        if not s.mean_norm < c.eps1:
+            return None, "mean norm ≥ eps1"
+        if not s.max_norm > c.eps2:
+            return None, "max norm ≤ eps2"
+        event = CFLSplitEvent(
             node=s.node.id, alpha_cross_max=s.split.max_cross,
             gamma_bound=gamma_bound(s.split.max_cross),
             accepted=gamma_criterion(s.split.max_cross, c.gamma_max),
         )
+        return event, None if event["accepted"] else "gamma"
+
+    def _decide_auto(self, s: _ClusterStep) -> tuple[CFLSplitEvent | None, str | None]:
+        """Our rule (not the paper's): stationary enough, a bipartition whose sides are far
+        apart (cross < separation × smaller within) and cohesive (larger within > −cross:
+        near a stationary point the updates of any cluster sum to about zero, so even pure
+        noise has a negative cross mean, about −1/(n−1)), γ
+        (eq. 36), all of it in `patience` consecutive rounds whose bipartitions are unions of
+        common blocks of at least `min_side` clients (noise gives a new cut every round;
+        distinct distributions give unions of the same groups)."""
+        c = self.config
+        assert s.split is not None and s.cohesion is not None
+        node = s.node.id
+        reason = None
+        if not s.stationarity < c.stationarity_max:  # NaN (all updates zero) refuses too
+            reason = "not stationary"
+        elif min(len(s.split.first), len(s.split.second)) < c.min_side:
+            reason = "side below min_side"
+        elif not s.cohesion.cross < c.separation * _within_min(s.cohesion):
+            reason = "sides not separated"
+        elif not _within_max(s.cohesion) > -s.cohesion.cross:
+            reason = "sides not cohesive"
+        elif not gamma_criterion(s.split.max_cross, c.gamma_max):
+            reason = "gamma"
+        if reason is not None:
+            self.state.streak.pop(node, None)
+            self.state.candidate.pop(node, None)
+            return None, reason
+        sides = [s.members[s.split.first].tolist(), s.members[s.split.second].tolist()]
+        blocks = _meet(self.state.candidate.get(node), sides, c.min_side)
+        streak = 1 if blocks is None else self.state.streak.get(node, 0) + 1
+        self.state.streak[node] = streak
+        self.state.candidate[node] = sides if blocks is None else blocks
+        if streak < c.patience:
+            return None, f"patience {streak}/{c.patience}"
+        del self.state.streak[node], self.state.candidate[node]
+        return CFLSplitEvent(
+            node=node, alpha_cross_max=s.split.max_cross,
+            gamma_bound=gamma_bound(s.split.max_cross), accepted=True,
+            stationarity=s.stationarity,
+            within=[s.cohesion.within_first, s.cohesion.within_second],
+            cross=s.cohesion.cross, streak=streak,
+        ), None
 
     def _split(self, s: _ClusterStep, event: CFLSplitEvent, t: int) -> None:
         assert s.split is not None and s.similarity is not None
@@ -482,7 +650,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         event["similarity"] = np.round(s.similarity, 5).tolist()
 
     def _extras(self, steps: list[_ClusterStep], events: list[CFLSplitEvent | None],
-                loss: np.ndarray, placed: list[int]) -> CFLExtras:
+                refused: list[str | None], loss: np.ndarray, placed: list[int]) -> CFLExtras:
         done = [e for e in events if e is not None]
         return CFLExtras(
             n_clusters=len(self.tree.leaves()),
@@ -492,11 +660,18 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             max_norm=[s.max_norm for s in steps],
             alpha_cross_max=[None if s.split is None else s.split.max_cross for s in steps],
             gap=[s.gap for s in steps],
+            stationarity=[_finite(s.stationarity) for s in steps],
+            within_mean=[None if s.cohesion is None else
+                         [_finite(s.cohesion.within_first), _finite(s.cohesion.within_second)]
+                         for s in steps],
+            cross_mean=[None if s.cohesion is None else _finite(s.cohesion.cross)
+                        for s in steps],
             max_mean_norm=max(s.mean_norm for s in steps),
             max_client_norm=max(s.max_norm for s in steps),
             split=any(e["accepted"] for e in done),
             splits=done,
             train_loss=mean_finite(loss),
+            refused=refused,
             placed=placed,
             pending=sorted(self.state.pending),
         )

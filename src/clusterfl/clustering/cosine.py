@@ -16,6 +16,16 @@ Server-side math only; `clusterfl.algorithms.cfl` builds the method on top of it
 - `gamma_bound` / `gamma_criterion`: the accept rule of Algorithm 3 line 6 / Algorithm 5 line 18,
   sqrt((1 − α_cross^max)/2) > γ_max, eq. (36).
 
+Quantities of our scale-free split rule (`split_rule = "auto"` of CFL; not in the paper, built
+from the paper's quantities):
+- `stationarity_ratio`: ‖Σ_i w_i Δθ_i‖ / Σ_i w_i ‖Δθ_i‖ (weights normalised), the norm of the
+  cluster's mean update (eq. (30)'s ‖Δθ_c‖) relative to the mean client update norm (eq. (31)'s
+  ‖Δθ_i‖). It lies in [0, 1] by the triangle inequality, is 1 when all updates point the same
+  way and falls towards 0 at a stationary point of the cluster's FL objective whose clients
+  still move (the situation eqs. (30)-(31) describe with absolute thresholds).
+- `cohesion`: the mean similarity within each side of a bipartition and across it (the means
+  of the entries whose extremes α_intra^min and α_cross^max define the separation gap).
+
 Choices the paper leaves open, made here:
 - A zero update (a client without data or a vanished update) has similarity 0 to every other
   client and 1 to itself.
@@ -170,6 +180,63 @@ def separation_gap(sim: np.ndarray, true_labels: np.ndarray) -> float:
     if a.shape[0] < 2:
         return math.nan
     return intra_min_similarity(a, true_labels) - optimal_bipartition(a).max_cross
+
+
+def stationarity_ratio(updates: torch.Tensor | np.ndarray,
+                       weights: np.ndarray | None = None) -> float:
+    """‖Σ w_i Δθ_i‖ / Σ w_i ‖Δθ_i‖ of the rows of `updates` (`[n, d]`), in [0, 1].
+
+    `weights` (default: equal) need not sum to 1. NaN when every update is zero (or all weights
+    are). Computed in float64.
+    """
+    u = torch.as_tensor(updates).to(torch.float64)
+    if u.ndim != 2:
+        raise ValueError(f"updates must be [n, d], got shape {tuple(u.shape)}")
+    w = torch.ones(u.shape[0], dtype=torch.float64) if weights is None else \
+        torch.as_tensor(np.asarray(weights, dtype=np.float64))
+    if w.shape != (u.shape[0],) or bool((w < 0).any()):
+        raise ValueError("weights must be one non-negative number per row")
+    spread = float((w * torch.linalg.vector_norm(u, dim=1)).sum())
+    if spread <= 0.0:
+        return math.nan
+    return min(1.0, float(torch.linalg.vector_norm(w @ u)) / spread)
+
+
+@dataclass(frozen=True)
+class Cohesion:
+    """Mean similarities of a bipartition: within each side (over pairs i ≠ j; NaN for a side
+    of one) and across the two sides."""
+
+    within_first: float
+    within_second: float
+    cross: float
+
+    @property
+    def within_min(self) -> float:
+        """The smaller of the two within-side means (NaN if a side has one member)."""
+        if math.isnan(self.within_first) or math.isnan(self.within_second):
+            return math.nan
+        return min(self.within_first, self.within_second)
+
+
+def _within_mean(a: np.ndarray, idx: np.ndarray) -> float:
+    if len(idx) < 2:
+        return math.nan
+    block = a[np.ix_(idx, idx)]
+    return float((block.sum() - np.trace(block)) / (len(idx) * (len(idx) - 1)))
+
+
+def cohesion(sim: np.ndarray, first: np.ndarray, second: np.ndarray) -> Cohesion:
+    """Within-side and cross mean similarities of the bipartition (`first`, `second`).
+
+    Means over ordered pairs, so a non-symmetric matrix counts both α_ij and α_ji.
+    """
+    a = np.asarray(sim, dtype=np.float64)
+    i, j = np.asarray(first, np.int64), np.asarray(second, np.int64)
+    if len(i) == 0 or len(j) == 0:
+        raise ValueError("both sides of a bipartition need at least one client")
+    cross = float((a[np.ix_(i, j)].sum() + a[np.ix_(j, i)].sum()) / (2 * len(i) * len(j)))
+    return Cohesion(_within_mean(a, i), _within_mean(a, j), cross)
 
 
 def gamma_bound(alpha_cross_max: float) -> float:

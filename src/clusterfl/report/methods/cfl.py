@@ -6,6 +6,10 @@
 - `cfl_accuracy_gap.png` (like Fig. 9): top, the mean test accuracy of the clients of each
   true cluster (or of each final cluster when the truth is unknown); bottom, the separation
   gap g(α) of every cluster per round; split rounds marked.
+- `cfl_split_test.png`: per cluster and round the quantities of the split test: the
+  stationarity ratio ‖Δθ_c‖ / mean ‖Δθ_i‖, the smaller within-side and the cross mean cosine of
+  the candidate bipartition (Algorithm 1), the separation gap, and why the cluster did not
+  split (one row per reason); the auto rule's constants drawn when it is the run's rule.
 - `cfl_similarity_<round>_<node>.png`: for every accepted split, the cosine similarity of the
   split cluster's updates, ordered by the two groups (and by true cluster inside them).
 """
@@ -37,6 +41,8 @@ def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> l
         plot_norms(records, out / "cfl_norms.png", eps),
         plot_accuracy_gap(records, out / "cfl_accuracy_gap.png", truth),
     ]
+    if any("stationarity" in r.extras for r in records):
+        paths.append(plot_split_test(records, out / "cfl_split_test.png", eps))
     paths += plot_split_similarities(records, out, truth)
     return paths
 
@@ -83,7 +89,13 @@ def _thresholds(run_dir: Path) -> dict[str, float]:
         algo = tomllib.loads((run_dir / "config.toml").read_text()).get("algorithm", {})
     except (OSError, tomllib.TOMLDecodeError):
         return {}
+    if algo.get("split_rule", "epsilon" if {"eps1", "eps2"} & set(algo) else "auto") != "epsilon":
+        return {k: float(algo.get(k, d)) for k, d in AUTO_DEFAULTS.items()}
     return {k: float(algo[k]) for k in ("eps1", "eps2") if k in algo}
+
+
+AUTO_DEFAULTS = {"stationarity_max": 0.7, "separation": 0.5}
+"""Constants of the auto split rule drawn in `cfl_split_test.png` (CFLConfig's defaults)."""
 
 
 # --------------------------------------------------------------------------- figures
@@ -173,3 +185,83 @@ def plot_split_similarities(records: list[RoundRecord], out: Path, truth: Any) -
             paths.append(plot_matrix(np.asarray(event["similarity"]), order, out / name, title,
                                      labels=labels))
     return paths
+
+
+def within_min_series(records: list[RoundRecord]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """`node -> (rounds, smaller within-side mean)`; a side of one client has none (skipped);
+    NaN when neither side has two clients."""
+    acc: dict[int, tuple[list[int], list[float]]] = {}
+    for r in records:
+        e = CFLExtras.from_dict(r.extras)
+        for node, pair in zip(e.clusters, e.within_mean):
+            xs, ys = acc.setdefault(int(node), ([], []))
+            vals = [v for v in (pair or []) if v is not None]
+            xs.append(r.round)
+            ys.append(min(vals) if vals else np.nan)
+    return {k: (np.array(x), np.array(y)) for k, (x, y) in sorted(acc.items())}
+
+
+def refusal_series(records: list[RoundRecord]) -> dict[int, tuple[list[int], list[str]]]:
+    """`node -> (rounds, reason)`: why the cluster did not split ("split" when it did)."""
+    out: dict[int, tuple[list[int], list[str]]] = {}
+    for r in records:
+        e = CFLExtras.from_dict(r.extras)
+        for node, reason in zip(e.clusters, e.refused):
+            xs, ys = out.setdefault(int(node), ([], []))
+            xs.append(r.round)
+            ys.append("split" if reason is None else str(reason).split(" ")[0]
+                      if str(reason).startswith("patience") else str(reason))
+    return out
+
+
+def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, float]) -> Path:
+    """The split test per cluster: stationarity ratio, within/cross cosine means, separation
+    gap and the reason a split was refused."""
+    fig = Figure(figsize=(7.5, 9.0), layout="constrained")
+    ax_r, ax_c, ax_g, ax_w = fig.subplots(4, 1, sharex=True,
+                                         gridspec_kw={"height_ratios": [1, 1.2, 1, 1]})
+    ratio = node_series(records, lambda e: e.stationarity)
+    cross = node_series(records, lambda e: e.cross_mean)
+    within, gaps = within_min_series(records), node_series(records, lambda e: e.gap)
+    colors = {node: f"C{i % 10}" for i, node in enumerate(ratio)}
+    for node, (x, y) in ratio.items():
+        ax_r.plot(x, y, color=colors[node], lw=1.3, label=f"node {node}")
+    if "stationarity_max" in consts:
+        ax_r.axhline(consts["stationarity_max"], color="k", lw=0.9, ls="-.",
+                     label=f"stationarity_max = {consts['stationarity_max']:.3g}")
+    ax_r.set_ylabel("‖Δθ_c‖ / mean ‖Δθ_i‖")
+    ax_r.set_title("CFL split test per cluster (dotted lines: splits)")
+    for node, (x, y) in within.items():
+        ax_c.plot(x, y, color=colors.get(node, "k"), lw=1.3, label=f"within (min) node {node}")
+        if "separation" in consts:
+            ax_c.plot(x, consts["separation"] * y, color=colors.get(node, "k"), lw=0.7,
+                      ls=":")
+    for node, (x, y) in cross.items():
+        ax_c.plot(x, y, color=colors.get(node, "k"), lw=1.1, ls="--", label=f"cross node {node}")
+    ax_c.axhline(0.0, color="k", lw=0.6)
+    ax_c.set_ylabel("mean cosine of the\ncandidate bipartition")
+    if "separation" in consts:
+        ax_c.text(0.01, 0.02, f"thin dotted: separation ({consts['separation']:.3g}) × within",
+                  transform=ax_c.transAxes, fontsize="x-small", color="0.3")
+    for node, (x, y) in gaps.items():
+        if np.isfinite(y).any():
+            ax_g.plot(x, y, color=colors.get(node, "k"), lw=1.3)
+    ax_g.axhline(0.0, color="k", lw=0.8)
+    ax_g.set_ylabel("separation gap g(α)\n(true clusters)")
+    reasons = refusal_series(records)
+    names = sorted({y for _, ys in reasons.values() for y in ys}, key=lambda v: (v == "split", v))
+    row = {name: i for i, name in enumerate(names)}
+    for k, (node, (xs, ys)) in enumerate(reasons.items()):
+        ax_w.scatter(xs, [row[y] + 0.08 * (k % 4) for y in ys], s=9,
+                     color=colors.get(node, "k"))
+    ax_w.set_yticks(range(len(names)), names, fontsize="x-small")
+    ax_w.set_ylabel("decision")
+    ax_w.set_xlabel("round")
+    splits = split_rounds(records)
+    for ax in (ax_r, ax_c, ax_g, ax_w):
+        _marks(ax, splits)
+        ax.grid(True, alpha=0.3)
+    for ax in (ax_r, ax_c):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="xx-small", ncol=3, loc="best")
+    return _save(fig, path)
