@@ -131,7 +131,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="*")
     p.add_argument("--set", dest="sets", action="append", default=[],
                    metavar="KEY=VALUE", help="override (dev only: the constants under test)")
-    p.add_argument("--out", default="/tmp/cfl-auto-runs")
+    p.add_argument("--out", default="benchmarks/runs/cfl-auto",
+                   help="run folders (git-ignored; default benchmarks/runs/cfl-auto)")
     p.add_argument("--tag", default="")
     a = p.parse_args()
     table, seeds = (DEV, DEV_SEEDS) if a.set_name == "dev" else (VAL, VAL_SEEDS)
