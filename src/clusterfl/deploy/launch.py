@@ -11,9 +11,9 @@ starts its SuperExec in a new session, so process groups alone would miss it). C
     flower-superexec --runtime-api-address H:P --insecure | --root-certificates CA
                      --parent-pid SUPERLINK_PID
     flower-supernode --insecure | --root-certificates CA  --superlink H:P --port CLIENTAPPIO
-                     --node-config 'partition-id=3' | 'data-file="/data/client.npz"'
+                     --node-config 'partition-id=3' | 'data-file="DATA_DIR/client.npz"'
                      [--auth-supernode-private-key KEY]
-    flwr run APP_DIR CONNECTION --run-config 'config="/path/run.toml" out-dir="/path/out"'
+    flwr run APP_DIR CONNECTION --run-config 'config="RUN_CONFIG.toml" out-dir="RUN_DIR"'
 
 `flwr run` reads the SuperLink connection from `$FLWR_HOME/config.toml`
 (`write_flwr_home` writes one).
