@@ -391,7 +391,11 @@ def join(replies: list[M], order: np.ndarray | None = None) -> M:
     missing = [c for c in have if int(c) not in rank]
     if missing:
         raise ValueError(f"reply rows for clients {missing} that were not asked")
-    ordered: M = subset(out, np.argsort([rank[int(c)] for c in have], kind="stable"))
+    ranks = np.array([rank[int(c)] for c in have], dtype=np.int64)
+    if np.all(ranks[1:] > ranks[:-1]):  # already in order (the usual case): no copy
+        done = out
+        return done
+    ordered: M = subset(out, np.argsort(ranks, kind="stable"))
     return ordered
 
 
