@@ -175,7 +175,7 @@ def place_clients(run_dir: Path, state: dict[str, Any], clients: str | None,
                   config.run.seed, true_clusters=fed.clusters)
     ids = parse_clients(clients, fed.n_clients)
     try:
-        placed = alg.place(ctx, ids)
+        placed = alg.walk(ctx, ids)
         leaf = np.array([p.leaf for p in placed])
         nodes = np.unique(np.concatenate([[0], leaf]))
         models = torch.stack([alg.model_of(int(v)) for v in nodes])

@@ -235,6 +235,7 @@ class Experiment:
             for t in range(start, run.rounds + 1):
                 if ctx.guard is not None:
                     ctx.guard.begin_round(t)
+                ctx.participants.clear()
                 extras = self.algorithm.run_round(ctx, t)
                 if ctx.guard is not None:
                     self._watch(t, ctx.guard, bar)
@@ -272,6 +273,7 @@ class Experiment:
             assignment=assignment.tolist(), ari=metrics.ari(self.federation.clusters, assignment),
             floats_down=ctx.floats_down, floats_up=ctx.floats_up,
             client_updates=ctx.client_updates, extras=extras,
+            participants=len(ctx.participants),
         )
         if ctx.guard is not None:
             events = ctx.guard.end_round()
@@ -297,6 +299,7 @@ class Experiment:
             n_clusters=last.n_clusters, floats_down=last.floats_down, floats_up=last.floats_up,
             client_updates=last.client_updates, wall_time=last.wall_time,
             rejected=sum(r.rejected for r in history.records),
+            participation=_participation(history.records, self.federation.n_clients),
         )
         fed = self.federation
         return RunSummary(
@@ -436,6 +439,12 @@ def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> Eval
     return EvaluateReply(everyone, full(reply.accuracy), full(reply.macro_f1),
                          full(reply.loss), np.nan_to_num(full(reply.n_samples)).astype(np.int64),
                          {k: full(v) for k, v in reply.extras.items()})
+
+
+def _participation(records: list[RoundRecord], n_clients: int) -> float | None:
+    """Mean share of the clients that took part per round (None: no round recorded it)."""
+    counts = [r.participants for r in records if r.participants is not None]
+    return float(np.mean(counts)) / n_clients if counts and n_clients else None
 
 
 def _check_fault_clients(config: Config, n_clients: int) -> None:

@@ -183,10 +183,13 @@ class RoundRecord:
     """The guard's events of the round (rejected, clipped, dropped, ...)."""
     client_macro_f1: list[float | None] | None = None
     client_mse: list[float | None] | None = None
+    participants: int | None = None
+    """Clients that answered a training, gradient, loss or embedding request in the round
+    (files older than it lack it)."""
 
     REQUIRED = ("round", "wall_time", "n_clusters", "assignment", "ari", "floats_down",
                 "floats_up", "metrics", "client_accuracy", "rejected", "extras")
-    OPTIONAL = ("client_updates", "robust", "client_macro_f1", "client_mse")
+    OPTIONAL = ("client_updates", "robust", "client_macro_f1", "client_mse", "participants")
 
     @property
     def evaluated(self) -> bool:
@@ -201,6 +204,8 @@ class RoundRecord:
         }
         if self.client_updates is not None:
             d["client_updates"] = self.client_updates
+        if self.participants is not None:
+            d["participants"] = self.participants
         d.update({
             "metrics": None if self.metrics is None else self.metrics.to_json_dict(),
             "client_accuracy": self.client_accuracy, "rejected": self.rejected,
@@ -224,7 +229,7 @@ class RoundRecord:
             metrics=None if m is None else RoundMetrics.from_json_dict(m),
             client_accuracy=d["client_accuracy"], rejected=d["rejected"], extras=d["extras"],
             robust=d.get("robust"), client_macro_f1=d.get("client_macro_f1"),
-            client_mse=d.get("client_mse"),
+            client_mse=d.get("client_mse"), participants=d.get("participants"),
         )
 
     def cleaned(self) -> RoundRecord:
@@ -251,9 +256,18 @@ class FinalMetrics:
     rejected: int | None = None
     """Replies the guard rejected over the whole run (written when known; older files lack
     it)."""
+    participation: float | None = None
+    """Mean share of the (trained) clients that took part in a round (`RoundRecord.
+    participants` / clients), over the run's rounds."""
+    placement_ari: float | None = None
+    """ARI of the held-out clients' placed clusters against their true clusters
+    (`[scenario] holdout`; absent without held-out clients)."""
+    holdout_accuracy: float | None = None
+    """Mean test accuracy of the held-out clients with the models they were placed on."""
 
     KEYS = ("ari", "n_clusters", "floats_down", "floats_up", "client_updates", "wall_time",
-            "rejected")
+            "rejected", "participation", "placement_ari", "holdout_accuracy")
+    OPTIONAL = ("rejected", "participation", "placement_ari", "holdout_accuracy")
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {} if self.metrics is None else self.metrics.to_json_dict()
@@ -262,8 +276,9 @@ class FinalMetrics:
             "floats_up": self.floats_up, "client_updates": self.client_updates,
             "wall_time": self.wall_time,
         })
-        if self.rejected is not None:
-            d["rejected"] = self.rejected
+        for key in self.OPTIONAL:  # written when known
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         return d
 
     @classmethod
@@ -277,6 +292,8 @@ class FinalMetrics:
             ari=d.get("ari"), n_clusters=d.get("n_clusters"), floats_down=d.get("floats_down"),
             floats_up=d.get("floats_up"), client_updates=d.get("client_updates"),
             wall_time=d.get("wall_time"), rejected=d.get("rejected"),
+            participation=d.get("participation"), placement_ari=d.get("placement_ari"),
+            holdout_accuracy=d.get("holdout_accuracy"),
         )
 
 

@@ -269,7 +269,7 @@ def test_held_out_clients_land_in_their_true_cluster():
     run(alg, make_ctx(train), 10)
     assert ari(train.clusters, alg.assignment()) == 1.0
     ctx_full = make_ctx(full, seed=5)
-    placed = alg.place(ctx_full, [9, 10, 11, 0])
+    placed = alg.walk(ctx_full, [9, 10, 11, 0])
     leaf_truth = {v.id: set(train.clusters[v.clients].tolist()) for v in alg.tree.leaves()}
     for p in placed:
         assert leaf_truth[p.leaf] == {int(full.clusters[p.client])}

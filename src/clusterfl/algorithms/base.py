@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clusterfl.backends.base import Backend
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.naming import method_label
 from clusterfl.protocol import (
     RE,
     Asks,
+    EvaluateRequest,
     GradientRequest,
     LocalTraining,
     Predictor,
@@ -43,6 +44,47 @@ class AlgorithmConfig(BaseModel):
     #: options that only say where files are: left out of labels and folder names
     locations: ClassVar[frozenset[str]] = frozenset()
     name: str
+
+
+class SampledConfig(AlgorithmConfig):
+    """A method that trains a sample of the clients each round: `fraction` of them (at least
+    one), or a fixed number `per_round`. One meaning in every method (`Context.sample_round`);
+    set one of the two, not both."""
+
+    fraction: float = Field(1.0, gt=0.0, le=1.0, description="share of the clients sampled "
+                            "each round (at least one)")
+    per_round: int | None = Field(None, ge=1, description="a fixed number of clients sampled "
+                                  "each round (instead of fraction; all when larger)")
+
+    @model_validator(mode="after")
+    def _one_sampling_rule(self) -> SampledConfig:
+        if self.per_round is not None and "fraction" in self.model_fields_set:
+            raise ValueError("set algorithm.fraction or algorithm.per_round, not both")
+        return self
+
+    def expected_fraction(self, n_clients: int) -> float:
+        """The share of the `n_clients` sampled each round (privacy accounting, reports)."""
+        if self.per_round is not None:
+            return min(1.0, self.per_round / max(1, n_clients))
+        return max(self.fraction, 1.0 / max(1, n_clients))
+
+
+@dataclass
+class Placement:
+    """Where `Algorithm.placement` put clients that did not train (newcomers, held-out ones).
+
+    `clients` are ids in the federation of the placing context's backend, in the order asked;
+    `clusters[i]` is client i's cluster id in the id space of `Algorithm.assignment()` (-1: none,
+    e.g. it did not answer); `predictor` serves exactly these clients (its `members` has one
+    row per placed client, in the same order), so `EvaluateRequest(clients, predictor)` scores
+    them with the models they were placed on. `details` (optional, JSON-ready, one dict per
+    client) is what the method wants to show about each decision (CFL: the tree path).
+    """
+
+    clients: np.ndarray
+    clusters: np.ndarray
+    predictor: Predictor
+    details: list[dict[str, Any]] | None = None
 
 
 @dataclass(kw_only=True)
@@ -81,6 +123,9 @@ class Context:
     log: list[str] = field(default_factory=list)
     guard: Guard | None = None
     client_updates: int = 0  # trainings and gradients clients computed so far
+    #: clients that answered a training, gradient, loss or embedding request since the runner
+    #: last cleared it (it does at the start of every round): the round's participants
+    participants: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.guard is None:
@@ -102,6 +147,8 @@ class Context:
         self.floats_up += up * uploaded
         if isinstance(request, TrainRequest | GradientRequest):
             self.client_updates += len(reply.clients)
+        if not isinstance(request, EvaluateRequest):
+            self.participants.update(int(c) for c in reply.clients)
         return cast(RE, reply)
 
     def next_seed(self) -> int:
@@ -115,6 +162,17 @@ class Context:
             return pool.copy()
         k = max(1, round(fraction * len(pool)))
         return np.sort(self.rng.choice(pool, size=k, replace=False))
+
+    def sample_round(self, config: SampledConfig, among: np.ndarray | None = None) -> np.ndarray:
+        """This round's clients under the method's sampling rule (`SampledConfig`): a sorted
+        random subset drawn from the run's checkpointed generator (so a resumed run draws the
+        same clients), all of them (no draw) when the rule covers everyone."""
+        if config.per_round is None:
+            return self.sample(config.fraction, among)
+        pool = np.arange(self.n_clients) if among is None else np.asarray(among)
+        if config.per_round >= len(pool):
+            return pool.copy()
+        return np.sort(self.rng.choice(pool, size=config.per_round, replace=False))
 
 
 def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") -> None:
@@ -175,6 +233,16 @@ class Algorithm(ABC, Generic[C, S]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state = restore(type(self).State, state)
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Place clients that took no part in training (`clients` index the federation of
+        `ctx.backend`) into the method's clusters, through `ctx.send` only, without changing
+        the method's state. Each method documents its rule."""
+        raise ClusterFLError(f"{self.label()} cannot place new clients")
+
+    def place(self, ctx: Context, clients: np.ndarray | list[int]) -> np.ndarray:
+        """The cluster id (as in `assignment()`) of each of `clients` (see `placement`)."""
+        return self.placement(ctx, np.asarray(clients, dtype=np.int64)).clusters
 
     def n_clusters(self) -> int:
         a = self.assignment()

@@ -364,7 +364,7 @@ def _within_min(c: Cohesion) -> float:
 
 
 @dataclass
-class Placement:
+class TreeWalk:
     """Where Algorithm 4 put a new client: its leaf, the path, and α_0/α_1 at each level."""
 
     client: int
@@ -730,7 +730,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         return self.clients.decode(self.tree.nodes[node_id].model)
 
     # ------------------------------------------------------------------ Algorithm 4
-    def place(self, ctx: Context, clients: np.ndarray | list[int]) -> list[Placement]:
+    def walk(self, ctx: Context, clients: np.ndarray | list[int]) -> list[TreeWalk]:
         """Assign clients that did not take part in training to leaf clusters (Algorithm 4).
 
         At every inner node v each client trains from θ*_v (with the learning rate of the
@@ -740,7 +740,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         ids = np.asarray(clients, dtype=np.int64)
         return self._walk(ctx, ids, np.zeros(len(ids), dtype=np.int64))
 
-    def _walk(self, ctx: Context, ids: np.ndarray, at: np.ndarray) -> list[Placement]:
+    def _walk(self, ctx: Context, ids: np.ndarray, at: np.ndarray) -> list[TreeWalk]:
         """Algorithm 4 from the nodes `at`; a client that does not answer (dropped out) stops
         where it is (its `leaf` is then an inner node)."""
         at = np.asarray(at, dtype=np.int64).copy()
@@ -756,7 +756,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                 rows = np.flatnonzero((at == v) & ~stuck)
                 moved = self._place_step(ctx, self.tree.nodes[v], ids, rows, at, sims, paths)
                 stuck[rows[~moved]] = True
-        return [Placement(int(c), int(at[k]), paths[k], sims[k]) for k, c in enumerate(ids)]
+        return [TreeWalk(int(c), int(at[k]), paths[k], sims[k]) for k, c in enumerate(ids)]
 
     def _place_pending(self, ctx: Context) -> list[int]:
         """Walk the clients that missed their cluster's split down the tree (Algorithm 4);
