@@ -79,7 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _interrupted(args: argparse.Namespace, out: Path, exp) -> str:
     """What Ctrl-C left behind, and the command that continues the run."""
     every, rounds = exp.config.run.checkpoint_every, exp.config.run.rounds
-    if exp.checkpoint_round is None:
+    held = exp.saved_round()  # what the file holds: Ctrl-C may land mid-save
+    if held is None:
         why = ("checkpoints are off (checkpoint_every = 0)" if not every else
                f"before the first checkpoint (checkpoint_every = {every})")
         return (f"clusterfl: interrupted {why}: there is nothing to resume; run again with "
@@ -90,7 +91,7 @@ def _interrupted(args: argparse.Namespace, out: Path, exp) -> str:
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
     return (f"clusterfl: interrupted; the checkpoint in {out / 'checkpoint'} holds round "
-            f"{exp.checkpoint_round} of {rounds}. Continue with --resume: "
+            f"{held} of {rounds}. Continue with --resume: "
             f"{shlex.join([*command, '--resume'])}")
 
 

@@ -245,7 +245,7 @@ class Experiment:
                 self._append(record)
                 bar.update(record)
                 every = run.checkpoint_every
-                if every and (t % every == 0) and t < run.rounds:
+                if every and (t % every == 0 or t == run.rounds):  # the last: to place, continue
                     self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
 
     def _watch(self, t: int, guard: Guard, bar: _Progress) -> None:
@@ -390,6 +390,18 @@ class Experiment:
         torch.save(state, tmp)
         os.replace(tmp, path)
         self.checkpoint_round = t
+
+    def saved_round(self) -> int | None:
+        """The round the checkpoint file in `out_dir` holds (None: none there, or unreadable).
+        Read from the file, not `checkpoint_round`: an interrupt may land between the file's
+        replacement and the attribute's update."""
+        path = None if self.out_dir is None else self.out_dir / CHECKPOINT
+        if path is None or not path.is_file():
+            return None
+        try:
+            return int(torch.load(path, weights_only=False)["round"])
+        except Exception:  # a torn or foreign file: what this process last saved
+            return self.checkpoint_round
 
     def _load_checkpoint(self, ctx: Context) -> tuple[int, float, list[RoundRecord]]:
         path = None if self.out_dir is None else self.out_dir / CHECKPOINT

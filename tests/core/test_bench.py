@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -280,6 +281,7 @@ def test_an_unfinished_run_without_checkpoint_is_run_again(tmp_path: Path) -> No
     run_suite(quick, runs, log=logs.append)
     target = run_dir(runs, quick[0], "fedavg", 0)
     (target / "summary.json").unlink()
+    shutil.rmtree(target / "checkpoint")  # killed before its first checkpoint
     (target / "report.md").write_text("stale")
     run_suite(quick, runs, log=logs.append)
     assert (target / "summary.json").is_file() and not (target / "report.md").exists()
