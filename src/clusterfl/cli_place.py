@@ -154,8 +154,10 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
         overrides = [*overrides, f"data.data_dir={json.dumps(data_dir)}"]
     config = load_config(apply_overrides(read_toml(run_dir / "config.toml"), overrides))
     was = saved.get("config")
+    now = config.to_dict()
+    same_federation = not overrides
     if isinstance(was, dict):
-        now = config.to_dict()
+        same_federation = all(was.get(k) == now.get(k) for k in ("seed", "data", "scenario"))
         for table in ("model", "algorithm"):
             if was.get(table) != now.get(table):
                 raise ClusterFLError(f"--set changed the run's [{table}] table; placement "
@@ -181,7 +183,18 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
         acc[reply.clients] = reply.accuracy
     finally:
         backend.close()
-    return _rows(exp, alg, ids, placed, acc), alg.label()
+    return _rows(exp, alg, ids, placed, acc, same_federation, _run_truth(run_dir)), \
+        alg.label()
+
+
+def _run_truth(run_dir: Path) -> list[int] | None:
+    """The true clusters of the run's trained clients (its summary), if known."""
+    from clusterfl.records import RunDirError, read_summary
+
+    try:
+        return read_summary(run_dir).true_clusters
+    except RunDirError:
+        return None
 
 
 def _placement(alg: Algorithm, ctx: Context) -> Placement:
@@ -209,15 +222,19 @@ def _placement(alg: Algorithm, ctx: Context) -> Placement:
                    for w in walks])
 
 
-def _rows(exp: Any, alg: Algorithm, ids: np.ndarray, placed: Placement,
-          acc: np.ndarray) -> list[dict[str, Any]]:
-    """One JSON-ready dict per placed client (see the module doc)."""
+def _rows(exp: Any, alg: Algorithm, ids: np.ndarray, placed: Placement, acc: np.ndarray,
+          same_federation: bool, run_truth: list[int] | None) -> list[dict[str, Any]]:
+    """One JSON-ready dict per placed client (see the module doc). `trained` and
+    `run_cluster` only when the federation is the run's (no --set changed it); the trained
+    clients' true clusters come from the run's summary."""
     import numpy as np
 
     truth = exp.full_federation.clusters
-    trained = {int(c): i for i, c in enumerate(exp.train_ids.tolist())}
+    trained = ({int(c): i for i, c in enumerate(exp.train_ids.tolist())} if same_federation
+               else {})
     assign = np.asarray(alg.assignment())
-    train_truth = exp.federation.clusters
+    train_truth = (np.asarray(run_truth) if run_truth is not None
+                   and len(run_truth) == len(assign) else None)
     rows = []
     for k, c in enumerate(ids.tolist()):
         cluster = int(placed.clusters[k])
@@ -225,7 +242,7 @@ def _rows(exp: Any, alg: Algorithm, ids: np.ndarray, placed: Placement,
         row: dict[str, Any] = {
             "client": c,
             "true_cluster": None if truth is None else int(truth[c]),
-            "trained": c in trained,
+            "trained": (c in trained) if same_federation else None,
             "run_cluster": int(assign[trained[c]]) if c in trained else None,
             "cluster": cluster,
             "cluster_true_clusters": None if train_truth is None or cluster < 0 else
@@ -255,7 +272,8 @@ def placement_table(rows: list[dict[str, Any]], label: str) -> Any:
         details = r.get("details") or {}
         table.add_row(
             str(r["client"]), _text(r["true_cluster"]),
-            "no" if not r["trained"] else f"yes ({r['run_cluster']})", str(r["cluster"]),
+            {None: "?", False: "no"}.get(r["trained"], f"yes ({r['run_cluster']})"),
+            str(r["cluster"]),
             _text(r["cluster_true_clusters"]),
             "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
             *(_text(details.get(key)) for key in keys))
