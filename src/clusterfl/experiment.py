@@ -286,12 +286,13 @@ class Experiment:
                 if every and (t % every == 0 or t == run.rounds):  # the last: to place, continue
                     self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
 
-    def placing_context(self, backend: Backend, ids: np.ndarray) -> Context:
+    def placing_context(self, backend: Backend, ids: np.ndarray | list[int]) -> Context:
         """The context a placement runs in: clients `ids` of the whole federation (held by
         `backend`) as 0..n−1, the run's seed and rounds, a generator of its own (the same for
         every placement: `clusterfl place` of the held-out clients repeats this run's), the
         default guard, its own communication count."""
         fed, run = self.full_federation, self.config.run
+        ids = np.asarray(ids, dtype=np.int64)
         return Context(
             backend=SubsetBackend(backend, ids), factory=self.factory,
             training=self.config.train.local_training(), n_clients=len(ids),
