@@ -20,7 +20,9 @@ Our choices and the authors' code's departures:
 - `aggregate = "sampled"` (default): each θ_m becomes the sample-weighted mean of the answering
   clients' θ_{m,t}. `aggregate = "all"` is the authors' code: the mean runs over all clients,
   weighted n_t / n, a client that did not train contributing the current θ_m
-  (θ ← Σ_{t∈S} p_t θ_{m,t} + Σ_{t∉S} p_t θ_m). With everyone answering they agree.
+  (θ ← Σ_{t∈S} p_t θ_{m,t} + Σ_{t∉S} p_t θ_m), with the clients' data sizes as fixed
+  weights p_t (as the code's client weights; so also under `[privacy]`, which reports
+  n_i = 1). With everyone answering the two agree.
 - Initialisation: M independent PyTorch default initialisations (seeds seed..seed+M−1, as the
   code's seed+m), π_t = 1/M.
 - The E-step uses each model in evaluation mode on all the client's training data, once per
@@ -134,9 +136,9 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
                    got: np.ndarray) -> torch.Tensor:
         """New [M, d] components from the answering clients' `[n, M, d]` models."""
         w = np.asarray(n_samples, dtype=np.float64)
-        if self.config.aggregate == "all":  # p_t = n_t / n over all clients
-            total = float(np.asarray(ctx.train_sizes, dtype=np.float64).sum())
-            p = torch.as_tensor(w / total, dtype=params.dtype)
+        if self.config.aggregate == "all":  # p_t = n_t / n over all clients (static weights)
+            sizes = np.asarray(ctx.train_sizes, dtype=np.float64)
+            p = torch.as_tensor(sizes[got] / sizes.sum(), dtype=params.dtype)
             rest = 1.0 - float(p.sum())
             return torch.einsum("n,nmd->md", p, params) + rest * self.state.models
         p = torch.as_tensor(w / w.sum(), dtype=params.dtype)
