@@ -26,7 +26,7 @@ import torch
 
 from clusterfl.errors import ClusterFLError
 
-Combine = Literal["single", "sum_logits", "mean_probs"]
+Combine = Literal["single", "sum_logits", "mean_probs", "mean_outputs"]
 Split = Literal["train", "test"]
 
 
@@ -64,6 +64,8 @@ class Predictor:
     - "mean_probs": softmax outputs are averaged (FedAvg+/FedProx+ ensembles); with
       `weights` (`[n, members]`, one row per client, each row summing to 1), the weighted
       mean Σ_j weights[i, j] · softmax(member j) (FedEM's mixture prediction, Σ_m π_m h_m).
+    - "mean_outputs": the members' raw outputs are averaged (with `weights`: weighted), the
+      mixture's mean for regression (FedEM on a regression task).
     """
 
     models: torch.Tensor

@@ -224,3 +224,17 @@ def test_fedsoft_cluster_predictor_uses_the_argmax_cluster_model() -> None:
     pred = exp.algorithm.predictor()
     assert torch.equal(pred.models, exp.algorithm.state.models)
     assert pred.members[:, 0].tolist() == np.maximum(exp.algorithm.assignment(), 0).tolist()
+
+
+def test_fedem_on_regression_predicts_the_mixture_mean() -> None:
+    """Squared error as the loss: the E-step still weighs the components, the mixture
+    predicts Σ_m π_m h_m(x) and the test error falls."""
+    cfg = tiny({"name": "fedem", "n_components": 3},
+               {"name": "linear_regression", "n_clients": 6, "delta_phi": 40.0,
+                "samples_per_client": 200, "test_samples_per_client": 50}, 8,
+               data={"source": "synthetic_regression"}, model={"name": "linear"},
+               train={"lr": 0.1, "batch_size": 32, "steps": 5})
+    exp, h = _run(cfg)
+    assert exp.algorithm.predictor().combine == "mean_outputs"
+    mse = [r.metrics.mse for r in h.records]
+    assert all(np.isfinite(mse)) and mse[-1] < 0.95 * mse[0], mse

@@ -14,13 +14,14 @@ Same helpers and tolerances as `test_equivalence.py` (float64: 1e-10).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.engine.test_equivalence import FILLED, SETTINGS, SIZES, close, dtype, setup  # noqa: F401
+from tests.engine.test_equivalence import FILLED, SETTINGS, SIZES, close, setup
 
 from clusterfl.engine.reference import predict
 from clusterfl.engine.schedule import mixture_seed
@@ -35,6 +36,15 @@ from clusterfl.protocol import (
 )
 
 NAMES = ["mlp", "lenet", "linear", "custom"]
+
+
+@pytest.fixture(params=[torch.float64])
+def dtype(request: pytest.FixtureRequest) -> Iterator[torch.dtype]:
+    """Modules and data in float64 (the reference follows the default dtype)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(request.param)
+    yield request.param
+    torch.set_default_dtype(old)
 
 
 def _weights(n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -160,17 +170,33 @@ def test_best_counts_count_the_least_loss_model(dtype: torch.dtype) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("how", ["mean_probs", "mean_outputs"])
 @pytest.mark.parametrize("name", NAMES)
-def test_weighted_mean_probs_match_reference(name: str, dtype: torch.dtype) -> None:
+def test_weighted_mixtures_match_reference(name: str, how: str, dtype: torch.dtype) -> None:
     fed, fac, seq, sim = setup(name, FILLED)
     n = fed.n_clients
     models = fac.init_many(3, seed=7)
-    pred = Predictor(models, np.tile(np.arange(3), (n, 1)), "mean_probs", _weights(n, 3, 4))
+    pred = Predictor(models, np.tile(np.arange(3), (n, 1)), how, _weights(n, 3, 4))
     for split in ("test", "train"):
         a = sim.evaluate(EvaluateRequest(np.arange(n), pred, split))
         b = seq.evaluate(EvaluateRequest(np.arange(n), pred, split))
         for field in ("accuracy", "loss"):
             close(getattr(a, field), getattr(b, field), dtype)
+
+
+def test_mean_outputs_is_the_weighted_mean_of_the_members(dtype: torch.dtype) -> None:
+    """Regression: the mixture predicts Σ_m π_m h_m(x); its MSE is that of the mean."""
+    fed, fac, seq, sim = setup("linear", FILLED)
+    n = fed.n_clients
+    models = fac.init_many(2, seed=9)
+    w = _weights(n, 2, 5)
+    pred = Predictor(models, np.tile(np.arange(2), (n, 1)), "mean_outputs", w)
+    x, y = fed.client_test(3)
+    mean = w[3, 0] * predict(seq.module, models[0], x) + w[3, 1] * predict(seq.module, models[1], x)
+    want = float(((mean.reshape(-1) - y) ** 2).mean())
+    for backend in (seq, sim):
+        got = backend.evaluate(EvaluateRequest(np.arange(n), pred)).loss[3]
+        close(np.array([got]), np.array([want]), dtype)
 
 
 def test_one_hot_weights_predict_like_that_member(dtype: torch.dtype) -> None:

@@ -11,7 +11,9 @@ What the paper says (abstract; the steps as in the authors' code, omarfoq/FedEM)
   over its samples, and trains every component locally from the received θ_m with sample j's
   loss weighted by q(z_j = m) (`MixtureTrainRequest`: both steps happen on the device). The
   server averages each component over the clients, weighted by their sample counts.
-- Prediction of client t: Σ_m π_tm softmax(h_{θ_m}(x)) (a weighted "mean_probs" predictor).
+- Prediction of client t: Σ_m π_tm softmax(h_{θ_m}(x)) (a weighted "mean_probs" predictor);
+  on a regression task (squared error as ℓ, a Gaussian likelihood) the mixture's mean
+  Σ_m π_tm h_{θ_m}(x) ("mean_outputs": our extension, the paper's experiments classify).
 - Clients unseen in training keep the components frozen and fit their own π by EM on their
   data (`MixtureFitRequest`), then predict with the mixture.
 
@@ -61,7 +63,13 @@ from clusterfl.algorithms.base import (
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
-from clusterfl.protocol import MixtureFitRequest, MixtureTrainRequest, Predictor, mean_finite
+from clusterfl.protocol import (
+    Combine,
+    MixtureFitRequest,
+    MixtureTrainRequest,
+    Predictor,
+    mean_finite,
+)
 from clusterfl.records import RoundExtras
 
 
@@ -112,6 +120,9 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
     def setup(self, ctx: Context) -> None:
         m = self.config.n_components
         check_k_fits(m, ctx.n_clients, "algorithm.n_components")
+        # regression: the mixture's mean output (the prediction minimising the squared error)
+        self.combine: Combine = ("mean_outputs" if ctx.backend.federation.task == "regression"
+                                 else "mean_probs")
         self.state = FedEMState(ctx.factory.init_many(m, ctx.seed),
                                 np.full((ctx.n_clients, m), 1.0 / m),
                                 np.zeros(ctx.n_clients, dtype=bool))
@@ -154,7 +165,7 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
     def predictor(self) -> Predictor:
         st = self.state
         n, m = st.weights.shape
-        return Predictor(st.models, np.tile(np.arange(m, dtype=np.int64), (n, 1)), "mean_probs",
+        return Predictor(st.models, np.tile(np.arange(m, dtype=np.int64), (n, 1)), self.combine,
                          st.weights.copy())
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
@@ -172,7 +183,7 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
         weights[rows] = reply.weights
         clusters[rows] = np.argmax(reply.weights, axis=1)
         pred = Predictor(st.models, np.tile(np.arange(m, dtype=np.int64), (len(clients), 1)),
-                         "mean_probs", weights)
+                         self.combine, weights)
         details = [{"weights": [round(float(v), 6) for v in w]} for w in weights]
         return Placement(clients, clusters, pred, details)
 

@@ -164,8 +164,8 @@ class SimulationBackend(Backend):
         prior = torch.as_tensor(np.asarray(req.weights, np.float64))
         q = responsibilities(losses, prior[torch.from_numpy(
             np.repeat(np.arange(n), rows.size).astype(np.int64))])
-        pi = segment_mean(q, rows.size)
-        pi = torch.where(torch.isnan(pi), prior, pi).numpy()
+        mean_q = segment_mean(q, rows.size)
+        pi = torch.where(torch.isnan(mean_q), prior, mean_q).numpy()
         # the K weighted trainings of every client as one request of k·n (client, component)
         rep = np.tile(clients, k)
         rows_k = Rows.of(data.offsets, rep)

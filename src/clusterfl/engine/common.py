@@ -23,18 +23,23 @@ def combine(outputs: list[torch.Tensor], how: Combine,
     `weights` (`[rows, members]`, or `[members]` for all rows alike) make "mean_probs" the
     weighted mean Σ_j w_j softmax(o_j) instead of the plain mean.
     """
-    if how == "single" or (len(outputs) == 1 and how != "mean_probs"):
+    if how == "single" or (len(outputs) == 1 and how not in ("mean_probs", "mean_outputs")):
         return outputs[0]
     if how == "sum_logits":
         return torch.stack(outputs).sum(0)
-    stacked = torch.stack([torch.softmax(o, -1) for o in outputs])  # [members, rows, O]
-    if weights is None:
-        probs = stacked.mean(0)
-    else:
-        w = weights.to(stacked.dtype)
-        w = w.t() if w.dim() == 2 else w[:, None].expand(-1, stacked.shape[1])
-        probs = (stacked * w.unsqueeze(-1)).sum(0)
+    if how == "mean_outputs":
+        return _weighted_mean(torch.stack(outputs), weights)
+    probs = _weighted_mean(torch.stack([torch.softmax(o, -1) for o in outputs]), weights)
     return torch.log(probs.clamp_min(1e-12))
+
+
+def _weighted_mean(stacked: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the first axis of `[members, rows, O]`, weighted per row when given."""
+    if weights is None:
+        return stacked.mean(0)
+    w = weights.to(stacked.dtype)
+    w = w.t() if w.dim() == 2 else w[:, None].expand(-1, stacked.shape[1])
+    return (stacked * w.unsqueeze(-1)).sum(0)
 
 
 # ----------------------------------------------------------------------------- mixtures

@@ -76,7 +76,7 @@ def partial_steps(training: LocalTraining, n_samples: int, work: float) -> int:
     return max(1, math.floor(full * work))
 
 
-TR = TypeVar("TR", TrainRequest, MixtureTrainRequest)
+TR = TypeVar("TR", bound=TrainRequest | MixtureTrainRequest)
 
 
 def straggler_requests(request: TR, slow: frozenset[int], work: float,
