@@ -27,6 +27,7 @@ from clusterfl.algorithms.fedsoft import FedSoft, FedSoftConfig, importance_weig
 from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.data.federation import Federation
+from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import EvaluateRequest, LocalTraining
@@ -238,3 +239,24 @@ def test_fedem_on_regression_predicts_the_mixture_mean() -> None:
     assert exp.algorithm.predictor().combine == "mean_outputs"
     mse = [r.metrics.mse for r in h.records]
     assert all(np.isfinite(mse)) and mse[-1] < 0.95 * mse[0], mse
+
+
+@pytest.mark.parametrize(("algorithm", "field"), [
+    ({"name": "fedem", "n_components": 9}, "algorithm.n_components"),
+    ({"name": "fedsoft", "n_clusters": 9}, "algorithm.n_clusters"),
+])
+def test_more_models_than_clients_is_a_config_error(algorithm, field) -> None:
+    with pytest.raises(ConfigError) as err:
+        _run(tiny(algorithm, ROTATIONS, 1))
+    assert err.value.field == field and "allowed: 1..8" in str(err.value)
+
+
+@pytest.mark.parametrize(("algorithm", "field"), [
+    ({"name": "fedem", "aggregate": "some"}, "algorithm.aggregate"),
+    ({"name": "fedsoft", "per_cluster": 0}, "algorithm.per_cluster"),
+    ({"name": "fedsoft", "mu": -1}, "algorithm.mu"),
+])
+def test_bad_options_name_the_field(algorithm, field) -> None:
+    with pytest.raises(ConfigError) as err:
+        Experiment.from_config(tiny(algorithm, ROTATIONS, 1))
+    assert field in str(err.value)
