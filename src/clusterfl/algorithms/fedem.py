@@ -159,9 +159,6 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
     def assignment(self) -> np.ndarray:
         return mixture_assignment(self.state.weights, self.state.trained)
 
-    def n_clusters(self) -> int:
-        return int(self.config.n_components)
-
     def predictor(self) -> Predictor:
         st = self.state
         n, m = st.weights.shape

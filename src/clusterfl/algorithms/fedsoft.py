@@ -200,9 +200,6 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
         st = self.state
         return np.where(st.estimated, np.argmax(st.importance, axis=1), -1).astype(np.int64)
 
-    def n_clusters(self) -> int:
-        return int(self.config.n_clusters)
-
     def predictor(self) -> Predictor:
         st = self.state
         if self.config.predict_with == "cluster":
