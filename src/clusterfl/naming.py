@@ -14,8 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-#: the number of cluster models (or of ensemble models): named "K" and shown whenever set
-K_OPTIONS = {"n_clusters": "K", "n_models": "K"}
+#: the number of cluster models (or of ensemble models; FedEM's mixture components, "M"):
+#: named "K" and shown whenever set
+K_OPTIONS = {"n_clusters": "K", "n_models": "K", "n_components": "M"}
 #: longest run folder name; a longer one is cut and ends in a hash of the whole name
 MAX_FOLDER = 100
 

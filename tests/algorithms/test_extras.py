@@ -28,6 +28,8 @@ from clusterfl.algorithms.cam import (
 )
 from clusterfl.algorithms.cfl import CFLExtras, CFLSplitEvent
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPEstimateExtras, CFLGPExtras
+from clusterfl.algorithms.fedem import FedEMExtras
+from clusterfl.algorithms.fedsoft import FedSoftExtras
 from clusterfl.algorithms.fesem import FeSEMExtras, FeSEMKMeansExtras, KMeansExtras
 from clusterfl.algorithms.flt import FLTClusteringExtras, FLTExtras
 from clusterfl.algorithms.ifca import IFCAExtras
@@ -78,6 +80,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
             [FLTClusteringExtras, FLTExtras]),
     "pca_km_hc": ({"name": "pca_km_hc", "k": 3, "pca_components": 4, "fraction": 0.5},
                   {**LABELS, "rounds": 2}, [FLTClusteringExtras, FLTExtras]),
+    "fedem": ({"name": "fedem", "n_components": 2, "fraction": 0.5}, nobody_answers_in(2),
+              [FedEMExtras] * 3),
+    "fedsoft": ({"name": "fedsoft", "n_clusters": 2, "per_cluster": 2,
+                 "estimation_interval": 2}, nobody_answers_in(2), [FedSoftExtras] * 3),
 }
 
 # Classes that are parts of the above, never a round's whole extras.

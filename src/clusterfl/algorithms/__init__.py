@@ -8,6 +8,8 @@ from clusterfl.algorithms.cfl import CFL
 from clusterfl.algorithms.cfl_gp import CFLGP
 from clusterfl.algorithms.ensemble import FedAvgPlus, FedProxPlus
 from clusterfl.algorithms.fedavg import FedAvg, FedProx
+from clusterfl.algorithms.fedem import FedEM
+from clusterfl.algorithms.fedsoft import FedSoft
 from clusterfl.algorithms.fesem import FeSEM
 from clusterfl.algorithms.flt import FLT, PCAKMHC
 from clusterfl.algorithms.ifca import IFCA
@@ -16,7 +18,7 @@ from clusterfl.algorithms.local import Local
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (FedAvg, FedProx, Local, FedAvgPlus, FedProxPlus, IFCA, FeSEM, IFCACAM,
-                FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC)
+                FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC, FedEM, FedSoft)
 }
 
 

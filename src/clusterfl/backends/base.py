@@ -18,6 +18,8 @@ from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
     RE,
     Asks,
+    BestCountReply,
+    BestCountRequest,
     EmbedReply,
     EmbedRequest,
     EvaluateReply,
@@ -26,6 +28,10 @@ from clusterfl.protocol import (
     GradientRequest,
     LossReply,
     LossRequest,
+    MixtureFitReply,
+    MixtureFitRequest,
+    MixtureTrainReply,
+    MixtureTrainRequest,
     Reply,
     TrainReply,
     TrainRequest,
@@ -74,6 +80,12 @@ class Backend(ABC):
             reply = self.evaluate(request)
         elif isinstance(request, EmbedRequest):
             reply = self.embed(request)
+        elif isinstance(request, MixtureTrainRequest):
+            reply = self.mixture_train(request)
+        elif isinstance(request, MixtureFitRequest):
+            reply = self.mixture_fit(request)
+        elif isinstance(request, BestCountRequest):
+            reply = self.best_counts(request)
         else:
             raise TypeError(f"unknown request type {type(request).__name__}")
         return cast(RE, reply)
@@ -105,6 +117,16 @@ class Backend(ABC):
             rows.append(client_signature(x, y, req, int(req.seed) * 1_000_003 + int(c)))
         sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
         return EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
+
+    # mixtures (FedEM, FedSoft): the in-process backends implement them
+    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureTrainRequest")
+
+    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureFitRequest")
+
+    def best_counts(self, req: BestCountRequest) -> BestCountReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a BestCountRequest")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (processes, connections)."""
