@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
+from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
 from clusterfl.config_util import parse, pick
 from clusterfl.data.scenarios import SCENARIOS, scenario_params
@@ -173,8 +173,7 @@ def load_config(raw: dict[str, Any]) -> Config:
     train = parse(TrainConfig, raw.get("train"), "train")
     algo_raw = dict(_table(raw, "algorithm"))
     algo_raw.setdefault("name", "fedavg")
-    algo_cls = pick(ALGORITHMS, algo_raw["name"], "algorithm.name")
-    algorithm = parse(algo_cls.Config, algo_raw, "algorithm")
+    algorithm = algorithm_config(algo_raw, "algorithm")
     backend_raw = raw.get("backend")
     if backend_raw is not None and not isinstance(backend_raw, dict):
         raise ConfigError("backend", "must be a table of settings, got "

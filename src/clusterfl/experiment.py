@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from clusterfl import metrics
-from clusterfl.algorithms import ALGORITHMS, Algorithm, Context
+from clusterfl.algorithms import Algorithm, Context, algorithm_class
 from clusterfl.backends import BACKENDS, Backend
 from clusterfl.config import (
     ROBUST_TABLES,
@@ -169,7 +169,7 @@ class Experiment:
         _check_fault_clients(config, self.federation.n_clients)
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
-        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
+        self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
         self.divergence: Divergence | None = None
         """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
         self.diverged_rounds = 0
@@ -408,11 +408,15 @@ class Experiment:
         if path is None or not path.is_file():
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
         state = torch.load(path, weights_only=False)
-        if state["config"] != self.config.to_dict():
+        saved, now = dict(state["config"]), self.config.to_dict()
+        if {**saved, "rounds": None} != {**now, "rounds": None}:
             raise ClusterFLError(
                 f"--resume: the checkpoint in {path.parent} was made with another config; "
                 "use the same config (see its config.toml) or a new --out"
             )
+        continued = saved.get("rounds") != now["rounds"]
+        if continued:
+            self._check_continuation(path.parent, int(state["round"]), saved.get("rounds"))
         try:
             self.algorithm.load_state_dict(state["algorithm"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -427,11 +431,43 @@ class Experiment:
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
+        if continued:
+            _forget_last_round_evaluation(records, saved.get("rounds"), self.config.run)
         if state.get("divergence") is not None:
             self.divergence = Divergence(**state["divergence"])
         self.diverged_rounds = int(state.get("diverged_rounds", 0))
         self.checkpoint_round = int(state["round"])
         return int(state["round"]) + 1, float(state["elapsed"]), records
+
+
+    def _check_continuation(self, where: Path, held: int, planned: Any) -> None:
+        """`--resume --set rounds=N` continues a run (finished or not) to N rounds: allowed
+        when N reaches the checkpoint's round and the method does not schedule by the
+        planned number of rounds T (`Algorithm.uses_planned_rounds`), which it could not
+        change in the rounds already run."""
+        rounds = self.config.run.rounds
+        if rounds < held:
+            raise ClusterFLError(
+                f"--resume: the checkpoint in {where} already holds round {held}; rounds = "
+                f"{rounds} would end before it: set rounds >= {held} (or a new --out)")
+        if getattr(type(self.algorithm), "uses_planned_rounds", False):
+            raise ClusterFLError(
+                f"--resume: {self.algorithm.label()} schedules by the planned number of rounds "
+                f"(T = {planned} in this run), so continuing it to {rounds} rounds would not "
+                f"equal a {rounds}-round run; start a new run with rounds = {rounds} (or "
+                f"resume with rounds = {planned})")
+
+
+def _forget_last_round_evaluation(records: list[RoundRecord], planned: Any,
+                                  run: Any) -> None:
+    """A continued run's records as a run planned for `run.rounds` from the start has them:
+    the old last round was evaluated because it was the last (`eval_every` aside); a run
+    that goes on evaluates it only on the `eval_every` grid."""
+    for rec in records:
+        if (planned is not None and rec.round == int(planned) and rec.round < run.rounds
+                and rec.round % run.eval_every != 0):
+            rec.metrics = None
+            rec.client_accuracy = rec.client_macro_f1 = rec.client_mse = None
 
 
 def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:
