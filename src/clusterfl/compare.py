@@ -12,8 +12,14 @@ from clusterfl.experiment import Experiment, History, build_federation, claim_ru
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
-    """`"fedprox:mu=0.1:fraction=0.5"` → `{"name": "fedprox", "mu": 0.1, "fraction": 0.5}`."""
+    """`"fedprox:mu=0.1:fraction=0.5"` → `{"name": "fedprox", "mu": 0.1, "fraction": 0.5}`.
+
+    A method from outside the package is named by its import path, whose own `:` comes
+    first: `"mypkg.methods:Mine:step=0.5"` → `{"name": "mypkg.methods:Mine", "step": 0.5}`.
+    """
     name, *pairs = [p.strip() for p in spec.split(":")]
+    if pairs and "=" not in pairs[0]:  # "module:Attr" of an import path
+        name = f"{name}:{pairs.pop(0)}"
     if not name:
         raise ConfigError("--algorithms", f"empty method name in {spec!r}")
     out: dict[str, Any] = {"name": name}

@@ -22,20 +22,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl import metrics
+from clusterfl import metrics, tracking
 from clusterfl.algorithms import Algorithm, Context, algorithm_class
 from clusterfl.backends import BACKENDS, Backend
 from clusterfl.config import (
     ROBUST_TABLES,
     Config,
     apply_overrides,
+    data_table,
     dump_toml,
     load_config,
     read_toml,
 )
+from clusterfl.data import own
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
-from clusterfl.data.sources import Source, load_source, standardize
+from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor
@@ -105,6 +107,10 @@ def _holds_results(path: Path) -> bool:
 
 
 def build_federation(config: Config) -> Federation:
+    if config.data.source not in SOURCE_NAMES:  # data of one's own (`clusterfl.data.own`)
+        data = config.to_dict()["data"]
+        return own.build(data, config.scenario_name, config.scenario.model_dump(),
+                         config.run.seed, config.data.standardize)
     try:
         verify = config.data.verify is not False
         source: str | Source = config.data.source
@@ -155,10 +161,14 @@ class Experiment:
     def __init__(
         self, config: Config, out_dir: str | Path | None = None,
         federation: Federation | None = None, overwrite: bool = False,
+        callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> None:
         """`overwrite`: a run (without resume) into a non-empty `out_dir` empties it first;
-        without it, such a run raises `RunDirInUseError` (see `claim_run_dir`)."""
-        self.config = config
+        without it, such a run raises `RunDirInUseError` (see `claim_run_dir`).
+        `callbacks`: trackers told of every round (`clusterfl.tracking`), besides those of
+        `[output] callbacks` and `tensorboard`."""
+        self.config = config if federation is None else _with_data_of(config, federation)
+        config = self.config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.overwrite = overwrite
         self.federation = federation if federation is not None else build_federation(config)
@@ -175,16 +185,32 @@ class Experiment:
         self.diverged_rounds = 0
         self.checkpoint_round: int | None = None
         """The round the checkpoint in `out_dir` holds (None: none written or loaded yet)."""
+        self.callbacks = self._callbacks(list(callbacks))
 
     @classmethod
     def from_config(
         cls, source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
         out_dir: str | Path | None = None, federation: Federation | None = None,
-        overwrite: bool = False,
+        overwrite: bool = False, callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> Experiment:
         raw = source if isinstance(source, dict) else read_toml(source)
         return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation,
-                   overwrite)
+                   overwrite, callbacks)
+
+    def _callbacks(self, given: list[Any]) -> list[Any]:
+        """The given callbacks, then `[output] callbacks`, then TensorBoard when asked."""
+        out = self.config.output
+        for cb in given:
+            tracking.check_callback(cb)
+        made = [tracking.make_callback(ref, f"output.callbacks[{i}]")
+                for i, ref in enumerate(out.callbacks)]
+        board = []
+        if out.tensorboard:
+            if self.out_dir is None:
+                raise ConfigError("output.tensorboard", "TensorBoard events go to the run "
+                                                        "directory: give the run an out_dir")
+            board = [tracking.TensorBoardCallback(self.out_dir / tracking.TENSORBOARD_DIR)]
+        return [*given, *made, *board]
 
     # ------------------------------------------------------------------ the loop
     def _context(self, backend: Backend) -> Context:
@@ -219,12 +245,15 @@ class Experiment:
         if resume:
             start, elapsed, history.records = self._load_checkpoint(ctx)
         self._prepare_dir(history.records)
+        tracking.call(self.callbacks, "on_run_start", self.config.to_dict(), self.out_dir,
+                      start=start)
         try:
             self._loop(ctx, history, start, elapsed, self._want_progress(progress))
         finally:
             backend.close()
         history.summary = self._summary(history, ctx)
         self._write_outputs(history)
+        tracking.call(self.callbacks, "on_run_end", history.summary, self.out_dir)
         return history
 
     def _loop(self, ctx: Context, history: History, start: int, elapsed: float,
@@ -243,6 +272,7 @@ class Experiment:
                 record = self._record(ctx, t, extras, evaluate, time.perf_counter() - t0)
                 history.records.append(record)
                 self._append(record)
+                tracking.call(self.callbacks, "on_round_end", record)
                 bar.update(record)
                 every = run.checkpoint_every
                 if every and (t % every == 0 or t == run.rounds):  # the last: to place, continue
@@ -468,6 +498,33 @@ def _forget_last_round_evaluation(records: list[RoundRecord], planned: Any,
                 and rec.round % run.eval_every != 0):
             rec.metrics = None
             rec.client_accuracy = rec.client_macro_f1 = rec.client_mse = None
+
+
+def _with_data_of(config: Config, federation: Federation) -> Config:
+    """The config of a run given `federation`: its `[data]` is the federation's own when
+    the federation records one (`meta["data"]`, set by `Federation.from_clients` and the
+    loaders of `clusterfl.data.own`), so the run directory says what data it was.
+
+    A config without a `[data]` table of its own takes the federation's (and its scenario:
+    `given` for per-client data); one that names other data is refused.
+    """
+    given = federation.meta.get("data")
+    if not isinstance(given, dict):
+        return config
+    now = config.to_dict()
+    if data_table(given) == now["data"]:
+        return config
+    if now["data"] != data_table({}):
+        raise ConfigError("data", f"the config's [data] {now['data']} is not the data of the "
+                                  f"federation given ({data_table(given)}); leave [data] out "
+                                  "of the config (the federation's own is recorded) or make "
+                                  "them agree")
+    meta = federation.meta
+    if own.is_per_client(str(given.get("source"))) is False and "scenario" in meta:
+        scenario = {"name": meta["scenario"], **dict(meta.get("params") or {})}
+    else:
+        scenario = {"name": own.GIVEN}
+    return load_config({**now, "data": given, "scenario": scenario})
 
 
 def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:

@@ -54,6 +54,7 @@ FLOORS: dict[str, int] = {
     "report": 5,
     "bench": 5,
     "compare": 5,
+    "tracking": 5,
     # 6 interface: command line and deployment (Flower ServerApp / ClientApp / launcher).
     "cli": 6,
     "cli_bench": 6,

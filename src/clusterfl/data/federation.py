@@ -52,6 +52,22 @@ class Federation:
             self.clusters = np.asarray(self.clusters, dtype=np.int64)
         self.validate()
 
+    @classmethod
+    def from_clients(cls, clients: Any, clusters: Any = None, n_classes: int | None = None,
+                     task: Task = "classification", name: str = "own data") -> Federation:
+        """A federation of one's own clients.
+
+        `clients`: one entry per client, each `(x_train, y_train, x_test, y_test)` (numpy
+        arrays or tensors), `(train, test)` or `{"train": ..., "test": ...}` where each part
+        is an `(x, y)` pair or a torch `Dataset` of `(input, target)` items. `clusters`:
+        the true cluster id of each client (optional; for ARI). `n_classes`: default the
+        largest label + 1. The federation records `{"source": "python", "name": name}` as its
+        `[data]` table, which a run given it writes to its `config.toml`.
+        """
+        from clusterfl.data.own import from_clients
+
+        return from_clients(clients, clusters, n_classes, task, name)
+
     # ------------------------------------------------------------------ shape facts
     @property
     def n_clients(self) -> int:
