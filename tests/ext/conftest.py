@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,10 +114,11 @@ class Recorder:
 
 
 @pytest.fixture
-def own_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A module `ownstuff` (model, method, loaders, tracker) importable from a temp folder."""
-    folder = tmp_path / "pkg"
-    folder.mkdir()
+def own_module(tmp_path_factory: pytest.TempPathFactory,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A module `ownstuff` (model, method, loaders, tracker) importable from a temp folder
+    (not the test's tmp_path, which stays empty for run directories)."""
+    folder = tmp_path_factory.mktemp("pkg")
     (folder / "ownstuff.py").write_text(textwrap.dedent(MODULE))
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.setenv("PYTHONPATH", str(folder))
