@@ -40,9 +40,13 @@ def _check_same_as_inprocess(raw: dict, out: Path) -> None:
     assert (out / "summary.json").is_file() and ref_h.final.metrics is not None
 
 
-def test_custom_model_and_method_on_flower_nodes_with_npz_files(own_module, tmp_path):
+@pytest.mark.parametrize("nodes", ["data-file", "partition-id"])
+def test_custom_model_and_method_on_flower_nodes_with_npz_files(own_module, tmp_path, nodes):
     parts = _parts(tmp_path, 4)
-    grid = FakeGrid([{"data-file": str(p)} for p in sorted(parts.glob("*.npz"))])
+    # data-file: each node reads its own file; partition-id: each node builds the run's
+    # [data] (the npz folder, sent in the recipe) and keeps its client
+    grid = FakeGrid([{"data-file": str(p)} if nodes == "data-file" else {"partition-id": i}
+                     for i, p in enumerate(sorted(parts.glob("*.npz")))])
     raw = _config(parts, own_module, 4)
     history = run_on_grid(grid, raw, out_dir=tmp_path / "run")
     assert history.summary.label == "Damped (step=0.8)"

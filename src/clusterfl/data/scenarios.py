@@ -20,6 +20,7 @@ to train and test rows, so each client's test data follows its own training dist
 | `power_law`         | FLT Appendix C.4, Algorithm 4           | label set per cluster    |
 | `linear_regression` | CFL-GP §5.1, F.4                        | one slope angle each     |
 | `label_shift_half`  | CFL-GP F.7                              | shifted / not shifted    |
+| `cluster_partitioner` | Flower Datasets partitioners          | one angle each           |
 
 Clients of a cluster are contiguous (client i of C belongs to cluster ⌊i·K/C⌋ for K clusters
 of near-equal size). Every client gets at least one training and one test sample, or a
@@ -407,6 +408,21 @@ class RotationMixtureParams(_RotationLayoutParams):
     angles: tuple[float, float] = (0.0, 180.0)
 
 
+class ClusterPartitionerParams(RotationParams):
+    """Clusters as in `rotation` (one angle each); a Flower Datasets partitioner splits each
+    cluster's share of the samples among its clients (`clusterfl.data.partitioners`)."""
+
+    angles: list[float] = Field(
+        default_factory=lambda: [0.0, 180.0],
+        description="degrees, one per cluster, or a preset name: 'ifca' or 'cflgp'")
+    partitioner: Literal["iid", "dirichlet", "shard", "pathological", "linear", "square",
+                         "exponential"] = Field(
+        "iid", description="the flwr_datasets partitioner used inside each cluster")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="its keyword arguments, e.g. {alpha = 0.5} "
+        "(partition_by defaults to the labels, seed to the run's)")
+
+
 class DirichletParams(ScenarioParams):
     """CAM §5 (Hsu et al.): per class, Dir(α) proportions over the clients."""
 
@@ -649,6 +665,15 @@ def plan_rotation_mixture(source: Source, p: RotationMixtureParams,
     return Plan(train_pool, train, test_pool, test, clusters, info,
                 train_angles=row_angles(train), test_angles=row_angles(test),
                 extra={"layout": p.layout})
+
+
+def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
+                             rng: np.random.Generator) -> Plan:
+    """Rotation clusters split inside by a Flower Datasets partitioner (needs `flwr-datasets`,
+    imported here only)."""
+    from clusterfl.data.partitioners import plan_cluster_partitioner as plan
+
+    return plan(source, p, rng)
 
 
 # ====================================================================== planners: label skew
@@ -949,6 +974,8 @@ SCENARIOS: dict[str, ScenarioSpec] = dict([
           "each cluster rotates its images by one angle"),
     _spec("rotation_mixture", RotationMixtureParams, plan_rotation_mixture, "images",
           "CFL-GP F.5.2", "0°, 180° and a κ-mixture of both"),
+    _spec("cluster_partitioner", ClusterPartitionerParams, plan_cluster_partitioner, "images",
+          "Flower Datasets", "rotation clusters, a flwr_datasets partitioner inside each"),
     _spec("dirichlet", DirichletParams, plan_dirichlet, "labels", "CAM §5; Hsu et al. 2019",
           "client-wise label skew Dir(α)"),
     _spec("cluster_dirichlet", ClusterDirichletParams, plan_cluster_dirichlet, "labels",
