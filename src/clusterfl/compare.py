@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config
+from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment, History, build_federation, claim_run_dir
 
@@ -63,18 +64,21 @@ def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Conf
 def run_comparison(
     config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None,
     overwrite: bool = False, hint: str = "overwrite=True to replace it",
+    federation: Federation | None = None,
 ) -> list[tuple[str, History]]:
     """Each method on the one federation built from `config`; returns (label, history).
 
     Every run goes to `out_dir/<run folder name>` (`naming.run_folder_name`: the
     method and its non-default options); the comparison report to `out_dir/report.md`.
     `out_dir` holds one comparison: when it is not empty, `overwrite` empties it first
-    (otherwise `RunDirInUseError`, whose message ends with `hint`).
+    (otherwise `RunDirInUseError`, whose message ends with `hint`). `federation`: data of
+    one's own built in Python (`Federation.from_clients`) instead of the config's `[data]`.
     """
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
     claim_run_dir(out, overwrite=overwrite, hint=hint)  # after the specs were validated
-    federation = build_federation(config)
+    if federation is None:
+        federation = build_federation(config)
     results, run_dirs = [], []
     for folder, cfg in runs:
         run_dir = out / folder

@@ -72,7 +72,7 @@ def test_every_example_runs_from_a_clean_folder(tmp_path):
 
     own = summary("own_model")
     assert own["rounds"] == 5 and own["final"]["ari"] == 1.0  # continued to 5 rounds
-    assert config("own_model")["model"] == {"name": "mynets:SmallCNN", "channels": 4}
+    assert config("own_model")["model"] == {"name": "mynets:SmallCNN", "channels": 6}
     assert summary("clients")["federation"] == "npz:clients"
     assert summary("clients")["final"]["ari"] == 1.0
     assert config("clients")["data"]["source"] == "npz"

@@ -63,6 +63,18 @@ def test_a_run_on_own_clients_finds_their_groups_and_records_the_data(tmp_path):
                                federation=blob_federation())
 
 
+def test_compare_runs_methods_on_a_federation_given_in_python(tmp_path):
+    from clusterfl.compare import run_comparison
+
+    config = load_config({**BASE, "data": {"source": "python", "name": "blobs"}})
+    results = run_comparison(config, ["fedavg", "ifca:n_clusters=2"], tmp_path,
+                             federation=blob_federation())
+    assert [h.summary.federation for _, h in results] == ["blobs", "blobs"]
+    assert results[1][1].final.ari == 1.0
+    report = (tmp_path / "report.md").read_text()
+    assert "Federation: `blobs`" in report and "Warning" not in report
+
+
 def test_an_npz_folder_is_the_federation_it_was_exported_from(tmp_path, capsys):
     fed = make_federation("digits", "rotation", {"n_clients": 6, "angles": [0, 180]}, seed=0)
     export_partitions(fed, tmp_path / "parts")
