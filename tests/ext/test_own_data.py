@@ -44,14 +44,17 @@ def test_from_clients_takes_arrays_or_torch_datasets_alike():
 
 
 def test_a_run_on_own_clients_finds_their_groups_and_records_the_data(tmp_path):
-    exp = Experiment.from_config({**BASE, "algorithm": IFCA}, out_dir=tmp_path / "run",
-                                 federation=blob_federation())
+    exp = Experiment.from_config({**BASE, "algorithm": IFCA,
+                                  "output": {"figures": True, "progress": "off"}},
+                                 out_dir=tmp_path / "run", federation=blob_federation())
     history = exp.run(progress=False)
     assert history.final.ari == 1.0 and history.series("accuracy")[-1] > 0.85
     saved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
     assert saved["data"] == {"source": "python", "name": "blobs", "standardize": False}
     assert saved["scenario"] == {"name": "given"}
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["federation"] == "blobs"
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "federation `blobs`, data `python` (blobs)" in report and "digits" not in report
     # resumed in Python with the same federation; on the command line a clear message
     again = Experiment.from_config(saved, out_dir=tmp_path / "run", federation=blob_federation())
     assert again.config.to_dict() == exp.config.to_dict()
@@ -172,12 +175,17 @@ def test_a_hugging_face_dataset_on_disk_is_split_by_our_scenarios(tmp_path):
         d.to_parquet(str(tmp_path / "pq" / f"{split}-00000.parquet"))
     from clusterfl.data.own import huggingface_source
 
-    saved, parquet = (huggingface_source(tmp_path / p) for p in ("digits_hf", "pq"))
-    for hf in (saved, parquet):  # 8-bit pixels of the same images, as [N, 1, 8, 8]
+    (tmp_path / "arrow").mkdir()  # arrow files, named by split (as a hub snapshot has them)
+    for split in ("train", "test"):
+        (arrow,) = (tmp_path / "digits_hf" / split).glob("*.arrow")
+        (tmp_path / "arrow" / f"{split}-00000.arrow").write_bytes(arrow.read_bytes())
+    saved, parquet, arrows = (huggingface_source(tmp_path / p)
+                              for p in ("digits_hf", "pq", "arrow"))
+    for hf in (saved, parquet, arrows):  # 8-bit pixels of the same images, as [N, 1, 8, 8]
         assert hf.x_train.shape == src.x_train.shape and hf.n_classes == 10
         assert torch.equal(hf.y_train, src.y_train)
         assert (hf.x_train - src.x_train).abs().max() < 1 / 255
-    assert torch.equal(saved.x_test, parquet.x_test)
+    assert torch.equal(saved.x_test, parquet.x_test) and torch.equal(saved.x_test, arrows.x_test)
     cfg = {**BASE, "rounds": 4, "data": {"source": "huggingface",
                                          "path": str(tmp_path / "digits_hf")},
            "scenario": {"name": "rotation", "n_clients": 6, "angles": [0, 180]},
