@@ -1,4 +1,5 @@
-"""Scenario `cluster_partitioner`: clusters of `rotation`, split inside by Flower Datasets.
+"""Flower Datasets partitioners for scenario `cluster_partitioner` (its planner is in
+`scenarios`): clusters of `rotation`, each split among its clients by a partitioner.
 
 Our choices (no paper defines this scenario): the training rows are shuffled and cut into one
 near-equal, disjoint share per cluster (clients of a cluster are contiguous, as everywhere);
@@ -16,19 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from clusterfl.data.scenarios import (
-    ClusterPartitionerParams,
-    Part,
-    Plan,
-    _need_clusters,
-    _per_row,
-    _pools,
-    class_counts,
-    client_groups,
-    matched_test,
-    offsets_of,
-)
-from clusterfl.data.sources import Source
 from clusterfl.errors import ConfigError
 
 PARTITIONERS = {
@@ -67,25 +55,3 @@ def flower_split(labels: np.ndarray, n_parts: int, kind: str, options: dict[str,
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError("options", f"the {PARTITIONERS[kind]} of flwr_datasets refused "
                                      f"{kwargs}: {exc}") from None
-
-
-def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
-                             rng: np.random.Generator) -> Plan:
-    n_groups = len(p.angles)
-    _need_clusters(n_groups, p.n_clients)
-    clusters = client_groups(p.n_clients, n_groups)
-    train_pool, test_pool = _pools(source)
-    shares = np.array_split(rng.permutation(len(train_pool)), n_groups)
-    rows: list[np.ndarray] = []
-    for g, share in enumerate(shares):
-        members = int(np.sum(clusters == g))
-        seed = int(rng.integers(0, 2**31 - 1))
-        parts = flower_split(train_pool.labels[share], members, p.partitioner, p.options, seed)
-        rows += [share[pos] for pos in parts]
-    train = Part(np.concatenate(rows), offsets_of(np.array([len(r) for r in rows])))
-    test = matched_test(test_pool.labels, class_counts(train_pool.labels, train,
-                                                       source.n_classes), rng)
-    angles = np.asarray(p.angles, dtype=np.float64)[clusters]
-    return Plan(train_pool, train, test_pool, test, clusters, [{"angle": a} for a in p.angles],
-                train_angles=_per_row(angles, train), test_angles=_per_row(angles, test),
-                extra={"partitioner": p.partitioner})

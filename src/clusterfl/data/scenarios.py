@@ -669,11 +669,30 @@ def plan_rotation_mixture(source: Source, p: RotationMixtureParams,
 
 def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
                              rng: np.random.Generator) -> Plan:
-    """Rotation clusters split inside by a Flower Datasets partitioner (needs `flwr-datasets`,
-    imported here only)."""
-    from clusterfl.data.partitioners import plan_cluster_partitioner as plan
+    """Rotation clusters, each split among its clients by a Flower Datasets partitioner
+    (`clusterfl.data.partitioners`, which imports `flwr_datasets` only when used): each
+    cluster gets a disjoint near-equal random share of the training rows; test rows follow
+    each client's training label proportions."""
+    from clusterfl.data.partitioners import flower_split
 
-    return plan(source, p, rng)
+    n_groups = len(p.angles)
+    _need_clusters(n_groups, p.n_clients)
+    clusters = client_groups(p.n_clients, n_groups)
+    train_pool, test_pool = _pools(source)
+    shares = np.array_split(rng.permutation(len(train_pool)), n_groups)
+    rows: list[np.ndarray] = []
+    for g, share in enumerate(shares):
+        members = int(np.sum(clusters == g))
+        seed = int(rng.integers(0, 2**31 - 1))
+        parts = flower_split(train_pool.labels[share], members, p.partitioner, p.options, seed)
+        rows += [share[pos] for pos in parts]
+    train = Part(np.concatenate(rows), offsets_of(np.array([len(r) for r in rows])))
+    test = matched_test(test_pool.labels, class_counts(train_pool.labels, train,
+                                                       source.n_classes), rng)
+    angles = np.asarray(p.angles, dtype=np.float64)[clusters]
+    return Plan(train_pool, train, test_pool, test, clusters, [{"angle": a} for a in p.angles],
+                train_angles=_per_row(angles, train), test_angles=_per_row(angles, test),
+                extra={"partitioner": p.partitioner})
 
 
 # ====================================================================== planners: label skew
