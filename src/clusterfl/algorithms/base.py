@@ -213,6 +213,10 @@ class Algorithm(ABC, Generic[C, S]):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
     State: ClassVar[type[Any]]
+    #: True for a method whose schedule depends on the planned number of rounds T
+    #: (`Context.rounds`): such a run cannot be continued to more rounds (`--resume --set
+    #: rounds=N`) with the result of a run planned for N rounds, so the runner refuses it
+    uses_planned_rounds: ClassVar[bool] = False
     config: C
     state: S
 

@@ -279,6 +279,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     name = "cfl_gp"
     Config = CFLGPConfig
     State = CFLGPState
+    uses_planned_rounds = True  # T/10 unchanged rounds stop the clustering (stable_rounds)
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:

@@ -192,9 +192,11 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
     """Title and one line of facts about the run."""
     true = summary.true_clusters
     truth = f"{len(set(true))} true clusters" if true else "true clusters unknown"
+    data = _config(run_dir).get("data")
     facts = [
         f"algorithm `{_known(summary.algorithm)}`",
         f"federation `{_known(summary.federation)}`",
+        *([_data_fact(data)] if isinstance(data, dict) and "source" in data else []),
         f"{_known(summary.n_clients)} clients"
         + (f" trained and {summary.holdout.get('n_held_out')} held out"
            if summary.holdout else ""),
@@ -202,6 +204,13 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
         truth,
     ]
     return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
+
+
+def _data_fact(data: dict[str, Any]) -> str:
+    """Where the run's data came from (`[data]` of its config.toml), e.g. "data `npz`
+    (parts)", "data `mypkg.data:load`"."""
+    where = data.get("path") or data.get("name")
+    return f"data `{data['source']}`" + (f" ({where})" if where else "")
 
 
 def _divergence_note(summaries: Sequence[RunSummary]) -> str:
