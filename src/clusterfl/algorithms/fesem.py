@@ -20,8 +20,11 @@ Choices the papers leave open, and ours:
 - λ defaults to 0.01 (CAM chooses λ from {0.001, 0.01, 0.1} per experiment).
 - Clients not sampled keep their cluster; a client never clustered trains from (and is
   evaluated with) Θ_0.
-- Warm-up local training (no communication: the models stay on the devices) uses every
-  client; in the last warm-up round the clients upload their models for the first clustering.
+- Sampling (`fraction` or `per_round`, `SampledConfig`) applies to every round after the
+  warm-up. The warm-up's local training (no communication: the models stay on the devices)
+  uses every client, and in the last warm-up round every client uploads its model for the
+  first clustering, so that every client starts clustered (a round record then counts all
+  clients as participants).
 - Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
   absurd norms; `clusterfl.robust`) keep their previous cluster and are left out of k-means.
 """
@@ -38,9 +41,9 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
-    AlgorithmConfig,
     Context,
     KClusterExtras,
+    SampledConfig,
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
@@ -53,13 +56,12 @@ from clusterfl.records import RoundExtras
 LayerSpec = Literal["all", "linear"] | list[str]
 
 
-class FeSEMConfig(AlgorithmConfig):
+class FeSEMConfig(SampledConfig):
     """Settings of FeSEM (`[algorithm] name = "fesem"`)."""
 
     name: Literal["fesem"] = "fesem"
     display: ClassVar[str] = "FeSEM"
     n_clusters: int = Field(5, ge=1, description="K, the number of centers")
-    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
     lam: float = Field(0.01, ge=0.0, description="λ, proximal pull toward the center")
     kmeans_layers: LayerSpec = Field(
         "all", description='parameters k-means measures: "all", "linear" (fully-connected '
@@ -159,7 +161,7 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         if t <= self.config.warmup_rounds:
             return self._warmup_round(ctx, t)
-        clients = ctx.sample(self.config.fraction)
+        clients = ctx.sample_round(self.config)
         starts, start_of = self.starts(clients)
         reply = ctx.send(TrainRequest(clients, starts, start_of,
                                       replace(ctx.training, mu=self.config.lam),
