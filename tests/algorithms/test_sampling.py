@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.robust.conftest import EXPECTED_METHODS, config
 
 from clusterfl.algorithms import ALGORITHMS
 from clusterfl.algorithms.base import SampledConfig
@@ -18,8 +19,6 @@ from clusterfl.config import load_config
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundRecord, RunSummary
-
-from tests.robust.conftest import EXPECTED_METHODS, config
 
 N = 8  # clients of the robustness tests' federation (`config`)
 K = 3  # per_round
@@ -85,7 +84,7 @@ def _spied_run(cfg: dict[str, Any]) -> tuple[Experiment, Any, list[dict[str, Any
 
 @pytest.mark.parametrize("method", list(SAMPLED))
 def test_per_round_clients_take_part_and_the_others_keep_their_cluster(method):
-    exp, h, seen = _spied_run(_cfg(method, {"per_round": K}))
+    _, h, seen = _spied_run(_cfg(method, {"per_round": K}))
     for rec, s in zip(h.records, seen, strict=True):
         assert rec.participants == len(s["who"])
         if method in UNION:  # 2 models, 3 clients each
@@ -263,3 +262,45 @@ def test_cfl_gp_refreshes_only_the_profiles_of_the_clients_that_answered():
         lacking = (r["asked"][r["who"]] == 0) & ever[None, :]
         assert (grown[lacking] == 1).all()
         assert (grown.sum(1) == 1 + lacking.sum(1) - lacking[:, r["kbar"]]).all()
+
+
+# ------------------------------------------------------------------ FeSEM's newcomers
+
+
+def test_fesem_least_loss_newcomers_ask_the_centers_once_and_change_nothing_at_full():
+    from clusterfl.protocol import LossRequest
+
+    def run(rule: dict[str, Any], start: str) -> tuple[Any, list[tuple[int, list[int]]]]:
+        exp = Experiment.from_config(_cfg("fesem", {**rule, "newcomer_start": start},
+                                          rounds=6))
+        alg, asks = exp.algorithm, []
+        real_round = alg.run_round
+
+        def spy(ctx, t):
+            unclustered = set(np.flatnonzero(alg.assignment() < 0).tolist())
+            real_send = ctx.send
+
+            def send(request):
+                if isinstance(request, LossRequest):
+                    assert set(request.clients.tolist()) <= unclustered
+                    assert alg.state.centers is not None  # only once centers exist
+                    asks.append((t, request.clients.tolist()))
+                return real_send(request)
+
+            ctx.send = send
+            try:
+                return real_round(ctx, t)
+            finally:
+                ctx.send = real_send
+
+        alg.run_round = spy  # type: ignore[method-assign]
+        return exp.run(progress=False), asks
+
+    _, asks = run({"per_round": K}, "least_loss")
+    assert asks and all(t > 1 for t, _ in asks)  # clients first sampled after round 1
+    asked = [c for _, who in asks for c in who]
+    assert len(asked) == len(set(asked))  # a client is a newcomer once
+    assert not run({"per_round": K}, "start")[1]
+    full, none = run({}, "least_loss")
+    assert not none  # every client is clustered in round 1: nothing changes
+    assert _strip(full.records) == _strip(run({}, "start")[0].records)
