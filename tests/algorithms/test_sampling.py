@@ -304,3 +304,14 @@ def test_fesem_least_loss_newcomers_ask_the_centers_once_and_change_nothing_at_f
     full, none = run({}, "least_loss")
     assert not none  # every client is clustered in round 1: nothing changes
     assert _strip(full.records) == _strip(run({}, "start")[0].records)
+
+
+def test_cfl_gp_checkpoint_of_an_earlier_version_rebuilds_who_was_asked():
+    exp = Experiment.from_config(_cfg("cfl_gp", {}, rounds=3))
+    exp.run(progress=False)
+    state = exp.algorithm.state_dict()
+    now = state.pop("asked").copy()
+    assert (now == exp.algorithm.state.block_updates[None, :]).all()  # all asked, each time
+    exp.algorithm.load_state_dict(state)
+    assert exp.algorithm.state.asked is None
+    assert (exp.algorithm.asked == now).all() and exp.algorithm.profiled().all()

@@ -289,7 +289,7 @@ class CFLGPState:
     estimate: dict[str, int | None] = field(
         default_factory=lambda: {"k_estimate": None, "spectral_gap_s": None})  # App. G
     #: [C, K] int64, how often each client was asked for block k (sampling; None in the
-    #: checkpoints of earlier versions, which asked every client every time: rebuilt on load)
+    #: checkpoints of earlier versions, which asked every client: rebuilt by `CFLGP.asked`)
     asked: np.ndarray | None = None
 
 
@@ -330,17 +330,13 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         #: stop clustering after this many unchanged rounds (from the config and T)
         self.stable = self._stable_rounds(ctx)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        st = self.state
-        if st.asked is None:  # an earlier version asked every client for every probed block
-            st.asked = np.tile(st.block_updates, (len(st.assign), 1)).astype(np.int64)
-
     @property
     def asked(self) -> np.ndarray:
         """`[C, K]`: how often each client was asked for block k of its profile."""
-        assert self.state.asked is not None
-        return self.state.asked
+        st = self.state
+        if st.asked is None:  # a checkpoint of an earlier version: it asked every client
+            st.asked = np.tile(st.block_updates, (len(st.assign), 1)).astype(np.int64)
+        return st.asked
 
     def profiled(self) -> np.ndarray:
         """`[C]` bool: the clients the clustering reads — those asked for every block that
