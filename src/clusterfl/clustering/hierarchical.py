@@ -72,4 +72,23 @@ def cut_tree(z: np.ndarray, n_clusters: int, m: int) -> np.ndarray:
     return rank[inverse].astype(np.int64)
 
 
-__all__ = ["auto_n_clusters", "cut_tree", "ward_linkage"]
+def ward_nearest(features: np.ndarray, labels: np.ndarray,
+                 new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cluster each new row joins at the least Ward cost, the increase of the within-
+    cluster sum of squares n_c/(n_c + 1) ‖x − μ_c‖² (μ_c: the mean of cluster c's rows of
+    `features`, labelled 0..C−1 by `labels`); returns (cluster per new row, `[N, C]` costs)."""
+    f = np.asarray(features, dtype=np.float64)
+    lab = np.asarray(labels, dtype=np.int64)
+    x = np.asarray(new, dtype=np.float64)
+    c = int(lab.max(initial=-1)) + 1
+    costs = np.full((len(x), max(c, 0)), np.inf)
+    for k in range(c):
+        rows = f[lab == k]
+        if len(rows):
+            n = len(rows)
+            costs[:, k] = n / (n + 1) * ((x - rows.mean(0)) ** 2).sum(1)
+    best = np.argmin(costs, axis=1) if c else np.full(len(x), -1)
+    return best.astype(np.int64), costs
+
+
+__all__ = ["auto_n_clusters", "cut_tree", "ward_linkage", "ward_nearest"]
