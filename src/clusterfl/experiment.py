@@ -33,6 +33,7 @@ import torch
 
 from clusterfl import metrics, tracking
 from clusterfl.algorithms import Algorithm, Context, algorithm_class
+from clusterfl.algorithms.base import SampledConfig
 from clusterfl.backends import BACKENDS, Backend
 from clusterfl.backends.subset import SubsetBackend
 from clusterfl.config import (
@@ -263,9 +264,10 @@ class Experiment:
 
     def _guard(self) -> Guard:
         c, fed = self.config, self.federation
+        rate = (c.algorithm.expected_fraction(fed.n_clients)  # for ε: fraction or per_round
+                if isinstance(c.algorithm, SampledConfig) else 1.0)
         return Guard(fed.n_clients, c.run.seed, fed.train_sizes, c.validation, c.faults,
-                     c.adversary, c.privacy, self.adversaries,
-                     sampling_rate=getattr(c.algorithm, "fraction", 1.0))  # for ε
+                     c.adversary, c.privacy, self.adversaries, sampling_rate=rate)
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`)."""
