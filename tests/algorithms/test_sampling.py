@@ -30,13 +30,17 @@ SAMPLED: dict[str, dict[str, Any]] = {
     "ifca_cam": {"n_clusters": 2, "warmup_rounds": 1},
     "fesem_cam": {"n_clusters": 2, "warmup_rounds": 1},
     "cfl_gp": {"n_clusters": 2, "period": 1},
+    "fedem": {"n_components": 2},
+    # FedSoft estimates importance on every client every τ rounds (the authors' code): τ
+    # longer than the runs leaves round 1 the only round of all clients
+    "fedsoft": {"n_clusters": 2, "estimation_interval": 100},
     "pca_km_hc": {"k": 3, "pca_components": 4, "n_clusters": 2},
     "flt": {"k": 3, "encoder": "none", "umap": False, "finetune_epochs": 0, "latent": 8,
             "n_clusters": 2},
 }
 #: rounds in which every client takes part whatever the rule: FeSEM-CAM's warm-up (local
 #: training, then every model for the first k-means), FLT's one-shot signatures
-EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}}
+EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}, "fedsoft": {1}}
 #: FedAvg+/FedProx+: each of the ensemble's models draws its own sample (as separate runs
 #: would); a round's participants are their union
 UNION = {"fedavg_plus", "fedprox_plus"}
