@@ -46,8 +46,8 @@ from clusterfl.report.methods.cam import balance_series
 from clusterfl.report.methods.cam import figures as cam_figures
 
 HERE = Path(__file__).resolve().parent
-CLUSTERED = ("ifca", "ifca_warm", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam", "fesem_lam0001",
-             "fesem_lam01", "fesem_cam_lam0001", "fesem_cam_lam01")
+CLUSTERED = ("ifca", "ifca_warm", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam",
+             "fesem_lam0001", "fesem_lam01", "fesem_cam_lam0001", "fesem_cam_lam01")
 
 
 def load_suite() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -202,6 +202,7 @@ def write_table(suite: dict[str, Any], scale: str) -> None:
                 f"| {method} | {len(res)} | {_fmt(row['accuracy'])} | {_fmt(row['macro_f1'])} | "
                 f"{p_acc} | {p_f1} | {ari_cell} | {largest} | "
                 f"{np.mean(row['cpu_s']):.0f} |")
+    root.mkdir(parents=True, exist_ok=True)
     (root / "table.md").write_text("\n".join(lines).lstrip() + "\n")
     (root / "table.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
