@@ -42,7 +42,6 @@ NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "ifca": "IF
          "ifca_warm": "IFCA, warm-started", "ifca_cam": "IFCA-CAM (Eq. 6)",
          "ifca_cam_mean": "IFCA-CAM (cluster mean)", "fesem": "FeSEM", "fesem_cam": "FeSEM-CAM",
          "fedavg_plus": "FedAvg+", "fedprox_plus": "FedProx+"}
-CLUSTERED = ("ifca", "ifca_warm", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam")
 REGIMES = {"paper_mlp": "MLP, lr 0.001 (the paper's)", "paper_mlp_lr0.01": "MLP, lr 0.01",
            "paper_cnn": "small CNN, lr 0.001"}
 ALL2 = ["fedavg", "ifca", "ifca_warm", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam", "local"]
@@ -122,10 +121,11 @@ def settings_block(label: str) -> str:
                              f"| | | {p} | | | |")
                 continue
             rs = [res[s] for s in sorted(res)]
-            ari = [r["ari"] for r in rs if r["ari"] is not None]
+            clustered = m.startswith(("ifca", "fesem"))  # λ variants too; others have no ARI
+            ari = [r["ari"] for r in rs if r["ari"] is not None and clustered]
             big = (f"{np.mean([r['largest_cluster_share_final'] for r in rs]):.2f} / "
                    f"{np.mean([r['largest_cluster_share_max'] for r in rs]):.2f}"
-                   if m in CLUSTERED or m.startswith("fesem") else "–")
+                   if clustered else "–")
             note = f" (+ pending {_seeds(missing)})" if missing else ""
             lines.append(
                 f"| {NAMES.get(m, m)} | {_seeds(sorted(res))}{note} | "
