@@ -372,7 +372,12 @@ def test_meet_of_candidate_bipartitions():
     # a union of the same groups: kept, refined
     assert _meet(blocks, [[0, 1, 2, 3, 4, 5], [6, 7]], 2) == [[0, 1, 2, 3], [4, 5], [6, 7]]
     assert _meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2) is None  # cuts off a single client
-    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) is None  # other clients answered
+    # a sample (client 7 did not answer): blocks the cut leaves whole stay whole ...
+    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) == blocks
+    # ... a block it cuts loses its silent members; new clients join by their side
+    assert _meet([[0, 1, 2, 3, 9], [4, 5, 6, 7]], [[0, 1, 4, 5, 8], [2, 3, 6, 7]], 2) == \
+        [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
+    assert _meet(blocks, [[0, 1, 2, 4], [5, 6]], 2) is None  # 4 | 5 6: one of block 2 alone
 
 
 # ---------------------------------------------------------------------------- config

@@ -78,7 +78,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
@@ -108,7 +108,7 @@ TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `cfl-place`)."""
 
 
-class CFLConfig(AlgorithmConfig):
+class CFLConfig(SampledConfig):
     """Settings of CFL (Sattler et al. 2020, Algorithm 5). Defaults: see the module docstring."""
 
     name: Literal["cfl"] = "cfl"
@@ -340,14 +340,43 @@ def _finite(x: float) -> float | None:
 
 def _meet(blocks: list[list[int]] | None, sides: list[list[int]],
           min_side: int) -> list[list[int]] | None:
-    """The common refinement of earlier candidate `blocks` and this round's bipartition, if
-    it covers the same clients and every block keeps at least `min_side` clients; else None
-    (the candidates disagree: the streak starts again)."""
-    if blocks is None or sorted(c for b in blocks for c in b) != sorted(sides[0] + sides[1]):
+    """The earlier candidate `blocks` refined by this round's bipartition `sides`, or None when
+    the two disagree (the streak starts again).
+
+    They disagree when the cut goes through an earlier block and leaves fewer than `min_side`
+    of that block's clients (of those that answered this round) on one side. A block the cut
+    goes through is replaced by its two answering parts (its members that did not answer are
+    dropped from the candidate: their side is unknown); a block the cut does not go through
+    stays whole, including members that did not answer (a sample or a dropout says nothing
+    against it); clients new to the candidate form blocks by their side. With the same
+    clients every round this is the common refinement of all the bipartitions, every block of
+    at least `min_side` clients."""
+    if blocks is None:
         return None
-    out = [[c for c in b if c in side] for b in blocks for side in map(set, sides)]
-    out = [b for b in out if b]
-    return out if all(len(b) >= min_side for b in out) else None
+    here = [set(side) for side in sides]
+    seen = {c for b in blocks for c in b}
+    out = []
+    for b in blocks:
+        parts = [[c for c in b if c in side] for side in here]
+        if all(parts):  # the cut goes through this block
+            if min(len(p) for p in parts) < min_side:
+                return None
+            out.extend(parts)
+        else:
+            out.append(list(b))
+    out.extend(new for new in ([c for c in side if c not in seen] for side in sides) if new)
+    return out
+
+
+PAIR_PATIENCE = 2
+"""Auto rule: a cluster of two clients needs this many times `patience` rounds (its 1 | 1
+bipartition is the same every round, so the consistency of the cut is no evidence)."""
+
+
+def _is_pair(s: _ClusterStep) -> bool:
+    """Whether the split test sees a cluster of exactly two clients, both answering (the
+    only case in which the auto rule lets a side hold a single client)."""
+    return len(s.node.clients) == 2 and len(s.members) == 2
 
 
 def _within_max(c: Cohesion) -> float:
@@ -389,6 +418,9 @@ class _ClusterStep:
     gap: float | None
     stationarity: float = math.nan
     cohesion: Cohesion | None = None
+    #: auto rule: cosine of this round's mean update with the cluster's previous one (NaN:
+    #: none before)
+    drift: float = math.nan
 
 
 class _CFLSplitTest(TypedDict):
@@ -438,6 +470,8 @@ class CFLExtras(RoundExtras):
     within_mean: list[list[float | None] | None] = field(default_factory=list)
     #: cross-cosine mean of each cluster's bipartition (None: < 2 clients)
     cross_mean: list[float | None] = field(default_factory=list)
+    #: cosine of each cluster's mean update with its previous one (auto rule; None: none)
+    drift: list[float | None] = field(default_factory=list)
     max_mean_norm: float = 0.0  # largest ‖Δθ_c‖ over the clusters
     max_client_norm: float = 0.0  # largest client update norm over all clusters
     split: bool = False  # whether a cluster split this round
@@ -467,6 +501,11 @@ class CFLState:
     streak: dict[int, int] = field(default_factory=dict)
     #: ... and the blocks (client ids) that all those bipartitions are unions of
     candidate: dict[int, list[list[int]]] = field(default_factory=dict)
+    #: auto rule: the largest cluster mean update norm ‖Δθ_c‖ seen in the run so far (the
+    #: max_t ‖Δθ_c‖ of the paper's rule of thumb ε ≈ max_t ‖Δθ_c‖ / 10, Section V-B) ...
+    peak: float = 0.0
+    #: ... and each leaf's mean update of the last round it had answering clients
+    last_mean: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class CFL(Algorithm[CFLConfig, CFLState]):
@@ -509,12 +548,13 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         return np.asarray(n_samples, dtype=np.float64)
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        placed = self._place_pending(ctx)
+        sample = ctx.sample_round(self.config)  # every client, with no draw, by default
+        placed = self._place_pending(ctx, sample)
         n = self.state.n_clients
         leaves = self.tree.leaves()
         row = {v.id: k for k, v in enumerate(leaves)}
         leaf_of = self.tree.leaf_of_clients(n)
-        clients = np.flatnonzero(leaf_of >= 0)
+        clients = np.intersect1d(np.flatnonzero(leaf_of >= 0), sample)
         models = torch.stack([v.model for v in leaves])
         got, reply = self.clients.train(
             ctx, clients, models, np.array([row[int(v)] for v in leaf_of[clients]]),
@@ -529,6 +569,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         present[who] = True
         steps = [self._examine(v, updates, n_samples, present, ctx.true_clusters)
                  for v in leaves]
+        if self.config.split_rule == "auto":
+            for s in steps:
+                self._track(s)
         decisions = [self._decide(s, t) for s in steps]
         events = [e for e, _ in decisions]
         for s, event in zip(steps, events):
@@ -536,7 +579,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                 s.node.model = s.node.model + s.mean
             else:
                 self._split(s, event, t)
-        self._refresh_choice(ctx)
+        self._refresh_choice(ctx, sample)
         return self._extras(steps, events, [r for _, r in decisions], reply.loss,
                             placed).to_dict()
 
@@ -575,7 +618,23 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             return None, "fewer than min_split_size clients"
         if c.split_rule == "epsilon":
             return self._decide_epsilon(s)
+        if not _is_pair(s) and len(s.members) < 2 * c.min_side:
+            # no bipartition with min_side a side: no test, and the streak stays as it is (a
+            # round's sample of a larger cluster says nothing against its candidate)
+            return None, "fewer than 2 × min_side clients answered"
         return self._decide_auto(s)
+
+    def _track(self, s: _ClusterStep) -> None:
+        """Auto rule: the run's peak mean update norm and the cluster's drift (the cosine of
+        its mean update with the previous one)."""
+        if len(s.members) == 0:
+            return
+        node = s.node.id
+        prev = self.state.last_mean.get(node)
+        if prev is not None:
+            s.drift = float(cross_cosine(s.mean[None], prev[None])[0, 0])
+        self.state.last_mean[node] = s.mean.clone()
+        self.state.peak = max(self.state.peak, s.mean_norm)
 
     def _decide_epsilon(self, s: _ClusterStep) -> tuple[CFLSplitEvent | None, str | None]:
         """Alg. 5 lines 14-18: ‖Δθ_c‖ < ε1 (eq. 30), max_i ‖Δθ_i‖ > ε2 (eq. 31), γ (eq. 36)."""
@@ -603,15 +662,22 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         c = self.config
         assert s.split is not None and s.cohesion is not None
         node = s.node.id
+        pair = _is_pair(s)
         reason = None
         if not s.stationarity < c.stationarity_max:  # NaN (all updates zero) refuses too
             reason = "not stationary"
-        elif min(len(s.split.first), len(s.split.second)) < c.min_side:
+        elif not pair and min(len(s.split.first), len(s.split.second)) < c.min_side:
             reason = "side below min_side"
         elif not s.cohesion.cross < c.separation * _within_min(s.cohesion):
             reason = "sides not separated"
-        elif not _within_max(s.cohesion) > -s.cohesion.cross:
+        elif not (_within_max(s.cohesion) > -s.cohesion.cross
+                  and _within_min(s.cohesion) > 0):
             reason = "sides not cohesive"
+        elif pair and not float(torch.linalg.vector_norm(s.updates.double(), dim=1).min()) \
+                > self.state.peak / 10:
+            reason = "pair: client updates below peak/10"
+        elif pair and not s.drift < 0:  # NaN (the first round) refuses too
+            reason = "pair: cluster still drifting"
         elif not gamma_criterion(s.split.max_cross, c.gamma_max):
             reason = "gamma"
         if reason is not None:
@@ -623,9 +689,11 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         streak = 1 if blocks is None else self.state.streak.get(node, 0) + 1
         self.state.streak[node] = streak
         self.state.candidate[node] = sides if blocks is None else blocks
-        if streak < c.patience:
-            return None, f"patience {streak}/{c.patience}"
+        need = c.patience * (PAIR_PATIENCE if pair else 1)
+        if streak < need:
+            return None, f"patience {streak}/{need}"
         del self.state.streak[node], self.state.candidate[node]
+        self.state.last_mean.pop(node, None)
         return CFLSplitEvent(
             node=node, alpha_cross_max=s.split.max_cross,
             gamma_bound=gamma_bound(s.split.max_cross), accepted=True,
@@ -666,6 +734,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                          for s in steps],
             cross_mean=[None if s.cohesion is None else _finite(s.cohesion.cross)
                         for s in steps],
+            drift=[_finite(s.drift) for s in steps],
             max_mean_norm=max(s.mean_norm for s in steps),
             max_client_norm=max(s.max_norm for s in steps),
             split=any(e["accepted"] for e in done),
@@ -677,8 +746,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         )
 
     # ------------------------------------------------------------------ best model on path
-    def _refresh_choice(self, ctx: Context) -> None:
-        """keep_best: each client picks the best model on its path (root … leaf)."""
+    def _refresh_choice(self, ctx: Context, sample: np.ndarray) -> None:
+        """keep_best: each client of this round's `sample` picks the best model on its path
+        (root … leaf); the others keep their choice."""
         if self.config.keep_best == "off" or len(self.tree.nodes) == 1:
             self.state.choice = None
             return
@@ -687,9 +757,12 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         if previous is not None:  # ... or their last choice, if still on their path
             choice = np.where(self._on_path(previous, choice), previous, choice)
         for leaf in self.tree.leaves():
+            asked = np.intersect1d(leaf.clients, sample)
+            if len(asked) == 0:
+                continue
             path = self.tree.path(leaf.id)
             models = torch.stack([self.tree.nodes[v].model for v in path])
-            reply = self.clients.losses(ctx, leaf.clients, models, self.config.keep_best)
+            reply = self.clients.losses(ctx, asked, models, self.config.keep_best)
             acc = reply.accuracy
             score = -reply.loss if np.all(np.isnan(acc)) else np.nan_to_num(acc, nan=-np.inf)
             # ties go to the most specific model (the last, deepest one)
@@ -758,12 +831,12 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                 stuck[rows[~moved]] = True
         return [TreeWalk(int(c), int(at[k]), paths[k], sims[k]) for k, c in enumerate(ids)]
 
-    def _place_pending(self, ctx: Context) -> list[int]:
-        """Walk the clients that missed their cluster's split down the tree (Algorithm 4);
-        those that reach a leaf join it. Returns the clients placed."""
-        if not self.state.pending:
+    def _place_pending(self, ctx: Context, sample: np.ndarray) -> list[int]:
+        """Walk the clients of this round's `sample` that missed their cluster's split down
+        the tree (Algorithm 4); those that reach a leaf join it. Returns the clients placed."""
+        ids = np.array(sorted(set(self.state.pending) & set(sample.tolist())), dtype=np.int64)
+        if len(ids) == 0:
             return []
-        ids = np.array(sorted(self.state.pending), dtype=np.int64)
         done = []
         for p in self._walk(ctx, ids, np.array([self.state.pending[int(c)] for c in ids])):
             node = self.tree.nodes[p.leaf]
