@@ -78,7 +78,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
+from clusterfl.algorithms.base import Algorithm, Context, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
