@@ -78,7 +78,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, Context, SampledConfig
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
@@ -812,6 +812,35 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         """
         ids = np.asarray(clients, dtype=np.int64)
         return self._walk(ctx, ids, np.zeros(len(ids), dtype=np.int64))
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Place clients that took no part in training by Algorithm 4 (`walk`).
+
+        A client's cluster is the leaf it reaches (a node id, as in `assignment()`); it
+        predicts with that leaf's model. A client that stops answering on the way stays at the
+        inner node it reached: its cluster is -1 and it predicts with that node's frozen model
+        (the model its tree path had reached, as a training client that missed its cluster's
+        split does). `details[i]` holds client i's `path` (node ids from the root) and
+        `similarities` ([α_0, α_1] at each inner node: the largest similarity of its update
+        to the cached pre-split updates of each child). The server state is not changed:
+        the walk only reads the tree (the context's generator draws the requests' seeds).
+        """
+        ids = np.asarray(clients, dtype=np.int64)
+        walks = self.walk(ctx, ids)
+        reached = [w.leaf for w in walks]
+        used = sorted(set(reached))
+        row = {v: k for k, v in enumerate(used)}
+        plain = [self.model_of(v) for v in used]
+        models = torch.stack(plain) if plain else self.clients.base[None][:0]
+        return Placement(
+            clients=ids,
+            clusters=np.array([v if self.tree.nodes[v].is_leaf else -1 for v in reached],
+                              dtype=np.int64),
+            predictor=Predictor.single(models, np.array([row[v] for v in reached],
+                                                        dtype=np.int64)),
+            details=[{"path": list(w.path), "node": w.leaf,
+                      "similarities": [[a0, a1] for a0, a1 in w.similarities]}
+                     for w in walks])
 
     def _walk(self, ctx: Context, ids: np.ndarray, at: np.ndarray) -> list[TreeWalk]:
         """Algorithm 4 from the nodes `at`; a client that does not answer (dropped out) stops
