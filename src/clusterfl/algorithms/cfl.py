@@ -14,8 +14,9 @@ split test of Algorithm 3 and the parameter tree of Section IV-C / Algorithm 4:
   sqrt((1 − α_cross^max)/2) > γ_max (eq. (36), Alg. 5 line 18);
 - the parameter tree (Section IV-C, properties 1-5) keeps, for every cluster ever formed, its
   clients, its model (frozen at the round it splits: the stationary solution θ*_v) and, on the
-  edge from its parent, the pre-split updates Δ_e of its clients (eq. (43)). `CFL.place` walks
-  new clients down that tree (Algorithm 4);
+  edge from its parent, the pre-split updates Δ_e of its clients (eq. (43)). `CFL.walk`
+  (and `placement` / `place`, the interface every method has) walks new clients down that
+  tree (Algorithm 4);
 - privacy (Section IV-B, eq. (41)-(42), Alg. 5 lines 3, 7, 8): with `privacy = true` the
   clients permute their updates with a permutation P the server never learns; cosine
   similarities and norms are unchanged, so the clustering is the same.
@@ -32,9 +33,32 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   the mean within-side similarities ᾱ_A, ᾱ_B and cross similarity ᾱ_× of the optimal
   bipartition (Alg. 1; `clusterfl.clustering.cosine`), a cluster splits when r <
   `stationarity_max`, both sides have ≥ `min_side` clients, ᾱ_× < `separation` ·
-  min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_× and the γ test passes, in `patience` consecutive
-  rounds whose bipartitions are unions of common blocks of ≥ `min_side` clients. Constants
-  (0.7, 0.5, 2, 3) chosen on a development set of federations (benchmarks/cfl/RESULTS.md).
+  min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_×, min(ᾱ_A, ᾱ_B) > 0 and the γ test passes, in
+  `patience` consecutive rounds whose bipartitions are unions of common blocks of
+  ≥ `min_side` clients. Constants (0.7, 0.5, 2, 3) chosen on a development set of
+  federations (benchmarks/cfl/RESULTS.md). A cluster of exactly two clients (the paper's
+  Fig. 8) may split 1 | 1: then both client update norms must exceed max_t ‖Δθ_c‖ / 10 (the
+  largest cluster mean update norm of the run so far: the paper's rule of thumb for ε, so a
+  pair whose updates have collapsed — congruent clients at their joint optimum — stays), the
+  cluster's mean update must point against its previous one (cosine < 0: FL oscillates about
+  a stationary point rather than still moving), and the test must pass in
+  `PAIR_PATIENCE` × `patience` rounds (the 1 | 1 cut is the same every round, so the block
+  test carries no evidence).
+- Client sampling (`fraction` or `per_round`, `SampledConfig`; issue 21). Alg. 5 trains every
+  client every round; with a sample, each round only the sampled clients train and answer, and
+  everything is done as for clients absent from a round: the averages, the split test (its
+  norms, similarities, bipartition and stationarity ratio) use the round's sampled members of
+  each cluster only; the pre-split updates cached on the new tree edges are the updates of the
+  sampled members that took part in the test (all computed from the parent's model, eq. (43));
+  members of a splitting cluster that were not sampled wait at the now inner node (keeping its
+  frozen model) and are placed into a child by Algorithm 4 in the next round they are sampled,
+  before they train. Clients not sampled keep their cluster and predict with its model. The
+  auto rule's patience carries over rounds with different samples: a round whose sample holds
+  fewer than 2 · `min_side` of a cluster's clients is no test (the streak stays), and the
+  candidate blocks are compared on the clients both rounds saw (`_meet`): a block the new cut
+  goes through must keep ≥ `min_side` answering clients a side. The stationarity ratio of a
+  sample is larger than the whole cluster's (fewer updates cancel). With `fraction = 1` (the
+  default) nothing is drawn and a run is exactly the full-participation run.
 - γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
   (equivalent to γ_max = 0, which accepts any split with α_cross^max < 1).
 - `warmup_rounds` = 0 and `min_split_size` = 2 by default (Alg. 5 has neither); the authors'
@@ -55,7 +79,6 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   model on its tree path (root = FL solution, …, its leaf) that is most accurate on its own
   data. The protocol has no validation split: `"train"` judges on the client's training data,
   `"test"` on its test data (optimistic: the same data accuracy is reported on).
-- All clients take part in every round (Alg. 5 has no client sampling).
 - A cluster of one client is never split; a zero update has similarity 0 to all others.
 - Clients absent from a round's reply (dropped out, or rejected by the guard of
   `clusterfl.robust`: non-finite or absurd updates) are left out of that round's averages and
