@@ -9,14 +9,16 @@ from clusterfl.algorithms.cfl_gp import CFLGP
 from clusterfl.algorithms.ensemble import FedAvgPlus, FedProxPlus
 from clusterfl.algorithms.fedavg import FedAvg, FedProx
 from clusterfl.algorithms.fesem import FeSEM
+from clusterfl.algorithms.flhc import FLHC
 from clusterfl.algorithms.flt import FLT, PCAKMHC
 from clusterfl.algorithms.ifca import IFCA
 from clusterfl.algorithms.local import Local
+from clusterfl.algorithms.pacfl import PACFL
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (FedAvg, FedProx, Local, FedAvgPlus, FedProxPlus, IFCA, FeSEM, IFCACAM,
-                FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC)
+                FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC, PACFL, FLHC)
 }
 
 

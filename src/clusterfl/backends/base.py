@@ -27,6 +27,8 @@ from clusterfl.protocol import (
     LossReply,
     LossRequest,
     Reply,
+    SubspaceReply,
+    SubspaceRequest,
     TrainReply,
     TrainRequest,
 )
@@ -74,6 +76,8 @@ class Backend(ABC):
             reply = self.evaluate(request)
         elif isinstance(request, EmbedRequest):
             reply = self.embed(request)
+        elif isinstance(request, SubspaceRequest):
+            reply = self.subspace(request)
         else:
             raise TypeError(f"unknown request type {type(request).__name__}")
         return cast(RE, reply)
@@ -105,6 +109,23 @@ class Backend(ABC):
             rows.append(client_signature(x, y, req, int(req.seed) * 1_000_003 + int(c)))
         sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
         return EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
+
+    def subspace(self, req: SubspaceRequest) -> SubspaceReply:
+        """PACFL's one-off data subspaces: `client_subspace` for each client, a plain loop
+        over the clients' own training data (deterministic: no seed, no order effect)."""
+        from clusterfl.engine.subspace import client_subspace
+
+        fed, clients = self.federation, as_index(req.clients)
+        bases, ranks = [], []
+        for c in clients:
+            x, y = fed.client_train(int(c))
+            basis, rank = client_subspace(x, y, req)
+            bases.append(basis)
+            ranks.append(rank)
+        out = (np.stack(bases) if bases
+               else np.zeros((0, int(req.input_dim), req.columns())))
+        return SubspaceReply(clients.copy(), out, np.asarray(ranks, dtype=np.int64),
+                             fed.train_sizes[clients].copy())
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (processes, connections)."""

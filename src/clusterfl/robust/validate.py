@@ -14,6 +14,8 @@ What is checked, per reply type (`ValidationConfig` sets the bounds):
 - Loss replies: shape `[n, K]` ("shape"). A non-finite loss is kept: it is what a diverged
   model honestly scores, and the methods treat it as +∞.
 - Embed replies (FLT signatures): every value finite ("non_finite").
+- Subspace replies (PACFL bases): every value finite ("non_finite"); a rank outside
+  0..columns ("shape").
 - Evaluate replies: not checked (measurement, never aggregated).
 
 Default: finite + shape + sample-count checks, and the median rule at 100× (an update two
@@ -35,6 +37,7 @@ from clusterfl.protocol import (
     LossRequest,
     Reply,
     Request,
+    SubspaceReply,
     TrainReply,
     TrainRequest,
     narrow,
@@ -102,6 +105,16 @@ def check_reply(request: Request, reply: Reply,
         sig = np.asarray(reply.signatures, dtype=np.float64).reshape(n, -1)
         finite = np.asarray(np.isfinite(sig).all(axis=1), dtype=bool)
         return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
+    if isinstance(reply, SubspaceReply):
+        bases = np.asarray(reply.bases, dtype=np.float64)
+        if bases.ndim != 3 or len(bases) != n or len(reply.ranks) != n:
+            return _all(clients, kind, "shape")
+        ranks = np.asarray(reply.ranks)
+        sized = (ranks >= 0) & (ranks <= bases.shape[2])
+        finite = np.asarray(np.isfinite(bases.reshape(n, -1)).all(axis=1), dtype=bool)
+        out_s = [Rejection(int(c), kind, "shape") for c in clients[~sized]]
+        out_s += [Rejection(int(c), kind, "non_finite") for c in clients[sized & ~finite]]
+        return sized & finite, sorted(out_s, key=lambda r: r.client)
     if not isinstance(reply, TrainReply | GradientReply):
         return keep, []
     assert isinstance(request, TrainRequest | GradientRequest)
