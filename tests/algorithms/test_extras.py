@@ -29,8 +29,10 @@ from clusterfl.algorithms.cam import (
 from clusterfl.algorithms.cfl import CFLExtras, CFLSplitEvent
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPEstimateExtras, CFLGPExtras
 from clusterfl.algorithms.fesem import FeSEMExtras, FeSEMKMeansExtras, KMeansExtras
+from clusterfl.algorithms.flhc import FLHCClusteringExtras, FLHCExtras
 from clusterfl.algorithms.flt import FLTClusteringExtras, FLTExtras
 from clusterfl.algorithms.ifca import IFCAExtras
+from clusterfl.algorithms.pacfl import PACFLClusteringExtras, PACFLExtras
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundExtras, RoundRecord
 
@@ -78,6 +80,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
             [FLTClusteringExtras, FLTExtras]),
     "pca_km_hc": ({"name": "pca_km_hc", "k": 3, "pca_components": 4, "fraction": 0.5},
                   {**LABELS, "rounds": 2}, [FLTClusteringExtras, FLTExtras]),
+    "pacfl": ({"name": "pacfl", "fraction": 0.5, "threshold": 10.0}, {**LABELS, "rounds": 2},
+              [PACFLClusteringExtras, PACFLExtras]),
+    # a warm-up round, the clustering round, a per-cluster round
+    "flhc": ({"name": "flhc", "warmup_rounds": 1, "fraction": 0.5}, {},
+             [FLHCExtras, FLHCClusteringExtras, FLHCExtras]),
 }
 
 # Classes that are parts of the above, never a round's whole extras.

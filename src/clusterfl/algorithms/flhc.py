@@ -29,7 +29,8 @@ Our choices (the paper's values could not be read; every one is an option):
   becomes the sample-weighted mean of its members' models θ_k of that round (all of them
   started from θ^n, so this is FedAvg from θ^n inside each cluster).
 - A client absent from the clustering round (it dropped out, or its update was rejected) has
-  no update: it becomes its own cluster, whose model starts at θ^n.
+  no update: it becomes its own cluster, whose model starts at θ^n. A fixed `n_clusters`
+  larger than the updates that arrived is lowered to their number.
 - The clustering is never repeated.
 - Placement of a newcomer (`placement`, not in the paper): it trains from θ^n, kept by the
   server, with the run's local training and sends its model; its update Δθ goes to the
@@ -161,14 +162,15 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         good = np.asarray(reply.clients, dtype=np.int64)
         bad = np.setdiff1d(everyone, good)
         updates = (reply.params - anchor).to(torch.float64)
-        if cfg.n_clusters is not None and cfg.n_clusters > max(len(good), 1):
-            raise ConfigError("algorithm.n_clusters", f"{cfg.n_clusters} clusters asked, only "
-                              f"{len(good)} clients sent an update; allowed: "
-                              f"1..{max(len(good), 1)}")
+        k_asked = cfg.n_clusters
+        if k_asked is not None and k_asked > n:
+            raise ConfigError("algorithm.n_clusters", f"{k_asked} clusters asked, the "
+                              f"federation has {n} clients; allowed: 1..{n}")
+        if k_asked is not None:  # fewer updates arrived (dropouts, rejections)
+            k_asked = max(1, min(k_asked, len(good)))
         z = feature_linkage(updates.numpy(), cfg.metric, cfg.linkage)
         labels = np.full(n, -1, dtype=np.int64)
-        labels[good] = flat_clusters(z, len(good), cfg.threshold, cfg.n_clusters,
-                                     cfg.max_clusters)
+        labels[good] = flat_clusters(z, len(good), cfg.threshold, k_asked, cfg.max_clusters)
         labels[bad] = labels.max(initial=-1) + 1 + np.arange(len(bad))  # own clusters
         k = max(int(labels.max(initial=-1)) + 1, 1)
         st.models = average_members(anchor.repeat(k, 1), reply.params, labels[good],

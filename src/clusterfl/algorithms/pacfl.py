@@ -37,7 +37,8 @@ Our choices where neither says:
   `Context.sample_round`) applies to training. The code draws max(⌊frac·N⌋, 1) clients; we
   round, as every method here does.
 - A client absent from the subspace reply (it dropped out, or its basis was rejected as
-  non-finite) has no signature: it becomes its own cluster, as in FLT.
+  non-finite) has no signature: it becomes its own cluster, as in FLT. A fixed `n_clusters`
+  larger than the bases that arrived is lowered to their number.
 - All cluster models start from one initial model (the code's `initial_state_dict`).
 - Placement of a newcomer (`placement`): its basis from a `SubspaceRequest`, its proximity
   to the N clustered clients, and the cluster at the smallest linkage distance (mean of its
@@ -189,9 +190,11 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         a_good = proximity(self._bases(reply), cfg.proximity)
         z = distance_linkage(a_good, cfg.linkage)
         threshold, k = cfg.cut()
-        if k is not None and k > len(good):
-            raise ConfigError("algorithm.n_clusters", f"{k} clusters asked, only {len(good)} "
-                              f"clients sent a basis; allowed: 1..{max(len(good), 1)}")
+        if k is not None and k > n:
+            raise ConfigError("algorithm.n_clusters", f"{k} clusters asked, the federation "
+                              f"has {n} clients; allowed: 1..{n}")
+        if k is not None:  # fewer bases arrived (dropouts, rejections): at most one each
+            k = max(1, min(k, len(good)))
         labels = np.full(n, -1, dtype=np.int64)
         labels[good] = flat_clusters(z, len(good), threshold, k, cfg.max_clusters)
         labels[bad] = labels.max(initial=-1) + 1 + np.arange(len(bad))  # own clusters
