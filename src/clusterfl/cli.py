@@ -315,9 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--data-dir")
     cfg.set_defaults(func=cmd_config)
 
-    from clusterfl import cli_bench, cli_cfl, cli_encoder, cli_flower
+    from clusterfl import cli_bench, cli_encoder, cli_flower, cli_place
 
-    cli_cfl.add_parser(sub)
+    cli_place.add_parser(sub)
     cli_encoder.add_parser(sub)
     cli_flower.add_parser(sub)
     cli_bench.add_parser(sub)

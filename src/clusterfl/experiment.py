@@ -6,6 +6,15 @@ one run: a new run into a folder that is not empty needs `resume` (continue the 
 `overwrite` (empty the folder first, `claim_run_dir`); otherwise it fails.
 Every random choice of a run comes from generators seeded by the config or stored in the
 checkpoint, so a resumed run ends with exactly the results of an uninterrupted one.
+
+Held-out clients (`[scenario] holdout`): the federation is built whole, a stratified, seeded
+share of its clients is kept out (`data.federation.holdout_split`), and the method trains on
+the others, renumbered 0..n_train−1 (`backends.subset.SubsetBackend` translates ids for the
+backend, which holds, or reaches, the whole federation). After the last round the held-out
+clients, renumbered 0..n_hold−1 on their own context, are placed (`Algorithm.placement`) and
+evaluated with the models they were placed on; `summary.json` gets `final.placement_ari`,
+`final.holdout_accuracy` and a `holdout` table (their ids in the whole federation, true and
+placed clusters, accuracies). The algorithm never learns that the clients exist before that.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import torch
 from clusterfl import metrics
 from clusterfl.algorithms import ALGORITHMS, Algorithm, Context
 from clusterfl.backends import BACKENDS, Backend
+from clusterfl.backends.subset import SubsetBackend
 from clusterfl.config import (
     ROBUST_TABLES,
     Config,
@@ -33,7 +43,7 @@ from clusterfl.config import (
     load_config,
     read_toml,
 )
-from clusterfl.data.federation import Federation
+from clusterfl.data.federation import Federation, holdout_split
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import Source, load_source, standardize
 from clusterfl.errors import ClusterFLError, ConfigError
@@ -161,15 +171,23 @@ class Experiment:
         self.config = config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.overwrite = overwrite
-        self.federation = federation if federation is not None else build_federation(config)
-        self.adversaries = choose_adversaries(config.adversary, self.federation.n_clients,
+        full = federation if federation is not None else build_federation(config)
+        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
+        #: ids (in the whole federation) of the clients that train and of the held-out ones
+        self.train_ids, self.holdout_ids = self._split(config, full)
+        self.adversaries = choose_adversaries(config.adversary, len(self.train_ids),
                                               config.run.seed)
         if config.adversary.kind == "label_flip" and len(self.adversaries):
-            self.federation = flip_labels(self.federation, self.adversaries)
+            full = flip_labels(full, self.train_ids[self.adversaries])
+        self.full_federation = full
+        """The whole federation: the backend's, which `train_ids` and `holdout_ids` index."""
+        self.federation = full.subset(self.train_ids) if len(self.holdout_ids) else full
+        """The clients that train, numbered 0..n−1 (all clients without `holdout`)."""
         _check_fault_clients(config, self.federation.n_clients)
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
-        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
+        self.holdout: dict[str, Any] | None = None
+        """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.divergence: Divergence | None = None
         """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
         self.diverged_rounds = 0
@@ -185,6 +203,22 @@ class Experiment:
         raw = source if isinstance(source, dict) else read_toml(source)
         return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation,
                    overwrite)
+
+    def _split(self, config: Config, full: Federation) -> tuple[np.ndarray, np.ndarray]:
+        """(trained ids, held-out ids) of `[scenario] holdout` (all trained without it)."""
+        fraction = float(getattr(config.scenario, "holdout", None) or 0.0)
+        if not fraction:
+            return np.arange(full.n_clients), np.zeros(0, dtype=np.int64)
+        if type(self.algorithm).placement is Algorithm.placement:
+            raise ConfigError("scenario.holdout", f"{self.algorithm.label()} cannot place new "
+                              "clients yet; allowed for it: 0 (no held-out clients)")
+        train, hold = holdout_split(full.clusters, full.n_clients, fraction, config.run.seed)
+        k = getattr(config.algorithm, "n_clusters", None)
+        if isinstance(k, int) and k > len(train):
+            raise ConfigError("scenario.holdout", f"{fraction:g} leaves {len(train)} clients "
+                              f"to train, fewer than algorithm.n_clusters = {k}; allowed: at "
+                              f"most {(full.n_clients - k) / full.n_clients:.3g}")
+        return train, hold
 
     # ------------------------------------------------------------------ the loop
     def _context(self, backend: Backend) -> Context:
@@ -212,7 +246,9 @@ class Experiment:
         if self.out_dir is not None:
             claim_run_dir(self.out_dir, resume=resume, overwrite=self.overwrite)
         torch.manual_seed(self.config.run.seed)
-        backend = build_backend(self.config, self.federation, self.factory)
+        inner = build_backend(self.config, self.full_federation, self.factory)
+        held_out = len(self.holdout_ids) > 0
+        backend = SubsetBackend(inner, self.train_ids) if held_out else inner
         ctx = self._context(backend)
         self.algorithm.setup(ctx)
         history, start, elapsed = History(), 1, 0.0
@@ -221,8 +257,10 @@ class Experiment:
         self._prepare_dir(history.records)
         try:
             self._loop(ctx, history, start, elapsed, self._want_progress(progress))
+            if held_out:
+                self.holdout = self.place_holdout(inner)
         finally:
-            backend.close()
+            inner.close()
         history.summary = self._summary(history, ctx)
         self._write_outputs(history)
         return history
@@ -247,6 +285,50 @@ class Experiment:
                 every = run.checkpoint_every
                 if every and (t % every == 0 or t == run.rounds):  # the last: to place, continue
                     self._save_checkpoint(ctx, t, time.perf_counter() - t0, history.records)
+
+    def placing_context(self, backend: Backend, ids: np.ndarray | list[int]) -> Context:
+        """The context a placement runs in: clients `ids` of the whole federation (held by
+        `backend`) as 0..n−1, the run's seed and rounds, a generator of its own (the same for
+        every placement: `clusterfl place` of the held-out clients repeats this run's), the
+        default guard, its own communication count."""
+        fed, run = self.full_federation, self.config.run
+        ids = np.asarray(ids, dtype=np.int64)
+        return Context(
+            backend=SubsetBackend(backend, ids), factory=self.factory,
+            training=self.config.train.local_training(), n_clients=len(ids),
+            train_sizes=fed.train_sizes[ids], rng=np.random.default_rng([run.seed, 6007]),
+            seed=run.seed, rounds=run.rounds)
+
+    def place_holdout(self, backend: Backend) -> dict[str, Any]:
+        """Place the held-out clients with the trained algorithm and evaluate them on the
+        models they were placed on (module doc). `backend` holds the whole federation; the
+        placement has its own context (clients 0..n_hold−1, the run's seed, a generator of
+        its own, the default guard) and its own communication count."""
+        fed, ids = self.full_federation, self.holdout_ids
+        ctx = self.placing_context(backend, ids)
+        placed = self.algorithm.placement(ctx, np.arange(len(ids)))
+        reply = ctx.send(EvaluateRequest(placed.clients, placed.predictor))
+        acc = np.full(len(ids), np.nan)
+        acc[reply.clients] = reply.accuracy
+        truth = None if fed.clusters is None else fed.clusters[ids]
+        out: dict[str, Any] = {
+            "fraction": float(getattr(self.config.scenario, "holdout", 0.0) or 0.0),
+            "n_trained": len(self.train_ids), "n_held_out": len(ids),
+            "trained_clients": self.train_ids.tolist(), "clients": ids.tolist(),
+            "true_clusters": None if truth is None else truth.tolist(),
+            "placed_clusters": np.asarray(placed.clusters).tolist(),
+            "accuracy": acc.tolist(),
+            "placement_ari": metrics.ari(truth, np.asarray(placed.clusters)),
+            "holdout_accuracy": metrics.summarize(reply)["accuracy"],
+            "floats_down": ctx.floats_down, "floats_up": ctx.floats_up,
+        }
+        if fed.task == "regression" and "mse" in reply.extras:
+            mse = np.full(len(ids), np.nan)
+            mse[reply.clients] = reply.extras["mse"]
+            out["mse"] = mse.tolist()
+        if placed.details is not None:
+            out["details"] = placed.details
+        return json_ready(out)
 
     def _watch(self, t: int, guard: Guard, bar: _Progress) -> None:
         """Diagnose round t's updates; warn at the first diverged round."""
@@ -300,6 +382,9 @@ class Experiment:
             client_updates=last.client_updates, wall_time=last.wall_time,
             rejected=sum(r.rejected for r in history.records),
             participation=_participation(history.records, self.federation.n_clients),
+            placement_ari=None if self.holdout is None else self.holdout["placement_ari"],
+            holdout_accuracy=None if self.holdout is None
+            else self.holdout["holdout_accuracy"],
         )
         fed = self.federation
         return RunSummary(
@@ -315,6 +400,7 @@ class Experiment:
             robust=self._robust_summary(ctx, last_eval, last),
             divergence=None if self.divergence is None else {
                 **self.divergence.as_dict(), "rounds": self.diverged_rounds},
+            holdout=self.holdout,
         ).cleaned()
 
     def _robust_summary(self, ctx: Context, last_eval: RoundRecord | None,

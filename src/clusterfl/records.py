@@ -327,10 +327,16 @@ class RunSummary:
     """The first diverged round, when the run diverged (`clusterfl.robust.divergence`):
     `round`, `kind`, `reason` (a sentence naming the round and the likely cause) and
     `rounds` (how many rounds were diverged). Absent from the file otherwise."""
+    holdout: dict[str, Any] | None = None
+    """The held-out clients (`[scenario] holdout`), placed after the run: `fraction`,
+    `n_trained` (= `n_clients`), `n_held_out`, `trained_clients` and `clients` (ids in the whole
+    federation), `true_clusters`, `placed_clusters`, `accuracy` (per held-out client),
+    `placement_ari`, `holdout_accuracy`, the placement's `floats_down` / `floats_up` and the
+    method's `details`. Absent from the file without held-out clients."""
 
     KEYS = ("algorithm", "label", "federation", "n_clients", "rounds", "true_clusters",
             "final", "client_accuracy", "client_macro_f1", "assignment", "extras", "robust",
-            "divergence")
+            "divergence", "holdout")
 
     def to_json_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -344,6 +350,8 @@ class RunSummary:
             d["robust"] = self.robust
         if self.divergence is not None:
             d["divergence"] = self.divergence
+        if self.holdout is not None:
+            d["holdout"] = self.holdout
         return d
 
     @classmethod
@@ -357,7 +365,7 @@ class RunSummary:
             final=FinalMetrics.from_json_dict(d.get("final") or {}),
             client_accuracy=d.get("client_accuracy"), client_macro_f1=d.get("client_macro_f1"),
             assignment=d.get("assignment"), extras=d.get("extras") or {},
-            robust=d.get("robust"), divergence=d.get("divergence"),
+            robust=d.get("robust"), divergence=d.get("divergence"), holdout=d.get("holdout"),
         )
 
     def cleaned(self) -> RunSummary:

@@ -445,7 +445,7 @@ def test_figures_hook(label_swap_run):
 
 
 def test_cli_place(label_swap_run, capsys):
-    from clusterfl.cli_cfl import add_parser, parse_clients
+    from clusterfl.cli_place import add_parser, parse_clients
 
     out, _ = label_swap_run
     parser = argparse.ArgumentParser()
@@ -460,9 +460,10 @@ def test_cli_place(label_swap_run, capsys):
     rows = json.loads(dest.read_text())
     assert [(r["client"], r["true_cluster"]) for r in rows] == [(4, 0), (8, 1), (9, 1)]
     for r in rows:
-        assert r["leaf_true_clusters"] == [r["true_cluster"]]
-        assert r["accuracy_leaf"] > r["accuracy_root"]
-    assert "CFL placement" in capsys.readouterr().out
+        assert r["cluster_true_clusters"] == [r["true_cluster"]]  # the leaf's trained clients
+        assert r["details"]["path"][0] == 0 and r["details"]["path"][-1] == r["cluster"]
+        assert r["accuracy"] > 0.8
+    assert "placement of clients" in capsys.readouterr().out
     assert parse_clients("3,1-2", 5).tolist() == [1, 2, 3]
     from clusterfl.errors import ClusterFLError
 

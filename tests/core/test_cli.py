@@ -49,7 +49,8 @@ def test_building_the_parser_imports_nothing_heavy() -> None:
 
 
 @pytest.mark.parametrize("command", [
-    [], ["run"], ["compare"], ["report"], ["demo"], ["data"], ["config"], ["cfl-place"],
+    [], ["run"], ["compare"], ["report"], ["demo"], ["data"], ["config"], ["place"],
+    ["cfl-place"],
     ["encoder"], ["encoder", "train"], ["flower"], ["flower", "run"], ["bench"],
 ])
 def test_help_answers_at_once(command: list[str]) -> None:
@@ -163,16 +164,20 @@ def test_report_warns_when_the_runs_federations_differ(tmp_path: Path, capsys) -
     assert "4 clients, seed 0" in text and "6 clients, seed 1" in text
 
 
-# --------------------------------------------------------------------------- cfl-place
+# --------------------------------------------------------------------------- place
 
 
-def test_cfl_place_on_another_method_says_which(tmp_path: Path, capsys) -> None:
-    run = _run(tmp_path / "ifca", algorithm={"name": "ifca", "n_clusters": 2})
-    assert main(["cfl-place", str(run)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"clusterfl: error: {run} is a run of IFCA (`ifca`); cfl-place places new clients "
-        "with the parameter tree that only CFL builds, so placement is for CFL runs only "
-        "(for now)")
+def test_place_and_its_alias_cfl_place_work_on_any_method(tmp_path: Path, capsys) -> None:
+    """`cfl-place` is now `place` under its former name: it places clients of any method
+    (tests/core/test_cli_place.py tests the command itself)."""
+    run = _run(tmp_path / "ifca", checkpoint_every=1,
+               algorithm={"name": "ifca", "n_clusters": 2})
+    for command in ("place", "cfl-place"):
+        assert main([command, str(run), "--clients", "1,2", "--json",
+                     str(tmp_path / f"{command}.json")]) == 0
+        assert "IFCA (K=2): placement of clients" in capsys.readouterr().out
+    assert ((tmp_path / "place.json").read_text()
+            == (tmp_path / "cfl-place.json").read_text())
     assert main(["cfl-place", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err
 

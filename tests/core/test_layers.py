@@ -56,7 +56,7 @@ FLOORS: dict[str, int] = {
     # 6 interface: command line and deployment (Flower ServerApp / ClientApp / launcher).
     "cli": 6,
     "cli_bench": 6,
-    "cli_cfl": 6,
+    "cli_place": 6,
     "cli_encoder": 6,
     "cli_flower": 6,
     "deploy": 6,

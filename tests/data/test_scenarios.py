@@ -382,7 +382,8 @@ def test_incompatible_sources(digits: Source) -> None:
 @pytest.mark.parametrize(("name", "raw", "field", "text"), [
     ("dirichlet", {"alpha": -1}, "scenario.alpha", "greater than 0"),
     ("dirichlet", {"alpha": "abc"}, "scenario.alpha", "valid number"),
-    ("dirichlet", {"alfa": 0.1}, "scenario.alfa", "allowed: n_clients, alpha, min_samples"),
+    ("dirichlet", {"alfa": 0.1}, "scenario.alfa",
+     "allowed: n_clients, holdout, alpha, min_samples"),
     ("rotation", {"layout": "diagonal"}, "scenario.layout", "'split' or 'cflgp'"),
     ("rotation", {"angles": "tilted"}, "scenario.angles", "ifca, cflgp"),
     ("rotation", {"angles": []}, "scenario.angles", "at least one angle"),

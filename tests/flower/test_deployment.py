@@ -113,6 +113,27 @@ def test_deployment_equals_inprocess_simulation(deployment):
     assert not intruder.alive() and "Failed to activate SuperNode" in intruder.log.read_text()
 
 
+def test_held_out_clients_are_placed_through_real_processes_as_in_process(deployment):
+    """`[scenario] holdout`: 4 nodes train one round, then the 2 held-out nodes are placed
+    (IFCA: a loss request, then their evaluation) through the real processes; the same run
+    in process places and scores them the same (the generic path of every method: requests
+    through `Context.send`, ids translated to the whole federation's nodes)."""
+    raw = {**SHORT, "rounds": 1, "eval_every": 1, "algorithm": IFCA,
+           "scenario": {**SHORT["scenario"], "holdout": 1 / 3},
+           "backend": {"name": "flower", "timeout": 400.0}}
+    out, proc = _submit(deployment, raw, "run_holdout")
+    _wait(out / FINAL_STATE, proc, deployment)
+    ours = read_summary(out)
+    ref = Experiment.from_config({**raw, "backend": {"name": "simulation"}}).run(
+        progress=False).summary
+    assert ours.holdout is not None and ref.holdout is not None
+    assert ours.holdout["clients"] == ref.holdout["clients"] and ours.n_clients == 4
+    assert ours.holdout["placed_clusters"] == ref.holdout["placed_clusters"]
+    assert ours.holdout["accuracy"] == pytest.approx(ref.holdout["accuracy"], abs=1e-6)
+    assert ours.final.placement_ari == ref.final.placement_ari
+    assert json.loads((out / "flower.json").read_text())["dropouts"] == []
+
+
 def test_killed_supernode_is_dropped_and_the_run_finishes(deployment):
     """Runs last: it kills SuperNode 5 after round 1 is recorded. It first kills the
     SuperLink's SuperExec: the run can start only if the deployment starts a new one."""

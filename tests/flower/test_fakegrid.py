@@ -51,6 +51,32 @@ def test_flower_run_equals_inprocess_run(algo, tmp_path):
     assert sorted(int(c) for c in report["nodes"]) == list(range(6))
 
 
+HELD_OUT = {**BASE, "scenario": {**BASE["scenario"], "holdout": 1 / 3}}
+PLACING = {"ifca": IFCA, "cfl_gp": CFL_GP, "fesem": {"name": "fesem", "n_clusters": 2},
+           "fesem_cam": {"name": "fesem_cam", "n_clusters": 2, "warmup_rounds": 1},
+           "pca_km_hc": {"name": "pca_km_hc", "fraction": 1.0, "n_clusters": 2},
+           "local": {"name": "local"}}
+
+
+@pytest.mark.parametrize("name", list(PLACING))
+def test_held_out_clients_are_placed_on_flower_as_in_process(name, tmp_path):
+    """Training on 4 nodes, then placing the 2 held-out ones (ids 1 and 5 of the whole
+    federation: the nodes are addressed by those) gives the in-process placement."""
+    raw = {**HELD_OUT, "algorithm": PLACING[name]}
+    grid = FakeGrid([{"partition-id": i} for i in range(6)])
+    ours = run_on_grid(grid, raw, out_dir=tmp_path).summary.holdout
+    ref = Experiment.from_config(raw).run(progress=False).summary.holdout
+    assert ours is not None and ref is not None and ours["clients"] == ref["clients"]
+    assert ours["placed_clusters"] == ref["placed_clusters"]
+    assert ours["accuracy"] == pytest.approx(ref["accuracy"], abs=1e-6)
+    assert ours["floats_down"] == ref["floats_down"] and ours["floats_up"] == ref["floats_up"]
+    placing = [m for m in grid.sent if m.metadata.group_id.isdigit()]
+    held_nodes = {100 + c for c in ref["clients"]}
+    asked = [int(m.metadata.dst_node_id) for m in placing]
+    first = next(i for i, n in enumerate(asked) if n in held_nodes)
+    assert set(asked[first:]) == held_nodes  # only at the end, only the held-out nodes
+
+
 def test_dead_node_is_dropped_and_the_run_finishes(tmp_path):
     grid = FakeGrid([{"partition-id": i} for i in range(6)])
     grid.dead_from[105] = 3  # client 5's node dies after the first round's two requests

@@ -87,6 +87,20 @@ class Placement:
     details: list[dict[str, Any]] | None = None
 
 
+def answered(asked: np.ndarray, reply_clients: np.ndarray, values: np.ndarray,
+             fill: Any = -1) -> np.ndarray:
+    """One entry per client of `asked`: its row of `values` (the rows of `reply_clients`, in
+    reply order) where it answered, `fill` where it did not (dropped out or rejected)."""
+    asked = np.asarray(asked, dtype=np.int64)
+    vals = np.asarray(values)
+    out = np.full((len(asked), *vals.shape[1:]), fill, dtype=vals.dtype if len(vals) else
+                  np.asarray(fill).dtype)
+    where = {int(c): i for i, c in enumerate(asked.tolist())}
+    for row, c in enumerate(np.asarray(reply_clients, dtype=np.int64).tolist()):
+        out[where[int(c)]] = vals[row]
+    return out
+
+
 @dataclass(kw_only=True)
 class KClusterExtras(RoundExtras):
     """What IFCA, FeSEM, IFCA-CAM and FeSEM-CAM write in every round (their extras classes

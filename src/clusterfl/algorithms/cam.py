@@ -42,6 +42,15 @@ Choices the paper leaves open, and ours:
   prediction) until k-means assigns it. After FeSEM-CAM's warm-up every client is assigned.
 - Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
   absurd norms; `clusterfl.robust`) are left out of every average and keep their cluster.
+
+Placing a client that did not train (`placement`, both methods): the least training loss of
+the sum h(x; Θ_g) + f(x; Θ_k) over the K cluster parts (Eq. 2, one `LossRequest` with Θ_g as
+the offset), and the client predicts with Θ_g + Θ_k̂ (Eq. 1). For IFCA-CAM this is the paper's
+own assignment step. For FeSEM-CAM it is our choice: its paper assigns trained clients by
+k-means on their uploaded cluster parts, which a newcomer does not have; the loss of the
+additive model it will be served with is the criterion that needs no training. Before any
+cluster exists (IFCA-CAM's warm-up: Θ_g alone; FeSEM-CAM's warm-up: clients' own local
+models) the client gets -1 and Θ_g alone (IFCA-CAM) or FeSEM's common start Θ_0 (FeSEM-CAM).
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ from clusterfl.algorithms.base import (
     AlgorithmConfig,
     Context,
     KClusterExtras,
+    Placement,
+    answered,
     check_k_fits,
 )
 from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, KMeansExtras, LayerSpec
@@ -129,6 +140,22 @@ def cam_predictor(global_model: torch.Tensor, rows: torch.Tensor,
     models = torch.cat([global_model[None], rows])
     members = np.stack([np.zeros(len(row_of), np.int64), 1 + np.asarray(row_of)], axis=1)
     return Predictor(models, members.astype(np.int64), "sum_logits")
+
+
+def place_by_sum(ctx: Context, ids: np.ndarray, global_model: torch.Tensor,
+                 parts: torch.Tensor, fallback: torch.Tensor) -> Placement:
+    """Both CAM methods' placement (module doc): least loss of Θ_g + Θ_k over the K cluster
+    `parts`; a client that does not answer gets -1 and Θ_g + `fallback` (a `[d]` part)."""
+    k = len(parts)
+    zeros = np.zeros(len(ids), dtype=np.int64)
+    losses = ctx.send(LossRequest(ids, parts, offset=Predictor.single(global_model[None],
+                                                                      zeros)))
+    clusters = answered(ids, losses.clients, choose_clusters(losses.loss))
+    loss = answered(ids, losses.clients, losses.loss, np.nan)
+    rows = torch.cat([parts, fallback[None]])
+    predictor = cam_predictor(global_model, rows, np.where(clusters >= 0, clusters, k))
+    details = [{"losses": [round(float(v), 5) for v in row]} for row in loss]
+    return Placement(ids, clusters, predictor, details)
 
 
 # ----------------------------------------------------------------------------- IFCA-CAM
@@ -224,6 +251,15 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
             row_of = np.where(row_of >= 0, row_of, len(st.clusters))
         return cam_predictor(st.g, rows, row_of)
 
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Eq. 2 for a client that did not train (module doc)."""
+        st = self.state
+        ids = np.asarray(clients, dtype=np.int64)
+        if (st.assign < 0).all():  # warm-up: Θ_g alone
+            return Placement(ids, np.full(len(ids), -1, np.int64),
+                             Predictor.single(st.g[None], np.zeros(len(ids), np.int64)))
+        return place_by_sum(ctx, ids, st.g, st.clusters, torch.zeros_like(st.clusters[0]))
+
 
 # ----------------------------------------------------------------------------- FeSEM-CAM
 
@@ -294,6 +330,15 @@ class FeSEMCAM(FeSEM):
         rows, row_of = self.starts(np.arange(len(st.assign)))
         return cam_predictor(st.g, rows, row_of)
 
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """The least loss of Θ_g + Θ_k (module doc: our choice for FeSEM-CAM)."""
+        st = self.state
+        ids = np.asarray(clients, dtype=np.int64)
+        if st.local is not None or st.centers is None:  # warm-up: no centers yet
+            return Placement(ids, np.full(len(ids), -1, np.int64),
+                             Predictor.single(st.start[None], np.zeros(len(ids), np.int64)))
+        return place_by_sum(ctx, ids, st.g, st.centers, st.start)
+
 
 __all__ = [
     "IFCACAM",
@@ -308,6 +353,7 @@ __all__ = [
     "IFCACAMState",
     "cam_predictor",
     "eq6_update",
+    "place_by_sum",
     "train_both",
     "update_global",
 ]

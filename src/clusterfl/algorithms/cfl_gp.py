@@ -83,6 +83,18 @@ advances, so only block 0 of the profile is ever filled, and it is filled with e
 gradient on *its own* cluster model (no extra broadcast); every client starts in cluster 0;
 β = 1/(⌊t/(KP)⌋ + 1) literally; and the round's model update uses the assignment computed in
 the same round (the code clusters before it averages).
+
+Placing a client that did not train (`placement`; the paper does not say how, the rule is
+ours): the newcomer measures its own gradient profile at the final models — one vector per
+model θ_k, the gradient on all its training data (Algorithm 1; the members' running means
+estimate that expectation) or the model gap of one local training (Algorithm 4), K requests
+with one seed, narrowed to the profile's d̂ coordinates (`coords`) like the members'
+clustering-only replies — and is placed in the cluster whose mean profile (the mean of its
+members' K·d̂ feature vectors) is most similar by cosine similarity. Cosine rather than the
+Euclidean distance of the spectral projection: the members' profiles are running means over
+the whole run, taken at the models of earlier rounds, so their magnitudes differ from one
+vector measured at the final models, while the directions that separate the clusters remain.
+The client predicts with the chosen model.
 """
 
 from __future__ import annotations
@@ -95,7 +107,14 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, check_k_fits
+from clusterfl.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Context,
+    Placement,
+    answered,
+    check_k_fits,
+)
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
     KCriterion,
@@ -544,3 +563,42 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     def predictor(self) -> Predictor:
         return Predictor.single(self.state.models, self.state.assign)
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """The cluster whose mean gradient profile is most cosine-similar (module doc)."""
+        cfg, st = self.config, self.state
+        ids = np.asarray(clients, dtype=np.int64)
+        k, width = cfg.n_clusters, len(st.feature_index)
+        seed = ctx.next_seed()
+        zeros = np.zeros(len(ids), dtype=np.int64)
+        profile = torch.zeros(len(ids), k, width, dtype=torch.float64)
+        got = np.ones(len(ids), dtype=bool)
+        for j in range(k):
+            model = st.models[j : j + 1]
+            if cfg.protocol == "gradient":
+                g = ctx.send(GradientRequest(ids, model, zeros, None, seed, coords=self.coords))
+                rows, who = g.grads, g.clients
+            else:
+                req = TrainRequest(ids, model, zeros, ctx.training, seed, coords=self.coords)
+                r = ctx.send(req)
+                rows, who = r.params - start_models(req, r.clients), r.clients
+            pos = answered(ids, who, np.arange(len(who)), -1)
+            got &= pos >= 0
+            feats = self._to_features(rows).double()
+            for i, r_ in enumerate(pos.tolist()):
+                if r_ >= 0:
+                    profile[i, j] = feats[r_]
+        members = st.features.reshape(len(st.assign), -1).double()
+        means = torch.zeros(k, members.shape[1], dtype=torch.float64)
+        for j in range(k):
+            sel = np.flatnonzero(st.assign == j)
+            if len(sel):
+                means[j] = members[torch.from_numpy(sel)].mean(0)
+        flat = profile.reshape(len(ids), -1)
+        sim = torch.nn.functional.cosine_similarity(flat[:, None, :], means[None, :, :], dim=2)
+        empty = torch.from_numpy(np.bincount(st.assign, minlength=k)[:k] == 0)
+        sim[:, empty] = -torch.inf  # a model without members is no cluster
+        clusters = np.where(got, sim.argmax(1).numpy(), -1).astype(np.int64)
+        details = [{"similarity": [round(float(v), 5) for v in row]} for row in sim.numpy()]
+        return Placement(ids, clusters, Predictor.single(st.models, np.maximum(clusters, 0)),
+                         details)

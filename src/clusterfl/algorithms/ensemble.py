@@ -11,6 +11,9 @@ Choices left open: the K runs share the round loop (one round of each per round)
 client fraction; sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here.
 Clients absent from a reply (dropped out, or rejected by the guard, e.g. NaN/Inf parameters)
 are left out of the averages.
+
+Placing a client that did not train (`placement`): cluster 0 and the K-model ensemble, as
+every client (nothing is sent).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
@@ -87,6 +90,13 @@ class FedAvgPlus(Algorithm[FedAvgPlusConfig, EnsembleState]):
         k = len(self.state.models)
         members = np.tile(np.arange(k, dtype=np.int64), (self.state.n_clients, 1))
         return Predictor(self.state.models, members, "mean_probs")
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Cluster 0, the soft-voting ensemble of the K models."""
+        ids = np.asarray(clients, dtype=np.int64)
+        members = np.tile(np.arange(len(self.state.models), dtype=np.int64), (len(ids), 1))
+        return Placement(ids, np.zeros(len(ids), dtype=np.int64),
+                         Predictor(self.state.models, members, "mean_probs"))
 
 
 class FedProxPlus(FedAvgPlus):

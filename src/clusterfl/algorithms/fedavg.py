@@ -3,6 +3,9 @@
 Each round a fraction of the clients trains locally from the global model; the server sets
 the model to the sample-weighted mean of the returned models (FedAvg Alg. 1). FedProx adds
 mu/2 ||w - w_global||² to every local objective; FedAvg is FedProx with mu = 0.
+
+Placing a client that did not train (`placement`): there is one model, so it joins cluster 0
+and predicts with the global model (nothing is sent).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
@@ -63,6 +66,12 @@ class FedAvg(Algorithm[FedAvgConfig, FedAvgState]):
 
     def predictor(self) -> Predictor:
         return Predictor.single(self.state.model, self.assignment())
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Cluster 0, the global model."""
+        zeros = np.zeros(len(clients), dtype=np.int64)
+        return Placement(np.asarray(clients, dtype=np.int64), zeros,
+                         Predictor.single(self.state.model, zeros))
 
 
 class FedProx(FedAvg):

@@ -24,6 +24,19 @@ Choices the papers leave open, and ours:
   client; in the last warm-up round the clients upload their models for the first clustering.
 - Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
   absurd norms; `clusterfl.robust`) keep their previous cluster and are left out of k-means.
+
+Placing a client that did not train (`placement`; the papers do not place newcomers, the rule
+is ours). A trained member of cluster k trains from Θ_k with the pull λ and the E-step keeps
+it at the center its trained model is nearest to. The newcomer therefore trains once from
+every center, as a member of that cluster would (K `TrainRequest`s, one round of the `[train]`
+local training with the pull λ, the same seed so every start sees the same minibatches), and
+is placed at the center its training moves least from: argmin_k ‖θ^(k) − Θ_k‖² on the layers
+the E-step reads (`kmeans_layers`). This is the E-step's distance at the one start from which
+the newcomer's local model stays at its center. Training once from the common start Θ_0 and
+taking the nearest center (what FeSEM does with a client sampled for the first time) is not
+used: after one round from Θ_0 the distance to a center is dominated by how far that center
+drifted from Θ_0, not by the client's data. Before the first clustering the client gets -1
+and Θ_0. The client predicts with the chosen center.
 """
 
 from __future__ import annotations
@@ -41,6 +54,8 @@ from clusterfl.algorithms.base import (
     AlgorithmConfig,
     Context,
     KClusterExtras,
+    Placement,
+    answered,
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
@@ -227,6 +242,30 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
             return Predictor.single(st.local, np.arange(len(st.local)))
         rows, row_of = self.starts(np.arange(len(st.assign)))
         return Predictor.single(rows, row_of)
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """The center the newcomer's local training moves least from (module doc)."""
+        st, cfg = self.state, self.config
+        ids = np.asarray(clients, dtype=np.int64)
+        if st.local is not None or st.centers is None:  # before the first clustering
+            return Placement(ids, np.full(len(ids), -1, np.int64),
+                             Predictor.single(st.start[None], np.zeros(len(ids), np.int64)))
+        k = len(st.centers)
+        seed = ctx.next_seed()  # one seed: every start sees the same minibatches
+        training = replace(ctx.training, mu=cfg.lam)
+        dist = np.full((len(ids), k), np.inf)
+        for j in range(k):
+            reply = ctx.send(TrainRequest(ids, st.centers[j : j + 1],
+                                          np.zeros(len(ids), np.int64), training, seed))
+            moved = _select(reply.params - st.centers[j][None], self.index)
+            d2 = moved.double().square().sum(1).numpy()
+            dist[:, j] = answered(ids, reply.clients, d2, np.inf)
+        ok = np.isfinite(dist).any(1)
+        clusters = np.where(ok, np.argmin(dist, axis=1), -1).astype(np.int64)
+        rows, _ = self.starts(np.zeros(0, np.int64))
+        predictor = Predictor.single(rows, np.where(clusters >= 0, clusters, k))
+        details = [{"moved": [round(float(v), 6) for v in row]} for row in np.sqrt(dist)]
+        return Placement(ids, clusters, predictor, details)
 
 
 __all__ = [

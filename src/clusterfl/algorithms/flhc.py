@@ -36,6 +36,8 @@ Our choices (the paper's values could not be read; every one is an option):
   server, with the run's local training and sends its model; its update Δθ goes to the
   cluster whose mean update (the centroid of the members' clustering-round updates, kept by
   the server) is nearest under `metric`. The server keeps K centroids, not N updates.
+  During the warm-up (one model) a newcomer joins cluster 0 with the global model, as
+  FedAvg places.
 
 The maths: `clusterfl.clustering.hierarchical` (`feature_linkage`, `flat_clusters`,
 `pairwise_distances`); aggregation: `clusterfl.clustering.aggregate`.
@@ -53,7 +55,7 @@ from pydantic import Field, model_validator
 from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
 from clusterfl.clustering.hierarchical import feature_linkage, flat_clusters, pairwise_distances
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
@@ -208,10 +210,10 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         """Newcomers train from θ^n; each joins the cluster whose mean clustering-round
         update is nearest to its own update under `metric` (see the module docstring)."""
         st, cfg = self.state, self.config
-        if not st.clustered:
-            raise ClusterFLError("FL+HC places clients only after its clustering round "
-                                 f"(round {cfg.warmup_rounds + 1})")
         clients = np.asarray(clients, dtype=np.int64)
+        if not st.clustered:  # the warm-up: one model, cluster 0 (as `assignment()`)
+            zeros = np.zeros(len(clients), dtype=np.int64)
+            return Placement(clients, zeros, Predictor.single(st.models[:1], zeros))
         reply = ctx.send(TrainRequest(clients, st.anchor, np.zeros(len(clients), np.int64),
                                       ctx.training, ctx.next_seed()))
         updates = (reply.params - st.anchor).to(torch.float64).numpy()
@@ -224,7 +226,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
             i = int(np.flatnonzero(clients == c)[0])
             j = int(np.argmin(dist[row]))
             out[i] = int(have[j])
-            details[i] = {"answered": True, "distance": float(dist[row, j])}
+            details[i] = {"answered": True, "distance": round(float(dist[row, j]), 6)}
         return Placement(clients, out, Predictor.single(st.models, np.maximum(out, 0)), details)
 
 

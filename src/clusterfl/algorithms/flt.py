@@ -60,6 +60,21 @@ books all of it; the one-off part is also reported in every round as `clustering
 (the `EmbedRequest`'s per-client downlink × the clients it listed) and `clustering_floats_up`
 (its per-client uplink × the clients whose signature arrived).
 
+Placing a client that did not train (`placement`; the paper clusters once and does not place
+newcomers, the rule is ours): the client computes its signature exactly as the clustered
+clients did (the same `EmbedRequest`: encoder, fine-tuning, k, PCA settings), the server maps
+it into the SAME embedding (the UMAP of the clustering, fitted again from the stored
+signatures with the stored seed — the same map — and UMAP's `transform` for the new points;
+no map for PCA+kM+HC), computes its distances A_new,j to every clustered client with the
+clustering's distance (`distance`), thresholds them with γ (Ã_new,j = [A_new,j < γ]) when
+the clustering did, and joins the cluster that Ward's criterion — the one the hierarchical
+clustering merged by — would merge it into: the least increase n_c/(n_c+1)‖x − μ_c‖² of the
+within-cluster sum of squares, x its row of Ã (or of A without a threshold), μ_c the mean of
+the members' rows. Case II: it predicts with its cluster's model. Case I: with the p-weighted
+mean of the current models of the clients related to it (Alg. 3's case-I rule applied to its
+row Ã_new; the nearest client's model when it is related to none). The clustering state
+keeps what this needs (the signatures, the UMAP seed, the clients' data sizes).
+
 Code: the server math lives in `clusterfl.clustering.relatedness` (UMAP, A, Ã, Case-I
 weights and average) and `clusterfl.clustering.hierarchical` (Ward linkage, the automatic C,
 the cut); the client side in `clusterfl.engine.signatures`. Everything the server keeps
@@ -77,17 +92,24 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement, answered
 from clusterfl.clustering.aggregate import average_members
-from clusterfl.clustering.hierarchical import auto_n_clusters, cut_tree, ward_linkage
+from clusterfl.clustering.hierarchical import (
+    auto_n_clusters,
+    cut_tree,
+    ward_linkage,
+    ward_nearest,
+)
 from clusterfl.clustering.relatedness import (
     adjacency,
+    cross_distances,
     relatedness_average,
     relatedness_weights,
     threshold,
     umap_embed,
+    umap_embed_new,
 )
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.protocol import EmbedRequest, Predictor, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
@@ -214,6 +236,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     name = "flt"
     Config: ClassVar[type[_OneShotConfig]] = FLTConfig
     State = FLTState
+    #: the encoder the last signature request used (`encoders.describe`; None: PCA)
+    encoder_info: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
@@ -221,7 +245,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                               labels=np.full(ctx.n_clients, -1, dtype=np.int64))
 
     # ------------------------------------------------------------------ clustering (Alg. 2)
-    def _request(self, ctx: Context) -> EmbedRequest:
+    def _request(self, ctx: Context, clients: np.ndarray) -> EmbedRequest:
+        """The signature request for `clients` (FLT: `self.encoder_info` says which encoder)."""
         cfg = self.config
         assert isinstance(cfg, FLTConfig)
         from clusterfl import encoders
@@ -229,9 +254,9 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         enc = encoders.resolve(cfg.encoder, tuple(ctx.factory.input_shape), cfg.latent,
                                cfg.pretrain_epochs, cfg.encoder_seed, cfg.encoder_dir,
                                cfg.data_dir)
-        self.state.info["encoder"] = encoders.describe(enc)
+        self.encoder_info = encoders.describe(enc)
         return EmbedRequest(
-            np.arange(ctx.n_clients), "encoder", enc.params, cfg.latent, k=cfg.k,
+            clients, "encoder", enc.params, cfg.latent, k=cfg.k,
             latent=cfg.latent, finetune_epochs=cfg.finetune_epochs,
             finetune_lr=cfg.finetune_lr, finetune_batch_size=cfg.finetune_batch_size,
             kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed())
@@ -246,16 +271,33 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                           cfg.umap_min_dist)
         return flat.reshape(m, k, 2)
 
+    def _map_new(self, signatures: np.ndarray, new: np.ndarray,
+                 seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The clustering's map fitted again (same seed) and new signatures mapped into it:
+        (clustered clients' points, new clients' points); no map without UMAP."""
+        cfg = self.config
+        if not isinstance(cfg, FLTConfig) or not cfg.umap:
+            return signatures, new
+        (m, k, e), n = signatures.shape, len(new)
+        fitted, mapped = umap_embed_new(signatures.reshape(m * k, e), new.reshape(n * k, e),
+                                        seed, cfg.umap_neighbors, cfg.umap_min_dist)
+        return fitted.reshape(m, k, 2), mapped.reshape(n, k, 2)
+
     def _cluster(self, ctx: Context) -> None:
         cfg, st = self.config, self.state
         n = len(st.labels)
         t0 = time.perf_counter()
-        request = self._request(ctx)
+        self.encoder_info = None
+        request = self._request(ctx, np.arange(ctx.n_clients))
+        if self.encoder_info is not None:
+            st.info["encoder"] = self.encoder_info
         reply = ctx.send(request)
         # the clients that sent a (valid) signature; anybody absent has none
         good = np.array(reply.clients, dtype=np.int64)
         bad = np.setdiff1d(np.arange(n), good)
-        points = self._map(np.array(reply.signatures, dtype=np.float64), ctx.next_seed())
+        signatures = np.array(reply.signatures, dtype=np.float64)
+        map_seed = ctx.next_seed()
+        points = self._map(signatures, map_seed)
         a = np.full((n, n), np.inf)
         a[np.ix_(good, good)] = adjacency(points, cfg.distance)
         np.fill_diagonal(a, 0.0)
@@ -276,7 +318,10 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         st.clustered = True
         st.arrays = {"adjacency": a, "relatedness": related, "linkage": z,
                      "points": points.reshape(-1, points.shape[-1]) if points.size
-                     else np.zeros((0, 2)), "signature_clients": good}
+                     else np.zeros((0, 2)), "signature_clients": good,
+                     # kept to place new clients in the same embedding (`placement`)
+                     "signatures": signatures, "sizes": np.asarray(ctx.train_sizes)}
+        st.info["map_seed"] = map_seed
         down, up = request.unit_cost()  # = what `Context.send` booked if nobody dropped out
         st.info.update({
             "clustering_floats_down": down * len(request.clients),
@@ -354,6 +399,67 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             return Predictor.single(st.models, np.arange(n))
         return Predictor.single(st.models, np.maximum(st.labels, 0))
 
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """The client's signature in the clustering's embedding, joined to the cluster by
+        Ward's criterion on its relatedness row (module doc)."""
+        cfg, st = self.config, self.state
+        ids = np.asarray(clients, dtype=np.int64)
+        none = np.full(len(ids), -1, dtype=np.int64)
+        if not st.clustered:  # before the one-off clustering: everybody has the start model
+            return Placement(ids, none, Predictor.single(st.models[:1], np.zeros(len(ids),
+                                                                                 np.int64)))
+        if "signatures" not in st.arrays:
+            raise ClusterFLError(f"{self.label()}: this clustering state keeps no signatures "
+                                 "(it was written by an older clusterfl); rerun to place "
+                                 "new clients")
+        reply = ctx.send(self._request(ctx, ids))
+        good = st.arrays["signature_clients"]
+        train, new = self._map_new(st.arrays["signatures"],
+                                   np.array(reply.signatures, dtype=np.float64),
+                                   int(st.info["map_seed"]))
+        stored = st.arrays["points"].reshape(train.shape)
+        if not np.allclose(train, stored, atol=1e-6):
+            ctx.log.append(f"{self.label()}: the embedding fitted again differs from the "
+                           "clustering's (UMAP not reproducible here); placing in the new fit")
+        dist = cross_distances(new, train, cfg.distance)  # [answered, clustered]
+        related = (dist < cfg.threshold).astype(np.float64) if cfg.threshold is not None \
+            else dist
+        feats = (st.arrays["relatedness"] if cfg.threshold is not None
+                 else st.arrays["adjacency"])[np.ix_(good, good)]
+        best, cost = ward_nearest(feats, st.labels[good], related)
+        clusters = answered(ids, reply.clients, best)
+        models, rows = self._placed_models(ids, reply.clients, dist, related, clusters)
+        costs = answered(ids, reply.clients, cost, np.nan)
+        nearest = answered(ids, reply.clients, good[np.argmin(dist, axis=1)] if len(good)
+                           else np.zeros(len(dist), np.int64), -1)
+        details = [{"ward_cost": [round(float(v), 5) for v in row],
+                    "nearest_client": int(c)} for row, c in zip(costs, nearest, strict=True)]
+        return Placement(ids, clusters, Predictor.single(models, rows), details)
+
+    def _placed_models(self, ids: np.ndarray, who: np.ndarray, dist: np.ndarray,
+                       related: np.ndarray, clusters: np.ndarray,
+                       ) -> tuple[torch.Tensor, np.ndarray]:
+        """The placed clients' models and each one's row: Case II its cluster's model, Case I
+        the p-weighted mean over its related clients (module doc); row 0 if it did not
+        answer."""
+        st = self.state
+        if self.config.aggregation == "clusters":
+            return st.models, np.maximum(clusters, 0)
+        good = st.arrays["signature_clients"]
+        sizes = np.asarray(st.arrays["sizes"], dtype=np.float64)[good]
+        own = np.zeros((len(who), len(good)))
+        if self.config.threshold is not None:
+            own = related.copy()
+        for i in range(len(who)):
+            if own[i].sum() == 0 and len(good):  # related to nobody: its nearest client
+                own[i, np.argmin(dist[i])] = 1.0
+        w = own * sizes[None, :]
+        w = w / np.maximum(w.sum(1, keepdims=True), 1e-300)
+        mine = torch.as_tensor(w, dtype=st.models.dtype) @ st.models[torch.from_numpy(good)]
+        models = torch.cat([st.models[:1], mine])
+        rows = answered(ids, who, 1 + np.arange(len(who)), 0)
+        return models, rows
+
     def relatedness(self) -> dict[str, np.ndarray]:
         """A, Ã, the Ward linkage and the (UMAP) points of the one-off clustering."""
         return {k: v.copy() for k, v in self.state.arrays.items()}
@@ -371,12 +477,12 @@ class PCAKMHC(FLT):
     name = "pca_km_hc"
     Config = PCAKMHCConfig
 
-    def _request(self, ctx: Context) -> EmbedRequest:
+    def _request(self, ctx: Context, clients: np.ndarray) -> EmbedRequest:
         cfg = self.config
         assert isinstance(cfg, PCAKMHCConfig)
         d = int(np.prod(ctx.factory.input_shape))
         # an empty tensor rather than None: serializers that ship tensors need no special case
-        return EmbedRequest(np.arange(ctx.n_clients), "pca", torch.zeros(0), d, k=cfg.k,
+        return EmbedRequest(clients, "pca", torch.zeros(0), d, k=cfg.k,
                             pca_components=cfg.pca_components,
                             kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed())
 

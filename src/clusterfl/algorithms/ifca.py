@@ -37,6 +37,11 @@ Options and the choices the paper leaves open:
 - Communication: the K models go down once per round, with the loss request; the training
   (or gradient) request that follows reuses them (`models_held`), so a client costs K·d down
   (d_shared + K·d_last with weight sharing) and d up (K losses besides).
+
+Placing a client that did not train (`placement`): the paper's own cluster identity estimate
+(Alg. 1, ĵ = argmin_j F_i(θ_j)): one `LossRequest` with the K models, the least training loss
+(or `assign_by = "accuracy"`), and the client predicts with θ_ĵ. During the warm-up nobody has
+a cluster: the placed client gets -1 and the warm FedAvg model, as every trained client.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ from clusterfl.algorithms.base import (
     AlgorithmConfig,
     Context,
     KClusterExtras,
+    Placement,
+    answered,
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import (
@@ -193,6 +200,23 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         if st.warm is not None:
             return Predictor.single(st.warm[None], np.zeros(len(st.assign), np.int64))
         return Predictor.single(st.models, np.maximum(st.assign, 0))
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Least training loss over the K models (`assign_by`), as in every round (module
+        doc); a client that does not answer gets -1 and model 0."""
+        st, cfg = self.state, self.config
+        ids = np.asarray(clients, dtype=np.int64)
+        if st.warm is not None:  # warm-up: one model, no clusters yet
+            return Placement(ids, np.full(len(ids), -1, np.int64),
+                             Predictor.single(st.warm[None], np.zeros(len(ids), np.int64)))
+        shared = 0 if self.shared is None else int(self.shared.sum())
+        losses = ctx.send(LossRequest(ids, st.models, shared_coords=shared))
+        chosen = choose_clusters(losses.loss, losses.accuracy, cfg.assign_by)
+        clusters = answered(ids, losses.clients, chosen)
+        loss = answered(ids, losses.clients, losses.loss, np.nan)
+        details = [{"losses": [round(float(v), 5) for v in row]} for row in loss]
+        return Placement(ids, clusters, Predictor.single(st.models, np.maximum(clusters, 0)),
+                         details)
 
 
 __all__ = ["IFCA", "IFCAConfig", "IFCAExtras", "IFCAState"]

@@ -2,17 +2,25 @@
 
 The models live on the devices (`keep_local`, `models_held`: no floats booked); in
 simulation the server holds them for the devices, to continue and to evaluate them.
+
+Placing a client that did not train (`placement`): it trains alone, from the same initial model
+as every client (`factory.init(ctx.seed)`: the placing context must carry the run's seed, as
+the experiment's and `clusterfl place`'s do), with the budget a trained client got over a
+finished run: T (`ctx.rounds`) times the `[train]` local training, in one request (T·steps
+steps, or T·epochs epochs; the optimizer state is not reset between the T parts, as it is
+between rounds). Nothing is communicated. It belongs to no shared cluster (-1) and predicts
+with its own model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement, answered
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
@@ -53,3 +61,23 @@ class Local(Algorithm[LocalConfig, LocalState]):
 
     def predictor(self) -> Predictor:
         return Predictor.single(self.state.models, self.assignment())
+
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """The newcomer trains alone for T rounds' worth of local training (module doc)."""
+        ids = np.asarray(clients, dtype=np.int64)
+        rounds = max(1, int(ctx.rounds or 1))
+        tr = ctx.training
+        budget = (replace(tr, steps=tr.steps * rounds) if tr.steps > 0
+                  else replace(tr, epochs=tr.epochs * rounds))
+        start = ctx.factory.init(ctx.seed)
+        zeros = np.zeros(len(ids), dtype=np.int64)
+        reply = ctx.send(TrainRequest(ids, start[None], zeros, budget, ctx.next_seed(),
+                                      models_held=True, keep_local=True))
+        models = start[None].repeat(len(ids), 1)
+        rows = answered(ids, reply.clients, np.arange(len(reply.clients)), -1)
+        for i, r in enumerate(rows.tolist()):
+            if r >= 0:
+                models[i] = reply.params[r]
+        return Placement(ids, np.full(len(ids), -1, dtype=np.int64),
+                         Predictor.single(models, np.arange(len(ids))),
+                         [{"local_rounds": rounds} for _ in ids])

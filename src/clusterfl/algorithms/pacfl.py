@@ -44,7 +44,8 @@ Our choices where neither says:
   to the N clustered clients, and the cluster at the smallest linkage distance (mean of its
   proximities to the members for average and weighted linkage, max for complete, min for
   single). It joins that cluster even when the distance exceeds β (the paper's "assign";
-  there is no model for a new cluster); `details` say whether it was within β. The code
+  there is no model for a new cluster); `details` say whether it was within β. Before the
+  clustering (no round run yet): -1 and the initial model. The code
   instead clusters the newcomers with everybody at the start and fine-tunes them E epochs.
 
 The server keeps (`PACFLState`): the cluster models, every client's cluster, A, the linkage
@@ -67,7 +68,7 @@ from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConf
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
 from clusterfl.clustering.hierarchical import distance_linkage, flat_clusters, linkage_to_clusters
 from clusterfl.clustering.subspace import proximity
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor, SubspaceReply, SubspaceRequest, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
@@ -258,9 +259,10 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         """Newcomers send their basis; each joins the cluster at the smallest linkage
         distance of its proximities to the clustered clients (see the module docstring)."""
         st, cfg = self.state, self.config
-        if not st.clustered:
-            raise ClusterFLError("PACFL places clients only after its clustering (round 1)")
         clients = np.asarray(clients, dtype=np.int64)
+        if not st.clustered:  # before round 1 nobody has a cluster: -1, the initial model
+            none = np.full(len(clients), -1, dtype=np.int64)
+            return Placement(clients, none, Predictor.single(st.models[:1], none * 0))
         reply = ctx.send(self._request(ctx, clients))
         known = np.flatnonzero(st.ranks > 0)
         old = [st.bases[i, :, : st.ranks[i]].astype(np.float64) for i in known]

@@ -15,9 +15,9 @@ et al. 2022, Alg. 2 line 19, and its PCA+kM+HC baseline; used by `clusterfl.algo
 Agglomerative clustering with a choice of linkage, cut at a distance threshold or into a
 fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' updates):
 
-- `linkage_matrix`: scipy's linkage of a precomputed distance matrix (`distance_linkage`) or
-  of observation rows under a metric (`feature_linkage`: "euclidean", "manhattan",
-  "cosine"; Ward only with Euclidean rows). Linkages: "average" (UPGMA, the size-weighted
+- `distance_linkage` / `feature_linkage`: scipy's linkage of a precomputed distance matrix,
+  or of observation rows under a metric ("euclidean", "manhattan", "cosine"; Ward only with
+  Euclidean rows). Linkages: "average" (UPGMA, the size-weighted
   mean distance), "weighted" (WPGMA: the plain mean of the two merged clusters' distances,
   which is what the PACFL authors' own routine calls "average"), "complete", "single",
   "ward".
@@ -92,6 +92,25 @@ def cut_tree(z: np.ndarray, n_clusters: int, m: int) -> np.ndarray:
     _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))
     return rank[inverse].astype(np.int64)
+
+
+def ward_nearest(features: np.ndarray, labels: np.ndarray,
+                 new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cluster each new row joins at the least Ward cost, the increase of the within-
+    cluster sum of squares n_c/(n_c + 1) ‖x − μ_c‖² (μ_c: the mean of cluster c's rows of
+    `features`, labelled 0..C−1 by `labels`); returns (cluster per new row, `[N, C]` costs)."""
+    f = np.asarray(features, dtype=np.float64)
+    lab = np.asarray(labels, dtype=np.int64)
+    x = np.asarray(new, dtype=np.float64)
+    c = int(lab.max(initial=-1)) + 1
+    costs = np.full((len(x), max(c, 0)), np.inf)
+    for k in range(c):
+        rows = f[lab == k]
+        if len(rows):
+            n = len(rows)
+            costs[:, k] = n / (n + 1) * ((x - rows.mean(0)) ** 2).sum(1)
+    best = np.argmin(costs, axis=1) if c else np.full(len(x), -1)
+    return best.astype(np.int64), costs
 
 
 def distance_linkage(distances: np.ndarray, method: Linkage = "average") -> np.ndarray:
@@ -200,4 +219,4 @@ def linkage_to_clusters(distances: np.ndarray, labels: np.ndarray,
 
 __all__ = ["LINKAGES", "Linkage", "Metric", "auto_n_clusters", "cut_tree", "distance_linkage",
            "feature_linkage", "flat_clusters", "linkage_to_clusters", "pairwise_distances",
-           "ward_linkage"]
+           "ward_linkage", "ward_nearest"]

@@ -44,6 +44,31 @@ def min_distance_adjacency(points: np.ndarray, block: int = 256) -> np.ndarray:
     return np.minimum(out, out.T)  # exact symmetry despite rounding
 
 
+def cross_distances(new: np.ndarray, points: np.ndarray,
+                    kind: Literal["min", "matched"] = "min") -> np.ndarray:
+    """`[N, M]` distances from N new point sets `[N, k, u]` to M point sets `[M, k, u]`, the
+    same distance as `adjacency` (placing new clients next to the clustered ones)."""
+    a = np.asarray(new, dtype=np.float64)
+    b = np.asarray(points, dtype=np.float64)
+    out = np.zeros((len(a), len(b)))
+    if not len(a) or not len(b):
+        return out
+    if kind == "min":
+        n, k, u = a.shape
+        m, kb, _ = b.shape
+        fa, fb = a.reshape(n * k, u), b.reshape(m * kb, u)
+        d2 = (fa**2).sum(1)[:, None] + (fb**2).sum(1)[None, :] - 2.0 * fa @ fb.T
+        return np.sqrt(np.maximum(d2, 0.0).reshape(n, k, m, kb).min(axis=(1, 3)))
+    from scipy.optimize import linear_sum_assignment
+
+    for i in range(len(a)):
+        for j in range(len(b)):
+            cost = ((a[i][:, None, :] - b[j][None, :, :]) ** 2).sum(-1)
+            r, c = linear_sum_assignment(cost)
+            out[i, j] = float(cost[r, c].mean())
+    return out
+
+
 def matched_distance_adjacency(points: np.ndarray) -> np.ndarray:
     """The authors' code: mean squared distance of the best one-to-one matching of centroids."""
     from scipy.optimize import linear_sum_assignment
@@ -106,12 +131,34 @@ def umap_embed(points: np.ndarray, seed: int, n_neighbors: int = 15,
         return np.asarray(reducer.fit_transform(pts), dtype=np.float64)
 
 
+def umap_embed_new(points: np.ndarray, new: np.ndarray, seed: int, n_neighbors: int = 15,
+                   min_dist: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """The `umap_embed` of `points` fitted again (same seed and settings: the same map), and
+    new points `[m, e]` mapped into it with UMAP's `transform`: (points', new')."""
+    import umap
+
+    pts = np.asarray(points, dtype=np.float64)
+    add = np.asarray(new, dtype=np.float64)
+    if len(pts) < 3:
+        return np.zeros((len(pts), 2)), np.zeros((len(add), 2))
+    reducer = umap.UMAP(n_components=2, n_neighbors=max(2, min(n_neighbors, len(pts) - 1)),
+                        min_dist=min_dist, random_state=int(seed) % (2**31 - 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = np.asarray(reducer.fit_transform(pts), dtype=np.float64)
+        mapped = (np.asarray(reducer.transform(add), dtype=np.float64) if len(add)
+                  else np.zeros((0, 2)))
+    return fitted, mapped
+
+
 __all__ = [
     "adjacency",
+    "cross_distances",
     "matched_distance_adjacency",
     "min_distance_adjacency",
     "relatedness_average",
     "relatedness_weights",
     "threshold",
     "umap_embed",
+    "umap_embed_new",
 ]

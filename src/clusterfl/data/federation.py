@@ -96,7 +96,8 @@ class Federation:
         raise ValueError(f"split must be 'train' or 'test', got {name!r}")
 
     def subset(self, clients: np.ndarray | list[int]) -> Federation:
-        """A federation made of the given clients only (in that order)."""
+        """A federation made of the given clients only (in that order). Inputs that hold no
+        data (a zero-stride view, as the Flower server's sizes-only federation) stay so."""
         idx = np.asarray(clients, dtype=np.int64)
         parts = {}
         for split in ("train", "test"):
@@ -104,7 +105,11 @@ class Federation:
             rows = [np.arange(off[i], off[i + 1]) for i in idx]
             sizes = np.array([len(r) for r in rows], dtype=np.int64)
             cat = torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0, np.int64))
-            parts[split] = (x[cat], y[cat], np.concatenate([[0], np.cumsum(sizes)]))
+            n = int(sizes.sum())
+            xs = (x[:1].expand(n, *x.shape[1:]) if len(x) and x.stride(0) == 0
+                  else x[cat])
+            ys = y[:1].expand(n) if len(y) and y.stride(0) == 0 else y[cat]
+            parts[split] = (xs, ys, np.concatenate([[0], np.cumsum(sizes)]))
         return Federation(
             *parts["train"], *parts["test"],
             clusters=None if self.clusters is None else self.clusters[idx],
@@ -142,3 +147,43 @@ class Federation:
             f"{'?' if k is None else k} true clusters, input {self.input_shape}, "
             f"{self.n_classes} classes"
         )
+
+
+def holdout_split(clusters: np.ndarray | None, n_clients: int, fraction: float,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(trained ids, held-out ids), both sorted: round(fraction · n) clients held out,
+    stratified by true cluster (no clusters: one group) and drawn from `seed`.
+
+    Each cluster gives its proportional share (largest remainders, ties broken at random),
+    at least one client when as many clients are held out as there are clusters and it has
+    two or more, and never its last one. Raises ConfigError (`scenario.holdout`) when the
+    fraction holds out no client, or so many that some cluster would keep none.
+    """
+    from clusterfl.errors import ConfigError
+
+    labels = np.zeros(n_clients, np.int64) if clusters is None else np.asarray(clusters)
+    n_hold = round(fraction * n_clients)
+    if n_hold < 1:
+        raise ConfigError("scenario.holdout", f"{fraction:g} of {n_clients} clients holds out "
+                          f"none; allowed: 0 (off) or at least {0.5 / n_clients:.3g}")
+    groups, sizes = np.unique(labels, return_counts=True)
+    if n_hold > n_clients - len(groups):
+        raise ConfigError("scenario.holdout", f"{fraction:g} holds out {n_hold} of "
+                          f"{n_clients} clients, leaving a true cluster with no trained "
+                          f"client ({len(groups)} clusters); allowed: at most "
+                          f"{(n_clients - len(groups)) / n_clients:.3g}")
+    rng = np.random.default_rng([seed, 5171])
+    want = n_hold * sizes / n_clients
+    lo = ((sizes >= 2) & (n_hold >= len(groups))).astype(np.int64)
+    take = np.minimum(np.maximum(np.floor(want).astype(np.int64), lo), sizes - 1)
+    tiebreak = rng.random(len(groups))
+    while take.sum() > n_hold:  # the floors plus the minimum of one overshoot
+        room = np.where(take > lo, take - want, -np.inf)
+        take[int(np.lexsort((tiebreak, -room))[0])] -= 1
+    while take.sum() < n_hold:
+        room = np.where(take < sizes - 1, want - take, -np.inf)
+        take[int(np.lexsort((tiebreak, -room))[0])] += 1
+    held = [rng.permutation(np.flatnonzero(labels == g))[:t] for g, t in
+            zip(groups, take, strict=True)]
+    hold = np.sort(np.concatenate(held)).astype(np.int64)
+    return np.setdiff1d(np.arange(n_clients), hold).astype(np.int64), hold

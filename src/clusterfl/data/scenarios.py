@@ -324,6 +324,10 @@ class ScenarioParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     n_clients: int = Field(20, ge=1, description="number of clients")
+    holdout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="share of the clients kept out of training, "
+        "stratified by true cluster and seeded, placed and evaluated after the run "
+        "(default: none)")
 
 
 class _SizeParams(ScenarioParams):

@@ -89,11 +89,24 @@ COLUMNS: list[Column] = [
 ]
 """`rejected`: client replies the guard's validation rejected over the whole run."""
 
+#: the held-out clients (`[scenario] holdout`), placed after the run: shown when some run has
+#: them, after the ARI column
+HOLDOUT_COLUMNS: list[Column] = [
+    Column("placement ARI", lambda f: f.placement_ari, _fixed(3)),
+    Column("held-out acc (%)", lambda f: f.holdout_accuracy, _percent),
+]
+
 
 def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
-    """The table's columns: MSE only when some run reports one."""
+    """The table's columns: MSE only when some run reports one, the held-out clients' only
+    when some run had them."""
     regression = any(_metrics(s.final).mse is not None for s in summaries)
-    return [c for c in COLUMNS if c is not MSE_COLUMN or regression]
+    columns = [c for c in COLUMNS if c is not MSE_COLUMN or regression]
+    if any(s.holdout is not None or s.final.placement_ari is not None
+           or s.final.holdout_accuracy is not None for s in summaries):
+        at = next(i for i, c in enumerate(columns) if c.header == "ARI") + 1
+        columns[at:at] = HOLDOUT_COLUMNS
+    return columns
 
 
 def summary_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[str]]]:
@@ -147,6 +160,7 @@ def write_run_report(run_dir: str | Path) -> Path:
         _divergence_note([summary]),
         _config_excerpt(load_config_text(run_dir)),
         "## Results\n\n" + summary_markdown([summary]),
+        _holdout_section(summary.holdout),
         _extras_section(summary.extras),
         "## Figures\n\n" + _figure_links(figures, run_dir),
     ]
@@ -181,7 +195,9 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
     facts = [
         f"algorithm `{_known(summary.algorithm)}`",
         f"federation `{_known(summary.federation)}`",
-        f"{_known(summary.n_clients)} clients",
+        f"{_known(summary.n_clients)} clients"
+        + (f" trained and {summary.holdout.get('n_held_out')} held out"
+           if summary.holdout else ""),
         f"{_known(summary.rounds)} rounds",
         truth,
     ]
@@ -213,6 +229,30 @@ def _config_excerpt(config: str | None) -> str:
     more = len(lines) - CONFIG_EXCERPT_LINES
     tail = f"\n… {more} more lines in `config.toml`.\n" if more > 0 else ""
     return f"## Configuration\n\n```toml\n{shown}\n```\n{tail}"
+
+
+def _holdout_section(holdout: dict[str, Any] | None) -> str:
+    """The held-out clients, placed after the run: one row per client ('' without)."""
+    if not holdout:
+        return ""
+    truth = holdout.get("true_clusters") or [None] * len(holdout.get("clients", []))
+    lines = [
+        "## Held-out clients\n",
+        f"{holdout.get('n_held_out')} clients ({_fixed(2)(holdout.get('fraction'))} of the "
+        "federation, stratified by true cluster) were kept out of training, then placed by "
+        "the method's rule and evaluated on their own test data with the model they were "
+        f"placed on: placement ARI {_fixed(3)(holdout.get('placement_ari'))}, mean accuracy "
+        f"{_percent(holdout.get('holdout_accuracy'))} %; the placement cost "
+        f"{_human(holdout.get('floats_down'))} floats down and "
+        f"{_human(holdout.get('floats_up'))} up.\n",
+        "| client | true cluster | placed cluster | accuracy (%) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for c, t, p, a in zip(holdout.get("clients", []), truth,
+                          holdout.get("placed_clusters", []), holdout.get("accuracy", []),
+                          strict=False):
+        lines.append(f"| {c} | {_known(t)} | {p} | {_percent(a)} |")
+    return "\n".join(lines) + "\n"
 
 
 def _extras_section(extras: dict[str, Any]) -> str:

@@ -1,0 +1,80 @@
+"""`SubsetBackend`: some clients of a backend's federation, numbered 0..n−1.
+
+A run with held-out clients (`[scenario] holdout`) trains on some clients of the federation
+and places the others at the end. The algorithms number the clients of their context
+0..n−1; the backend that holds the data (in simulation) or reaches the nodes (on Flower, one
+node per client id of the whole federation) numbers them as the whole federation does. This
+wrapper translates: a request for local clients `i` goes to the inner backend for clients
+`ids[i]`, and the reply's `clients` are translated back. Only the `clients` field of requests
+and replies names clients (every other per-client field is a row in that order), so this works
+for every request type and every backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from clusterfl.backends.base import Backend
+from clusterfl.protocol import (
+    EmbedReply,
+    EmbedRequest,
+    EvaluateReply,
+    EvaluateRequest,
+    GradientReply,
+    GradientRequest,
+    LossReply,
+    LossRequest,
+    TrainReply,
+    TrainRequest,
+)
+
+
+class SubsetBackend(Backend):
+    """Clients `ids` (of `inner`'s federation) as clients 0..len(ids)−1.
+
+    `federation` is the inner backend's (whole) federation, which `ids` index. Closing the
+    wrapper does not close `inner` (it may serve other subsets).
+    """
+
+    name = "subset"
+
+    def __init__(self, inner: Backend, ids: np.ndarray | list[int]) -> None:
+        super().__init__(inner.federation, inner.factory)
+        self.inner = inner
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.local = {int(c): i for i, c in enumerate(self.ids.tolist())}
+        if len(self.local) != len(self.ids):
+            raise ValueError("SubsetBackend: client ids must be distinct")
+
+    def execute(self, request: Any) -> Any:
+        local = np.asarray(request.clients, dtype=np.int64)
+        reply = self.inner.execute(replace(request, clients=self.ids[local]))
+        back = np.array([self.local[int(c)] for c in np.asarray(reply.clients).tolist()],
+                        dtype=np.int64)
+        return replace(reply, clients=back)
+
+    def train(self, req: TrainRequest) -> TrainReply:
+        out: TrainReply = self.execute(req)
+        return out
+
+    def gradient(self, req: GradientRequest) -> GradientReply:
+        out: GradientReply = self.execute(req)
+        return out
+
+    def losses(self, req: LossRequest) -> LossReply:
+        out: LossReply = self.execute(req)
+        return out
+
+    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
+        out: EvaluateReply = self.execute(req)
+        return out
+
+    def embed(self, req: EmbedRequest) -> EmbedReply:
+        out: EmbedReply = self.execute(req)
+        return out
+
+
+__all__ = ["SubsetBackend"]

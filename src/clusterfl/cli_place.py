@@ -1,0 +1,292 @@
+"""`clusterfl place`: put clients into the clusters of a finished run, for every method.
+
+    clusterfl place RUN_DIR [--clients 3,7,20-23] [--json FILE] [--set KEY=VALUE ...]
+                    [--data-dir DIR]
+
+The method's final state is read from `RUN_DIR/checkpoint/state.pt` (a run writes it at its
+last round when `checkpoint_every > 0`; a CFL run's `cfl_tree.pt` serves too). The clients
+come from the federation of the run's `config.toml` as it builds it (ids of the whole
+federation, held-out clients included), optionally changed with `--set` (e.g. `--set seed=7`
+for fresh data from the same recipe, or `--set scenario.n_clients=24 --clients 20-23`); the
+model and `[algorithm]` tables must stay the run's. Each client is placed by its method's
+rule (`Algorithm.placement`, through the protocol only, without changing the method's
+state; docs/placement.md) and evaluated on its own test data with the model it was placed on.
+
+The table shows each client's true cluster (when the scenario has clusters), whether it
+trained in the run and its cluster there, the placed cluster, the true clusters of the
+trained clients in that cluster, the test accuracy, and what the method reports about the
+decision (`details`: IFCA's losses, CFL's tree path and similarities, ...). The placement
+uses its own generator seeded by the run's seed, as the run's own placement of its held-out
+clients does: placing exactly those clients gives exactly the run's `holdout` results.
+
+`cfl-place` is the same command under its former name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clusterfl.errors import ClusterFLError
+
+if TYPE_CHECKING:  # numpy and torch are imported when the command runs (fast --help)
+    import numpy as np
+
+    from clusterfl.algorithms.base import Algorithm, Context, Placement
+
+CHECKPOINT = "checkpoint/state.pt"
+CFL_TREE = "cfl_tree.pt"  # `CFL.save_artifacts` (kept from `cfl-place`)
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `place` and its alias `cfl-place` on an argparse subparsers object."""
+    for name, help_text in (
+            ("place", "place new clients into a finished run's clusters (every method)"),
+            ("cfl-place", "the former name of `place` (same command)")):
+        p = subparsers.add_parser(name, help=help_text,
+                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
+        p.add_argument("run_dir", help="directory of a finished run (with a checkpoint)")
+        p.add_argument("--clients", help="client ids of the federation, e.g. '0,3,8-11' "
+                                         "(default: all clients)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="change the run's config for the federation the clients come "
+                       "from (not its model or algorithm)")
+        p.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+        p.add_argument("--json", metavar="FILE", help="also write the placements as JSON")
+        p.set_defaults(func=cmd_place)
+
+
+def parse_clients(spec: str | None, n_clients: int) -> np.ndarray:
+    """'0,3,8-11' → [0, 3, 8, 9, 10, 11]; None → all clients. Raises ClusterFLError."""
+    import numpy as np
+
+    if spec is None:
+        return np.arange(n_clients)
+    out: list[int] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-", 1))
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ClusterFLError(f"--clients: cannot read {part!r}; use ids and ranges, e.g. "
+                                 "0,3,8-11") from None
+    bad = [c for c in out if not 0 <= c < n_clients]
+    if bad or not out:
+        raise ClusterFLError(f"--clients: ids must be in 0..{n_clients - 1} (got {spec!r})")
+    return np.array(sorted(set(out)), dtype=np.int64)
+
+
+def load_state(run_dir: Path) -> tuple[dict[str, Any], str]:
+    """The run's saved state (`checkpoint/state.pt`, else CFL's `cfl_tree.pt`) and a line
+    saying where it came from; a one-line error saying why when there is none."""
+    import torch
+
+    ckpt = run_dir / CHECKPOINT
+    if ckpt.is_file():
+        saved = torch.load(ckpt, weights_only=False)
+        rounds = (saved.get("config") or {}).get("rounds")
+        return saved, f"{ckpt} (round {saved.get('round')} of {rounds})"
+    tree = run_dir / CFL_TREE
+    if tree.is_file():
+        saved = torch.load(tree, weights_only=False)
+        return saved, f"{tree} (round {saved.get('round')})"
+    every = _config_value(run_dir, "checkpoint_every")
+    why = ("checkpoints were off (checkpoint_every = 0)" if every == 0 else
+           "the run did not write one (not finished, or written by an older clusterfl)")
+    raise ClusterFLError(f"{run_dir}: no {CHECKPOINT} to place clients with: {why}; run it "
+                         "again with checkpoint_every > 0 (the last round is always saved)")
+
+
+def _config_value(run_dir: Path, key: str) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8")).get(key)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+
+
+def cmd_place(args: argparse.Namespace) -> int:
+    """Place the requested clients, print the table (and optionally write the JSON)."""
+    from rich.console import Console
+
+    from clusterfl.records import json_ready
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise ClusterFLError(f"{run_dir}: no such run directory")
+    if not (run_dir / "config.toml").is_file():
+        raise ClusterFLError(f"{run_dir}: no config.toml; not a run directory")
+    saved, origin = load_state(run_dir)
+    rows, label = place_clients(run_dir, saved, args.clients, list(args.set or []),
+                                args.data_dir)
+    con = Console(highlight=False)
+    con.print(f"{label}: state from {origin}")
+    con.print(placement_table(rows, label))
+    if args.json:
+        Path(args.json).write_text(json.dumps(json_ready(rows), indent=2))
+        con.print(f"placements written to {args.json}")
+    return 0
+
+
+def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
+                  overrides: list[str], data_dir: str | None = None,
+                  ) -> tuple[list[dict[str, Any]], str]:
+    """Place clients of the (possibly changed) run federation: one dict per client, and the
+    method's label."""
+    import numpy as np
+
+    from clusterfl.backends.subset import SubsetBackend
+    from clusterfl.config import apply_overrides, load_config, read_toml
+    from clusterfl.experiment import Experiment, build_backend
+    from clusterfl.protocol import EvaluateRequest
+
+    if data_dir:
+        overrides = [*overrides, f"data.data_dir={json.dumps(data_dir)}"]
+    config = load_config(apply_overrides(read_toml(run_dir / "config.toml"), overrides))
+    was = saved.get("config")
+    now = config.to_dict()
+    same_federation = not overrides
+    if isinstance(was, dict):
+        same_federation = all(was.get(k) == now.get(k) for k in ("seed", "data", "scenario"))
+        for table in ("model", "algorithm"):
+            if was.get(table) != now.get(table):
+                raise ClusterFLError(f"--set changed the run's [{table}] table; placement "
+                                     "needs the run's own model and method")
+    exp = Experiment(config)  # the federation, the held-out split, the method
+    alg = exp.algorithm
+    full = exp.full_federation
+    ids = parse_clients(clients, full.n_clients)
+    backend = build_backend(config, full, exp.factory)
+    try:
+        train_ctx = exp._context(SubsetBackend(backend, exp.train_ids))
+        alg.setup(train_ctx)
+        try:
+            alg.load_state_dict(saved["algorithm"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterFLError(f"{run_dir}: its saved {alg.label()} state does not fit this "
+                                 f"clusterfl ({exc}); it was probably written by an older "
+                                 "version: rerun the run") from None
+        ctx = exp.placing_context(backend, ids)
+        placed = _placement(alg, ctx)
+        reply = ctx.send(EvaluateRequest(placed.clients, placed.predictor))
+        acc = np.full(len(ids), np.nan)
+        acc[reply.clients] = reply.accuracy
+    finally:
+        backend.close()
+    return _rows(exp, alg, ids, placed, acc, same_federation, _run_truth(run_dir)), \
+        alg.label()
+
+
+def _run_truth(run_dir: Path) -> list[int] | None:
+    """The true clusters of the run's trained clients (its summary), if known."""
+    from clusterfl.records import RunDirError, read_summary
+
+    try:
+        return read_summary(run_dir).true_clusters
+    except RunDirError:
+        return None
+
+
+def _placement(alg: Algorithm, ctx: Context) -> Placement:
+    """`alg.placement`; for a CFL without its own `placement` yet, Algorithm 4 (`CFL.walk`)
+    as a `Placement` (the leaf, the path and the similarities per level)."""
+    import numpy as np
+
+    from clusterfl.algorithms.base import Algorithm as Base
+
+    clients = np.arange(ctx.n_clients)
+    if alg.name != "cfl" or type(alg).placement is not Base.placement:
+        return alg.placement(ctx, clients)
+    import torch
+
+    from clusterfl.algorithms.base import Placement as Placed
+    from clusterfl.protocol import Predictor
+
+    walks = alg.walk(ctx, clients)  # type: ignore[attr-defined]
+    leaf = np.array([w.leaf for w in walks], dtype=np.int64)
+    nodes = np.unique(leaf)
+    row = {int(v): k for k, v in enumerate(nodes)}
+    models = torch.stack([alg.model_of(int(v)) for v in nodes])  # type: ignore[attr-defined]
+    return Placed(clients, leaf, Predictor.single(models, np.array([row[int(v)] for v in leaf])),
+                  [{"path": w.path, "similarities": [list(s) for s in w.similarities]}
+                   for w in walks])
+
+
+def _rows(exp: Any, alg: Algorithm, ids: np.ndarray, placed: Placement, acc: np.ndarray,
+          same_federation: bool, run_truth: list[int] | None) -> list[dict[str, Any]]:
+    """One JSON-ready dict per placed client (see the module doc). `trained` and
+    `run_cluster` only when the federation is the run's (no --set changed it); the trained
+    clients' true clusters come from the run's summary."""
+    import numpy as np
+
+    truth = exp.full_federation.clusters
+    trained = ({int(c): i for i, c in enumerate(exp.train_ids.tolist())} if same_federation
+               else {})
+    assign = np.asarray(alg.assignment())
+    train_truth = (np.asarray(run_truth) if run_truth is not None
+                   and len(run_truth) == len(assign) else None)
+    rows = []
+    for k, c in enumerate(ids.tolist()):
+        cluster = int(placed.clusters[k])
+        members = np.flatnonzero(assign == cluster) if cluster >= 0 else np.zeros(0, int)
+        row: dict[str, Any] = {
+            "client": c,
+            "true_cluster": None if truth is None else int(truth[c]),
+            "trained": (c in trained) if same_federation else None,
+            "run_cluster": int(assign[trained[c]]) if c in trained else None,
+            "cluster": cluster,
+            "cluster_true_clusters": None if train_truth is None or cluster < 0 else
+            sorted({int(x) for x in train_truth[members]}),
+            "accuracy": None if acc[k] != acc[k] else float(acc[k]),
+        }
+        if placed.details is not None:
+            row["details"] = placed.details[k]
+        rows.append(row)
+    return rows
+
+
+def placement_table(rows: list[dict[str, Any]], label: str) -> Any:
+    """A rich table of placements (the method's details in the last columns)."""
+    from rich.table import Table
+
+    table = Table(title=f"{label}: placement of clients")
+    keys: list[str] = []
+    for r in rows:
+        for key in r.get("details") or {}:
+            if key not in keys:
+                keys.append(key)
+    for col in ("client", "true", "trained (cluster)", "placed", "trained clients' true",
+                "accuracy", *keys):
+        table.add_column(col)
+    for r in rows:
+        details = r.get("details") or {}
+        table.add_row(
+            str(r["client"]), _text(r["true_cluster"]),
+            {None: "?", False: "no"}.get(r["trained"], f"yes ({r['run_cluster']})"),
+            str(r["cluster"]),
+            _text(r["cluster_true_clusters"]),
+            "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
+            *(_text(details.get(key)) for key in keys))
+    return table
+
+
+def _text(value: Any) -> str:
+    """A compact cell: numbers with 3 decimals, lists joined, None empty; a path with →."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.3f}"
+    if isinstance(value, list | tuple):
+        return ",".join(_text(v) if not isinstance(v, list | tuple) else f"({_text(v)})"
+                        for v in value)
+    return str(value)

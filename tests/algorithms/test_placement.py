@@ -1,0 +1,300 @@
+"""Placing clients that did not train (`Algorithm.placement`) and held-out clients
+(`[scenario] holdout`): every method places newcomers as it clusters, without changing its
+state; the held-out split is stratified and seeded; the summary tells the truth; a resumed run
+places exactly as an uninterrupted one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.algorithms.test_flt import FAST_FLT, prototypes_federation
+from tests.algorithms.test_flt import config as flt_config
+from tests.tiny import tiny_config
+
+from clusterfl.algorithms import ALGORITHMS
+from clusterfl.algorithms.base import Algorithm
+from clusterfl.backends.subset import SubsetBackend
+from clusterfl.data.federation import holdout_split
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import Experiment, build_backend
+from clusterfl.protocol import EvaluateRequest
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is faster, and fair to other jobs on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def rotation(algorithm: dict[str, Any], rounds: int = 8, holdout: float = 0.34,
+             **top: Any) -> dict[str, Any]:
+    """Digits in two rotation groups, 12 clients, a third of them held out (2 per group)."""
+    cfg = tiny_config(rounds=rounds, n_clients=12, hidden=32, steps=0, algorithm=algorithm,
+                      **top)
+    cfg["scenario"]["holdout"] = holdout
+    cfg["train"].update(lr=0.1, epochs=2)
+    return cfg
+
+
+#: methods that find the two groups on `rotation` within 8 rounds (trained ARI 1)
+CLUSTERING = {
+    "ifca": {"name": "ifca", "n_clusters": 2},
+    "fesem": {"name": "fesem", "n_clusters": 2},
+    "ifca_cam": {"name": "ifca_cam", "n_clusters": 2, "warmup_rounds": 2, "cluster_update": "mean"},
+    "fesem_cam": {"name": "fesem_cam", "n_clusters": 2, "warmup_rounds": 2},
+    "cfl_gp_model": {"name": "cfl_gp", "n_clusters": 2, "period": 1, "estimate_k": False,
+                     "protocol": "model"},
+    "cfl_gp_gradient": {"name": "cfl_gp", "n_clusters": 2, "period": 1, "estimate_k": False},
+    "pca_km_hc": {"name": "pca_km_hc", "fraction": 1.0, "n_clusters": 2},
+    "pacfl": {"name": "pacfl", "fraction": 1.0, "n_clusters": 2},
+    "flhc": {"name": "flhc", "warmup_rounds": 2},
+}
+
+
+def _state(alg: Algorithm) -> dict[str, Any]:
+    return alg.state_dict()
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return bool(a == b)
+
+
+def _place_again(exp: Experiment) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The held-out placement once more on a fresh backend, and the state after it."""
+    backend = build_backend(exp.config, exp.full_federation, exp.factory)
+    try:
+        again = exp.place_holdout(backend)
+    finally:
+        backend.close()
+    return again, _state(exp.algorithm)
+
+
+@pytest.mark.parametrize("name", list(CLUSTERING), ids=list(CLUSTERING))
+def test_newcomers_are_placed_in_their_true_cluster_without_changing_the_method(name):
+    exp = Experiment.from_config(rotation(CLUSTERING[name]))
+    summary = exp.run(progress=False).summary
+    final, held = summary.final, summary.holdout
+    assert final.ari == 1.0, f"{name} did not cluster the trained clients"
+    assert held is not None and final.placement_ari == 1.0, held
+    assert held["true_clusters"] == [0, 0, 1, 1]
+    assert held["placed_clusters"][0] == held["placed_clusters"][1] != held["placed_clusters"][2]
+    # the placed cluster is the one holding the trained clients of the same true cluster
+    assign, truth = np.asarray(summary.assignment), np.asarray(summary.true_clusters)
+    for t, c in zip(held["true_clusters"], held["placed_clusters"], strict=True):
+        assert set(truth[assign == c]) == {t}
+    assert final.metrics is not None and final.holdout_accuracy is not None
+    assert final.holdout_accuracy > final.metrics.accuracy - 0.1
+    before = _state(exp.algorithm)
+    again, after = _place_again(exp)
+    assert _equal(before, after), "placement changed the method's state"
+    assert again == held  # deterministic (its own generator, seeded by the run's seed)
+
+
+def test_ifca_placement_follows_assign_by():
+    from clusterfl.clustering.aggregate import choose_clusters
+    from clusterfl.protocol import LossRequest
+
+    exp = Experiment.from_config(rotation({"name": "ifca", "n_clusters": 2}, rounds=2))
+    exp.run(progress=False)
+    backend = build_backend(exp.config, exp.full_federation, exp.factory)
+    ctx = exp.placing_context(backend, exp.holdout_ids)
+    losses = ctx.backend.execute(LossRequest(np.arange(4), exp.algorithm.state.models))
+    for by in ("loss", "accuracy"):
+        exp.algorithm.config = exp.algorithm.config.model_copy(update={"assign_by": by})
+        placed = exp.algorithm.place(ctx, np.arange(4))
+        assert placed.tolist() == choose_clusters(losses.loss, losses.accuracy, by).tolist()
+
+
+def test_flt_places_in_the_same_umap_embedding():
+    """FLT with UMAP: the newcomers' signatures mapped into the clustering's embedding."""
+    cfg = flt_config({**FAST_FLT, "aggregation": "clusters"}, rounds=3)
+    cfg["scenario"]["holdout"] = 1 / 3
+    exp = Experiment.from_config(cfg, federation=prototypes_federation(n_clients=18))
+    summary = exp.run(progress=False).summary
+    assert summary.final.ari == 1.0 and summary.final.placement_ari == 1.0
+    assert summary.final.holdout_accuracy is not None and summary.final.holdout_accuracy > 0.9
+    held = summary.holdout
+    assert held is not None and [d["nearest_client"] for d in held["details"]]
+
+
+def test_flt_case_one_gives_a_newcomer_its_related_clients_mean_model():
+    algo = {**FAST_FLT, "umap": False, "distance": "matched", "threshold": 0.003, "k": 2,
+            "finetune_epochs": 0, "fraction": 1.0}
+    cfg = flt_config(algo, rounds=3)
+    cfg["scenario"]["holdout"] = 1 / 3
+    exp = Experiment.from_config(cfg, federation=prototypes_federation(n_clients=18))
+    summary = exp.run(progress=False).summary
+    assert summary.final.placement_ari == 1.0 and summary.final.holdout_accuracy > 0.9
+    # each placed client's model is its related (same-cluster) trained clients' mean model
+    backend = build_backend(exp.config, exp.full_federation, exp.factory)
+    ctx = exp.placing_context(backend, exp.holdout_ids)
+    placed = exp.algorithm.placement(ctx, np.arange(len(exp.holdout_ids)))
+    models = exp.algorithm.state.models
+    truth = exp.federation.clusters
+    for i, t in enumerate(exp.full_federation.clusters[exp.holdout_ids]):
+        own = placed.predictor.models[int(placed.predictor.members[i, 0])]
+        members = torch.from_numpy(np.flatnonzero(truth == t))
+        torch.testing.assert_close(own, models[members].mean(0))  # equal sizes: plain mean
+
+
+def test_umap_fitted_again_is_the_clustering_map():
+    from clusterfl.clustering.relatedness import umap_embed, umap_embed_new
+
+    pts = np.random.default_rng(0).normal(size=(30, 5))
+    fitted, mapped = umap_embed_new(pts, pts[:4] + 1e-3, seed=3, n_neighbors=5)
+    np.testing.assert_array_equal(fitted, umap_embed(pts, 3, 5))
+    assert mapped.shape == (4, 2)
+    assert np.linalg.norm(mapped - fitted[:4], axis=1).max() < 1.0  # next to their twins
+
+
+def test_fedavg_and_ensembles_place_everyone_in_cluster_zero_with_the_shared_model():
+    for algo in ({"name": "fedavg"}, {"name": "fedprox_plus", "n_models": 2}):
+        exp = Experiment.from_config(rotation(algo, rounds=3))
+        s = exp.run(progress=False).summary
+        assert s.holdout is not None and s.holdout["placed_clusters"] == [0, 0, 0, 0]
+        assert s.holdout["floats_down"] == 0 == s.holdout["floats_up"]  # nothing sent
+        backend = build_backend(exp.config, exp.full_federation, exp.factory)
+        ctx = exp.placing_context(backend, exp.holdout_ids)
+        placed = exp.algorithm.placement(ctx, np.arange(4))
+        ref = exp.algorithm.predictor()
+        assert torch.equal(placed.predictor.models, ref.models)
+        assert placed.predictor.combine == ref.combine and placed.predictor.members.shape[0] == 4
+
+
+def test_local_newcomers_train_alone_with_a_trained_clients_budget():
+    exp = Experiment.from_config(rotation({"name": "local"}, rounds=6))
+    s = exp.run(progress=False).summary
+    assert s.holdout is not None and s.holdout["placed_clusters"] == [-1] * 4
+    assert s.final.metrics is not None
+    assert abs(s.final.holdout_accuracy - s.final.metrics.accuracy) < 0.1
+    assert s.holdout["details"][0] == {"local_rounds": 6}
+    # with one round's budget the newcomers learn less than with six
+    backend = build_backend(exp.config, exp.full_federation, exp.factory)
+    ctx = exp.placing_context(backend, exp.holdout_ids)
+    ctx.rounds = 1
+    short = exp.algorithm.placement(ctx, np.arange(4))
+    acc = ctx.backend.execute(EvaluateRequest(short.clients, short.predictor)).accuracy
+    assert acc.mean() < s.final.holdout_accuracy - 0.05
+
+
+# --------------------------------------------------------------------------- the split
+
+
+def test_holdout_is_stratified_seeded_and_leaves_every_cluster_trained():
+    clusters = np.repeat(np.arange(4), 10)
+    train, hold = holdout_split(clusters, 40, 0.2, seed=0)
+    assert len(hold) == 8 and np.bincount(clusters[hold]).tolist() == [2, 2, 2, 2]
+    assert np.array_equal(np.sort(np.concatenate([train, hold])), np.arange(40))
+    again = holdout_split(clusters, 40, 0.2, seed=0)
+    assert np.array_equal(hold, again[1])
+    assert not np.array_equal(hold, holdout_split(clusters, 40, 0.2, seed=1)[1])
+    # unequal clusters: each gives at least one, none gives its last
+    uneven = np.array([0] * 7 + [1] * 2 + [2])
+    _, hold = holdout_split(uneven, 10, 0.3, seed=0)
+    assert sorted(uneven[hold].tolist()) == [0, 0, 1]
+    _, hold = holdout_split(None, 10, 0.25, seed=0)  # no true clusters: one group
+    assert len(hold) == 2
+
+
+@pytest.mark.parametrize(("n_clients", "holdout", "algorithm", "match"), [
+    (4, 0.8, {"name": "fedavg"}, "leaving a true cluster with no trained client"),
+    (8, 0.5, {"name": "ifca", "n_clusters": 5}, "fewer than algorithm.n_clusters = 5"),
+    (8, 0.01, {"name": "fedavg"}, "holds out none"),
+    (8, 1.0, {"name": "fedavg"}, "less than 1"),
+])
+def test_bad_holdout_is_a_config_error_naming_the_field(n_clients, holdout, algorithm, match):
+    cfg = tiny_config(n_clients=n_clients, algorithm=algorithm)
+    cfg["scenario"]["holdout"] = holdout
+    with pytest.raises(ConfigError, match=match) as err:
+        Experiment.from_config(cfg)
+    assert err.value.field == "scenario.holdout" and "\n" not in str(err.value)
+
+
+def test_a_method_that_cannot_place_refuses_holdout(monkeypatch):
+    monkeypatch.setattr(ALGORITHMS["ifca"], "placement", Algorithm.placement)
+    cfg = tiny_config(n_clients=8, algorithm={"name": "ifca", "n_clusters": 2})
+    cfg["scenario"]["holdout"] = 0.25
+    with pytest.raises(ConfigError, match="cannot place new clients"):
+        Experiment.from_config(cfg)
+
+
+def test_summary_counts_trained_and_held_out_clients(tmp_path):
+    cfg = rotation({"name": "ifca", "n_clusters": 2}, rounds=2)
+    exp = Experiment.from_config(cfg, out_dir=tmp_path)
+    s = exp.run(progress=False).summary
+    held = s.holdout
+    assert held is not None and s.n_clients == held["n_trained"] == 8
+    assert held["n_held_out"] == 4 and len(held["clients"]) == 4
+    assert sorted(held["clients"] + held["trained_clients"]) == list(range(12))
+    assert s.true_clusters is not None and len(s.true_clusters) == 8
+    assert s.assignment is not None and len(s.assignment) == 8
+    assert s.client_accuracy is not None and len(s.client_accuracy) == 8
+    full = exp.full_federation.clusters
+    assert held["true_clusters"] == full[held["clients"]].tolist()
+    assert s.true_clusters == full[held["trained_clients"]].tolist()
+    assert held["floats_down"] > 0 and held["floats_up"] == 4 * 2  # K losses up per client
+    assert np.mean(held["accuracy"]) == pytest.approx(s.final.holdout_accuracy)
+    from clusterfl.records import read_summary
+
+    assert read_summary(tmp_path) == s
+    report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else ""
+    if report:
+        assert "## Held-out clients" in report and "8 clients trained and 4 held out" in report
+
+
+def test_training_never_reaches_a_held_out_client(monkeypatch):
+    exp = Experiment.from_config(rotation({"name": "ifca", "n_clusters": 2}, rounds=2))
+    seen: list[tuple[bool, list[int]]] = []  # (a training-side request?, whole-federation ids)
+    real = SubsetBackend.execute
+
+    def spy(self, request):
+        seen.append((self.ids is exp.train_ids, self.ids[np.asarray(request.clients)].tolist()))
+        return real(self, request)
+
+    monkeypatch.setattr(SubsetBackend, "execute", spy)
+    exp.run(progress=False)
+    held = set(exp.holdout_ids.tolist())
+    training = [ids for is_training, ids in seen if is_training]
+    placing = [ids for is_training, ids in seen if not is_training]
+    assert training and not held & {c for ids in training for c in ids}
+    assert placing and {c for ids in placing for c in ids} == held
+    assert [t for t, _ in seen] == sorted((t for t, _ in seen), reverse=True)  # placing last
+
+
+def test_resumed_run_places_exactly_like_an_uninterrupted_one(tmp_path):
+    cfg = rotation({"name": "ifca", "n_clusters": 2}, rounds=5, checkpoint_every=2)
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref").run(progress=False).summary
+
+    class StopError(Exception):
+        pass
+
+    broken = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
+    real = broken.algorithm.run_round
+
+    def dies_in_round_4(ctx, t):
+        if t == 4:
+            raise StopError
+        return real(ctx, t)
+
+    broken.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
+    with pytest.raises(StopError):
+        broken.run(progress=False)
+    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut").run(resume=True,
+                                                                         progress=False)
+    assert resumed.summary.holdout == ref.holdout and ref.holdout is not None
+    assert resumed.summary.final.placement_ari == ref.final.placement_ari
+    assert resumed.summary.final.holdout_accuracy == ref.final.holdout_accuracy

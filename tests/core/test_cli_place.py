@@ -1,0 +1,94 @@
+"""`clusterfl place RUN_DIR`: any method's run, its held-out clients, the JSON, and the
+one-line errors (bad --clients, no checkpoint, a changed model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clusterfl.cli import main
+from clusterfl.config import load_config
+from clusterfl.experiment import Experiment
+from tests.tiny import tiny_config
+
+
+def _run(out: Path, holdout: float | None = 0.34, checkpoint_every: int = 2,
+         rounds: int = 4) -> Path:
+    cfg = tiny_config(rounds=rounds, n_clients=12, hidden=32, steps=0,
+                      checkpoint_every=checkpoint_every,
+                      algorithm={"name": "ifca", "n_clusters": 2})
+    cfg["train"].update(lr=0.1, epochs=2)
+    if holdout is not None:
+        cfg["scenario"]["holdout"] = holdout
+    Experiment(load_config(cfg), out).run(progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ifca_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory.mktemp("place") / "ifca")
+
+
+def test_place_repeats_the_runs_own_placement_of_its_held_out_clients(ifca_run, tmp_path,
+                                                                      capsys):
+    summary = json.loads((ifca_run / "summary.json").read_text())
+    held = summary["holdout"]
+    dest = tmp_path / "placed.json"
+    spec = ",".join(map(str, held["clients"]))
+    assert main(["place", str(ifca_run), "--clients", spec, "--json", str(dest)]) == 0
+    out = capsys.readouterr().out
+    assert "IFCA (K=2): state from" in out and "(round 4 of 4)" in out
+    assert "losses" in out  # the method's details are columns of the table
+    rows = json.loads(dest.read_text())
+    assert [r["client"] for r in rows] == held["clients"]
+    assert [r["true_cluster"] for r in rows] == held["true_clusters"]
+    assert [r["cluster"] for r in rows] == held["placed_clusters"]
+    assert [r["accuracy"] for r in rows] == pytest.approx(held["accuracy"], abs=1e-9)
+    assert [r["details"] for r in rows] == held["details"]
+    assert not any(r["trained"] for r in rows) and summary["final"]["placement_ari"] == 1.0
+    for r in rows:  # the trained clients of the placed cluster share the client's truth
+        assert r["cluster_true_clusters"] == [r["true_cluster"]]
+
+
+def test_place_a_trained_client_agrees_with_its_cluster_in_the_run(ifca_run, tmp_path):
+    summary = json.loads((ifca_run / "summary.json").read_text())
+    dest = tmp_path / "trained.json"
+    assert main(["place", str(ifca_run), "--json", str(dest)]) == 0  # every client
+    rows = json.loads(dest.read_text())
+    assert [r["client"] for r in rows] == list(range(12))
+    trained = [r for r in rows if r["trained"]]
+    assert len(trained) == summary["n_clients"] == 8
+    assert [r["run_cluster"] for r in trained] == summary["assignment"]
+    assert all(r["cluster"] == r["run_cluster"] for r in trained)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("3,x", "--clients: cannot read 'x'; use ids and ranges, e.g. 0,3,8-11"),
+    ("5-2", "--clients: cannot read '5-2'"),
+    ("12", "--clients: ids must be in 0..11 (got '12')"),
+    (",", "--clients: ids must be in 0..11"),
+])
+def test_bad_clients_is_one_line(ifca_run, capsys, spec, message):
+    assert main(["place", str(ifca_run), "--clients", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"clusterfl: error: {message}") and err.count("\n") == 1
+
+
+def test_a_run_without_checkpoint_says_why(tmp_path, capsys):
+    run = _run(tmp_path / "nock", holdout=None, checkpoint_every=0, rounds=1)
+    assert main(["place", str(run), "--clients", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no checkpoint/state.pt to place clients with: checkpoints were off " \
+           "(checkpoint_every = 0)" in err
+
+
+def test_place_refuses_a_changed_model_and_folders_that_are_not_runs(ifca_run, tmp_path,
+                                                                     capsys):
+    assert main(["place", str(ifca_run), "--set", "model.hidden=[8]"]) == 2
+    assert "--set changed the run's [model] table" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["place", str(tmp_path / "empty")]) == 2
+    assert "no config.toml; not a run directory" in capsys.readouterr().err
