@@ -7,13 +7,20 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config
+from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment, History, build_federation, claim_run_dir
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
-    """`"fedprox:mu=0.1:fraction=0.5"` → `{"name": "fedprox", "mu": 0.1, "fraction": 0.5}`."""
+    """`"fedprox:mu=0.1:fraction=0.5"` → `{"name": "fedprox", "mu": 0.1, "fraction": 0.5}`.
+
+    A method from outside the package is named by its import path, whose own `:` comes
+    first: `"mypkg.methods:Mine:step=0.5"` → `{"name": "mypkg.methods:Mine", "step": 0.5}`.
+    """
     name, *pairs = [p.strip() for p in spec.split(":")]
+    if pairs and "=" not in pairs[0]:  # "module:Attr" of an import path
+        name = f"{name}:{pairs.pop(0)}"
     if not name:
         raise ConfigError("--algorithms", f"empty method name in {spec!r}")
     out: dict[str, Any] = {"name": name}
@@ -57,18 +64,21 @@ def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Conf
 def run_comparison(
     config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None,
     overwrite: bool = False, hint: str = "overwrite=True to replace it",
+    federation: Federation | None = None,
 ) -> list[tuple[str, History]]:
     """Each method on the one federation built from `config`; returns (label, history).
 
     Every run goes to `out_dir/<run folder name>` (`naming.run_folder_name`: the
     method and its non-default options); the comparison report to `out_dir/report.md`.
     `out_dir` holds one comparison: when it is not empty, `overwrite` empties it first
-    (otherwise `RunDirInUseError`, whose message ends with `hint`).
+    (otherwise `RunDirInUseError`, whose message ends with `hint`). `federation`: data of
+    one's own built in Python (`Federation.from_clients`) instead of the config's `[data]`.
     """
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
     claim_run_dir(out, overwrite=overwrite, hint=hint)  # after the specs were validated
-    federation = build_federation(config)
+    if federation is None:
+        federation = build_federation(config)
     results, run_dirs = [], []
     for folder, cfg in runs:
         run_dir = out / folder

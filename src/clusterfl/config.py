@@ -27,9 +27,18 @@ from typing import TYPE_CHECKING, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
+from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
 from clusterfl.config_util import parse, pick
+from clusterfl.data.own import (
+    GIVEN,
+    OWN_SOURCES,
+    POOLED_SOURCES,
+    GivenParams,
+    default_scenario,
+    is_per_client,
+    loader_function,
+)
 from clusterfl.data.scenarios import SCENARIOS, scenario_params
 from clusterfl.data.sources import SOURCE_NAMES
 from clusterfl.errors import ConfigError
@@ -64,7 +73,26 @@ class RunSettings(_Strict):
 
 
 class DataConfig(_Strict):
-    source: str = "digits"
+    """`[data]`: where the data comes from (`clusterfl.data.own` for sources of one's own).
+
+    A loader function (`source = "pkg.mod:load"` or a `clusterfl.datasets` entry point) gets
+    every other key of the table as a keyword argument; other sources refuse unknown keys.
+    """
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    source: str = Field("digits", description="digits | mnist | fashion_mnist | cifar10 | "
+                        "synthetic_regression | npz | huggingface | python | an import path "
+                        "'pkg.mod:load' | a clusterfl.datasets entry point")
+    path: str | None = Field(None, description="npz: the folder of per-client .npz files; "
+                             "huggingface: a save_to_disk folder or parquet/arrow files")
+    input: str | None = Field(None, description="huggingface: the input column (image)")
+    label: str | None = Field(None, description="huggingface: the label column (label)")
+    train_split: str | None = Field(None, description="huggingface: the train split (train)")
+    test_split: str | None = Field(None, description="huggingface: the test split (test)")
+    test_fraction: float | None = Field(
+        None, gt=0.0, lt=1.0, description="huggingface without a test split: the share held "
+        "out for testing (0.2)")
+    name: str | None = Field(None, description="python: the federation's name")
     data_dir: str | None = Field(
         None, description="the data folder; comes before $CLUSTERFL_DATA (default: "
         "$CLUSTERFL_DATA, else ~/.cache/clusterfl). Better left out of shared configs: "
@@ -102,6 +130,11 @@ class TrainConfig(_Strict):
 class OutputConfig(_Strict):
     figures: bool = True
     progress: Literal["auto", "on", "off"] = "auto"
+    tensorboard: bool = Field(False, description="TensorBoard events in RUN_DIR/tensorboard: "
+                              "per-round scalars and the final figures")
+    callbacks: list[str] = Field(
+        default_factory=list, description="trackers: import paths 'pkg.mod:Tracker' of "
+        "classes called without arguments (clusterfl.tracking)")
 
 
 @dataclass
@@ -162,19 +195,15 @@ def load_config(raw: dict[str, Any]) -> Config:
             raise ConfigError(key, f"unknown field; allowed top-level fields: {allowed}")
     run = parse(RunSettings, {k: raw[k] for k in raw if k in RunSettings.model_fields}, "")
     data = parse(DataConfig, raw.get("data"), "data")
-    if data.source not in SOURCE_NAMES:
-        raise ConfigError("data.source", f"unknown value {data.source!r}; allowed: "
-                          f"{', '.join(sorted(SOURCE_NAMES))}")
+    _check_data(data)
     scen_raw = dict(_table(raw, "scenario"))
-    scen_name = scen_raw.pop("name", "rotation")
-    pick(SCENARIOS, scen_name, "scenario.name")
-    scenario = scenario_params(scen_name, scen_raw, "scenario")
+    scen_name = scen_raw.pop("name", default_scenario(data.source))
+    scenario = _scenario(data, scen_name, scen_raw)
     model = model_config(_table(raw, "model"))
     train = parse(TrainConfig, raw.get("train"), "train")
     algo_raw = dict(_table(raw, "algorithm"))
     algo_raw.setdefault("name", "fedavg")
-    algo_cls = pick(ALGORITHMS, algo_raw["name"], "algorithm.name")
-    algorithm = parse(algo_cls.Config, algo_raw, "algorithm")
+    algorithm = algorithm_config(algo_raw, "algorithm")
     backend_raw = raw.get("backend")
     if backend_raw is not None and not isinstance(backend_raw, dict):
         raise ConfigError("backend", "must be a table of settings, got "
@@ -189,6 +218,53 @@ def load_config(raw: dict[str, Any]) -> Config:
               parse(PrivacyConfig, raw.get("privacy"), "privacy"))
     return Config(run, data, scenario, str(scen_name), model, train, algorithm, backend, output,
                   *robust)
+
+
+_HF_KEYS = ("input", "label", "train_split", "test_split", "test_fraction")
+
+
+def data_table(raw: dict[str, Any]) -> dict[str, Any]:
+    """A `[data]` table as a resolved config writes it (defaults filled in, None left out)."""
+    return _drop_none(parse(DataConfig, raw, "data").model_dump())
+
+
+def _check_data(data: DataConfig) -> None:
+    """Each source's own keys (ConfigError naming the first misplaced one)."""
+    src = data.source
+    if src in SOURCE_NAMES or src in OWN_SOURCES:
+        extra = sorted(data.model_extra or {})
+        if extra:
+            allowed = ", ".join(k for k in DataConfig.model_fields)
+            raise ConfigError(f"data.{extra[0]}", f"unknown field; allowed fields here: "
+                                                  f"{allowed} (a loader function named by "
+                                                  "data.source takes any)")
+        own_keys = {"npz": ("path",), "huggingface": ("path", *_HF_KEYS), "python": ("name",)}
+        for key in ("path", "name", *_HF_KEYS):
+            if getattr(data, key) is not None and key not in own_keys.get(src, ()):
+                users = [s for s, keys in own_keys.items() if key in keys]
+                raise ConfigError(f"data.{key}", f"only for source {' / '.join(users)}, not "
+                                                 f"{src!r}")
+        if src in ("npz", "huggingface") and not data.path:
+            raise ConfigError("data.path", f"required for source {src!r}")
+        return
+    loader_function(src)  # an import path or an entry point; ConfigError when unknown
+
+
+def _scenario(data: DataConfig, name: Any, raw: dict[str, Any]) -> BaseModel:
+    """The validated `[scenario]` of `data`: `given` for data split into clients already."""
+    if name == GIVEN:
+        if data.source in SOURCE_NAMES or data.source in POOLED_SOURCES:
+            raise ConfigError("scenario.name", f"'given' keeps clients as they are given; "
+                                               f"data.source {data.source!r} is one pool of "
+                                               "samples: choose a scenario to split it ("
+                                               f"{', '.join(sorted(SCENARIOS))})")
+        return parse(GivenParams, raw, "scenario")
+    pick({**SCENARIOS, GIVEN: None}, name, "scenario.name")
+    if is_per_client(data.source):
+        raise ConfigError("scenario.name", f"data.source {data.source!r} is split into clients "
+                                           f"already: use scenario.name = 'given' (the "
+                                           f"default for it), not {name!r}")
+    return scenario_params(name, raw, "scenario")
 
 
 def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:

@@ -31,21 +31,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl import metrics
-from clusterfl.algorithms import ALGORITHMS, Algorithm, Context
+from clusterfl import metrics, tracking
+from clusterfl.algorithms import Algorithm, Context, algorithm_class
+from clusterfl.algorithms.base import SampledConfig
 from clusterfl.backends import BACKENDS, Backend
 from clusterfl.backends.subset import SubsetBackend
 from clusterfl.config import (
     ROBUST_TABLES,
     Config,
     apply_overrides,
+    data_table,
     dump_toml,
     load_config,
     read_toml,
 )
+from clusterfl.data import own
 from clusterfl.data.federation import Federation, holdout_split
 from clusterfl.data.scenarios import make_federation
-from clusterfl.data.sources import Source, load_source, standardize
+from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor
@@ -115,6 +118,10 @@ def _holds_results(path: Path) -> bool:
 
 
 def build_federation(config: Config) -> Federation:
+    if config.data.source not in SOURCE_NAMES:  # data of one's own (`clusterfl.data.own`)
+        data = config.to_dict()["data"]
+        return own.build(data, config.scenario_name, config.scenario.model_dump(),
+                         config.run.seed, config.data.standardize)
     try:
         verify = config.data.verify is not False
         source: str | Source = config.data.source
@@ -165,14 +172,18 @@ class Experiment:
     def __init__(
         self, config: Config, out_dir: str | Path | None = None,
         federation: Federation | None = None, overwrite: bool = False,
+        callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> None:
         """`overwrite`: a run (without resume) into a non-empty `out_dir` empties it first;
-        without it, such a run raises `RunDirInUseError` (see `claim_run_dir`)."""
-        self.config = config
+        without it, such a run raises `RunDirInUseError` (see `claim_run_dir`).
+        `callbacks`: trackers told of every round (`clusterfl.tracking`), besides those of
+        `[output] callbacks` and `tensorboard`."""
+        self.config = config if federation is None else _with_data_of(config, federation)
+        config = self.config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.overwrite = overwrite
         full = federation if federation is not None else build_federation(config)
-        self.algorithm: Algorithm = ALGORITHMS[config.algorithm.name](config.algorithm)
+        self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
         #: ids (in the whole federation) of the clients that train and of the held-out ones
         self.train_ids, self.holdout_ids = self._split(config, full)
         self.adversaries = choose_adversaries(config.adversary, len(self.train_ids),
@@ -193,16 +204,32 @@ class Experiment:
         self.diverged_rounds = 0
         self.checkpoint_round: int | None = None
         """The round the checkpoint in `out_dir` holds (None: none written or loaded yet)."""
+        self.callbacks = self._callbacks(list(callbacks))
 
     @classmethod
     def from_config(
         cls, source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
         out_dir: str | Path | None = None, federation: Federation | None = None,
-        overwrite: bool = False,
+        overwrite: bool = False, callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> Experiment:
         raw = source if isinstance(source, dict) else read_toml(source)
         return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation,
-                   overwrite)
+                   overwrite, callbacks)
+
+    def _callbacks(self, given: list[Any]) -> list[Any]:
+        """The given callbacks, then `[output] callbacks`, then TensorBoard when asked."""
+        out = self.config.output
+        for cb in given:
+            tracking.check_callback(cb)
+        made = [tracking.make_callback(ref, f"output.callbacks[{i}]")
+                for i, ref in enumerate(out.callbacks)]
+        board = []
+        if out.tensorboard:
+            if self.out_dir is None:
+                raise ConfigError("output.tensorboard", "TensorBoard events go to the run "
+                                                        "directory: give the run an out_dir")
+            board = [tracking.TensorBoardCallback(self.out_dir / tracking.TENSORBOARD_DIR)]
+        return [*given, *made, *board]
 
     def _split(self, config: Config, full: Federation) -> tuple[np.ndarray, np.ndarray]:
         """(trained ids, held-out ids) of `[scenario] holdout` (all trained without it)."""
@@ -237,9 +264,10 @@ class Experiment:
 
     def _guard(self) -> Guard:
         c, fed = self.config, self.federation
+        rate = (c.algorithm.expected_fraction(fed.n_clients)  # for ε: fraction or per_round
+                if isinstance(c.algorithm, SampledConfig) else 1.0)
         return Guard(fed.n_clients, c.run.seed, fed.train_sizes, c.validation, c.faults,
-                     c.adversary, c.privacy, self.adversaries,
-                     sampling_rate=getattr(c.algorithm, "fraction", 1.0))  # for ε
+                     c.adversary, c.privacy, self.adversaries, sampling_rate=rate)
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`)."""
@@ -255,6 +283,8 @@ class Experiment:
         if resume:
             start, elapsed, history.records = self._load_checkpoint(ctx)
         self._prepare_dir(history.records)
+        tracking.call(self.callbacks, "on_run_start", self.config.to_dict(), self.out_dir,
+                      start=start)
         try:
             self._loop(ctx, history, start, elapsed, self._want_progress(progress))
             if held_out:
@@ -263,6 +293,7 @@ class Experiment:
             inner.close()
         history.summary = self._summary(history, ctx)
         self._write_outputs(history)
+        tracking.call(self.callbacks, "on_run_end", history.summary, self.out_dir)
         return history
 
     def _loop(self, ctx: Context, history: History, start: int, elapsed: float,
@@ -281,6 +312,7 @@ class Experiment:
                 record = self._record(ctx, t, extras, evaluate, time.perf_counter() - t0)
                 history.records.append(record)
                 self._append(record)
+                tracking.call(self.callbacks, "on_round_end", record)
                 bar.update(record)
                 every = run.checkpoint_every
                 if every and (t % every == 0 or t == run.rounds):  # the last: to place, continue
@@ -494,11 +526,15 @@ class Experiment:
         if path is None or not path.is_file():
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
         state = torch.load(path, weights_only=False)
-        if state["config"] != self.config.to_dict():
+        saved, now = dict(state["config"]), self.config.to_dict()
+        if {**saved, "rounds": None} != {**now, "rounds": None}:
             raise ClusterFLError(
                 f"--resume: the checkpoint in {path.parent} was made with another config; "
                 "use the same config (see its config.toml) or a new --out"
             )
+        continued = saved.get("rounds") != now["rounds"]
+        if continued:
+            self._check_continuation(path.parent, int(state["round"]), saved.get("rounds"))
         try:
             self.algorithm.load_state_dict(state["algorithm"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -513,11 +549,70 @@ class Experiment:
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
+        if continued:
+            _forget_last_round_evaluation(records, saved.get("rounds"), self.config.run)
         if state.get("divergence") is not None:
             self.divergence = Divergence(**state["divergence"])
         self.diverged_rounds = int(state.get("diverged_rounds", 0))
         self.checkpoint_round = int(state["round"])
         return int(state["round"]) + 1, float(state["elapsed"]), records
+
+
+    def _check_continuation(self, where: Path, held: int, planned: Any) -> None:
+        """`--resume --set rounds=N` continues a run (finished or not) to N rounds: allowed
+        when N reaches the checkpoint's round and the method does not schedule by the
+        planned number of rounds T (`Algorithm.uses_planned_rounds`), which it could not
+        change in the rounds already run."""
+        rounds = self.config.run.rounds
+        if rounds < held:
+            raise ClusterFLError(
+                f"--resume: the checkpoint in {where} already holds round {held}; rounds = "
+                f"{rounds} would end before it: set rounds >= {held} (or a new --out)")
+        if getattr(type(self.algorithm), "uses_planned_rounds", False):
+            raise ClusterFLError(
+                f"--resume: {self.algorithm.label()} schedules by the planned number of rounds "
+                f"(T = {planned} in this run), so continuing it to {rounds} rounds would not "
+                f"equal a {rounds}-round run; start a new run with rounds = {rounds} (or "
+                f"resume with rounds = {planned})")
+
+
+def _forget_last_round_evaluation(records: list[RoundRecord], planned: Any,
+                                  run: Any) -> None:
+    """A continued run's records as a run planned for `run.rounds` from the start has them:
+    the old last round was evaluated because it was the last (`eval_every` aside); a run
+    that goes on evaluates it only on the `eval_every` grid."""
+    for rec in records:
+        if (planned is not None and rec.round == int(planned) and rec.round < run.rounds
+                and rec.round % run.eval_every != 0):
+            rec.metrics = None
+            rec.client_accuracy = rec.client_macro_f1 = rec.client_mse = None
+
+
+def _with_data_of(config: Config, federation: Federation) -> Config:
+    """The config of a run given `federation`: its `[data]` is the federation's own when
+    the federation records one (`meta["data"]`, set by `Federation.from_clients` and the
+    loaders of `clusterfl.data.own`), so the run directory says what data it was.
+
+    A config without a `[data]` table of its own takes the federation's (and its scenario:
+    `given` for per-client data); one that names other data is refused.
+    """
+    given = federation.meta.get("data")
+    if not isinstance(given, dict):
+        return config
+    now = config.to_dict()
+    if data_table(given) == now["data"]:
+        return config
+    if now["data"] != data_table({}):
+        raise ConfigError("data", f"the config's [data] {now['data']} is not the data of the "
+                                  f"federation given ({data_table(given)}); leave [data] out "
+                                  "of the config (the federation's own is recorded) or make "
+                                  "them agree")
+    meta = federation.meta
+    if own.is_per_client(str(given.get("source"))) is False and "scenario" in meta:
+        scenario = {"name": meta["scenario"], **dict(meta.get("params") or {})}
+    else:
+        scenario = {"name": own.GIVEN}
+    return load_config({**now, "data": given, "scenario": scenario})
 
 
 def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:

@@ -14,8 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-#: the number of cluster models (or of ensemble models): named "K" and shown whenever set
-K_OPTIONS = {"n_clusters": "K", "n_models": "K"}
+#: the number of cluster models (or of ensemble models; FedEM's mixture components, "M"):
+#: named "K" and shown whenever set
+K_OPTIONS = {"n_clusters": "K", "n_models": "K", "n_components": "M"}
 #: longest run folder name; a longer one is cut and ends in a hash of the whole name
 MAX_FOLDER = 100
 
@@ -72,7 +73,8 @@ def run_folder_name(config: BaseModel) -> str:
     `MAX_FOLDER` is cut and ends in 8 hex digits of a hash of the whole name.
     """
     options = [f"{k}={_safe(_text(v))}" for k, v in method_options(config)]
-    parts = [str(getattr(config, "name", "")), *options]
+    # a method from outside the package is named by its import path: "pkg.mod:My" → "pkg.mod-My"
+    parts = [_safe(str(getattr(config, "name", ""))), *options]
     name = "_".join(parts)
     if len(name) > MAX_FOLDER:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]

@@ -26,7 +26,7 @@ import torch
 
 from clusterfl.errors import ClusterFLError
 
-Combine = Literal["single", "sum_logits", "mean_probs"]
+Combine = Literal["single", "sum_logits", "mean_probs", "mean_outputs"]
 Split = Literal["train", "test"]
 
 
@@ -61,12 +61,17 @@ class Predictor:
 
     - "single": one model per client (`members` is `[n, 1]`).
     - "sum_logits": logits of the members are added (CAM: global + cluster model).
-    - "mean_probs": softmax outputs are averaged (FedAvg+/FedProx+ ensembles).
+    - "mean_probs": softmax outputs are averaged (FedAvg+/FedProx+ ensembles); with
+      `weights` (`[n, members]`, one row per client, each row summing to 1), the weighted
+      mean Σ_j weights[i, j] · softmax(member j) (FedEM's mixture prediction, Σ_m π_m h_m).
+    - "mean_outputs": the members' raw outputs are averaged (with `weights`: weighted), the
+      mixture's mean for regression (FedEM on a regression task).
     """
 
     models: torch.Tensor
     members: np.ndarray = field(metadata=PER_CLIENT)
     combine: Combine = "single"
+    weights: np.ndarray | None = field(default=None, metadata=PER_CLIENT)
 
     @staticmethod
     def single(models: torch.Tensor, model_of_client: np.ndarray) -> Predictor:
@@ -124,10 +129,17 @@ class TrainRequest(Asks["TrainReply"]):
     coordinates (CFL-GP's compressed clustering features, Kim et al. App. E.1); the uplink
     is then d̂ = len(coords) floats per client, the downlink still the whole model.
 
+    `prox_models` (optional, `[S, d]`) with `prox_weights` (`[n, S]`, one row per client):
+    the proximal term becomes mu/2 Σ_s prox_weights[i, s] ||w − prox_models[s]||², a pull
+    toward the client's own mix of S models instead of toward its start model (FedSoft, Ruan
+    & Joe-Wong 2022: each client's importance weights over the S cluster models). Needs
+    `training.mu` > 0 to act.
+
     What travels (booked by `Context.send` from `unit_cost`): down, the client's start model
     and the offset's member models — nothing when `models_held` (the clients already hold
     them: sent with an earlier message of the same round, as IFCA's K models go with its loss
-    request, or the client's own model kept on the device); up, the trained model (d̂ floats
+    request, or the client's own model kept on the device) — and the S proximal models
+    unless `prox_held`; up, the trained model (d̂ floats
     with `coords`) — nothing when `keep_local` (the model stays on the device: Local, FeSEM's
     warm-up; the simulated reply still reaches the server, which plays the device's storage).
     """
@@ -141,6 +153,10 @@ class TrainRequest(Asks["TrainReply"]):
     coords: np.ndarray | None = None
     models_held: bool = False
     keep_local: bool = False
+    # per-client proximal centers mixed from S models (FedSoft)
+    prox_models: torch.Tensor | None = None
+    prox_weights: np.ndarray | None = field(default=None, metadata=PER_CLIENT)
+    prox_held: bool = False
 
     def unit_cost(self) -> tuple[float, float]:
         """(floats down, floats up) of one client."""
@@ -148,6 +164,8 @@ class TrainRequest(Asks["TrainReply"]):
         off = self.offset
         extra = 0 if off is None else off.members.shape[1] * int(off.models.shape[1])
         down = 0 if self.models_held else d + extra
+        if self.prox_models is not None and not self.prox_held:
+            down += int(self.prox_models.numel())
         up = 0 if self.keep_local else reply_width(self.models, self.coords)
         return float(down), float(up)
 
@@ -300,6 +318,107 @@ class EmbedReply:
     n_samples: np.ndarray = field(metadata=PER_CLIENT)
 
 
+# ----------------------------------------------------------------------------- mixtures
+# (FedEM, Marfoq et al. 2021: client-side E-step and weighted M-step of a mixture of K models;
+# FedSoft, Ruan & Joe-Wong 2022: per-sample least-loss counts, its importance estimate)
+
+
+@dataclass
+class MixtureTrainRequest(Asks["MixtureTrainReply"]):
+    """One federated EM step of a mixture of the K `models`, done by each client locally.
+
+    Client i, with its mixture weights π_i = `weights[i]` (`[n, K]`, rows summing to 1):
+
+    1. E-step: for every training sample j, q_j(k) ∝ π_ik · exp(−ℓ(models[k]; x_j, y_j)),
+       with the per-sample loss ℓ of the model in evaluation mode (a softmax over k of
+       log π_ik − ℓ_jk);
+    2. π_i ← the mean of q_j over its samples (returned in the reply's `weights`);
+    3. M-step: each of the K models is trained locally from `models[k]` with `training`,
+       sample j's loss weighted by q_j(k) (a batch's loss is Σ_j q_j(k) ℓ_j / |batch|). The
+       K trainings read independent minibatch orders (`engine.schedule.mixture_seed`).
+
+    The server sends the K models (K·d down, nothing when `models_held`) and receives the K
+    trained models (K·d up). π stays on the device: it is not booked; the simulated reply
+    carries it because the server plays the device's storage.
+    """
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    models: torch.Tensor
+    weights: np.ndarray = field(metadata=PER_CLIENT)
+    training: LocalTraining
+    seed: int
+    models_held: bool = False
+
+    def unit_cost(self) -> tuple[float, float]:
+        kd = int(self.models.numel())
+        return float(0 if self.models_held else kd), float(kd)
+
+
+@dataclass
+class MixtureTrainReply:
+    """`params[i]` the K trained models `[K, d]` of client i, `weights[i]` its new π,
+    `loss[i]` Σ_k of the K trainings' mean (weighted) batch losses."""
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    params: torch.Tensor = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+    loss: np.ndarray = field(metadata=PER_CLIENT)
+    weights: np.ndarray = field(metadata=PER_CLIENT)
+
+
+@dataclass
+class MixtureFitRequest(Asks["MixtureFitReply"]):
+    """Each client fits its mixture weights over the K frozen `models` on its own data:
+    `iterations` EM steps (E-step and π-update of `MixtureTrainRequest`, no training),
+    starting from `weights` (`[n, K]`). FedEM's rule for clients unseen in training.
+
+    Down: the K models (K·d). Up: the K weights, so that the server can say where the client
+    was placed; `loss` is the mixture's negative log-likelihood on the data after fitting,
+    −mean_j log Σ_k π_k exp(−ℓ_jk).
+    """
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    models: torch.Tensor
+    weights: np.ndarray = field(metadata=PER_CLIENT)
+    iterations: int = 1
+    split: Split = "train"
+
+    def unit_cost(self) -> tuple[float, float]:
+        return float(self.models.numel()), float(self.models.shape[0])
+
+
+@dataclass
+class MixtureFitReply:
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    weights: np.ndarray = field(metadata=PER_CLIENT)
+    loss: np.ndarray = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+
+
+@dataclass
+class BestCountRequest(Asks["BestCountReply"]):
+    """Each client counts, for each of the K `models`, its samples on which that model has
+    the least loss (ties to the lower index; a non-finite loss never wins). FedSoft's
+    importance estimate: u_ik = count_ik / n_i.
+
+    Down: the K models (K·d). Up: K counts.
+    """
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    models: torch.Tensor
+    split: Split = "train"
+
+    def unit_cost(self) -> tuple[float, float]:
+        return float(self.models.numel()), float(self.models.shape[0])
+
+
+@dataclass
+class BestCountReply:
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    counts: np.ndarray = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+
+
 # ----------------------------------------------------------------------------- data subspaces
 # (PACFL, Vahidian et al. 2023: a one-off client-side truncated SVD; the basis only travels)
 
@@ -355,14 +474,19 @@ class SubspaceReply:
         return np.asarray(self.bases[row][:, : int(self.ranks[row])])
 
 
+MIXTURE_REQUESTS: tuple[type, ...] = (MixtureTrainRequest, MixtureFitRequest, BestCountRequest)
+
+
 Request = (TrainRequest | GradientRequest | LossRequest | EvaluateRequest | EmbedRequest
-           | SubspaceRequest)
-Reply = TrainReply | GradientReply | LossReply | EvaluateReply | EmbedReply | SubspaceReply
+           | MixtureTrainRequest | MixtureFitRequest | BestCountRequest | SubspaceRequest)
+Reply = (TrainReply | GradientReply | LossReply | EvaluateReply | EmbedReply
+         | MixtureTrainReply | MixtureFitReply | BestCountReply | SubspaceReply)
 
 REQUEST_TYPES: tuple[type, ...] = (TrainRequest, GradientRequest, LossRequest, EvaluateRequest,
-                                   EmbedRequest, SubspaceRequest)
+                                   EmbedRequest, *MIXTURE_REQUESTS, SubspaceRequest)
 REPLY_TYPES: tuple[type, ...] = (TrainReply, GradientReply, LossReply, EvaluateReply,
-                                 EmbedReply, SubspaceReply)
+                                 EmbedReply, MixtureTrainReply, MixtureFitReply, BestCountReply,
+                                 SubspaceReply)
 
 
 class Executor(Protocol):
@@ -474,6 +598,16 @@ def empty_reply(request: Request) -> Reply:
     if isinstance(request, EmbedRequest):
         return EmbedReply(none, np.zeros((0, int(request.k), int(request.signature_dim))),
                           none.copy())
+    if isinstance(request, MixtureTrainRequest):
+        k, d = (int(x) for x in request.models.shape)
+        return MixtureTrainReply(none, torch.zeros(0, k, d, dtype=request.models.dtype),
+                                 none.copy(), np.zeros(0), np.zeros((0, k)))
+    if isinstance(request, MixtureFitRequest):
+        k = int(request.models.shape[0])
+        return MixtureFitReply(none, np.zeros((0, k)), np.zeros(0), none.copy())
+    if isinstance(request, BestCountRequest):
+        k = int(request.models.shape[0])
+        return BestCountReply(none, np.zeros((0, k), dtype=np.int64), none.copy())
     if isinstance(request, SubspaceRequest):
         return SubspaceReply(none, np.zeros((0, int(request.input_dim), request.columns())),
                              none.copy(), none.copy())

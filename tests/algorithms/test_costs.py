@@ -150,6 +150,40 @@ def test_flt_pays_the_encoder_and_signatures_once():
     assert _floats(rec) == (N * w + ROUNDS * N // 2 * d, N * 3 * 8 + ROUNDS * N // 2 * d)
 
 
+def test_fedem_sends_the_m_components_down_and_up():
+    exp, rec = _run({"name": "fedem", "n_components": 3})
+    d = _d(exp)
+    # Marfoq et al.: each participant gets the M components and returns its M trained
+    # components; its mixture weights π never leave the device
+    assert _floats(rec) == (ROUNDS * N * 3 * d, ROUNDS * N * 3 * d)
+    exp, rec = _run({"name": "fedem", "n_components": 2, "per_round": 3})
+    assert _floats(rec) == (ROUNDS * 3 * 2 * d, ROUNDS * 3 * 2 * d)
+
+
+def test_fedsoft_sends_s_models_once_a_round_and_counts_every_tau():
+    exp, rec = _run({"name": "fedsoft", "n_clusters": K, "estimation_interval": 2})
+    d = _d(exp)
+    # rounds 1 and 3 estimate importance: every client gets the S cluster models (S·d) and
+    # sends S counts, then trains against the models it holds; round 2 sends the S models
+    # with the training request. Every client trains (no selection) and sends w_k (d); w_k
+    # itself stays on the device.
+    assert _floats(rec) == (ROUNDS * N * K * d, 2 * N * K + ROUNDS * N * d)
+
+
+def test_fedsoft_with_selection_pays_for_the_selected_clients():
+    exp, rec = _run({"name": "fedsoft", "n_clusters": K, "estimation_interval": 2,
+                     "per_cluster": 2})
+    d = _d(exp)
+    sel = [r["extras"]["selected"] if isinstance(r, dict) else r.extras["selected"]
+           for r in rec]
+    assert all(1 <= s <= 2 * K for s in sel)
+    # estimation rounds 1, 3: N·S·d down, N·S up; round 2: the selected get S·d down;
+    # every selected client sends its w_k
+    down = 2 * N * K * d + sel[1] * K * d
+    up = 2 * N * K + sum(sel) * d
+    assert _floats(rec) == (down, up)
+
+
 @pytest.mark.parametrize("per_label", [False, True])
 def test_pacfl_pays_the_bases_once(per_label):
     exp, rec = _run({"name": "pacfl", "fraction": 0.5, "p": 3, "per_label": per_label,

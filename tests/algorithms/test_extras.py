@@ -28,6 +28,8 @@ from clusterfl.algorithms.cam import (
 )
 from clusterfl.algorithms.cfl import CFLExtras, CFLSplitEvent
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPEstimateExtras, CFLGPExtras
+from clusterfl.algorithms.fedem import FedEMExtras
+from clusterfl.algorithms.fedsoft import FedSoftExtras
 from clusterfl.algorithms.fesem import FeSEMExtras, FeSEMKMeansExtras, KMeansExtras
 from clusterfl.algorithms.flhc import FLHCClusteringExtras, FLHCExtras
 from clusterfl.algorithms.flt import FLTClusteringExtras, FLTExtras
@@ -80,6 +82,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
             [FLTClusteringExtras, FLTExtras]),
     "pca_km_hc": ({"name": "pca_km_hc", "k": 3, "pca_components": 4, "fraction": 0.5},
                   {**LABELS, "rounds": 2}, [FLTClusteringExtras, FLTExtras]),
+    "fedem": ({"name": "fedem", "n_components": 2, "fraction": 0.5}, nobody_answers_in(2),
+              [FedEMExtras] * 3),
+    "fedsoft": ({"name": "fedsoft", "n_clusters": 2, "per_cluster": 2,
+                 "estimation_interval": 2}, nobody_answers_in(2), [FedSoftExtras] * 3),
     "pacfl": ({"name": "pacfl", "fraction": 0.5, "threshold": 10.0}, {**LABELS, "rounds": 2},
               [PACFLClusteringExtras, PACFLExtras]),
     # a warm-up round, the clustering round, a per-cluster round

@@ -113,7 +113,7 @@ def test_compare_names_runs_by_one_scheme_and_shows_their_options(tmp_path: Path
     assert "Warning" not in report
     runs = report.split("## Runs", 1)[1]
     assert "| method | options | federation | folder |" in runs
-    assert "n_clusters=2, fraction=1.0, averaging=model" in runs  # every option of the run
+    assert "fraction=1.0, n_clusters=2, averaging=model" in runs  # every option of the run
     assert "| `digits/rotation`, 4 clients, seed 0 | `ifca_n_clusters=2` |" in runs
 
 

@@ -37,6 +37,8 @@ SMALL: dict[str, dict[str, Any]] = {  # parameters that fit digits (1,347 train 
     "power_law": {"n_clients": 20},
     "linear_regression": {},
     "label_shift_half": {},
+    "cluster_partitioner": {"n_clients": 8, "partitioner": "dirichlet",
+                            "options": {"alpha": 0.5, "min_partition_size": 5}},
 }
 
 

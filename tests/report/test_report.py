@@ -354,6 +354,14 @@ def test_mse_column_only_with_regression() -> None:
     assert headers[5] == "MSE" and rows[1][5] == "0.01235" and rows[0][5] == "—"
 
 
+def test_participation_column_only_when_a_run_sampled() -> None:
+    full = _summary("a", accuracy=0.5, participation=1.0)
+    assert "participation (%)" not in summary_rows([full, _summary("b")])[0]
+    headers, rows = summary_rows([full, _summary("c", participation=0.25)])
+    col = headers.index("participation (%)")
+    assert headers[col + 1] == "wall time (s)" and [r[col] for r in rows] == ["100.00", "25.00"]
+
+
 def test_summary_table_renders() -> None:
     table = summary_table([_summary("ifca|x", accuracy=0.8734, floats_up=3.4e9)], title="T")
     console = Console(file=io.StringIO(), width=200, color_system=None)

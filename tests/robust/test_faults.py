@@ -128,6 +128,8 @@ METHOD_SETTINGS = {
     "fesem_cam": {"n_clusters": 2, "warmup_rounds": 1},
     "cfl": {"eps1": 100.0, "eps2": 0.01}, "cfl_gp": {"n_clusters": 2, "period": 1},
     "pca_km_hc": {"fraction": 1.0, "k": 3, "pca_components": 4},
+    "fedem": {"n_components": 2},
+    "fedsoft": {"n_clusters": 2, "per_cluster": 3},
     "pacfl": {"fraction": 1.0, "threshold": 10.0}, "flhc": {"warmup_rounds": 1},
 }
 NOT_RUN_HERE = {"flt": "pretrains its encoder on another dataset (too slow for this loop)"}

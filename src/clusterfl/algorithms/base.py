@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from clusterfl.backends.base import Backend
 from clusterfl.errors import ClusterFLError, ConfigError
@@ -61,6 +68,15 @@ class SampledConfig(AlgorithmConfig):
         if self.per_round is not None and "fraction" in self.model_fields_set:
             raise ValueError("set algorithm.fraction or algorithm.per_round, not both")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump_one_rule(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A dump (the run's resolved `config.toml`, `config show`) holds only the rule in
+        force: without `fraction` when `per_round` is set, so that it loads again."""
+        data = handler(self)
+        if self.per_round is not None and isinstance(data, dict):
+            data.pop("fraction", None)
+        return data
 
     def expected_fraction(self, n_clients: int) -> float:
         """The share of the `n_clients` sampled each round (privacy accounting, reports)."""
@@ -213,6 +229,10 @@ class Algorithm(ABC, Generic[C, S]):
     name: ClassVar[str]
     Config: ClassVar[type[AlgorithmConfig]]
     State: ClassVar[type[Any]]
+    #: True for a method whose schedule depends on the planned number of rounds T
+    #: (`Context.rounds`): such a run cannot be continued to more rounds (`--resume --set
+    #: rounds=N`) with the result of a run planned for N rounds, so the runner refuses it
+    uses_planned_rounds: ClassVar[bool] = False
     config: C
     state: S
 

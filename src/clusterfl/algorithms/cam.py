@@ -40,6 +40,10 @@ Choices the paper leaves open, and ours:
   all-zero cluster model, i.e. h(x; Θ_g) alone for the built-in models (whose last layer is
   linear); FeSEM-CAM uses FeSEM's common start Θ_0 as its cluster part (for training and
   prediction) until k-means assigns it. After FeSEM-CAM's warm-up every client is assigned.
+- Sampling (`fraction` or `per_round`, `SampledConfig`): the clients of a round — IFCA-CAM's
+  warm-up included — are one sample; clients not sampled keep their cluster. FeSEM-CAM's
+  warm-up is FeSEM's: local training of every client, then every client's model for the
+  first k-means (see `clusterfl.algorithms.fesem`).
 - Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
   absurd norms; `clusterfl.robust`) are left out of every average and keep their cluster.
 
@@ -64,10 +68,10 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
-    AlgorithmConfig,
     Context,
     KClusterExtras,
     Placement,
+    SampledConfig,
     answered,
     check_k_fits,
 )
@@ -161,13 +165,12 @@ def place_by_sum(ctx: Context, ids: np.ndarray, global_model: torch.Tensor,
 # ----------------------------------------------------------------------------- IFCA-CAM
 
 
-class IFCACAMConfig(AlgorithmConfig):
+class IFCACAMConfig(SampledConfig):
     """Settings of IFCA-CAM (`[algorithm] name = "ifca_cam"`)."""
 
     name: Literal["ifca_cam"] = "ifca_cam"
     display: ClassVar[str] = "IFCA-CAM"
     n_clusters: int = Field(5, ge=1, description="K, the number of cluster models")
-    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients selected per round")
     warmup_rounds: int = Field(
         30, ge=0, description="β: rounds of FedAvg training Θ_g alone before CAM starts")
     cluster_update: Literal["eq6", "mean"] = Field(
@@ -208,7 +211,7 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         st, cfg = self.state, self.config
-        clients = ctx.sample(cfg.fraction)
+        clients = ctx.sample_round(cfg)
         zeros = np.zeros(len(clients), dtype=np.int64)
         if self._warm(t):  # FedAvg on Θ_g alone
             reply = ctx.send(TrainRequest(clients, st.g[None], zeros, ctx.training,
@@ -311,8 +314,9 @@ class FeSEMCAM(FeSEM):
         if t <= self.config.warmup_rounds:
             return self._warmup_round(ctx, t)
         st = self.state
-        clients = ctx.sample(self.config.fraction)
+        clients = ctx.sample_round(self.config)
         rows, row_of = self.starts(clients)
+        row_of = self._newcomer_starts(ctx, clients, row_of)
         rep_k, rep_g = train_both(ctx, clients, st.g, rows, row_of, mu=self.config.lam)
         st.g = update_global(st.g, rep_g)
         km = self._recluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)

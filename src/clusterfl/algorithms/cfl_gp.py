@@ -74,6 +74,32 @@ k-means keeps the best of `kmeans_n_init` k-means++ runs; a client that did not 
 out, or rejected by the guard of `clusterfl.robust`, e.g. for a non-finite reply) is left out of
 the round's averages and keeps its old feature.
 
+**Client sampling** (`fraction` or `per_round`, `SampledConfig`; all clients by default).
+Algorithm 1 has every client answer every round; with a sample, our choices (with every
+client sampled each of them reduces to the paper's rule, and results are unchanged):
+- Model update: only the sampled clients send a gradient (model gap) at their cluster's
+  model; θ_k moves by the mean over the sampled clients of cluster k (kept if none).
+- Profile: in a clustering round the sampled clients are asked for block k̄ (round robin as
+  in the paper). A sampled client whose profile lacks a block that other clients were already
+  asked for — it was not sampled in that block's turn — is also sent that block's model in
+  the same round (same minibatch), so a client has a whole profile after its first visit
+  in a clustering round, not after K lucky ones. Only clients that answer have their block
+  updated; β = 1/(n+1) with n how often *that client* was asked for that block before (the
+  cumulative mean of its own observations; a client asked but silent keeps its feature and
+  the request still counts, exactly as a dropout at full participation).
+- Clustering: spectral clustering reads the clients whose profile has every block anybody
+  was asked for (`profiled`); it waits until at least K of them exist. Of those, only the
+  clients sampled this round take their new cluster; everybody else keeps theirs (a client
+  not sampled is not touched), including clients without a whole profile, which keep their
+  initial (random) cluster until their first visit.
+- Stopping: the assignment must be unchanged for `stable_rounds` / q rounds (q the expected
+  share sampled, `expected_fraction`), in which every client's profile is refreshed as often
+  as in `stable_rounds` full rounds, and every client must have a whole profile (with
+  `stable_rounds` plain rounds, one of 8 seeds on rotated digits, 16 clients, 4 per round,
+  stopped at ARI 0.82; scaled, all 8 reached ARI 1).
+- Costs: models down / vectors up / gradients per client and period average over all
+  clients, sampled or not (a client not sampled costs nothing that round).
+
 Everything the server keeps between rounds is one `CFLGPState` (models, assignment, profile,
 per-block Gram matrices, schedule and cost counters); the shared-layer index and the number of
 unchanged rounds that stops the clustering follow from the config and are rebuilt by `setup`.
@@ -90,7 +116,8 @@ model θ_k, the gradient on all its training data (Algorithm 1; the members' run
 estimate that expectation) or the model gap of one local training (Algorithm 4), K requests
 with one seed, narrowed to the profile's d̂ coordinates (`coords`) like the members'
 clustering-only replies — and is placed in the cluster whose mean profile (the mean of its
-members' K·d̂ feature vectors) is most similar by cosine similarity. Cosine rather than the
+members' K·d̂ feature vectors; with a sample, of the members with a whole profile) is most
+similar by cosine similarity. Cosine rather than the
 Euclidean distance of the spectral projection: the members' profiles are running means over
 the whole run, taken at the models of earlier rounds, so their magnitudes differ from one
 vector measured at the final models, while the directions that separate the clusters remain.
@@ -109,9 +136,9 @@ from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import (
     Algorithm,
-    AlgorithmConfig,
     Context,
     Placement,
+    SampledConfig,
     answered,
     check_k_fits,
 )
@@ -142,7 +169,7 @@ DEFAULT_STABLE_ROUNDS = 20
 MAX_SPECTRUM = 64  # singular values kept in the round's extras
 
 
-class CFLGPConfig(AlgorithmConfig):
+class CFLGPConfig(SampledConfig):
     """Settings of CFL-GP (`[algorithm] name = "cfl_gp"`)."""
 
     name: Literal["cfl_gp"] = "cfl_gp"
@@ -256,6 +283,16 @@ class _Spectrum:
 
 
 @dataclass
+class _Probe:
+    """One block's update in a clustering round (`CFLGP._probe`): the clients asked for it
+    (sorted), those that answered, and their features (one row each, in `who` order)."""
+
+    asked: np.ndarray
+    who: np.ndarray
+    rows: torch.Tensor
+
+
+@dataclass
 class CFLGPState:
     """Everything the CFL-GP server keeps to continue a run."""
 
@@ -264,13 +301,16 @@ class CFLGPState:
     feature_index: torch.Tensor  # [d̂] int64, the coordinates the features keep (E.1/E.2)
     features: torch.Tensor  # [C, K, d̂] float32, the gradient profile, block k = g_{·,k}
     block_gram: np.ndarray  # [K, C, C] G_kᵀG_k per block; [0, C, C] off the Gram route
-    block_updates: np.ndarray  # [K] int64, how often each block was updated
+    block_updates: np.ndarray  # [K] int64, clustering rounds that probed each block
     kbar: int = -1  # k̄, the model broadcast in the last clustering round
     last_change: int = 0  # the last round whose clustering changed the assignment
     stopped_at: int | None = None  # the round the clustering stopped (stable_rounds)
     counts: dict[str, float] = field(default_factory=_no_counts)  # Tables 5–6, run totals
     estimate: dict[str, int | None] = field(
         default_factory=lambda: {"k_estimate": None, "spectral_gap_s": None})  # App. G
+    #: [C, K] int64, how often each client was asked for block k (sampling; None in the
+    #: checkpoints of earlier versions, which asked every client: rebuilt by `CFLGP.asked`)
+    asked: np.ndarray | None = None
 
 
 class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
@@ -279,6 +319,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     name = "cfl_gp"
     Config = CFLGPConfig
     State = CFLGPState
+    uses_planned_rounds = True  # T/10 unchanged rounds stop the clustering (stable_rounds)
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
@@ -305,9 +346,24 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         self.state = CFLGPState(
             models, assign, selected, torch.zeros(c, k, len(selected), dtype=torch.float32),
             # G_kᵀG_k per block (GᵀG is their sum), only when the Gram route is taken
-            np.zeros((k, c, c) if use_gram else (0, c, c)), np.zeros(k, dtype=np.int64))
+            np.zeros((k, c, c) if use_gram else (0, c, c)), np.zeros(k, dtype=np.int64),
+            asked=np.zeros((c, k), dtype=np.int64))
         #: stop clustering after this many unchanged rounds (from the config and T)
         self.stable = self._stable_rounds(ctx)
+
+    @property
+    def asked(self) -> np.ndarray:
+        """`[C, K]`: how often each client was asked for block k of its profile."""
+        st = self.state
+        if st.asked is None:  # a checkpoint of an earlier version: it asked every client
+            st.asked = np.tile(st.block_updates, (len(st.assign), 1)).astype(np.int64)
+        return st.asked
+
+    def profiled(self) -> np.ndarray:
+        """`[C]` bool: the clients the clustering reads — those asked for every block that
+        any client was asked for (with every client sampled: all of them)."""
+        asked = self.asked > 0
+        return np.asarray((asked | ~asked.any(axis=0)).all(axis=1))
 
     @property
     def coords(self) -> np.ndarray | None:
@@ -349,15 +405,22 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         return models
 
     def _stable_rounds(self, ctx: Context) -> int:
-        if self.config.stable_rounds is not None:
-            return self.config.stable_rounds
-        rounds = getattr(ctx, "rounds", None)
-        if rounds is None:
-            ctx.log.append(f"cfl_gp: the context does not give the number of rounds T; "
-                           f"clustering stops after {DEFAULT_STABLE_ROUNDS} unchanged rounds "
-                           f"(T/10 for T = 200). Set algorithm.stable_rounds to choose.")
-            return DEFAULT_STABLE_ROUNDS
-        return max(1, math.ceil(int(rounds) / 10))
+        """Unchanged rounds that stop the clustering: `stable_rounds` (default T/10) at full
+        participation; with a sample of share q per round, stable_rounds / q rounds, in which
+        every client's profile is refreshed as often as in stable_rounds full rounds."""
+        base = self.config.stable_rounds
+        if base is None:
+            rounds = getattr(ctx, "rounds", None)
+            if rounds is None:
+                ctx.log.append(f"cfl_gp: the context does not give the number of rounds T; "
+                               f"clustering stops after {DEFAULT_STABLE_ROUNDS} unchanged "
+                               f"rounds (T/10 for T = 200). Set algorithm.stable_rounds to "
+                               f"choose.")
+                base = DEFAULT_STABLE_ROUNDS
+            else:
+                base = max(1, math.ceil(int(rounds) / 10))
+        share = self.config.expected_fraction(ctx.n_clients)
+        return base if share >= 1.0 else math.ceil(base / share)
 
     # ------------------------------------------------------------------ one round
     def clustering_round(self, t: int) -> bool:
@@ -368,33 +431,39 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         cfg, st = self.config, self.state
+        sampled = ctx.sample_round(cfg)  # every client by default (no draw)
         seed = ctx.next_seed()
         c = len(st.assign)
-        rows, loss, who = self._client_vectors(ctx, st.models, np.arange(c), st.assign, seed)
-        # one row per client id; `present` marks who answered (absent: dropped or rejected)
+        rows, loss, who = self._client_vectors(ctx, st.models, sampled, st.assign[sampled],
+                                               seed)
+        # one row per client id; `present` marks who answered (absent: not sampled, dropped
+        # or rejected)
         present = np.zeros(c, dtype=bool)
         present[who] = True
         own = torch.zeros(c, rows.shape[1], dtype=rows.dtype)
         own[torch.from_numpy(who)] = rows
-        if not present.all():
+        silent = sampled[~present[sampled]]
+        if len(silent):
             ctx.log.append(f"cfl_gp round {t}: no reply (dropped out or rejected) from "
-                           f"clients {np.flatnonzero(~present).tolist()}")
-        down = np.ones(c)
+                           f"clients {silent.tolist()}")
+        down = np.zeros(c)
+        down[sampled] = 1.0
         new_assign = st.assign
         clustering = self.clustering_round(t)
         beta, spectrum = 0.0, None
         if clustering:
-            probe, fresh, probed = self._probe(ctx, own, present, seed)
+            probes, probed = self._probe(ctx, own, present, sampled, seed)
             down += probed
-            beta = self._update_features(t, probe, fresh)
-            new_assign, spectrum = self._cluster(ctx, t)
+            beta = self._update_features(t, probes)
+            new_assign, spectrum = self._cluster(ctx, sampled)
         update_with = new_assign if cfg.mode == "repo" else st.assign
         self._update_models(own, update_with, present, self._lr(ctx))
         changed = int((new_assign != st.assign).sum())
         st.assign = np.asarray(new_assign, dtype=np.int64)
         if clustering and changed:
             st.last_change = t
-        if st.stopped_at is None and self.stable > 0 and t - st.last_change >= self.stable:
+        if (st.stopped_at is None and self.stable > 0 and t - st.last_change >= self.stable
+                and self.profiled().all()):  # nobody left waiting for a profile
             st.stopped_at = t
         self._count(down)
         extras = self._extras(mean_finite(loss), clustering, changed)
@@ -432,74 +501,136 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         return rows, loss, who
 
     def _probe(self, ctx: Context, own: torch.Tensor, present: np.ndarray,
-               seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """Alg. 2 lines 6–7: the next model k̄ goes to the clients not already on it; returns
-        every client's feature (d̂ coordinates) at θ_k̄, which clients have a fresh one (they
-        answered) and which clients received an extra model. These vectors serve the profile
-        only, so the clients send the d̂ feature coordinates (`coords`, App. E.1); clients of
-        cluster k̄ reuse the whole vector they sent for the model update (D.2: no
-        re-transmission)."""
+               sampled: np.ndarray, seed: int) -> tuple[dict[int, _Probe], np.ndarray]:
+        """Alg. 2 lines 6–7: the next model k̄ goes to the sampled clients not already on it.
+        A sampled client whose profile lacks a block that other clients were already asked
+        for (it was not sampled when that block's turn came) also receives that block's model
+        (`_asks`); with every client sampled, every client is asked for k̄ only. Returns, per
+        block, who was asked and the features (d̂ coordinates) of those that answered, and
+        how many extra models each client received. These vectors serve the profile only, so
+        the clients send the d̂ feature coordinates (`coords`, App. E.1); a client asked for
+        its own cluster's block reuses the whole vector it sent for the model update (D.2: no
+        re-transmission). Every request of the round uses the same seed: the same minibatch."""
         st, k = self.state, self.config.n_clusters
         extra = np.zeros(len(own))
-        probe = self._to_features(own)
-        fresh = present.copy()
+        feats = self._to_features(own)
         if self.config.mode == "repo":
             st.kbar = 0
-            return probe, fresh, extra
+            answered = np.flatnonzero(present)
+            return {0: _Probe(sampled, answered, feats[torch.from_numpy(answered)])}, extra
         st.kbar = (st.kbar + 1) % k
-        others = np.flatnonzero(st.assign != st.kbar)
-        if len(others):
-            rows, _, who = self._client_vectors(ctx, st.models[st.kbar : st.kbar + 1], others,
-                                                np.zeros(len(others), dtype=np.int64), seed,
-                                                coords=self.coords)
-            probe[torch.from_numpy(who)] = self._to_features(rows)
-            fresh[others] = False
-            fresh[who] = True
-            extra[others] = 1.0
-        return probe, fresh, extra
+        ask = self._asks(sampled)
+        probes: dict[int, _Probe] = {}
+        for b in range(k):
+            asked = sampled[ask[:, b]]
+            if not len(asked):
+                continue
+            mine = asked[(st.assign[asked] == b) & present[asked]]
+            who: list[np.ndarray] = [mine]
+            rows: list[torch.Tensor] = [feats[torch.from_numpy(mine)]]
+            others = asked[st.assign[asked] != b]
+            if len(others):
+                got, _, replied = self._client_vectors(
+                    ctx, st.models[b : b + 1], others, np.zeros(len(others), dtype=np.int64),
+                    seed, coords=self.coords)
+                who.append(np.asarray(replied, dtype=np.int64))
+                rows.append(self._to_features(got))
+                extra[others] += 1.0
+            probes[b] = _Probe(asked, np.concatenate(who), torch.cat(rows))
+        return probes, extra
 
-    def _beta(self, t: int) -> float:
+    def _asks(self, clients: np.ndarray) -> np.ndarray:
+        """`[len(clients), K]` bool: the blocks each of `clients` is asked for this clustering
+        round — k̄, and every block the client was never asked for that some client was."""
+        asked = np.asarray(self.asked > 0)
+        ever = np.asarray(asked.any(axis=0))
+        ask = ~asked[clients] & ever[None, :]
+        ask[:, self.state.kbar] = True
+        return np.asarray(ask)
+
+    def _betas(self, t: int, clients: np.ndarray, block: int) -> np.ndarray:
+        """β of each client's update of `block` (Alg. 1 line 9)."""
         cfg = self.config
         if cfg.feature_average == "last":
-            return 1.0
+            return np.ones(len(clients))
         if cfg.mode == "repo":
-            return 1.0 / (t // (cfg.n_clusters * cfg.period) + 1)
-        return 1.0 / (int(self.state.block_updates[self.state.kbar]) + 1)
+            return np.full(len(clients), 1.0 / (t // (cfg.n_clusters * cfg.period) + 1))
+        return np.asarray(1.0 / (self.asked[clients, block] + 1.0))
 
-    def _update_features(self, t: int, probe: torch.Tensor, fresh: np.ndarray) -> float:
-        """Alg. 1 lines 8–9: running mean of block k̄ (clients that answered only); returns β."""
-        st, beta = self.state, self._beta(t)
-        rows = torch.from_numpy(np.flatnonzero(fresh))
-        block = st.features[:, st.kbar]
-        new = probe[rows].to(block.dtype)
-        block[rows] = (1.0 - beta) * block[rows] + beta * new
-        st.block_updates[st.kbar] += 1
-        if len(st.block_gram):
-            st.block_gram[st.kbar] = gram_matrix(block)  # only block k̄ changed
-        return beta
+    def _update_features(self, t: int, probes: dict[int, _Probe]) -> float:
+        """Alg. 1 lines 8–9: the running mean of each asked block of every client that
+        answered, β = 1/(n+1) with n how often that client was asked for that block before
+        (a client that did not answer keeps its feature; the request still counts). Returns
+        β (the mean over the clients asked, when they differ)."""
+        st = self.state
+        betas = []
+        for b, probe in probes.items():
+            beta = self._betas(t, probe.asked, b)
+            betas.append(beta)
+            block = st.features[:, b]
+            rows = torch.from_numpy(probe.who)
+            new = probe.rows.to(block.dtype)
+            if len(np.unique(beta)) == 1:  # one β (always with every client sampled)
+                one = float(beta[0])
+                block[rows] = (1.0 - one) * block[rows] + one * new
+            else:
+                w = torch.from_numpy(beta[np.searchsorted(probe.asked, probe.who)])[:, None]
+                block[rows] = ((1.0 - w).to(block.dtype) * block[rows]
+                               + w.to(block.dtype) * new)
+            self.asked[probe.asked, b] += 1
+            st.block_updates[b] += 1
+            if len(st.block_gram):
+                st.block_gram[b] = gram_matrix(block)  # only the blocks asked changed
+        every = np.concatenate(betas) if betas else np.zeros(0)
+        if not len(every):
+            return 0.0
+        return float(every[0]) if len(np.unique(every)) == 1 else float(every.mean())
 
-    def _cluster(self, ctx: Context, t: int) -> tuple[np.ndarray, _Spectrum]:
-        """Alg. 1 line 10 / Alg. 3, plus the Appendix-G spectrum and estimate."""
+    def _cluster(self, ctx: Context, sampled: np.ndarray
+                 ) -> tuple[np.ndarray, _Spectrum | None]:
+        """Alg. 1 line 10 / Alg. 3, plus the Appendix-G spectrum and estimate, on the
+        profiled clients (`profiled`); of those, the clients sampled this round take their new
+        cluster, the others keep theirs. None for the spectrum when fewer than K clients are
+        profiled (no clustering yet)."""
         cfg, st = self.config, self.state
-        rows = st.features.reshape(len(st.assign), -1)
+        c = len(st.assign)
+        inc = self.profiled()
+        if inc.sum() < cfg.n_clusters:
+            return st.assign, None
+        everyone = bool(inc.all())
+        idx = np.flatnonzero(inc)
+        rows = st.features.reshape(c, -1) if everyone else st.features[idx].reshape(len(idx), -1)
+        gram = None
+        if len(st.block_gram):
+            gram = st.block_gram.sum(0)
+            gram = gram if everyone else gram[np.ix_(idx, idx)]
         want = max(cfg.n_clusters, 2 * cfg.k_max) if cfg.estimate_k else cfg.n_clusters
-        res = spectral_clustering(rows, cfg.n_clusters, st.assign, ctx.next_seed(),
-                                  cfg.svd, cfg.kmeans_n_init, n_components=want,
-                                  gram=st.block_gram.sum(0) if len(st.block_gram) else None)
+        res = spectral_clustering(rows, cfg.n_clusters, st.assign[idx], ctx.next_seed(),
+                                  cfg.svd, cfg.kmeans_n_init, n_components=want, gram=gram)
         sv = res.projection.singular_values
+        projected = np.full((c, cfg.n_clusters), np.nan)
+        head = res.projection.features[:, : cfg.n_clusters]
+        projected[idx, : head.shape[1]] = head
         spectrum = _Spectrum(
             singular_values=sv[:MAX_SPECTRUM].tolist(),
             largest_gaps_after=gap_ranking(sv[:MAX_SPECTRUM]),
-            projected_features=res.projection.features[:, : cfg.n_clusters].tolist(),
+            projected_features=(head if everyone else projected).tolist(),
             k_scores=self._estimate(ctx, res.projection.features, sv) if cfg.estimate_k
             else None)
-        return res.assignment, spectrum
+        if everyone and len(sampled) == c:
+            return res.assignment, spectrum
+        new = st.assign.copy()
+        take = np.zeros(c, dtype=bool)
+        take[sampled] = True
+        take = take[idx]  # among the profiled: the sampled ones move
+        new[idx[take]] = res.assignment[take]
+        return new, spectrum
 
     def _estimate(self, ctx: Context, feats: np.ndarray, sv: np.ndarray) -> dict[str, float]:
         """Appendix G: the estimate (kept in the state) and its criterion's value per k."""
         cfg = self.config
         s = largest_gap(sv, max_s=feats.shape[1])
-        k_hi = min(cfg.k_max, ctx.n_clients - 1)
+        k_hi = min(cfg.k_max, len(feats) - 1)
         k, scores = estimate_n_clusters(feats[:, :s], k_hi, ctx.next_seed(), cfg.k_criterion,
                                         cfg.kmeans_n_init)
         self.state.estimate = {"k_estimate": int(k), "spectral_gap_s": int(s)}
@@ -590,13 +721,15 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
                     profile[i, j] = feats[r_]
         members = st.features.reshape(len(st.assign), -1).double()
         means = torch.zeros(k, members.shape[1], dtype=torch.float64)
+        # with a sample, only clients with a whole profile (`profiled`; all without sampling)
+        whole = np.where(self.profiled(), st.assign, -1)
         for j in range(k):
-            sel = np.flatnonzero(st.assign == j)
+            sel = np.flatnonzero(whole == j)
             if len(sel):
                 means[j] = members[torch.from_numpy(sel)].mean(0)
         flat = profile.reshape(len(ids), -1)
         sim = torch.nn.functional.cosine_similarity(flat[:, None, :], means[None, :, :], dim=2)
-        empty = torch.from_numpy(np.bincount(st.assign, minlength=k)[:k] == 0)
+        empty = torch.from_numpy(np.bincount(whole[whole >= 0], minlength=k)[:k] == 0)
         sim[:, empty] = -torch.inf  # a model without members is no cluster
         clusters = np.where(got, sim.argmax(1).numpy(), -1).astype(np.int64)
         details = [{"similarity": [round(float(v), 5) for v in row]} for row in sim.numpy()]

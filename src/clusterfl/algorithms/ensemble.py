@@ -8,7 +8,8 @@ its own client sample and its own local minibatch order, as K separate runs woul
 client predicts with the mean of the K models' softmax outputs (`"mean_probs"`).
 
 Choices left open: the K runs share the round loop (one round of each per round) and the
-client fraction; sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here.
+sampling rule (`fraction` or `per_round`; each model draws its own sample);
+sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here.
 Clients absent from a reply (dropped out, or rejected by the guard, e.g. NaN/Inf parameters)
 are left out of the averages.
 
@@ -25,18 +26,17 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
-class FedAvgPlusConfig(AlgorithmConfig):
+class FedAvgPlusConfig(SampledConfig):
     """Settings of FedAvg+ (`[algorithm] name = "fedavg_plus"`)."""
 
     name: Literal["fedavg_plus"] = "fedavg_plus"
     display: ClassVar[str] = "FedAvg+"
     n_models: int = Field(5, ge=1, description="K, the number of independent global models")
-    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
 
 
 class FedProxPlusConfig(FedAvgPlusConfig):
@@ -73,7 +73,7 @@ class FedAvgPlus(Algorithm[FedAvgPlusConfig, EnsembleState]):
         models = self.state.models
         new = models.clone()
         for k in range(len(models)):
-            clients = ctx.sample(self.config.fraction)
+            clients = ctx.sample_round(self.config)
             reply = ctx.send(TrainRequest(clients, models[k : k + 1],
                                           np.zeros(len(clients), np.int64), training,
                                           ctx.next_seed()))

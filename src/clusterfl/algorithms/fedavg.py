@@ -1,8 +1,9 @@
 """FedAvg (McMahan et al. 2017) and FedProx (Li et al. 2020): one global model.
 
-Each round a fraction of the clients trains locally from the global model; the server sets
-the model to the sample-weighted mean of the returned models (FedAvg Alg. 1). FedProx adds
-mu/2 ||w - w_global||² to every local objective; FedAvg is FedProx with mu = 0.
+Each round a sample of the clients (`fraction` or `per_round`, `SampledConfig`) trains
+locally from the global model; the server sets the model to the sample-weighted mean of the
+returned models (FedAvg Alg. 1). FedProx adds mu/2 ||w - w_global||² to every local
+objective; FedAvg is FedProx with mu = 0. Clients not sampled take no part in the round.
 
 Placing a client that did not train (`placement`): there is one model, so it joins cluster 0
 and predicts with the global model (nothing is sent).
@@ -17,15 +18,14 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
-class FedAvgConfig(AlgorithmConfig):
+class FedAvgConfig(SampledConfig):
     name: Literal["fedavg"] = "fedavg"
     display: ClassVar[str] = "FedAvg"
-    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
 
 
 class FedProxConfig(FedAvgConfig):
@@ -52,7 +52,7 @@ class FedAvg(Algorithm[FedAvgConfig, FedAvgState]):
         return 0.0
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        clients = ctx.sample(self.config.fraction)
+        clients = ctx.sample_round(self.config)
         training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
         reply = ctx.send(TrainRequest(clients, self.state.model,
                                       np.zeros(len(clients), np.int64), training,

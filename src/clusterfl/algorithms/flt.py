@@ -10,7 +10,8 @@ One-off clustering, FCR (Algorithm 2), before the first training round:
 4. (line 17) thresholding Ã_ij = 1 if A_ij < γ else 0 (γ = 1);
 5. (line 19) Ward hierarchical clustering of the clients into C clusters.
 
-Training (Algorithm 3), T rounds; each round a fraction ρ of the clients trains E epochs:
+Training (Algorithm 3), T rounds; each round a fraction ρ of the clients trains E epochs
+(`fraction`, default ρ = 0.2 as in the paper; or a fixed number `per_round`, `SampledConfig`):
 - Case I, `aggregation = "relatedness"` (line 17): every client m gets the average of the latest
   models of the clients related to it, w_m ← Σ_j Ã_mj p_j w̄_j / Σ_j Ã_mj p_j. All rows are
   computed from one snapshot W̄ (the returned models of this round's participants, the last
@@ -41,7 +42,9 @@ Choices the paper leaves open (or states differently from the authors' code), an
 - UMAP: umap-learn, 2 components, `random_state` from the run's seed, library defaults
   otherwise (n_neighbors 15, min_dist 0.1); n_neighbors is lowered to (points − 1) for tiny
   federations. umap-learn is imported only when FLT clusters (numba compiles on first use).
-- All clients take part in the one-off clustering (Alg. 3 line 2 calls FCR on S, all clients).
+- All clients take part in the one-off clustering (Alg. 3 line 2 calls FCR on S, all clients),
+  whatever the sampling rule: the first round's record counts every client that sent a
+  signature among its participants; the rule samples the training requests only.
   A client absent from the reply — it dropped out of the clustering request, or the
   validation of `clusterfl.robust` rejected its signature (non-finite values) — has no
   signature: it is left out of UMAP and the adjacency and becomes its own cluster (counted
@@ -92,7 +95,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement, answered
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig, answered
 from clusterfl.clustering.aggregate import average_members
 from clusterfl.clustering.hierarchical import (
     auto_n_clusters,
@@ -120,10 +123,11 @@ HISTORY_MAX_CLIENTS = 500  # above this, A/Ã/linkage/points go to ARTIFACT only
 # ============================================================================ configs
 
 
-class _OneShotConfig(AlgorithmConfig):
+class _OneShotConfig(SampledConfig):
     """Settings shared by FLT and PCA+kM+HC."""
 
-    fraction: float = Field(0.2, gt=0.0, le=1.0, description="clients sampled per round (ρ)")
+    fraction: float = Field(0.2, gt=0.0, le=1.0, description="ρ, the share of the clients "
+                          "sampled per round (at least one); or set per_round")
     k: int = Field(5, ge=1, description="k-means centroids per client (never from labels)")
     distance: Literal["min", "matched"] = Field(
         "min", description="adjacency: minimum pairwise distance (paper) or the authors' "
@@ -352,7 +356,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         first = not self.state.clustered
         if first:
             self._cluster(ctx)
-        clients = ctx.sample(self.config.fraction)
+        clients = ctx.sample_round(self.config)
         if self.config.aggregation == "relatedness":
             loss = self._relatedness_step(ctx, clients)
         else:

@@ -1,9 +1,9 @@
 """IFCA, the Iterative Federated Clustering Algorithm (Ghosh et al., NeurIPS 2020, Alg. 1).
 
-The server keeps K cluster models θ_1..θ_K. Each round a fraction of the clients is sampled;
-each receives all K models (a `LossRequest`, whose cost is the K models sent down) and
-estimates its cluster identity ĵ = argmin_j F_i(θ_j), the least loss on its training data.
-Then, per Alg. 1:
+The server keeps K cluster models θ_1..θ_K. Each round a sample of the clients is drawn
+(`fraction` or `per_round`); each receives all K models (a `LossRequest`, whose cost is the K
+models sent down) and estimates its cluster identity ĵ = argmin_j F_i(θ_j), the least loss
+on its training data. Then, per Alg. 1:
 
 - model averaging (option II, the default): the client trains θ_ĵ locally and the server sets
   each θ_j to the sample-weighted mean of the returned models of the clients that chose j;
@@ -55,10 +55,10 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
-    AlgorithmConfig,
     Context,
     KClusterExtras,
     Placement,
+    SampledConfig,
     answered,
     check_k_fits,
 )
@@ -72,13 +72,12 @@ from clusterfl.models.params import last_layer_mask
 from clusterfl.protocol import GradientRequest, LossRequest, Predictor, TrainRequest, mean_finite
 
 
-class IFCAConfig(AlgorithmConfig):
+class IFCAConfig(SampledConfig):
     """Settings of IFCA (`[algorithm] name = "ifca"`)."""
 
     name: Literal["ifca"] = "ifca"
     display: ClassVar[str] = "IFCA"
     n_clusters: int = Field(5, ge=1, description="K, the number of cluster models")
-    fraction: float = Field(1.0, gt=0.0, le=1.0, description="clients sampled per round")
     averaging: Literal["model", "gradient"] = Field(
         "model", description="Alg. 1 option II (local training, model averaging) or option I "
         "(one gradient per client, gradient averaging)")
@@ -138,7 +137,7 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         if st.warm is not None and t <= cfg.warmup_rounds:
             return self._warmup_round(ctx, t)
         shared = 0 if self.shared is None else int(self.shared.sum())
-        losses = ctx.send(LossRequest(ctx.sample(cfg.fraction), st.models,
+        losses = ctx.send(LossRequest(ctx.sample_round(cfg), st.models,
                                       shared_coords=shared))
         clients = losses.clients  # dropped clients are absent from every reply
         chosen = choose_clusters(losses.loss, losses.accuracy, cfg.assign_by)
@@ -157,7 +156,7 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         """FedAvg on the warm model; on the last warm-up round, seed the K cluster models."""
         st = self.state
         assert st.warm is not None
-        clients = ctx.sample(self.config.fraction)
+        clients = ctx.sample_round(self.config)
         reply = ctx.send(TrainRequest(clients, st.warm[None], np.zeros(len(clients), np.int64),
                                       ctx.training, ctx.next_seed()))
         if len(reply.clients):

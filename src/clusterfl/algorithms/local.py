@@ -3,6 +3,10 @@
 The models live on the devices (`keep_local`, `models_held`: no floats booked); in
 simulation the server holds them for the devices, to continue and to evaluate them.
 
+Sampling (our choice, `SampledConfig`): each round the sampled clients (`fraction` or
+`per_round`; all by default) train their own model; the others keep theirs unchanged, as a
+client that is offline would.
+
 Placing a client that did not train (`placement`): it trains alone, from the same initial model
 as every client (`factory.init(ctx.seed)`: the placing context must carry the run's seed, as
 the experiment's and `clusterfl place`'s do), with the budget a trained client got over a
@@ -20,11 +24,11 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context, Placement, answered
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig, answered
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
 
 
-class LocalConfig(AlgorithmConfig):
+class LocalConfig(SampledConfig):
     name: Literal["local"] = "local"
     display: ClassVar[str] = "Local"
 
@@ -45,10 +49,10 @@ class Local(Algorithm[LocalConfig, LocalState]):
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
         models = self.state.models
-        clients = np.arange(len(models))
+        clients = ctx.sample_round(self.config)  # row i of `models` is client i's model
         reply = ctx.send(TrainRequest(clients, models, clients, ctx.training, ctx.next_seed(),
                                       models_held=True, keep_local=True))
-        models = models.clone()  # absent clients keep their model
+        models = models.clone()  # clients not sampled or absent keep their model
         models[torch.from_numpy(reply.clients)] = reply.params
         self.state.models = models
         return {"train_loss": mean_finite(reply.loss)}

@@ -18,6 +18,8 @@ from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
     RE,
     Asks,
+    BestCountReply,
+    BestCountRequest,
     EmbedReply,
     EmbedRequest,
     EvaluateReply,
@@ -26,6 +28,10 @@ from clusterfl.protocol import (
     GradientRequest,
     LossReply,
     LossRequest,
+    MixtureFitReply,
+    MixtureFitRequest,
+    MixtureTrainReply,
+    MixtureTrainRequest,
     Reply,
     SubspaceReply,
     SubspaceRequest,
@@ -78,6 +84,12 @@ class Backend(ABC):
             reply = self.embed(request)
         elif isinstance(request, SubspaceRequest):
             reply = self.subspace(request)
+        elif isinstance(request, MixtureTrainRequest):
+            reply = self.mixture_train(request)
+        elif isinstance(request, MixtureFitRequest):
+            reply = self.mixture_fit(request)
+        elif isinstance(request, BestCountRequest):
+            reply = self.best_counts(request)
         else:
             raise TypeError(f"unknown request type {type(request).__name__}")
         return cast(RE, reply)
@@ -126,6 +138,15 @@ class Backend(ABC):
                else np.zeros((0, int(req.input_dim), req.columns())))
         return SubspaceReply(clients.copy(), out, np.asarray(ranks, dtype=np.int64),
                              fed.train_sizes[clients].copy())
+    # mixtures (FedEM, FedSoft): the in-process backends implement them
+    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureTrainRequest")
+
+    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureFitRequest")
+
+    def best_counts(self, req: BestCountRequest) -> BestCountReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a BestCountRequest")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (processes, connections)."""

@@ -14,16 +14,30 @@ import torch
 from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.data.federation import Federation
 from clusterfl.engine import reference as ref
-from clusterfl.engine.common import client_metrics, combine, per_sample_loss
-from clusterfl.engine.schedule import batch_schedule, gradient_batches
+from clusterfl.engine.common import (
+    best_counts,
+    client_metrics,
+    combine,
+    fit_mixture,
+    per_sample_loss,
+    per_sample_losses,
+    responsibilities,
+)
+from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_seed
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
+    BestCountReply,
+    BestCountRequest,
     EvaluateReply,
     EvaluateRequest,
     GradientReply,
     GradientRequest,
     LossReply,
     LossRequest,
+    MixtureFitReply,
+    MixtureFitRequest,
+    MixtureTrainReply,
+    MixtureTrainRequest,
     Predictor,
     TrainReply,
     TrainRequest,
@@ -56,7 +70,10 @@ class SequentialBackend(Backend):
     # -------------------------------------------------------------- helpers
     def _outputs(self, pred: Predictor, row: int, x: torch.Tensor) -> torch.Tensor:
         outs = [ref.predict(self.module, pred.models[m], x) for m in pred.members[row]]
-        return combine(outs, pred.combine)
+        weights = None
+        if pred.weights is not None:  # this client's member weights (FedEM's π)
+            weights = torch.as_tensor(np.asarray(pred.weights[row], np.float64))
+        return combine(outs, pred.combine, weights)
 
     # -------------------------------------------------------------- requests
     def train(self, req: TrainRequest) -> TrainReply:
@@ -72,7 +89,11 @@ class SequentialBackend(Backend):
             offset = None if req.offset is None else self._outputs(req.offset, i, x)
             torch.manual_seed(int(req.seed) * 1_000_003 + int(c))  # dropout noise
             start = req.models[int(req.model_of_client[i])]
-            p, loss = ref.train_client(self.module, start, x, y, sched[i], tr, fed.task, offset)
+            prox = None
+            if req.prox_models is not None and req.prox_weights is not None:
+                prox = (req.prox_models, torch.as_tensor(np.asarray(req.prox_weights[i])))
+            p, loss = ref.train_client(self.module, start, x, y, sched[i], tr, fed.task, offset,
+                                       prox=prox)
             params.append(p)
             losses.append(loss)
         out = narrow(_stack(params, self.factory.size), req.coords)  # the d̂ coords asked for
@@ -111,6 +132,64 @@ class SequentialBackend(Backend):
                 if fed.task == "classification":
                     acc[i, j] = float((out.argmax(-1) == y).double().mean())
         return LossReply(clients.copy(), loss, acc)
+
+    # -------------------------------------------------------------- mixtures
+    def _client_losses(self, models: torch.Tensor, x: torch.Tensor,
+                       y: torch.Tensor) -> torch.Tensor:
+        """`[n_i, K]` per-sample losses of each model on one client's data (eval mode)."""
+        if len(x) == 0:
+            return torch.zeros(0, int(models.shape[0]), dtype=torch.float64)
+        out = torch.stack([ref.predict(self.module, m, x) for m in models], 1)
+        return per_sample_losses(out, y, self.federation.task)
+
+    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
+        fed, clients = self.federation, as_index(req.clients)
+        tr, k = req.training, int(req.models.shape[0])
+        sizes = fed.train_sizes[clients]
+        scheds = [torch.from_numpy(batch_schedule(sizes, clients, tr.batch_size, tr.epochs,
+                                                  tr.steps, mixture_seed(req.seed, j)))
+                  for j in range(k)]
+        params, losses, weights = [], [], []
+        for i, c in enumerate(clients):
+            x, y = fed.client_train(int(c))
+            prior = torch.as_tensor(np.asarray(req.weights[i], np.float64))
+            q = responsibilities(self._client_losses(req.models, x, y),
+                                 prior.expand(len(x), -1))
+            weights.append(q.mean(0).numpy() if len(x) else prior.numpy())
+            rows, total = [], 0.0
+            for j in range(k):
+                torch.manual_seed(int(req.seed) * 1_000_003 + int(c))  # dropout noise
+                p, loss = ref.train_client(self.module, req.models[j], x, y, scheds[j][i], tr,
+                                           fed.task, sample_weight=q[:, j])
+                rows.append(p)
+                total += loss
+            params.append(torch.stack(rows))
+            losses.append(total)
+        d = self.factory.size
+        out = torch.stack(params) if params else torch.zeros(0, k, d)
+        return MixtureTrainReply(clients.copy(), out, sizes.copy(), np.array(losses),
+                                 np.array(weights).reshape(len(clients), k))
+
+    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
+        fed, clients = self.federation, as_index(req.clients)
+        x_all, y_all, off = fed.split(req.split)
+        k = int(req.models.shape[0])
+        weights, nll = np.zeros((len(clients), k)), np.zeros(len(clients))
+        for i, c in enumerate(clients):
+            x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
+            pi, loss = fit_mixture(self._client_losses(req.models, x, y), np.array([len(x)]),
+                                   np.asarray(req.weights[i : i + 1]), req.iterations)
+            weights[i], nll[i] = pi[0], loss[0]
+        return MixtureFitReply(clients.copy(), weights, nll, np.diff(off)[clients])
+
+    def best_counts(self, req: BestCountRequest) -> BestCountReply:
+        fed, clients = self.federation, as_index(req.clients)
+        x_all, y_all, off = fed.split(req.split)
+        counts = np.zeros((len(clients), int(req.models.shape[0])), dtype=np.int64)
+        for i, c in enumerate(clients):
+            x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
+            counts[i] = best_counts(self._client_losses(req.models, x, y), np.array([len(x)]))[0]
+        return BestCountReply(clients.copy(), counts, np.diff(off)[clients])
 
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)

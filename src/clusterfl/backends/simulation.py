@@ -19,8 +19,15 @@ from pydantic import Field
 from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.data.federation import Federation
 from clusterfl.engine.allocator import tune_allocator
-from clusterfl.engine.common import per_sample_loss
-from clusterfl.engine.schedule import batch_schedule, gradient_batches
+from clusterfl.engine.common import (
+    best_counts,
+    fit_mixture,
+    per_sample_loss,
+    per_sample_losses,
+    responsibilities,
+    segment_mean,
+)
+from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_schedule
 from clusterfl.engine.vectorized import (
     Rows,
     SplitData,
@@ -30,12 +37,18 @@ from clusterfl.engine.vectorized import (
 )
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
+    BestCountReply,
+    BestCountRequest,
     EvaluateReply,
     EvaluateRequest,
     GradientReply,
     GradientRequest,
     LossReply,
     LossRequest,
+    MixtureFitReply,
+    MixtureFitRequest,
+    MixtureTrainReply,
+    MixtureTrainRequest,
     Predictor,
     TrainReply,
     TrainRequest,
@@ -124,11 +137,58 @@ class SimulationBackend(Backend):
         dtype = req.models.dtype
         data, rows = self._rows("train", dtype, clients)
         offsets = self._offsets(req.offset, "train", clients, dtype)
+        center, scale = prox_centers(req)
         params, loss = self.engine.train(
             data, rows, req.models, as_index(req.model_of_client), sched, tr, fed.task,
-            offsets, req.seed,
+            offsets, req.seed, prox_center=center, prox_scale=scale,
         )
         return TrainReply(clients.copy(), narrow(params, req.coords), sizes.copy(), loss)
+
+    # -------------------------------------------------------------- mixtures
+    def _sample_losses(self, split: str, models: torch.Tensor,
+                       clients: np.ndarray) -> tuple[SplitData, Rows, torch.Tensor]:
+        """Per-sample losses `[total, K]` of every model on the clients' rows (eval mode)."""
+        data, rows = self._rows(split, models.dtype, clients)
+        k = int(models.shape[0])
+        if rows.total == 0:
+            return data, rows, torch.zeros(0, k, dtype=torch.float64)
+        out = self.engine.all_model_outputs(data, rows, models)  # [total, K, O]
+        y = self._local_targets(data, rows)
+        return data, rows, per_sample_losses(out, y, self.federation.task)
+
+    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
+        fed, clients = self.federation, as_index(req.clients)
+        tr, k, n = req.training, int(req.models.shape[0]), len(clients)
+        sizes = fed.train_sizes[clients]
+        data, rows, losses = self._sample_losses("train", req.models, clients)
+        prior = torch.as_tensor(np.asarray(req.weights, np.float64))
+        q = responsibilities(losses, prior[torch.from_numpy(
+            np.repeat(np.arange(n), rows.size).astype(np.int64))])
+        mean_q = segment_mean(q, rows.size)
+        pi = torch.where(torch.isnan(mean_q), prior, mean_q).numpy()
+        # the K weighted trainings of every client as one request of k·n (client, component)
+        rep = np.tile(clients, k)
+        rows_k = Rows.of(data.offsets, rep)
+        weight = q.t().reshape(-1)  # component 0's rows of all clients, then component 1, ...
+        sched = mixture_schedule(sizes, clients, tr.batch_size, tr.epochs, tr.steps,
+                                 req.seed, k)
+        which = np.repeat(np.arange(k, dtype=np.int64), n)
+        params, loss = self.engine.train(data, rows_k, req.models, which, sched, tr, fed.task,
+                                         None, req.seed, sample_weight=weight)
+        params = params.view(k, n, -1).transpose(0, 1).contiguous()
+        return MixtureTrainReply(clients.copy(), params, sizes.copy(),
+                                 loss.reshape(k, n).sum(0), pi)
+
+    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
+        clients = as_index(req.clients)
+        _, rows, losses = self._sample_losses(req.split, req.models, clients)
+        pi, nll = fit_mixture(losses, rows.size, req.weights, req.iterations)
+        return MixtureFitReply(clients.copy(), pi, nll, rows.size.copy())
+
+    def best_counts(self, req: BestCountRequest) -> BestCountReply:
+        clients = as_index(req.clients)
+        _, rows, losses = self._sample_losses(req.split, req.models, clients)
+        return BestCountReply(clients.copy(), best_counts(losses, rows.size), rows.size.copy())
 
     def gradient(self, req: GradientRequest) -> GradientReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -182,3 +242,17 @@ class SimulationBackend(Backend):
             clients.copy(), m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(),
             {"mse": m["mse"]}
         )
+
+
+def prox_centers(req: TrainRequest) -> tuple[torch.Tensor | None, np.ndarray | None]:
+    """A request's per-client proximal centers `[n, d]` and strengths `[n]`: with
+    `prox_models` `C` and `prox_weights` `A`, center_i = Σ_s A_is C_s / Σ_s A_is and
+    scale_i = Σ_s A_is (the same gradient as mu/2 Σ_s A_is ||w − C_s||²); (None, None)
+    without."""
+    if req.prox_models is None or req.prox_weights is None:
+        return None, None
+    a = torch.as_tensor(np.asarray(req.prox_weights, np.float64))
+    scale = a.sum(1)
+    norm = torch.where(scale[:, None] > 0, a / scale.clamp_min(1e-300)[:, None], 0.0)
+    centers = norm.to(req.prox_models.dtype) @ req.prox_models
+    return centers, scale.numpy()

@@ -7,11 +7,14 @@ the minibatches of many clients with one indexing operation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from clusterfl.errors import DataError
 
 Task = Literal["classification", "regression"]
 
@@ -51,6 +54,20 @@ class Federation:
         if self.clusters is not None:
             self.clusters = np.asarray(self.clusters, dtype=np.int64)
         self.validate()
+
+    @classmethod
+    def from_clients(cls, clients: Any, clusters: Any = None, n_classes: int | None = None,
+                     task: Task = "classification", name: str = "own data") -> Federation:
+        """A federation of one's own clients.
+
+        `clients`: one entry per client, each `(x_train, y_train, x_test, y_test)` (numpy
+        arrays or tensors), `(train, test)` or `{"train": ..., "test": ...}` where each part
+        is an `(x, y)` pair or a torch `Dataset` of `(input, target)` items. `clusters`:
+        the true cluster id of each client (optional; for ARI). `n_classes`: default the
+        largest label + 1. The federation records `{"source": "python", "name": name}` as its
+        `[data]` table, which a run given it writes to its `config.toml`.
+        """
+        return _from_clients(clients, clusters, n_classes, task, name)
 
     # ------------------------------------------------------------------ shape facts
     @property
@@ -187,3 +204,109 @@ def holdout_split(clusters: np.ndarray | None, n_clients: int, fraction: float,
             zip(groups, take, strict=True)]
     hold = np.sort(np.concatenate(held)).astype(np.int64)
     return np.setdiff1d(np.arange(n_clients), hold).astype(np.int64), hold
+
+# ---------------------------------------------------------------------- own clients
+def _tensor(a: Any, what: str) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        return a.detach().cpu()
+    try:
+        return torch.from_numpy(np.asarray(a))
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what}: not an array ({exc})") from None
+
+
+def _from_dataset(ds: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """All `(x, y)` items of a torch `Dataset` (anything with `__len__` and `__getitem__`)."""
+    if len(ds) == 0:
+        return torch.zeros(0), torch.zeros(0, dtype=torch.int64)
+    xs, ys = [], []
+    for i in range(len(ds)):
+        item = ds[i]
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise DataError(f"{what}[{i}] is a {type(item).__name__}; a Dataset must give "
+                            "(input, target) pairs")
+        xs.append(_tensor(item[0], what))
+        ys.append(_tensor(item[1], what).reshape(()))
+    return torch.stack(xs), torch.stack(ys)
+
+
+def _pair(part: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(x, y)` from a pair of arrays or from a torch Dataset."""
+    if isinstance(part, tuple | list) and len(part) == 2:
+        return _tensor(part[0], f"{what} inputs"), _tensor(part[1], f"{what} targets")
+    if hasattr(part, "__getitem__") and hasattr(part, "__len__"):
+        return _from_dataset(part, what)
+    raise DataError(f"{what}: give (inputs, targets) arrays or a torch Dataset, got "
+                    f"{type(part).__name__}")
+
+
+def _client_parts(client: Any, i: int) -> tuple[Any, Any]:
+    if isinstance(client, Mapping):
+        missing = [k for k in ("train", "test") if k not in client]
+        if missing:
+            raise DataError(f"client {i}: missing {missing}; give {{'train': ..., 'test': ...}}")
+        return client["train"], client["test"]
+    if isinstance(client, tuple | list) and len(client) == 4:
+        return (client[0], client[1]), (client[2], client[3])
+    if isinstance(client, tuple | list) and len(client) == 2:
+        return client[0], client[1]
+    raise DataError(f"client {i}: give (x_train, y_train, x_test, y_test), (train, test) or "
+                    f"{{'train': ..., 'test': ...}}, got {type(client).__name__}")
+
+
+def _from_clients(clients: Sequence[Any], clusters: Sequence[int] | np.ndarray | None = None,
+                  n_classes: int | None = None, task: Task = "classification",
+                  name: str = "own data") -> Federation:
+    """A federation of the given clients (see `Federation.from_clients`)."""
+    if len(clients) == 0:
+        raise DataError("from_clients: no clients given")
+    splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"train": [], "test": []}
+    for i, client in enumerate(clients):
+        train, test = _client_parts(client, i)
+        splits["train"].append(_pair(train, f"client {i} train"))
+        splits["test"].append(_pair(test, f"client {i} test"))
+    return assemble_clients(splits, clusters, n_classes, task, name,
+                            {"source": "python", "name": name})
+
+
+def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
+              clusters: Sequence[int] | np.ndarray | None, n_classes: int | None, task: Task,
+              name: str, data: dict[str, Any]) -> Federation:
+    """The federation of per-client `(x, y)` tensors of both splits (`from_clients`, npz
+    folders); `data` is the `[data]` table it records (`meta["data"]`)."""
+    shapes = {tuple(x.shape[1:]) for part in splits.values() for x, _ in part if len(x)}
+    if len(shapes) != 1:
+        raise DataError(f"{name}: the clients' inputs have different shapes {sorted(shapes)}; "
+                        "every sample must have one shape")
+    shape = shapes.pop()
+    cat: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
+    for split, parts in splits.items():
+        for i, (x, y) in enumerate(parts):
+            if len(x) != len(y):
+                raise DataError(f"{name}: client {i} {split} has {len(x)} inputs but "
+                                f"{len(y)} targets")
+        xs = [x.reshape(len(x), *shape).float() for x, _ in parts]
+        ys = [y.reshape(-1) for _, y in parts]
+        y_all = torch.cat(ys) if ys else torch.zeros(0)
+        y_all = y_all.long() if task == "classification" else y_all.float()
+        sizes = np.array([len(y) for y in ys], dtype=np.int64)
+        cat[split] = (torch.cat(xs), y_all, np.concatenate([[0], np.cumsum(sizes)]))
+    if task == "classification":
+        labels = torch.cat([cat["train"][1], cat["test"][1]])
+        if len(labels) and int(labels.min()) < 0:
+            raise DataError(f"{name}: class labels must be 0, 1, ...; found {int(labels.min())}")
+        seen = int(labels.max()) + 1 if len(labels) else 1
+        if n_classes is not None and n_classes < seen:
+            raise DataError(f"{name}: n_classes = {n_classes} but a label {seen - 1} occurs")
+        n_classes = n_classes or seen
+    else:
+        n_classes = 1
+    empty = [i for i, n in enumerate(np.diff(cat["train"][2])) if n == 0]
+    if empty:
+        raise DataError(f"{name}: clients {empty} have no training samples")
+    truth = None if clusters is None else np.asarray(clusters, dtype=np.int64)
+    n = len(splits["train"])
+    if truth is not None and truth.shape != (n,):
+        raise DataError(f"{name}: clusters has {truth.size} ids for {n} clients")
+    return Federation(*cat["train"], *cat["test"], clusters=truth, n_classes=int(n_classes),
+                      task=task, name=name, meta={"data": data})

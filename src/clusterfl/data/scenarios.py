@@ -20,6 +20,7 @@ to train and test rows, so each client's test data follows its own training dist
 | `power_law`         | FLT Appendix C.4, Algorithm 4           | label set per cluster    |
 | `linear_regression` | CFL-GP §5.1, F.4                        | one slope angle each     |
 | `label_shift_half`  | CFL-GP F.7                              | shifted / not shifted    |
+| `cluster_partitioner` | Flower Datasets partitioners          | one angle each           |
 
 Clients of a cluster are contiguous (client i of C belongs to cluster ⌊i·K/C⌋ for K clusters
 of near-equal size). Every client gets at least one training and one test sample, or a
@@ -411,6 +412,21 @@ class RotationMixtureParams(_RotationLayoutParams):
     angles: tuple[float, float] = (0.0, 180.0)
 
 
+class ClusterPartitionerParams(RotationParams):
+    """Clusters as in `rotation` (one angle each); a Flower Datasets partitioner splits each
+    cluster's share of the samples among its clients (`clusterfl.data.partitioners`)."""
+
+    angles: list[float] = Field(
+        default_factory=lambda: [0.0, 180.0],
+        description="degrees, one per cluster, or a preset name: 'ifca' or 'cflgp'")
+    partitioner: Literal["iid", "dirichlet", "shard", "pathological", "linear", "square",
+                         "exponential"] = Field(
+        "iid", description="the flwr_datasets partitioner used inside each cluster")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="its keyword arguments, e.g. {alpha = 0.5} "
+        "(partition_by defaults to the labels, seed to the run's)")
+
+
 class DirichletParams(ScenarioParams):
     """CAM §5 (Hsu et al.): per class, Dir(α) proportions over the clients."""
 
@@ -653,6 +669,34 @@ def plan_rotation_mixture(source: Source, p: RotationMixtureParams,
     return Plan(train_pool, train, test_pool, test, clusters, info,
                 train_angles=row_angles(train), test_angles=row_angles(test),
                 extra={"layout": p.layout})
+
+
+def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
+                             rng: np.random.Generator) -> Plan:
+    """Rotation clusters, each split among its clients by a Flower Datasets partitioner
+    (`clusterfl.data.partitioners`, which imports `flwr_datasets` only when used): each
+    cluster gets a disjoint near-equal random share of the training rows; test rows follow
+    each client's training label proportions."""
+    from clusterfl.data.partitioners import flower_split
+
+    n_groups = len(p.angles)
+    _need_clusters(n_groups, p.n_clients)
+    clusters = client_groups(p.n_clients, n_groups)
+    train_pool, test_pool = _pools(source)
+    shares = np.array_split(rng.permutation(len(train_pool)), n_groups)
+    rows: list[np.ndarray] = []
+    for g, share in enumerate(shares):
+        members = int(np.sum(clusters == g))
+        seed = int(rng.integers(0, 2**31 - 1))
+        parts = flower_split(train_pool.labels[share], members, p.partitioner, p.options, seed)
+        rows += [share[pos] for pos in parts]
+    train = Part(np.concatenate(rows), offsets_of(np.array([len(r) for r in rows])))
+    test = matched_test(test_pool.labels, class_counts(train_pool.labels, train,
+                                                       source.n_classes), rng)
+    angles = np.asarray(p.angles, dtype=np.float64)[clusters]
+    return Plan(train_pool, train, test_pool, test, clusters, [{"angle": a} for a in p.angles],
+                train_angles=_per_row(angles, train), test_angles=_per_row(angles, test),
+                extra={"partitioner": p.partitioner})
 
 
 # ====================================================================== planners: label skew
@@ -953,6 +997,8 @@ SCENARIOS: dict[str, ScenarioSpec] = dict([
           "each cluster rotates its images by one angle"),
     _spec("rotation_mixture", RotationMixtureParams, plan_rotation_mixture, "images",
           "CFL-GP F.5.2", "0°, 180° and a κ-mixture of both"),
+    _spec("cluster_partitioner", ClusterPartitionerParams, plan_cluster_partitioner, "images",
+          "Flower Datasets", "rotation clusters, a flwr_datasets partitioner inside each"),
     _spec("dirichlet", DirichletParams, plan_dirichlet, "labels", "CAM §5; Hsu et al. 2019",
           "client-wise label skew Dir(α)"),
     _spec("cluster_dirichlet", ClusterDirichletParams, plan_cluster_dirichlet, "labels",

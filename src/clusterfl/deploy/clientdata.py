@@ -121,6 +121,11 @@ def _recipe_federation(recipe_json: str) -> Federation:
     from clusterfl.data.scenarios import make_federation
 
     r = json.loads(recipe_json)
+    if r.get("data"):  # data of one's own: built on the node as in the server's process
+        from clusterfl.data.own import build
+
+        return build(r["data"], r["scenario"], r["params"], r["seed"],
+                     bool(r["data"].get("standardize", False)))
     return make_federation(r["source"], r["scenario"], r["params"], seed=r["seed"],
                            data_dir=r.get("data_dir"), verify=r.get("verify", True))
 

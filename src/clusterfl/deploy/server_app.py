@@ -37,6 +37,7 @@ from clusterfl.backends.flower import FLOWER_VERSION
 from clusterfl.backends.flower.backend import FlowerConfig, FlowerSession, active_session
 from clusterfl.config import Config, apply_overrides, load_config, read_toml
 from clusterfl.data.federation import Federation
+from clusterfl.data.sources import SOURCE_NAMES
 from clusterfl.errors import ClusterFLError
 
 app = ServerApp()
@@ -61,6 +62,9 @@ def setup_of(config: Config) -> dict[str, Any]:
             "params": config.scenario.model_dump(), "seed": config.run.seed,
             "data_dir": config.data.data_dir,
             **({"verify": False} if config.data.verify is False else {}),
+            # data of one's own (npz, huggingface, a loader function): its whole [data] table
+            **({"data": config.to_dict()["data"]} if config.data.source not in SOURCE_NAMES
+               else {}),
         },
         "model": config.model.model_dump(),
         "engine": flower_settings(config).client_engine,

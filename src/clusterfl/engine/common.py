@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -15,14 +16,104 @@ def per_sample_loss(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tens
     return F.cross_entropy(out, y, reduction="none")
 
 
-def combine(outputs: list[torch.Tensor], how: Combine) -> torch.Tensor:
-    """Combine member outputs into one prediction (logits, or log-probs for "mean_probs")."""
-    if how == "single" or (len(outputs) == 1 and how != "mean_probs"):
+def combine(outputs: list[torch.Tensor], how: Combine,
+            weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Combine member outputs into one prediction (logits, or log-probs for "mean_probs").
+
+    `weights` (`[rows, members]`, or `[members]` for all rows alike) make "mean_probs" the
+    weighted mean Σ_j w_j softmax(o_j) instead of the plain mean.
+    """
+    if how == "single" or (len(outputs) == 1 and how not in ("mean_probs", "mean_outputs")):
         return outputs[0]
     if how == "sum_logits":
         return torch.stack(outputs).sum(0)
-    probs = torch.stack([torch.softmax(o, -1) for o in outputs]).mean(0)
+    if how == "mean_outputs":
+        return _weighted_mean(torch.stack(outputs), weights)
+    probs = _weighted_mean(torch.stack([torch.softmax(o, -1) for o in outputs]), weights)
     return torch.log(probs.clamp_min(1e-12))
+
+
+def _weighted_mean(stacked: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the first axis of `[members, rows, O]`, weighted per row when given."""
+    if weights is None:
+        return stacked.mean(0)
+    w = weights.to(stacked.dtype)
+    w = w.t() if w.dim() == 2 else w[:, None].expand(-1, stacked.shape[1])
+    return (stacked * w.unsqueeze(-1)).sum(0)
+
+
+# ----------------------------------------------------------------------------- mixtures
+def responsibilities(losses: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """E-step of a mixture of K models: q_j(k) ∝ prior_jk · exp(−losses_jk), per row j.
+
+    `losses` `[r, K]` per-sample losses, `prior` `[r, K]` (each row the mixture weights of the
+    sample's client). Computed in float64 as a softmax of log prior − loss (a zero prior
+    weight stays zero; a non-finite loss gets responsibility 0).
+    """
+    ll = torch.where(torch.isfinite(losses), -losses.double(),
+                     torch.full_like(losses, -torch.inf, dtype=torch.float64))
+    logits = torch.log(prior.double()) + ll
+    bad = ~torch.isfinite(logits).any(-1, keepdim=True)  # nothing finite: fall back to prior
+    logits = torch.where(bad, torch.log(prior.double()), logits)
+    return torch.softmax(logits, -1)
+
+
+def segment_mean(values: torch.Tensor, sizes: np.ndarray) -> torch.Tensor:
+    """Per-client mean of `[total, K]` rows (clients' rows consecutive, `sizes` each); a
+    client without rows gets NaN."""
+    n, k = len(sizes), values.shape[1]
+    seg = torch.from_numpy(np.repeat(np.arange(n), sizes).astype(np.int64))
+    total = torch.zeros(n, k, dtype=torch.float64).index_add_(0, seg, values.double())
+    count = torch.from_numpy(np.asarray(sizes, dtype=np.float64))[:, None]
+    return torch.where(count > 0, total / count.clamp_min(1), torch.nan)
+
+
+def fit_mixture(losses: torch.Tensor, sizes: np.ndarray, prior: np.ndarray,
+                iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    """`iterations` EM steps of the mixture weights of each client with frozen models.
+
+    `losses` `[total, K]` per-sample losses (clients' rows consecutive, `sizes` each),
+    `prior` `[n, K]` the starting weights. Each step: q = `responsibilities`, π ← mean q.
+    Returns (π `[n, K]`, the negative log-likelihood −mean_j log Σ_k π_k e^{−ℓ_jk} `[n]`).
+    A client without rows keeps its prior and gets NaN.
+    """
+    pi = torch.as_tensor(np.asarray(prior, dtype=np.float64))
+    sizes = np.asarray(sizes, dtype=np.int64)
+    rep = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes).astype(np.int64))
+    has = torch.from_numpy(sizes > 0)[:, None]
+    for _ in range(int(iterations)):
+        q = responsibilities(losses, pi[rep])
+        pi = torch.where(has, segment_mean(q, sizes), pi)
+    ll = torch.where(torch.isfinite(losses), -losses.double(),
+                     torch.full_like(losses, -torch.inf, dtype=torch.float64))
+    per = -torch.logsumexp(torch.log(pi[rep]) + ll, -1)
+    nll = segment_mean(per[:, None], sizes)[:, 0]
+    return pi.numpy(), nll.numpy()
+
+
+def best_counts(losses: torch.Tensor, sizes: np.ndarray) -> np.ndarray:
+    """`[n, K]` per client: how many of its rows each model has the least loss on (ties to
+    the lower index; non-finite losses count as +inf)."""
+    n, k = len(sizes), losses.shape[1]
+    finite = torch.where(torch.isfinite(losses), losses.double(),
+                         torch.full_like(losses, torch.inf, dtype=torch.float64))
+    best = finite.argmin(-1)
+    seg = torch.from_numpy(np.repeat(np.arange(n), sizes).astype(np.int64))
+    counts = torch.zeros(n * k, dtype=torch.int64).index_add_(
+        0, seg * k + best, torch.ones_like(best))
+    return counts.view(n, k).numpy()
+
+
+def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+    """`[r, K]` per-sample losses of K models' outputs `out` `[r, K, O]` on targets `y` `[r]`
+    (regression: the squared error averaged over the outputs)."""
+    r, k = out.shape[0], out.shape[1]
+    if task == "classification":
+        picked = out.gather(-1, y.view(-1, 1, 1).expand(-1, k, 1)).squeeze(-1)
+        return torch.logsumexp(out, -1) - picked
+    flat = out.reshape(r * k, -1)
+    per = per_sample_loss(flat, y.repeat_interleave(k, 0), task)
+    return per.reshape(r, k, -1).mean(-1)
 
 
 def macro_f1(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> float:

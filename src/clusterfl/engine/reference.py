@@ -32,11 +32,17 @@ def train_client(
     tr: LocalTraining,
     task: str,
     offset: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
+    prox: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Local training of one client; returns (final flat params, mean batch loss).
 
     `schedule` is `[S, b]` local indices with -1 padding; fully padded steps are skipped.
     `offset` (optional) `[n_i, out]` logits added to the model's output per sample.
+    `sample_weight` (optional, `[n_i]`): sample j's loss is multiplied by it, a batch's loss
+    is Σ_j w_j ℓ_j / |batch| (FedEM's M-step). `prox` (optional, `(models [S, d], weights
+    [S])`): the proximal term is mu/2 Σ_s weights_s ||w − models_s||² instead of
+    mu/2 ||w − start||² (FedSoft).
     """
     set_flat(module, start)
     module.train()
@@ -51,9 +57,18 @@ def train_client(
         out = module(x[idx])
         if offset is not None:
             out = out + offset[idx]
-        loss = per_sample_loss(out, y[idx], task).mean()
+        per = per_sample_loss(out, y[idx], task)
+        if sample_weight is None:
+            loss = per.mean()
+        else:
+            per = per.reshape(len(idx), -1).mean(1)
+            loss = (per * sample_weight[idx].to(per.dtype)).sum() / len(idx)
         losses.append(float(loss.detach()))
-        if center is not None:
+        if center is not None and prox is not None:
+            models, weights = prox
+            loss = loss + 0.5 * tr.mu * sum(
+                float(w) * _sq_dist(module, c) for c, w in zip(models, weights))
+        elif center is not None:
             loss = loss + 0.5 * tr.mu * _sq_dist(module, center)
         loss.backward()
         opt.step()

@@ -81,3 +81,23 @@ def gradient_batches(
             take = min(b, n)
             out[i, :take] = client_rng(seed, int(c)).permutation(n)[:take]
     return out
+
+
+def mixture_seed(seed: int, component: int) -> int:
+    """The schedule seed of component `component` of a `MixtureTrainRequest` with `seed`: each
+    of the K trainings of a client reads its own minibatch order."""
+    return int(np.random.default_rng([int(seed) & 0xFFFFFFFF, 7, int(component)])
+               .integers(0, 2**31 - 1))
+
+
+def mixture_schedule(sizes: np.ndarray, clients: np.ndarray, batch_size: int, epochs: int,
+                     steps: int, seed: int, k: int) -> np.ndarray:
+    """`[k·n, S, b]`: the schedules of components 0..k−1 (client order within each), one
+    after the other, as a `MixtureTrainRequest` trains them."""
+    parts = [batch_schedule(sizes, clients, batch_size, epochs, steps, mixture_seed(seed, j))
+             for j in range(k)]
+    s_max = max((p.shape[1] for p in parts), default=0)
+    out = np.full((k * len(clients), s_max, batch_size), -1, dtype=np.int64)
+    for j, p in enumerate(parts):
+        out[j * len(clients):(j + 1) * len(clients), : p.shape[1]] = p
+    return out

@@ -150,7 +150,8 @@ _STRIDED_TEMP = 640_000
 class StackedOptimizer(Sink):
     """torch.optim.SGD / Adam semantics for `n` stacked clients, one step at a time.
 
-    SGD:  g = grad + wd·w + mu·(w − center);  buf = momentum·buf + g (buf = g at the first
+    SGD:  g = grad + wd·w + mu·(w − center) (mu·scale_i·(w − center_i) with a per-client
+    `center_scale`);  buf = momentum·buf + g (buf = g at the first
     step, as torch does: buffers start at zero);  w −= lr·buf  (w −= lr·g without momentum).
     Adam: g as above; m.lerp_(g, 1−β1); v = β2·v + (1−β2)·g²; w −= lr/(1−β1^t) ·
     m / (sqrt(v)/sqrt(1−β2^t) + eps), with t the client's own step count.
@@ -161,11 +162,14 @@ class StackedOptimizer(Sink):
     """
 
     def __init__(
-        self, params: list[Tensor], tr: LocalTraining, center: list[Tensor] | None
+        self, params: list[Tensor], tr: LocalTraining, center: list[Tensor] | None,
+        center_scale: Tensor | None = None,
     ) -> None:
         self.params = params
         self.tr = tr
         self.center = center if tr.mu > 0 else None
+        #: `[n]` per-client factor on the proximal pull (mu·scale_i), None: 1 for all
+        self.center_scale = center_scale if tr.mu > 0 else None
         self.adam = tr.optimizer == "adam"
         n = params[0].shape[0]
         self.steps = np.zeros(n, dtype=np.int64)
@@ -215,7 +219,10 @@ class StackedOptimizer(Sink):
     def _prox(self, i: int, p: Tensor) -> Tensor:
         """w − center for the active rows (in a scratch buffer)."""
         assert self.center is not None
-        return torch.sub(p, self.center[i][: self.a], out=self._scratch(self._tmp, i))
+        out = torch.sub(p, self.center[i][: self.a], out=self._scratch(self._tmp, i))
+        if self.center_scale is not None:
+            out.mul_(self.center_scale[: self.a].view((-1,) + (1,) * (p.dim() - 1)))
+        return out
 
     def _regularise(self, i: int, g: Tensor, p: Tensor) -> None:
         """g += wd·w + mu·(w − center), in place."""

@@ -184,12 +184,19 @@ class VectorizedEngine:
         task: str,
         offsets: Tensor | None,
         seed: int,
+        sample_weight: Tensor | None = None,
+        prox_center: Tensor | None = None,
+        prox_scale: np.ndarray | None = None,
     ) -> tuple[Tensor, np.ndarray]:
         """Local training of every listed client (schedule `[n, S, B]`, local indices).
 
         Returns the final flat parameters `[n, d]` and each client's mean batch loss (NaN
         for a client without any step). `offsets` are `[rows.total, O]` logits added to the
-        outputs, in local row order.
+        outputs, in local row order. `sample_weight` (`[rows.total]`, local row order)
+        multiplies each sample's loss (a batch's loss is Σ_j w_j ℓ_j / |batch|).
+        `prox_center` (`[n, d]`) and `prox_scale` (`[n]`) replace the proximal term's pull
+        to the start model by mu·scale_i/2 ||w − center_i||² (the gradient of
+        mu/2 Σ_s a_is ||w − c_s||² with scale_i = Σ_s a_is, center_i = Σ_s a_is c_s / scale_i).
         """
         n, d = len(rows.size), self.layout.size
         out = torch.empty(n, d, dtype=models.dtype)
@@ -204,9 +211,14 @@ class VectorizedEngine:
             torch.manual_seed(int(seed) & 0xFFFFFFFF)
             gen = torch.Generator().manual_seed(int(seed) & 0xFFFFFFFF)
             for pick in _chunks(order, size):
+                prox = None
+                if prox_center is not None and tr.mu > 0:
+                    scale = np.ones(len(pick)) if prox_scale is None else prox_scale[pick]
+                    prox = (prox_center[torch.from_numpy(pick)],
+                            torch.as_tensor(scale, dtype=models.dtype))
                 params, loss = self._train_chunk(
                     data, rows, pick, models, np.asarray(model_of_client)[pick],
-                    schedule[pick], tr, task, offsets, gen,
+                    schedule[pick], tr, task, offsets, gen, sample_weight, prox,
                 )
                 flat = [p.reshape(len(pick), -1) for p in params]
                 if np.all(np.diff(pick) == 1):  # consecutive rows: write them in place
@@ -228,6 +240,8 @@ class VectorizedEngine:
         task: str,
         offsets: Tensor | None,
         gen: torch.Generator,
+        sample_weight: Tensor | None = None,
+        prox: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[list[Tensor], np.ndarray]:
         """Train the clients `pick` together; returns their stacked parameters and losses."""
         m, dtype = len(pick), models.dtype
@@ -236,10 +250,16 @@ class VectorizedEngine:
         schedule = schedule[:, :n_steps]
         gidx, lidx, valid = _pad_rows(rows, pick, schedule)
         weights = _sample_weights(valid, dtype)
+        if sample_weight is not None:
+            weights = weights * sample_weight.to(dtype)[lidx]
         start = _stack_models(self.layout, models, which)
         params = [v.clone(memory_format=torch.contiguous_format) for v in start]
         center = start if tr.mu > 0 else None
-        opt = StackedOptimizer(params, tr, center)
+        scale = None
+        if prox is not None:
+            center = list(self.layout.views(prox[0]).values())
+            scale = prox[1]
+        opt = StackedOptimizer(params, tr, center, scale)
         loss_sum = np.zeros(m)
         loss_n = np.zeros(m, dtype=np.int64)
         for s in range(n_steps):
@@ -412,7 +432,11 @@ class VectorizedEngine:
             self.model_outputs(data, rows, pred.models, members[:, j])
             for j in range(members.shape[1])
         ]
-        return combine(outs, pred.combine)
+        weights = None
+        if pred.weights is not None:  # client i's member weights on each of its rows
+            weights = torch.from_numpy(np.repeat(np.asarray(pred.weights, np.float64),
+                                                 rows.size, axis=0))
+        return combine(outs, pred.combine, weights)
 
 
 def _runs(rows: Rows, members: np.ndarray) -> Iterator[tuple[int, int, int]]:

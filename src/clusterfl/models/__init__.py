@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -11,11 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from clusterfl.config_util import parse, pick
+from clusterfl.errors import ConfigError
 from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_flat
 from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression
+from clusterfl.plugins import describe, resolve
 
 __all__ = [
-    "MLP", "ConvAE", "LeNet", "LeafCNN", "LinearRegression", "ModelConfig", "ModelFactory",
+    "MLP", "ConvAE", "CustomModelConfig", "LeNet", "LeafCNN", "LinearRegression",
+    "ModelConfig", "ModelFactory",
     "ParamLayout",
     "get_flat", "get_flat_grad", "model_config", "set_flat",
 ]
@@ -28,6 +32,12 @@ class ModelConfig(BaseModel):
     name: str
 
 
+class CustomModelConfig(ModelConfig):
+    """A model from outside the package: `name` is an import path (`"mypkg.nets:MyNet"`) or
+    a `clusterfl.models` entry point naming an `nn.Module` class or a function returning one;
+    every other key of the table is passed to it as a keyword argument (see `build_custom`)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class MLPConfig(ModelConfig):
@@ -93,11 +103,50 @@ MODELS: dict[str, tuple[type[ModelConfig], Callable[[Any, tuple[int, ...], int],
 
 
 def model_config(raw: dict[str, Any] | None, prefix: str = "model") -> ModelConfig:
-    """Validate a `[model]` table (its `name` picks the architecture)."""
+    """Validate a `[model]` table (its `name` picks the architecture: a built-in, an import
+    path or a `clusterfl.models` entry point, `clusterfl.plugins`)."""
     raw = dict(raw or {})
     name = raw.get("name", "mlp")
+    if resolve("model", name, MODELS, f"{prefix}.name") is not None:
+        config = parse(CustomModelConfig, raw, prefix)
+        custom_maker(config, prefix)  # a clear error now, not when the run starts
+        return config
     cls, _ = pick(MODELS, name, f"{prefix}.name")
     return parse(cls, raw, prefix)
+
+
+def custom_maker(config: ModelConfig, prefix: str = "model") -> Callable[..., Any]:
+    """The callable a custom `[model]` names (ConfigError when it is not callable)."""
+    make = resolve("model", config.name, MODELS, f"{prefix}.name")
+    if not callable(make):
+        raise ConfigError(f"{prefix}.name", f"{config.name!r} is a {type(make).__name__}, not "
+                                            "an nn.Module class or a function returning one")
+    return make
+
+
+def build_custom(config: ModelConfig, shape: tuple[int, ...], out: int) -> nn.Module:
+    """Call the custom model's factory with the table's other keys as keyword arguments, plus
+    `input_shape` (one sample's shape) and `n_outputs` (classes, or 1 for regression) when
+    its signature has parameters of those names (or `**kwargs`)."""
+    make = custom_maker(config)
+    kwargs = {k: v for k, v in (config.model_extra or {}).items()}
+    try:
+        params = inspect.signature(make).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: pass the options only
+        params = {}  # type: ignore[assignment]
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key, value in (("input_shape", tuple(shape)), ("n_outputs", int(out))):
+        if (key in params or var_kw) and key not in kwargs:
+            kwargs[key] = value
+    try:
+        module = make(**kwargs)
+    except Exception as exc:
+        raise ConfigError("model", f"{describe(make)}({', '.join(kwargs)}) failed: "
+                                   f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(module, nn.Module):
+        raise ConfigError("model.name", f"{config.name!r} returned a {type(module).__name__}, "
+                                        "not a torch nn.Module")
+    return module
 
 
 @dataclass
@@ -121,6 +170,8 @@ class ModelFactory:
         return self.layout.size
 
     def build(self) -> nn.Module:
+        if self.config.name not in MODELS:  # from outside the package (`CustomModelConfig`)
+            return build_custom(self.config, tuple(self.input_shape), self.n_outputs)
         _, make = MODELS[self.config.name]
         return make(self.config, tuple(self.input_shape), self.n_outputs)
 

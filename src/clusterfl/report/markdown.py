@@ -72,8 +72,9 @@ class Column(NamedTuple):
 
 
 # The columns of the summary table, read from a run's final metrics; the MSE column only
-# appears when some run is a regression (`_columns`).
+# appears when some run is a regression, participation when some run sampled (`_columns`).
 MSE_COLUMN = Column("MSE", lambda f: _metrics(f).mse, _general)
+PARTICIPATION_COLUMN = Column("participation (%)", lambda f: f.participation, _percent)
 COLUMNS: list[Column] = [
     Column("accuracy (%)", lambda f: _metrics(f).accuracy, _percent),
     Column("weighted acc (%)", lambda f: _metrics(f).accuracy_weighted, _percent),
@@ -85,9 +86,17 @@ COLUMNS: list[Column] = [
     Column("floats ↓", lambda f: f.floats_down, _human),
     Column("floats ↑", lambda f: f.floats_up, _human),
     Column("rejected", lambda f: f.rejected, _integer),
+    PARTICIPATION_COLUMN,
     Column("wall time (s)", lambda f: f.wall_time, _fixed(1)),
 ]
-"""`rejected`: client replies the guard's validation rejected over the whole run."""
+"""`rejected`: client replies the guard's validation rejected over the whole run;
+`participation`: the mean share of the clients that took part in a round."""
+
+
+def _partial(summary: RunSummary) -> bool:
+    """Whether fewer than all clients took part in a round on average (sampling, dropouts)."""
+    share = summary.final.participation
+    return share is not None and share < 1.0 - 1e-9
 
 #: the held-out clients (`[scenario] holdout`), placed after the run: shown when some run has
 #: them, after the ARI column
@@ -98,10 +107,12 @@ HOLDOUT_COLUMNS: list[Column] = [
 
 
 def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
-    """The table's columns: MSE only when some run reports one, the held-out clients' only
-    when some run had them."""
+    """The table's columns: MSE only when some run reports one, participation only when some
+    run had less than full participation, the held-out clients' only when some run had them."""
     regression = any(_metrics(s.final).mse is not None for s in summaries)
-    columns = [c for c in COLUMNS if c is not MSE_COLUMN or regression]
+    partial = any(_partial(s) for s in summaries)
+    columns = [c for c in COLUMNS if (c is not MSE_COLUMN or regression)
+               and (c is not PARTICIPATION_COLUMN or partial)]
     if any(s.holdout is not None or s.final.placement_ari is not None
            or s.final.holdout_accuracy is not None for s in summaries):
         at = next(i for i, c in enumerate(columns) if c.header == "ARI") + 1
@@ -192,9 +203,11 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
     """Title and one line of facts about the run."""
     true = summary.true_clusters
     truth = f"{len(set(true))} true clusters" if true else "true clusters unknown"
+    data = _config(run_dir).get("data")
     facts = [
         f"algorithm `{_known(summary.algorithm)}`",
         f"federation `{_known(summary.federation)}`",
+        *([_data_fact(data)] if isinstance(data, dict) and "source" in data else []),
         f"{_known(summary.n_clients)} clients"
         + (f" trained and {summary.holdout.get('n_held_out')} held out"
            if summary.holdout else ""),
@@ -202,6 +215,13 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
         truth,
     ]
     return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
+
+
+def _data_fact(data: dict[str, Any]) -> str:
+    """Where the run's data came from (`[data]` of its config.toml), e.g. "data `npz`
+    (parts)", "data `mypkg.data:load`"."""
+    where = data.get("path") or data.get("name")
+    return f"data `{data['source']}`" + (f" ({where})" if where else "")
 
 
 def _divergence_note(summaries: Sequence[RunSummary]) -> str:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
-from clusterfl.protocol import LocalTraining, TrainRequest, subset
+from clusterfl.protocol import LocalTraining, MixtureTrainRequest, TrainRequest, subset
 from clusterfl.robust.config import FaultsConfig
 
 _DROP, _STRAGGLE = 1, 2
@@ -75,15 +76,19 @@ def partial_steps(training: LocalTraining, n_samples: int, work: float) -> int:
     return max(1, math.floor(full * work))
 
 
-def straggler_requests(request: TrainRequest, slow: frozenset[int], work: float,
-                       sizes: np.ndarray) -> list[TrainRequest]:
+TR = TypeVar("TR", bound=TrainRequest | MixtureTrainRequest)
+
+
+def straggler_requests(request: TR, slow: frozenset[int], work: float,
+                       sizes: np.ndarray) -> list[TR]:
     """Split a training request: the punctual clients as asked, each group of stragglers with
-    the same reduced step count as one request of its own (`work` > 0)."""
+    the same reduced step count as one request of its own (`work` > 0). A mixture request's
+    straggler trains each of its K models that many steps."""
     clients = np.asarray(request.clients, dtype=np.int64)
     is_slow = np.array([int(c) in slow for c in clients], dtype=bool)
     if not is_slow.any():
         return [request]
-    out: list[TrainRequest] = []
+    out: list[TR] = []
     if (~is_slow).any():
         out.append(subset(request, np.flatnonzero(~is_slow)))
     steps = np.array([partial_steps(request.training, int(sizes[c]), work) for c in clients])

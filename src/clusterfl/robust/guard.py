@@ -20,6 +20,10 @@ untouched (measurement, not training traffic).
 A Train/Gradient request with `coords` (CFL-GP's compressed features) gets replies of d̂
 floats per client; steps 3–5 act on what was sent: the update at those coordinates is
 poisoned, checked, clipped to S and noised (θ_start is narrowed the same way).
+
+A `MixtureTrainRequest` (FedEM) is a training request whose update is the client's K models:
+stragglers train fewer steps, and steps 3–5 act on the K·d-float update θ_{1..K,i} − θ_{1..K}
+taken as one vector (one clip bound for what the client sends).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from clusterfl.protocol import (
     Executor,
     GradientReply,
     GradientRequest,
+    MixtureTrainReply,
+    MixtureTrainRequest,
     Reply,
     Request,
     TrainReply,
@@ -131,8 +137,8 @@ class Guard:
         silent = set(np.asarray(sent.clients).tolist()) - set(reply.clients.tolist())
         self._events["dropped"].update(int(c) for c in silent)
         uploaded = len(reply.clients)
-        update = isinstance(sent, TrainRequest | GradientRequest)
-        if isinstance(sent, TrainRequest | GradientRequest) and uploaded:
+        update = isinstance(sent, TrainRequest | GradientRequest | MixtureTrainRequest)
+        if isinstance(sent, TrainRequest | GradientRequest | MixtureTrainRequest) and uploaded:
             reply = self._attack(sent, reply)
             self._updates.uploaded += uploaded
             self._updates.losses.extend(_losses(reply, uploaded))
@@ -146,7 +152,8 @@ class Guard:
                 reply = subset(reply, np.flatnonzero(keep)) if keep.any() else empty_reply(sent)
         if update:
             self._updates.kept += len(reply.clients)
-        if self.privacy.clip is not None and isinstance(sent, TrainRequest | GradientRequest):
+        if self.privacy.clip is not None and isinstance(
+                sent, TrainRequest | GradientRequest | MixtureTrainRequest):
             reply = self._privatize(sent, reply)
         return reply, int(reachable.sum()), uploaded
 
@@ -156,7 +163,7 @@ class Guard:
         if len(clients) == 0:
             return empty_reply(request)
         slow = self._now.stragglers & set(clients.tolist())
-        if not slow or not isinstance(request, TrainRequest):
+        if not slow or not isinstance(request, TrainRequest | MixtureTrainRequest):
             return join([backend.execute(request)], order=clients)
         self._events["stragglers"].update(slow)
         self.totals["straggled"] += len(slow)
@@ -179,7 +186,8 @@ class Guard:
                           .integers(0, 2**63 - 1)))
         return g
 
-    def _attack(self, request: TrainRequest | GradientRequest, reply: Reply) -> Reply:
+    def _attack(self, request: TrainRequest | GradientRequest | MixtureTrainRequest,
+                reply: Reply) -> Reply:
         kind = self.adversary.kind
         if kind in ("none", "label_flip") or not self._bad:
             return reply
@@ -189,6 +197,17 @@ class Guard:
             return reply
         idx = torch.from_numpy(rows)
         gen = self._generator(_ATTACK_STREAM)
+        if isinstance(reply, MixtureTrainReply) and isinstance(request, MixtureTrainRequest):
+            start = request.models.reshape(1, -1)
+            flat = reply.params.reshape(len(clients), -1)
+            if flat.shape[1] != start.shape[1]:
+                return reply
+            bad = poison(kind, flat[idx] - start, self.adversary.strength(), gen)
+            flat = flat.clone()
+            flat[idx] = (start + bad).to(flat.dtype)
+            return replace(reply, params=flat.view(reply.params.shape))
+        if isinstance(request, MixtureTrainRequest):
+            return reply
         if isinstance(reply, TrainReply):
             params = reply.params
             if params.ndim != 2 or len(params) != len(clients):
@@ -204,7 +223,8 @@ class Guard:
             return replace(reply, grads=grads)
         return reply
 
-    def _privatize(self, request: TrainRequest | GradientRequest, reply: Reply) -> Reply:
+    def _privatize(self, request: TrainRequest | GradientRequest | MixtureTrainRequest,
+                   reply: Reply) -> Reply:
         """Clip every update to S, add the noise, report n_i = 1."""
         p = self.privacy
         assert p.clip is not None
@@ -212,14 +232,20 @@ class Guard:
         if len(clients) == 0:
             return reply
         rows = positions_of(request, clients)
-        groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
         gen = self._generator(_NOISE_STREAM)
         ones = np.ones(len(clients), dtype=np.int64)
-        if isinstance(reply, TrainReply):
+        if isinstance(request, MixtureTrainRequest):  # all clients share the K models
+            assert isinstance(reply, MixtureTrainReply)
+            groups = np.zeros(len(clients), dtype=np.int64)
+            start = request.models.reshape(1, -1)
+            delta, norms = clip_rows(reply.params.reshape(len(clients), -1) - start, p.clip)
+        elif isinstance(reply, TrainReply):
+            groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
             start = start_models(request, clients)
             delta, norms = clip_rows(reply.params - start, p.clip)
         else:
             assert isinstance(reply, GradientReply)
+            groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
             delta, norms = clip_rows(reply.grads, p.clip)
         clipped = int((norms > p.clip).sum())
         self._events["clipped"] += clipped
@@ -229,6 +255,9 @@ class Guard:
             delta = delta + noise_rows(shape, groups, p.noise_multiplier, p.clip, p.noise, gen,
                                        delta.dtype)
             self.totals["releases"] += 1
+        if isinstance(reply, MixtureTrainReply):
+            return replace(reply, params=(start + delta).view(reply.params.shape),
+                           n_samples=ones)
         if isinstance(reply, TrainReply):
             return replace(reply, params=start + delta, n_samples=ones)
         return replace(reply, grads=delta, n_samples=ones)

@@ -27,7 +27,8 @@ average of the methods becomes the unweighted mean the sensitivity argument need
 
 Accounting (`epsilon`): every noised training/gradient request is one release. Per release a
 client takes part with probability at most q, the method's random client sampling
-(`[algorithm] fraction`; 1 for methods without one), treated as Poisson sampling — for
+(`SampledConfig.expected_fraction`: `[algorithm] fraction`, or `per_round` / clients;
+1 for methods without one), treated as Poisson sampling — for
 fixed-size sampling without replacement this is the usual approximation. Dropouts and
 deterministic selections (e.g. CFL-GP's probe of the clients not on θ_k̄) do not lower q:
 they are not secret randomness of the mechanism. ε is that of the RDP accountant of

@@ -16,6 +16,10 @@ What is checked, per reply type (`ValidationConfig` sets the bounds):
 - Embed replies (FLT signatures): every value finite ("non_finite").
 - Subspace replies (PACFL bases): every value finite ("non_finite"); a rank outside
   0..columns ("shape").
+- Mixture training replies (FedEM): shape `[n, K, d]` and `[n, K]` weights ("shape"), every
+  coordinate and weight finite ("non_finite"), sample counts > 0, and the norm rules on the
+  K·d-float update θ_{1..K,i} − θ_{1..K} ("norm"). Mixture-fit replies: finite weights;
+  least-loss counts: shape `[n, K]`.
 - Evaluate replies: not checked (measurement, never aggregated).
 
 Default: finite + shape + sample-count checks, and the median rule at 100× (an update two
@@ -30,11 +34,16 @@ import numpy as np
 import torch
 
 from clusterfl.protocol import (
+    BestCountReply,
+    BestCountRequest,
     EmbedReply,
     GradientReply,
     GradientRequest,
     LossReply,
     LossRequest,
+    MixtureFitReply,
+    MixtureTrainReply,
+    MixtureTrainRequest,
     Reply,
     Request,
     SubspaceReply,
@@ -115,6 +124,16 @@ def check_reply(request: Request, reply: Reply,
         out_s = [Rejection(int(c), kind, "shape") for c in clients[~sized]]
         out_s += [Rejection(int(c), kind, "non_finite") for c in clients[sized & ~finite]]
         return sized & finite, sorted(out_s, key=lambda r: r.client)
+    if isinstance(reply, MixtureFitReply):
+        w = np.asarray(reply.weights, dtype=np.float64).reshape(n, -1)
+        finite = np.asarray(np.isfinite(w).all(axis=1), dtype=bool)
+        return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
+    if isinstance(request, BestCountRequest) and isinstance(reply, BestCountReply):
+        if np.asarray(reply.counts).shape != (n, int(request.models.shape[0])):
+            return _all(clients, kind, "shape")
+        return keep, []
+    if isinstance(request, MixtureTrainRequest) and isinstance(reply, MixtureTrainReply):
+        return _check_mixture(request, reply, config)
     if not isinstance(reply, TrainReply | GradientReply):
         return keep, []
     assert isinstance(request, TrainRequest | GradientRequest)
@@ -122,10 +141,36 @@ def check_reply(request: Request, reply: Reply,
     d = reply_width(request.models, request.coords)  # d, or d̂ for a narrowed reply
     if vec.ndim != 2 or tuple(vec.shape) != (n, d) or len(reply.n_samples) != n:
         return _all(clients, kind, "shape")
+    return _check_norms(clients, kind, update_norms(request, reply), reply.n_samples, config)
+
+
+def _check_mixture(request: MixtureTrainRequest, reply: MixtureTrainReply,
+                   config: ValidationConfig) -> tuple[np.ndarray, list[Rejection]]:
+    """A FedEM reply: the K models as one K·d update, and finite mixture weights."""
+    clients = np.asarray(reply.clients, dtype=np.int64)
+    n, kind = len(clients), "mixturetrain"
+    k, d = (int(x) for x in request.models.shape)
+    w = np.asarray(reply.weights, dtype=np.float64)
+    if (tuple(reply.params.shape) != (n, k, d) or w.shape != (n, k)
+            or len(reply.n_samples) != n):
+        return _all(clients, kind, "shape")
+    start = request.models.reshape(1, -1)
+    norms = np.empty(n)
+    for lo in range(0, n, _NORM_ROWS):
+        block = reply.params[lo : lo + _NORM_ROWS].reshape(-1, k * d) - start
+        norms[lo : lo + len(block)] = torch.linalg.vector_norm(
+            block, dim=1, dtype=torch.float64).numpy()
+    norms = np.where(np.isfinite(w).all(axis=1), norms, np.nan)  # a NaN weight: non-finite
+    return _check_norms(clients, kind, norms, reply.n_samples, config)
+
+
+def _check_norms(clients: np.ndarray, kind: str, norms: np.ndarray, n_samples: np.ndarray,
+                 config: ValidationConfig) -> tuple[np.ndarray, list[Rejection]]:
+    """Non-finite, sample-count and norm rules on the update norms of an update reply."""
+    n = len(clients)
     out: list[Rejection] = []
-    norms = update_norms(request, reply)
     finite = np.isfinite(norms)
-    sizes = np.asarray(reply.n_samples, dtype=np.float64)
+    sizes = np.asarray(n_samples, dtype=np.float64)
     good_n = np.isfinite(sizes) & (sizes > 0)
     for i in np.flatnonzero(~finite):
         out.append(Rejection(int(clients[i]), kind, "non_finite"))

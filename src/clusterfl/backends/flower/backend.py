@@ -41,7 +41,14 @@ from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import EvaluateRequest, TrainRequest, empty_reply, join, subset
+from clusterfl.protocol import (
+    EvaluateRequest,
+    MixtureTrainRequest,
+    TrainRequest,
+    empty_reply,
+    join,
+    subset,
+)
 
 SUSPECT_GRACE = 1.0
 """Seconds a request still waits for clients that were silent before, once all others answered."""
@@ -92,7 +99,7 @@ def active_session(session: FlowerSession) -> Iterator[FlowerSession]:
 
 def message_type(request: Any) -> str:
     """Flower message type of a protocol request ("<category>.request")."""
-    if isinstance(request, TrainRequest):
+    if isinstance(request, TrainRequest | MixtureTrainRequest):
         return "train.request"
     if isinstance(request, EvaluateRequest):
         return "evaluate.request"

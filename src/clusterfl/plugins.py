@@ -1,0 +1,109 @@
+"""Models, methods and datasets from outside the package: import paths and entry points.
+
+A config names a built-in by its name (`[model] name = "mlp"`); anything else it names in
+one of two ways, resolved here for the three kinds (`KINDS`):
+
+- an import path `"package.module:Name"` (`Name` may be dotted: `"pkg.mod:Outer.Inner"`).
+  The module is imported the usual way (installed, or on `PYTHONPATH`); the current working
+  directory is also searched, as `python -m` does, so a `mynet.py` beside a config is found
+  by `clusterfl run` too;
+- the name of a Python entry point of the kind's group (`clusterfl.models`,
+  `clusterfl.algorithms`, `clusterfl.datasets`): an installed package registers itself with
+  `[project.entry-points."clusterfl.algorithms"] mymethod = "mypkg.method:MyMethod"` in its
+  pyproject.toml.
+
+The name is kept as written (the import path, or the entry point's name) in the run's
+`config.toml`, so `--resume`, `compare`, `report` and other processes (Flower nodes) find
+the same object again. Every failure is a `ConfigError` naming the field: a malformed path,
+a module that cannot be imported (or raises while importing), a missing attribute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from clusterfl.errors import ConfigError
+
+KINDS = {"model": "clusterfl.models", "algorithm": "clusterfl.algorithms",
+         "dataset": "clusterfl.datasets"}
+"""Kind → entry-point group."""
+
+IMPORT_HINT = "or an import path 'package.module:Name'"
+
+
+def is_import_path(name: object) -> bool:
+    """Whether `name` is written as an import path (`"pkg.mod:Name"`)."""
+    return isinstance(name, str) and ":" in name
+
+
+def load_object(ref: str, field: str) -> Any:
+    """The object an import path `"package.module:Name"` names (ConfigError naming `field`)."""
+    module, _, attr = ref.partition(":")
+    if not module.strip() or not attr.strip() or ":" in attr:
+        raise ConfigError(field, f"{ref!r} is not an import path; write "
+                                 "'package.module:Name'")
+    mod = _import(module.strip(), field)
+    obj: Any = mod
+    for part in attr.strip().split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(field, f"module {module!r} has no attribute {attr!r} "
+                                     f"({part!r} is missing)")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import(module: str, field: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # like `python -m`: the current folder
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ConfigError(field, f"cannot import module {module!r}: not installed and "
+                                     f"not on the Python path (nor in the current folder "
+                                     f"{cwd}); install it or add its folder to PYTHONPATH") \
+                from None
+        raise ConfigError(field, f"importing {module!r} failed: {exc}") from None
+    except Exception as exc:  # the user's module raised while being imported
+        raise ConfigError(field, f"importing {module!r} failed: "
+                                 f"{type(exc).__name__}: {exc}") from None
+
+
+def registered(kind: str) -> dict[str, EntryPoint]:
+    """The entry points of `kind`'s group (name → entry point), from installed packages."""
+    return {ep.name: ep for ep in entry_points(group=KINDS[kind])}
+
+
+def resolve(kind: str, name: object, builtins: Iterable[str], field: str) -> Any | None:
+    """The object `name` stands for, or None when it is one of `builtins`.
+
+    `name` is an import path or the name of an entry point of `kind`; anything else is a
+    `ConfigError` naming `field` and listing what is allowed.
+    """
+    known = sorted(builtins)
+    if isinstance(name, str) and name in known:
+        return None
+    if is_import_path(name):
+        return load_object(str(name), field)
+    found = registered(kind) if isinstance(name, str) else {}
+    if isinstance(name, str) and name in found:
+        ep = found[name]
+        try:
+            return ep.load()
+        except Exception as exc:
+            raise ConfigError(field, f"the entry point {name!r} ({ep.value}, group "
+                                     f"{KINDS[kind]}) failed to load: "
+                                     f"{type(exc).__name__}: {exc}") from None
+    allowed = ", ".join(sorted({*known, *found}))
+    raise ConfigError(field, f"unknown value {name!r}; allowed: {allowed}, {IMPORT_HINT}")
+
+
+def describe(obj: Any) -> str:
+    """`module:qualname` of an object (for messages)."""
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"

@@ -1,0 +1,148 @@
+"""Experiment tracking: callbacks that see every round, and the TensorBoard writer.
+
+A callback is any object with some of these methods (each optional):
+
+- `on_run_start(config, run_dir)`: the resolved config (a dict, as `config.toml` holds it)
+  and the run directory (None for a run without one), before the first round it runs
+  (also when a run resumes);
+- `on_round_end(record)`: the `RoundRecord` of each round as it ends (what
+  `history.jsonl` gets);
+- `on_run_end(summary, run_dir)`: the `RunSummary` once the run's files are written
+  (figures included, when on).
+
+Callbacks are given to `Experiment(..., callbacks=[...])`, or named in the config:
+`[output] callbacks = ["mypkg.track:MyTracker"]` (import paths of classes or functions, each
+called with no arguments to make the callback). `[output] tensorboard = true` adds
+`TensorBoardCallback`, writing under `RUN_DIR/tensorboard`. A callback that raises stops
+the run (a tracker that fails is not ignored silently).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from clusterfl.errors import ConfigError
+from clusterfl.plugins import describe, load_object
+from clusterfl.records import RoundMetrics, RoundRecord, RunSummary
+
+TENSORBOARD_DIR = "tensorboard"
+HOOKS = ("on_run_start", "on_round_end", "on_run_end")
+
+
+@runtime_checkable
+class Callback(Protocol):
+    """What a tracker implements (every method is optional at run time)."""
+
+    def on_round_end(self, record: RoundRecord) -> None: ...
+
+
+def round_scalars(record: RoundRecord) -> dict[str, float]:
+    """The numbers of one round under TensorBoard tags: `metrics/<key>` (evaluated rounds:
+    accuracy, macro-F1, loss, ...), `clustering/ari`, `clustering/n_clusters`,
+    `communication/floats_down|floats_up|client_updates`, `robust/rejected`,
+    `participants`, and `extras/<key>` for every numeric extra of the method."""
+    out: dict[str, float] = {}
+    if record.metrics is not None:
+        for key in RoundMetrics.KEYS:
+            value = getattr(record.metrics, key)
+            if value is not None:
+                out[f"metrics/{key}"] = float(value)
+    plain = {"clustering/ari": record.ari, "clustering/n_clusters": record.n_clusters,
+             "communication/floats_down": record.floats_down,
+             "communication/floats_up": record.floats_up,
+             "communication/client_updates": record.client_updates,
+             "robust/rejected": record.rejected, "participants": record.participants}
+    out.update({k: float(v) for k, v in plain.items() if v is not None})
+    for key, value in record.extras.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and np.isfinite(value):
+            out[f"extras/{key}"] = float(value)
+    return out
+
+
+class TensorBoardCallback:
+    """Per-round scalars (`round_scalars`) and, at the end, the run's figures as images, in
+    TensorBoard event files under `log_dir` (`tensorboard --logdir RUN_DIR/tensorboard`).
+
+    A resumed run purges the events after its checkpoint's round first, so the curves show
+    each round once."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.log_dir = Path(log_dir)
+        self._writer: Any = None
+
+    def on_run_start(self, config: dict[str, Any], run_dir: Path | None,
+                     start: int = 1) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self._writer = SummaryWriter(str(self.log_dir), purge_step=start if start > 1 else None)
+        if start == 1:
+            from clusterfl.config import dump_toml
+
+            text = "```toml\n" + dump_toml(config) + "\n```"
+            self._writer.add_text("config", text, 0)
+
+    def on_round_end(self, record: RoundRecord) -> None:
+        for tag, value in round_scalars(record).items():
+            self._writer.add_scalar(tag, value, record.round)
+        self._writer.flush()
+
+    def on_run_end(self, summary: RunSummary, run_dir: Path | None) -> None:
+        import matplotlib.image as mpimg
+
+        figures = sorted((run_dir / "figures").glob("*.png")) if run_dir is not None else []
+        step = summary.rounds or 0
+        for png in figures:
+            image = np.asarray(mpimg.imread(png))
+            if image.ndim == 2:
+                image = image[:, :, None]
+            self._writer.add_image(f"figures/{png.stem}", image[:, :, :3], step,
+                                   dataformats="HWC")
+        self._writer.close()
+
+
+def make_callback(ref: str, field: str = "output.callbacks") -> Any:
+    """A callback from an import path: the named class (or function) called without
+    arguments; ConfigError when it cannot be made or has none of the hooks."""
+    factory = load_object(ref, field)
+    if not callable(factory):
+        raise ConfigError(field, f"{ref!r} is a {type(factory).__name__}; name a class or "
+                                 "function that makes a callback")
+    try:
+        callback = factory()
+    except Exception as exc:
+        raise ConfigError(field, f"{describe(factory)}() failed: {type(exc).__name__}: "
+                                 f"{exc}") from None
+    check_callback(callback, field)
+    return callback
+
+
+def check_callback(callback: Any, field: str = "callbacks") -> None:
+    if not any(callable(getattr(callback, h, None)) for h in HOOKS):
+        raise ConfigError(field, f"{type(callback).__name__} has none of the callback "
+                                 f"methods {', '.join(HOOKS)}")
+
+
+def call(callbacks: list[Any], hook: str, *args: Any, **kwargs: Any) -> None:
+    """Call `hook` on every callback that has it."""
+    for cb in callbacks:
+        fn = getattr(cb, hook, None)
+        if callable(fn):
+            if hook == "on_run_start" and "start" in kwargs \
+                    and not _takes(fn, "start"):
+                fn(*args)
+            else:
+                fn(*args, **kwargs)
+
+
+def _takes(fn: Any, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

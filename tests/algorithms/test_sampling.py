@@ -1,0 +1,317 @@
+"""Client sampling (issue 21): one rule in every method but CFL — `[algorithm] fraction` or a
+fixed `per_round` (`SampledConfig`, drawn by `Context.sample_round`). Each round takes part
+with that many clients, the others keep their cluster (and Local's their model), the draws
+follow the run's seed and survive a checkpoint, and CFL-GP still finds the clusters."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.robust.conftest import EXPECTED_METHODS, config
+
+from clusterfl.algorithms import ALGORITHMS
+from clusterfl.algorithms.base import SampledConfig
+from clusterfl.config import load_config
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import Experiment
+from clusterfl.records import RoundRecord, RunSummary
+
+N = 8  # clients of the robustness tests' federation (`config`)
+K = 3  # per_round
+
+#: every method that samples, with small settings (FLT: an untrained encoder, no UMAP)
+SAMPLED: dict[str, dict[str, Any]] = {
+    "fedavg": {}, "fedprox": {}, "local": {}, "fedavg_plus": {"n_models": 2},
+    "fedprox_plus": {"n_models": 2}, "ifca": {"n_clusters": 2}, "fesem": {"n_clusters": 2},
+    "ifca_cam": {"n_clusters": 2, "warmup_rounds": 1},
+    "fesem_cam": {"n_clusters": 2, "warmup_rounds": 1},
+    "cfl_gp": {"n_clusters": 2, "period": 1},
+    "pca_km_hc": {"k": 3, "pca_components": 4, "n_clusters": 2},
+    "flt": {"k": 3, "encoder": "none", "umap": False, "finetune_epochs": 0, "latent": 8,
+            "n_clusters": 2},
+}
+#: rounds in which every client takes part whatever the rule: FeSEM-CAM's warm-up (local
+#: training, then every model for the first k-means), FLT's one-shot signatures
+EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}}
+#: FedAvg+/FedProx+: each of the ensemble's models draws its own sample (as separate runs
+#: would); a round's participants are their union
+UNION = {"fedavg_plus", "fedprox_plus"}
+NOT_SAMPLED_HERE = {"cfl": "its sampling is its own change (Algorithm 5 with a sample)"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_every_method_but_cfl_samples_through_sampled_config():
+    assert sorted(SAMPLED) == sorted(set(EXPECTED_METHODS) - set(NOT_SAMPLED_HERE))
+    for name in SAMPLED:
+        assert issubclass(ALGORITHMS[name].Config, SampledConfig), name
+
+
+def _cfg(method: str, rule: dict[str, Any], seed: int = 1, rounds: int = 4,
+         **tables: Any) -> dict[str, Any]:
+    return config(seed=seed, rounds=rounds, eval_every=2,
+                  algorithm={"name": method, **SAMPLED[method], **rule}, **tables)
+
+
+def _spied_run(cfg: dict[str, Any]) -> tuple[Experiment, Any, list[dict[str, Any]]]:
+    """Run `cfg`, noting per round who took part and every client's cluster (and, for
+    Local, model) before and after the round."""
+    exp = Experiment.from_config(cfg)
+    alg, seen = exp.algorithm, []
+    real = alg.run_round
+
+    def spy(ctx, t):
+        before, models = alg.assignment(), alg.predictor().models.clone()
+        out = real(ctx, t)
+        seen.append({"t": t, "who": set(ctx.participants), "before": before,
+                     "after": alg.assignment(), "models": models,
+                     "models_after": alg.predictor().models.clone()})
+        return out
+
+    alg.run_round = spy  # type: ignore[method-assign]
+    return exp, exp.run(progress=False), seen
+
+
+@pytest.mark.parametrize("method", list(SAMPLED))
+def test_per_round_clients_take_part_and_the_others_keep_their_cluster(method):
+    _, h, seen = _spied_run(_cfg(method, {"per_round": K}))
+    for rec, s in zip(h.records, seen, strict=True):
+        assert rec.participants == len(s["who"])
+        if method in UNION:  # 2 models, 3 clients each
+            assert K <= len(s["who"]) <= 2 * K
+            continue
+        want = N if s["t"] in EVERYONE.get(method, ()) else K
+        assert len(s["who"]) == want, (s["t"], s["who"])
+        idle = np.setdiff1d(np.arange(N), sorted(s["who"]))
+        assert (s["after"][idle] == s["before"][idle]).all(), (s["t"], idle)
+        if method == "local":  # a client's own model: untouched unless it trained
+            assert torch.equal(s["models_after"][idle], s["models"][idle])
+            assert not torch.equal(s["models_after"][sorted(s["who"])],
+                                   s["models"][sorted(s["who"])])
+    rounds = len(h.records)
+    everyone = len(EVERYONE.get(method, ()))
+    share = (everyone * N + (rounds - everyone) * K) / (rounds * N)
+    if method in UNION:
+        share = float(np.mean([len(s["who"]) for s in seen])) / N
+    assert h.summary.final.participation == pytest.approx(share)
+
+
+def test_clients_that_drop_out_are_not_counted():
+    faults = {"drop_clients": [0, 1, 2, 3]}
+    _, h, seen = _spied_run(_cfg("fedavg", {"per_round": K}, rounds=6, faults=faults))
+    assert all(not s["who"] & {0, 1, 2, 3} for s in seen)
+    assert [r.participants for r in h.records] == [len(s["who"]) for s in seen]
+    assert max(r.participants for r in h.records) <= K
+    assert min(r.participants for r in h.records) < K  # some round sampled a dropped client
+
+
+def _strip(obj: Any) -> Any:
+    if isinstance(obj, RoundRecord | RunSummary):
+        return _strip(obj.to_json_dict())
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items()
+                if k != "wall_time" and not k.endswith("_seconds")}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+@pytest.mark.parametrize("method", list(SAMPLED))
+def test_sampling_follows_the_seed(method):
+    rule = {"per_round": K}
+    _, a, seen_a = _spied_run(_cfg(method, rule, seed=1))
+    _, b, seen_b = _spied_run(_cfg(method, rule, seed=1))
+    assert _strip(a.records) == _strip(b.records)
+    assert [s["who"] for s in seen_a] == [s["who"] for s in seen_b]
+    _, _, seen_c = _spied_run(_cfg(method, rule, seed=2))
+    assert [s["who"] for s in seen_a] != [s["who"] for s in seen_c]
+
+
+class StopError(Exception):
+    """Stands in for the process dying."""
+
+
+@pytest.mark.parametrize("rule", [{"per_round": K}, {"fraction": 0.5}],
+                         ids=["per_round", "fraction"])
+@pytest.mark.parametrize("method", list(SAMPLED))
+def test_sampled_run_resumes_bit_identically(method, rule, tmp_path):
+    cfg = _cfg(method, rule, rounds=5)
+    cfg["checkpoint_every"] = 2
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
+    ref_h = ref.run(progress=False)
+    broken = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
+    real = broken.algorithm.run_round
+
+    def dies_in_round_4(ctx, t):
+        if t == 4:
+            raise StopError
+        return real(ctx, t)
+
+    broken.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
+    with pytest.raises(StopError):
+        broken.run(progress=False)
+    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
+    h = resumed.run(resume=True, progress=False)
+    assert _strip(h.summary) == _strip(ref_h.summary)
+    assert _strip(h.records) == _strip(ref_h.records)
+    assert h.summary.final.participation is not None and h.summary.final.participation < 1
+    pa, pb = resumed.algorithm.predictor(), ref.algorithm.predictor()
+    assert torch.equal(pa.models, pb.models) and (pa.members == pb.members).all()
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ifca", "cfl_gp", "flt"])
+@pytest.mark.parametrize(("rule", "field", "words"), [
+    ({"fraction": 0.5, "per_round": 3}, "algorithm",
+     "set algorithm.fraction or algorithm.per_round, not both"),
+    ({"per_round": 0}, "algorithm.per_round", "greater than or equal to 1"),
+    ({"fraction": 0.0}, "algorithm.fraction", "greater than 0"),
+    ({"fraction": 1.5}, "algorithm.fraction", "less than or equal to 1"),
+])
+def test_bad_sampling_rules_fail_in_one_line_naming_the_field(method, rule, field, words):
+    with pytest.raises(ConfigError) as info:
+        load_config({"algorithm": {"name": method, **rule}})
+    assert info.value.field == field and words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "flt"])
+def test_a_per_round_config_is_written_with_its_one_rule_and_loads_again(method):
+    cfg = load_config({"algorithm": {"name": method, "per_round": 3}})
+    table = cfg.to_dict()["algorithm"]
+    assert table["per_round"] == 3 and "fraction" not in table  # FLT's ρ default left out
+    again = load_config(copy.deepcopy(cfg.to_dict()))
+    assert again.algorithm.per_round == 3
+    assert "fraction" in load_config({"algorithm": {"name": method}}).to_dict()["algorithm"]
+
+
+def test_privacy_accounting_samples_at_per_round_over_clients():
+    cfg = _cfg("fedavg", {"per_round": 2}, privacy={"clip": 1.0, "noise_multiplier": 1.0})
+    h = Experiment.from_config(cfg).run(progress=False)
+    assert h.summary.robust is not None
+    assert h.summary.robust["privacy"]["sampling_rate"] == pytest.approx(2 / N)
+
+
+# ------------------------------------------------------------------ CFL-GP with a sample
+
+
+def _rotated_digits(seed: int, n_clients: int, rounds: int, algorithm: dict[str, Any],
+                    train: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "seed": seed, "rounds": rounds, "eval_every": rounds, "checkpoint_every": 0,
+        "data": {"source": "digits"},
+        "scenario": {"name": "rotation", "n_clients": n_clients, "angles": [0, 90, 180, 270]},
+        "model": {"name": "mlp", "hidden": [32]},
+        "train": train or {"lr": 0.1, "batch_size": 128, "steps": 1},
+        "algorithm": {"name": "cfl_gp", "n_clusters": 4, "estimate_k": False, **algorithm},
+        "output": {"figures": False, "progress": "off"},
+    }
+
+
+@pytest.mark.parametrize(("seed", "n_clients", "rounds", "algorithm", "train"), [
+    (0, 12, 30, {"period": 1, "fraction": 0.5}, None),
+    (1, 12, 30, {"period": 1, "fraction": 0.5}, None),
+    (3, 16, 60, {"period": 2, "per_round": 4}, None),
+    (0, 16, 100, {"period": 2, "fraction": 0.25, "protocol": "model"},
+     {"lr": 0.1, "batch_size": 32, "steps": 2}),
+])
+def test_cfl_gp_with_a_sample_finds_the_four_rotations(seed, n_clients, rounds, algorithm,
+                                                       train):
+    exp = Experiment.from_config(_rotated_digits(seed, n_clients, rounds, algorithm, train))
+    h = exp.run(progress=False)
+    share = algorithm.get("fraction", algorithm.get("per_round", 0) / n_clients)
+    assert all(r.participants == round(share * n_clients) for r in h.records)
+    assert h.records[-1].ari == pytest.approx(1.0)
+    assert h.records[0].ari < 1.0  # found over the rounds, not by the initial draw
+    assert exp.algorithm.profiled().all()  # every client has its whole profile
+
+
+def test_cfl_gp_refreshes_only_the_profiles_of_the_clients_that_answered():
+    exp = Experiment.from_config(_rotated_digits(2, 12, 12, {"period": 1, "per_round": 3,
+                                                             "stable_rounds": 0}))
+    alg = exp.algorithm
+    real = alg.run_round
+    rounds: list[dict[str, Any]] = []
+
+    def spy(ctx, t):
+        feats, asked = alg.state.features.clone(), alg.asked.copy()
+        out = real(ctx, t)
+        rounds.append({"who": sorted(ctx.participants), "feats": feats, "asked": asked,
+                       "feats_after": alg.state.features.clone(),
+                       "asked_after": alg.asked.copy(), "kbar": alg.state.kbar})
+        return out
+
+    alg.run_round = spy  # type: ignore[method-assign]
+    exp.run(progress=False)
+    for r in rounds:
+        idle = np.setdiff1d(np.arange(12), r["who"])
+        assert torch.equal(r["feats_after"][idle], r["feats"][idle])
+        assert (r["asked_after"][idle] == r["asked"][idle]).all()
+        grown = r["asked_after"][r["who"]] - r["asked"][r["who"]]
+        assert (grown[:, r["kbar"]] == 1).all()  # everyone sampled is asked for k̄ ...
+        ever = r["asked"].sum(0) > 0  # ... and for each block it lacks that others have
+        lacking = (r["asked"][r["who"]] == 0) & ever[None, :]
+        assert (grown[lacking] == 1).all()
+        assert (grown.sum(1) == 1 + lacking.sum(1) - lacking[:, r["kbar"]]).all()
+
+
+# ------------------------------------------------------------------ FeSEM's newcomers
+
+
+def test_fesem_least_loss_newcomers_ask_the_centers_once_and_change_nothing_at_full():
+    from clusterfl.protocol import LossRequest
+
+    def run(rule: dict[str, Any], start: str) -> tuple[Any, list[tuple[int, list[int]]]]:
+        exp = Experiment.from_config(_cfg("fesem", {**rule, "newcomer_start": start},
+                                          rounds=6))
+        alg, asks = exp.algorithm, []
+        real_round = alg.run_round
+
+        def spy(ctx, t):
+            unclustered = set(np.flatnonzero(alg.assignment() < 0).tolist())
+            real_send = ctx.send
+
+            def send(request):
+                if isinstance(request, LossRequest):
+                    assert set(request.clients.tolist()) <= unclustered
+                    assert alg.state.centers is not None  # only once centers exist
+                    asks.append((t, request.clients.tolist()))
+                return real_send(request)
+
+            ctx.send = send
+            try:
+                return real_round(ctx, t)
+            finally:
+                ctx.send = real_send
+
+        alg.run_round = spy  # type: ignore[method-assign]
+        return exp.run(progress=False), asks
+
+    _, asks = run({"per_round": K}, "least_loss")
+    assert asks and all(t > 1 for t, _ in asks)  # clients first sampled after round 1
+    asked = [c for _, who in asks for c in who]
+    assert len(asked) == len(set(asked))  # a client is a newcomer once
+    assert not run({"per_round": K}, "start")[1]
+    full, none = run({}, "least_loss")
+    assert not none  # every client is clustered in round 1: nothing changes
+    assert _strip(full.records) == _strip(run({}, "start")[0].records)
+
+
+def test_cfl_gp_checkpoint_of_an_earlier_version_rebuilds_who_was_asked():
+    exp = Experiment.from_config(_cfg("cfl_gp", {}, rounds=3))
+    exp.run(progress=False)
+    state = exp.algorithm.state_dict()
+    now = state.pop("asked").copy()
+    assert (now == exp.algorithm.state.block_updates[None, :]).all()  # all asked, each time
+    exp.algorithm.load_state_dict(state)
+    assert exp.algorithm.state.asked is None
+    assert (exp.algorithm.asked == now).all() and exp.algorithm.profiled().all()

@@ -1,0 +1,88 @@
+"""Tracking: TensorBoard events under the run directory (read back here) and callbacks."""
+
+from __future__ import annotations
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import Experiment
+from clusterfl.records import RunSummary
+from tests.ext.conftest import BASE
+
+CFG = {**BASE, "rounds": 4, "checkpoint_every": 2, "data": {"source": "digits"},
+       "scenario": {"name": "rotation", "n_clients": 6, "angles": [0, 180]},
+       "algorithm": {"name": "ifca", "n_clusters": 2},
+       "output": {"figures": True, "progress": "off", "tensorboard": True}}
+
+
+def _events(run_dir) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0,
+                                                                        "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def _series(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_holds_every_rounds_numbers_and_the_figures(tmp_path):
+    history = Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
+    acc = _events(tmp_path)
+    tags = set(acc.Tags()["scalars"])
+    assert {"metrics/accuracy", "metrics/macro_f1", "metrics/loss", "clustering/ari",
+            "clustering/n_clusters", "communication/floats_down", "communication/floats_up",
+            "extras/train_loss"} <= tags
+    recs = history.records
+    for tag, want in [("metrics/accuracy", [r.metrics.accuracy for r in recs]),
+                      ("clustering/ari", [r.ari for r in recs]),
+                      ("communication/floats_up", [r.floats_up for r in recs])]:
+        steps, values = zip(*_series(acc, tag))
+        assert list(steps) == [r.round for r in recs]
+        assert list(values) == pytest.approx(want, rel=1e-6)  # float32 in the events
+    images = acc.Tags()["images"]
+    assert "figures/accuracy" in images and len(images) >= 3
+    assert acc.Images("figures/accuracy")[0].width > 100
+
+
+def test_a_continued_run_adds_its_rounds_once(tmp_path):
+    Experiment.from_config(CFG, ["rounds=2"], out_dir=tmp_path).run(progress=False)
+    Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    steps = [s for s, _ in _series(_events(tmp_path), "clustering/ari")]
+    assert steps == [1, 2, 3, 4]
+
+
+class Tracker:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def on_run_start(self, config, run_dir):
+        self.calls.append(("start", config["rounds"], run_dir))
+
+    def on_round_end(self, record):
+        self.calls.append(("round", record.round, record.ari))
+
+    def on_run_end(self, summary, run_dir):
+        self.calls.append(("end", summary))
+
+
+def test_callbacks_see_every_round_and_the_summary(tmp_path, own_module):
+    from ownstuff import Recorder
+
+    Recorder.rounds.clear()
+    tracker = Tracker()
+    cfg = {**CFG, "output": {"figures": False, "callbacks": [f"{own_module}:Recorder"]}}
+    history = Experiment.from_config(cfg, out_dir=tmp_path, callbacks=[tracker]).run(
+        progress=False)
+    assert tracker.calls[0] == ("start", 4, tmp_path)
+    assert [c[1:] for c in tracker.calls[1:-1]] == [(r.round, r.ari) for r in history.records]
+    assert isinstance(tracker.calls[-1][1], RunSummary)
+    assert Recorder.rounds == [1, 2, 3, 4]  # the one named in the config
+
+
+def test_an_object_without_hooks_is_refused():
+    with pytest.raises(ConfigError, match="none of the callback methods"):
+        Experiment.from_config({**CFG, "output": {"figures": False}}, callbacks=[object()])
+    with pytest.raises(ConfigError, match=r"output\.tensorboard"):
+        Experiment.from_config(CFG)  # no run directory to write to
