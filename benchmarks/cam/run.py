@@ -46,8 +46,8 @@ from clusterfl.report.methods.cam import balance_series
 from clusterfl.report.methods.cam import figures as cam_figures
 
 HERE = Path(__file__).resolve().parent
-CLUSTERED = ("ifca", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam", "fesem_lam0001",
-             "fesem_lam01", "fesem_cam_lam0001", "fesem_cam_lam01")
+CLUSTERED = ("ifca", "ifca_warm", "ifca_cam", "ifca_cam_mean", "fesem", "fesem_cam",
+             "fesem_lam0001", "fesem_lam01", "fesem_cam_lam0001", "fesem_cam_lam01")
 
 
 def load_suite() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -202,6 +202,7 @@ def write_table(suite: dict[str, Any], scale: str) -> None:
                 f"| {method} | {len(res)} | {_fmt(row['accuracy'])} | {_fmt(row['macro_f1'])} | "
                 f"{p_acc} | {p_f1} | {ari_cell} | {largest} | "
                 f"{np.mean(row['cpu_s']):.0f} |")
+    root.mkdir(parents=True, exist_ok=True)
     (root / "table.md").write_text("\n".join(lines).lstrip() + "\n")
     (root / "table.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--normalize", action="store_true",
                    help="standardize the inputs (training mean and std per channel)")
     p.add_argument("--table", action="store_true", help="only aggregate existing results")
+    p.add_argument("--resume", action="store_true",
+                   help="skip runs whose result JSON (results/<scale+tag>/<setting>/"
+                        "<method>_seed<k>.json, written when a run has finished) exists")
     args = p.parse_args(argv)
     if args.table:
         write_table(suite, args.scale + args.tag)
@@ -256,6 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for setting in args.settings:
             methods = args.methods or suite["settings"][setting]["methods"]
+            if args.resume:
+                done = HERE / "results" / (args.scale + args.tag) / setting
+                skipped = [m for m in methods if (done / f"{m}_seed{seed}.json").is_file()]
+                if skipped:
+                    print(f"{setting} seed{seed}: finished, skipped: {' '.join(skipped)}",
+                          flush=True)
+                methods = [m for m in methods if m not in skipped]
+                if not methods:
+                    continue
             raw = run_config(base, suite, setting, methods[0], args.scale, seed, args.overrides)
             fed = build_federation(raw, scale, seed, args.normalize)
             for method in methods:

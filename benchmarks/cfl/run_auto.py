@@ -8,7 +8,8 @@
 validation set (other datasets, scenarios and seeds), run with the defaults only: nothing is
 set per federation. Every run writes one line of JSON (the federation, seed, final ARI and
 number of clusters, the accepted splits, accuracy, CPU and wall time) to
-`benchmarks/cfl/results/auto_<set>.jsonl` (`--tag` appends to the file name).
+`benchmarks/cfl/results/auto_<set>.jsonl` (`--tag` appends to the file name). Resumable: a
+run whose line is in that file already is skipped, so an interrupted call is simply repeated.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ VAL: dict[str, tuple[dict[str, Any], int]] = {
 }
 VAL_SEEDS = [0, 1, 2]
 DEV["mnist_label_swap"] = VAL["mnist_label_swap"]  # dev on seed 0 only (--seeds 0)
+# issue 22, fourth session: the pair rule was built on the Fig. 8 pairs' seed 10 (dev seeds)
+DEV["fig8_congruent"] = VAL["fig8_congruent"]
+DEV["fig8_incongruent"] = VAL["fig8_incongruent"]
 
 
 def config(base: dict[str, Any], rounds: int, seed: int, sets: list[str]) -> dict[str, Any]:
@@ -107,7 +111,8 @@ def run_one(name: str, base: dict[str, Any], rounds: int, seed: int, sets: list[
             out: Path) -> dict[str, Any]:
     cfg = config(base, rounds, seed, sets)
     t0, c0 = time.time(), time.process_time()
-    exp = Experiment.from_config(cfg, out_dir=out / f"{name}_s{seed}")
+    # a folder left by an interrupted run (its row was never written) is started again
+    exp = Experiment.from_config(cfg, out_dir=out / f"{name}_s{seed}", overwrite=True)
     history = exp.run(progress=False)
     recs = history.records
     last = recs[-1]
@@ -140,10 +145,17 @@ def main() -> None:
         p.error("the validation set runs with the defaults only")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"auto_{a.set_name}{a.tag}.jsonl"
+    done = set()  # resumable: a run whose row is in the file already is not run again
+    if path.exists():
+        done = {(r["name"], r["seed"], tuple(r["sets"]))
+                for r in map(json.loads, path.read_text().splitlines())}
     for name in a.names or list(table):
         base, rounds = table[name]
         for seed in a.seeds if a.seeds is not None else seeds:
-            row = run_one(name, base, rounds, seed, a.sets, Path(a.out))
+            if (name, seed, tuple(a.sets)) in done:
+                continue
+            row = run_one(name, base, rounds, seed, a.sets,
+                          Path(a.out) / f"{a.set_name}{a.tag}")
             with path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from clusterfl.algorithms.flt import FLTExtras
-from clusterfl.config import load_config, read_toml
+from clusterfl.config import apply_overrides, load_config, read_toml
 from clusterfl.experiment import Experiment, build_federation
 from clusterfl.records import RunSummary
 
@@ -47,6 +47,8 @@ def method_table(method: str, source: str) -> dict[str, Any]:
         return {**method_table("flt", source), "aggregation": "clusters"}
     if method == "flt_matched":  # the authors' code's adjacency (permutation-matched distance)
         return {**method_table("flt", source), "distance": "matched"}
+    if method in ("flt_cc", "flt_matched_cc"):  # automatic C: connected components of Ã
+        return {**method_table(method[:-3], source), "auto_clusters": "components"}
     if method == "pca_km_hc":
         return {"name": "pca_km_hc", "fraction": 0.2, "k": 5}
     if method == "fesem":
@@ -79,14 +81,28 @@ def main() -> None:
     ap.add_argument("scenario", help="a config name in configs/ (e.g. s1_mnist)")
     ap.add_argument("--methods", default="flt,fedavg,local,pca_km_hc,fesem")
     ap.add_argument("--set", action="append", default=[], help="config overrides")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="run seed (default: the config's); seeds other than 0 are kept as "
+                         "<method>_seed<k> in results.json and runs/")
+    ap.add_argument("--tag", default="", help="suffix of the row and run folder names "
+                    "(e.g. _clustering for a rounds=1 run that only clusters)")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip a method whose row (same key and overrides) is in results.json")
     args = ap.parse_args()
+    if args.seed is not None:
+        args.set = [*args.set, f"seed={args.seed}"]
     raw = read_toml(HERE / "configs" / f"{args.scenario}.toml")
-    base = load_config(raw)
+    base = load_config(apply_overrides(raw, args.set))  # e.g. a seed: its own partition
     federation = build_federation(base)
     results_path = HERE / "results.json"
     for method in args.methods.split(","):
+        name = method + args.tag + (f"_seed{args.seed}" if args.seed else "")
+        done = json.loads(results_path.read_text()) if results_path.is_file() else {}
+        if args.resume and done.get(args.scenario, {}).get(name, {}).get("overrides") == args.set:
+            print(args.scenario, name, "finished, skipped", flush=True)
+            continue
         cfg = {**raw, "algorithm": method_table(method, base.data.source)}
-        out = HERE / "runs" / args.scenario / method
+        out = HERE / "runs" / args.scenario / name
         t0 = time.perf_counter()
         exp = Experiment.from_config(cfg, overrides=args.set, out_dir=out, federation=federation)
         history = exp.run(progress=False)
@@ -96,9 +112,9 @@ def main() -> None:
         row["paper"] = PAPER.get(args.scenario, {}).get(key)
         row["overrides"] = args.set
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-        results.setdefault(args.scenario, {})[method] = row
+        results.setdefault(args.scenario, {})[name] = row
         results_path.write_text(json.dumps(results, indent=1))
-        print(args.scenario, method, json.dumps(row), flush=True)
+        print(args.scenario, name, json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -198,28 +198,10 @@ def _run_truth(run_dir: Path) -> list[int] | None:
 
 
 def _placement(alg: Algorithm, ctx: Context) -> Placement:
-    """`alg.placement`; for a CFL without its own `placement` yet, Algorithm 4 (`CFL.walk`)
-    as a `Placement` (the leaf, the path and the similarities per level)."""
+    """`alg.placement` of every client of the placing context."""
     import numpy as np
 
-    from clusterfl.algorithms.base import Algorithm as Base
-
-    clients = np.arange(ctx.n_clients)
-    if alg.name != "cfl" or type(alg).placement is not Base.placement:
-        return alg.placement(ctx, clients)
-    import torch
-
-    from clusterfl.algorithms.base import Placement as Placed
-    from clusterfl.protocol import Predictor
-
-    walks = alg.walk(ctx, clients)  # type: ignore[attr-defined]
-    leaf = np.array([w.leaf for w in walks], dtype=np.int64)
-    nodes = np.unique(leaf)
-    row = {int(v): k for k, v in enumerate(nodes)}
-    models = torch.stack([alg.model_of(int(v)) for v in nodes])  # type: ignore[attr-defined]
-    return Placed(clients, leaf, Predictor.single(models, np.array([row[int(v)] for v in leaf])),
-                  [{"path": w.path, "similarities": [list(s) for s in w.similarities]}
-                   for w in walks])
+    return alg.placement(ctx, np.arange(ctx.n_clients))
 
 
 def _rows(exp: Any, alg: Algorithm, ids: np.ndarray, placed: Placement, acc: np.ndarray,

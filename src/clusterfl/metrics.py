@@ -38,3 +38,33 @@ def ari(true: np.ndarray | None, assignment: np.ndarray) -> float | None:
         return None
     value = float(adjusted_rand_score(np.asarray(true), np.asarray(assignment)))
     return None if math.isnan(value) else value
+
+
+def ari_ceiling(true: np.ndarray, groups: np.ndarray) -> float:
+    """The best ARI an assignment can reach when clients of the same group (e.g. clients
+    holding the same set of classes: the same data distribution) must share a cluster.
+
+    Search: every group starts in its most frequent true cluster; then, while it raises the
+    ARI, one group at a time moves to another group's cluster or to a new one. The result is
+    reachable (a lower bound on the exact maximum, which could in principle be higher); when
+    no group mixes true clusters it is 1.
+    """
+    true, groups = np.asarray(true), np.asarray(groups)
+    if len(true) != len(groups):
+        raise ValueError(f"true ({len(true)}) and groups ({len(groups)}) differ in length")
+    ids, inverse = np.unique(groups, return_inverse=True)
+    label = np.array([np.bincount(true[inverse == g]).argmax() for g in range(len(ids))])
+    best = float(adjusted_rand_score(true, label[inverse]))
+    improved = True
+    while improved:
+        improved = False
+        for g in range(len(ids)):
+            for cand in [*np.unique(label), label.max() + 1]:
+                if cand == label[g]:
+                    continue
+                trial = label.copy()
+                trial[g] = cand
+                score = float(adjusted_rand_score(true, trial[inverse]))
+                if score > best + 1e-12:
+                    best, label, improved = score, trial, True
+    return best

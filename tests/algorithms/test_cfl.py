@@ -337,6 +337,28 @@ def test_auto_rule_does_not_split_an_iid_federation(tmp_path: Path):
     assert "not stationary" in reasons and None not in reasons
 
 
+def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
+    """The paper's Fig. 8 on blobs: two clients with permuted labels split 1 | 1 after
+    2 × patience rounds of the pair test; two clients of one distribution never split (their
+    update norms collapse below the run's peak / 10, or FL on them is not stationary)."""
+    fed = blob_federation(n_clients=2, n_clusters=2, seed=3, per_client=60)
+    alg = CFL(CFLConfig())
+    extras = run(alg, make_ctx(fed, seed=3), 30)
+    split = [e for e in extras if e["split"]]
+    assert len(split) == 1 and split[0]["splits"][0]["groups"] == [[0], [1]]
+    k = extras.index(split[0])
+    assert [e["refused"][0] for e in extras[k - 5:k]] == [f"patience {i}/6" for i in range(1, 6)]
+    assert all(d < 0 for e in extras[k - 5:k + 1] for d in e["drift"])
+    assert ari(fed.clusters, alg.assignment()) == 1.0
+    for seed in (0, 2):
+        same = blob_federation(n_clients=2, n_clusters=1, seed=seed, per_client=60)
+        alg = CFL(CFLConfig())
+        extras = run(alg, make_ctx(same, seed=seed), 60)
+        assert not any(e["split"] for e in extras)
+        reasons = {e["refused"][0] for e in extras}
+        assert "pair: client updates below peak/10" in reasons
+
+
 def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():
     assert CFLConfig(eps1=0.2).split_rule == "epsilon"
     assert CFLConfig(eps2=0.2, split_rule="epsilon").split_rule == "epsilon"
@@ -372,7 +394,12 @@ def test_meet_of_candidate_bipartitions():
     # a union of the same groups: kept, refined
     assert _meet(blocks, [[0, 1, 2, 3, 4, 5], [6, 7]], 2) == [[0, 1, 2, 3], [4, 5], [6, 7]]
     assert _meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2) is None  # cuts off a single client
-    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) is None  # other clients answered
+    # a sample (client 7 did not answer): blocks the cut leaves whole stay whole ...
+    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) == blocks
+    # ... a block it cuts loses its silent members; new clients join by their side
+    assert _meet([[0, 1, 2, 3, 9], [4, 5, 6, 7]], [[0, 1, 4, 5, 8], [2, 3, 6, 7]], 2) == \
+        [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
+    assert _meet(blocks, [[0, 1, 2, 4], [5, 6]], 2) is None  # 4 | 5 6: one of block 2 alone
 
 
 # ---------------------------------------------------------------------------- config

@@ -217,6 +217,31 @@ def test_flt_case_one_and_matched_distance_without_umap():
     assert hist.series("accuracy")[-1] > 0.9
 
 
+def test_flt_components_rule_finds_the_groups_of_a_partly_filled_adjacency():
+    fed = prototypes_federation()
+    # the matched-distance setting above, with γ between the within-cluster distances so that
+    # each cluster's block of Ã is only partly filled (but connected) and no link crosses
+    algo = {**FAST_FLT, "umap": False, "distance": "matched", "k": 2, "finetune_epochs": 0,
+            "fraction": 1.0, "auto_clusters": "components"}
+    probe = Experiment.from_config(config({**algo, "threshold": 0.003}, rounds=1),
+                                   federation=fed)
+    probe.run(progress=False)
+    a = probe.algorithm.relatedness()["adjacency"]
+    same = fed.clusters[:, None] == fed.clusters[None, :]
+    off = ~np.eye(len(a), dtype=bool)
+    gamma = float(np.quantile(a[same & off], 0.7))  # about 70 % of the within pairs linked
+    assert gamma < a[~same].min()
+    exp = Experiment.from_config(config({**algo, "threshold": gamma}, rounds=1),
+                                 federation=fed)
+    hist = exp.run(progress=False)
+    related = exp.algorithm.relatedness()["relatedness"]
+    assert 0.5 < related[same & off].mean() < 0.9 and not related[~same].any()
+    assert hist.records[0].ari == 1.0 and hist.records[0].n_clusters == 3
+    with pytest.raises(ConfigError, match="auto_clusters"):
+        load_config(config({"name": "flt", "auto_clusters": "components", "threshold": None,
+                            "aggregation": "clusters"}))
+
+
 def test_pca_km_hc_runs_and_clusters():
     fed = prototypes_federation()
     exp = Experiment.from_config(config({"name": "pca_km_hc", "k": 3, "pca_components": 4,

@@ -30,17 +30,26 @@ SAMPLED: dict[str, dict[str, Any]] = {
     "ifca_cam": {"n_clusters": 2, "warmup_rounds": 1},
     "fesem_cam": {"n_clusters": 2, "warmup_rounds": 1},
     "cfl_gp": {"n_clusters": 2, "period": 1},
+    "fedem": {"n_components": 2},
+    # FedSoft estimates importance on every client every τ rounds (the authors' code): τ
+    # longer than the runs leaves round 1 the only round of all clients
+    "fedsoft": {"n_clusters": 2, "estimation_interval": 100},
     "pca_km_hc": {"k": 3, "pca_components": 4, "n_clusters": 2},
     "flt": {"k": 3, "encoder": "none", "umap": False, "finetune_epochs": 0, "latent": 8,
             "n_clusters": 2},
+    "pacfl": {"n_clusters": 2},
+    "flhc": {"warmup_rounds": 1},
 }
 #: rounds in which every client takes part whatever the rule: FeSEM-CAM's warm-up (local
 #: training, then every model for the first k-means), FLT's one-shot signatures
-EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}}
+#: PACFL's one-shot subspaces (round 1), FL+HC's clustering round (after 1 warm-up round)
+EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}, "fedsoft": {1}, "pacfl": {1},
+            "flhc": {2}}
 #: FedAvg+/FedProx+: each of the ensemble's models draws its own sample (as separate runs
 #: would); a round's participants are their union
 UNION = {"fedavg_plus", "fedprox_plus"}
-NOT_SAMPLED_HERE = {"cfl": "its sampling is its own change (Algorithm 5 with a sample)"}
+NOT_SAMPLED_HERE = {"cfl": "tests/algorithms/test_cfl_sampling.py (its split test needs a "
+                            "federation CFL splits)"}
 
 
 @pytest.fixture(autouse=True)
@@ -51,9 +60,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_every_method_but_cfl_samples_through_sampled_config():
+def test_every_method_samples_through_sampled_config():
     assert sorted(SAMPLED) == sorted(set(EXPECTED_METHODS) - set(NOT_SAMPLED_HERE))
-    for name in SAMPLED:
+    for name in [*SAMPLED, *NOT_SAMPLED_HERE]:
         assert issubclass(ALGORITHMS[name].Config, SampledConfig), name
 
 

@@ -8,7 +8,12 @@ import pytest
 from scipy.cluster.hierarchy import linkage
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfl.clustering.hierarchical import auto_n_clusters, cut_tree, ward_linkage
+from clusterfl.clustering.hierarchical import (
+    auto_n_clusters,
+    connected_groups,
+    cut_tree,
+    ward_linkage,
+)
 from clusterfl.clustering.relatedness import min_distance_adjacency, threshold
 
 
@@ -122,3 +127,37 @@ def test_automatic_number_of_clusters_edge_cases():
     # raw distances as profiles (PCA+kM+HC without threshold) also find the groups
     a = min_distance_adjacency(separated_points((3, 4, 3))[0])
     assert auto_n_clusters(ward_linkage(a)) == 3
+
+
+def _partial_blocks(sizes: list[int], fill: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """0/1 symmetric relatedness: each group a random block about `fill` full, kept connected
+    by a chain through its members; no link between groups."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(np.arange(len(sizes)), sizes)
+    same = truth[:, None] == truth[None, :]
+    upper = np.triu(rng.random(same.shape) < fill, 1)
+    r = (upper | upper.T) & same
+    for i in range(len(truth) - 1):
+        if truth[i] == truth[i + 1]:
+            r[i, i + 1] = r[i + 1, i] = True
+    np.fill_diagonal(r, True)
+    return r.astype(np.int64), truth
+
+
+def test_connected_groups_recover_partly_filled_blocks():
+    r, truth = _partial_blocks([20, 20, 20, 20, 20], fill=0.45, seed=0)
+    perm = np.random.default_rng(1).permutation(len(truth))
+    labels = connected_groups(r[np.ix_(perm, perm)])
+    assert adjusted_rand_score(truth[perm], labels) == 1.0
+    assert labels[0] == 0 and set(labels) == set(range(5))  # numbered by first appearance
+
+
+def test_connected_groups_merge_linked_groups_and_check_the_shape():
+    r, _ = _partial_blocks([6, 6, 6], fill=0.5, seed=2)
+    r[0, 7] = 1  # one link from group 0 to group 1 (read as undirected)
+    labels = connected_groups(r)
+    np.testing.assert_array_equal(labels, np.repeat([0, 0, 1], 6))
+    np.testing.assert_array_equal(connected_groups(np.eye(3)), [0, 1, 2])
+    assert len(connected_groups(np.zeros((0, 0)))) == 0
+    with pytest.raises(ValueError, match="square"):
+        connected_groups(np.ones((2, 3)))

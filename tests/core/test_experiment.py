@@ -195,7 +195,7 @@ def test_cli_compare_into_a_used_folder_needs_overwrite(tmp_path, capsys):
 
 
 def test_sigint_names_the_checkpoint_round_and_resume(tmp_path):
-    cfg = {**SMALL, "rounds": 400, "checkpoint_every": 2}
+    cfg = {**SMALL, "rounds": 20000, "checkpoint_every": 2}  # cannot finish before the signal
     path, out = tmp_path / "long.toml", tmp_path / "run"
     path.write_text(dump_toml(cfg))
     cmd = [sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out", str(out), "--quiet"]
@@ -214,7 +214,7 @@ def test_sigint_names_the_checkpoint_round_and_resume(tmp_path):
     assert proc.returncode == 130, err
     held = torch_round(out)
     assert "Traceback" not in err
-    assert f"holds round {held} of 400" in err and "--resume" in err
+    assert f"holds round {held} of 20000" in err and "--resume" in err
     assert f"--out {out}" in err and err.strip().endswith("--resume")
 
 

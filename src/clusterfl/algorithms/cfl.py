@@ -14,8 +14,9 @@ split test of Algorithm 3 and the parameter tree of Section IV-C / Algorithm 4:
   sqrt((1 − α_cross^max)/2) > γ_max (eq. (36), Alg. 5 line 18);
 - the parameter tree (Section IV-C, properties 1-5) keeps, for every cluster ever formed, its
   clients, its model (frozen at the round it splits: the stationary solution θ*_v) and, on the
-  edge from its parent, the pre-split updates Δ_e of its clients (eq. (43)). `CFL.place` walks
-  new clients down that tree (Algorithm 4);
+  edge from its parent, the pre-split updates Δ_e of its clients (eq. (43)). `CFL.walk`
+  (and `placement` / `place`, the interface every method has) walks new clients down that
+  tree (Algorithm 4);
 - privacy (Section IV-B, eq. (41)-(42), Alg. 5 lines 3, 7, 8): with `privacy = true` the
   clients permute their updates with a permutation P the server never learns; cosine
   similarities and norms are unchanged, so the clustering is the same.
@@ -32,9 +33,32 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   the mean within-side similarities ᾱ_A, ᾱ_B and cross similarity ᾱ_× of the optimal
   bipartition (Alg. 1; `clusterfl.clustering.cosine`), a cluster splits when r <
   `stationarity_max`, both sides have ≥ `min_side` clients, ᾱ_× < `separation` ·
-  min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_× and the γ test passes, in `patience` consecutive
-  rounds whose bipartitions are unions of common blocks of ≥ `min_side` clients. Constants
-  (0.7, 0.5, 2, 3) chosen on a development set of federations (benchmarks/cfl/RESULTS.md).
+  min(ᾱ_A, ᾱ_B), max(ᾱ_A, ᾱ_B) > −ᾱ_×, min(ᾱ_A, ᾱ_B) > 0 and the γ test passes, in
+  `patience` consecutive rounds whose bipartitions are unions of common blocks of
+  ≥ `min_side` clients. Constants (0.7, 0.5, 2, 3) chosen on a development set of
+  federations (benchmarks/cfl/RESULTS.md). A cluster of exactly two clients (the paper's
+  Fig. 8) may split 1 | 1: then both client update norms must exceed max_t ‖Δθ_c‖ / 10 (the
+  largest cluster mean update norm of the run so far: the paper's rule of thumb for ε, so a
+  pair whose updates have collapsed — congruent clients at their joint optimum — stays), the
+  cluster's mean update must point against its previous one (cosine < 0: FL oscillates about
+  a stationary point rather than still moving), and the test must pass in
+  `PAIR_PATIENCE` × `patience` rounds (the 1 | 1 cut is the same every round, so the block
+  test carries no evidence).
+- Client sampling (`fraction` or `per_round`, `SampledConfig`; issue 21). Alg. 5 trains every
+  client every round; with a sample, each round only the sampled clients train and answer, and
+  everything is done as for clients absent from a round: the averages, the split test (its
+  norms, similarities, bipartition and stationarity ratio) use the round's sampled members of
+  each cluster only; the pre-split updates cached on the new tree edges are the updates of the
+  sampled members that took part in the test (all computed from the parent's model, eq. (43));
+  members of a splitting cluster that were not sampled wait at the now inner node (keeping its
+  frozen model) and are placed into a child by Algorithm 4 in the next round they are sampled,
+  before they train. Clients not sampled keep their cluster and predict with its model. The
+  auto rule's patience carries over rounds with different samples: a round whose sample holds
+  fewer than 2 · `min_side` of a cluster's clients is no test (the streak stays), and the
+  candidate blocks are compared on the clients both rounds saw (`_meet`): a block the new cut
+  goes through must keep ≥ `min_side` answering clients a side. The stationarity ratio of a
+  sample is larger than the whole cluster's (fewer updates cancel). With `fraction = 1` (the
+  default) nothing is drawn and a run is exactly the full-participation run.
 - γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
   (equivalent to γ_max = 0, which accepts any split with α_cross^max < 1).
 - `warmup_rounds` = 0 and `min_split_size` = 2 by default (Alg. 5 has neither); the authors'
@@ -55,7 +79,6 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   model on its tree path (root = FL solution, …, its leaf) that is most accurate on its own
   data. The protocol has no validation split: `"train"` judges on the client's training data,
   `"test"` on its test data (optimistic: the same data accuracy is reported on).
-- All clients take part in every round (Alg. 5 has no client sampling).
 - A cluster of one client is never split; a zero update has similarity 0 to all others.
 - Clients absent from a round's reply (dropped out, or rejected by the guard of
   `clusterfl.robust`: non-finite or absurd updates) are left out of that round's averages and
@@ -78,7 +101,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     Bipartition,
@@ -108,7 +131,7 @@ TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `cfl-place`)."""
 
 
-class CFLConfig(AlgorithmConfig):
+class CFLConfig(SampledConfig):
     """Settings of CFL (Sattler et al. 2020, Algorithm 5). Defaults: see the module docstring."""
 
     name: Literal["cfl"] = "cfl"
@@ -340,14 +363,43 @@ def _finite(x: float) -> float | None:
 
 def _meet(blocks: list[list[int]] | None, sides: list[list[int]],
           min_side: int) -> list[list[int]] | None:
-    """The common refinement of earlier candidate `blocks` and this round's bipartition, if
-    it covers the same clients and every block keeps at least `min_side` clients; else None
-    (the candidates disagree: the streak starts again)."""
-    if blocks is None or sorted(c for b in blocks for c in b) != sorted(sides[0] + sides[1]):
+    """The earlier candidate `blocks` refined by this round's bipartition `sides`, or None when
+    the two disagree (the streak starts again).
+
+    They disagree when the cut goes through an earlier block and leaves fewer than `min_side`
+    of that block's clients (of those that answered this round) on one side. A block the cut
+    goes through is replaced by its two answering parts (its members that did not answer are
+    dropped from the candidate: their side is unknown); a block the cut does not go through
+    stays whole, including members that did not answer (a sample or a dropout says nothing
+    against it); clients new to the candidate form blocks by their side. With the same
+    clients every round this is the common refinement of all the bipartitions, every block of
+    at least `min_side` clients."""
+    if blocks is None:
         return None
-    out = [[c for c in b if c in side] for b in blocks for side in map(set, sides)]
-    out = [b for b in out if b]
-    return out if all(len(b) >= min_side for b in out) else None
+    here = [set(side) for side in sides]
+    seen = {c for b in blocks for c in b}
+    out = []
+    for b in blocks:
+        parts = [[c for c in b if c in side] for side in here]
+        if all(parts):  # the cut goes through this block
+            if min(len(p) for p in parts) < min_side:
+                return None
+            out.extend(parts)
+        else:
+            out.append(list(b))
+    out.extend(new for new in ([c for c in side if c not in seen] for side in sides) if new)
+    return out
+
+
+PAIR_PATIENCE = 2
+"""Auto rule: a cluster of two clients needs this many times `patience` rounds (its 1 | 1
+bipartition is the same every round, so the consistency of the cut is no evidence)."""
+
+
+def _is_pair(s: _ClusterStep) -> bool:
+    """Whether the split test sees a cluster of exactly two clients, both answering (the
+    only case in which the auto rule lets a side hold a single client)."""
+    return len(s.node.clients) == 2 and len(s.members) == 2
 
 
 def _within_max(c: Cohesion) -> float:
@@ -389,6 +441,9 @@ class _ClusterStep:
     gap: float | None
     stationarity: float = math.nan
     cohesion: Cohesion | None = None
+    #: auto rule: cosine of this round's mean update with the cluster's previous one (NaN:
+    #: none before)
+    drift: float = math.nan
 
 
 class _CFLSplitTest(TypedDict):
@@ -438,6 +493,8 @@ class CFLExtras(RoundExtras):
     within_mean: list[list[float | None] | None] = field(default_factory=list)
     #: cross-cosine mean of each cluster's bipartition (None: < 2 clients)
     cross_mean: list[float | None] = field(default_factory=list)
+    #: cosine of each cluster's mean update with its previous one (auto rule; None: none)
+    drift: list[float | None] = field(default_factory=list)
     max_mean_norm: float = 0.0  # largest ‖Δθ_c‖ over the clusters
     max_client_norm: float = 0.0  # largest client update norm over all clusters
     split: bool = False  # whether a cluster split this round
@@ -467,6 +524,11 @@ class CFLState:
     streak: dict[int, int] = field(default_factory=dict)
     #: ... and the blocks (client ids) that all those bipartitions are unions of
     candidate: dict[int, list[list[int]]] = field(default_factory=dict)
+    #: auto rule: the largest cluster mean update norm ‖Δθ_c‖ seen in the run so far (the
+    #: max_t ‖Δθ_c‖ of the paper's rule of thumb ε ≈ max_t ‖Δθ_c‖ / 10, Section V-B) ...
+    peak: float = 0.0
+    #: ... and each leaf's mean update of the last round it had answering clients
+    last_mean: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class CFL(Algorithm[CFLConfig, CFLState]):
@@ -509,12 +571,13 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         return np.asarray(n_samples, dtype=np.float64)
 
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        placed = self._place_pending(ctx)
+        sample = ctx.sample_round(self.config)  # every client, with no draw, by default
+        placed = self._place_pending(ctx, sample)
         n = self.state.n_clients
         leaves = self.tree.leaves()
         row = {v.id: k for k, v in enumerate(leaves)}
         leaf_of = self.tree.leaf_of_clients(n)
-        clients = np.flatnonzero(leaf_of >= 0)
+        clients = np.intersect1d(np.flatnonzero(leaf_of >= 0), sample)
         models = torch.stack([v.model for v in leaves])
         got, reply = self.clients.train(
             ctx, clients, models, np.array([row[int(v)] for v in leaf_of[clients]]),
@@ -529,6 +592,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         present[who] = True
         steps = [self._examine(v, updates, n_samples, present, ctx.true_clusters)
                  for v in leaves]
+        if self.config.split_rule == "auto":
+            for s in steps:
+                self._track(s)
         decisions = [self._decide(s, t) for s in steps]
         events = [e for e, _ in decisions]
         for s, event in zip(steps, events):
@@ -536,7 +602,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                 s.node.model = s.node.model + s.mean
             else:
                 self._split(s, event, t)
-        self._refresh_choice(ctx)
+        self._refresh_choice(ctx, sample)
         return self._extras(steps, events, [r for _, r in decisions], reply.loss,
                             placed).to_dict()
 
@@ -575,7 +641,23 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             return None, "fewer than min_split_size clients"
         if c.split_rule == "epsilon":
             return self._decide_epsilon(s)
+        if not _is_pair(s) and len(s.members) < 2 * c.min_side:
+            # no bipartition with min_side a side: no test, and the streak stays as it is (a
+            # round's sample of a larger cluster says nothing against its candidate)
+            return None, "fewer than 2 × min_side clients answered"
         return self._decide_auto(s)
+
+    def _track(self, s: _ClusterStep) -> None:
+        """Auto rule: the run's peak mean update norm and the cluster's drift (the cosine of
+        its mean update with the previous one)."""
+        if len(s.members) == 0:
+            return
+        node = s.node.id
+        prev = self.state.last_mean.get(node)
+        if prev is not None:
+            s.drift = float(cross_cosine(s.mean[None], prev[None])[0, 0])
+        self.state.last_mean[node] = s.mean.clone()
+        self.state.peak = max(self.state.peak, s.mean_norm)
 
     def _decide_epsilon(self, s: _ClusterStep) -> tuple[CFLSplitEvent | None, str | None]:
         """Alg. 5 lines 14-18: ‖Δθ_c‖ < ε1 (eq. 30), max_i ‖Δθ_i‖ > ε2 (eq. 31), γ (eq. 36)."""
@@ -603,15 +685,22 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         c = self.config
         assert s.split is not None and s.cohesion is not None
         node = s.node.id
+        pair = _is_pair(s)
         reason = None
         if not s.stationarity < c.stationarity_max:  # NaN (all updates zero) refuses too
             reason = "not stationary"
-        elif min(len(s.split.first), len(s.split.second)) < c.min_side:
+        elif not pair and min(len(s.split.first), len(s.split.second)) < c.min_side:
             reason = "side below min_side"
         elif not s.cohesion.cross < c.separation * _within_min(s.cohesion):
             reason = "sides not separated"
-        elif not _within_max(s.cohesion) > -s.cohesion.cross:
+        elif not (_within_max(s.cohesion) > -s.cohesion.cross
+                  and _within_min(s.cohesion) > 0):
             reason = "sides not cohesive"
+        elif pair and not float(torch.linalg.vector_norm(s.updates.double(), dim=1).min()) \
+                > self.state.peak / 10:
+            reason = "pair: client updates below peak/10"
+        elif pair and not s.drift < 0:  # NaN (the first round) refuses too
+            reason = "pair: cluster still drifting"
         elif not gamma_criterion(s.split.max_cross, c.gamma_max):
             reason = "gamma"
         if reason is not None:
@@ -623,9 +712,11 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         streak = 1 if blocks is None else self.state.streak.get(node, 0) + 1
         self.state.streak[node] = streak
         self.state.candidate[node] = sides if blocks is None else blocks
-        if streak < c.patience:
-            return None, f"patience {streak}/{c.patience}"
+        need = c.patience * (PAIR_PATIENCE if pair else 1)
+        if streak < need:
+            return None, f"patience {streak}/{need}"
         del self.state.streak[node], self.state.candidate[node]
+        self.state.last_mean.pop(node, None)
         return CFLSplitEvent(
             node=node, alpha_cross_max=s.split.max_cross,
             gamma_bound=gamma_bound(s.split.max_cross), accepted=True,
@@ -666,6 +757,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                          for s in steps],
             cross_mean=[None if s.cohesion is None else _finite(s.cohesion.cross)
                         for s in steps],
+            drift=[_finite(s.drift) for s in steps],
             max_mean_norm=max(s.mean_norm for s in steps),
             max_client_norm=max(s.max_norm for s in steps),
             split=any(e["accepted"] for e in done),
@@ -677,8 +769,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         )
 
     # ------------------------------------------------------------------ best model on path
-    def _refresh_choice(self, ctx: Context) -> None:
-        """keep_best: each client picks the best model on its path (root … leaf)."""
+    def _refresh_choice(self, ctx: Context, sample: np.ndarray) -> None:
+        """keep_best: each client of this round's `sample` picks the best model on its path
+        (root … leaf); the others keep their choice."""
         if self.config.keep_best == "off" or len(self.tree.nodes) == 1:
             self.state.choice = None
             return
@@ -687,9 +780,12 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         if previous is not None:  # ... or their last choice, if still on their path
             choice = np.where(self._on_path(previous, choice), previous, choice)
         for leaf in self.tree.leaves():
+            asked = np.intersect1d(leaf.clients, sample)
+            if len(asked) == 0:
+                continue
             path = self.tree.path(leaf.id)
             models = torch.stack([self.tree.nodes[v].model for v in path])
-            reply = self.clients.losses(ctx, leaf.clients, models, self.config.keep_best)
+            reply = self.clients.losses(ctx, asked, models, self.config.keep_best)
             acc = reply.accuracy
             score = -reply.loss if np.all(np.isnan(acc)) else np.nan_to_num(acc, nan=-np.inf)
             # ties go to the most specific model (the last, deepest one)
@@ -740,6 +836,35 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         ids = np.asarray(clients, dtype=np.int64)
         return self._walk(ctx, ids, np.zeros(len(ids), dtype=np.int64))
 
+    def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
+        """Place clients that took no part in training by Algorithm 4 (`walk`).
+
+        A client's cluster is the leaf it reaches (a node id, as in `assignment()`); it
+        predicts with that leaf's model. A client that stops answering on the way stays at the
+        inner node it reached: its cluster is -1 and it predicts with that node's frozen model
+        (the model its tree path had reached, as a training client that missed its cluster's
+        split does). `details[i]` holds client i's `path` (node ids from the root) and
+        `similarities` ([α_0, α_1] at each inner node: the largest similarity of its update
+        to the cached pre-split updates of each child). The server state is not changed:
+        the walk only reads the tree (the context's generator draws the requests' seeds).
+        """
+        ids = np.asarray(clients, dtype=np.int64)
+        walks = self.walk(ctx, ids)
+        reached = [w.leaf for w in walks]
+        used = sorted(set(reached))
+        row = {v: k for k, v in enumerate(used)}
+        plain = [self.model_of(v) for v in used]
+        models = torch.stack(plain) if plain else self.clients.base[None][:0]
+        return Placement(
+            clients=ids,
+            clusters=np.array([v if self.tree.nodes[v].is_leaf else -1 for v in reached],
+                              dtype=np.int64),
+            predictor=Predictor.single(models, np.array([row[v] for v in reached],
+                                                        dtype=np.int64)),
+            details=[{"path": list(w.path), "node": w.leaf,
+                      "similarities": [[a0, a1] for a0, a1 in w.similarities]}
+                     for w in walks])
+
     def _walk(self, ctx: Context, ids: np.ndarray, at: np.ndarray) -> list[TreeWalk]:
         """Algorithm 4 from the nodes `at`; a client that does not answer (dropped out) stops
         where it is (its `leaf` is then an inner node)."""
@@ -758,12 +883,12 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                 stuck[rows[~moved]] = True
         return [TreeWalk(int(c), int(at[k]), paths[k], sims[k]) for k, c in enumerate(ids)]
 
-    def _place_pending(self, ctx: Context) -> list[int]:
-        """Walk the clients that missed their cluster's split down the tree (Algorithm 4);
-        those that reach a leaf join it. Returns the clients placed."""
-        if not self.state.pending:
+    def _place_pending(self, ctx: Context, sample: np.ndarray) -> list[int]:
+        """Walk the clients of this round's `sample` that missed their cluster's split down
+        the tree (Algorithm 4); those that reach a leaf join it. Returns the clients placed."""
+        ids = np.array(sorted(set(self.state.pending) & set(sample.tolist())), dtype=np.int64)
+        if len(ids) == 0:
             return []
-        ids = np.array(sorted(self.state.pending), dtype=np.int64)
         done = []
         for p in self._walk(ctx, ids, np.array([self.state.pending[int(c)] for c in ids])):
             node = self.tree.nodes[p.leaf]

@@ -21,9 +21,18 @@ Options and the choices the paper leaves open:
 - `assign_by = "accuracy"`: argmax of training accuracy, as some published code does (ties are
   broken by the lower loss). The paper's criterion is the loss.
 - `warmup_rounds`: β rounds of FedAvg on one model first (the FEMNIST recipe IFCA and FLT
-  use); afterwards every cluster model takes the warm model's parameters except its last
-  layer, which keeps its own independent initialisation so the K models differ.
-- Initialisation: K independent PyTorch default initialisations (seeds seed..seed+K−1).
+  use; neither paper says how the K models are then derived from the warm one). Our choice:
+  the warm model is a model of its own (initialised from `seed`), none of the K; after the
+  warm-up every cluster model takes the warm model's parameters except its last layer, which
+  keeps its own independent initialisation (seeds seed+1..seed+K, the cluster models of
+  IFCA-CAM, whose Θ_g is likewise initialised from `seed`). So no cluster is favoured: the K
+  heads are exchangeable with respect to the warm body. (Until issue 25 the warm model began
+  as cluster 0's model, so the body had co-adapted with cluster 0's initial head; with a small
+  lr the head hardly moves during warm-up, and cluster 0 then won every client — at the
+  paper's CAM scale all 200 clients from the first clustering round.) The warm model's own
+  last layer is not used afterwards.
+- Initialisation: K independent PyTorch default initialisations (seeds seed..seed+K−1; with
+  a warm-up seed+1..seed+K, see above).
 - Weights: averages are weighted by client sample counts (Alg. 1 averages uniformly; the two
   agree when clients hold equal amounts of data, as in IFCA's experiments).
 - Gradient step: the paper writes γ/m Σ_{i∈S_j} g_i with m the number of all machines; we use
@@ -122,14 +131,14 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
     def setup(self, ctx: Context) -> None:
         cfg = self.config
         check_k_fits(cfg.n_clusters, ctx.n_clients)
-        models = ctx.factory.init_many(cfg.n_clusters, ctx.seed)
+        warm = ctx.factory.init(ctx.seed) if cfg.warmup_rounds > 0 else None
+        # with a warm-up, the warm model is none of the K (module docstring: no cluster favoured)
+        models = ctx.factory.init_many(cfg.n_clusters, ctx.seed + (warm is not None))
         self.head = last_layer_mask(ctx.factory.layout)
         self.shared = ~self.head if cfg.weight_sharing else None
         if self.shared is not None:
             models[:, self.shared] = models[0, self.shared]
-        self.state = IFCAState(
-            models, np.full(ctx.n_clients, -1, dtype=np.int64),
-            models[0].clone() if cfg.warmup_rounds > 0 else None)
+        self.state = IFCAState(models, np.full(ctx.n_clients, -1, dtype=np.int64), warm)
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
@@ -153,7 +162,8 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         ).to_dict()
 
     def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        """FedAvg on the warm model; on the last warm-up round, seed the K cluster models."""
+        """FedAvg on the warm model; on the last warm-up round the K cluster models take its
+        body (every layer but the last) and keep their own independent heads."""
         st = self.state
         assert st.warm is not None
         clients = ctx.sample_round(self.config)

@@ -11,6 +11,11 @@ et al. 2022, Alg. 2 line 19, and its PCA+kM+HC baseline; used by `clusterfl.algo
   search. If every merge height is 0 (all rows equal), C = 1; two clients at a positive
   distance give C = 2.
 - `cut_tree`: the cut into C clusters, numbered 0..C−1 by first appearance in client order.
+- `connected_groups`: the alternative automatic rule (ours, issue 25): the connected
+  components of the 0/1 relatedness graph Ã (clients i, j in one group when a chain of
+  related pairs joins them), numbered the same way. It needs no gap in the merge heights, so
+  partly filled blocks of Ã (every true group connected, no link between groups) still give
+  the true groups; a single link between two groups merges them.
 
 Agglomerative clustering with a choice of linkage, cut at a distance threshold or into a
 fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' updates):
@@ -217,6 +222,23 @@ def linkage_to_clusters(distances: np.ndarray, labels: np.ndarray,
     return out
 
 
-__all__ = ["LINKAGES", "Linkage", "Metric", "auto_n_clusters", "cut_tree", "distance_linkage",
-           "feature_linkage", "flat_clusters", "linkage_to_clusters", "pairwise_distances",
-           "ward_linkage", "ward_nearest"]
+
+def connected_groups(related: np.ndarray) -> np.ndarray:
+    """Connected components of the graph with adjacency `related` (`[M, M]`, nonzero =
+    related; read as undirected), ids 0..C−1 by first appearance in client order."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    r = np.asarray(related)
+    if r.ndim != 2 or r.shape[0] != r.shape[1]:
+        raise ValueError(f"related must be a square matrix, got shape {r.shape}")
+    if len(r) == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, raw = connected_components(csr_matrix(r != 0), directed=True, connection="weak")
+    _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse].astype(np.int64)
+
+
+__all__ = ["LINKAGES", "Linkage", "Metric", "auto_n_clusters", "connected_groups", "cut_tree",
+           "distance_linkage", "feature_linkage", "flat_clusters", "linkage_to_clusters",
+           "pairwise_distances", "ward_linkage", "ward_nearest"]
