@@ -419,18 +419,74 @@ class BestCountReply:
     n_samples: np.ndarray = field(metadata=PER_CLIENT)
 
 
+# ----------------------------------------------------------------------------- data subspaces
+# (PACFL, Vahidian et al. 2023: a one-off client-side truncated SVD; the basis only travels)
+
+
+@dataclass
+class SubspaceRequest(Asks["SubspaceReply"]):
+    """Each client returns an orthonormal basis of the span of its own training inputs.
+
+    The client stacks its flattened training inputs as the columns of D ∈ R^{e×n} (no
+    centring, no scaling: the inputs as the client holds them) and keeps the `p` leading left
+    singular vectors of a truncated SVD, D ≈ U_p Σ_p V_pᵀ. With `per_label` (the PACFL
+    authors' code) it does so for the inputs of each label it holds and stacks the bases side
+    by side, label by label in increasing order. Singular vectors whose singular value is not
+    above `rtol` × the largest one of that matrix are dropped (a client with fewer samples, or
+    rank, than `p` has fewer columns). Only the basis travels, never samples or labels.
+
+    The reply has a fixed width, `columns()` = p (whole data) or `n_labels` · p (per label):
+    client i's basis is `bases[i, :, :ranks[i]]` and the rest of its columns are zeros. What
+    travels is that fixed width: nothing down, e · columns() floats up per client (the zero
+    padding included: the wire carries it; the PACFL authors' code sends #labels-held · p · e).
+    `input_dim` is e, the flattened input size; `n_labels` the classes of the task.
+    """
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    input_dim: int
+    p: int = 3
+    per_label: bool = False
+    n_labels: int = 0
+    rtol: float = 1e-6
+
+    def columns(self) -> int:
+        """Basis columns of every reply row: p, or n_labels · p per label."""
+        return int(self.p) * (int(self.n_labels) if self.per_label else 1)
+
+    def unit_cost(self) -> tuple[float, float]:
+        """Floats down: 0 (the request carries no model); up: e · columns()."""
+        return 0.0, float(int(self.input_dim) * self.columns())
+
+
+@dataclass
+class SubspaceReply:
+    """`bases[i]` is client i's `[e, columns]` basis: its first `ranks[i]` columns are unit
+    singular vectors (orthonormal for the whole data; per label, orthonormal within each
+    label's block), the rest zeros. `n_samples` is its data size."""
+
+    clients: np.ndarray = field(metadata=PER_CLIENT)
+    bases: np.ndarray = field(metadata=PER_CLIENT)
+    ranks: np.ndarray = field(metadata=PER_CLIENT)
+    n_samples: np.ndarray = field(metadata=PER_CLIENT)
+
+    def basis(self, row: int) -> np.ndarray:
+        """The `[e, ranks[row]]` basis of the client at position `row`."""
+        return np.asarray(self.bases[row][:, : int(self.ranks[row])])
+
+
 MIXTURE_REQUESTS: tuple[type, ...] = (MixtureTrainRequest, MixtureFitRequest, BestCountRequest)
 
 
 Request = (TrainRequest | GradientRequest | LossRequest | EvaluateRequest | EmbedRequest
-           | MixtureTrainRequest | MixtureFitRequest | BestCountRequest)
+           | MixtureTrainRequest | MixtureFitRequest | BestCountRequest | SubspaceRequest)
 Reply = (TrainReply | GradientReply | LossReply | EvaluateReply | EmbedReply
-         | MixtureTrainReply | MixtureFitReply | BestCountReply)
+         | MixtureTrainReply | MixtureFitReply | BestCountReply | SubspaceReply)
 
 REQUEST_TYPES: tuple[type, ...] = (TrainRequest, GradientRequest, LossRequest, EvaluateRequest,
-                                   EmbedRequest, *MIXTURE_REQUESTS)
+                                   EmbedRequest, *MIXTURE_REQUESTS, SubspaceRequest)
 REPLY_TYPES: tuple[type, ...] = (TrainReply, GradientReply, LossReply, EvaluateReply,
-                                 EmbedReply, MixtureTrainReply, MixtureFitReply, BestCountReply)
+                                 EmbedReply, MixtureTrainReply, MixtureFitReply, BestCountReply,
+                                 SubspaceReply)
 
 
 class Executor(Protocol):
@@ -552,6 +608,9 @@ def empty_reply(request: Request) -> Reply:
     if isinstance(request, BestCountRequest):
         k = int(request.models.shape[0])
         return BestCountReply(none, np.zeros((0, k), dtype=np.int64), none.copy())
+    if isinstance(request, SubspaceRequest):
+        return SubspaceReply(none, np.zeros((0, int(request.input_dim), request.columns())),
+                             none.copy(), none.copy())
     raise TypeError(f"unknown request type {type(request).__name__}")
 
 

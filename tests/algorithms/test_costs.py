@@ -182,3 +182,23 @@ def test_fedsoft_with_selection_pays_for_the_selected_clients():
     down = 2 * N * K * d + sel[1] * K * d
     up = 2 * N * K + sum(sel) * d
     assert _floats(rec) == (down, up)
+
+
+@pytest.mark.parametrize("per_label", [False, True])
+def test_pacfl_pays_the_bases_once(per_label):
+    exp, rec = _run({"name": "pacfl", "fraction": 0.5, "p": 3, "per_label": per_label,
+                     "n_clusters": 2})
+    d = _d(exp)
+    e = int(np.prod(exp.factory.input_shape))  # bases live in input space
+    bases = 10 if per_label else 1  # per label: the reply is sized for all 10 digit labels
+    # one-off: nothing down, p·e per basis up from every client; then ρN clients a round
+    assert _floats(rec) == (ROUNDS * N // 2 * d, N * bases * 3 * e + ROUNDS * N // 2 * d)
+
+
+def test_flhc_clusters_with_every_client_once():
+    exp, rec = _run({"name": "flhc", "fraction": 0.5, "warmup_rounds": 1, "n_clusters": 2})
+    d = _d(exp)
+    # round 1: FedAvg with ρN clients; round 2: all N train from θ¹ (the clustering round);
+    # round 3: ρN clients, each gets its cluster's model and sends its own
+    per_round = [N // 2, N, N // 2]
+    assert _floats(rec) == (sum(per_round) * d, sum(per_round) * d)

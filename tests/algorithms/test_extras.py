@@ -31,8 +31,10 @@ from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPEstimateExtr
 from clusterfl.algorithms.fedem import FedEMExtras
 from clusterfl.algorithms.fedsoft import FedSoftExtras
 from clusterfl.algorithms.fesem import FeSEMExtras, FeSEMKMeansExtras, KMeansExtras
+from clusterfl.algorithms.flhc import FLHCClusteringExtras, FLHCExtras
 from clusterfl.algorithms.flt import FLTClusteringExtras, FLTExtras
 from clusterfl.algorithms.ifca import IFCAExtras
+from clusterfl.algorithms.pacfl import PACFLClusteringExtras, PACFLExtras
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundExtras, RoundRecord
 
@@ -84,6 +86,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
               [FedEMExtras] * 3),
     "fedsoft": ({"name": "fedsoft", "n_clusters": 2, "per_cluster": 2,
                  "estimation_interval": 2}, nobody_answers_in(2), [FedSoftExtras] * 3),
+    "pacfl": ({"name": "pacfl", "fraction": 0.5, "threshold": 10.0}, {**LABELS, "rounds": 2},
+              [PACFLClusteringExtras, PACFLExtras]),
+    # a warm-up round, the clustering round, a per-cluster round
+    "flhc": ({"name": "flhc", "warmup_rounds": 1, "fraction": 0.5}, {},
+             [FLHCExtras, FLHCClusteringExtras, FLHCExtras]),
 }
 
 # Classes that are parts of the above, never a round's whole extras.

@@ -52,6 +52,8 @@ CLUSTERING = {
                      "protocol": "model"},
     "cfl_gp_gradient": {"name": "cfl_gp", "n_clusters": 2, "period": 1, "estimate_k": False},
     "pca_km_hc": {"name": "pca_km_hc", "fraction": 1.0, "n_clusters": 2},
+    "pacfl": {"name": "pacfl", "fraction": 1.0, "n_clusters": 2},
+    "flhc": {"name": "flhc", "warmup_rounds": 2},
 }
 
 

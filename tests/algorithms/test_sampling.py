@@ -37,10 +37,14 @@ SAMPLED: dict[str, dict[str, Any]] = {
     "pca_km_hc": {"k": 3, "pca_components": 4, "n_clusters": 2},
     "flt": {"k": 3, "encoder": "none", "umap": False, "finetune_epochs": 0, "latent": 8,
             "n_clusters": 2},
+    "pacfl": {"n_clusters": 2},
+    "flhc": {"warmup_rounds": 1},
 }
 #: rounds in which every client takes part whatever the rule: FeSEM-CAM's warm-up (local
 #: training, then every model for the first k-means), FLT's one-shot signatures
-EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}, "fedsoft": {1}}
+#: PACFL's one-shot subspaces (round 1), FL+HC's clustering round (after 1 warm-up round)
+EVERYONE = {"fesem_cam": {1}, "flt": {1}, "pca_km_hc": {1}, "fedsoft": {1}, "pacfl": {1},
+            "flhc": {2}}
 #: FedAvg+/FedProx+: each of the ensemble's models draws its own sample (as separate runs
 #: would); a round's participants are their union
 UNION = {"fedavg_plus", "fedprox_plus"}

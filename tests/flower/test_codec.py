@@ -216,3 +216,26 @@ def test_bad_node_data_fails_clearly(tmp_path):
         read_client_file(str(bad))
     with pytest.raises(DataError, match="partition-id 9 out of range"):
         simulated_client(RECIPE, 9)
+
+
+@pytest.mark.parametrize("per_label", [False, True])
+def test_subspace_requests_travel_to_nodes_like_any_request(fed, factory, per_label):
+    """PACFL's data-subspace request (added after the codec): one wire message per client
+    to its own node, the replies joined, equal the in-process reply."""
+    from clusterfl.protocol import SubspaceRequest
+
+    e = int(np.prod(fed.input_shape))
+    req = SubspaceRequest(np.arange(fed.n_clients), e, p=2, per_label=per_label,
+                          n_labels=fed.n_outputs if per_label else 0)
+    assert "SubspaceRequest" in codec.protocol_classes()
+    expected = SimulationBackend(fed, factory).execute(req)
+    setup = {"recipe": RECIPE, "model": MODEL}
+    parts = []
+    for i in range(fed.n_clients):
+        skeleton, arrays = codec.encode(subset(req, [i]))
+        meta = {codec.SKELETON_KEY: skeleton, "setup": json.dumps(setup)}
+        out_meta, out_arrays = handle_raw("request", {"partition-id": i}, meta, arrays)
+        parts.append(codec.decode(out_meta[codec.SKELETON_KEY], out_arrays))
+    got = join(parts)
+    _same(got, expected)
+    _same(codec.decode(*codec.encode(req)), req)

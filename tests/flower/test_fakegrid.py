@@ -25,7 +25,12 @@ def _tensors(state: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
-@pytest.mark.parametrize("algo", [IFCA, CFL_GP], ids=["ifca", "cfl_gp"])
+PACFL = {"name": "pacfl", "fraction": 1.0, "n_clusters": 2}  # a SubspaceRequest on the wire
+FLHC = {"name": "flhc", "warmup_rounds": 1, "n_clusters": 2}
+
+
+@pytest.mark.parametrize("algo", [IFCA, CFL_GP, PACFL, FLHC],
+                         ids=["ifca", "cfl_gp", "pacfl", "flhc"])
 def test_flower_run_equals_inprocess_run(algo, tmp_path):
     grid = FakeGrid([{"partition-id": i} for i in range(6)])
     history = run_on_grid(grid, {**BASE, "algorithm": algo}, out_dir=tmp_path)

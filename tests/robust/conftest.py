@@ -35,7 +35,8 @@ TRAIN = LocalTraining(lr=0.1, batch_size=32, epochs=1)
 # their cases by it: a missing method fails, it is not quietly skipped.
 EXPECTED_METHODS = (
     "fedavg", "fedprox", "local", "fedavg_plus", "fedprox_plus", "ifca", "fesem", "ifca_cam",
-    "fesem_cam", "cfl", "cfl_gp", "flt", "pca_km_hc", "fedem", "fedsoft",
+    "fesem_cam", "cfl", "cfl_gp", "flt", "pca_km_hc", "fedem", "fedsoft", "pacfl",
+    "flhc",
 )
 
 

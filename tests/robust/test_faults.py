@@ -130,6 +130,7 @@ METHOD_SETTINGS = {
     "pca_km_hc": {"fraction": 1.0, "k": 3, "pca_components": 4},
     "fedem": {"n_components": 2},
     "fedsoft": {"n_clusters": 2, "per_cluster": 3},
+    "pacfl": {"fraction": 1.0, "threshold": 10.0}, "flhc": {"warmup_rounds": 1},
 }
 NOT_RUN_HERE = {"flt": "pretrains its encoder on another dataset (too slow for this loop)"}
 

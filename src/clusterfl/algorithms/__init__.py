@@ -14,9 +14,11 @@ from clusterfl.algorithms.fedavg import FedAvg, FedProx
 from clusterfl.algorithms.fedem import FedEM
 from clusterfl.algorithms.fedsoft import FedSoft
 from clusterfl.algorithms.fesem import FeSEM
+from clusterfl.algorithms.flhc import FLHC
 from clusterfl.algorithms.flt import FLT, PCAKMHC
 from clusterfl.algorithms.ifca import IFCA
 from clusterfl.algorithms.local import Local
+from clusterfl.algorithms.pacfl import PACFL
 from clusterfl.config_util import parse
 from clusterfl.errors import ConfigError
 from clusterfl.plugins import describe, resolve
@@ -24,7 +26,7 @@ from clusterfl.plugins import describe, resolve
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
     for cls in (FedAvg, FedProx, Local, FedAvgPlus, FedProxPlus, IFCA, FeSEM, IFCACAM,
-                FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC, FedEM, FedSoft)
+                FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC, FedEM, FedSoft, PACFL, FLHC)
 }
 
 

@@ -33,6 +33,8 @@ from clusterfl.protocol import (
     MixtureTrainReply,
     MixtureTrainRequest,
     Reply,
+    SubspaceReply,
+    SubspaceRequest,
     TrainReply,
     TrainRequest,
 )
@@ -80,6 +82,8 @@ class Backend(ABC):
             reply = self.evaluate(request)
         elif isinstance(request, EmbedRequest):
             reply = self.embed(request)
+        elif isinstance(request, SubspaceRequest):
+            reply = self.subspace(request)
         elif isinstance(request, MixtureTrainRequest):
             reply = self.mixture_train(request)
         elif isinstance(request, MixtureFitRequest):
@@ -118,6 +122,22 @@ class Backend(ABC):
         sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
         return EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
 
+    def subspace(self, req: SubspaceRequest) -> SubspaceReply:
+        """PACFL's one-off data subspaces: `client_subspace` for each client, a plain loop
+        over the clients' own training data (deterministic: no seed, no order effect)."""
+        from clusterfl.engine.subspace import client_subspace
+
+        fed, clients = self.federation, as_index(req.clients)
+        bases, ranks = [], []
+        for c in clients:
+            x, y = fed.client_train(int(c))
+            basis, rank = client_subspace(x, y, req)
+            bases.append(basis)
+            ranks.append(rank)
+        out = (np.stack(bases) if bases
+               else np.zeros((0, int(req.input_dim), req.columns())))
+        return SubspaceReply(clients.copy(), out, np.asarray(ranks, dtype=np.int64),
+                             fed.train_sizes[clients].copy())
     # mixtures (FedEM, FedSoft): the in-process backends implement them
     def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
         raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureTrainRequest")

@@ -16,13 +16,35 @@ et al. 2022, Alg. 2 line 19, and its PCA+kM+HC baseline; used by `clusterfl.algo
   related pairs joins them), numbered the same way. It needs no gap in the merge heights, so
   partly filled blocks of Ã (every true group connected, no link between groups) still give
   the true groups; a single link between two groups merges them.
+
+Agglomerative clustering with a choice of linkage, cut at a distance threshold or into a
+fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' updates):
+
+- `distance_linkage` / `feature_linkage`: scipy's linkage of a precomputed distance matrix,
+  or of observation rows under a metric ("euclidean", "manhattan", "cosine"; Ward only with
+  Euclidean rows). Linkages: "average" (UPGMA, the size-weighted
+  mean distance), "weighted" (WPGMA: the plain mean of the two merged clusters' distances,
+  which is what the PACFL authors' own routine calls "average"), "complete", "single",
+  "ward".
+- `flat_clusters`: the clusters at a threshold (every merge at height ≤ threshold is made:
+  the PACFL authors' loop "merge the closest pair while its distance ≤ β", which scipy's
+  `fcluster(..., "distance")` equals for these monotone linkages), or C clusters, or the
+  largest-gap C (`auto_n_clusters`); numbered by first appearance in client order.
+- `linkage_to_clusters`: the linkage distance of new points to each flat cluster from their
+  distances to its members ("average"/"weighted": mean, "complete": max, "single": min).
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import numpy as np
+
+Linkage = Literal["average", "weighted", "complete", "single", "ward"]
+Metric = Literal["euclidean", "manhattan", "cosine"]
+LINKAGES: tuple[str, ...] = ("average", "weighted", "complete", "single", "ward")
+_SCIPY_METRIC = {"euclidean": "euclidean", "manhattan": "cityblock", "cosine": "cosine"}
 
 
 def ward_linkage(features: np.ndarray) -> np.ndarray:
@@ -96,6 +118,110 @@ def ward_nearest(features: np.ndarray, labels: np.ndarray,
     return best.astype(np.int64), costs
 
 
+def distance_linkage(distances: np.ndarray, method: Linkage = "average") -> np.ndarray:
+    """scipy's linkage `[M−1, 4]` of a symmetric distance matrix `[M, M]` (zero diagonal).
+
+    Ward needs Euclidean observations (`feature_linkage`), not arbitrary distances.
+    """
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import squareform
+
+    if method not in LINKAGES or method == "ward":
+        raise ValueError(f"linkage {method!r} on a distance matrix; allowed: average, "
+                         "weighted, complete, single")
+    a = np.asarray(distances, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"distances must be a square matrix, got shape {a.shape}")
+    if len(a) < 2:
+        return np.zeros((0, 4))
+    a = (a + a.T) / 2.0
+    np.fill_diagonal(a, 0.0)
+    return linkage(squareform(a, checks=False), method=method)
+
+
+def feature_linkage(features: np.ndarray, metric: Metric = "euclidean",
+                    method: Linkage = "ward") -> np.ndarray:
+    """scipy's linkage `[M−1, 4]` of the rows of `features` under `metric`."""
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import pdist
+
+    if metric not in _SCIPY_METRIC:
+        raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(_SCIPY_METRIC)}")
+    if method not in LINKAGES:
+        raise ValueError(f"unknown linkage {method!r}; allowed: {', '.join(LINKAGES)}")
+    if method == "ward" and metric != "euclidean":
+        raise ValueError(f"Ward linkage needs the euclidean metric, not {metric!r}")
+    f = np.asarray(features, dtype=np.float64)
+    if len(f) < 2:
+        return np.zeros((0, 4))
+    if method == "ward":
+        return linkage(f, method="ward")
+    return linkage(pdist(f, _SCIPY_METRIC[metric]), method=method)
+
+
+def pairwise_distances(a: np.ndarray, b: np.ndarray, metric: Metric = "euclidean") -> np.ndarray:
+    """`[len(a), len(b)]` distances between the rows of `a` and of `b` under `metric`."""
+    from scipy.spatial.distance import cdist
+
+    if metric not in _SCIPY_METRIC:
+        raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(_SCIPY_METRIC)}")
+    return np.asarray(cdist(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                            _SCIPY_METRIC[metric]))
+
+
+def _first_appearance(raw: np.ndarray) -> np.ndarray:
+    _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    return rank[inverse].astype(np.int64)
+
+
+def flat_clusters(z: np.ndarray, m: int, threshold: float | None = None,
+                  n_clusters: int | None = None, max_clusters: int | None = None) -> np.ndarray:
+    """The M leaves' cluster ids (0..C−1 by first appearance in client order).
+
+    With `threshold`: every merge at height ≤ threshold is made. With `n_clusters`: C
+    clusters. With neither: C at the largest gap of merge heights (`auto_n_clusters`,
+    bounded by `max_clusters`).
+    """
+    from scipy.cluster.hierarchy import fcluster
+
+    if threshold is not None and n_clusters is not None:
+        raise ValueError("give a threshold or a number of clusters, not both")
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    if m == 1:
+        return np.zeros(1, dtype=np.int64)
+    if threshold is not None:
+        return _first_appearance(fcluster(z, t=float(threshold), criterion="distance"))
+    c = n_clusters if n_clusters is not None else auto_n_clusters(z, max_clusters)
+    return cut_tree(z, c, m)
+
+
+def linkage_to_clusters(distances: np.ndarray, labels: np.ndarray,
+                        method: Linkage = "average") -> np.ndarray:
+    """`[M, C]` linkage distances of M new points to the C clusters of `labels`, from their
+    `[M, N]` distances to the N clustered points (mean for "average" and "weighted", max for
+    "complete", min for "single"; a cluster without members: +inf)."""
+    d = np.asarray(distances, dtype=np.float64)
+    lab = np.asarray(labels, dtype=np.int64)
+    c = int(lab.max(initial=-1)) + 1
+    out = np.full((len(d), c), np.inf)
+    if method not in ("average", "weighted", "complete", "single"):
+        raise ValueError(f"linkage {method!r}; allowed: average, weighted, complete, single")
+    for k in range(c):
+        members = lab == k
+        if not members.any() or not len(d):
+            continue
+        block = d[:, members]
+        if method == "complete":
+            out[:, k] = block.max(axis=1)
+        elif method == "single":
+            out[:, k] = block.min(axis=1)
+        else:
+            out[:, k] = block.mean(axis=1)
+    return out
+
+
 
 def connected_groups(related: np.ndarray) -> np.ndarray:
     """Connected components of the graph with adjacency `related` (`[M, M]`, nonzero =
@@ -113,4 +239,6 @@ def connected_groups(related: np.ndarray) -> np.ndarray:
     return np.argsort(np.argsort(first))[inverse].astype(np.int64)
 
 
-__all__ = ["auto_n_clusters", "connected_groups", "cut_tree", "ward_linkage", "ward_nearest"]
+__all__ = ["LINKAGES", "Linkage", "Metric", "auto_n_clusters", "connected_groups", "cut_tree",
+           "distance_linkage", "feature_linkage", "flat_clusters", "linkage_to_clusters",
+           "pairwise_distances", "ward_linkage", "ward_nearest"]

@@ -14,6 +14,8 @@ What is checked, per reply type (`ValidationConfig` sets the bounds):
 - Loss replies: shape `[n, K]` ("shape"). A non-finite loss is kept: it is what a diverged
   model honestly scores, and the methods treat it as +∞.
 - Embed replies (FLT signatures): every value finite ("non_finite").
+- Subspace replies (PACFL bases): every value finite ("non_finite"); a rank outside
+  0..columns ("shape").
 - Mixture training replies (FedEM): shape `[n, K, d]` and `[n, K]` weights ("shape"), every
   coordinate and weight finite ("non_finite"), sample counts > 0, and the norm rules on the
   K·d-float update θ_{1..K,i} − θ_{1..K} ("norm"). Mixture-fit replies: finite weights;
@@ -44,6 +46,7 @@ from clusterfl.protocol import (
     MixtureTrainRequest,
     Reply,
     Request,
+    SubspaceReply,
     TrainReply,
     TrainRequest,
     narrow,
@@ -111,6 +114,16 @@ def check_reply(request: Request, reply: Reply,
         sig = np.asarray(reply.signatures, dtype=np.float64).reshape(n, -1)
         finite = np.asarray(np.isfinite(sig).all(axis=1), dtype=bool)
         return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
+    if isinstance(reply, SubspaceReply):
+        bases = np.asarray(reply.bases, dtype=np.float64)
+        if bases.ndim != 3 or len(bases) != n or len(reply.ranks) != n:
+            return _all(clients, kind, "shape")
+        ranks = np.asarray(reply.ranks)
+        sized = (ranks >= 0) & (ranks <= bases.shape[2])
+        finite = np.asarray(np.isfinite(bases.reshape(n, -1)).all(axis=1), dtype=bool)
+        out_s = [Rejection(int(c), kind, "shape") for c in clients[~sized]]
+        out_s += [Rejection(int(c), kind, "non_finite") for c in clients[sized & ~finite]]
+        return sized & finite, sorted(out_s, key=lambda r: r.client)
     if isinstance(reply, MixtureFitReply):
         w = np.asarray(reply.weights, dtype=np.float64).reshape(n, -1)
         finite = np.asarray(np.isfinite(w).all(axis=1), dtype=bool)

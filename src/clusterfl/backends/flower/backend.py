@@ -246,3 +246,6 @@ class FlowerBackend(Backend):
 
     def embed(self, req: Any) -> Any:
         return self.execute(req)
+
+    def subspace(self, req: Any) -> Any:
+        return self.execute(req)
