@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -19,3 +20,13 @@ def _private_checksum_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         os.environ.pop("CLUSTERFL_CACHE", None)
     else:
         os.environ["CLUSTERFL_CACHE"] = old
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny models: one torch thread is faster, and fair to other jobs on a shared CPU.
+    A test module asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

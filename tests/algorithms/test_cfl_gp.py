@@ -30,13 +30,7 @@ DIGITS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is faster, and fair to other jobs on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def run(overrides: dict | None = None, algorithm: dict | None = None, **top):

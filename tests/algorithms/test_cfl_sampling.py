@@ -11,7 +11,8 @@ import pytest
 import torch
 from tests.algorithms.test_cfl import BLOB, make_ctx, run
 from tests.core.conftest import blob_federation
-from tests.robust.test_resume import StopError, _strip
+from tests.crash import crash_then_resume
+from tests.robust.test_resume import _strip
 
 from clusterfl.algorithms.cfl import CFL, CFLConfig
 from clusterfl.errors import ConfigError
@@ -135,19 +136,7 @@ def test_sampled_run_is_reproducible_and_resumes_bit_identically(tmp_path):
     assert ref_h.summary.final.participation < 1.0
     assert len({tuple(r.assignment) for r in ref_h.records}) >= 1
 
-    broken = Experiment.from_config(SAMPLED, out_dir=tmp_path / "cut")
-    real = broken.algorithm.run_round
-
-    def dies_in_round_8(ctx: Any, t: int) -> Any:
-        if t == 8:
-            raise StopError
-        return real(ctx, t)
-
-    broken.algorithm.run_round = dies_in_round_8  # type: ignore[method-assign]
-    with pytest.raises(StopError):
-        broken.run(progress=False)
-    resumed = Experiment.from_config(SAMPLED, out_dir=tmp_path / "cut")
-    h = resumed.run(resume=True, progress=False)
+    resumed, h = crash_then_resume(SAMPLED, tmp_path / "cut", 8)
     assert _strip(h.records) == _strip(ref_h.records)
     assert _strip(h.summary) == _strip(ref_h.summary)
     pa, pb = resumed.algorithm.predictor(), ref.algorithm.predictor()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tests.crash import crash_then_resume
 
 from clusterfl.algorithms import ALGORITHMS
 from clusterfl.algorithms.base import Context
@@ -19,13 +20,7 @@ from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import LocalTraining, TrainReply, TrainRequest, start_models
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 STEP = {0: 1.0, 1: 1.2, 2: 5.0, 3: 5.3, 4: 4.9, 5: 0.8}  # client -> update = STEP · (1, …, 1)
@@ -162,19 +157,7 @@ def test_state_round_trip_and_resume(tmp_path):
                                                 "fraction": 0.5}}
     ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
     ref_hist = ref.run(progress=False)
-    cut = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    real = cut.algorithm.run_round
-
-    def dies_in_round_5(ctx, t):
-        if t == 5:
-            raise KeyboardInterrupt
-        return real(ctx, t)
-
-    cut.algorithm.run_round = dies_in_round_5  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        cut.run(progress=False)
-    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    hist = resumed.run(resume=True, progress=False)
+    resumed, hist = crash_then_resume(cfg, tmp_path / "cut", 5)
     assert [r.client_accuracy for r in hist.records] == [r.client_accuracy
                                                          for r in ref_hist.records]
     assert torch.equal(resumed.algorithm.state.models, ref.algorithm.state.models)

@@ -23,14 +23,7 @@ from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import EmbedReply, EmbedRequest, LocalTraining, subset
 from clusterfl.report.methods import flt as flt_figures
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is faster, and fair to other jobs on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def prototypes_federation(n_clients: int = 12, n_clusters: int = 3, per_client: int = 40,

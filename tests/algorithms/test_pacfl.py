@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
+from tests.crash import crash_then_resume
 
 from clusterfl.algorithms import ALGORITHMS
 from clusterfl.algorithms.base import Context
@@ -23,13 +24,7 @@ from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import LocalTraining, SubspaceReply, SubspaceRequest, TrainRequest, subset
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def lines_federation() -> Federation:
@@ -177,19 +172,7 @@ def test_state_round_trip_and_resume(tmp_path):
            "algorithm": {"name": "pacfl", "fraction": 0.5, "threshold": 10.0}}
     ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
     ref_hist = ref.run(progress=False)
-    cut = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    real = cut.algorithm.run_round
-
-    def dies_in_round_4(ctx, t):
-        if t == 4:
-            raise KeyboardInterrupt
-        return real(ctx, t)
-
-    cut.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        cut.run(progress=False)
-    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    hist = resumed.run(resume=True, progress=False)
+    resumed, hist = crash_then_resume(cfg, tmp_path / "cut", 4)
     assert [r.client_accuracy for r in hist.records] == [r.client_accuracy
                                                          for r in ref_hist.records]
     assert torch.equal(resumed.algorithm.state.models, ref.algorithm.state.models)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tests.algorithms.test_flt import FAST_FLT, prototypes_federation
 from tests.algorithms.test_flt import config as flt_config
+from tests.crash import crash_then_resume
 from tests.tiny import tiny_config
 
 from clusterfl.algorithms import ALGORITHMS
@@ -22,14 +23,7 @@ from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment, build_backend
 from clusterfl.protocol import EvaluateRequest
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is faster, and fair to other jobs on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def rotation(algorithm: dict[str, Any], rounds: int = 8, holdout: float = 0.34,
@@ -279,22 +273,7 @@ def test_resumed_run_places_exactly_like_an_uninterrupted_one(tmp_path):
     cfg = rotation({"name": "ifca", "n_clusters": 2}, rounds=5, checkpoint_every=2)
     ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref").run(progress=False).summary
 
-    class StopError(Exception):
-        pass
-
-    broken = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    real = broken.algorithm.run_round
-
-    def dies_in_round_4(ctx, t):
-        if t == 4:
-            raise StopError
-        return real(ctx, t)
-
-    broken.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
-    with pytest.raises(StopError):
-        broken.run(progress=False)
-    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut").run(resume=True,
-                                                                         progress=False)
+    _, resumed = crash_then_resume(cfg, tmp_path / "cut", 4)
     assert resumed.summary.holdout == ref.holdout and ref.holdout is not None
     assert resumed.summary.final.placement_ari == ref.final.placement_ari
     assert resumed.summary.final.holdout_accuracy == ref.final.holdout_accuracy

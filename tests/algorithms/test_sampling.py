@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.crash import crash_then_resume
 from tests.robust.conftest import EXPECTED_METHODS, config
 
 from clusterfl.algorithms import ALGORITHMS
@@ -52,12 +53,7 @@ NOT_SAMPLED_HERE = {"cfl": "tests/algorithms/test_cfl_sampling.py (its split tes
                             "federation CFL splits)"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_every_method_samples_through_sampled_config():
@@ -146,10 +142,6 @@ def test_sampling_follows_the_seed(method):
     assert [s["who"] for s in seen_a] != [s["who"] for s in seen_c]
 
 
-class StopError(Exception):
-    """Stands in for the process dying."""
-
-
 @pytest.mark.parametrize("rule", [{"per_round": K}, {"fraction": 0.5}],
                          ids=["per_round", "fraction"])
 @pytest.mark.parametrize("method", list(SAMPLED))
@@ -158,19 +150,7 @@ def test_sampled_run_resumes_bit_identically(method, rule, tmp_path):
     cfg["checkpoint_every"] = 2
     ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
     ref_h = ref.run(progress=False)
-    broken = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    real = broken.algorithm.run_round
-
-    def dies_in_round_4(ctx, t):
-        if t == 4:
-            raise StopError
-        return real(ctx, t)
-
-    broken.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
-    with pytest.raises(StopError):
-        broken.run(progress=False)
-    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    h = resumed.run(resume=True, progress=False)
+    resumed, h = crash_then_resume(cfg, tmp_path / "cut", 4)
     assert _strip(h.summary) == _strip(ref_h.summary)
     assert _strip(h.records) == _strip(ref_h.records)
     assert h.summary.final.participation is not None and h.summary.final.participation < 1

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from clusterfl.algorithms.base import Context
 from clusterfl.backends.base import Backend
@@ -56,12 +55,8 @@ def config(**tables: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is faster and fair on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from clusterfl.algorithms import ALGORITHMS
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
 from clusterfl.records import RoundRecord, RunSummary
+from tests.crash import crash_then_resume
 
 from .conftest import EXPECTED_METHODS, assert_registry_complete, config
 from .test_faults import METHOD_SETTINGS
@@ -38,10 +39,6 @@ CASES += [(m, s, False) for m, s in ONE_SHOT.items()]
 def test_every_expected_method_is_registered_and_resumed_here():
     assert_registry_complete(ALGORITHMS)
     assert sorted({c[0] for c in CASES}) == sorted(set(EXPECTED_METHODS) - set(NOT_RESUMED_HERE))
-
-
-class StopError(Exception):
-    """Stands in for the process dying."""
 
 
 def _strip(obj: Any) -> Any:
@@ -69,19 +66,7 @@ def test_stopped_run_resumes_to_identical_results(method, settings, robust, tmp_
     ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
     ref_h = ref.run(progress=False)
 
-    broken = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    real = broken.algorithm.run_round
-
-    def dies_in_round_4(ctx, t):
-        if t == 4:
-            raise StopError
-        return real(ctx, t)
-
-    broken.algorithm.run_round = dies_in_round_4  # type: ignore[method-assign]
-    with pytest.raises(StopError):
-        broken.run(progress=False)
-    resumed = Experiment.from_config(cfg, out_dir=tmp_path / "cut")
-    h = resumed.run(resume=True, progress=False)
+    resumed, h = crash_then_resume(cfg, tmp_path / "cut", 4)
     assert _strip(h.summary) == _strip(ref_h.summary)
     assert _strip(h.records) == _strip(ref_h.records)
     _same_models(resumed, ref)
