@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 DEMO_METHODS = [
     "fedavg", "fedprox:mu=0.01", "local", "ifca:n_clusters=4", "fesem:n_clusters=4",
     "ifca_cam:n_clusters=4:warmup_rounds=5", "cfl_gp:n_clusters=4:protocol=model", "cfl",
+    "fedsoft:n_clusters=4", "flhc",
 ]
+"""The demo's methods: every method that fits its federation (FedEM's mixture of shared-input
+components cannot tell rotations apart; PACFL's default angle threshold splits 8×8 digits
+into ~18 clusters: both are in the suite instead)."""
 
 
 OVERWRITE_HINT = "--overwrite to replace it, or another --out"
