@@ -199,7 +199,10 @@ def test_sigint_names_the_checkpoint_round_and_resume(tmp_path):
     path, out = tmp_path / "long.toml", tmp_path / "run"
     path.write_text(dump_toml(cfg))
     cmd = [sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # a shell without job control starts background jobs with SIGINT ignored, and a child
+    # inherits that (Python then installs no KeyboardInterrupt handler): give it Ctrl-C back
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     hist = out / "history.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
