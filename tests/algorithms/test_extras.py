@@ -16,7 +16,6 @@ import pkgutil
 from typing import Any
 
 import pytest
-from tests.robust.conftest import one_thread  # noqa: F401  (autouse: one torch thread)
 
 import clusterfl.algorithms
 from clusterfl.algorithms.base import KClusterExtras
@@ -49,6 +48,8 @@ BASE: dict[str, Any] = {
 }
 LABELS: dict[str, Any] = {"scenario": {"name": "cluster_labels", "n_clients": 12,
                                        "n_clusters": 3}}
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def nobody_answers_in(round_: int) -> dict[str, Any]:
