@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.crash import crash_then_resume
+from tests.crash import crash_then_resume, timing_free
 from tests.robust.conftest import EXPECTED_METHODS, config
 
 from clusterfl.algorithms import ALGORITHMS
@@ -19,7 +19,6 @@ from clusterfl.algorithms.base import SampledConfig
 from clusterfl.config import load_config
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
-from clusterfl.records import RoundRecord, RunSummary
 
 N = 8  # clients of the robustness tests' federation (`config`)
 K = 3  # per_round
@@ -120,23 +119,12 @@ def test_clients_that_drop_out_are_not_counted():
     assert min(r.participants for r in h.records) < K  # some round sampled a dropped client
 
 
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, RoundRecord | RunSummary):
-        return _strip(obj.to_json_dict())
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items()
-                if k != "wall_time" and not k.endswith("_seconds")}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
-
-
 @pytest.mark.parametrize("method", list(SAMPLED))
 def test_sampling_follows_the_seed(method):
     rule = {"per_round": K}
     _, a, seen_a = _spied_run(_cfg(method, rule, seed=1))
     _, b, seen_b = _spied_run(_cfg(method, rule, seed=1))
-    assert _strip(a.records) == _strip(b.records)
+    assert timing_free(a.records) == timing_free(b.records)
     assert [s["who"] for s in seen_a] == [s["who"] for s in seen_b]
     _, _, seen_c = _spied_run(_cfg(method, rule, seed=2))
     assert [s["who"] for s in seen_a] != [s["who"] for s in seen_c]
@@ -151,8 +139,8 @@ def test_sampled_run_resumes_bit_identically(method, rule, tmp_path):
     ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
     ref_h = ref.run(progress=False)
     resumed, h = crash_then_resume(cfg, tmp_path / "cut", 4)
-    assert _strip(h.summary) == _strip(ref_h.summary)
-    assert _strip(h.records) == _strip(ref_h.records)
+    assert timing_free(h.summary) == timing_free(ref_h.summary)
+    assert timing_free(h.records) == timing_free(ref_h.records)
     assert h.summary.final.participation is not None and h.summary.final.participation < 1
     pa, pb = resumed.algorithm.predictor(), ref.algorithm.predictor()
     assert torch.equal(pa.models, pb.models) and (pa.members == pb.members).all()
@@ -292,7 +280,7 @@ def test_fesem_least_loss_newcomers_ask_the_centers_once_and_change_nothing_at_f
     assert not run({"per_round": K}, "start")[1]
     full, none = run({}, "least_loss")
     assert not none  # every client is clustered in round 1: nothing changes
-    assert _strip(full.records) == _strip(run({}, "start")[0].records)
+    assert timing_free(full.records) == timing_free(run({}, "start")[0].records)
 
 
 def test_cfl_gp_checkpoint_of_an_earlier_version_rebuilds_who_was_asked():

@@ -4,7 +4,6 @@ planned for N rounds from the start; methods that schedule by the planned T are 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 import torch
@@ -14,24 +13,13 @@ from clusterfl.cli import main as cli_main
 from clusterfl.config import dump_toml
 from clusterfl.errors import ClusterFLError
 from clusterfl.experiment import Experiment
-from clusterfl.records import RoundRecord, RunSummary
+from tests.crash import timing_free
 from tests.robust.conftest import EXPECTED_METHODS, config
 from tests.robust.test_faults import METHOD_SETTINGS
 
 # every method but those that schedule by T (refused below) and FLT (pretrains an encoder on
 # another dataset: too slow here; it does not use T)
 CONTINUED = [m for m in METHOD_SETTINGS if not ALGORITHMS[m].uses_planned_rounds]
-
-
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, RoundRecord | RunSummary):
-        return _strip(obj.to_json_dict())
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items()  # timings differ from run to run
-                if k != "wall_time" and not k.endswith("_seconds")}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
 
 
 def test_the_planned_rounds_users_are_known():
@@ -52,8 +40,8 @@ def test_continuing_3_to_6_rounds_equals_a_6_round_run(method, tmp_path):
     more = Experiment.from_config(cfg, ["rounds=6"], out_dir=tmp_path / "run")
     got = more.run(resume=True, progress=False)
 
-    assert _strip(got.records) == _strip(ref_h.records)
-    assert _strip(got.summary) == _strip(ref_h.summary)
+    assert timing_free(got.records) == timing_free(ref_h.records)
+    assert timing_free(got.summary) == timing_free(ref_h.summary)
     ref_state, got_state = ref.algorithm.state_dict(), more.algorithm.state_dict()
     for key, value in ref_state.items():
         if isinstance(value, torch.Tensor):

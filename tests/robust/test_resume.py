@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ import torch
 from clusterfl.algorithms import ALGORITHMS
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
-from clusterfl.records import RoundRecord, RunSummary
-from tests.crash import crash_then_resume
+from clusterfl.records import RoundRecord
+from tests.crash import crash_then_resume, timing_free
 
 from .conftest import EXPECTED_METHODS, assert_registry_complete, config
 from .test_faults import METHOD_SETTINGS
@@ -41,17 +40,6 @@ def test_every_expected_method_is_registered_and_resumed_here():
     assert sorted({c[0] for c in CASES}) == sorted(set(EXPECTED_METHODS) - set(NOT_RESUMED_HERE))
 
 
-def _strip(obj: Any) -> Any:
-    if isinstance(obj, RoundRecord | RunSummary):  # compared in their JSON form
-        return _strip(obj.to_json_dict())
-    if isinstance(obj, dict):
-        return {k: _strip(v) for k, v in obj.items()  # timings differ from run to run
-                if k != "wall_time" and not k.endswith("_seconds")}
-    if isinstance(obj, list):
-        return [_strip(v) for v in obj]
-    return obj
-
-
 def _same_models(a: Experiment, b: Experiment) -> None:
     pa, pb = a.algorithm.predictor(), b.algorithm.predictor()
     assert torch.equal(pa.models, pb.models)
@@ -67,8 +55,8 @@ def test_stopped_run_resumes_to_identical_results(method, settings, robust, tmp_
     ref_h = ref.run(progress=False)
 
     resumed, h = crash_then_resume(cfg, tmp_path / "cut", 4)
-    assert _strip(h.summary) == _strip(ref_h.summary)
-    assert _strip(h.records) == _strip(ref_h.records)
+    assert timing_free(h.summary) == timing_free(ref_h.summary)
+    assert timing_free(h.records) == timing_free(ref_h.records)
     _same_models(resumed, ref)
     if robust:
         assert ref_h.summary.robust is not None
@@ -100,7 +88,8 @@ def test_sigkilled_cfl_run_with_dropouts_resumes_identically(tmp_path):
     proc.wait(timeout=30)
     assert 5 <= len(hist.read_text().splitlines()) < 16
     resumed = Experiment.from_config(path, out_dir=out).run(resume=True, progress=False)
-    assert _strip(resumed.summary) == _strip(ref.summary)
+    assert timing_free(resumed.summary) == timing_free(ref.summary)
     lines = [json.loads(x) for x in hist.read_text().splitlines()]
     assert [RoundRecord.from_json_dict(x).round for x in lines] == list(range(1, 17))
-    assert _strip(lines) == _strip(json.loads(json.dumps([r.to_json_dict() for r in ref.records])))
+    want = json.loads(json.dumps([r.to_json_dict() for r in ref.records]))
+    assert timing_free(lines) == timing_free(want)
