@@ -13,7 +13,8 @@ SIGTERM. It removes its socket on exit.
 
 Wire format of one frame (both directions): 8-byte big-endian length, then an `.npz` archive
 whose array `__header__` is UTF-8 JSON (`{"kind", "node_config", "meta"}` in, `{"ok",
-"meta", "error"}` out) and whose other arrays are the message's arrays.
+"meta", "error", "handle_seconds"}` out: the last is the time `handle_raw` took, decode,
+compute and encode) and whose other arrays are the message's arrays.
 
     python -m clusterfl.deploy.worker --socket PATH --node-config JSON \
         [--watch-pid PID] [--idle-timeout SECONDS]
@@ -106,9 +107,11 @@ def serve(path: Path, node_config: dict[str, Any], watch_pid: int | None,
                 conn.settimeout(None)
                 header, arrays = read_frame(conn)
                 try:
+                    t0 = time.perf_counter()
                     meta, out = handle_raw(header["kind"], header["node_config"],
                                            header["meta"], arrays)
-                    reply = pack({"ok": True, "meta": meta}, out)
+                    reply = pack({"ok": True, "meta": meta,
+                                  "handle_seconds": time.perf_counter() - t0}, out)
                 except Exception as exc:  # the node answers with an error, never dies
                     msg = f"{type(exc).__name__}: {exc}"
                     traceback.print_exc()

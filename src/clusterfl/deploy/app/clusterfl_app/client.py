@@ -41,6 +41,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 app = ClientApp()
+_IMPORTED = time.time()
+_LAST: dict[str, Any] = {}  # the last worker call's own timing (see `_timing`)
 
 HEADER = "__header__"  # same frame format as clusterfl.deploy.worker
 WORKER_START_TIMEOUT = 180.0
@@ -136,11 +138,44 @@ def _call_worker(kind: str, node_config: dict[str, Any], meta: dict[str, Any],
         header, out = _read(conn)
     if not header.get("ok"):
         raise RuntimeError(f"node worker: {header.get('error')}")
+    _LAST["worker_handle"] = header.get("handle_seconds")
     return header["meta"], out
+
+
+# ----------------------------------------------------------------------------- timing
+def _process_start() -> float | None:
+    """Wall time this process started (Linux /proc), None elsewhere."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + int(stat[19]) / ticks
+
+
+def _timing(record: dict[str, Any]) -> None:
+    """With `CLUSTERFL_TIMING=FILE` set (benchmarks/flower/bench.py sets it), append one JSON
+    line per message: process start, the end of this module's imports, the handler's start
+    and end, all wall times in seconds."""
+    path = os.environ.get("CLUSTERFL_TIMING")
+    if not path:
+        return
+    record.update(process_start=_process_start(), imported=_IMPORTED,
+                  pid=os.getpid())
+    with contextlib.suppress(OSError), open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
 
 
 # ----------------------------------------------------------------------------- handlers
 def _answer(kind: str, message: Message, context: Context) -> Message:
+    start = time.time()
+    reply = _reply(kind, message, context)
+    _timing({"kind": kind, "handler_start": start, "handler_end": time.time(), **_LAST})
+    return reply
+
+
+def _reply(kind: str, message: Message, context: Context) -> Message:
     node_config = {k: v for k, v in dict(context.node_config).items()}
     content = message.content
     meta = dict(content.config_records["meta"]) if "meta" in content.config_records else {}
