@@ -41,7 +41,7 @@ def test_the_supernode_polls_fast_and_starts_our_superexec(flower_loop, monkeypa
 
 
 def test_the_patches_refuse_another_flower(flower_loop, tmp_path, monkeypatch):
-    with pytest.raises(RuntimeError, match="written for Flower 1.41.x, found 1.42.0"):
+    with pytest.raises(RuntimeError, match=r"written for Flower 1\.41\.x, found 1\.42\.0"):
         supernode.patch(version="1.42.0")
     fake = tmp_path / "changed_loop.py"
     fake.write_text("import time\n\ndef loop():\n    time.sleep(5)\n")

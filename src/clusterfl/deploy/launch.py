@@ -234,14 +234,9 @@ def supernode_cmd(superlink: str, port: int, node_config: dict[str, object],
 
 
 def write_flwr_home(home: Path, address: str, name: str = "clusterfl",
-                    ca: Path | None = None, simulation: dict[str, object] | None = None
-                    ) -> Path:
-    """A `$FLWR_HOME/config.toml` whose default SuperLink connection is `address`
-    (`simulation`: the connection's `options`, e.g. `{"num-supernodes": 8}`, for a
-    simulation SuperLink: a local simulation federation)."""
+                    ca: Path | None = None) -> Path:
+    """A `$FLWR_HOME/config.toml` whose default SuperLink connection is `address`."""
     conn: dict[str, object] = {"address": address}
-    if simulation is not None:
-        conn["options"] = simulation
     if ca is None:
         conn["insecure"] = True
     else:
@@ -250,6 +245,12 @@ def write_flwr_home(home: Path, address: str, name: str = "clusterfl",
     path = home / "config.toml"
     path.write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
     return path
+
+
+def federation_config(n: int, num_cpus: float = 1) -> str:
+    """`flwr run --federation-config` of a local simulation federation: n virtual
+    SuperNodes, `num_cpus` per ClientApp actor (Flower 1.41 takes whole CPUs)."""
+    return f"num-supernodes={int(n)} client-resources-num-cpus={max(1, round(num_cpus))}"
 
 
 def run_config_arg(config: Path, out_dir: Path | None, overrides: Sequence[str] = ()) -> str:
@@ -276,15 +277,16 @@ class LocalDeployment:
     _supervisor: threading.Thread | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ca: Path | None = field(default=None, repr=False)  # the SuperLink's TLS root, if any
+    federation_config: str | None = None  # `flwr run --federation-config` (simulation)
 
     def start_superlink(self, tls: Tls | None = None, node_auth: bool = False,
                         simulate: int = 0, num_cpus: float = 1.0) -> None:
         """The SuperLink, its SuperExec, and the supervisor that restarts the SuperExec.
 
         `simulate` = n > 0: a simulation SuperLink instead (Flower's supported path for a
-        simulated federation: `flwr run` on a connection with `options.num-supernodes = n`,
-        each virtual SuperNode's ClientApp in a Ray actor with `num_cpus`); no SuperNodes
-        are started then."""
+        simulated federation: `flwr run --federation-config 'num-supernodes=n ...'`, each
+        virtual SuperNode's ClientApp in a Ray actor with `num_cpus`); no SuperNodes are
+        started then."""
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._ca = None if tls is None else tls.ca
@@ -294,11 +296,9 @@ class LocalDeployment:
                                self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
                                cwd=self.work)
         self.flwr_home = self.work / "cli-home"
-        options = None if simulate <= 0 else {
-            "num-supernodes": int(simulate),
-            "backend": {"client-resources": {"num-cpus": float(num_cpus), "num-gpus": 0.0}}}
-        write_flwr_home(self.flwr_home, self.address, ca=None if tls is None else tls.ca,
-                        simulation=options)
+        self.federation_config = (federation_config(simulate, num_cpus) if simulate > 0
+                                  else None)
+        write_flwr_home(self.flwr_home, self.address, ca=None if tls is None else tls.ca)
         _wait_port(port, 30.0, self.superlink)
         self._start_superexec()
         self._supervisor = threading.Thread(target=self._supervise, name="superexec-supervisor",
@@ -360,6 +360,8 @@ class LocalDeployment:
         """Submit our app with `flwr run` (returns the `flwr` process; it streams logs)."""
         cmd = [flower_bin("flwr"), "run", str(app_dir), "clusterfl", "--stream",
                "--run-config", run_config_arg(config, out_dir, list(overrides))]
+        if self.federation_config:  # a simulation SuperLink: the simulated federation
+            cmd += ["--federation-config", self.federation_config]
         return start("flwr-run", cmd, self.work / "logs",
                      env={"FLWR_HOME": str(self.flwr_home)})
 
