@@ -677,8 +677,10 @@ def subset(message: M, rows: np.ndarray | list[int]) -> M:
         keep = {int(c) for c in ids.tolist()}
         parts = [subset(p, [i for i, c in enumerate(np.asarray(p.clients).tolist())
                             if int(c) in keep]) for p in getattr(msg, name)]
-        compound: M = replace(msg, clients=ids, **{name: parts})
-        return compound
+        compound: Any = replace(msg, clients=ids)
+        setattr(compound, name, parts)  # a fresh copy: its own list of steps / replies
+        done: M = compound
+        return done
     changes = {f.name: _take(getattr(msg, f.name), idx) for f in fields(msg)
                if f.metadata.get("per_client")}
     out: M = replace(msg, **changes)
@@ -719,12 +721,12 @@ def join(replies: list[M], order: np.ndarray | None = None) -> M:
         raise ValueError("join needs at least one reply")
     first: Any = replies[0]
     if isinstance(first, StepsReply):  # step by step, then the clients of any step
-        everyone = np.concatenate([np.asarray(r.clients, np.int64) for r in replies])
+        parts: list[Any] = list(replies)
         if order is None:
-            order = everyone
-        steps = [join([r.replies[j] for r in replies], order)
+            order = np.concatenate([np.asarray(r.clients, np.int64) for r in parts])
+        steps = [join([r.replies[j] for r in parts], order)
                  for j in range(len(first.replies))]
-        joined: M = steps_reply(order, steps)  # type: ignore[assignment]
+        joined: Any = steps_reply(order, steps)
         return joined
     out: Any = first
     if len(replies) > 1:

@@ -6,6 +6,8 @@ process here, which would dominate every round. So the ClientApp of our Flower A
 (`app/clusterfl_app/client.py`, which imports only Flower and numpy) forwards each message
 over a Unix socket to this worker, started on first use, which keeps the engine and data in
 memory and answers with `node.handle_raw` — exactly what the in-process ClientApp calls.
+(SuperNodes started by our launcher need no worker: their SuperExec answers ClientApp tasks
+in its own long-lived process, `clusterfl.deploy.superexec`.)
 
 Lifetime: the worker exits when the process it watches (the SuperNode's SuperExec, the
 ClientApp's parent) is gone, after `--idle-timeout` seconds without a message, or on

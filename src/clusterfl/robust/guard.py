@@ -29,7 +29,7 @@ taken as one vector (one clip bound for what the client sends).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -162,8 +162,8 @@ class Guard:
         trains = any(isinstance(s, TrainRequest | MixtureTrainRequest) for s in sent.steps)
         raw: StepsReply | None = None
         if not (slow and trains):
-            raw = (empty_reply(sent) if not len(sent.clients)
-                   else join([backend.execute(sent)], order=sent.clients))
+            raw = cast(StepsReply, empty_reply(sent) if not len(sent.clients)
+                       else join([backend.execute(sent)], order=sent.clients))
         done: list[Reply] = []
         counts: list[tuple[int, int]] = []
         for j in range(len(sent.steps)):

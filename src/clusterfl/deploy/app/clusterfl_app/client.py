@@ -1,14 +1,17 @@
 """The ClientApp of clusterfl: answers each message with the engine on the node's own data.
 
 This module imports only Flower, numpy and the standard library, because Flower 1.41 starts
-a new `flwr-clientapp` process for every message. Two ways to answer:
+a new `flwr-clientapp` process for every message (unless the SuperNode was started by our
+launcher, whose SuperExec runs the ClientApp in its own long-lived process:
+`clusterfl.deploy.superexec`). Two ways to answer:
 
-- **persistent worker** (default under a SuperNode, i.e. in a `flwr-clientapp` process):
+- **persistent worker** (default in a `flwr-clientapp` process, Flower's own process per
+  message, i.e. SuperNodes started with `flower-supernode`):
   forward the message over a Unix socket to the node's long-lived worker
   (`clusterfl.deploy.worker`, started on first use; it keeps torch, the engine and
   the client's data in memory and exits with the SuperNode);
-- **in-process** (Flower's Ray simulation, whose actors are long-lived, or node config
-  `worker="none"`): call `clusterfl.deploy.node.handle_raw` directly.
+- **in-process** (any long-lived process: our launcher's SuperExec, Flower's Ray simulation
+  actors; or node config `worker="none"`): call `clusterfl.deploy.node.handle_raw` directly.
 
 Both run the same `handle_raw`. Message types: `query.describe` (handshake, reply
 `ConfigRecord "info"`), and `train.request` / `evaluate.request` / `query.request` (one
