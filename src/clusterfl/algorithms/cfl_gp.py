@@ -114,10 +114,10 @@ Placing a client that did not train (`placement`; the paper does not say how, th
 ours): the newcomer measures its own gradient profile at the final models — one vector per
 model θ_k, the gradient on all its training data (Algorithm 1; the members' running means
 estimate that expectation) or the model gap of one local training (Algorithm 4), K requests
-with one seed, narrowed to the profile's d̂ coordinates (`coords`) like the members'
-clustering-only replies — and is placed in the cluster whose mean profile (the mean of its
-members' K·d̂ feature vectors; with a sample, of the members with a whole profile) is most
-similar by cosine similarity. Cosine rather than the
+with one seed sent together as one message per client (`Steps`), narrowed to the profile's
+d̂ coordinates (`coords`) like the members' clustering-only replies — and is placed in the
+cluster whose mean profile (the mean of its members' K·d̂ feature vectors; with a sample, of
+the members with a whole profile) is most similar by cosine similarity. Cosine rather than the
 Euclidean distance of the spectral projection: the members' profiles are running means over
 the whole run, taken at the models of earlier rounds, so their magnitudes differ from one
 vector measured at the final models, while the directions that separate the clusters remain.
@@ -733,15 +733,18 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         zeros = np.zeros(len(ids), dtype=np.int64)
         profile = torch.zeros(len(ids), k, width, dtype=torch.float64)
         got = np.ones(len(ids), dtype=bool)
-        for j in range(k):
-            model = st.models[j : j + 1]
-            if cfg.protocol == "gradient":
-                g = ctx.send(GradientRequest(ids, model, zeros, None, seed, coords=self.coords))
-                rows, who = g.grads, g.clients
+        asks: list[GradientRequest | TrainRequest] = [
+            GradientRequest(ids, st.models[j : j + 1], zeros, None, seed, coords=self.coords)
+            if cfg.protocol == "gradient" else
+            TrainRequest(ids, st.models[j : j + 1], zeros, ctx.training, seed,
+                         coords=self.coords) for j in range(k)]
+        replies = ctx.send(Steps.of(*asks)).replies  # the K vectors in one message
+        for j, (req, reply) in enumerate(zip(asks, replies, strict=True)):
+            if isinstance(reply, GradientReply):
+                rows, who = reply.grads, reply.clients
             else:
-                req = TrainRequest(ids, model, zeros, ctx.training, seed, coords=self.coords)
-                r = ctx.send(req)
-                rows, who = r.params - start_models(req, r.clients), r.clients
+                assert isinstance(req, TrainRequest)
+                rows, who = reply.params - start_models(req, reply.clients), reply.clients
             pos = answered(ids, who, np.arange(len(who)), -1)
             got &= pos >= 0
             feats = self._to_features(rows).double()
