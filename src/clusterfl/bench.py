@@ -32,7 +32,7 @@ import shutil
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +127,11 @@ def load_scenario(path: Path, quick: bool = False) -> Scenario:
     return scenario
 
 
-def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = ()) -> list[Scenario]:
-    """All suite files of `folder` (sorted), or only the named ones."""
+def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = (),
+               methods: Sequence[str] = ()) -> list[Scenario]:
+    """All suite files of `folder` (sorted), or only the named ones; with `methods`
+    (algorithm names, e.g. "fedem"), each scenario keeps only the specs of those algorithms
+    and a scenario that lists none of them is left out."""
     files = sorted(folder.glob("*.toml"))
     if not files:
         raise ConfigError("--suite", f"no suite files (*.toml) in {folder}")
@@ -136,7 +139,20 @@ def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = ()) -> l
     missing = sorted(set(only) - set(names))
     if missing:
         raise ConfigError("--only", f"unknown scenario(s) {missing}; available: {names}")
-    return [load_scenario(f, quick) for f in files if not only or f.stem in only]
+    scenarios = [load_scenario(f, quick) for f in files if not only or f.stem in only]
+    if not methods:
+        return scenarios
+    listed = sorted({s.algorithm(spec).name for s in scenarios for spec in s.methods})
+    unknown = sorted(set(methods) - set(listed))
+    if unknown:
+        raise ConfigError("--methods", f"{unknown} not in the chosen scenarios; they list "
+                          f"{listed}")
+    kept = []
+    for s in scenarios:
+        specs = [spec for spec in s.methods if s.algorithm(spec).name in methods]
+        if specs:
+            kept.append(replace(s, methods=specs))
+    return kept
 
 
 def run_dir(out: Path, scenario: Scenario, spec: str, seed: int) -> Path:

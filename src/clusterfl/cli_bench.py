@@ -30,6 +30,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "or benchmarks/RESULTS_quick.md with --quick)")
     b.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=[],
                    help="comma-separated scenario names (suite file stems)")
+    b.add_argument("--methods", type=lambda s: [x for x in s.split(",") if x], default=[],
+                   help="comma-separated algorithm names (e.g. fedem,pacfl): run and tabulate "
+                   "only the suite methods of those algorithms")
     b.add_argument("--report-only", action="store_true",
                    help="write the results from finished runs without running anything")
     b.add_argument("--jobs", type=int, default=1,
@@ -53,7 +56,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     runs = args.runs or Path("benchmarks/runs") / kind
     results = args.results or Path(
         "benchmarks/RESULTS_quick.md" if args.quick else "benchmarks/RESULTS.md")
-    scenarios = load_suite(args.suite, args.quick, args.only)
+    scenarios = load_suite(args.suite, args.quick, args.only, args.methods)
     failed: BenchError | None = None
     if not args.report_only:
         try:

@@ -292,3 +292,29 @@ def test_ifca_warmup_favours_no_cluster():
             aris[warm].append(adjusted_rand_score(fed.clusters, alg.assignment()))
     assert set(largest_first) != {0}
     assert np.mean(aris[0]) > 0.65 and np.mean(aris[warm_rounds]) > 0.65
+
+
+@pytest.mark.parametrize("rule", ["reseed", "keep"])
+def test_fesem_restarts_a_center_left_without_members(rule):
+    """Two true clusters merged into one center and a stale empty center (what a first
+    k-means on a small sample can leave): "reseed" restarts the empty center from the
+    farthest client model and the clusters separate; "keep" stays merged."""
+    fed = blob_federation(n_clients=9, per_client=60, n_clusters=3, seed=7)
+    ctx = _setup(fed, seed=2)
+    alg = FeSEM(FeSEMConfig(n_clusters=3, empty_centers=rule))
+    _run(alg, ctx, 3)
+    st = alg.state
+    assert adjusted_rand_score(fed.clusters, alg.assignment()) == 1.0
+    a, b = int(st.assign[fed.clusters == 0][0]), int(st.assign[fed.clusters == 1][0])
+    st.centers[a] = (st.centers[a] + st.centers[b]) / 2  # true clusters 0 and 1 merged ...
+    st.centers[b] = st.start  # ... and the other center stale, without members
+    st.assign[st.assign == b] = a
+    extras = [alg.run_round(ctx, t) for t in range(4, 7)]
+    ari = adjusted_rand_score(fed.clusters, alg.assignment())
+    if rule == "reseed":
+        assert extras[0]["kmeans_reseeded"] == 1
+        assert ari == 1.0
+        assert sum(e["kmeans_reseeded"] for e in extras[1:]) == 0  # nothing empty any more
+    else:
+        assert all(e["kmeans_reseeded"] == 0 for e in extras)
+        assert ari < 1.0 and 0 in extras[-1]["cluster_sizes"]

@@ -97,6 +97,8 @@ def test_per_round_clients_take_part_and_the_others_keep_their_cluster(method):
         want = N if s["t"] in EVERYONE.get(method, ()) else K
         assert len(s["who"]) == want, (s["t"], s["who"])
         idle = np.setdiff1d(np.arange(N), sorted(s["who"]))
+        if method == "fesem":  # its first k-means also clusters the models gathered before
+            idle = idle[s["before"][idle] >= 0]
         assert (s["after"][idle] == s["before"][idle]).all(), (s["t"], idle)
         if method == "local":  # a client's own model: untouched unless it trained
             assert torch.equal(s["models_after"][idle], s["models"][idle])
@@ -292,3 +294,25 @@ def test_cfl_gp_checkpoint_of_an_earlier_version_rebuilds_who_was_asked():
     exp.algorithm.load_state_dict(state)
     assert exp.algorithm.state.asked is None
     assert (exp.algorithm.asked == now).all() and exp.algorithm.profiled().all()
+
+
+def test_fesem_first_kmeans_waits_for_half_the_clients_then_clusters_them_at_once():
+    """With a sample, models trained from Θ_0 gather until `first_clustering` of the
+    clients sent one; the first k-means then clusters all of them. 0: the first sample."""
+    _, _, seen = _spied_run(_cfg("fesem", {"per_round": K}, rounds=5))
+    gathered: set[int] = set()
+    for r in seen:
+        gathered |= r["who"]
+        clustered = set(np.flatnonzero(r["after"] >= 0).tolist())
+        if len(gathered) < N / 2:  # still gathering: nobody clustered, all start from Θ_0
+            assert not clustered
+            assert torch.equal(r["models_after"], r["models"])  # predict with Θ_0
+        else:
+            assert gathered <= clustered
+            break
+    else:
+        raise AssertionError("the first k-means never ran")
+    assert r["t"] > 1  # K = 3 of 8 per round: at least two rounds to gather 4
+    _, _, first = _spied_run(_cfg("fesem", {"per_round": K, "first_clustering": 0},
+                                  rounds=1))
+    assert set(np.flatnonzero(first[0]["after"] >= 0).tolist()) == first[0]["who"]

@@ -13,6 +13,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_similarity
 
 from clusterfl.clustering.cosine import (
+    Cohesion,
     bipartition,
     cohesion,
     complete_linkage_bipartition,
@@ -227,3 +228,34 @@ def test_cohesion_of_block_structure():
     part = optimal_bipartition(sim)
     c = cohesion(sim, part.first, part.second)
     assert (c.within_first, c.within_second, c.cross) == pytest.approx((1.0, 1.0, -1.0))
+
+
+def test_contrast_is_the_side_mean_distance_over_its_noise_level_by_brute_force():
+    """contrast = ‖ū_A − ū_B‖² / (1/a + 1/b) − 1 with ū the mean of the unit updates."""
+    rng = np.random.default_rng(11)
+    for n in range(2, 9):
+        u = rng.normal(size=(n, 6)) + rng.normal(size=6)  # a shared direction, some noise
+        sim = pairwise_cosine(u)
+        labels = rng.integers(0, 2, size=n)
+        labels[0], labels[-1] = 0, 1
+        first, second = np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
+        unit = u / np.linalg.norm(u, axis=1, keepdims=True)
+        d2 = float(((unit[first].mean(0) - unit[second].mean(0)) ** 2).sum())
+        want = d2 / (1 / len(first) + 1 / len(second)) - 1
+        assert cohesion(sim, first, second).contrast == pytest.approx(want)
+
+
+def test_contrast_is_zero_for_orthogonal_updates_and_grows_with_the_sides():
+    eye = np.eye(8)  # eight pairwise orthogonal updates: no common direction
+    assert cohesion(pairwise_cosine(eye), np.arange(5), np.arange(5, 8)).contrast == \
+        pytest.approx(0.0)
+    # the same cosine structure (within 0.3, cross 0) is stronger evidence with more clients
+    def block(a: int, b: int) -> float:
+        sim = np.zeros((a + b, a + b))
+        sim[:a, :a] = sim[a:, a:] = 0.3
+        np.fill_diagonal(sim, 1.0)
+        return cohesion(sim, np.arange(a), np.arange(a, a + b)).contrast
+
+    assert block(2, 2) < block(4, 4) < block(16, 16)
+    assert block(6, 2) < 1.0 < block(16, 16)
+    assert math.isnan(Cohesion(0.5, 0.5, 0.0).contrast)  # sizes not given

@@ -97,3 +97,40 @@ def test_kmeans_recovers_separated_groups_and_beats_a_bad_start():
     assert res.inertia <= bad.inertia + 1e-9
     assert res.inertia == pytest.approx(
         inertia(torch.from_numpy(x), res.labels, res.centers, np.ones(60)))
+
+
+def test_farthest_movable_takes_far_points_first_and_never_empties_a_cluster():
+    from clusterfl.clustering.kmeans import farthest_movable
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n, k = int(rng.integers(2, 12)), int(rng.integers(1, 4))
+        x = torch.from_numpy(rng.normal(size=(n, 3)))
+        labels = rng.integers(0, k, size=n)
+        centers = torch.from_numpy(rng.normal(size=(k, 3)))
+        sizes = np.bincount(labels, minlength=k) + rng.integers(0, 2, size=k)  # some elsewhere
+        count = int(rng.integers(0, n + 1))
+        got = farthest_movable(x, labels, centers, sizes, count)
+        # brute force: each row's distance by hand; walk them from the farthest
+        d = [float(((x[i] - centers[labels[i]]) ** 2).sum()) for i in range(n)]
+        left, want = sizes.copy(), []
+        for i in sorted(range(n), key=lambda i: (-d[i], i)):
+            if len(want) < count and left[labels[i]] > 1:
+                left[labels[i]] -= 1
+                want.append(i)
+        assert got == want
+        after = sizes - np.bincount(labels[got], minlength=k) if got else sizes
+        assert (after[sizes > 0] >= 1).all()
+
+
+def test_farthest_movable_by_hand():
+    from clusterfl.clustering.kmeans import farthest_movable
+
+    x = torch.tensor([[0.0], [1.0], [5.0], [10.0], [12.0]])
+    labels = np.array([0, 0, 0, 1, 1])
+    centers = torch.tensor([[0.0], [11.0]])
+    # distances²: 0, 1, 25, 1, 1 → row 2 first; cluster 0 keeps rows 0 and 1
+    assert farthest_movable(x, labels, centers, np.array([3, 2]), 1) == [2]
+    # cluster 1 has only its two rows here and nowhere else: one may go, not both
+    assert farthest_movable(x, labels, centers, np.array([3, 2]), 5) == [2, 1, 3]
+    assert farthest_movable(x, labels, centers, np.array([1, 1]), 3) == []

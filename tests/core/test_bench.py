@@ -286,3 +286,19 @@ def test_an_unfinished_run_without_checkpoint_is_run_again(tmp_path: Path) -> No
     run_suite(quick, runs, log=logs.append)
     assert (target / "summary.json").is_file() and not (target / "report.md").exists()
     assert not any("(resumed)" in m for m in logs)
+
+
+def test_methods_filter_keeps_the_specs_of_the_named_algorithms(tmp_path: Path) -> None:
+    suite = _suite(tmp_path)
+    (kept,) = load_suite(suite, methods=["ifca"])
+    assert kept.methods == ["ifca:n_clusters=2"] and kept.seeds == [0, 1]
+    assert load_suite(suite, methods=["ifca", "fedavg"])[0].methods == \
+        ["fedavg", "ifca:n_clusters=2"]
+    with pytest.raises(ConfigError, match=r"--methods.*\['fedem'\].*\['fedavg', 'ifca'\]"):
+        load_suite(suite, methods=["fedem"])
+    out = tmp_path / "R.md"
+    assert main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
+                 "--results", str(out), "--methods", "ifca", "--report-only"]) == 0
+    table = out.read_text().split("\n## Performance")[0]  # the scenario's part
+    assert "0/2 runs finished" in table and "IFCA (K=2)" in table
+    assert "| fedavg |" not in table.lower()

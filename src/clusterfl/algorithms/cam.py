@@ -329,7 +329,7 @@ class FeSEMCAM(FeSEM):
         rep_k, rep_g = ctx.send(Steps.of(*train_both(ctx, clients, st.g, rows, row_of,
                                                      mu=self.config.lam))).replies
         st.g = update_global(st.g, rep_g)
-        km = self._recluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
+        km = self._cluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
         extras = FeSEMCAMExtras(
             train_loss_cluster=mean_finite(rep_k.loss), train_loss_global=mean_finite(rep_g.loss),
             cluster_sizes=cluster_sizes(st.assign, self.config.n_clusters), warmup=0)

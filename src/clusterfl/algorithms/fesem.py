@@ -16,17 +16,37 @@ Choices the papers leave open, and ours:
   models, as CAM's FeSEM-CAM warm-up does); the server then runs weighted k-means with
   `kmeans_restarts` seeded k-means++ starts on the uploaded models. With independent random
   centers instead, distances would be dominated by the initialisations and never by the data.
-- A center that loses all its members keeps its parameters.
+- A center left without members (no client of the whole federation assigned to it, not
+  only none of the round's) is restarted from the round's client model farthest from its own
+  center, among clusters that keep another member (`empty_centers = "reseed"`, the default;
+  scikit-learn's k-means relocates its empty clusters the same way), and Lloyd runs again
+  from the new centers on the round's clients. A center that lost its members is otherwise
+  stale for good: its model stopped training when its last member left, so no client is ever
+  nearest to it again, and two true clusters stay merged in another center (rotated MNIST,
+  a quarter of the clients per round, seed 2: sizes 0/8/8/16 from round 5 to 100, ARI 0.69).
+  `empty_centers = "keep"` keeps the empty center's parameters (FeSEM before this option).
 - λ defaults to 0.01 (CAM chooses λ from {0.001, 0.01, 0.1} per experiment).
 - Clients not sampled keep their cluster; a client never clustered trains from (and is
   evaluated with) Θ_0. With a sample, clients first sampled after the first clustering then
   start far from every trained center, closest to the least-trained one, and k-means tends to
   put them all there (rotated MNIST, 32 clients, fraction 0.25: final ARI 0.39-0.60 over 3
-  seeds, against 1 with every client). `newcomer_start = "least_loss"` (our option, off by
-  default so earlier results stay) sends such a client the K centers first (a
-  `LossRequest`, K·d floats down, K losses up) and starts it from the center of least
-  training loss, IFCA's rule; k-means still decides its cluster. Its training request then
-  books the start model once more (the request is the same for every client).
+  seeds, against 1 with every client). So by default (`newcomer_start = "least_loss"`, our
+  rule) such a client first gets the K centers (a `LossRequest`, K·d floats down, K losses
+  up) and starts from the center of least training loss, IFCA's rule; k-means still decides
+  its cluster. Its training request then books the start model once more (the request is
+  the same for every client). With every client every round no client is ever a newcomer
+  (all are clustered in round 1), so the option changes nothing there;
+  `newcomer_start = "start"` is FeSEM's own behaviour (start from Θ_0).
+- With a sample and no warm-up, the first k-means waits until `first_clustering` (default
+  0.5) of the clients have sent a model trained from Θ_0 (models of one start are comparable
+  whatever the round; a client sampled again replaces its model), then clusters all of them
+  with the k-means++ restarts. Clustering the first sample alone (a quarter of 32 clients: 8
+  models, about 2 per true cluster) can leave a local optimum that Lloyd never leaves, since
+  every member trains from its own center: rotated MNIST, seed 2, two rotations shared one
+  center and another rotation two centers to the end (ARI 0.62, even with the reseeding
+  below). Until then every sampled client trains from Θ_0 and is evaluated with it. With
+  every client every round the first round has them all: nothing changes.
+  `first_clustering = 0` clusters the first round's sample (FeSEM's own).
 - Sampling (`fraction` or `per_round`, `SampledConfig`) applies to every round after the
   warm-up. The warm-up's local training (no communication: the models stay on the devices)
   uses every client, and in the last warm-up round every client uploads its model for the
@@ -52,7 +72,7 @@ and Θ_0. The client predicts with the chosen center.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -69,7 +89,7 @@ from clusterfl.algorithms.base import (
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import choose_clusters, cluster_sizes
-from clusterfl.clustering.kmeans import kmeans, lloyd, weighted_centroids
+from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
 from clusterfl.protocol import LossRequest, Predictor, TrainRequest, mean_finite
@@ -93,8 +113,15 @@ class FeSEMConfig(SampledConfig):
     warmup_rounds: int = Field(
         0, ge=0, description="rounds of local training only before the first clustering")
     newcomer_start: Literal["start", "least_loss"] = Field(
-        "start", description="where a client not yet clustered starts once centers exist: "
-        "the common start Θ_0, or the center of least training loss (one loss request)")
+        "least_loss", description="where a client not yet clustered starts once centers "
+        "exist: the center of least training loss (one loss request) or the common start Θ_0")
+    first_clustering: float = Field(
+        0.5, ge=0.0, le=1.0, description="with a sample and no warm-up: the share of the "
+        "clients whose models, trained from Θ_0, the first k-means waits for (0: the first "
+        "round's sample, FeSEM's own)")
+    empty_centers: Literal["reseed", "keep"] = Field(
+        "reseed", description="a center left without members: restart it from the round's "
+        "client farthest from its center, or keep its parameters")
 
 
 @dataclass(kw_only=True)
@@ -104,6 +131,7 @@ class KMeansExtras(RoundExtras):
     kmeans_iters: int = 0  # Lloyd iterations (center updates) performed
     kmeans_converged: int = 0  # 1 if the assignment settled within kmeans_iters
     kmeans_inertia: float = math.nan  # weighted k-means objective Σ n_i ||θ_i − Θ_c(i)||²
+    kmeans_reseeded: int = 0  # centers without members restarted from a far client model
 
 
 @dataclass(kw_only=True)
@@ -167,6 +195,10 @@ class FeSEMState:
     assign: np.ndarray  # [n_clients], cluster of each client (-1: never clustered)
     centers: torch.Tensor | None  # [K, d] once the first clustering ran
     local: torch.Tensor | None  # [n_clients, d], the warm-up's client models (None after)
+    #: [n_clients, d], models trained from Θ_0 kept for the first k-means while a sample
+    #: gathers them (`first_clustering`; None otherwise), and which rows hold one
+    first: torch.Tensor | None = field(default=None, kw_only=True)
+    first_seen: np.ndarray | None = field(default=None, kw_only=True)
 
 
 class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
@@ -192,8 +224,29 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         reply = ctx.send(TrainRequest(clients, starts, start_of,
                                       replace(ctx.training, mu=self.config.lam),
                                       ctx.next_seed()))
-        km = self._recluster(ctx, reply.clients, reply.params, reply.n_samples)
+        km = self._cluster(ctx, reply.clients, reply.params, reply.n_samples)
         return self._extras(mean_finite(reply.loss), km, warmup=0)
+
+    def _cluster(self, ctx: Context, clients: np.ndarray, params: torch.Tensor,
+                 n_samples: np.ndarray) -> KMeansExtras | None:
+        """The round's k-means; before the first clustering, gather the models trained from
+        Θ_0 until `first_clustering` of the clients have sent one, then the first k-means on
+        all of them (every client every round: in the first round, as before)."""
+        st = self.state
+        if st.centers is not None:
+            return self._recluster(ctx, clients, params, n_samples)
+        n = len(st.assign)
+        if st.first is None or st.first_seen is None:
+            st.first = torch.zeros(n, params.shape[1], dtype=params.dtype)
+            st.first_seen = np.zeros(n, dtype=bool)
+        st.first[torch.as_tensor(clients, dtype=torch.long)] = params
+        st.first_seen[clients] = True
+        if st.first_seen.sum() < min(n, math.ceil(self.config.first_clustering * n)):
+            return None
+        seen = np.flatnonzero(st.first_seen)
+        models = st.first[torch.from_numpy(seen)]
+        st.first, st.first_seen = None, None
+        return self._recluster(ctx, seen, models, np.asarray(ctx.train_sizes)[seen])
 
     def _newcomer_starts(self, ctx: Context, clients: np.ndarray,
                          start_of: np.ndarray) -> np.ndarray:
@@ -259,7 +312,33 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
             fallback=st.start[None].repeat(cfg.n_clusters, 1))
         st.centers = centers
         st.assign[clients] = labels
+        if cfg.empty_centers == "reseed":
+            km = self._reseed_empty(clients, params, np.asarray(n_samples), km)
         return km
+
+    def _reseed_empty(self, clients: np.ndarray, params: torch.Tensor, n_samples: np.ndarray,
+                      km: KMeansExtras) -> KMeansExtras:
+        """Restart every center without members from a far client model of the round, then
+        Lloyd again from the new centers on the round's clients (module doc)."""
+        st, cfg = self.state, self.config
+        assert st.centers is not None
+        k = cfg.n_clusters
+        sizes = np.bincount(st.assign[st.assign >= 0], minlength=k)
+        empty = np.flatnonzero(sizes == 0)
+        x = _select(params, self.index)
+        picks = farthest_movable(x, st.assign[clients], _select(st.centers, self.index),
+                                 sizes, len(empty))
+        if not picks:
+            return km
+        centers = st.centers.clone()
+        for j, i in zip(empty, picks):
+            centers[int(j)] = params[i]
+        res = lloyd(x, _select(centers, self.index), n_samples, max_iter=cfg.kmeans_iters)
+        st.centers = weighted_centroids(params, res.labels, n_samples, centers)
+        st.assign[clients] = res.labels
+        return KMeansExtras(kmeans_iters=km.kmeans_iters + res.n_iter,
+                            kmeans_converged=int(res.converged), kmeans_inertia=res.inertia,
+                            kmeans_reseeded=len(picks))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:

@@ -210,6 +210,8 @@ class Cohesion:
     within_first: float
     within_second: float
     cross: float
+    size_first: int = 0  # clients on each side (0: not given)
+    size_second: int = 0
 
     @property
     def within_min(self) -> float:
@@ -217,6 +219,25 @@ class Cohesion:
         if math.isnan(self.within_first) or math.isnan(self.within_second):
             return math.nan
         return min(self.within_first, self.within_second)
+
+    @property
+    def contrast(self) -> float:
+        """How far apart the two sides' mean directions are, beyond what their sizes alone give.
+
+        With unit updates u_i and side means ū_A, ū_B (a and b clients), ‖ū_A‖² =
+        (1 + (a − 1) ᾱ_A) / a and ū_A · ū_B = ᾱ_×, so D² = ‖ū_A − ū_B‖² follows from the three
+        means. Updates without any common direction (pairwise orthogonal: noise in many
+        dimensions) give D² = 1/a + 1/b. The contrast is D² / (1/a + 1/b) − 1: 0 for such
+        updates, large when each side shares a direction the other does not; it grows with
+        the side sizes, as a two-sample statistic does. NaN without sizes.
+        """
+        a, b = self.size_first, self.size_second
+        if a < 1 or b < 1:
+            return math.nan
+        wa = 0.0 if a == 1 else (a - 1) * self.within_first
+        wb = 0.0 if b == 1 else (b - 1) * self.within_second
+        d2 = (1 + wa) / a + (1 + wb) / b - 2 * self.cross
+        return d2 / (1 / a + 1 / b) - 1
 
 
 def _within_mean(a: np.ndarray, idx: np.ndarray) -> float:
@@ -236,7 +257,7 @@ def cohesion(sim: np.ndarray, first: np.ndarray, second: np.ndarray) -> Cohesion
     if len(i) == 0 or len(j) == 0:
         raise ValueError("both sides of a bipartition need at least one client")
     cross = float((a[np.ix_(i, j)].sum() + a[np.ix_(j, i)].sum()) / (2 * len(i) * len(j)))
-    return Cohesion(_within_mean(a, i), _within_mean(a, j), cross)
+    return Cohesion(_within_mean(a, i), _within_mean(a, j), cross, len(i), len(j))
 
 
 def gamma_bound(alpha_cross_max: float) -> float:

@@ -15,7 +15,9 @@ scikit-learn's `KMeans(init=centers, n_init=1, algorithm="lloyd", tol=0)` return
 data and weights, with one documented difference: a cluster that loses all its members keeps
 its previous center (FeSEM keeps that cluster's model) instead of being moved to a far point.
 `kmeans` adds a seeded weighted k-means++ initialisation with restarts for the first
-clustering, when no centers exist yet.
+clustering, when no centers exist yet. `farthest_movable` picks the points that may restart
+clusters left without members (FeSEM's `empty_centers = "reseed"`), the farthest from their
+own centers first, as scikit-learn relocates the empty clusters of its Lloyd iterations.
 
 Distances are computed from explicit differences (no ||x||² − 2x·c + ||c||² expansion), so
 they stay accurate for long float32 parameter vectors.
@@ -114,6 +116,27 @@ def lloyd(
     return KMeansResult(labels, centers, inertia(x, labels, centers, w), n_iter, converged)
 
 
+def farthest_movable(
+    x: torch.Tensor, labels: np.ndarray, centers: torch.Tensor, sizes: np.ndarray, count: int,
+) -> list[int]:
+    """Up to `count` rows of x, the farthest from their own center first, that can leave it.
+
+    `sizes[k]` counts the members cluster k has in all (`x` may hold only some of them); a
+    row is taken only while its cluster keeps at least one other member, so moving the
+    chosen rows to new clusters never empties one. Ties: the lower row first.
+    """
+    left = np.asarray(sizes, dtype=np.int64).copy()
+    d2 = ((x - centers[torch.from_numpy(labels)]) ** 2).sum(dim=1).double().numpy()
+    chosen: list[int] = []
+    for i in np.argsort(-d2, kind="stable"):
+        if len(chosen) == count:
+            break
+        if left[labels[i]] >= 2:
+            left[labels[i]] -= 1
+            chosen.append(int(i))
+    return chosen
+
+
 def kmeans_plus_plus(
     x: torch.Tensor, k: int, rng: np.random.Generator, weights: np.ndarray | None = None
 ) -> torch.Tensor:
@@ -156,6 +179,7 @@ def kmeans(
 
 __all__ = [
     "KMeansResult",
+    "farthest_movable",
     "inertia",
     "kmeans",
     "kmeans_plus_plus",
