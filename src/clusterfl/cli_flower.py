@@ -1,7 +1,9 @@
 """`clusterfl flower ...`: run any method on Flower 1.41 (see docs/deploy.md).
 
     clusterfl flower run CONFIG.toml [--set K=V ...] [--out DIR] --mode ray|local|submit
-        ray:    Flower's simulation engine (Ray), one virtual SuperNode per client
+        ray:    Flower's simulation engine (Ray), one virtual SuperNode per client: a
+                simulation SuperLink on loopback and `flwr run` on it (a local simulation
+                federation, Flower's supported path)
         local:  a real SuperLink + one SuperNode process per client on this machine
                 (loopback, insecure), then `flwr run`; everything is stopped at the end
         submit: `flwr run` against an existing SuperLink (`--superlink NAME`, a connection of
@@ -50,7 +52,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("--superlink", help="submit: SuperLink connection name in "
                                        "$FLWR_HOME/config.toml (default: its default)")
     r.add_argument("--timeout", type=float, default=3600.0,
-                   help="local: give up after this many seconds (default 3600)")
+                   help="local, ray: give up after this many seconds (default 3600)")
     r.add_argument("--quiet", action="store_true", help="no line per round")
     r.set_defaults(func=cmd_run)
 
@@ -125,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     claim_run_dir(out, overwrite=args.overwrite,
                   hint="--overwrite to replace it, or another --out")
     if args.mode == "ray":
-        summary = _run_ray(raw, out, echo)
+        summary = _run_ray(args.config, list(args.set or []), raw, out, args.timeout, echo)
     else:
         summary = _run_local(args.config, list(args.set or []), raw, out, args.timeout, echo)
     _print_results(summary, out)
@@ -242,37 +244,42 @@ def _rounds(raw: dict[str, Any]) -> int:
     return load_config(raw).run.rounds
 
 
-def _run_ray(raw: dict[str, Any], out: str, echo: Callable[[str], None]) -> RunSummary:
-    from flwr.simulation import run_simulation
-
-    from clusterfl.deploy.client_app import app as client_app
-    from clusterfl.deploy.server_app import make_main
-
+def _run_ray(config: str, overrides: list[str], raw: dict[str, Any], out: str,
+             timeout: float, echo: Callable[[str], None]) -> RunSummary:
+    """Flower's supported simulation path: a simulation SuperLink on loopback and `flwr run`
+    on it with `num-supernodes` = n (a local simulation federation; Ray actors)."""
     n = n_clients_of(raw)
-    echo(f"simulating {n} SuperNodes with Ray; rounds are reported as they finish")
-    result: list[Any] = []
-    with RoundWatch(out, _rounds(raw), echo):
-        run_simulation(make_main(raw, (), out, result), client_app, num_supernodes=n,
-                       backend_config={"client_resources": {"num_cpus": 1}})
-    if not result:
-        raise ClusterFLError("the Flower simulation ended without a result (see its log above)")
-    summary: RunSummary = result[0].summary
-    return summary
+    echo(f"simulating {n} SuperNodes with Ray (flwr run on a local simulation federation); "
+         "rounds are reported as they finish")
+    return _flwr_run(config, overrides, raw, out, timeout, echo, simulate=n)
 
 
 def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str,
                timeout: float, echo: Callable[[str], None]) -> RunSummary:
+    n = n_clients_of(raw)
+    return _flwr_run(config, overrides, raw, out, timeout, echo, supernodes=n)
+
+
+def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
+              timeout: float, echo: Callable[[str], None], supernodes: int = 0,
+              simulate: int = 0) -> RunSummary:
+    """A SuperLink on loopback (`simulate` > 0: a simulation SuperLink), `supernodes`
+    SuperNode processes, `flwr run` of our app; everything stopped at the end."""
     from clusterfl.deploy.launch import local_deployment
     from clusterfl.deploy.server_app import FINAL_STATE
     from clusterfl.records import read_summary
 
     out_dir = Path(out).resolve()
     work = out_dir.parent / (out_dir.name + ".flower")
-    n = n_clients_of(raw)
-    echo(f"starting a SuperLink and {n} SuperNodes on this machine (logs in {work / 'logs'})")
+    if supernodes:
+        echo(f"starting a SuperLink and {supernodes} SuperNodes on this machine (logs in "
+             f"{work / 'logs'})")
     with local_deployment(work) as dep, RoundWatch(out_dir, _rounds(raw), echo):
-        dep.start_superlink()
-        for i in range(n):
+        if simulate:
+            dep.start_superlink(simulate=simulate)
+        else:
+            dep.start_superlink()
+        for i in range(supernodes):
             dep.start_supernode({"partition-id": i})
         proc = dep.flwr_run(Path(config).resolve(), out_dir, overrides)
         deadline = time.monotonic() + timeout

@@ -29,7 +29,7 @@ from clusterfl.engine.schedule import batch_schedule
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
-from clusterfl.protocol import EvaluateRequest, LocalTraining
+from clusterfl.protocol import EvaluateRequest, LocalTraining, Steps
 
 
 def _setup(fed: Federation, lr: float = 0.1, epochs: int = 2, seed: int = 0) -> Context:
@@ -74,7 +74,9 @@ def test_two_part_training_freezes_the_other_part_as_an_offset():
     g, clusters = ctx.factory.init(1), ctx.factory.init_many(2, 7)
     clients, row_of = np.array([0, 2]), np.array([1, 0])
     state = ctx.rng.bit_generator.state
-    rep_k, rep_g = train_both(ctx, clients, g, clusters, row_of, mu=0.5)
+    # the two trainings travel together, one message per client (`Steps`)
+    rep_k, rep_g = ctx.send(Steps.of(*train_both(ctx, clients, g, clusters, row_of,
+                                                 mu=0.5))).replies
     ctx.rng.bit_generator.state = state
     seed_k, seed_g = ctx.next_seed(), ctx.next_seed()
     module = ctx.factory.build()
@@ -93,7 +95,8 @@ def test_two_part_training_freezes_the_other_part_as_an_offset():
     d = ctx.factory.size
     # per client: the cluster part and Θ_g (its offset) down once, θ_i and θ_i^0 up
     assert ctx.floats_up == 2 * 2 * d and ctx.floats_down == 2 * 2 * d
-    train_both(ctx, clients, g, clusters, row_of, held=True)  # sent with the loss request
+    ctx.send(Steps.of(*train_both(ctx, clients, g, clusters, row_of, held=True)))  # held:
+    # sent with the loss request
     assert ctx.floats_up == 2 * 2 * 2 * d and ctx.floats_down == 2 * 2 * d
 
 

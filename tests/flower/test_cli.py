@@ -125,18 +125,39 @@ def test_flower_help_points_to_the_deploy_docs():
 
 
 def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, capsys):
-    """`flower run` reports each round as it ends and the table of `clusterfl run`, not JSON
-    (Ray replaced by the in-process grid)."""
-    import flwr.simulation
+    """`flower run` (ray: `flwr run` on a simulation SuperLink) reports each round as it ends
+    and the table of `clusterfl run`, not JSON (the SuperLink and Ray replaced by the
+    in-process grid); it asks for a simulation SuperLink with one virtual node per client."""
+    import contextlib
 
-    def fake_simulation(server_app, client_app, num_supernodes, backend_config):
-        grid = FakeGrid([{"partition-id": i} for i in range(num_supernodes)])
-        server_app._main(grid, None)
+    import clusterfl.deploy.launch as launch
+    from clusterfl.config import read_toml
+    from clusterfl.deploy.server_app import run_on_grid
 
-    monkeypatch.setattr(flwr.simulation, "run_simulation", fake_simulation)
+    asked: list[int] = []
+
+    class Done:
+        def alive(self) -> bool:
+            return False
+
+    class Simulation:
+        def start_superlink(self, simulate: int = 0) -> None:
+            asked.append(simulate)
+
+        def start_supernode(self, config) -> None:  # pragma: no cover - must not happen
+            raise AssertionError("a simulation starts no SuperNode")
+
+        def flwr_run(self, config, out_dir, overrides) -> Done:
+            grid = FakeGrid([{"partition-id": i} for i in range(asked[-1])])
+            run_on_grid(grid, read_toml(config), overrides, out_dir)
+            return Done()
+
+    monkeypatch.setattr(launch, "local_deployment",
+                        lambda work: contextlib.nullcontext(Simulation()))
     out = tmp_path / "out"
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(out)])
     assert args.func(args) == 0
+    assert asked == [6]
     text = capsys.readouterr().out
     assert "flower: simulating 6 SuperNodes" in text
     assert [line.split("  ")[0] for line in text.splitlines() if "round " in line
@@ -146,6 +167,22 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(tmp_path / "q"), "--quiet"])
     assert args.func(args) == 0
     assert "flower: round" not in capsys.readouterr().out
+
+
+def test_simulation_superlink_and_its_federation_config(tmp_path):
+    """The supported simulation path: `flower-superlink --simulation`, and `flwr run
+    --federation-config` naming the virtual SuperNodes (a local simulation federation)."""
+    from clusterfl.deploy.launch import LocalDeployment, federation_config, superlink_cmd
+
+    assert "--simulation" in superlink_cmd(9000, simulation=True)
+    assert "--simulation" not in superlink_cmd(9000)
+    assert federation_config(8) == "num-supernodes=8 client-resources-num-cpus=1"
+    dep = LocalDeployment(tmp_path)
+    dep.federation_config = federation_config(4)
+    proc = dep.flwr_run(tmp_path / "run.toml", tmp_path / "out", app_dir=tmp_path / "none")
+    proc.stop()
+    cmd = proc.popen.args
+    assert cmd[cmd.index("--federation-config") + 1] == federation_config(4)
 
 
 def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):

@@ -25,7 +25,10 @@ from clusterfl.protocol import (
     GradientRequest,
     LocalTraining,
     LossRequest,
+    Pick,
     Predictor,
+    Steps,
+    StepsReply,
     TrainRequest,
     join,
     subset,
@@ -69,6 +72,10 @@ def _requests(factory, n_clients: int) -> list:
                                            "mean_probs"), split="train"),
         GradientRequest(clients, models, which, batch_size=8, seed=7, coords=coords),
         TrainRequest(clients, models, which, tr, seed=5, coords=coords),
+        # a round in one message: K losses, then training of the least-loss model
+        Steps.of(LossRequest(clients, models),
+                 TrainRequest(clients, models, which * 0, tr, seed=5, models_held=True),
+                 picks=[Pick(1, 0)]),
     ]
 
 
@@ -87,6 +94,10 @@ def _same(a, b) -> None:
         assert a.keys() == b.keys()
         for k in a:
             _same(a[k], b[k])
+    elif isinstance(a, list):  # a Steps' steps
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
     elif isinstance(a, float) and np.isnan(a):
         assert np.isnan(b)
     else:
@@ -97,6 +108,17 @@ def test_every_request_round_trips_exactly(factory):
     for req in _requests(factory, 6):
         skeleton, arrays = codec.encode(req)
         _same(codec.decode(skeleton, arrays), req)
+
+
+def test_packing_is_exact_and_keeps_dtypes():
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.zeros((0, 4)),
+              "c": np.array([1, -2], dtype=np.int64), "d": np.array(True)}
+    layout, packed = codec.pack(arrays)
+    assert list(packed) == [codec.PACKED] and packed[codec.PACKED].dtype == np.uint8
+    back = codec.unpack(layout, packed)
+    for k, a in arrays.items():
+        assert back[k].dtype == a.dtype and back[k].shape == a.shape
+        np.testing.assert_array_equal(back[k], a)
 
 
 def test_round_trip_through_flower_records(factory):
@@ -121,7 +143,7 @@ def test_registry_is_every_protocol_dataclass_and_embed_requests_travel():
 
 
 def test_coords_round_trip_and_stay_whole_in_client_views(factory):
-    for req in _requests(factory, 6)[-2:]:
+    for req in _requests(factory, 6)[-3:-1]:  # the two with coords
         assert req.coords is not None and len(req.coords) == len(req.clients)
         back = codec.decode(*codec.encode(req))
         _same(back, req)
@@ -153,7 +175,7 @@ def test_nan_and_inf_scalars_survive():
     assert np.isnan(out["a"]) and out["b"] == float("-inf") and out["c"] == 1.5
 
 
-@pytest.mark.parametrize("idx", range(10))
+@pytest.mark.parametrize("idx", range(11))
 def test_nodes_answer_like_the_whole_federation(fed, factory, idx):
     """One wire message per client to its own node, assembled: equals the in-process reply."""
     full = SimulationBackend(fed, factory)
@@ -165,8 +187,18 @@ def test_nodes_answer_like_the_whole_federation(fed, factory, idx):
         skeleton, arrays = codec.encode(subset(req, [i]))
         meta = {codec.SKELETON_KEY: skeleton, "setup": json.dumps(setup)}
         out_meta, out_arrays = handle_raw("request", {"partition-id": i}, meta, arrays)
-        parts.append(codec.decode(out_meta[codec.SKELETON_KEY], out_arrays))
+        parts.append(codec.wire_request(out_meta, out_arrays))  # one packed array
+        assert list(out_arrays) == [codec.PACKED]
     got = join(parts)
+    if isinstance(expected, StepsReply):  # compare step by step
+        assert got.clients.tolist() == expected.clients.tolist()
+        for g, e in zip(got.replies, expected.replies, strict=True):
+            _close(g, e)
+        return
+    _close(got, expected)
+
+
+def _close(got, expected) -> None:
     for f in dataclasses.fields(expected):
         a, b = getattr(got, f.name), getattr(expected, f.name)
         if isinstance(b, torch.Tensor):
@@ -235,7 +267,7 @@ def test_subspace_requests_travel_to_nodes_like_any_request(fed, factory, per_la
         skeleton, arrays = codec.encode(subset(req, [i]))
         meta = {codec.SKELETON_KEY: skeleton, "setup": json.dumps(setup)}
         out_meta, out_arrays = handle_raw("request", {"partition-id": i}, meta, arrays)
-        parts.append(codec.decode(out_meta[codec.SKELETON_KEY], out_arrays))
+        parts.append(codec.wire_request(out_meta, out_arrays))
     got = join(parts)
     _same(got, expected)
     _same(codec.decode(*codec.encode(req)), req)

@@ -15,7 +15,7 @@ from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.models import ModelFactory, model_config
-from clusterfl.protocol import LocalTraining, Reply, Request
+from clusterfl.protocol import LocalTraining, Reply, Request, Steps, run_steps
 from clusterfl.robust.guard import Guard
 
 SMALL: dict[str, Any] = {
@@ -81,6 +81,8 @@ class Tamper(Backend):
 
     def execute(self, request: Request) -> Reply:
         self.seen.append(request)
+        if isinstance(request, Steps):  # a round's steps: each one is tampered with alone
+            return run_steps(self.execute, request)
         reply = self.inner.execute(request)
         return reply if self.hook is None else self.hook(request, reply)
 

@@ -35,6 +35,7 @@ from clusterfl.protocol import (
     LocalTraining,
     Predictor,
     Request,
+    Steps,
     TrainRequest,
 )
 from clusterfl.records import RoundExtras
@@ -168,10 +169,21 @@ class Context:
         says who they are. A client that dropped out, missed the deadline or sent a rejected
         reply is absent. This is the only place communication is booked: the request's
         per-client downlink for every client it reached, its uplink for every client that
-        uploaded a reply (a rejected reply was still uploaded).
+        uploaded a reply (a rejected reply was still uploaded). A `Steps` (several requests
+        in one message per client) returns a `StepsReply` and books every step as if it had
+        been sent alone (`Guard.send_steps`).
         """
         assert self.guard is not None
+        if isinstance(request, Steps):  # one message per client, each step booked as alone
+            steps, counts = self.guard.send_steps(self.backend, request)
+            for step, part, (reached, uploaded) in zip(request.steps, steps.replies, counts):
+                self._book(step, part, reached, uploaded)
+            return cast(RE, steps)
         reply, reached, uploaded = self.guard.send(self.backend, cast(Request, request))
+        self._book(request, reply, reached, uploaded)
+        return cast(RE, reply)
+
+    def _book(self, request: Any, reply: Any, reached: int, uploaded: int) -> None:
         down, up = request.unit_cost()
         self.floats_down += down * reached
         self.floats_up += up * uploaded
@@ -179,7 +191,6 @@ class Context:
             self.client_updates += len(reply.clients)
         if not isinstance(request, EvaluateRequest):
             self.participants.update(int(c) for c in reply.clients)
-        return cast(RE, reply)
 
     def next_seed(self) -> int:
         """A fresh request seed from the run's (checkpointed) generator."""

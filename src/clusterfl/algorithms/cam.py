@@ -82,7 +82,15 @@ from clusterfl.clustering.aggregate import (
     cluster_sizes,
     weighted_mean,
 )
-from clusterfl.protocol import LossRequest, Predictor, TrainReply, TrainRequest, mean_finite
+from clusterfl.protocol import (
+    LossRequest,
+    Pick,
+    Predictor,
+    Steps,
+    TrainReply,
+    TrainRequest,
+    mean_finite,
+)
 
 # ----------------------------------------------------------------------------- shared parts
 
@@ -98,21 +106,20 @@ class CAMExtras(KClusterExtras):
 def train_both(
     ctx: Context, clients: np.ndarray, global_model: torch.Tensor, rows: torch.Tensor,
     row_of: np.ndarray, mu: float = 0.0, held: bool = False,
-) -> tuple[TrainReply, TrainReply]:
+) -> tuple[TrainRequest, TrainRequest]:
     """Alg. 1 lines 4-7: θ_i from rows[row_of[i]] with Θ_g frozen, θ_i^0 from Θ_g with the
     cluster part frozen. The first request carries Θ_g and the client's cluster model down
     unless the clients already hold them (`held`: IFCA-CAM sent them with its loss request);
-    the second reuses them."""
+    the second reuses them. The two requests (sent together as one `Steps`, one message per
+    client) are returned."""
     n = len(clients)
     zeros = np.zeros(n, dtype=np.int64)
     cluster_training = replace(ctx.training, mu=mu) if mu else ctx.training
-    rep_k = ctx.send(TrainRequest(clients, rows, row_of, cluster_training, ctx.next_seed(),
-                                  offset=Predictor.single(global_model[None], zeros),
-                                  models_held=held))
-    rep_g = ctx.send(TrainRequest(clients, global_model[None], zeros, ctx.training,
-                                  ctx.next_seed(), offset=Predictor.single(rows, row_of),
-                                  models_held=True))
-    return rep_k, rep_g
+    req_k = TrainRequest(clients, rows, row_of, cluster_training, ctx.next_seed(),
+                         offset=Predictor.single(global_model[None], zeros), models_held=held)
+    req_g = TrainRequest(clients, global_model[None], zeros, ctx.training, ctx.next_seed(),
+                         offset=Predictor.single(rows, row_of), models_held=True)
+    return req_k, req_g
 
 
 def update_global(global_model: torch.Tensor, reply: TrainReply) -> torch.Tensor:
@@ -221,14 +228,16 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
                                  train_loss_cluster=None, assign_loss=None, warmup=1,
                                  cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters)
                                  ).to_dict()
-        # (i) Eq. 2: least loss of the sum, Θ_g sent along as the offset
-        losses = ctx.send(LossRequest(clients, st.clusters,
-                                      offset=Predictor.single(st.g[None], zeros)))
+        # (i) Eq. 2: least loss of the sum, Θ_g sent along as the offset; (ii)+(iii) Eq. 5
+        # and Eq. 8 in parallel, on the cluster part each client picked from its losses:
+        # one message per client (`Steps`, the picks fill in ĵ on the device)
+        ask = LossRequest(clients, st.clusters, offset=Predictor.single(st.g[None], zeros))
+        req_k, req_g = train_both(ctx, clients, st.g, st.clusters, zeros, held=True)
+        losses, rep_k, rep_g = ctx.send(Steps.of(
+            ask, req_k, req_g, picks=[Pick(1, 0), Pick(2, 0, into="offset")])).replies
         clients = losses.clients  # dropped clients are absent from every reply
         chosen = choose_clusters(losses.loss)
         st.assign[clients] = chosen
-        # (ii)+(iii) Eq. 5 and Eq. 8 in parallel
-        rep_k, rep_g = train_both(ctx, clients, st.g, st.clusters, chosen, held=True)
         update = eq6_update if cfg.cluster_update == "eq6" else average_members
         st.clusters = update(st.clusters, rep_k.params, st.assign[rep_k.clients],
                              rep_k.n_samples)
@@ -317,7 +326,8 @@ class FeSEMCAM(FeSEM):
         clients = ctx.sample_round(self.config)
         rows, row_of = self.starts(clients)
         row_of = self._newcomer_starts(ctx, clients, row_of)
-        rep_k, rep_g = train_both(ctx, clients, st.g, rows, row_of, mu=self.config.lam)
+        rep_k, rep_g = ctx.send(Steps.of(*train_both(ctx, clients, st.g, rows, row_of,
+                                                     mu=self.config.lam))).replies
         st.g = update_global(st.g, rep_g)
         km = self._cluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
         extras = FeSEMCAMExtras(

@@ -114,10 +114,10 @@ Placing a client that did not train (`placement`; the paper does not say how, th
 ours): the newcomer measures its own gradient profile at the final models — one vector per
 model θ_k, the gradient on all its training data (Algorithm 1; the members' running means
 estimate that expectation) or the model gap of one local training (Algorithm 4), K requests
-with one seed, narrowed to the profile's d̂ coordinates (`coords`) like the members'
-clustering-only replies — and is placed in the cluster whose mean profile (the mean of its
-members' K·d̂ feature vectors; with a sample, of the members with a whole profile) is most
-similar by cosine similarity. Cosine rather than the
+with one seed sent together as one message per client (`Steps`), narrowed to the profile's
+d̂ coordinates (`coords`) like the members' clustering-only replies — and is placed in the
+cluster whose mean profile (the mean of its members' K·d̂ feature vectors; with a sample, of
+the members with a whole profile) is most similar by cosine similarity. Cosine rather than the
 Euclidean distance of the spectral projection: the members' profiles are running means over
 the whole run, taken at the models of earlier rounds, so their magnitudes differ from one
 vector measured at the final models, while the directions that separate the clusters remain.
@@ -127,6 +127,7 @@ The client predicts with the chosen model.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -155,8 +156,11 @@ from clusterfl.clustering.spectral import (
 from clusterfl.errors import ConfigError
 from clusterfl.models import ParamLayout
 from clusterfl.protocol import (
+    GradientReply,
     GradientRequest,
     Predictor,
+    Steps,
+    TrainReply,
     TrainRequest,
     mean_finite,
     start_models,
@@ -434,8 +438,14 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         sampled = ctx.sample_round(cfg)  # every client by default (no draw)
         seed = ctx.next_seed()
         c = len(st.assign)
-        rows, loss, who = self._client_vectors(ctx, st.models, sampled, st.assign[sampled],
-                                               seed)
+        clustering = self.clustering_round(t)
+        # the round's requests, sent as one message per client (`Steps`): the model update's
+        # vectors, then (clustering rounds) the profile probes, which depend on no reply
+        own_req = self._vector_request(ctx, st.models, sampled, st.assign[sampled], seed)
+        plan = self._probe_plan(ctx, sampled, seed) if clustering else []
+        probe_reqs = [req for _, _, req in plan if req is not None]
+        replies = ctx.send(Steps.of(own_req, *probe_reqs)).replies
+        rows, loss, who = self._vectors(own_req, replies[0])
         # one row per client id; `present` marks who answered (absent: not sampled, dropped
         # or rejected)
         present = np.zeros(c, dtype=bool)
@@ -449,10 +459,9 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         down = np.zeros(c)
         down[sampled] = 1.0
         new_assign = st.assign
-        clustering = self.clustering_round(t)
         beta, spectrum = 0.0, None
         if clustering:
-            probes, probed = self._probe(ctx, own, present, sampled, seed)
+            probes, probed = self._probe(own, present, sampled, plan, iter(replies[1:]))
             down += probed
             beta = self._update_features(t, probes)
             new_assign, spectrum = self._cluster(ctx, sampled)
@@ -477,65 +486,85 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
             return clustered.to_dict()
         return CFLGPEstimateExtras(**clustered.to_dict(), k_scores=spectrum.k_scores).to_dict()
 
-    def _client_vectors(
+    def _vector_request(
         self, ctx: Context, models: torch.Tensor, clients: np.ndarray, model_of: np.ndarray,
         seed: int, coords: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """Gradients (Alg. 1) or model gaps Δθ = θ' − θ (Alg. 4/5) at their models, with the
-        losses, of those of `clients` that answered, and who they are (in request order). The
-        same seed gives every client the same minibatch(es). With `coords` the clients send
-        those coordinates only (d̂ floats each) and the rows are d̂ wide. The replies' uplink
-        is added to the `uplink_floats_compressed` count."""
-        request: GradientRequest | TrainRequest
+    ) -> GradientRequest | TrainRequest:
+        """The request for gradients (Alg. 1) or model gaps Δθ = θ' − θ (Alg. 4/5, the
+        client trains and sends θ') at their models. The same seed gives every client the
+        same minibatch(es). With `coords` the clients send those coordinates only (d̂ floats
+        each)."""
         if self.config.protocol == "gradient":
-            request = GradientRequest(clients, models, model_of, ctx.training.batch_size, seed,
-                                      coords=coords)
-            g = ctx.send(request)
-            rows, loss, who = g.grads, g.loss, g.clients
-        else:
-            request = TrainRequest(clients, models, model_of, ctx.training, seed,
+            return GradientRequest(clients, models, model_of, ctx.training.batch_size, seed,
                                    coords=coords)
-            r = ctx.send(request)  # θ_start is narrowed to `coords` like the reply
-            rows, loss, who = r.params - start_models(request, r.clients), r.loss, r.clients
+        return TrainRequest(clients, models, model_of, ctx.training, seed, coords=coords)
+
+    def _vectors(self, request: GradientRequest | TrainRequest,
+                 reply: GradientReply | TrainReply) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The vectors (gradients or model gaps; d̂ wide with `coords`) and losses of the
+        clients that answered `request`, and who they are (in request order). The reply's
+        uplink is added to the `uplink_floats_compressed` count."""
+        if isinstance(reply, GradientReply):
+            rows, loss, who = reply.grads, reply.loss, reply.clients
+        else:  # θ_start is narrowed to `coords` like the reply
+            assert isinstance(request, TrainRequest)
+            rows = reply.params - start_models(request, reply.clients)
+            loss, who = reply.loss, reply.clients
         self.state.counts["uplink_floats_compressed"] += request.unit_cost()[1] * len(who)
         return rows, loss, who
 
-    def _probe(self, ctx: Context, own: torch.Tensor, present: np.ndarray,
-               sampled: np.ndarray, seed: int) -> tuple[dict[int, _Probe], np.ndarray]:
-        """Alg. 2 lines 6–7: the next model k̄ goes to the sampled clients not already on it.
-        A sampled client whose profile lacks a block that other clients were already asked
-        for (it was not sampled when that block's turn came) also receives that block's model
-        (`_asks`); with every client sampled, every client is asked for k̄ only. Returns, per
-        block, who was asked and the features (d̂ coordinates) of those that answered, and
-        how many extra models each client received. These vectors serve the profile only, so
+    def _probe_plan(self, ctx: Context, sampled: np.ndarray, seed: int
+                    ) -> list[tuple[int, np.ndarray, GradientRequest | TrainRequest | None]]:
+        """Alg. 2 lines 6–7, the requests: the next model k̄ goes to the sampled clients not
+        already on it. A sampled client whose profile lacks a block that other clients were
+        already asked for (it was not sampled when that block's turn came) also receives that
+        block's model (`_asks`); with every client sampled, every client is asked for k̄ only.
+        Per block asked for: (block, who is asked, the request to those of them not in the
+        block's cluster, None when there are none). These vectors serve the profile only, so
         the clients send the d̂ feature coordinates (`coords`, App. E.1); a client asked for
         its own cluster's block reuses the whole vector it sent for the model update (D.2: no
-        re-transmission). Every request of the round uses the same seed: the same minibatch."""
+        re-transmission). Every request of the round uses the same seed: the same
+        minibatch. `mode = "repo"`: block 0 from the update vectors, nothing is sent."""
         st, k = self.state, self.config.n_clusters
-        extra = np.zeros(len(own))
-        feats = self._to_features(own)
         if self.config.mode == "repo":
             st.kbar = 0
-            answered = np.flatnonzero(present)
-            return {0: _Probe(sampled, answered, feats[torch.from_numpy(answered)])}, extra
+            return [(0, sampled, None)]
         st.kbar = (st.kbar + 1) % k
         ask = self._asks(sampled)
-        probes: dict[int, _Probe] = {}
+        plan: list[tuple[int, np.ndarray, GradientRequest | TrainRequest | None]] = []
         for b in range(k):
             asked = sampled[ask[:, b]]
             if not len(asked):
                 continue
+            others = asked[st.assign[asked] != b]
+            req = None if not len(others) else self._vector_request(
+                ctx, st.models[b : b + 1], others, np.zeros(len(others), dtype=np.int64), seed,
+                coords=self.coords)
+            plan.append((b, asked, req))
+        return plan
+
+    def _probe(self, own: torch.Tensor, present: np.ndarray, sampled: np.ndarray,
+               plan: list[tuple[int, np.ndarray, GradientRequest | TrainRequest | None]],
+               replies: Iterator[Any]) -> tuple[dict[int, _Probe], np.ndarray]:
+        """Alg. 2 lines 6–7, the answers (`_probe_plan`'s requests, `replies` in order):
+        per block, who was asked and the features (d̂ coordinates) of those that answered,
+        and how many extra models each client received."""
+        st = self.state
+        extra = np.zeros(len(own))
+        feats = self._to_features(own)
+        if self.config.mode == "repo":
+            answered = np.flatnonzero(present)
+            return {0: _Probe(sampled, answered, feats[torch.from_numpy(answered)])}, extra
+        probes: dict[int, _Probe] = {}
+        for b, asked, req in plan:
             mine = asked[(st.assign[asked] == b) & present[asked]]
             who: list[np.ndarray] = [mine]
             rows: list[torch.Tensor] = [feats[torch.from_numpy(mine)]]
-            others = asked[st.assign[asked] != b]
-            if len(others):
-                got, _, replied = self._client_vectors(
-                    ctx, st.models[b : b + 1], others, np.zeros(len(others), dtype=np.int64),
-                    seed, coords=self.coords)
+            if req is not None:
+                got, _, replied = self._vectors(req, next(replies))
                 who.append(np.asarray(replied, dtype=np.int64))
                 rows.append(self._to_features(got))
-                extra[others] += 1.0
+                extra[req.clients] += 1.0
             probes[b] = _Probe(asked, np.concatenate(who), torch.cat(rows))
         return probes, extra
 
@@ -663,7 +692,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     # ------------------------------------------------------------------ costs (Tables 5–6)
     def _count(self, down: np.ndarray) -> None:
         """Add the round's models received, vectors sent and gradients computed per client
-        (the uplink floats are counted by `_client_vectors`, request by request)."""
+        (the uplink floats are counted by `_vectors`, request by request)."""
         counts = self.state.counts
         counts["models_down"] += float(down.sum())
         counts["vectors_up"] += float(down.sum())
@@ -704,15 +733,18 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         zeros = np.zeros(len(ids), dtype=np.int64)
         profile = torch.zeros(len(ids), k, width, dtype=torch.float64)
         got = np.ones(len(ids), dtype=bool)
-        for j in range(k):
-            model = st.models[j : j + 1]
-            if cfg.protocol == "gradient":
-                g = ctx.send(GradientRequest(ids, model, zeros, None, seed, coords=self.coords))
-                rows, who = g.grads, g.clients
+        asks: list[GradientRequest | TrainRequest] = [
+            GradientRequest(ids, st.models[j : j + 1], zeros, None, seed, coords=self.coords)
+            if cfg.protocol == "gradient" else
+            TrainRequest(ids, st.models[j : j + 1], zeros, ctx.training, seed,
+                         coords=self.coords) for j in range(k)]
+        replies = ctx.send(Steps.of(*asks)).replies  # the K vectors in one message
+        for j, (req, reply) in enumerate(zip(asks, replies, strict=True)):
+            if isinstance(reply, GradientReply):
+                rows, who = reply.grads, reply.clients
             else:
-                req = TrainRequest(ids, model, zeros, ctx.training, seed, coords=self.coords)
-                r = ctx.send(req)
-                rows, who = r.params - start_models(req, r.clients), r.clients
+                assert isinstance(req, TrainRequest)
+                rows, who = reply.params - start_models(req, reply.clients), reply.clients
             pos = answered(ids, who, np.arange(len(who)), -1)
             got &= pos >= 0
             feats = self._to_features(rows).double()

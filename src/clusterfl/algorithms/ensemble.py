@@ -9,7 +9,9 @@ client predicts with the mean of the K models' softmax outputs (`"mean_probs"`).
 
 Choices left open: the K runs share the round loop (one round of each per round) and the
 sampling rule (`fraction` or `per_round`; each model draws its own sample);
-sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here.
+sample-weighted averaging as in FedAvg; μ defaults to 0.01 like FedProx here. The K
+trainings of a round reach a client in one message (`protocol.Steps`, issue 26): a client
+sampled for several models trains each of them in turn, exactly as the separate requests.
 Clients absent from a reply (dropped out, or rejected by the guard, e.g. NaN/Inf parameters)
 are left out of the averages.
 
@@ -28,7 +30,7 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
-from clusterfl.protocol import Predictor, TrainRequest, mean_finite
+from clusterfl.protocol import Predictor, Steps, TrainRequest, mean_finite
 
 
 class FedAvgPlusConfig(SampledConfig):
@@ -72,11 +74,14 @@ class FedAvgPlus(Algorithm[FedAvgPlusConfig, EnsembleState]):
         losses = []
         models = self.state.models
         new = models.clone()
-        for k in range(len(models)):
+        requests = []
+        for k in range(len(models)):  # K independent samples: a client may be in several
             clients = ctx.sample_round(self.config)
-            reply = ctx.send(TrainRequest(clients, models[k : k + 1],
-                                          np.zeros(len(clients), np.int64), training,
-                                          ctx.next_seed()))
+            requests.append(TrainRequest(clients, models[k : k + 1],
+                                         np.zeros(len(clients), np.int64), training,
+                                         ctx.next_seed()))
+        replies = ctx.send(Steps.of(*requests)).replies  # one message per client
+        for k, reply in enumerate(replies):
             if len(reply.clients):
                 new[k] = weighted_mean(reply.params, reply.n_samples)
             losses.append(mean_finite(reply.loss))

@@ -46,6 +46,11 @@ Options and the choices the paper leaves open:
 - Communication: the K models go down once per round, with the loss request; the training
   (or gradient) request that follows reuses them (`models_held`), so a client costs K·d down
   (d_shared + K·d_last with weight sharing) and d up (K losses besides).
+- One message per client and round (issue 26): the loss request and the update travel
+  together as a `protocol.Steps` whose second step takes its model by a `Pick` of the first
+  (the client computes the K losses, takes ĵ, trains θ_ĵ: Alg. 1's client step as written).
+  The server applies the same rule (`choose_clusters`) to the returned losses to know ĵ;
+  results and booked costs are those of the two separate requests.
 
 Placing a client that did not train (`placement`): the paper's own cluster identity estimate
 (Alg. 1, ĵ = argmin_j F_i(θ_j)): one `LossRequest` with the K models, the least training loss
@@ -78,7 +83,17 @@ from clusterfl.clustering.aggregate import (
     weighted_mean,
 )
 from clusterfl.models.params import last_layer_mask
-from clusterfl.protocol import GradientRequest, LossRequest, Predictor, TrainRequest, mean_finite
+from clusterfl.protocol import (
+    GradientReply,
+    GradientRequest,
+    LossRequest,
+    Pick,
+    Predictor,
+    Steps,
+    TrainReply,
+    TrainRequest,
+    mean_finite,
+)
 
 
 class IFCAConfig(SampledConfig):
@@ -146,15 +161,17 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         if st.warm is not None and t <= cfg.warmup_rounds:
             return self._warmup_round(ctx, t)
         shared = 0 if self.shared is None else int(self.shared.sum())
-        losses = ctx.send(LossRequest(ctx.sample_round(cfg), st.models,
-                                      shared_coords=shared))
+        sampled = ctx.sample_round(cfg)
+        ask = LossRequest(sampled, st.models, shared_coords=shared)
+        # one message: the K losses, then the update at the least-loss model (`Pick`)
+        step = self._model_step if cfg.averaging == "model" else self._gradient_step
+        update = step(ctx, sampled)
+        both = ctx.send(Steps.of(ask, update, picks=[Pick(1, 0, cfg.assign_by)]))
+        losses, reply = both.replies
         clients = losses.clients  # dropped clients are absent from every reply
         chosen = choose_clusters(losses.loss, losses.accuracy, cfg.assign_by)
-        st.assign[clients] = chosen
-        if cfg.averaging == "model":
-            loss = self._model_step(ctx, clients)
-        else:
-            loss = self._gradient_step(ctx, clients)
+        st.assign[clients] = chosen  # what each client picked (`Pick` applies this rule)
+        loss = self._aggregate(ctx, reply)
         return IFCAExtras(
             train_loss=loss,
             assign_loss=mean_finite(losses.loss[np.arange(len(clients)), chosen]),
@@ -179,21 +196,27 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
                           cluster_sizes=cluster_sizes(st.assign, self.config.n_clusters),
                           warmup=1).to_dict()
 
-    def _model_step(self, ctx: Context, clients: np.ndarray) -> float | None:
-        """Option II: local training from θ_ĵ, per-cluster weighted model averaging."""
+    def _model_step(self, ctx: Context, clients: np.ndarray) -> TrainRequest:
+        """Option II: local training from θ_ĵ (ĵ picked on the device from the K losses);
+        `model_of_client` is filled in by the `Pick`."""
         st = self.state
-        reply = ctx.send(TrainRequest(clients, st.models, st.assign[clients], ctx.training,
-                                      ctx.next_seed(), models_held=True))
-        st.models = average_members(st.models, reply.params, st.assign[reply.clients],
-                                    reply.n_samples, self.shared)
-        return mean_finite(reply.loss)
+        return TrainRequest(clients, st.models, np.zeros(len(clients), np.int64), ctx.training,
+                            ctx.next_seed(), models_held=True)
 
-    def _gradient_step(self, ctx: Context, clients: np.ndarray) -> float | None:
-        """Option I: one gradient per client at θ_ĵ; θ_j ← θ_j − γ · mean gradient of C_j."""
+    def _gradient_step(self, ctx: Context, clients: np.ndarray) -> GradientRequest:
+        """Option I: one gradient per client at θ_ĵ."""
         st, cfg = self.state, self.config
-        reply = ctx.send(GradientRequest(clients, st.models, st.assign[clients],
-                                         cfg.gradient_batch_size, ctx.next_seed(),
-                                         models_held=True))
+        return GradientRequest(clients, st.models, np.zeros(len(clients), np.int64),
+                               cfg.gradient_batch_size, ctx.next_seed(), models_held=True)
+
+    def _aggregate(self, ctx: Context, reply: TrainReply | GradientReply) -> float | None:
+        """Per-cluster weighted model averaging (option II), or θ_j ← θ_j − γ · mean gradient
+        of C_j (option I)."""
+        st, cfg = self.state, self.config
+        if isinstance(reply, TrainReply):
+            st.models = average_members(st.models, reply.params, st.assign[reply.clients],
+                                        reply.n_samples, self.shared)
+            return mean_finite(reply.loss)
         mean_grads = average_members(torch.zeros_like(st.models), reply.grads,
                                      st.assign[reply.clients], reply.n_samples, self.shared)
         lr = cfg.server_lr if cfg.server_lr is not None else ctx.training.lr

@@ -33,10 +33,12 @@ from clusterfl.protocol import (
     MixtureTrainReply,
     MixtureTrainRequest,
     Reply,
+    Steps,
     SubspaceReply,
     SubspaceRequest,
     TrainReply,
     TrainRequest,
+    run_steps,
 )
 
 
@@ -70,7 +72,9 @@ class Backend(ABC):
         raise NotImplementedError(f"{cls.__name__} does not say how to build it from a config")
 
     def execute(self, request: Asks[RE]) -> RE:
-        """The reply of the clients that answered (all of them, in simulation)."""
+        """The reply of the clients that answered (all of them, in simulation). A `Steps`
+        runs its steps in order through `execute` itself (`protocol.run_steps`), so each step
+        is computed exactly as the separate request (vectorized where that one is)."""
         reply: Reply
         if isinstance(request, TrainRequest):
             reply = self.train(request)
@@ -90,6 +94,8 @@ class Backend(ABC):
             reply = self.mixture_fit(request)
         elif isinstance(request, BestCountRequest):
             reply = self.best_counts(request)
+        elif isinstance(request, Steps):  # each step as the request it stands for
+            reply = run_steps(self.execute, request)
         else:
             raise TypeError(f"unknown request type {type(request).__name__}")
         return cast(RE, reply)

@@ -6,12 +6,14 @@ and places the others at the end. The algorithms number the clients of their con
 node per client id of the whole federation) numbers them as the whole federation does. This
 wrapper translates: a request for local clients `i` goes to the inner backend for clients
 `ids[i]`, and the reply's `clients` are translated back. Only the `clients` field of requests
-and replies names clients (every other per-client field is a row in that order), so this works
-for every request type and every backend.
+and replies (and of the steps of a `Steps` and its reply) names clients (every other
+per-client field is a row in that order), so this works for every request type and every
+backend.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +29,8 @@ from clusterfl.protocol import (
     GradientRequest,
     LossReply,
     LossRequest,
+    Steps,
+    StepsReply,
     TrainReply,
     TrainRequest,
 )
@@ -50,11 +54,8 @@ class SubsetBackend(Backend):
             raise ValueError("SubsetBackend: client ids must be distinct")
 
     def execute(self, request: Any) -> Any:
-        local = np.asarray(request.clients, dtype=np.int64)
-        reply = self.inner.execute(replace(request, clients=self.ids[local]))
-        back = np.array([self.local[int(c)] for c in np.asarray(reply.clients).tolist()],
-                        dtype=np.int64)
-        return replace(reply, clients=back)
+        reply = self.inner.execute(_renumber(request, lambda c: int(self.ids[c])))
+        return _renumber(reply, lambda c: self.local[c])
 
     def train(self, req: TrainRequest) -> TrainReply:
         out: TrainReply = self.execute(req)
@@ -75,6 +76,18 @@ class SubsetBackend(Backend):
     def embed(self, req: EmbedRequest) -> EmbedReply:
         out: EmbedReply = self.execute(req)
         return out
+
+
+def _renumber(message: Any, to: Callable[[int], int]) -> Any:
+    """`message` with every client id c in its `clients` replaced by `to(c)`; in a `Steps` /
+    `StepsReply` also those of each step (the only other fields that name clients)."""
+    ids = np.array([to(int(c)) for c in np.asarray(message.clients).tolist()], dtype=np.int64)
+    if isinstance(message, Steps):
+        return replace(message, clients=ids, steps=[_renumber(s, to) for s in message.steps])
+    if isinstance(message, StepsReply):
+        return replace(message, clients=ids,
+                       replies=[_renumber(r, to) for r in message.replies])
+    return replace(message, clients=ids)
 
 
 __all__ = ["SubsetBackend"]

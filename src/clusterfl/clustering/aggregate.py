@@ -8,6 +8,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from clusterfl.protocol import pick_rows
+
 
 def weighted_mean(params: torch.Tensor, weights: np.ndarray) -> torch.Tensor:
     """Σ w_i p_i / Σ w_i over the rows of `params`."""
@@ -42,14 +44,7 @@ def choose_clusters(loss: np.ndarray, accuracy: np.ndarray | None = None,
 
     Non-finite losses count as +inf (a model that diverged is never chosen over another).
     """
-    finite = np.where(np.isfinite(loss), loss, np.inf)
-    if by == "loss":
-        return np.argmin(finite, axis=1).astype(np.int64)
-    if accuracy is None:
-        raise ValueError("choosing by accuracy needs the accuracies")
-    acc = np.nan_to_num(accuracy, nan=-1.0)
-    best = acc.max(axis=1, keepdims=True)
-    return np.argmin(np.where(acc == best, finite, np.inf), axis=1).astype(np.int64)
+    return pick_rows(loss, accuracy, by)  # the rule a client applies to a `Pick` step
 
 
 def cluster_sizes(assignment: np.ndarray, k: int) -> list[int]:

@@ -18,6 +18,11 @@ starts its SuperExec in a new session, so process groups alone would miss it). C
 `flwr run` reads the SuperLink connection from `$FLWR_HOME/config.toml`
 (`write_flwr_home` writes one).
 
+Latency (issue 26): SuperNodes are started as `python -m clusterfl.deploy.supernode` (Flower's
+`flower-supernode` with a 0.2 s idle poll instead of its hard-coded 3 s, see that module), and
+every process gets `FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1` (the SuperExecs' poll for new
+ClientApp / ServerApp tasks; Flower's default 1 s) unless the environment sets it.
+
 The SuperLink's SuperExec (the process that starts each submitted ServerApp) is started and
 supervised here rather than left to the SuperLink (`--isolation process`): Flower 1.41's
 SuperExec exits on the first error its SuperLink returns, and a loaded SuperLink can return
@@ -45,6 +50,9 @@ import tomli_w
 
 APP_DIR = Path(__file__).parent / "app"
 """The Flower App project (pyproject.toml naming our ServerApp and ClientApp)."""
+
+SUPEREXEC_POLL = "0.1"
+"""Seconds between a SuperExec's polls for tasks (`FLWR_SUPEREXEC_TASK_POLL_INTERVAL`)."""
 
 IN_MEMORY = ":flwr-in-memory:"
 """Flower's name for a SuperLink state kept in memory (`flwr.supercore.constant`); any other
@@ -155,7 +163,7 @@ def start(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None =
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 "PATH": path, "FLWR_SUPEREXEC_TASK_POLL_INTERVAL":
-                os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"), **(env or {})}
+                os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", SUPEREXEC_POLL), **(env or {})}
     popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env,
                              start_new_session=True, cwd=cwd)
     fh.close()
@@ -177,10 +185,14 @@ class Tls:
 
 
 def superlink_cmd(port: int, host: str = "127.0.0.1", tls: Tls | None = None,
-                  node_auth: bool = False, own_superexec: bool = False) -> list[str]:
-    """The `flower-superlink` command line (`own_superexec`: we start its SuperExec)."""
+                  node_auth: bool = False, own_superexec: bool = False,
+                  simulation: bool = False) -> list[str]:
+    """The `flower-superlink` command line (`own_superexec`: we start its SuperExec;
+    `simulation`: runs are simulated, Flower's simulation runtime and Ray, no SuperNodes)."""
     cmd = [flower_bin("flower-superlink"), "--host", host, "--port", str(port),
            "--database", IN_MEMORY, "--disable-runtime-dependency-installation"]
+    if simulation:
+        cmd.append("--simulation")
     if own_superexec:
         cmd += ["--isolation", "process"]
     if tls is None:
@@ -205,12 +217,16 @@ def superexec_cmd(runtime_address: str, ca: Path | None = None,
 
 
 def supernode_cmd(superlink: str, port: int, node_config: dict[str, object],
-                  ca: Path | None = None, auth_key: Path | None = None) -> list[str]:
-    """The `flower-supernode` command line (`node_config` → `--node-config 'k=v ...'`)."""
+                  ca: Path | None = None, auth_key: Path | None = None,
+                  fast_poll: bool = True) -> list[str]:
+    """The `flower-supernode` command line (`node_config` → `--node-config 'k=v ...'`);
+    `fast_poll`: Flower's SuperNode through `clusterfl.deploy.supernode`, whose idle poll
+    is 0.2 s instead of Flower 1.41's fixed 3 s (same arguments, same code otherwise)."""
     cfg = " ".join(f'{k}="{v}"' if isinstance(v, str | Path) else f"{k}={v}"
                    for k, v in node_config.items())
-    cmd = [flower_bin("flower-supernode"), "--superlink", superlink, "--port", str(port),
-           "--node-config", cfg]
+    exe = ([sys.executable, "-m", "clusterfl.deploy.supernode"] if fast_poll
+           else [flower_bin("flower-supernode")])
+    cmd = [*exe, "--superlink", superlink, "--port", str(port), "--node-config", cfg]
     cmd += ["--insecure"] if ca is None else ["--root-certificates", _abs(ca)]
     if auth_key is not None:
         cmd += ["--auth-supernode-private-key", _abs(auth_key)]
@@ -229,6 +245,12 @@ def write_flwr_home(home: Path, address: str, name: str = "clusterfl",
     path = home / "config.toml"
     path.write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
     return path
+
+
+def federation_config(n: int, num_cpus: float = 1) -> str:
+    """`flwr run --federation-config` of a local simulation federation: n virtual
+    SuperNodes, `num_cpus` per ClientApp actor (Flower 1.41 takes whole CPUs)."""
+    return f"num-supernodes={int(n)} client-resources-num-cpus={max(1, round(num_cpus))}"
 
 
 def run_config_arg(config: Path, out_dir: Path | None, overrides: Sequence[str] = ()) -> str:
@@ -255,17 +277,27 @@ class LocalDeployment:
     _supervisor: threading.Thread | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ca: Path | None = field(default=None, repr=False)  # the SuperLink's TLS root, if any
+    federation_config: str | None = None  # `flwr run --federation-config` (simulation)
 
-    def start_superlink(self, tls: Tls | None = None, node_auth: bool = False) -> None:
-        """The SuperLink, its SuperExec, and the supervisor that restarts the SuperExec."""
+    def start_superlink(self, tls: Tls | None = None, node_auth: bool = False,
+                        simulate: int = 0, num_cpus: float = 1.0) -> None:
+        """The SuperLink, its SuperExec, and the supervisor that restarts the SuperExec.
+
+        `simulate` = n > 0: a simulation SuperLink instead (Flower's supported path for a
+        simulated federation: `flwr run --federation-config 'num-supernodes=n ...'`, each
+        virtual SuperNode's ClientApp in a Ray actor with `num_cpus`); no SuperNodes are
+        started then."""
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._ca = None if tls is None else tls.ca
         self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth,
-                                                          own_superexec=True),
+                                                          own_superexec=True,
+                                                          simulation=simulate > 0),
                                self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
                                cwd=self.work)
         self.flwr_home = self.work / "cli-home"
+        self.federation_config = (federation_config(simulate, num_cpus) if simulate > 0
+                                  else None)
         write_flwr_home(self.flwr_home, self.address, ca=None if tls is None else tls.ca)
         _wait_port(port, 30.0, self.superlink)
         self._start_superexec()
@@ -328,6 +360,8 @@ class LocalDeployment:
         """Submit our app with `flwr run` (returns the `flwr` process; it streams logs)."""
         cmd = [flower_bin("flwr"), "run", str(app_dir), "clusterfl", "--stream",
                "--run-config", run_config_arg(config, out_dir, list(overrides))]
+        if self.federation_config:  # a simulation SuperLink: the simulated federation
+            cmd += ["--federation-config", self.federation_config]
         return start("flwr-run", cmd, self.work / "logs",
                      env={"FLWR_HOME": str(self.flwr_home)})
 

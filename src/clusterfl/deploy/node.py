@@ -102,7 +102,6 @@ def handle_raw(kind: str, node_config: dict[str, Any], meta: dict[str, Any],
     setup = json.loads(str(meta.get("setup", "{}")))
     if kind == "describe":
         return handle_describe(node_config, setup), {}
-    request = codec.decode(str(meta[codec.SKELETON_KEY]), arrays)
+    request = codec.wire_request(meta, arrays)
     reply = handle_request(node_config, setup, request)
-    skeleton, out = codec.encode(reply)
-    return {codec.SKELETON_KEY: skeleton}, out
+    return codec.wire_reply(reply)

@@ -169,20 +169,6 @@ def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[st
     return history
 
 
-def make_main(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
-              out_dir: str | Path | None = None, result: list[Any] | None = None) -> ServerApp:
-    """A ServerApp bound to a config dict (for `flwr.simulation.run_simulation`)."""
-    bound = ServerApp()
-
-    @bound.main()
-    def main(grid: Grid, context: Context) -> None:
-        history = run_on_grid(grid, raw, overrides, out_dir)
-        if result is not None:
-            result.append(history)
-
-    return bound
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point under `flwr run`: read the run config, run the experiment."""
@@ -192,4 +178,11 @@ def main(grid: Grid, context: Context) -> None:
         raise ClusterFLError("run config 'config' (path of a clusterfl TOML) is empty")
     overrides = [s for s in str(rc.get("overrides", "")).split(";") if s.strip()]
     out = str(rc.get("out-dir", "")) or None
+    try:  # replies' objects are pulled without Flower's 1 s first backoff (issue 26)
+        from clusterfl.deploy.supernode import fast_object_pulls
+
+        fast_object_pulls()
+    except RuntimeError as exc:
+        print(f"clusterfl: warning: {exc}; replies are pulled with Flower's own backoff",
+              flush=True)
     run_on_grid(grid, read_toml(path), overrides, out, resume=bool(rc.get("resume", False)))

@@ -6,6 +6,8 @@ process here, which would dominate every round. So the ClientApp of our Flower A
 (`app/clusterfl_app/client.py`, which imports only Flower and numpy) forwards each message
 over a Unix socket to this worker, started on first use, which keeps the engine and data in
 memory and answers with `node.handle_raw` — exactly what the in-process ClientApp calls.
+(SuperNodes started by our launcher need no worker: their SuperExec answers ClientApp tasks
+in its own long-lived process, `clusterfl.deploy.superexec`.)
 
 Lifetime: the worker exits when the process it watches (the SuperNode's SuperExec, the
 ClientApp's parent) is gone, after `--idle-timeout` seconds without a message, or on
@@ -13,7 +15,8 @@ SIGTERM. It removes its socket on exit.
 
 Wire format of one frame (both directions): 8-byte big-endian length, then an `.npz` archive
 whose array `__header__` is UTF-8 JSON (`{"kind", "node_config", "meta"}` in, `{"ok",
-"meta", "error"}` out) and whose other arrays are the message's arrays.
+"meta", "error", "handle_seconds"}` out: the last is the time `handle_raw` took, decode,
+compute and encode) and whose other arrays are the message's arrays.
 
     python -m clusterfl.deploy.worker --socket PATH --node-config JSON \
         [--watch-pid PID] [--idle-timeout SECONDS]
@@ -106,9 +109,11 @@ def serve(path: Path, node_config: dict[str, Any], watch_pid: int | None,
                 conn.settimeout(None)
                 header, arrays = read_frame(conn)
                 try:
+                    t0 = time.perf_counter()
                     meta, out = handle_raw(header["kind"], header["node_config"],
                                            header["meta"], arrays)
-                    reply = pack({"ok": True, "meta": meta}, out)
+                    reply = pack({"ok": True, "meta": meta,
+                                  "handle_seconds": time.perf_counter() - t0}, out)
                 except Exception as exc:  # the node answers with an error, never dies
                     msg = f"{type(exc).__name__}: {exc}"
                     traceback.print_exc()

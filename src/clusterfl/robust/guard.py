@@ -29,7 +29,7 @@ taken as one vector (one clip bound for what the client sends).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,12 +43,17 @@ from clusterfl.protocol import (
     MixtureTrainRequest,
     Reply,
     Request,
+    Steps,
+    StepsReply,
     TrainReply,
     TrainRequest,
     empty_reply,
     join,
     positions_of,
+    present,
+    resolve_step,
     start_models,
+    steps_reply,
     subset,
 )
 from clusterfl.robust.adversary import poison
@@ -133,7 +138,47 @@ class Guard:
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
         sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
-        reply = self._execute(backend, sent)
+        reply, uploaded = self._after(sent, self._execute(backend, sent))
+        return reply, int(reachable.sum()), uploaded
+
+    def send_steps(self, backend: Executor,
+                   request: Steps) -> tuple[StepsReply, list[tuple[int, int]]]:
+        """Run a compound request through the layer: ONE execution (one message per client
+        on Flower), then each step's reply through steps 3–5 exactly as if the step had been
+        sent alone (`send`), in order, with the step as the client executed it
+        (`protocol.resolve_step`): a client whose reply to a `Pick` source step was rejected
+        is taken off the picked step, as it would not have been asked. Faults: a client
+        unreachable this round answers no step. With a straggler this round and a training
+        step, the steps are executed one by one with the per-request straggler rule (a
+        simulated fault: on Flower that costs one message per step).
+
+        Returns the reply and, per step, (clients reached, clients that uploaded), from which
+        `Context.send` books each step as before."""
+        requested = np.asarray(request.clients, dtype=np.int64)
+        reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
+        self._events["dropped"].update(int(c) for c in requested[~reachable])
+        sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
+        slow = self._now.stragglers & set(np.asarray(sent.clients).tolist())
+        trains = any(isinstance(s, TrainRequest | MixtureTrainRequest) for s in sent.steps)
+        raw: StepsReply | None = None
+        if not (slow and trains):
+            raw = cast(StepsReply, empty_reply(sent) if not len(sent.clients)
+                       else join([backend.execute(sent)], order=sent.clients))
+        done: list[Reply] = []
+        counts: list[tuple[int, int]] = []
+        for j in range(len(sent.steps)):
+            self._request_no += 1
+            step = resolve_step(sent, j, done)
+            got = self._execute(backend, step) if raw is None else present(
+                raw.replies[j], step.clients)
+            reply, uploaded = self._after(step, got)
+            done.append(reply)
+            counts.append((len(step.clients), uploaded))
+        return steps_reply(sent.clients, done), counts
+
+    def _after(self, sent: Request, reply: Reply) -> tuple[Reply, int]:
+        """Steps 3–5 on the reply to `sent`: attacks, validation, privacy (and the round's
+        events); returns the reply and how many clients uploaded one."""
         silent = set(np.asarray(sent.clients).tolist()) - set(reply.clients.tolist())
         self._events["dropped"].update(int(c) for c in silent)
         uploaded = len(reply.clients)
@@ -155,7 +200,7 @@ class Guard:
         if self.privacy.clip is not None and isinstance(
                 sent, TrainRequest | GradientRequest | MixtureTrainRequest):
             reply = self._privatize(sent, reply)
-        return reply, int(reachable.sum()), uploaded
+        return reply, uploaded
 
     def _execute(self, backend: Executor, request: Request) -> Reply:
         """Execute (split for stragglers); the reply's rows follow `request.clients`."""

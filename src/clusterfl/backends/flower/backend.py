@@ -44,9 +44,11 @@ from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
     EvaluateRequest,
     MixtureTrainRequest,
+    Steps,
     TrainRequest,
     empty_reply,
     join,
+    request_name,
     subset,
 )
 
@@ -99,6 +101,9 @@ def active_session(session: FlowerSession) -> Iterator[FlowerSession]:
 
 def message_type(request: Any) -> str:
     """Flower message type of a protocol request ("<category>.request")."""
+    if isinstance(request, Steps):  # a round's steps: "train" when one of them trains
+        kinds = {message_type(s) for s in request.steps}
+        return "train.request" if "train.request" in kinds else "query.request"
     if isinstance(request, TrainRequest | MixtureTrainRequest):
         return "train.request"
     if isinstance(request, EvaluateRequest):
@@ -219,13 +224,13 @@ class FlowerBackend(Backend):
                   reasons: dict[int, str]) -> Any:
         if reasons:
             self.dropouts.append({
-                "request": type(request).__name__, "message_group": self._group,
+                "request": request_name(request), "message_group": self._group,
                 "clients": sorted(reasons), "reasons": {str(c): r for c, r in reasons.items()},
             })
         if not got:
             late = any("backend.timeout" in r for r in reasons.values())
             raise ClusterFLError(
-                f"no client answered the {type(request).__name__} (asked: "
+                f"no client answered the {request_name(request)} (asked: "
                 f"{clients.tolist()}; e.g. {next(iter(reasons.values()), '')})"
                 + (f"; if the nodes are only slow, raise backend.timeout (now "
                    f"{self.session.timeout:g} s)" if late else ""))

@@ -13,7 +13,8 @@ protocol dataclasses (`Predictor`, `LocalTraining`, ...). `encode` splits an obj
 dataclasses (every dataclass defined in `clusterfl.protocol`, found by inspection, so a
 request type added there later works unchanged). `to_recorddict` / `from_recorddict` put the
 two parts into a Flower `RecordDict` (one `ArrayRecord` "arrays", one `ConfigRecord`
-"meta" holding the skeleton string); they import Flower lazily.
+"meta" holding the skeleton string); they import Flower lazily. On the wire all arrays of a
+message travel as one packed byte array (`pack` / `unpack`, the layout beside the skeleton).
 
 Per-client slicing (server → one node) and reply assembly (nodes → one reply) are not done
 here: the backend uses `clusterfl.protocol.subset` and `clusterfl.protocol.join`, the one way
@@ -34,6 +35,8 @@ import torch
 import clusterfl.protocol as protocol
 
 SKELETON_KEY = "skeleton"
+LAYOUT_KEY = "layout"
+PACKED = "packed"
 ARRAYS = "arrays"
 META = "meta"
 
@@ -114,23 +117,69 @@ def _decode(v: Any, arrays: dict[str, np.ndarray], classes: dict[str, type]) -> 
     raise TypeError(f"malformed skeleton node: {sorted(v)}")
 
 
+# ---------------------------------------------------------------------------- one blob
+def pack(arrays: dict[str, np.ndarray]) -> tuple[str, dict[str, np.ndarray]]:
+    """All arrays as ONE byte array `{PACKED: uint8[...]}` and the JSON layout (key, dtype,
+    shape, offset) that `unpack` reads. Flower 1.41 stores and moves every `Array` of a
+    message as objects of their own (one request per object and hop, retried with backoff
+    when not there yet): a request with 15 arrays cost 15+ object transfers on each of the
+    four hops of a round trip, one blob costs one (issue 26)."""
+    layout, parts, offset = [], [], 0
+    for k, a in arrays.items():
+        a = np.asarray(a)
+        a = a if a.flags.c_contiguous else a.copy()  # (ascontiguousarray makes 0-d 1-d)
+        raw = a.reshape(-1).view(np.uint8) if a.size else np.zeros(0, np.uint8)
+        layout.append([k, a.dtype.str, list(a.shape), offset, int(raw.size)])
+        parts.append(raw)
+        offset += int(raw.size)
+    blob = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+    return json.dumps(layout), {PACKED: blob}
+
+
+def unpack(layout: str, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of `pack` (arrays that were not packed pass through)."""
+    if PACKED not in packed:
+        return packed
+    blob = np.ascontiguousarray(packed[PACKED]).view(np.uint8).reshape(-1)
+    out: dict[str, np.ndarray] = {}
+    for k, dtype, shape, offset, size in json.loads(layout):
+        out[k] = blob[offset: offset + size].view(np.dtype(dtype)).reshape(tuple(shape))
+    return out
+
+
 # ---------------------------------------------------------------------------- Flower records
 def to_recorddict(obj: Any, extra: dict[str, Any] | None = None) -> Any:
-    """A Flower `RecordDict` carrying `obj` (plus plain `extra` config values)."""
+    """A Flower `RecordDict` carrying `obj` (plus plain `extra` config values): the skeleton
+    and the layout in a `ConfigRecord`, every array in one packed `Array` (`pack`)."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
     skeleton, arrays = encode(obj)
+    layout, packed = pack(arrays)
     rec = ArrayRecord()
-    for k, a in arrays.items():
+    for k, a in packed.items():
         rec[k] = Array(a)
-    meta: dict[str, Any] = {SKELETON_KEY: skeleton}
+    meta: dict[str, Any] = {SKELETON_KEY: skeleton, LAYOUT_KEY: layout}
     meta.update(extra or {})
     return RecordDict({ARRAYS: rec, META: ConfigRecord(meta)})
 
 
 def from_recorddict(content: Any) -> tuple[Any, dict[str, Any]]:
-    """`(object, meta config values)` from a `RecordDict` made by `to_recorddict`."""
+    """`(object, meta config values)` from a `RecordDict` made by `to_recorddict` (or by a
+    node: `wire_reply`)."""
     meta = dict(content.config_records[META])
     rec = content.array_records.get(ARRAYS)
     arrays = {} if rec is None else {k: a.numpy() for k, a in rec.items()}
+    arrays = unpack(str(meta.pop(LAYOUT_KEY, "[]")), arrays)
     return decode(str(meta.pop(SKELETON_KEY)), arrays), meta
+
+
+def wire_request(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Any:
+    """The protocol object of a message's `meta` and (packed) `arrays` (a node's side)."""
+    return decode(str(meta[SKELETON_KEY]), unpack(str(meta.get(LAYOUT_KEY, "[]")), arrays))
+
+
+def wire_reply(obj: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """`(meta, packed arrays)` of a reply, what `from_recorddict` reads (a node's side)."""
+    skeleton, arrays = encode(obj)
+    layout, packed = pack(arrays)
+    return {SKELETON_KEY: skeleton, LAYOUT_KEY: layout}, packed

@@ -1,14 +1,17 @@
 """The ClientApp of clusterfl: answers each message with the engine on the node's own data.
 
 This module imports only Flower, numpy and the standard library, because Flower 1.41 starts
-a new `flwr-clientapp` process for every message. Two ways to answer:
+a new `flwr-clientapp` process for every message (unless the SuperNode was started by our
+launcher, whose SuperExec runs the ClientApp in its own long-lived process:
+`clusterfl.deploy.superexec`). Two ways to answer:
 
-- **persistent worker** (default under a SuperNode, i.e. in a `flwr-clientapp` process):
+- **persistent worker** (default in a `flwr-clientapp` process, Flower's own process per
+  message, i.e. SuperNodes started with `flower-supernode`):
   forward the message over a Unix socket to the node's long-lived worker
   (`clusterfl.deploy.worker`, started on first use; it keeps torch, the engine and
   the client's data in memory and exits with the SuperNode);
-- **in-process** (Flower's Ray simulation, whose actors are long-lived, or node config
-  `worker="none"`): call `clusterfl.deploy.node.handle_raw` directly.
+- **in-process** (any long-lived process: our launcher's SuperExec, Flower's Ray simulation
+  actors; or node config `worker="none"`): call `clusterfl.deploy.node.handle_raw` directly.
 
 Both run the same `handle_raw`. Message types: `query.describe` (handshake, reply
 `ConfigRecord "info"`), and `train.request` / `evaluate.request` / `query.request` (one
@@ -41,6 +44,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 app = ClientApp()
+_IMPORTED = time.time()
+_LAST: dict[str, Any] = {}  # the last worker call's own timing (see `_timing`)
 
 HEADER = "__header__"  # same frame format as clusterfl.deploy.worker
 WORKER_START_TIMEOUT = 180.0
@@ -136,11 +141,44 @@ def _call_worker(kind: str, node_config: dict[str, Any], meta: dict[str, Any],
         header, out = _read(conn)
     if not header.get("ok"):
         raise RuntimeError(f"node worker: {header.get('error')}")
+    _LAST["worker_handle"] = header.get("handle_seconds")
     return header["meta"], out
+
+
+# ----------------------------------------------------------------------------- timing
+def _process_start() -> float | None:
+    """Wall time this process started (Linux /proc), None elsewhere."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + int(stat[19]) / ticks
+
+
+def _timing(record: dict[str, Any]) -> None:
+    """With `CLUSTERFL_TIMING=FILE` set (benchmarks/flower/bench.py sets it), append one JSON
+    line per message: process start, the end of this module's imports, the handler's start
+    and end, all wall times in seconds."""
+    path = os.environ.get("CLUSTERFL_TIMING")
+    if not path:
+        return
+    record.update(process_start=_process_start(), imported=_IMPORTED,
+                  pid=os.getpid())
+    with contextlib.suppress(OSError), open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
 
 
 # ----------------------------------------------------------------------------- handlers
 def _answer(kind: str, message: Message, context: Context) -> Message:
+    start = time.time()
+    reply = _reply(kind, message, context)
+    _timing({"kind": kind, "handler_start": start, "handler_end": time.time(), **_LAST})
+    return reply
+
+
+def _reply(kind: str, message: Message, context: Context) -> Message:
     node_config = {k: v for k, v in dict(context.node_config).items()}
     content = message.content
     meta = dict(content.config_records["meta"]) if "meta" in content.config_records else {}
