@@ -43,3 +43,15 @@ def test_named_exceptions_send_two_only_in_their_decision_rounds(name, rounds):
     out = _messages().count(name)
     twice = sorted({t for t, c in out["per_round"].items() if max(c.values()) == 2})
     assert twice == rounds and out["max"] == 2
+
+
+@pytest.mark.parametrize("name", ["fesem", "fesem_cam"])
+def test_fesem_newcomers_get_the_losses_and_their_training_in_one_message(name):
+    """With a sample, clients first sampled after the first k-means start from the
+    least-loss center: the center losses and the training(s) travel together."""
+    m = _messages()
+    options = {"per_round": 3, "first_clustering": 0, "warmup_rounds": 0}
+    out = m.count(name, options, {"rounds": 6, "eval_every": 6})
+    assert out["max"] == 1 and out["mean"] == 1.0, out["per_round"]
+    start = m.count(name, {**options, "newcomer_start": "start"}, {"rounds": 6, "eval_every": 6})
+    assert out["floats"][0] > start["floats"][0]  # the newcomers' K center losses cost

@@ -260,10 +260,11 @@ def test_fesem_least_loss_newcomers_ask_the_centers_once_and_change_nothing_at_f
             real_send = ctx.send
 
             def send(request):
-                if isinstance(request, LossRequest):
-                    assert set(request.clients.tolist()) <= unclustered
-                    assert alg.state.centers is not None  # only once centers exist
-                    asks.append((t, request.clients.tolist()))
+                for step in getattr(request, "steps", [request]):  # in a Steps, or alone
+                    if isinstance(step, LossRequest):
+                        assert set(step.clients.tolist()) <= unclustered
+                        assert alg.state.centers is not None  # only once centers exist
+                        asks.append((t, step.clients.tolist()))
                 return real_send(request)
 
             ctx.send = send

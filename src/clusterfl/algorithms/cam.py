@@ -325,9 +325,9 @@ class FeSEMCAM(FeSEM):
         st = self.state
         clients = ctx.sample_round(self.config)
         rows, row_of = self.starts(clients)
-        row_of = self._newcomer_starts(ctx, clients, row_of)
-        rep_k, rep_g = ctx.send(Steps.of(*train_both(ctx, clients, st.g, rows, row_of,
-                                                     mu=self.config.lam))).replies
+        rep_k, rep_g = self._send_round(
+            ctx, clients, list(train_both(ctx, clients, st.g, rows, row_of, mu=self.config.lam)),
+            ["model", "offset"])
         st.g = update_global(st.g, rep_g)
         km = self._cluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
         extras = FeSEMCAMExtras(

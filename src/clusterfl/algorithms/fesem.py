@@ -88,11 +88,20 @@ from clusterfl.algorithms.base import (
     answered,
     check_k_fits,
 )
-from clusterfl.clustering.aggregate import choose_clusters, cluster_sizes
+from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
-from clusterfl.protocol import LossRequest, Predictor, TrainRequest, mean_finite
+from clusterfl.protocol import (
+    LossRequest,
+    Pick,
+    Predictor,
+    Steps,
+    TrainRequest,
+    join,
+    mean_finite,
+    select,
+)
 from clusterfl.records import RoundExtras
 
 LayerSpec = Literal["all", "linear"] | list[str]
@@ -220,10 +229,9 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
             return self._warmup_round(ctx, t)
         clients = ctx.sample_round(self.config)
         starts, start_of = self.starts(clients)
-        start_of = self._newcomer_starts(ctx, clients, start_of)
-        reply = ctx.send(TrainRequest(clients, starts, start_of,
-                                      replace(ctx.training, mu=self.config.lam),
-                                      ctx.next_seed()))
+        (reply,) = self._send_round(ctx, clients, [TrainRequest(
+            clients, starts, start_of, replace(ctx.training, mu=self.config.lam),
+            ctx.next_seed())], ["model"])
         km = self._cluster(ctx, reply.clients, reply.params, reply.n_samples)
         return self._extras(mean_finite(reply.loss), km, warmup=0)
 
@@ -248,20 +256,39 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         st.first, st.first_seen = None, None
         return self._recluster(ctx, seen, models, np.asarray(ctx.train_sizes)[seen])
 
-    def _newcomer_starts(self, ctx: Context, clients: np.ndarray,
-                         start_of: np.ndarray) -> np.ndarray:
-        """`newcomer_start = "least_loss"`: the clients of `clients` not yet clustered get the
-        K centers (a `LossRequest`) and start from the one with the least training loss;
-        k-means still decides their cluster. A client that does not answer starts from Θ_0."""
+    def _send_round(self, ctx: Context, clients: np.ndarray, requests: list[Any],
+                    intos: list[Literal["model", "offset"]]) -> list[Any]:
+        """Send the round's `requests` (each for all of `clients`, in that order) as one
+        message per client; one reply per request, its rows in `clients` order.
+
+        `newcomer_start = "least_loss"` (module doc): a client not yet clustered, once centers
+        exist, first computes the K centers' training losses (a `LossRequest`) and starts
+        from the least-loss center, IFCA's rule, in the same message: its part of each
+        request takes that center by a `Pick` (`intos[i]`: the request's model, or the member
+        of its offset predictor, FeSEM-CAM's global step). A newcomer whose loss step fails
+        does not train this round. k-means still decides its cluster."""
         st = self.state
-        if self.config.newcomer_start != "least_loss" or st.centers is None:
-            return start_of
-        new = clients[st.assign[clients] < 0]
+        new = np.zeros(0, dtype=np.int64)
+        if self.config.newcomer_start == "least_loss" and st.centers is not None:
+            new = clients[st.assign[clients] < 0]
         if not len(new):
-            return start_of
-        losses = ctx.send(LossRequest(new, st.centers))
-        out = start_of.copy()
-        out[np.searchsorted(clients, losses.clients)] = choose_clusters(losses.loss)
+            if len(requests) == 1:
+                return [ctx.send(requests[0])]
+            return list(ctx.send(Steps.of(*requests)).replies)
+        assert st.centers is not None  # newcomers exist only once centers do
+        old = clients[st.assign[clients] >= 0]
+        parts: list[Any] = [LossRequest(new, st.centers)]
+        picks = []
+        for request, into in zip(requests, intos, strict=True):
+            parts.append(select(request, new))
+            picks.append(Pick(len(parts) - 1, 0, "loss", into))
+        if len(old):
+            parts += [select(request, old) for request in requests]
+        replies = ctx.send(Steps.of(*parts, picks=picks)).replies
+        out = []
+        for i in range(len(requests)):
+            pieces = [replies[1 + i]] + ([replies[1 + len(requests) + i]] if len(old) else [])
+            out.append(join(pieces, order=clients))
         return out
 
     def _extras(self, loss: float | None, km: KMeansExtras | None,
