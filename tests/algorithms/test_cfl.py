@@ -340,7 +340,7 @@ def test_auto_rule_does_not_split_an_iid_federation(tmp_path: Path):
 def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
     """The paper's Fig. 8 on blobs: two clients with permuted labels split 1 | 1 after
     2 × patience rounds of the pair test; two clients of one distribution never split (their
-    update norms collapse below the run's peak / 10, or FL on them is not stationary)."""
+    update norms collapse below 0.25 × the run's peak, or FL on them is not stationary)."""
     fed = blob_federation(n_clients=2, n_clusters=2, seed=3, per_client=60)
     alg = CFL(CFLConfig())
     extras = run(alg, make_ctx(fed, seed=3), 30)
@@ -356,7 +356,7 @@ def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
         extras = run(alg, make_ctx(same, seed=seed), 60)
         assert not any(e["split"] for e in extras)
         reasons = {e["refused"][0] for e in extras}
-        assert "pair: client updates below peak/10" in reasons
+        assert "pair: client updates below 0.25 × peak" in reasons
 
 
 def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():

@@ -45,9 +45,10 @@ Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §
   against >= 2 for every correct cut there), but also the correct cuts of small federations
   (8 digits clients in 4 groups of 2: 0.43-0.88), so it is not the default. The history
   records every cluster's contrast either way. A cluster of exactly two clients (the paper's
-  Fig. 8) may split 1 | 1: then both client update norms must exceed max_t ‖Δθ_c‖ / 10 (the
-  largest cluster mean update norm of the run so far: the paper's rule of thumb for ε, so a
-  pair whose updates have collapsed — congruent clients at their joint optimum — stays), the
+  Fig. 8) may split 1 | 1: then both client update norms must exceed `PAIR_NORM` (0.25) ×
+  max_t ‖Δθ_c‖ (the largest cluster mean update norm of the run so far; ε2 = 2.5 ε1 with the
+  paper's rule of thumb ε1 = max_t ‖Δθ_c‖ / 10, so a pair whose updates have collapsed or
+  are still collapsing — congruent clients near their joint optimum — stays), the
   cluster's mean update must point against its previous one (cosine < 0: FL oscillates about
   a stationary point rather than still moving), and the test must pass in
   `PAIR_PATIENCE` × `patience` rounds (the 1 | 1 cut is the same every round, so the block
@@ -407,6 +408,12 @@ PAIR_PATIENCE = 2
 """Auto rule: a cluster of two clients needs this many times `patience` rounds (its 1 | 1
 bipartition is the same every round, so the consistency of the cut is no evidence)."""
 
+PAIR_NORM = 0.25
+"""Auto rule: both client update norms of a pair must exceed this × the run's largest
+cluster mean update norm (the paper's ε2 = 2.5 ε1 with its rule of thumb ε1 = max ‖Δθ_c‖ /
+10; 0.1 until 2026-11-25, which let a still-converging congruent pair split; 0.4 refused
+incongruent pairs)."""
+
 
 def _is_pair(s: _ClusterStep) -> bool:
     """Whether the split test sees a cluster of exactly two clients, both answering (the
@@ -714,8 +721,8 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         elif c.contrast_min > 0 and not pair and not s.cohesion.contrast > c.contrast_min:
             reason = "sides not apart beyond noise"
         elif pair and not float(torch.linalg.vector_norm(s.updates.double(), dim=1).min()) \
-                > self.state.peak / 10:
-            reason = "pair: client updates below peak/10"
+                > self.state.peak * PAIR_NORM:
+            reason = "pair: client updates below 0.25 × peak"
         elif pair and not s.drift < 0:  # NaN (the first round) refuses too
             reason = "pair: cluster still drifting"
         elif not gamma_criterion(s.split.max_cross, c.gamma_max):
