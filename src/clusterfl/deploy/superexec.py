@@ -30,7 +30,6 @@ import importlib
 import json
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -201,17 +200,9 @@ def patch() -> WarmClientApps:
 
 def main() -> None:
     """`flower-superexec` whose ClientApp tasks run in this process (same command line)."""
-    from clusterfl.deploy.supernode import fast_object_pulls
+    from clusterfl.deploy.supernode import run_patched
 
-    try:
-        patch()
-        fast_object_pulls()
-    except RuntimeError as exc:
-        sys.exit(f"error: {exc}")
-    from flwr.supercore.cli.flower_superexec import flower_superexec
-
-    sys.argv[0] = "flower-superexec"
-    flower_superexec()
+    run_patched(patch, "flwr.supercore.cli.flower_superexec", "flower-superexec")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -145,17 +146,23 @@ def fast_object_pulls(first: float = PULL_BACKOFF[0], cap: float = PULL_BACKOFF[
         kw["initial_backoff"], kw["backoff_cap"] = float(first), float(cap)
 
 
-def main() -> None:
-    """`flower-supernode` with the short polls (same command line)."""
+def run_patched(patch_fn: Callable[[], Any], module: str, command: str) -> None:
+    """Apply `patch_fn` and the fast object pulls, then run Flower's `command` (its function
+    of the same name, snake-cased, in `module`, imported only after patching) with this
+    process's command line; a patch that no longer fits Flower ends in a one-line error."""
     try:
-        patch()
+        patch_fn()
         fast_object_pulls()
     except RuntimeError as exc:
         sys.exit(f"error: {exc}")
-    from flwr.supernode.cli.flower_supernode import flower_supernode
+    entry = getattr(importlib.import_module(module), command.replace("-", "_"))
+    sys.argv[0] = command
+    entry()
 
-    sys.argv[0] = "flower-supernode"
-    flower_supernode()
+
+def main() -> None:
+    """`flower-supernode` with the short polls (same command line)."""
+    run_patched(patch, "flwr.supernode.cli.flower_supernode", "flower-supernode")
 
 
 if __name__ == "__main__":
