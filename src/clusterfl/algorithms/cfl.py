@@ -722,7 +722,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             reason = "sides not apart beyond noise"
         elif pair and not float(torch.linalg.vector_norm(s.updates.double(), dim=1).min()) \
                 > self.state.peak * PAIR_NORM:
-            reason = "pair: client updates below 0.25 × peak"
+            reason = f"pair: client updates below {PAIR_NORM:g} × peak"
         elif pair and not s.drift < 0:  # NaN (the first round) refuses too
             reason = "pair: cluster still drifting"
         elif not gamma_criterion(s.split.max_cross, c.gamma_max):
