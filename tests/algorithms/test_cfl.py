@@ -317,9 +317,10 @@ def test_auto_rule_is_the_default_and_finds_the_rotation_groups(tmp_path: Path):
     last = history.records[-1]
     assert last.ari == 1.0 and last.n_clusters == 4
     splits = [r for r in history.records if r.extras["split"]]
-    assert len(splits) == 3
-    for r in splits:  # every accepted split met the rule, with the extras to show it
-        e, ev = r.extras, r.extras["splits"][0]
+    events = [(r, ev) for r in splits for ev in r.extras["splits"] if ev["accepted"]]
+    assert len(events) == 3
+    for r, ev in events:  # every accepted split met the rule, with the extras to show it
+        e = r.extras
         k = e["clusters"].index(ev["node"])
         c = CFLConfig()
         assert e["refused"][k] is None and e["stationarity"][k] < c.stationarity_max
@@ -357,6 +358,50 @@ def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
         assert not any(e["split"] for e in extras)
         reasons = {e["refused"][0] for e in extras}
         assert "pair: client updates below 0.25 × peak" in reasons
+
+
+def test_auto_rule_waits_until_fl_has_left_the_initial_plateau(tmp_path: Path):
+    """Progress: no split while a cluster's mean training loss is at least (1 − progress) ×
+    the first round's; the first split comes in a round below it, and without the condition
+    the same federation splits earlier (its first cuts, on the untrained model)."""
+    history = Experiment.from_config(tiny_rotation([0, 90, 180, 270]), out_dir=tmp_path).run()
+    first = history.records[0].extras["train_loss"]
+    bar = (1 - CFLConfig().progress) * first
+    waited = [r for r in history.records if any(
+        str(x).startswith("no progress") for x in r.extras["refused"])]
+    assert waited and all(r.extras["loss"][0] >= bar for r in waited)
+    split = next(r for r in history.records if r.extras["split"])
+    assert split.extras["loss"][0] < bar and split.round > waited[-1].round
+    assert history.records[-1].ari == 1.0
+    raw = tiny_rotation([0, 90, 180, 270])
+    raw["algorithm"]["progress"] = 0.0
+    off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
+    assert next(r.round for r in off.records if r.extras["split"]) < split.round
+    assert not any(str(x).startswith("no progress")
+                   for r in off.records for x in r.extras["refused"])
+
+
+def test_nesting_keeps_a_pure_child_whole(tmp_path: Path):
+    """Nesting: after the correct first split of two rotation groups of four (seed 11), the
+    two pure children are cut 2 | 2 by noise three rounds running (rounds 29 and 30) unless a
+    cut must set its sides further apart than the split that formed the cluster did. The
+    recorded quantities are the ones compared."""
+    raw = tiny_rotation([0, 180], seed=11)
+    history = Experiment.from_config(raw, out_dir=tmp_path).run()
+    assert history.records[-1].ari == 1.0 and history.records[-1].n_clusters == 2
+    split = next(r for r in history.records if r.extras["split"])
+    ev = split.extras["splits"][0]
+    formed = [w - ev["cross"] for w in ev["within"]]
+    later = history.records[split.round].extras  # the round after: the two children
+    assert later["formed_separation"] == pytest.approx(formed)
+    refusals = [(r.extras["separation"][k], r.extras["formed_separation"][k])
+                for r in history.records[split.round:]
+                for k, x in enumerate(r.extras["refused"])
+                if x == "sides less apart than when the cluster formed"]
+    assert refusals and all(now <= then for now, then in refusals)
+    raw["algorithm"]["nesting"] = False
+    off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
+    assert off.records[-1].n_clusters > 2 and off.records[-1].ari < 1.0
 
 
 def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():

@@ -8,8 +8,10 @@
   gap g(α) of every cluster per round; split rounds marked.
 - `cfl_split_test.png`: per cluster and round the quantities of the split test: the
   stationarity ratio ‖Δθ_c‖ / mean ‖Δθ_i‖, the smaller within-side and the cross mean cosine of
-  the candidate bipartition (Algorithm 1), the separation gap, and why the cluster did not
-  split (one row per reason); the auto rule's constants drawn when it is the run's rule.
+  the candidate bipartition (Algorithm 1), the separation gap with the auto rule's nesting
+  quantities (max within − cross of the candidate, and the same of the split that formed the
+  cluster), and why the cluster did not split (one row per reason); the auto rule's
+  constants drawn when it is the run's rule.
 - `cfl_similarity_<round>_<node>.png`: for every accepted split, the cosine similarity of the
   split cluster's updates, ordered by the two groups (and by true cluster inside them).
 """
@@ -209,9 +211,26 @@ def refusal_series(records: list[RoundRecord]) -> dict[int, tuple[list[int], lis
         for node, reason in zip(e.clusters, e.refused):
             xs, ys = out.setdefault(int(node), ([], []))
             xs.append(r.round)
-            ys.append("split" if reason is None else str(reason).split(" ")[0]
-                      if str(reason).startswith("patience") else str(reason))
+            ys.append("split" if reason is None else _short(str(reason)))
     return out
+
+
+SHORT = {"sides less apart than when the cluster formed": "less apart than when formed",
+         "fewer than 2 × min_side clients answered": "< 2 × min_side answered",
+         "fewer than min_split_size clients": "< min_split_size",
+         "fewer than 2 clients answered": "< 2 answered"}
+
+
+def _short(reason: str) -> str:
+    """A refusal reason as a row label of the figure: "patience 2/3" → "patience",
+    "no progress: loss ≥ …" → "no progress", long reasons abbreviated."""
+    if reason.startswith("patience"):
+        return "patience"
+    if reason.startswith("no progress"):
+        return "no progress"
+    if reason.startswith("pair: client updates below"):
+        return "pair: norms below " + reason.split("below ", 1)[1]
+    return SHORT.get(reason, reason)
 
 
 def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, float]) -> Path:
@@ -246,8 +265,17 @@ def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, fl
     for node, (x, y) in gaps.items():
         if np.isfinite(y).any():
             ax_g.plot(x, y, color=colors.get(node, "k"), lw=1.3)
+    apart = node_series(records, lambda e: e.separation)
+    formed = node_series(records, lambda e: e.formed_separation)
+    for series, style in ((apart, "--"), (formed, "-.")):
+        for node, (x, y) in series.items():
+            if np.isfinite(y).any():
+                ax_g.plot(x, y, color=colors.get(node, "k"), lw=0.9, ls=style)
     ax_g.axhline(0.0, color="k", lw=0.8)
-    ax_g.set_ylabel("separation gap g(α)\n(true clusters)")
+    ax_g.set_ylabel("how far apart")
+    ax_g.text(0.01, 0.02, "solid: g(α); dashed: max within − cross; dash-dot: the same "
+              "when the cluster formed",
+              transform=ax_g.transAxes, fontsize="x-small", color="0.3")
     reasons = refusal_series(records)
     names = sorted({y for _, ys in reasons.values() for y in ys}, key=lambda v: (v == "split", v))
     row = {name: i for i, name in enumerate(names)}
