@@ -139,10 +139,15 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/runs/cfl-auto",
                    help="run folders (git-ignored; default benchmarks/runs/cfl-auto)")
     p.add_argument("--tag", default="")
+    p.add_argument("--ablation", action="store_true",
+                   help="allow --set on the validation set: a check of another rule (e.g. an "
+                        "earlier one) on a validation federation, never a validation result; "
+                        "give it its own --tag")
     a = p.parse_args()
     table, seeds = (DEV, DEV_SEEDS) if a.set_name == "dev" else (VAL, VAL_SEEDS)
-    if a.set_name == "val" and a.sets:
-        p.error("the validation set runs with the defaults only")
+    if a.set_name == "val" and a.sets and not a.ablation:
+        p.error("the validation set runs with the defaults only (--ablation for a check of "
+                "another rule)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"auto_{a.set_name}{a.tag}.jsonl"
     done = set()  # resumable: a run whose row is in the file already is not run again
