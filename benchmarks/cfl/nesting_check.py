@@ -36,19 +36,10 @@ from clusterfl.records import read_history, read_summary
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import run_auto  # noqa: E402  (the development / validation federations)
+from run_auto_tiny import config as tiny  # noqa: E402  (the unit tests' federation)
 
 SUITE = HERE.parent / "suite"
 OFF = ["algorithm.nesting=false"]
-
-
-def tiny(angles: list[int], seed: int) -> dict[str, Any]:
-    """The unit tests' federation: digits, 8 clients in rotation groups, 40 rounds."""
-    return {"seed": seed, "rounds": 40, "eval_every": 40, "checkpoint_every": 0,
-            "data": {"source": "digits"},
-            "scenario": {"name": "rotation", "n_clients": 8, "angles": angles},
-            "model": {"name": "mlp", "hidden": [32]},
-            "train": {"lr": 0.1, "momentum": 0.5, "batch_size": 16, "epochs": 1},
-            "algorithm": {"name": "cfl"}, "output": {"figures": False, "progress": "off"}}
 
 
 def suite(name: str, seed: int) -> dict[str, Any]:

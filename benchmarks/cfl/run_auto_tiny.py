@@ -11,8 +11,21 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from typing import Any
 
 from clusterfl.experiment import Experiment
+
+
+def config(angles: list[int], seed: int, n: int = 8, rounds: int = 40,
+           extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tiny digits federation of rotation groups, CFL with its defaults (or `extra`)."""
+    return {"seed": seed, "rounds": rounds, "eval_every": rounds, "checkpoint_every": 0,
+            "data": {"source": "digits"},
+            "scenario": {"name": "rotation", "n_clients": n, "angles": angles},
+            "model": {"name": "mlp", "hidden": [32]},
+            "train": {"lr": 0.1, "momentum": 0.5, "batch_size": 16, "epochs": 1},
+            "algorithm": {"name": "cfl", **(extra or {})},
+            "output": {"figures": False, "progress": "off"}}
 
 
 def main() -> None:
@@ -24,13 +37,7 @@ def main() -> None:
     for angles in ([0, 180], [0], [0, 90, 180, 270]):
         out = []
         for seed in range(12):
-            cfg = {"seed": seed, "rounds": rounds, "eval_every": rounds, "checkpoint_every": 0,
-                   "data": {"source": "digits"},
-                   "scenario": {"name": "rotation", "n_clients": n, "angles": angles},
-                   "model": {"name": "mlp", "hidden": [32]},
-                   "train": {"lr": 0.1, "momentum": 0.5, "batch_size": 16, "epochs": 1},
-                   "algorithm": {"name": "cfl", **extra},
-                   "output": {"figures": False, "progress": "off"}}
+            cfg = config(angles, seed, n, rounds, extra)
             with tempfile.TemporaryDirectory() as tmp:
                 last = Experiment.from_config(cfg, out_dir=tmp).run(progress=False).records[-1]
             out.append((round(last.ari or 0.0, 2), last.n_clusters))
