@@ -381,6 +381,34 @@ def test_auto_rule_waits_until_fl_has_left_the_initial_plateau(tmp_path: Path):
                    for r in off.records for x in r.extras["refused"])
 
 
+def test_progress_passes_without_a_usable_loss():
+    """The progress condition compares a cluster's loss with the first round's; with no loss
+    reported (NaN), no first loss, a first loss that is not positive, or `progress = 0`, it
+    lets the other conditions decide."""
+    from clusterfl.algorithms.cfl import _ClusterStep
+    fed = blob_federation(n_clients=4, n_clusters=2)
+    alg = CFL(CFLConfig())
+    alg.setup(make_ctx(fed))
+    node = alg.tree.root
+    step = _ClusterStep(node, node.clients, torch.zeros(4, 3), np.ones(4), torch.zeros(3), 0.0,
+                        0.0, None, None, None)
+    assert alg.state.first_loss is None and alg._progressed(step)
+    alg.state.first_loss = 2.0
+    step.loss = 1.95  # above 0.95 × 2.0
+    assert not alg._progressed(step)
+    step.loss = 1.8
+    assert alg._progressed(step)
+    step.loss = float("nan")
+    assert alg._progressed(step)
+    step.loss, alg.state.first_loss = 5.0, -1.0
+    assert alg._progressed(step)
+    alg.state.first_loss = 2.0
+    assert not alg._progressed(step)
+    off = CFL(CFLConfig(progress=0.0))
+    off.state = alg.state
+    assert off._progressed(step)
+
+
 def test_nesting_keeps_a_pure_child_whole(tmp_path: Path):
     """Nesting: after the correct first split of two rotation groups of four (seed 11), the
     two pure children are cut 2 | 2 by noise three rounds running (rounds 29 and 30) unless a
