@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,9 @@ def main() -> None:
                          "<method>_seed<k> in results.json and runs/")
     ap.add_argument("--tag", default="", help="suffix of the row and run folder names "
                     "(e.g. _clustering for a rounds=1 run that only clusters)")
+    ap.add_argument("--alg", action="append", default=[], metavar="KEY=VALUE",
+                    help="a field of the method's [algorithm] table (TOML value), e.g. "
+                         "threshold=0.3 or k=3; use with --tag so the row gets its own name")
     ap.add_argument("--resume", action="store_true",
                     help="skip a method whose row (same key and overrides) is in results.json")
     args = ap.parse_args()
@@ -95,13 +99,15 @@ def main() -> None:
     base = load_config(apply_overrides(raw, args.set))  # e.g. a seed: its own partition
     federation = build_federation(base)
     results_path = HERE / "results.json"
+    alg = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (a.split("=", 1) for a in args.alg)}
+    recorded = [*args.set, *(f"algorithm.{a}" for a in args.alg)]
     for method in args.methods.split(","):
         name = method + args.tag + (f"_seed{args.seed}" if args.seed else "")
         done = json.loads(results_path.read_text()) if results_path.is_file() else {}
-        if args.resume and done.get(args.scenario, {}).get(name, {}).get("overrides") == args.set:
+        if args.resume and done.get(args.scenario, {}).get(name, {}).get("overrides") == recorded:
             print(args.scenario, name, "finished, skipped", flush=True)
             continue
-        cfg = {**raw, "algorithm": method_table(method, base.data.source)}
+        cfg = {**raw, "algorithm": {**method_table(method, base.data.source), **alg}}
         out = HERE / "runs" / args.scenario / name
         t0 = time.perf_counter()
         exp = Experiment.from_config(cfg, overrides=args.set, out_dir=out, federation=federation)
@@ -110,7 +116,7 @@ def main() -> None:
         row["process_seconds"] = round(time.perf_counter() - t0, 1)
         key = "flt" if method.startswith("flt") else method
         row["paper"] = PAPER.get(args.scenario, {}).get(key)
-        row["overrides"] = args.set
+        row["overrides"] = recorded
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         results.setdefault(args.scenario, {})[name] = row
         results_path.write_text(json.dumps(results, indent=1))

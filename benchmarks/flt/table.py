@@ -1,6 +1,7 @@
 """Print the markdown tables of `results.json` (ours beside the paper's numbers), then the
 rows run over several seeds (mean ± std over seeds) and the γ sweeps of `gamma_sweep.json`
-(mean over the swept runs, with each run's automatic-C result)."""
+(per run family, i.e. names that differ only by `_seed<k>`: the mean over its seeds, with each
+seed's automatic-C result)."""
 
 from __future__ import annotations
 
@@ -84,27 +85,35 @@ def sweep_table() -> None:
     path = HERE / "gamma_sweep.json"
     if not path.is_file():
         return
-    for scenario, runs in json.loads(path.read_text()).items():
-        names = sorted(runs)
-        print(f"\n### γ sweep, {scenario} (linked shares: mean over {len(names)} runs: "
-              f"{', '.join(names)}; automatic C: clusters / ARI per run)\n")
-        print("| distance | γ | within pairs linked | cross pairs sharing a class linked | "
-              "cross pairs sharing none linked | gap rule: C / ARI | components: C / ARI |")
-        print("|---|---|---|---|---|---|---|")
-        for i, first in enumerate(runs[names[0]]):
-            rs = [runs[n][i] for n in names]
-            assert all(r["distance"] == first["distance"] and r["gamma"] == first["gamma"]
-                       for r in rs)
+    for scenario, all_runs in json.loads(path.read_text()).items():
+        families: dict[str, dict[str, Any]] = {}  # runs that differ only by `_seed<k>`
+        for run, rows in all_runs.items():
+            families.setdefault(re.sub(r"_seed\d+$", "", run), {})[run] = rows
+        for family, runs in families.items():
+            sweep_family(scenario, family, runs)
 
-            def share(key: str, rs: list[dict[str, Any]] = rs) -> str:
-                v = [r[key] for r in rs if r[key] is not None]
-                return "–" if not v else f"{np.mean(v):.2f}"
 
-            gap = ", ".join(f"{r['gap_clusters']} / {r['gap_ari']:.2f}" for r in rs)
-            comp = ", ".join(f"{r['components']} / {r['components_ari']:.2f}" for r in rs)
-            print(f"| {first['distance']} | {first['gamma']} | {share('linked_within')} | "
-                  f"{share('linked_cross_shared')} | {share('linked_cross_disjoint')} | "
-                  f"{gap} | {comp} |")
+def sweep_family(scenario: str, family: str, runs: dict[str, Any]) -> None:
+    names = sorted(runs)
+    print(f"\n### γ sweep, {scenario}, {family} (linked shares: mean over {len(names)} "
+          f"runs: {', '.join(names)}; automatic C: clusters / ARI per run)\n")
+    print("| distance | γ | within pairs linked | cross pairs sharing a class linked | "
+          "cross pairs sharing none linked | gap rule: C / ARI | components: C / ARI |")
+    print("|---|---|---|---|---|---|---|")
+    for i, first in enumerate(runs[names[0]]):
+        rs = [runs[n][i] for n in names]
+        assert all(r["distance"] == first["distance"] and r["gamma"] == first["gamma"]
+                   for r in rs)
+
+        def share(key: str, rs: list[dict[str, Any]] = rs) -> str:
+            v = [r[key] for r in rs if r[key] is not None]
+            return "–" if not v else f"{np.mean(v):.2f}"
+
+        gap = ", ".join(f"{r['gap_clusters']} / {r['gap_ari']:.2f}" for r in rs)
+        comp = ", ".join(f"{r['components']} / {r['components_ari']:.2f}" for r in rs)
+        print(f"| {first['distance']} | {first['gamma']} | {share('linked_within')} | "
+              f"{share('linked_cross_shared')} | {share('linked_cross_disjoint')} | "
+              f"{gap} | {comp} |")
 
 
 def main() -> None:
