@@ -6,7 +6,8 @@
 #  2. k = 3 centroids per client instead of 5 (the authors' code takes k from the number of
 #     classes of the client's cluster): one clustering per seed and its γ sweep, to test
 #     whether k is why the matched distance fills the blocks of Ã only partly; then the
-#     matched distance with k = 3 at T = 100 (seed 0).
+#     matched distance with k = 3 at T = 100 (seed 0), and the paper's min distance with k = 3
+#     at T = 100 (seed 0; run by hand beside the previous one the first time).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1 CLUSTERFL_DATA="${CLUSTERFL_DATA:?point CLUSTERFL_DATA at the datasets}"
@@ -19,3 +20,4 @@ for seed in 0 1 2; do
     "$PY" benchmarks/flt/gamma_sweep.py s2_mnist --run "$run" --seed "$seed"
 done
 "${R[@]}" --methods flt_matched_cc --tag _k3 --alg k=3 --seed 0
+"${R[@]}" --methods flt --tag _k3_t100 --alg k=3 --seed 0
