@@ -461,6 +461,12 @@ def _within_min(c: Cohesion) -> float:
     return min(sides) if sides else 1.0
 
 
+def _apart(c: Cohesion) -> float:
+    """How far a bipartition sets its sides apart: the larger within mean minus the cross
+    mean (what the nesting condition compares, now and when a cluster formed)."""
+    return _within_max(c) - c.cross
+
+
 def _nested(s: _ClusterStep) -> bool:
     """Auto rule, nesting: a cluster made by an earlier split splits again only along a cut
     that sets its sides apart more clearly than that split set the cluster apart from its
@@ -473,7 +479,7 @@ def _nested(s: _ClusterStep) -> bool:
     formed = s.node.separation
     if formed is None or math.isnan(formed) or s.cohesion is None:
         return True
-    return _within_max(s.cohesion) - s.cohesion.cross > formed
+    return _apart(s.cohesion) > formed
 
 
 @dataclass
@@ -871,8 +877,8 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             drift=[_finite(s.drift) for s in steps],
             formed_separation=[None if s.node.separation is None else
                                _finite(s.node.separation) for s in steps],
-            separation=[None if s.cohesion is None else
-                        _finite(_within_max(s.cohesion) - s.cohesion.cross) for s in steps],
+            separation=[None if s.cohesion is None else _finite(_apart(s.cohesion))
+                        for s in steps],
             loss=[_finite(s.loss) for s in steps],
             max_mean_norm=max(s.mean_norm for s in steps),
             max_client_norm=max(s.max_norm for s in steps),
