@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -99,15 +98,16 @@ def main() -> None:
     base = load_config(apply_overrides(raw, args.set))  # e.g. a seed: its own partition
     federation = build_federation(base)
     results_path = HERE / "results.json"
-    alg = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (a.split("=", 1) for a in args.alg)}
-    recorded = [*args.set, *(f"algorithm.{a}" for a in args.alg)]
+    alg_sets = [f"algorithm.{a}" for a in args.alg]
+    recorded = [*args.set, *alg_sets]
     for method in args.methods.split(","):
         name = method + args.tag + (f"_seed{args.seed}" if args.seed else "")
         done = json.loads(results_path.read_text()) if results_path.is_file() else {}
         if args.resume and done.get(args.scenario, {}).get(name, {}).get("overrides") == recorded:
             print(args.scenario, name, "finished, skipped", flush=True)
             continue
-        cfg = {**raw, "algorithm": {**method_table(method, base.data.source), **alg}}
+        cfg = apply_overrides({**raw, "algorithm": method_table(method, base.data.source)},
+                              alg_sets)
         out = HERE / "runs" / args.scenario / name
         t0 = time.perf_counter()
         exp = Experiment.from_config(cfg, overrides=args.set, out_dir=out, federation=federation)
