@@ -25,6 +25,8 @@ from clusterfl.clustering.cosine import (
     optimal_bipartition,
     pairwise_cosine,
     separation_gap,
+    shuffle_pvalue,
+    single_linkage_labels,
     stationarity_ratio,
 )
 
@@ -259,3 +261,91 @@ def test_contrast_is_zero_for_orthogonal_updates_and_grows_with_the_sides():
     assert block(2, 2) < block(4, 4) < block(16, 16)
     assert block(6, 2) < 1.0 < block(16, 16)
     assert math.isnan(Cohesion(0.5, 0.5, 0.0).contrast)  # sizes not given
+
+
+# ------------------------------------------------------------- the shuffle test (auto rule)
+
+
+def test_single_linkage_labels_are_algorithm_1s_cut():
+    """The fast cut (maximum spanning tree without its weakest edge) is Algorithm 1's, on
+    random matrices (no ties) of 2 to 30 clients, and on block matrices."""
+    rng = np.random.default_rng(21)
+    for n in [2, 3, 4, 5, 8, 13, 30]:
+        for _ in range(40):
+            sim = pairwise_cosine(rng.normal(size=(n, 12)))
+            want = optimal_bipartition(sim)
+            labels = single_linkage_labels(sim)
+            assert labels[0] == 0
+            assert np.array_equal(np.flatnonzero(labels == 0), want.first)
+            assert np.array_equal(np.flatnonzero(labels == 1), want.second)
+
+
+def reference_pvalue(sim: np.ndarray, observed: float, draws: int,
+                     rng: np.random.Generator) -> float:
+    """The shuffle test written out: the same permutations, Algorithm 1 and `cohesion`."""
+    n = len(sim)
+    rows, cols = np.triu_indices(n, k=1)
+    hits = 0
+    for _ in range(draws):
+        order = rng.permutation(len(rows))
+        null = np.eye(n)
+        for k, src in enumerate(order):
+            null[rows[k], cols[k]] = null[cols[k], rows[k]] = sim[rows[src], cols[src]]
+        cut = optimal_bipartition(null)
+        hits += cohesion(null, cut.first, cut.second).contrast >= observed
+    return (1 + hits) / (1 + draws)
+
+
+def test_shuffle_pvalue_equals_the_reference_loop():
+    rng = np.random.default_rng(5)
+    for n in [3, 5, 9, 16]:
+        sim = pairwise_cosine(rng.normal(size=(n, 8)) + rng.normal(size=8))
+        cut = optimal_bipartition(sim)
+        observed = cohesion(sim, cut.first, cut.second).contrast
+        got = shuffle_pvalue(sim, observed, 60, np.random.default_rng(n))
+        assert got == pytest.approx(reference_pvalue(sim, observed, 60,
+                                                     np.random.default_rng(n)))
+
+
+def groups(sizes: list[int], signal: float, dim: int, rng: np.random.Generator) -> np.ndarray:
+    """Updates of clients in groups: a direction per group (length `signal`) plus unit-scale
+    noise in `dim` dimensions."""
+    centres = rng.normal(size=(len(sizes), dim))
+    centres *= signal / np.linalg.norm(centres, axis=1, keepdims=True)
+    return np.concatenate([c + rng.normal(size=(k, dim)) / math.sqrt(dim)
+                           for c, k in zip(centres, sizes)])
+
+
+def test_shuffle_pvalue_of_one_distribution_and_of_groups():
+    """One distribution (a common direction plus independent noise): the p-value of
+    Algorithm 1's cut falls below 0.05 in about 5 % of the matrices (a little more is
+    possible: clients that align better with the common direction make a matrix a little more
+    structured than its shuffles); four groups of five clients, or two of four, give the
+    smallest p-value there is."""
+    rng = np.random.default_rng(8)
+    ps = []
+    for _ in range(300):
+        sim = pairwise_cosine(groups([20], 0.5, 200, rng))
+        cut = optimal_bipartition(sim)
+        ps.append(shuffle_pvalue(sim, cohesion(sim, cut.first, cut.second).contrast, 99, rng))
+    ps = np.array(ps)
+    assert 0.01 <= (ps < 0.05).mean() <= 0.1
+    assert np.median(ps) > 0.1
+    for sizes in ([5, 5, 5, 5], [4, 4]):
+        for _ in range(3):
+            sim = pairwise_cosine(groups(sizes, 1.0, 200, rng))
+            cut = optimal_bipartition(sim)
+            assert shuffle_pvalue(sim, cohesion(sim, cut.first, cut.second).contrast, 99,
+                                  rng) == pytest.approx(1 / 100)
+
+
+def test_shuffle_pvalue_of_four_clients_cannot_fall_below_a_fifth():
+    """Six cosines: the two largest land on disjoint pairs in 3 of the 15 orders, and then the
+    shuffled cut is the observed one, however clear the groups are."""
+    sim = pairwise_cosine(np.array([[1.0, 0.0], [1.0, 0.01], [-1.0, 0.0], [-1.0, 0.01]]))
+    cut = optimal_bipartition(sim)
+    p = shuffle_pvalue(sim, cohesion(sim, cut.first, cut.second).contrast, 2000,
+                       np.random.default_rng(0))
+    assert p == pytest.approx(0.2, abs=0.03)
+    with pytest.raises(ValueError, match="3 clients"):
+        shuffle_pvalue(np.eye(2), 0.0, 10, np.random.default_rng(0))
