@@ -363,8 +363,11 @@ def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
 def test_auto_rule_waits_until_fl_has_left_the_initial_plateau(tmp_path: Path):
     """Progress: no split while a cluster's mean training loss is at least (1 − progress) ×
     the first round's; the first split comes in a round below it, and without the condition
-    the same federation splits earlier (its first cuts, on the untrained model)."""
-    history = Experiment.from_config(tiny_rotation([0, 90, 180, 270]), out_dir=tmp_path).run()
+    the same federation splits earlier (its first cuts, on the untrained model). The root's
+    significance test is off in both runs: it refuses those first cuts as well."""
+    raw = tiny_rotation([0, 90, 180, 270])
+    raw["algorithm"]["significance"] = 0.0
+    history = Experiment.from_config(raw, out_dir=tmp_path).run()
     first = history.records[0].extras["train_loss"]
     bar = (1 - CFLConfig().progress) * first
     waited = [r for r in history.records if any(
@@ -373,7 +376,6 @@ def test_auto_rule_waits_until_fl_has_left_the_initial_plateau(tmp_path: Path):
     split = next(r for r in history.records if r.extras["split"])
     assert split.extras["loss"][0] < bar and split.round > waited[-1].round
     assert history.records[-1].ari == 1.0
-    raw = tiny_rotation([0, 90, 180, 270])
     raw["algorithm"]["progress"] = 0.0
     off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
     assert next(r.round for r in off.records if r.extras["split"]) < split.round
@@ -427,9 +429,52 @@ def test_nesting_keeps_a_pure_child_whole(tmp_path: Path):
                 for k, x in enumerate(r.extras["refused"])
                 if x == "sides less apart than when the cluster formed"]
     assert refusals and all(now <= then for now, then in refusals)
+    # the children are judged against their split, never by the root's shuffle test
+    assert all(p is None for r in history.records[split.round:] for p in r.extras["p_value"])
     raw["algorithm"]["nesting"] = False
     off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
     assert off.records[-1].n_clusters > 2 and off.records[-1].ari < 1.0
+
+
+def test_significance_keeps_a_one_distribution_root_whole(tmp_path: Path):
+    """Significance: the root of the one-group federation, seed 2, splits at round 29 (a few
+    clients a little alike for three rounds) unless its cut is beyond what the same cosines
+    shuffled give; the p-value is recorded whenever the test ran, and only at the root."""
+    raw = tiny_rotation([0], seed=2)
+    history = Experiment.from_config(raw, out_dir=tmp_path).run()
+    assert all(r.n_clusters == 1 for r in history.records)
+    tested = [(r.extras["p_value"][0], r.extras["refused"][0]) for r in history.records
+              if r.extras["p_value"][0] is not None]
+    refused = [p for p, why in tested if why == "root: cut not beyond shuffled cosines"]
+    assert refused and all(p >= CFLConfig().significance for p in refused)
+    assert all(p < CFLConfig().significance for p, why in tested if why not in
+               ("root: cut not beyond shuffled cosines",))
+    raw["algorithm"]["significance"] = 0.0
+    off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
+    assert off.records[-1].n_clusters > 1
+    assert all(p is None for r in off.records for p in r.extras["p_value"])
+
+
+def test_a_round_not_shown_beyond_the_shuffles_keeps_the_streak(monkeypatch):
+    """A root round whose cut the shuffle test does not show significant is no evidence
+    either way: the patience streak neither grows nor restarts, so the split comes exactly
+    one round later (a reset would cost `patience` rounds)."""
+    fed = blob_federation(n_clients=8, n_clusters=2)
+    base = run(CFL(CFLConfig()), make_ctx(fed), 8)
+    first = next(t for t, e in enumerate(base, 1) if e["split"])
+    start = first - CFLConfig().patience + 1  # the streak's first round
+    assert [e["refused"][0] for e in base[start - 1:first - 1]] == ["patience 1/3",
+                                                                   "patience 2/3"]
+    real = CFL._significant
+
+    def not_in_round(self: CFL, s: Any) -> bool:
+        return real(self, s) and self._null_seed[1] != start + 1
+
+    monkeypatch.setattr(CFL, "_significant", not_in_round)
+    again = run(CFL(CFLConfig()), make_ctx(fed), 8)
+    assert [e["refused"][0] for e in again[start - 1:first]] == [
+        "patience 1/3", "root: cut not beyond shuffled cosines", "patience 2/3"]
+    assert next(t for t, e in enumerate(again, 1) if e["split"]) == first + 1
 
 
 def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():

@@ -126,7 +126,7 @@ def test_cfl_split_events_are_typed():
     events = [ev for rec in run("cfl") for ev in CFLExtras.from_dict(rec.extras).splits]
     assert any(ev["accepted"] for ev in events)
     required, optional = CFLSplitEvent.__required_keys__, CFLSplitEvent.__optional_keys__
-    auto = {"stationarity", "within", "cross", "contrast", "streak"}  # the auto rule only
+    auto = {"stationarity", "within", "cross", "contrast", "streak", "p_value"}  # auto only
     assert auto <= optional
     for ev in events:  # this case runs the epsilon rule
         assert required <= set(ev) <= required | optional

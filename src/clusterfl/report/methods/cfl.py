@@ -96,7 +96,7 @@ def _thresholds(run_dir: Path) -> dict[str, float]:
     return {k: float(algo[k]) for k in ("eps1", "eps2") if k in algo}
 
 
-AUTO_DEFAULTS = {"stationarity_max": 0.7, "separation": 0.5}
+AUTO_DEFAULTS = {"stationarity_max": 0.7, "separation": 0.5, "significance": 0.05}
 """Constants of the auto split rule drawn in `cfl_split_test.png` (CFLConfig's defaults)."""
 
 
@@ -216,6 +216,7 @@ def refusal_series(records: list[RoundRecord]) -> dict[int, tuple[list[int], lis
 
 
 SHORT = {"sides less apart than when the cluster formed": "less apart than when formed",
+         "root: cut not beyond shuffled cosines": "root: not beyond shuffles",
          "fewer than 2 × min_side clients answered": "< 2 × min_side answered",
          "fewer than min_split_size clients": "< min_split_size",
          "fewer than 2 clients answered": "< 2 answered"}
@@ -248,7 +249,16 @@ def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, fl
     if "stationarity_max" in consts:
         ax_r.axhline(consts["stationarity_max"], color="k", lw=0.9, ls="-.",
                      label=f"stationarity_max = {consts['stationarity_max']:.3g}")
-    ax_r.set_ylabel("‖Δθ_c‖ / mean ‖Δθ_i‖")
+    pvals = node_series(records, lambda e: e.p_value)
+    for node, (x, y) in pvals.items():
+        if np.isfinite(y).any():
+            ax_r.scatter(x, y, marker="x", s=14, lw=0.9, color=colors.get(node, "k"),
+                         label=f"shuffle p-value node {node}")
+    if consts.get("significance", 0) > 0 and pvals and \
+            any(np.isfinite(y).any() for _, y in pvals.values()):
+        ax_r.axhline(consts["significance"], color="k", lw=0.9, ls=":",
+                     label=f"significance = {consts['significance']:.3g}")
+    ax_r.set_ylabel("‖Δθ_c‖ / mean ‖Δθ_i‖\n(x: root's p-value)")
     ax_r.set_title("CFL split test per cluster (dotted lines: splits)")
     for node, (x, y) in within.items():
         ax_c.plot(x, y, color=colors.get(node, "k"), lw=1.3, label=f"within (min) node {node}")
