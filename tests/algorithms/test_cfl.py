@@ -467,8 +467,8 @@ def test_a_round_not_shown_beyond_the_shuffles_keeps_the_streak(monkeypatch):
                                                                    "patience 2/3"]
     real = CFL._significant
 
-    def not_in_round(self: CFL, s: Any) -> bool:
-        return real(self, s) and self._null_seed[1] != start + 1
+    def not_in_round(self: CFL, s: Any, t: int) -> bool:
+        return real(self, s, t) and t != start + 1
 
     monkeypatch.setattr(CFL, "_significant", not_in_round)
     again = run(CFL(CFLConfig()), make_ctx(fed), 8)

@@ -650,10 +650,11 @@ class CFL(Algorithm[CFLConfig, CFLState]):
     State = CFLState
 
     _devices: ClientSide | None = None
-    _null_seed: tuple[int, int] = (0, 0)  # (run seed, round) of the significance test's draws
+    _run_seed: int = 0  # the run's seed (`setup`); with round and node it seeds the shuffles
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
+        self._run_seed = int(ctx.seed)
         base = ctx.factory.init(ctx.seed)
         self.state = CFLState(
             ctx.n_clients, ParameterTree.new(ctx.n_clients, torch.zeros_like(base)),
@@ -714,7 +715,6 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         if self.config.split_rule == "auto":
             for s in steps:
                 self._track(s)
-            self._null_seed = (int(ctx.seed), int(t))
         decisions = [self._decide(s, t) for s in steps]
         events = [e for e, _ in decisions]
         for s, event in zip(steps, events):
@@ -765,7 +765,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             # no bipartition with min_side a side: no test, and the streak stays as it is (a
             # round's sample of a larger cluster says nothing against its candidate)
             return None, "fewer than 2 × min_side clients answered"
-        return self._decide_auto(s)
+        return self._decide_auto(s, t)
 
     def _track(self, s: _ClusterStep) -> None:
         """Auto rule: the run's peak mean update norm and the cluster's drift (the cosine of
@@ -794,7 +794,8 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         )
         return event, None if event["accepted"] else "gamma"
 
-    def _decide_auto(self, s: _ClusterStep) -> tuple[CFLSplitEvent | None, str | None]:
+    def _decide_auto(self, s: _ClusterStep, t: int
+                     ) -> tuple[CFLSplitEvent | None, str | None]:
         """Our rule (not the paper's): stationary enough, a bipartition whose sides are far
         apart (cross < separation × smaller within) and cohesive (larger within > −cross:
         near a stationary point the updates of any cluster sum to about zero, so even pure
@@ -834,7 +835,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             self.state.candidate.pop(node, None)
             return None, reason
         if c.significance > 0 and not pair and s.node.separation is None \
-                and not self._significant(s):
+                and not self._significant(s, t):
             # not shown beyond noise is no evidence either way (a small or sampled root has
             # little power): the streak stays, as in a round in which too few answered
             return None, "root: cut not beyond shuffled cosines"
@@ -857,7 +858,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             p_value=_finite(s.p_value),
         ), None
 
-    def _significant(self, s: _ClusterStep) -> bool:
+    def _significant(self, s: _ClusterStep, t: int) -> bool:
         """Auto rule, significance (for the root, which no split formed, so nesting has no
         reference): the candidate's contrast is larger than what Algorithm 1 finds on the
         cluster's cosine matrix with its entries shuffled, in all but a fraction
@@ -868,8 +869,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         draws come from a generator seeded by the run's seed, the round and the node, so a
         resumed run repeats them and the run's other random numbers are untouched."""
         assert s.similarity is not None and s.cohesion is not None
-        seed, t = self._null_seed
-        rng = np.random.default_rng([seed, t, s.node.id])
+        rng = np.random.default_rng([self._run_seed, t, s.node.id])
         s.p_value = shuffle_pvalue(s.similarity, s.cohesion.contrast, self.config.null_draws,
                                    rng)
         return s.p_value < self.config.significance

@@ -272,8 +272,13 @@ def single_linkage_labels(sim: np.ndarray) -> np.ndarray:
     similarities tie. Fast enough to be run a few hundred times a round (about 50 µs for 20
     clients). Label 0 is the group of position 0."""
     a = _check_square(sim)
-    n = a.shape[0]
-    sym = np.maximum(a, a.T)
+    return _single_linkage_side(np.maximum(a, a.T)).astype(np.int64)
+
+
+def _single_linkage_side(sym: np.ndarray) -> np.ndarray:
+    """`single_linkage_labels` of a symmetric matrix, unchecked: True for the side without
+    position 0."""
+    n = sym.shape[0]
     in_tree = np.zeros(n, dtype=bool)
     in_tree[0] = True
     best = sym[0].copy()  # strongest link of each outside node into the tree ...
@@ -281,8 +286,7 @@ def single_linkage_labels(sim: np.ndarray) -> np.ndarray:
     order = [0]
     link = np.full(n, np.inf)  # similarity of the edge that brought each node in
     for _ in range(n - 1):
-        cand = np.where(in_tree, -np.inf, best)
-        v = int(np.argmax(cand))
+        v = int(np.argmax(np.where(in_tree, -np.inf, best)))
         in_tree[v] = True
         link[v] = best[v]
         order.append(v)
@@ -293,7 +297,7 @@ def single_linkage_labels(sim: np.ndarray) -> np.ndarray:
     side = np.zeros(n, dtype=bool)
     for v in order[1:]:  # parents come first in Prim's order
         side[v] = v == cut or side[parent[v]]
-    return side.astype(np.int64)
+    return side
 
 
 def shuffle_pvalue(sim: np.ndarray, observed: float, draws: int,
@@ -326,19 +330,23 @@ def shuffle_pvalue(sim: np.ndarray, observed: float, draws: int,
         v = values[rng.permutation(len(values))]
         shuffled[rows, cols] = v
         shuffled[cols, rows] = v
-        side = single_linkage_labels(shuffled).astype(bool)
-        hits += bool(_contrast_of_labels(shuffled, side) >= observed)
+        side = _single_linkage_side(shuffled)
+        hits += bool(_block_cohesion(shuffled, side).contrast >= observed)
     return (1 + hits) / (1 + draws)
 
 
-def _contrast_of_labels(sim: np.ndarray, second: np.ndarray) -> float:
-    """`Cohesion.contrast` of the bipartition (not `second`, `second`) of a symmetric matrix
-    with unit diagonal, from its block sums (what `cohesion` gives, without index copies)."""
+def _block_cohesion(sim: np.ndarray, second: np.ndarray) -> Cohesion:
+    """`cohesion` of the bipartition (not `second`, `second`) of a symmetric matrix with unit
+    diagonal, from its block sums (no index copies: the shuffle test's inner loop)."""
     onehot = np.stack([~second, second], axis=1).astype(np.float64)
     sums = onehot.T @ sim @ onehot
-    a, b = onehot.sum(axis=0)
-    d2 = sums[0, 0] / a**2 + sums[1, 1] / b**2 - 2 * sums[0, 1] / (a * b)
-    return float(d2 / (1 / a + 1 / b) - 1)
+    a, b = (int(k) for k in onehot.sum(axis=0))
+
+    def within(total: float, k: int) -> float:
+        return math.nan if k < 2 else (total - k) / (k * (k - 1))
+
+    return Cohesion(within(sums[0, 0], a), within(sums[1, 1], b), float(sums[0, 1] / (a * b)),
+                    a, b)
 
 
 def gamma_bound(alpha_cross_max: float) -> float:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from clusterfl.algorithms.cfl import CFLExtras
+from clusterfl.algorithms.cfl import CFLConfig, CFLExtras
 from clusterfl.records import RoundRecord, RunSummary
 
 
@@ -96,7 +96,8 @@ def _thresholds(run_dir: Path) -> dict[str, float]:
     return {k: float(algo[k]) for k in ("eps1", "eps2") if k in algo}
 
 
-AUTO_DEFAULTS = {"stationarity_max": 0.7, "separation": 0.5, "significance": 0.05}
+AUTO_DEFAULTS = {k: float(CFLConfig.model_fields[k].default)
+                 for k in ("stationarity_max", "separation", "significance")}
 """Constants of the auto split rule drawn in `cfl_split_test.png` (CFLConfig's defaults)."""
 
 
