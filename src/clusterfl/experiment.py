@@ -305,7 +305,9 @@ class Experiment:
                 if ctx.guard is not None:
                     ctx.guard.begin_round(t)
                 ctx.participants.clear()
-                extras = self.algorithm.run_round(ctx, t)
+                done = self.algorithm.run_round(ctx, t)
+                # TRANSITION: dicts until every method is converted
+                extras = done if isinstance(done, dict) else done.to_dict()
                 if ctx.guard is not None:
                     self._watch(t, ctx.guard, bar)
                 evaluate = t % run.eval_every == 0 or t == run.rounds

@@ -34,9 +34,13 @@ def _setup(fed: Federation, hidden: int = 16, lr: float = 0.1, epochs: int = 2,
                    true_clusters=fed.clusters)
 
 
+def _as_dict(extras: object) -> dict:
+    return extras if isinstance(extras, dict) else extras.to_dict()  # type: ignore[attr-defined]
+
+
 def _run(alg, ctx: Context, rounds: int) -> list[dict]:
     alg.setup(ctx)
-    return [alg.run_round(ctx, t) for t in range(1, rounds + 1)]
+    return [_as_dict(alg.run_round(ctx, t)) for t in range(1, rounds + 1)]
 
 
 def _accuracy(alg, ctx: Context) -> float:

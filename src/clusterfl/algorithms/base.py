@@ -1,10 +1,19 @@
-"""The interface every method implements (DESIGN.md §2), and the context it runs in.
+"""The interface every method implements, and the context it runs in.
 
-An algorithm is server logic only. It reaches clients through `ctx.send(request)`, which
-runs the request through the robustness layer and the backend and books its communication
-cost (the one place that does). Each method lives
-in its own module with its own pydantic `Config` (no shared flag parser) and, when anything
-reads its per-round extras, its own typed extras (`clusterfl.records.RoundExtras`).
+An algorithm is server logic only, written as **ask → update** (docs/architecture.md):
+
+- `ask(state, t, phase, ctx)` builds the round's request from the state. It may read the
+  context's settings and draw from the run's generator (`ctx.sample_round`, `ctx.next_seed`),
+  never sends anything and never writes the state.
+- `update(state, t, ask, reply)` takes the state, the request it asked and the typed reply,
+  and returns an `Update`: the new state, and either the next phase of the round (`then`) or
+  the round's typed extras. It does no I/O.
+
+`Algorithm.run_round` is the one driver of every method: ask, `ctx.send`, update, until a
+phase ends the round; the new state is stored only there. `ctx.send` runs the request
+through the robustness layer and the backend and books its communication cost (the one place
+that does). Each method lives in its own module with its own pydantic `Config` and its own
+typed extras (`clusterfl.records.RoundExtras`).
 """
 
 from __future__ import annotations
@@ -119,6 +128,13 @@ def answered(asked: np.ndarray, reply_clients: np.ndarray, values: np.ndarray,
 
 
 @dataclass(kw_only=True)
+class LossExtras(RoundExtras):
+    """The extras of a method whose rounds report only the clients' mean local loss."""
+
+    train_loss: float | None = None  # mean local loss of the answering clients
+
+
+@dataclass(kw_only=True)
 class KClusterExtras(RoundExtras):
     """What IFCA, FeSEM, IFCA-CAM and FeSEM-CAM write in every round (their extras classes
     extend it), so that one reader serves all four (`clusterfl.report.methods.cam`)."""
@@ -226,6 +242,29 @@ def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") ->
 C = TypeVar("C", bound=AlgorithmConfig)
 S = TypeVar("S")
 
+#: the phase every round starts with
+FIRST = "round"
+
+
+@dataclass(frozen=True)
+class Ask(Generic[RE]):
+    """One message of a round: the request, and the phase it belongs to (which tells
+    `Algorithm.update` what it is answering; a method with one message a round needs only
+    `FIRST`)."""
+
+    request: Asks[RE]
+    phase: str = FIRST
+
+
+@dataclass(frozen=True)
+class Update(Generic[S]):
+    """What `Algorithm.update` returns: the new state and either `then`, the next phase of the
+    same round, or (`then` None) the end of the round with its `extras`."""
+
+    state: S
+    extras: RoundExtras | None = None
+    then: str | None = None
+
 
 class Algorithm(ABC, Generic[C, S]):
     """One federated method. Subclasses set `name`, `Config`, `State`, and implement the hooks.
@@ -254,14 +293,36 @@ class Algorithm(ABC, Generic[C, S]):
     def setup(self, ctx: Context) -> None:
         """Create the initial state (models, assignments) in `self.state`."""
 
-    @abstractmethod
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        """One communication round; returns algorithm-specific extras for the history.
+    def ask(self, state: S, t: int, phase: str, ctx: Context) -> Ask[Any] | Update[S]:
+        """The request of `phase` of round `t` (the first phase is `FIRST`), built from `state`.
 
-        A method whose extras are read (by the report, the benchmarks) builds them as its
-        `RoundExtras` subclass and returns `.to_dict()`; the dict is what `RoundRecord.extras`
-        holds and `history.jsonl` writes.
+        May read `ctx`'s settings and draw from its generator (sampling, request seeds); never
+        sends and never writes `state`. An `Update` instead of an `Ask`: the phase needs no
+        message (the round goes on with the update as if a reply had been applied).
         """
+        raise NotImplementedError  # TRANSITION: abstract once every method is converted
+
+    def update(self, state: S, t: int, ask: Ask[Any], reply: Any) -> Update[S]:
+        """The new state after `reply` (the typed reply of `ask.request`; only the clients
+        that answered are in it), and the next phase or the round's extras. No I/O; the
+        given `state` is not modified (a new one is returned)."""
+        raise NotImplementedError  # TRANSITION: abstract once every method is converted
+
+    def run_round(self, ctx: Context, t: int) -> RoundExtras:
+        """One communication round: ask, send, update, phase after phase (the same driver for
+        every method); returns the round's typed extras (`RoundRecord.extras` is their
+        `to_dict()`)."""
+        state, phase = self.state, FIRST
+        while True:
+            step = self.ask(state, t, phase, ctx)
+            if isinstance(step, Ask):
+                step = self.update(state, t, step, ctx.send(step.request))
+            state = step.state
+            if step.then is None:
+                break
+            phase = step.then
+        self.state = state
+        return step.extras if step.extras is not None else RoundExtras()
 
     @abstractmethod
     def assignment(self) -> np.ndarray:

@@ -18,9 +18,17 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
+from clusterfl.algorithms.base import (
+    Algorithm,
+    Ask,
+    Context,
+    LossExtras,
+    Placement,
+    SampledConfig,
+    Update,
+)
 from clusterfl.clustering.aggregate import weighted_mean
-from clusterfl.protocol import Predictor, TrainRequest, mean_finite
+from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 
 
 class FedAvgConfig(SampledConfig):
@@ -51,15 +59,20 @@ class FedAvg(Algorithm[FedAvgConfig, FedAvgState]):
     def _mu(self) -> float:
         return 0.0
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+    def ask(self, state: FedAvgState, t: int, phase: str, ctx: Context) -> Ask[TrainReply]:
+        """The sampled clients train from the global model."""
         clients = ctx.sample_round(self.config)
         training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
-        reply = ctx.send(TrainRequest(clients, self.state.model,
-                                      np.zeros(len(clients), np.int64), training,
-                                      ctx.next_seed()))
-        if len(reply.clients):  # nobody answered (all dropped or rejected): keep the model
-            self.state.model = weighted_mean(reply.params, reply.n_samples)[None]
-        return {"train_loss": mean_finite(reply.loss)}
+        return Ask(TrainRequest(clients, state.model, np.zeros(len(clients), np.int64),
+                                training, ctx.next_seed()))
+
+    def update(self, state: FedAvgState, t: int, ask: Ask[Any],
+               reply: TrainReply) -> Update[FedAvgState]:
+        """The sample-weighted mean of the returned models (kept when nobody answered)."""
+        if not len(reply.clients):
+            return Update(state, LossExtras(train_loss=None))
+        model = weighted_mean(reply.params, reply.n_samples)[None]
+        return Update(replace(state, model=model), LossExtras(train_loss=mean_finite(reply.loss)))
 
     def assignment(self) -> np.ndarray:
         return np.zeros(self.state.n_clients, dtype=np.int64)

@@ -60,8 +60,8 @@ a cluster: the placed client gets -1 and the warm FedAvg model, as every trained
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -69,10 +69,12 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
+    Ask,
     Context,
     KClusterExtras,
     Placement,
     SampledConfig,
+    Update,
     answered,
     check_k_fits,
 )
@@ -86,10 +88,12 @@ from clusterfl.models.params import last_layer_mask
 from clusterfl.protocol import (
     GradientReply,
     GradientRequest,
+    LossReply,
     LossRequest,
     Pick,
     Predictor,
     Steps,
+    StepsReply,
     TrainReply,
     TrainRequest,
     mean_finite,
@@ -133,6 +137,9 @@ class IFCAState:
     warm: torch.Tensor | None  # [d], the FedAvg model during warm-up, None after
 
 
+#: the phase of a warm-up round (FedAvg on the warm model)
+WARMUP = "warmup"
+
 # ----------------------------------------------------------------------------- IFCA
 
 
@@ -153,75 +160,75 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         self.shared = ~self.head if cfg.weight_sharing else None
         if self.shared is not None:
             models[:, self.shared] = models[0, self.shared]
+        self.server_lr = cfg.server_lr if cfg.server_lr is not None else ctx.training.lr
         self.state = IFCAState(models, np.full(ctx.n_clients, -1, dtype=np.int64), warm)
 
     # ------------------------------------------------------------------ rounds
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        st, cfg = self.state, self.config
-        if st.warm is not None and t <= cfg.warmup_rounds:
-            return self._warmup_round(ctx, t)
+    def ask(self, state: IFCAState, t: int, phase: str, ctx: Context) -> Ask[Any]:
+        """Warm-up: the sampled clients train the warm model. Then one message: the K losses,
+        and the update at the least-loss model (`Pick`: model averaging trains θ_ĵ, gradient
+        averaging takes ∇F_i(θ_ĵ))."""
+        cfg = self.config
+        clients = ctx.sample_round(cfg)
+        zeros = np.zeros(len(clients), np.int64)
+        if self._warming(state, t):
+            assert state.warm is not None
+            return Ask(TrainRequest(clients, state.warm[None], zeros, ctx.training,
+                                    ctx.next_seed()), WARMUP)
         shared = 0 if self.shared is None else int(self.shared.sum())
-        sampled = ctx.sample_round(cfg)
-        ask = LossRequest(sampled, st.models, shared_coords=shared)
-        # one message: the K losses, then the update at the least-loss model (`Pick`)
-        step = self._model_step if cfg.averaging == "model" else self._gradient_step
-        update = step(ctx, sampled)
-        both = ctx.send(Steps.of(ask, update, picks=[Pick(1, 0, cfg.assign_by)]))
-        losses, reply = both.replies
-        clients = losses.clients  # dropped clients are absent from every reply
-        chosen = choose_clusters(losses.loss, losses.accuracy, cfg.assign_by)
-        st.assign[clients] = chosen  # what each client picked (`Pick` applies this rule)
-        loss = self._aggregate(ctx, reply)
-        return IFCAExtras(
-            train_loss=loss,
-            assign_loss=mean_finite(losses.loss[np.arange(len(clients)), chosen]),
-            cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters), warmup=0,
-        ).to_dict()
+        update: TrainRequest | GradientRequest
+        if cfg.averaging == "model":  # `model_of_client` is filled in by the `Pick`
+            update = TrainRequest(clients, state.models, zeros, ctx.training, ctx.next_seed(),
+                                  models_held=True)
+        else:
+            update = GradientRequest(clients, state.models, zeros, cfg.gradient_batch_size,
+                                     ctx.next_seed(), models_held=True)
+        ask = LossRequest(clients, state.models, shared_coords=shared)
+        return Ask(Steps.of(ask, update, picks=[Pick(1, 0, cfg.assign_by)]))
 
-    def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
+    def update(self, state: IFCAState, t: int, ask: Ask[Any], reply: Any) -> Update[IFCAState]:
+        if ask.phase == WARMUP:
+            return self._warm_update(state, t, reply)
+        steps = cast(StepsReply, reply)
+        losses, update = cast(tuple[LossReply, TrainReply | GradientReply], steps.replies)
+        chosen = choose_clusters(losses.loss, losses.accuracy, self.config.assign_by)
+        assign = state.assign.copy()
+        assign[losses.clients] = chosen  # what each client picked (`Pick` applies this rule)
+        members = assign[update.clients]  # dropped clients are absent from every reply
+        if self.config.averaging == "model":  # option II: per-cluster weighted model averaging
+            params = cast(TrainReply, update).params
+            models = average_members(state.models, params, members, update.n_samples,
+                                     self.shared)
+        else:  # option I: θ_j ← θ_j − γ · mean gradient of C_j
+            grads = cast(GradientReply, update).grads
+            mean = average_members(torch.zeros_like(state.models), grads, members,
+                                   update.n_samples, self.shared)
+            models = state.models - self.server_lr * mean
+        extras = IFCAExtras(
+            train_loss=mean_finite(update.loss),
+            assign_loss=mean_finite(losses.loss[np.arange(len(losses.clients)), chosen]),
+            cluster_sizes=cluster_sizes(assign, self.config.n_clusters), warmup=0)
+        return Update(replace(state, models=models, assign=assign), extras)
+
+    def _warming(self, state: IFCAState, t: int) -> bool:
+        return state.warm is not None and t <= self.config.warmup_rounds
+
+    def _warm_update(self, state: IFCAState, t: int, reply: TrainReply) -> Update[IFCAState]:
         """FedAvg on the warm model; on the last warm-up round the K cluster models take its
         body (every layer but the last) and keep their own independent heads."""
-        st = self.state
-        assert st.warm is not None
-        clients = ctx.sample_round(self.config)
-        reply = ctx.send(TrainRequest(clients, st.warm[None], np.zeros(len(clients), np.int64),
-                                      ctx.training, ctx.next_seed()))
-        if len(reply.clients):
-            st.warm = weighted_mean(reply.params, reply.n_samples)
+        assert state.warm is not None
+        warm = weighted_mean(reply.params, reply.n_samples) if len(reply.clients) else state.warm
+        models: torch.Tensor = state.models
         if t == self.config.warmup_rounds:
             body = ~self.head
-            st.models[:, body] = st.warm[body]
-            st.warm = None
-        return IFCAExtras(train_loss=mean_finite(reply.loss), assign_loss=None,
-                          cluster_sizes=cluster_sizes(st.assign, self.config.n_clusters),
-                          warmup=1).to_dict()
-
-    def _model_step(self, ctx: Context, clients: np.ndarray) -> TrainRequest:
-        """Option II: local training from θ_ĵ (ĵ picked on the device from the K losses);
-        `model_of_client` is filled in by the `Pick`."""
-        st = self.state
-        return TrainRequest(clients, st.models, np.zeros(len(clients), np.int64), ctx.training,
-                            ctx.next_seed(), models_held=True)
-
-    def _gradient_step(self, ctx: Context, clients: np.ndarray) -> GradientRequest:
-        """Option I: one gradient per client at θ_ĵ."""
-        st, cfg = self.state, self.config
-        return GradientRequest(clients, st.models, np.zeros(len(clients), np.int64),
-                               cfg.gradient_batch_size, ctx.next_seed(), models_held=True)
-
-    def _aggregate(self, ctx: Context, reply: TrainReply | GradientReply) -> float | None:
-        """Per-cluster weighted model averaging (option II), or θ_j ← θ_j − γ · mean gradient
-        of C_j (option I)."""
-        st, cfg = self.state, self.config
-        if isinstance(reply, TrainReply):
-            st.models = average_members(st.models, reply.params, st.assign[reply.clients],
-                                        reply.n_samples, self.shared)
-            return mean_finite(reply.loss)
-        mean_grads = average_members(torch.zeros_like(st.models), reply.grads,
-                                     st.assign[reply.clients], reply.n_samples, self.shared)
-        lr = cfg.server_lr if cfg.server_lr is not None else ctx.training.lr
-        st.models = st.models - lr * mean_grads
-        return mean_finite(reply.loss)
+            models = state.models.clone()
+            models[:, body] = warm[body]
+        new = replace(state, models=models,
+                      warm=None if t == self.config.warmup_rounds else warm)
+        return Update(new, IFCAExtras(train_loss=mean_finite(reply.loss), assign_loss=None,
+                                      cluster_sizes=cluster_sizes(state.assign,
+                                                                  self.config.n_clusters),
+                                      warmup=1))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
