@@ -1,15 +1,21 @@
-"""CFL's default split rule (`split_rule = "auto"`, issue 22): development and validation runs.
+"""CFL's default split rule (`split_rule = "auto"`): the one runner of its development and
+validation runs, and their table.
 
     export CLUSTERFL_DATA=...   # MNIST / Fashion-MNIST folder (digits is built in)
-    OMP_NUM_THREADS=1 python benchmarks/cfl/run_auto.py dev [--set algorithm.KEY=VALUE ...]
-    OMP_NUM_THREADS=1 python benchmarks/cfl/run_auto.py val [NAME ...] [--seeds 0 1 2]
+    OMP_NUM_THREADS=1 python benchmarks/cfl/run_auto.py dev [NAME ...] [--set KEY=VALUE ...]
+    OMP_NUM_THREADS=1 python benchmarks/cfl/run_auto.py val [NAME ...]
+    python benchmarks/cfl/run_auto.py --table [BATCH ...]     # markdown table of finished runs
 
-`dev` is the development set the rule's constants were chosen on; `val` is the separate
-validation set (other datasets, scenarios and seeds), run with the defaults only: nothing is
-set per federation. Every run writes one line of JSON (the federation, seed, final ARI and
-number of clusters, the accepted splits, accuracy, CPU and wall time) to
-`benchmarks/cfl/results/auto_<set>.jsonl` (`--tag` appends to the file name). Resumable: a
-run whose line is in that file already is skipped, so an interrupted call is simply repeated.
+`dev` runs the development federations on the development seeds of `seeds.toml` (or
+`--seeds`, any development seed); `val` runs the validation federations on the validation
+seeds of `seeds.toml` with the defaults only (nothing is set per federation) and refuses a
+development seed. Every run appends one line of JSON to `results/auto_rule.jsonl` (the one
+results table of this question): `batch` (`auto_<set><tag>`; the earlier sessions' batches
+keep the names of the files they were once written to, which RESULTS.md cites), the
+federation, seed, settings, final ARI and number of clusters, the accepted splits, accuracy,
+CPU and wall time. Resumable: a run whose line is in the table already is skipped.
+The `tiny_*` federations are the unit tests' kind (8 clients of the built-in digits, 40
+rounds).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +34,8 @@ from clusterfl.experiment import Experiment
 from clusterfl.records import RoundRecord
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+TABLE = HERE / "results" / "auto_rule.jsonl"
+SEEDS = tomllib.loads((HERE / "seeds.toml").read_text())
 
 DIGITS_MLP = {"model": {"name": "mlp", "hidden": [64]},
               "train": {"optimizer": "sgd", "lr": 0.1, "momentum": 0.5, "batch_size": 16,
@@ -56,7 +64,13 @@ DEV: dict[str, tuple[dict[str, Any], int]] = {
     # added after the first validation run (seed 0) failed on it: seen, so development data
     "mnist_label_swap": None,  # type: ignore[dict-item]  # filled in below (VAL's config)
 }
-DEV_SEEDS = [10, 11]
+TINY_MLP = {"model": {"name": "mlp", "hidden": [32]},
+            "train": {"lr": 0.1, "momentum": 0.5, "batch_size": 16, "epochs": 1}}
+for _name, _angles in (("tiny_rotation2", [0, 180]), ("tiny_rotation1", [0]),
+                       ("tiny_rotation4", [0, 90, 180, 270])):
+    DEV[_name] = ({"data": {"source": "digits"}, **TINY_MLP,
+                   "scenario": {"name": "rotation", "n_clients": 8, "angles": _angles}}, 40)
+DEV_SEEDS: list[int] = SEEDS["development"]["seeds"]
 
 VAL: dict[str, tuple[dict[str, Any], int]] = {
     "demo": ({"data": {"source": "digits"}, **DIGITS_MLP,
@@ -82,7 +96,7 @@ VAL: dict[str, tuple[dict[str, Any], int]] = {
                                        "n_train_per_client": 500,
                                        "n_test_per_client": 500}}, 100),
 }
-VAL_SEEDS = [0, 1, 2]
+VAL_SEEDS: list[int] = SEEDS["validation"]["seeds"]
 DEV["mnist_label_swap"] = VAL["mnist_label_swap"]  # dev on seed 0 only (--seeds 0)
 # issue 22, fourth session: the pair rule was built on the Fig. 8 pairs' seed 10 (dev seeds)
 DEV["fig8_congruent"] = VAL["fig8_congruent"]
@@ -129,40 +143,71 @@ def run_one(name: str, base: dict[str, Any], rounds: int, seed: int, sets: list[
     return row
 
 
+def table(batches: list[str]) -> None:
+    """One markdown row per (batch, federation, settings), seeds side by side; when a run is
+    in a batch twice, the last line counts."""
+    groups: dict[tuple[str, str, tuple[str, ...]], dict[int, dict[str, Any]]] = {}
+    for r in map(json.loads, TABLE.read_text().splitlines()):
+        if not batches or r["batch"] in batches:
+            groups.setdefault((r["batch"], r["name"], tuple(r["sets"])), {})[r["seed"]] = r
+    print("| batch | federation | settings | seeds | ARI per seed | clusters | splits (round: "
+          "sizes) | mean accuracy | CPU / wall s per run |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (batch, name, sets), by_seed in groups.items():
+        rs = [by_seed[s] for s in sorted(by_seed)]
+        splits = "; ".join(
+            f"s{r['seed']}: " + (", ".join(f"{x['round']} ({'/'.join(map(str, x['sizes']))})"
+                                           for x in r["splits"]) or "none") for r in rs)
+        acc = ", ".join("–" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}"
+                        for r in rs)
+        seeds = ", ".join(str(r["seed"]) for r in rs)
+        aris = ", ".join(f"{r['ari']:.2f}" for r in rs)
+        clusters = ", ".join(str(r["n_clusters"]) for r in rs)
+        cost = ", ".join(f"{r['cpu_s']:.0f} / {r['wall_s']:.0f}" for r in rs)
+        print(f"| {batch} | {name} | {' '.join(sets) or 'defaults'} | {seeds} | {aris} | "
+              f"{clusters} | {splits} | {acc} % | {cost} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("set_name", choices=["dev", "val"])
+    p.add_argument("set_name", nargs="?", choices=["dev", "val"])
     p.add_argument("names", nargs="*", help="federations of the set (default: all)")
-    p.add_argument("--seeds", type=int, nargs="*")
+    p.add_argument("--seeds", type=int, nargs="*", help="dev only: some development seeds")
     p.add_argument("--set", dest="sets", action="append", default=[],
                    metavar="KEY=VALUE", help="override (dev only: the constants under test)")
     p.add_argument("--out", default="benchmarks/runs/cfl-auto",
                    help="run folders (git-ignored; default benchmarks/runs/cfl-auto)")
-    p.add_argument("--tag", default="")
-    p.add_argument("--ablation", action="store_true",
-                   help="allow --set on the validation set: a check of another rule (e.g. an "
-                        "earlier one) on a validation federation, never a validation result; "
-                        "give it its own --tag")
+    p.add_argument("--tag", default="", help="appended to the batch name")
+    p.add_argument("--table", nargs="*", metavar="BATCH",
+                   help="print the table of the given batches (all when none) and stop")
     a = p.parse_args()
-    table, seeds = (DEV, DEV_SEEDS) if a.set_name == "dev" else (VAL, VAL_SEEDS)
-    if a.set_name == "val" and a.sets and not a.ablation:
-        p.error("the validation set runs with the defaults only (--ablation for a check of "
-                "another rule)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"auto_{a.set_name}{a.tag}.jsonl"
-    done = set()  # resumable: a run whose row is in the file already is not run again
-    if path.exists():
-        done = {(r["name"], r["seed"], tuple(r["sets"]))
-                for r in map(json.loads, path.read_text().splitlines())}
-    for name in a.names or list(table):
-        base, rounds = table[name]
-        for seed in a.seeds if a.seeds is not None else seeds:
-            if (name, seed, tuple(a.sets)) in done:
+    if a.table is not None:
+        table(a.table)
+        return
+    if a.set_name is None:
+        p.error("give a set (dev or val) or --table")
+    tables, seeds = (DEV, DEV_SEEDS) if a.set_name == "dev" else (VAL, VAL_SEEDS)
+    if a.set_name == "val" and (a.sets or a.seeds is not None):
+        p.error("the validation set runs with the defaults only, on the validation seeds of "
+                "seeds.toml (a change of the rule gets new validation seeds there)")
+    if a.seeds is not None:
+        foreign = sorted(set(a.seeds) - set(DEV_SEEDS))
+        if foreign:
+            p.error(f"--seeds {foreign} are not development seeds (seeds.toml)")
+        seeds = a.seeds
+    if a.set_name == "val" and set(seeds) & set(DEV_SEEDS):
+        p.error("seeds.toml lists a validation seed among the development seeds")
+    batch = f"auto_{a.set_name}{a.tag}"
+    done = {(r["batch"], r["name"], r["seed"], tuple(r["sets"]))
+            for r in map(json.loads, TABLE.read_text().splitlines())} if TABLE.exists() else set()
+    for name in a.names or list(tables):
+        base, rounds = tables[name]
+        for seed in seeds:
+            if (batch, name, seed, tuple(a.sets)) in done:
                 continue
-            row = run_one(name, base, rounds, seed, a.sets,
-                          Path(a.out) / f"{a.set_name}{a.tag}")
-            with path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            row = run_one(name, base, rounds, seed, a.sets, Path(a.out) / batch)
+            with TABLE.open("a") as f:
+                f.write(json.dumps({"batch": batch, **row}) + "\n")
 
 
 if __name__ == "__main__":
