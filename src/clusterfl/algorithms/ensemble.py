@@ -21,16 +21,17 @@ every client (nothing is sent).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Placement, SampledConfig, Update
 from clusterfl.clustering.aggregate import weighted_mean
-from clusterfl.protocol import Predictor, Steps, TrainRequest, mean_finite
+from clusterfl.protocol import Predictor, Steps, StepsReply, TrainReply, TrainRequest, mean_finite
+from clusterfl.records import RoundExtras
 
 
 class FedAvgPlusConfig(SampledConfig):
@@ -47,6 +48,13 @@ class FedProxPlusConfig(FedAvgPlusConfig):
     name: Literal["fedprox_plus"] = "fedprox_plus"  # type: ignore[assignment]  # narrows the literal
     display: ClassVar[str] = "FedProx+"
     mu: float = Field(0.01, ge=0.0, description="proximal weight μ")
+
+
+@dataclass(kw_only=True)
+class EnsembleExtras(RoundExtras):
+    """The mean local loss of each of the K runs' samples (None where nobody answered)."""
+
+    train_loss: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -69,24 +77,26 @@ class FedAvgPlus(Algorithm[FedAvgPlusConfig, EnsembleState]):
     def _mu(self) -> float:
         return 0.0
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+    def ask(self, state: EnsembleState, t: int, phase: str, ctx: Context) -> Ask[StepsReply]:
+        """K independent samples (a client may be in several), one message per client."""
         training = replace(ctx.training, mu=self._mu()) if self._mu() else ctx.training
-        losses = []
-        models = self.state.models
-        new = models.clone()
         requests = []
-        for k in range(len(models)):  # K independent samples: a client may be in several
+        for k in range(len(state.models)):
             clients = ctx.sample_round(self.config)
-            requests.append(TrainRequest(clients, models[k : k + 1],
+            requests.append(TrainRequest(clients, state.models[k : k + 1],
                                          np.zeros(len(clients), np.int64), training,
                                          ctx.next_seed()))
-        replies = ctx.send(Steps.of(*requests)).replies  # one message per client
-        for k, reply in enumerate(replies):
-            if len(reply.clients):
-                new[k] = weighted_mean(reply.params, reply.n_samples)
-            losses.append(mean_finite(reply.loss))
-        self.state.models = new
-        return {"train_loss": losses}
+        return Ask(Steps.of(*requests))
+
+    def update(self, state: EnsembleState, t: int, ask: Ask[Any],
+               reply: StepsReply) -> Update[EnsembleState]:
+        """Model k becomes the weighted mean of its own sample's models (kept if none)."""
+        new = state.models.clone()
+        for k, part in enumerate(cast(list[TrainReply], reply.replies)):
+            if len(part.clients):
+                new[k] = weighted_mean(part.params, part.n_samples)
+        losses = [mean_finite(part.loss) for part in reply.replies]
+        return Update(replace(state, models=new), EnsembleExtras(train_loss=losses))
 
     def assignment(self) -> np.ndarray:
         return np.zeros(self.state.n_clients, dtype=np.int64)

@@ -24,8 +24,17 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig, answered
-from clusterfl.protocol import Predictor, TrainRequest, mean_finite
+from clusterfl.algorithms.base import (
+    Algorithm,
+    Ask,
+    Context,
+    LossExtras,
+    Placement,
+    SampledConfig,
+    Update,
+    answered,
+)
+from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 
 
 class LocalConfig(SampledConfig):
@@ -47,15 +56,18 @@ class Local(Algorithm[LocalConfig, LocalState]):
         init = ctx.factory.init(ctx.seed)
         self.state = LocalState(init[None].repeat(ctx.n_clients, 1))
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        models = self.state.models
-        clients = ctx.sample_round(self.config)  # row i of `models` is client i's model
-        reply = ctx.send(TrainRequest(clients, models, clients, ctx.training, ctx.next_seed(),
-                                      models_held=True, keep_local=True))
-        models = models.clone()  # clients not sampled or absent keep their model
+    def ask(self, state: LocalState, t: int, phase: str, ctx: Context) -> Ask[TrainReply]:
+        """The sampled clients train their own models (row i of `models` is client i's)."""
+        clients = ctx.sample_round(self.config)
+        return Ask(TrainRequest(clients, state.models, clients, ctx.training, ctx.next_seed(),
+                                models_held=True, keep_local=True))
+
+    def update(self, state: LocalState, t: int, ask: Ask[Any],
+               reply: TrainReply) -> Update[LocalState]:
+        """Each answering client's model becomes its trained one; the others keep theirs."""
+        models = state.models.clone()
         models[torch.from_numpy(reply.clients)] = reply.params
-        self.state.models = models
-        return {"train_loss": mean_finite(reply.loss)}
+        return Update(LocalState(models), LossExtras(train_loss=mean_finite(reply.loss)))
 
     def assignment(self) -> np.ndarray:
         return np.arange(len(self.state.models), dtype=np.int64)
