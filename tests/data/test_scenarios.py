@@ -11,15 +11,9 @@ import pytest
 import torch
 
 from clusterfl.data import SCENARIOS, Federation, Source, load_source, make_federation
-from clusterfl.data.scenarios import (
-    CFLGP_ANGLES,
-    Plan,
-    group_sizes,
-    plan_dirichlet,
-    power_law_sizes,
-    proportional_counts,
-    scenario_params,
-)
+from clusterfl.data.params import CFLGP_ANGLES
+from clusterfl.data.plans import Plan, group_sizes, proportional_counts
+from clusterfl.data.scenarios import plan_dirichlet, power_law_sizes, scenario_params
 from clusterfl.data.transforms import rotate_each
 from clusterfl.errors import ConfigError
 

@@ -32,483 +32,62 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 from scipy.optimize import brentq
 
 from clusterfl.data.federation import Federation
+from clusterfl.data.params import (
+    ClusterDirichletParams,
+    ClusterLabelsParams,
+    ClusterNClassParams,
+    ClusterPartitionerParams,
+    DirichletParams,
+    IidParams,
+    LabelPermutationParams,
+    LabelShiftHalfParams,
+    LabelSwapParams,
+    LinearRegressionParams,
+    NClassParams,
+    PowerLawParams,
+    RotationMixtureParams,
+    RotationParams,
+    ScenarioParams,
+    _LabelSetParams,
+    _RotationLayoutParams,
+    _SizeParams,
+)
+from clusterfl.data.plans import (
+    Part,
+    Plan,
+    Pool,
+    assemble,
+    check_plan,
+    class_counts,
+    client_groups,
+    ensure_min_total,
+    equal_split,
+    group_sizes,
+    matched_test,
+    offsets_of,
+    per_row,
+    proportional_counts,
+    rows_from_counts,
+    source_pools,
+    split_by_proportions,
+)
 from clusterfl.data.sources import IMAGE_SOURCES, Source, load_source
 from clusterfl.data.transforms import (
-    apply_label_maps,
     distinct_permutations,
-    rotate_each,
     shift_map,
     swap_pairs,
 )
 from clusterfl.errors import ConfigError
-
-IFCA_ANGLES: tuple[float, ...] = (0.0, 90.0, 180.0, 270.0)
-"""The four rotations of IFCA (Ghosh et al. 2020), also CFL-GP Appendix F.5.1 (Fig. 13)."""
-
-CFLGP_ANGLES: tuple[float, ...] = (0.0, 15.0, 90.0, 105.0, 180.0, 195.0, 270.0, 275.0)
-"""The eight rotations of CFL-GP's rotated MNIST as the authors' released code sets them.
-
-The paper is inconsistent: §5.2 lists 0, 15, 90, 105, 180, 195, 270, 275 while Appendix F.5
-lists 0, 15, 90, 105, 180, 185, 270, 285. We follow the code (identical to §5.2).
-"""
-
-ROTATION_PRESETS: dict[str, tuple[float, ...]] = {"ifca": IFCA_ANGLES, "cflgp": CFLGP_ANGLES}
-
-
-# ====================================================================== partition primitives
-
-
-class Part(NamedTuple):
-    """Rows of a pool owned by each client: `index[offsets[i]:offsets[i+1]]` is client i's."""
-
-    index: np.ndarray  # type: ignore[assignment]  # shadows tuple.index, never called on a Part
-    offsets: np.ndarray
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def owner(self) -> np.ndarray:
-        """Client id of every entry of `index`."""
-        return np.repeat(np.arange(len(self.offsets) - 1), self.sizes)
-
-
-@dataclass(frozen=True)
-class Pool:
-    """One or more (x, y) tensor pairs seen as one table with rows numbered consecutively."""
-
-    xs: tuple[torch.Tensor, ...]
-    ys: tuple[torch.Tensor, ...]
-
-    def __len__(self) -> int:
-        return sum(len(y) for y in self.ys)
-
-    @cached_property
-    def labels(self) -> np.ndarray:
-        return np.concatenate([y.numpy() for y in self.ys]).astype(np.int64)
-
-    def take(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather the given rows (a new tensor, whatever the number of parts)."""
-        if len(self.xs) == 1:
-            idx = torch.from_numpy(rows)
-            return self.xs[0][idx], self.ys[0][idx]
-        x = self.xs[0].new_empty((len(rows), *self.xs[0].shape[1:]))
-        y = self.ys[0].new_empty(len(rows))
-        start = 0
-        for xp, yp in zip(self.xs, self.ys):
-            sel = np.flatnonzero((rows >= start) & (rows < start + len(yp)))
-            local = torch.from_numpy(rows[sel] - start)
-            x[torch.from_numpy(sel)] = xp[local]
-            y[torch.from_numpy(sel)] = yp[local]
-            start += len(yp)
-        return x, y
-
-
-def offsets_of(sizes: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-
-def group_sizes(n: int, k: int) -> np.ndarray:
-    """Sizes of k near-equal contiguous groups of n items (the first ones one larger)."""
-    return np.array([n // k + (i < n % k) for i in range(k)], dtype=np.int64)
-
-
-def client_groups(n_clients: int, n_groups: int) -> np.ndarray:
-    """Cluster id of every client: contiguous, near-equal groups."""
-    return np.repeat(np.arange(n_groups), group_sizes(n_clients, n_groups))
-
-
-def equal_split(n_rows: int, n_clients: int, rng: np.random.Generator,
-                per_client: int | None = None, what: str = "n_train_per_client") -> Part:
-    """A random disjoint split of `n_rows` rows: equal shares, or `per_client` rows each."""
-    perm = rng.permutation(n_rows)
-    if per_client is None:
-        return Part(perm, offsets_of(group_sizes(n_rows, n_clients)))
-    if per_client * n_clients > n_rows:
-        raise ConfigError(what, f"{per_client} x {n_clients} clients exceeds the {n_rows} rows "
-                                "available")
-    return Part(perm[: per_client * n_clients], np.arange(n_clients + 1) * per_client)
-
-
-def class_counts(labels: np.ndarray, part: Part, n_classes: int) -> np.ndarray:
-    """`[n_clients, n_classes]` number of rows of each class owned by each client."""
-    n_clients = len(part.offsets) - 1
-    flat = part.owner() * n_classes + labels[part.index]
-    return np.bincount(flat, minlength=n_clients * n_classes).reshape(n_clients, n_classes)
-
-
-def rows_from_counts(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> Part:
-    """Give client i `counts[i, k]` distinct random rows of class k (rows shuffled per client)."""
-    n_clients, n_classes = counts.shape
-    by_class = np.argsort(labels, kind="stable")
-    starts = np.searchsorted(labels[by_class], np.arange(n_classes + 1))
-    picks, owners = [], []
-    for k in range(n_classes):
-        need = int(counts[:, k].sum())
-        if need == 0:
-            continue
-        pool = by_class[starts[k]:starts[k + 1]]
-        if need > len(pool):
-            raise ValueError(f"class {k}: {need} rows requested, {len(pool)} available")
-        picks.append(rng.permutation(pool)[:need])
-        owners.append(np.repeat(np.arange(n_clients), counts[:, k]))
-    index = np.concatenate(picks) if picks else np.zeros(0, np.int64)
-    owner = np.concatenate(owners) if owners else np.zeros(0, np.int64)
-    order = np.lexsort((rng.random(len(index)), owner))
-    return Part(index[order].astype(np.int64), offsets_of(counts.sum(axis=1)))
-
-
-def proportional_counts(weights: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    """Split `totals[k]` over clients proportionally to integer `weights[:, k]` (exact).
-
-    Largest-remainder rounding in integer arithmetic; a class nobody weights stays unused.
-    """
-    w = weights.astype(np.int64)
-    col = w.sum(axis=0)
-    safe = np.maximum(col, 1)
-    scaled = w * totals[None, :]
-    base = scaled // safe
-    frac = scaled % safe  # remainders share the denominator within a column
-    rem = np.where(col > 0, totals - base.sum(axis=0), 0)
-    order = np.argsort(-frac, axis=0, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(len(w))[:, None], w.shape), axis=0)
-    return base + (rank < rem[None, :])
-
-
-def split_by_proportions(proportions: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    """Counts `[n_clients, K]` from per-class proportions `[K, n_clients]` (floored cumsum)."""
-    bounds = np.floor(np.cumsum(proportions, axis=1) * totals[:, None]).astype(np.int64)
-    bounds = np.minimum(bounds, totals[:, None])
-    bounds[:, -1] = totals
-    return np.diff(bounds, axis=1, prepend=0).T
-
-
-def ensure_min_total(counts: np.ndarray, minimum: int | np.ndarray, what: str) -> np.ndarray:
-    """Top up rows whose total is below `minimum` with samples of the largest rows.
-
-    The donor is the row with most spare samples, the class moved its most frequent one. Loops
-    over deficient rows only (a handful), never over samples.
-    """
-    counts = counts.copy()
-    need_min = np.broadcast_to(np.asarray(minimum, dtype=np.int64), (len(counts),))
-    totals = counts.sum(axis=1)
-    for i in np.flatnonzero(totals < need_min):
-        while totals[i] < need_min[i]:
-            spare = totals - need_min
-            spare[i] = -1
-            j = int(np.argmax(spare))
-            if spare[j] <= 0:
-                raise ConfigError(what, f"not enough samples to give every client at least "
-                                        f"{need_min[i]}; use fewer clients or a smaller minimum")
-            k = int(np.argmax(counts[j]))
-            move = int(min(need_min[i] - totals[i], counts[j, k], spare[j]))
-            counts[j, k] -= move
-            counts[i, k] += move
-            totals[j] -= move
-            totals[i] += move
-    return counts
-
-
-def ensure_one_test(test_counts: np.ndarray, train_counts: np.ndarray) -> np.ndarray:
-    """Give every client without test rows one, of a class it trains on, from a richer client."""
-    counts = test_counts.copy()
-    totals = counts.sum(axis=1)
-    for i in np.flatnonzero(totals == 0):
-        for k in np.argsort(-train_counts[i], kind="stable"):
-            if train_counts[i, k] == 0:
-                break
-            donors = np.where(totals >= 2, counts[:, k], 0)
-            j = int(np.argmax(donors))
-            if donors[j] > 0:
-                counts[j, k] -= 1
-                counts[i, k] += 1
-                totals[j] -= 1
-                totals[i] += 1
-                break
-    if np.any(totals == 0):
-        raise ConfigError("n_clients", f"client {int(np.argmin(totals))} would get no test "
-                                       f"sample of its classes (the test split has "
-                                       f"{int(totals.sum())} rows for {len(totals)} clients); "
-                                       "use fewer clients")
-    return counts
-
-
-def matched_test(test_labels: np.ndarray, train_counts: np.ndarray,
-                 rng: np.random.Generator) -> Part:
-    """Disjoint test shares with each client's class proportions (its own held-out share)."""
-    available = np.bincount(test_labels, minlength=train_counts.shape[1])
-    counts = proportional_counts(train_counts, available[: train_counts.shape[1]])
-    return rows_from_counts(test_labels, ensure_one_test(counts, train_counts), rng)
-
-
-# ====================================================================== plan and assembly
-
-
-@dataclass
-class Plan:
-    """What each client gets: pool rows per split, per-row angles, per-client label maps."""
-
-    train_pool: Pool
-    train: Part
-    test_pool: Pool
-    test: Part
-    clusters: np.ndarray | None
-    cluster_info: list[dict[str, Any]] = field(default_factory=list)
-    train_angles: np.ndarray | None = None
-    test_angles: np.ndarray | None = None
-    label_maps: np.ndarray | None = None  # [n_clients, n_classes]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_clients(self) -> int:
-        return len(self.train.offsets) - 1
-
-
-def _materialize(pool: Pool, part: Part, angles: np.ndarray | None,
-                 maps: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = pool.take(part.index)
-    if angles is not None and np.any(angles != 0):
-        x = rotate_each(x, angles)
-    if maps is not None:
-        y = apply_label_maps(y, maps, part.owner())
-    return x, y
-
-
-def check_plan(plan: Plan) -> None:
-    """Every client has ≥1 train and ≥1 test row, else a ConfigError naming the cause."""
-    for split, part in (("train", plan.train), ("test", plan.test)):
-        empty = np.flatnonzero(part.sizes == 0)
-        if len(empty):
-            raise ConfigError("n_clients", f"{len(empty)} of {plan.n_clients} clients (e.g. "
-                                           f"client {empty[0]}) would get no {split} sample; "
-                                           "use fewer clients or more samples per client")
-
-
-def assemble(plan: Plan, source: Source, name: str, meta: dict[str, Any]) -> Federation:
-    """Gather the planned rows, rotate and relabel them, and wrap them in a Federation."""
-    x_tr, y_tr = _materialize(plan.train_pool, plan.train, plan.train_angles, plan.label_maps)
-    x_te, y_te = _materialize(plan.test_pool, plan.test, plan.test_angles, plan.label_maps)
-    return Federation(
-        x_train=x_tr, y_train=y_tr, train_offsets=plan.train.offsets,
-        x_test=x_te, y_test=y_te, test_offsets=plan.test.offsets,
-        clusters=plan.clusters, n_classes=source.n_classes, task=source.task, name=name,
-        meta={**meta, "clusters": plan.cluster_info, **plan.extra},
-    )
-
-
-def _pools(source: Source) -> tuple[Pool, Pool]:
-    return Pool((source.x_train,), (source.y_train,)), Pool((source.x_test,), (source.y_test,))
-
-
-def _per_row(per_client: np.ndarray, part: Part) -> np.ndarray:
-    return per_client[part.owner()]
-
-
-# ====================================================================== parameters
-
-
-class ScenarioParams(BaseModel):
-    """Fields shared by every scenario."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    n_clients: int = Field(20, ge=1, description="number of clients")
-    holdout: float | None = Field(
-        None, ge=0.0, lt=1.0, description="share of the clients kept out of training, "
-        "stratified by true cluster and seeded, placed and evaluated after the run "
-        "(default: none)")
-
-
-class _SizeParams(ScenarioParams):
-    n_train_per_client: int | None = Field(
-        None, ge=1, description="training rows per client (default: an equal share of all)")
-    n_test_per_client: int | None = Field(
-        None, ge=1, description="test rows per client (default: an equal share of all)")
-
-
-class IidParams(_SizeParams):
-    """Equal random split, no cluster structure (sanity baseline)."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(10, ge=1)
-
-
-class LabelSwapParams(_SizeParams):
-    """CFL §V-A: M=20 clients, K=4 clusters, each cluster swaps one pair of labels."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clusters: int = Field(4, ge=1)
-    pairs: list[tuple[int, int]] | None = Field(
-        None, description="one label pair per cluster (default: random disjoint pairs)")
-
-
-class LabelPermutationParams(_SizeParams):
-    """CFL §V-C: each cluster applies its own random permutation P_c to all labels."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clusters: int = Field(4, ge=1)
-
-
-class LabelShiftHalfParams(_SizeParams):
-    """CFL-GP F.7: a fraction of the clients maps y → (y + shift) mod n_classes."""
-
-    model_config = ConfigDict(extra="forbid")
-    shift: int | None = Field(None, description="default n_classes // 2 (5 for 10 classes)")
-    shifted_fraction: float = Field(0.5, gt=0.0, lt=1.0)
-
-
-class _RotationLayoutParams(_SizeParams):
-    layout: Literal["split", "cflgp"] = Field(
-        "split", description="'split': disjoint parts of train and of test; 'cflgp': the "
-        "CFL-GP authors' merged, contiguous blocks with a per-client train/test cut")
-    train_fraction: float = Field(0.7, gt=0.0, lt=1.0, description="layout 'cflgp' only")
-
-
-class RotationParams(_RotationLayoutParams):
-    """CFL-GP §5.2 / F.5 and IFCA: each group of clients rotates its images by one angle."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(32, ge=1)
-    angles: list[float] = Field(
-        default_factory=lambda: list(IFCA_ANGLES),
-        description="degrees, one per cluster, or a preset name: 'ifca' or 'cflgp'")
-
-    @field_validator("angles", mode="before")
-    @classmethod
-    def _preset(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if value not in ROTATION_PRESETS:
-                raise ValueError(f"unknown preset {value!r}; use {', '.join(ROTATION_PRESETS)} "
-                                 "or a list of angles")
-            return list(ROTATION_PRESETS[value])
-        return value
-
-    @field_validator("angles")
-    @classmethod
-    def _nonempty(cls, value: list[float]) -> list[float]:
-        if not value:
-            raise ValueError("needs at least one angle")
-        return value
-
-
-class RotationMixtureParams(_RotationLayoutParams):
-    """CFL-GP F.5.2: groups at angle a, at angle b, and a group mixing a (prob. κ) and b."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(12, ge=3)
-    kappa: float = Field(0.5, ge=0.0, le=1.0, description="probability of the first angle")
-    angles: tuple[float, float] = (0.0, 180.0)
-
-
-class ClusterPartitionerParams(RotationParams):
-    """Clusters as in `rotation` (one angle each); a Flower Datasets partitioner splits each
-    cluster's share of the samples among its clients (`clusterfl.data.partitioners`)."""
-
-    angles: list[float] = Field(
-        default_factory=lambda: [0.0, 180.0],
-        description="degrees, one per cluster, or a preset name: 'ifca' or 'cflgp'")
-    partitioner: Literal["iid", "dirichlet", "shard", "pathological", "linear", "square",
-                         "exponential"] = Field(
-        "iid", description="the flwr_datasets partitioner used inside each cluster")
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="its keyword arguments, e.g. {alpha = 0.5} "
-        "(partition_by defaults to the labels, seed to the run's)")
-
-
-class DirichletParams(ScenarioParams):
-    """CAM §5 (Hsu et al.): per class, Dir(α) proportions over the clients."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(200, ge=1)
-    alpha: float = Field(0.1, gt=0.0)
-    min_samples: int = Field(1, ge=1, description="minimum training rows per client")
-
-
-class ClusterDirichletParams(ScenarioParams):
-    """CAM §5: per class Dir(α1) over clusters, then Dir(α2) over each cluster's clients."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(200, ge=1)
-    n_clusters: int = Field(5, ge=1)
-    alpha1: float = Field(0.1, gt=0.0)
-    alpha2: float = Field(10.0, gt=0.0)
-    min_samples: int = Field(1, ge=1, description="minimum training rows per client")
-
-
-class NClassParams(ScenarioParams):
-    """CAM §5 (McMahan et al.): each client draws n random classes."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(200, ge=1)
-    n: int = Field(2, ge=1)
-    samples_per_client: int | None = Field(
-        None, ge=1, description="split evenly over the client's classes (default: each class's "
-        "rows shared equally among the clients holding it)")
-
-
-class ClusterNClassParams(ScenarioParams):
-    """CAM §5: each cluster gets n1 classes, each client n2 of its cluster's classes."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(200, ge=1)
-    n_clusters: int = Field(5, ge=1)
-    n1: int = Field(3, ge=1)
-    n2: int = Field(2, ge=1)
-    samples_per_client: int | None = Field(None, ge=1)
-
-
-class _LabelSetParams(ScenarioParams):
-    n_clients: int = Field(100, ge=1)
-    n_clusters: int = Field(5, ge=1)
-    label_sets: Literal["disjoint", "overlapping"] = Field(
-        "disjoint", description="FLT scenario 1 (disjoint) or 2 (neighbours share a label)")
-    classes_per_cluster: int | None = Field(
-        None, ge=1, description="default 2 (disjoint) or 3 (overlapping)")
-    class_sets: list[list[int]] | None = Field(
-        None, description="explicit label set of every cluster (overrides the two above)")
-
-
-class ClusterLabelsParams(_LabelSetParams):
-    """FLT §4.2 scenarios 1-2: fixed label sets per cluster, equal samples per client."""
-
-    model_config = ConfigDict(extra="forbid")
-    samples_per_client: int | None = Field(
-        None, ge=1, description="default: the most every client can get (600 on MNIST)")
-
-
-class PowerLawParams(_LabelSetParams):
-    """FLT Appendix C.4, Algorithm 4: label sets per cluster + α + e^(β m^δ) samples."""
-
-    model_config = ConfigDict(extra="forbid")
-    alpha: int = Field(10, ge=0, description="minimum samples per client (the paper's α)")
-    delta: float = Field(0.5, gt=0.0, le=4.0, description="power exponent δ")
-
-
-class LinearRegressionParams(ScenarioParams):
-    """CFL-GP §5.1 / F.4: y = x tan φ_k + N(0, σ²), x ~ U(0, cos φ_k)."""
-
-    model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(12, ge=1)
-    n_clusters: int = Field(3, ge=1)
-    delta_phi: float = Field(20.0, gt=0.0, lt=90.0, description="Δφ in degrees")
-    angles: list[float] | None = Field(
-        None, description="φ_k in degrees (default: evenly spaced from +Δφ to −Δφ)")
-    samples_per_client: int = Field(10, ge=1, description="the paper's b")
-    test_samples_per_client: int = Field(100, ge=1)
-    noise_std: float = Field(0.2, ge=0.0)
-
 
 # ====================================================================== planners: label maps
 
@@ -524,7 +103,7 @@ def _label_map_plan(source: Source, p: _SizeParams, clusters: np.ndarray,
                     cluster_maps: np.ndarray, rng: np.random.Generator,
                     info: list[dict[str, Any]]) -> Plan:
     train, test = _sized_split(source, p, rng)
-    train_pool, test_pool = _pools(source)
+    train_pool, test_pool = source_pools(source)
     for i, m in enumerate(cluster_maps):
         info[i]["label_map"] = m.tolist()
     return Plan(train_pool, train, test_pool, test, clusters, info,
@@ -540,7 +119,7 @@ def _need_clusters(n_clusters: int, n_clients: int) -> None:
 def plan_iid(source: Source, p: IidParams, rng: np.random.Generator) -> Plan:
     """Equal random split; one distribution, so every client is in cluster 0."""
     train, test = _sized_split(source, p, rng)
-    train_pool, test_pool = _pools(source)
+    train_pool, test_pool = source_pools(source)
     return Plan(train_pool, train, test_pool, test, np.zeros(p.n_clients, np.int64), [{}])
 
 
@@ -627,7 +206,7 @@ def _rotation_parts(source: Source, p: _RotationLayoutParams, n_groups: int,
                     rng: np.random.Generator) -> tuple[Pool, Part, Pool, Part]:
     if p.layout == "split":
         train, test = _sized_split(source, p, rng)
-        train_pool, test_pool = _pools(source)
+        train_pool, test_pool = source_pools(source)
         return train_pool, train, test_pool, test
     for name in ("n_train_per_client", "n_test_per_client"):
         if getattr(p, name) is not None:
@@ -645,7 +224,7 @@ def plan_rotation(source: Source, p: RotationParams, rng: np.random.Generator) -
     angles = np.asarray(p.angles, dtype=np.float64)[clusters]
     return Plan(train_pool, train, test_pool, test, clusters,
                 [{"angle": a} for a in p.angles],
-                train_angles=_per_row(angles, train), test_angles=_per_row(angles, test),
+                train_angles=per_row(angles, train), test_angles=per_row(angles, test),
                 extra={"layout": p.layout})
 
 
@@ -682,7 +261,7 @@ def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
     n_groups = len(p.angles)
     _need_clusters(n_groups, p.n_clients)
     clusters = client_groups(p.n_clients, n_groups)
-    train_pool, test_pool = _pools(source)
+    train_pool, test_pool = source_pools(source)
     shares = np.array_split(rng.permutation(len(train_pool)), n_groups)
     rows: list[np.ndarray] = []
     for g, share in enumerate(shares):
@@ -695,7 +274,7 @@ def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
                                                        source.n_classes), rng)
     angles = np.asarray(p.angles, dtype=np.float64)[clusters]
     return Plan(train_pool, train, test_pool, test, clusters, [{"angle": a} for a in p.angles],
-                train_angles=_per_row(angles, train), test_angles=_per_row(angles, test),
+                train_angles=per_row(angles, train), test_angles=per_row(angles, test),
                 extra={"partitioner": p.partitioner})
 
 
@@ -706,7 +285,7 @@ def _counts_plan(source: Source, counts: np.ndarray, clusters: np.ndarray | None
                  info: list[dict[str, Any]], rng: np.random.Generator,
                  extra: dict[str, Any] | None = None) -> Plan:
     """Train rows drawn per the count matrix, test rows matched to each client's classes."""
-    train_pool, test_pool = _pools(source)
+    train_pool, test_pool = source_pools(source)
     train = rows_from_counts(train_pool.labels, counts, rng)
     test = matched_test(test_pool.labels, counts, rng)
     return Plan(train_pool, train, test_pool, test, clusters, info, extra=extra or {})
@@ -850,7 +429,7 @@ def _carve(pools: Part, sizes_per_cluster: Sequence[np.ndarray]) -> Part:
 def _flt_plan(source: Source, p: _LabelSetParams, sizes: Sequence[np.ndarray], pools: Part,
               rng: np.random.Generator,
               info: list[dict[str, Any]]) -> Plan:
-    train_pool, test_pool = _pools(source)
+    train_pool, test_pool = source_pools(source)
     train = _carve(pools, sizes)
     counts = class_counts(train_pool.labels, train, source.n_classes)
     test = matched_test(test_pool.labels, counts, rng)
