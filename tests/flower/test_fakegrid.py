@@ -175,7 +175,7 @@ def test_backend_config_fields_are_validated():
 
 def test_flower_settings_belong_to_the_flower_backend_only():
     with pytest.raises(ConfigError, match=r"^backend\.timeout: unknown field; allowed fields "
-                                          r"here: chunk_size, name$"):
+                                          r"here: chunk_size, device, name, precision$"):
         Experiment.from_config({**BASE, "backend": {"timeout": 5.0}})  # simulation (default)
     with pytest.raises(ConfigError, match=r"^backend\.wait_nodes: unknown field"):
         Experiment.from_config({**BASE, "backend": {"name": "sequential", "wait_nodes": 6}})

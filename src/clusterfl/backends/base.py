@@ -7,10 +7,10 @@ Each backend has its own pydantic `Config` (the `[backend]` table of a run confi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Self, cast
+from collections.abc import Callable
+from typing import Any, ClassVar, Self, cast
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from clusterfl.data.federation import Federation
@@ -34,10 +34,12 @@ from clusterfl.protocol import (
     MixtureTrainRequest,
     Reply,
     Steps,
+    StepsReply,
     SubspaceReply,
     SubspaceRequest,
     TrainReply,
     TrainRequest,
+    client_seed,
     run_steps,
 )
 
@@ -75,30 +77,25 @@ class Backend(ABC):
         """The reply of the clients that answered (all of them, in simulation). A `Steps`
         runs its steps in order through `execute` itself (`protocol.run_steps`), so each step
         is computed exactly as the separate request (vectorized where that one is)."""
-        reply: Reply
-        if isinstance(request, TrainRequest):
-            reply = self.train(request)
-        elif isinstance(request, GradientRequest):
-            reply = self.gradient(request)
-        elif isinstance(request, LossRequest):
-            reply = self.losses(request)
-        elif isinstance(request, EvaluateRequest):
-            reply = self.evaluate(request)
-        elif isinstance(request, EmbedRequest):
-            reply = self.embed(request)
-        elif isinstance(request, SubspaceRequest):
-            reply = self.subspace(request)
-        elif isinstance(request, MixtureTrainRequest):
-            reply = self.mixture_train(request)
-        elif isinstance(request, MixtureFitRequest):
-            reply = self.mixture_fit(request)
-        elif isinstance(request, BestCountRequest):
-            reply = self.best_counts(request)
-        elif isinstance(request, Steps):  # each step as the request it stands for
-            reply = run_steps(self.execute, request)
-        else:
-            raise TypeError(f"unknown request type {type(request).__name__}")
-        return cast(RE, reply)
+        table = self.handlers()
+        for cls in type(request).__mro__:
+            if cls in table:
+                return cast(RE, table[cls](request))
+        raise TypeError(f"unknown request type {type(request).__name__}")
+
+    def handlers(self) -> dict[type[Any], Callable[[Any], Reply]]:
+        """Request type → the bound method that answers it (`execute`'s dispatch table)."""
+        return {
+            TrainRequest: self.train, GradientRequest: self.gradient, LossRequest: self.losses,
+            EvaluateRequest: self.evaluate, EmbedRequest: self.embed,
+            SubspaceRequest: self.subspace, MixtureTrainRequest: self.mixture_train,
+            MixtureFitRequest: self.mixture_fit, BestCountRequest: self.best_counts,
+            Steps: self.steps,
+        }
+
+    def steps(self, req: Steps) -> StepsReply:
+        """Each step as the request it stands for (`protocol.run_steps`)."""
+        return run_steps(self.execute, req)
 
     @abstractmethod
     def train(self, req: TrainRequest) -> TrainReply: ...
@@ -124,7 +121,7 @@ class Backend(ABC):
         rows = []
         for c in clients:
             x, y = fed.client_train(int(c))
-            rows.append(client_signature(x, y, req, int(req.seed) * 1_000_003 + int(c)))
+            rows.append(client_signature(x, y, req, client_seed(req.seed, int(c))))
         sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
         return EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
 
@@ -159,10 +156,5 @@ class Backend(ABC):
 
 
 def as_index(clients: np.ndarray) -> np.ndarray:
+    """Client ids as an int64 index array."""
     return np.asarray(clients, dtype=np.int64)
-
-
-def seeded(seed: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(int(seed))
-    return g

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from clusterfl.backends.base import Backend
 from clusterfl.protocol import (
+    RE,
+    Asks,
     EmbedReply,
     EmbedRequest,
     EvaluateReply,
@@ -29,11 +31,12 @@ from clusterfl.protocol import (
     GradientRequest,
     LossReply,
     LossRequest,
-    Steps,
-    StepsReply,
     TrainReply,
     TrainRequest,
+    parts_of,
 )
+
+M = TypeVar("M")
 
 
 class SubsetBackend(Backend):
@@ -53,41 +56,38 @@ class SubsetBackend(Backend):
         if len(self.local) != len(self.ids):
             raise ValueError("SubsetBackend: client ids must be distinct")
 
-    def execute(self, request: Any) -> Any:
+    def execute(self, request: Asks[RE]) -> RE:
         reply = self.inner.execute(_renumber(request, lambda c: int(self.ids[c])))
         return _renumber(reply, lambda c: self.local[c])
 
     def train(self, req: TrainRequest) -> TrainReply:
-        out: TrainReply = self.execute(req)
-        return out
+        return self.execute(req)
 
     def gradient(self, req: GradientRequest) -> GradientReply:
-        out: GradientReply = self.execute(req)
-        return out
+        return self.execute(req)
 
     def losses(self, req: LossRequest) -> LossReply:
-        out: LossReply = self.execute(req)
-        return out
+        return self.execute(req)
 
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
-        out: EvaluateReply = self.execute(req)
-        return out
+        return self.execute(req)
 
     def embed(self, req: EmbedRequest) -> EmbedReply:
-        out: EmbedReply = self.execute(req)
-        return out
+        return self.execute(req)
 
 
-def _renumber(message: Any, to: Callable[[int], int]) -> Any:
-    """`message` with every client id c in its `clients` replaced by `to(c)`; in a `Steps` /
-    `StepsReply` also those of each step (the only other fields that name clients)."""
-    ids = np.array([to(int(c)) for c in np.asarray(message.clients).tolist()], dtype=np.int64)
-    if isinstance(message, Steps):
-        return replace(message, clients=ids, steps=[_renumber(s, to) for s in message.steps])
-    if isinstance(message, StepsReply):
-        return replace(message, clients=ids,
-                       replies=[_renumber(r, to) for r in message.replies])
-    return replace(message, clients=ids)
+def _renumber(message: M, to: Callable[[int], int]) -> M:
+    """`message` with every client id c in its `clients` replaced by `to(c)`; in a compound
+    message (`Steps`, `StepsReply`) also those of each part (the only other fields that name
+    clients)."""
+    msg: Any = message
+    ids = np.array([to(int(c)) for c in np.asarray(msg.clients).tolist()], dtype=np.int64)
+    parts = parts_of(msg)
+    if parts is None:
+        out: M = replace(msg, clients=ids)
+    else:
+        out = replace(msg, clients=ids, **{msg.nested: [_renumber(p, to) for p in parts]})
+    return out
 
 
 __all__ = ["SubsetBackend"]

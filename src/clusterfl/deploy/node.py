@@ -21,6 +21,7 @@ from clusterfl.backends.base import Backend
 from clusterfl.data.federation import Federation
 from clusterfl.deploy.clientdata import describe, read_client_file, simulated_client
 from clusterfl.errors import ConfigError
+from clusterfl.protocol import RE, Asks
 
 
 def node_data(node_config: dict[str, Any], setup: dict[str, Any]) -> tuple[Federation, int,
@@ -80,7 +81,8 @@ def handle_describe(node_config: dict[str, Any], setup: dict[str, Any]) -> dict[
     return describe(backend.federation, cid, cluster)
 
 
-def handle_request(node_config: dict[str, Any], setup: dict[str, Any], request: Any) -> Any:
+def handle_request(node_config: dict[str, Any], setup: dict[str, Any],
+                   request: Asks[RE]) -> RE:
     """Execute a one-client protocol request on this node's data; returns the reply."""
     backend, cid, _ = node_backend(node_config, setup)
     clients = [int(c) for c in request.clients]

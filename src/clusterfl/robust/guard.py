@@ -28,31 +28,23 @@ taken as one vector (one clip bound for what the client sends).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from clusterfl.errors import require
 from clusterfl.protocol import (
-    EvaluateRequest,
+    RE,
+    Asks,
     Executor,
-    GradientReply,
-    GradientRequest,
-    MixtureTrainReply,
-    MixtureTrainRequest,
     Reply,
-    Request,
     Steps,
     StepsReply,
-    TrainReply,
-    TrainRequest,
-    empty_reply,
     join,
     positions_of,
     present,
     resolve_step,
-    start_models,
     steps_reply,
     subset,
 )
@@ -88,6 +80,8 @@ class Guard:
         self.faults = FaultPlan(faults or FaultsConfig(), n_clients, seed)
         self.adversary = adversary or AdversaryConfig()
         self.privacy = privacy or PrivacyConfig()
+        if self.privacy.noise_multiplier > 0:  # fail before the run, not when ε is reported
+            require("privacy", "dp_accounting", load=False)
         self.adversaries = (np.zeros(0, np.int64) if adversaries is None
                             else np.asarray(adversaries, dtype=np.int64))
         self._bad = set(self.adversaries.tolist())
@@ -124,7 +118,7 @@ class Guard:
         }
 
     # ------------------------------------------------------------------ one request
-    def send(self, backend: Executor, request: Request) -> tuple[Reply, int, int]:
+    def send(self, backend: Executor, request: Asks[RE]) -> tuple[RE, int, int]:
         """Run `request` through the layer.
 
         Returns the reply (the clients that answered and passed, in request order), the
@@ -133,7 +127,7 @@ class Guard:
         """
         self._request_no += 1
         requested = np.asarray(request.clients, dtype=np.int64)
-        if isinstance(request, EvaluateRequest):
+        if request.kind == "evaluate":
             return join([backend.execute(request)], order=requested), len(requested), 0
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
@@ -159,11 +153,11 @@ class Guard:
         self._events["dropped"].update(int(c) for c in requested[~reachable])
         sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
         slow = self._now.stragglers & set(np.asarray(sent.clients).tolist())
-        trains = any(isinstance(s, TrainRequest | MixtureTrainRequest) for s in sent.steps)
+        trains = any(s.trains for s in sent.steps)
         raw: StepsReply | None = None
         if not (slow and trains):
-            raw = cast(StepsReply, empty_reply(sent) if not len(sent.clients)
-                       else join([backend.execute(sent)], order=sent.clients))
+            raw = (sent.empty_reply() if not len(sent.clients)
+                   else join([backend.execute(sent)], order=sent.clients))
         done: list[Reply] = []
         counts: list[tuple[int, int]] = []
         for j in range(len(sent.steps)):
@@ -176,14 +170,14 @@ class Guard:
             counts.append((len(step.clients), uploaded))
         return steps_reply(sent.clients, done), counts
 
-    def _after(self, sent: Request, reply: Reply) -> tuple[Reply, int]:
+    def _after(self, sent: Asks[RE], reply: RE) -> tuple[RE, int]:
         """Steps 3–5 on the reply to `sent`: attacks, validation, privacy (and the round's
         events); returns the reply and how many clients uploaded one."""
         silent = set(np.asarray(sent.clients).tolist()) - set(reply.clients.tolist())
         self._events["dropped"].update(int(c) for c in silent)
         uploaded = len(reply.clients)
-        update = isinstance(sent, TrainRequest | GradientRequest | MixtureTrainRequest)
-        if isinstance(sent, TrainRequest | GradientRequest | MixtureTrainRequest) and uploaded:
+        update = sent.kind == "update"
+        if update and uploaded:
             reply = self._attack(sent, reply)
             self._updates.uploaded += uploaded
             self._updates.losses.extend(_losses(reply, uploaded))
@@ -194,21 +188,20 @@ class Guard:
             if update:
                 self._updates.rejected.update(r.reason for r in rejected)
             if not keep.all():
-                reply = subset(reply, np.flatnonzero(keep)) if keep.any() else empty_reply(sent)
+                reply = subset(reply, np.flatnonzero(keep)) if keep.any() else sent.empty_reply()
         if update:
             self._updates.kept += len(reply.clients)
-        if self.privacy.clip is not None and isinstance(
-                sent, TrainRequest | GradientRequest | MixtureTrainRequest):
+        if self.privacy.clip is not None and update:
             reply = self._privatize(sent, reply)
         return reply, uploaded
 
-    def _execute(self, backend: Executor, request: Request) -> Reply:
+    def _execute(self, backend: Executor, request: Asks[RE]) -> RE:
         """Execute (split for stragglers); the reply's rows follow `request.clients`."""
         clients = np.asarray(request.clients, dtype=np.int64)
         if len(clients) == 0:
-            return empty_reply(request)
+            return request.empty_reply()
         slow = self._now.stragglers & set(clients.tolist())
-        if not slow or not isinstance(request, TrainRequest | MixtureTrainRequest):
+        if not slow or not request.trains:
             return join([backend.execute(request)], order=clients)
         self._events["stragglers"].update(slow)
         self.totals["straggled"] += len(slow)
@@ -217,11 +210,11 @@ class Guard:
             on_time = np.array([int(c) not in slow for c in clients], dtype=bool)
             self._events["dropped"].update(slow)
             if not on_time.any():
-                return empty_reply(request)
+                return request.empty_reply()
             return join([backend.execute(subset(request, np.flatnonzero(on_time)))],
                         order=clients)
-        parts = [backend.execute(part)
-                 for part in straggler_requests(request, slow, work, self.train_sizes)]
+        parts: list[RE] = [backend.execute(part) for part in straggler_requests(
+            cast(Any, request), slow, work, self.train_sizes)]
         return join(parts, order=clients)
 
     # ------------------------------------------------------------------ attacks, privacy
@@ -231,8 +224,9 @@ class Guard:
                           .integers(0, 2**63 - 1)))
         return g
 
-    def _attack(self, request: TrainRequest | GradientRequest | MixtureTrainRequest,
-                reply: Reply) -> Reply:
+    def _attack(self, request: Asks[RE], reply: RE) -> RE:
+        """Model poisoning: each adversary's update (its `update_rows` less their base, the
+        start model it was sent) replaced by the attack's (FedEM: the K·d-float update)."""
         kind = self.adversary.kind
         if kind in ("none", "label_flip") or not self._bad:
             return reply
@@ -242,34 +236,18 @@ class Guard:
             return reply
         idx = torch.from_numpy(rows)
         gen = self._generator(_ATTACK_STREAM)
-        if isinstance(reply, MixtureTrainReply) and isinstance(request, MixtureTrainRequest):
-            start = request.models.reshape(1, -1)
-            flat = reply.params.reshape(len(clients), -1)
-            if flat.shape[1] != start.shape[1]:
-                return reply
-            bad = poison(kind, flat[idx] - start, self.adversary.strength(), gen)
-            flat = flat.clone()
-            flat[idx] = (start + bad).to(flat.dtype)
-            return replace(reply, params=flat.view(reply.params.shape))
-        if isinstance(request, MixtureTrainRequest):
-            return reply
-        if isinstance(reply, TrainReply):
-            params = reply.params
-            if params.ndim != 2 or len(params) != len(clients):
-                return reply
-            start = start_models(request, clients[rows])
-            bad = poison(kind, params[idx] - start, self.adversary.strength(), gen)
-            params = params.clone()
-            params[idx] = (start + bad).to(params.dtype)  # replies may be float32
-            return replace(reply, params=params)
-        if isinstance(reply, GradientReply) and len(reply.grads) == len(clients):
-            grads = reply.grads.clone()
-            grads[idx] = poison(kind, grads[idx], self.adversary.strength(), gen)
-            return replace(reply, grads=grads)
-        return reply
+        flat = reply.update_rows()
+        base = request.update_base(positions_of(request, clients[rows]))
+        if flat.ndim != 2 or len(flat) != len(clients) or (
+                base is not None and base.shape[1] != flat.shape[1]):
+            return reply  # a malformed reply: validation rejects it
+        delta = flat[idx] if base is None else flat[idx] - base
+        bad = poison(kind, delta, self.adversary.strength(), gen)
+        flat = flat.clone()
+        flat[idx] = (bad if base is None else base + bad).to(flat.dtype)  # replies may be f32
+        return reply.with_update_rows(flat)
 
-    def _privatize(self, request: TrainRequest | GradientRequest | MixtureTrainRequest,
-                   reply: Reply) -> Reply:
+    def _privatize(self, request: Asks[RE], reply: RE) -> RE:
         """Clip every update to S, add the noise, report n_i = 1."""
         p = self.privacy
         assert p.clip is not None
@@ -278,20 +256,10 @@ class Guard:
             return reply
         rows = positions_of(request, clients)
         gen = self._generator(_NOISE_STREAM)
-        ones = np.ones(len(clients), dtype=np.int64)
-        if isinstance(request, MixtureTrainRequest):  # all clients share the K models
-            assert isinstance(reply, MixtureTrainReply)
-            groups = np.zeros(len(clients), dtype=np.int64)
-            start = request.models.reshape(1, -1)
-            delta, norms = clip_rows(reply.params.reshape(len(clients), -1) - start, p.clip)
-        elif isinstance(reply, TrainReply):
-            groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
-            start = start_models(request, clients)
-            delta, norms = clip_rows(reply.params - start, p.clip)
-        else:
-            assert isinstance(reply, GradientReply)
-            groups = np.asarray(request.model_of_client, dtype=np.int64)[rows]
-            delta, norms = clip_rows(reply.grads, p.clip)
+        groups = request.update_groups(rows)
+        base = request.update_base(rows)
+        flat = reply.update_rows()
+        delta, norms = clip_rows(flat if base is None else flat - base, p.clip)
         clipped = int((norms > p.clip).sum())
         self._events["clipped"] += clipped
         self.totals["clipped"] += clipped
@@ -300,12 +268,8 @@ class Guard:
             delta = delta + noise_rows(shape, groups, p.noise_multiplier, p.clip, p.noise, gen,
                                        delta.dtype)
             self.totals["releases"] += 1
-        if isinstance(reply, MixtureTrainReply):
-            return replace(reply, params=(start + delta).view(reply.params.shape),
-                           n_samples=ones)
-        if isinstance(reply, TrainReply):
-            return replace(reply, params=start + delta, n_samples=ones)
-        return replace(reply, grads=delta, n_samples=ones)
+        return reply.with_update_rows(delta if base is None else base + delta,
+                                      np.ones(len(clients), dtype=np.int64))
 
     # ------------------------------------------------------------------ reports, state
     def privacy_report(self) -> dict[str, Any] | None:

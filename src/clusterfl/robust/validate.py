@@ -28,28 +28,29 @@ orders of magnitude larger than the typical one of its round); no absolute bound
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from clusterfl.protocol import (
-    BestCountReply,
+    RE,
+    Asks,
     BestCountRequest,
-    EmbedReply,
+    EmbedRequest,
     GradientReply,
     GradientRequest,
-    LossReply,
     LossRequest,
-    MixtureFitReply,
+    MixtureFitRequest,
     MixtureTrainReply,
     MixtureTrainRequest,
     Reply,
-    Request,
     SubspaceReply,
+    SubspaceRequest,
     TrainReply,
     TrainRequest,
-    narrow,
     positions_of,
     reply_width,
 )
@@ -73,95 +74,106 @@ class Rejection:
 _NORM_ROWS = 256  # rows per block in `update_norms` (bounds the temporary memory)
 
 
-def update_norms(request: TrainRequest | GradientRequest,
-                 reply: TrainReply | GradientReply) -> np.ndarray:
-    """‖update‖₂ of each reply row, accumulated in float64, block by block.
+def update_norms(request: Asks[Any], reply: Reply) -> np.ndarray:
+    """‖update‖₂ of each row of an update reply (its `update_rows` less their base, the start
+    model each client was sent), accumulated in float64, block by block.
 
     Never builds an `[n, d]` temporary (a round of 1,000 MLP clients is 0.6 GB per copy).
     A row holding NaN or ±Inf gets a non-finite norm; a finite float32 row always gets a
     finite one (its squares fit in float64).
     """
-    vec = reply.params if isinstance(reply, TrainReply) else reply.grads
-    rows = None
-    if isinstance(reply, TrainReply):
-        which = np.asarray(request.model_of_client, dtype=np.int64)
-        rows = torch.from_numpy(which[positions_of(request, reply.clients)])
+    vec = reply.update_rows()
+    rows = positions_of(request, reply.clients)
     out = np.empty(len(vec))
     for lo in range(0, len(vec), _NORM_ROWS):
         block = vec[lo : lo + _NORM_ROWS]
-        if rows is not None:
-            block = block - narrow(request.models[rows[lo : lo + _NORM_ROWS]], request.coords)
+        base = request.update_base(rows[lo : lo + _NORM_ROWS])
+        if base is not None:
+            block = block - base
         norms = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
         out[lo : lo + len(block)] = norms.numpy()
     return out
 
 
-def check_reply(request: Request, reply: Reply,
-                config: ValidationConfig) -> tuple[np.ndarray, list[Rejection]]:
+Checked = tuple[np.ndarray, list[Rejection]]
+
+
+def check_reply(request: Asks[RE], reply: RE, config: ValidationConfig) -> Checked:
     """Boolean keep-mask over the reply's rows and the rejections (one per rejected row)."""
     clients = np.asarray(reply.clients, dtype=np.int64)
-    n = len(clients)
-    keep = np.ones(n, dtype=bool)
+    keep = np.ones(len(clients), dtype=bool)
+    check = next((_CHECKS[t] for t in type(request).__mro__ if t in _CHECKS), None)
+    if not config.enabled or check is None:  # evaluations are not checked
+        return keep, []
     kind = type(request).__name__.removesuffix("Request").lower()
-    if not config.enabled:
-        return keep, []
-    if isinstance(request, LossRequest) and isinstance(reply, LossReply):
-        k = request.models.shape[0]
-        if reply.loss.shape != (n, k) or reply.accuracy.shape != (n, k):
-            return _all(clients, kind, "shape")
-        return keep, []
-    if isinstance(reply, EmbedReply):
-        sig = np.asarray(reply.signatures, dtype=np.float64).reshape(n, -1)
-        finite = np.asarray(np.isfinite(sig).all(axis=1), dtype=bool)
-        return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
-    if isinstance(reply, SubspaceReply):
-        bases = np.asarray(reply.bases, dtype=np.float64)
-        if bases.ndim != 3 or len(bases) != n or len(reply.ranks) != n:
-            return _all(clients, kind, "shape")
-        ranks = np.asarray(reply.ranks)
-        sized = (ranks >= 0) & (ranks <= bases.shape[2])
-        finite = np.asarray(np.isfinite(bases.reshape(n, -1)).all(axis=1), dtype=bool)
-        out_s = [Rejection(int(c), kind, "shape") for c in clients[~sized]]
-        out_s += [Rejection(int(c), kind, "non_finite") for c in clients[sized & ~finite]]
-        return sized & finite, sorted(out_s, key=lambda r: r.client)
-    if isinstance(reply, MixtureFitReply):
-        w = np.asarray(reply.weights, dtype=np.float64).reshape(n, -1)
-        finite = np.asarray(np.isfinite(w).all(axis=1), dtype=bool)
-        return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
-    if isinstance(request, BestCountRequest) and isinstance(reply, BestCountReply):
-        if np.asarray(reply.counts).shape != (n, int(request.models.shape[0])):
-            return _all(clients, kind, "shape")
-        return keep, []
-    if isinstance(request, MixtureTrainRequest) and isinstance(reply, MixtureTrainReply):
-        return _check_mixture(request, reply, config)
-    if not isinstance(reply, TrainReply | GradientReply):
-        return keep, []
-    assert isinstance(request, TrainRequest | GradientRequest)
-    vec = reply.params if isinstance(reply, TrainReply) else reply.grads
+    return check(request, reply, clients, kind, config)
+
+
+def _shape(ok: bool, clients: np.ndarray, kind: str) -> Checked:
+    """All rows kept, or all rejected ("shape")."""
+    return (np.ones(len(clients), dtype=bool), []) if ok else _all(clients, kind, "shape")
+
+
+def _finite_rows(values: np.ndarray, clients: np.ndarray, kind: str) -> Checked:
+    """Rows with a non-finite value are rejected ("non_finite")."""
+    flat = np.asarray(values, dtype=np.float64).reshape(len(clients), -1)
+    finite = np.asarray(np.isfinite(flat).all(axis=1), dtype=bool)
+    return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
+
+
+def _check_subspace(request: SubspaceRequest, reply: SubspaceReply, clients: np.ndarray,
+                    kind: str, config: ValidationConfig) -> Checked:
+    n = len(clients)
+    bases = np.asarray(reply.bases, dtype=np.float64)
+    if bases.ndim != 3 or len(bases) != n or len(reply.ranks) != n:
+        return _all(clients, kind, "shape")
+    ranks = np.asarray(reply.ranks)
+    sized = (ranks >= 0) & (ranks <= bases.shape[2])
+    finite = np.asarray(np.isfinite(bases.reshape(n, -1)).all(axis=1), dtype=bool)
+    out = [Rejection(int(c), kind, "shape") for c in clients[~sized]]
+    out += [Rejection(int(c), kind, "non_finite") for c in clients[sized & ~finite]]
+    return sized & finite, sorted(out, key=lambda r: r.client)
+
+
+def _check_update(request: TrainRequest | GradientRequest, reply: TrainReply | GradientReply,
+                  clients: np.ndarray, kind: str, config: ValidationConfig) -> Checked:
+    """A Train / Gradient reply: `[n, d]` rows (d̂ when narrowed), then the norm rules."""
+    n, vec = len(clients), reply.update_rows()
     d = reply_width(request.models, request.coords)  # d, or d̂ for a narrowed reply
     if vec.ndim != 2 or tuple(vec.shape) != (n, d) or len(reply.n_samples) != n:
         return _all(clients, kind, "shape")
     return _check_norms(clients, kind, update_norms(request, reply), reply.n_samples, config)
 
 
-def _check_mixture(request: MixtureTrainRequest, reply: MixtureTrainReply,
-                   config: ValidationConfig) -> tuple[np.ndarray, list[Rejection]]:
+def _check_mixture(request: MixtureTrainRequest, reply: MixtureTrainReply, clients: np.ndarray,
+                   kind: str, config: ValidationConfig) -> Checked:
     """A FedEM reply: the K models as one K·d update, and finite mixture weights."""
-    clients = np.asarray(reply.clients, dtype=np.int64)
-    n, kind = len(clients), "mixturetrain"
+    n = len(clients)
     k, d = (int(x) for x in request.models.shape)
     w = np.asarray(reply.weights, dtype=np.float64)
     if (tuple(reply.params.shape) != (n, k, d) or w.shape != (n, k)
             or len(reply.n_samples) != n):
         return _all(clients, kind, "shape")
-    start = request.models.reshape(1, -1)
-    norms = np.empty(n)
-    for lo in range(0, n, _NORM_ROWS):
-        block = reply.params[lo : lo + _NORM_ROWS].reshape(-1, k * d) - start
-        norms[lo : lo + len(block)] = torch.linalg.vector_norm(
-            block, dim=1, dtype=torch.float64).numpy()
+    norms = update_norms(request, reply)
     norms = np.where(np.isfinite(w).all(axis=1), norms, np.nan)  # a NaN weight: non-finite
     return _check_norms(clients, kind, norms, reply.n_samples, config)
+
+
+_CHECKS: dict[type[Any], Callable[..., Checked]] = {
+    TrainRequest: _check_update, GradientRequest: _check_update,
+    MixtureTrainRequest: _check_mixture, SubspaceRequest: _check_subspace,
+    LossRequest: lambda req, reply, clients, kind, _: _shape(
+        reply.loss.shape == (len(clients), req.models.shape[0]) == reply.accuracy.shape,
+        clients, kind),
+    BestCountRequest: lambda req, reply, clients, kind, _: _shape(
+        np.asarray(reply.counts).shape == (len(clients), int(req.models.shape[0])),
+        clients, kind),
+    EmbedRequest: lambda req, reply, clients, kind, _: _finite_rows(reply.signatures, clients,
+                                                                    kind),
+    MixtureFitRequest: lambda req, reply, clients, kind, _: _finite_rows(reply.weights,
+                                                                         clients, kind),
+}
+"""The checks of each request type's replies (see the module docstring)."""
 
 
 def _check_norms(clients: np.ndarray, kind: str, norms: np.ndarray, n_samples: np.ndarray,

@@ -31,7 +31,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, cast
 
 import numpy as np
 from pydantic import Field
@@ -39,15 +39,25 @@ from pydantic import Field
 from clusterfl.backends.base import Backend, BackendConfig
 from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError, require
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
+    RE,
+    Asks,
+    EmbedReply,
+    EmbedRequest,
+    EvaluateReply,
     EvaluateRequest,
-    MixtureTrainRequest,
-    Steps,
+    GradientReply,
+    GradientRequest,
+    LossReply,
+    LossRequest,
+    SubspaceReply,
+    SubspaceRequest,
+    TrainReply,
     TrainRequest,
-    empty_reply,
     join,
+    parts_of,
     request_name,
     subset,
 )
@@ -99,16 +109,12 @@ def active_session(session: FlowerSession) -> Iterator[FlowerSession]:
         _ACTIVE.remove(session)
 
 
-def message_type(request: Any) -> str:
-    """Flower message type of a protocol request ("<category>.request")."""
-    if isinstance(request, Steps):  # a round's steps: "train" when one of them trains
-        kinds = {message_type(s) for s in request.steps}
-        return "train.request" if "train.request" in kinds else "query.request"
-    if isinstance(request, TrainRequest | MixtureTrainRequest):
+def message_type(request: Asks[Any]) -> str:
+    """Flower message type of a protocol request ("<category>.request"): "train" when clients
+    train on it (a round's steps: when one of them does), "evaluate" for an evaluation."""
+    if any(part.trains for part in parts_of(request) or [request]):
         return "train.request"
-    if isinstance(request, EvaluateRequest):
-        return "evaluate.request"
-    return "query.request"
+    return "evaluate.request" if request.kind == "evaluate" else "query.request"
 
 
 class FlowerBackend(Backend):
@@ -150,11 +156,12 @@ class FlowerBackend(Backend):
         return backend
 
     # ------------------------------------------------------------------ dispatch
-    def execute(self, request: Any) -> Any:
+    def execute(self, request: Asks[RE]) -> RE:
         clients = np.asarray(request.clients, dtype=np.int64)
         if len(clients) == 0:  # nothing to send
-            return empty_reply(request)
+            return request.empty_reply()
         self._group += 1
+        require("flower", "flwr.app")
         from flwr.app import Message
 
         kind = message_type(request)
@@ -220,8 +227,8 @@ class FlowerBackend(Backend):
             time.sleep(POLL_INTERVAL)
         return out
 
-    def _assemble(self, request: Any, clients: np.ndarray, got: dict[int, Any],
-                  reasons: dict[int, str]) -> Any:
+    def _assemble(self, request: Asks[RE], clients: np.ndarray, got: dict[int, Any],
+                  reasons: dict[int, str]) -> RE:
         if reasons:
             self.dropouts.append({
                 "request": request_name(request), "message_group": self._group,
@@ -234,23 +241,23 @@ class FlowerBackend(Backend):
                 f"{clients.tolist()}; e.g. {next(iter(reasons.values()), '')})"
                 + (f"; if the nodes are only slow, raise backend.timeout (now "
                    f"{self.session.timeout:g} s)" if late else ""))
-        return join([got[int(c)] for c in clients if int(c) in got])
+        return cast(RE, join([got[int(c)] for c in clients if int(c) in got]))
 
     # The abstract per-type hooks all go through `execute` (any request type works).
-    def train(self, req: Any) -> Any:
+    def train(self, req: TrainRequest) -> TrainReply:
         return self.execute(req)
 
-    def gradient(self, req: Any) -> Any:
+    def gradient(self, req: GradientRequest) -> GradientReply:
         return self.execute(req)
 
-    def losses(self, req: Any) -> Any:
+    def losses(self, req: LossRequest) -> LossReply:
         return self.execute(req)
 
-    def evaluate(self, req: Any) -> Any:
+    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
         return self.execute(req)
 
-    def embed(self, req: Any) -> Any:
+    def embed(self, req: EmbedRequest) -> EmbedReply:
         return self.execute(req)
 
-    def subspace(self, req: Any) -> Any:
+    def subspace(self, req: SubspaceRequest) -> SubspaceReply:
         return self.execute(req)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 import clusterfl.protocol as protocol
+from clusterfl.errors import require
 
 SKELETON_KEY = "skeleton"
 LAYOUT_KEY = "layout"
@@ -42,10 +43,12 @@ META = "meta"
 
 
 def protocol_classes() -> dict[str, type]:
-    """Every dataclass defined in `clusterfl.protocol`, by class name (read at call time)."""
+    """Every dataclass defined in `clusterfl.protocol` (its modules), by class name (read at
+    call time)."""
     return {
         name: obj for name, obj in inspect.getmembers(protocol, inspect.isclass)
-        if dataclasses.is_dataclass(obj) and obj.__module__ == protocol.__name__
+        if dataclasses.is_dataclass(obj)
+        and obj.__module__.startswith(protocol.__name__ + ".")
     }
 
 
@@ -151,6 +154,7 @@ def unpack(layout: str, packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def to_recorddict(obj: Any, extra: dict[str, Any] | None = None) -> Any:
     """A Flower `RecordDict` carrying `obj` (plus plain `extra` config values): the skeleton
     and the layout in a `ConfigRecord`, every array in one packed `Array` (`pack`)."""
+    require("flower", "flwr.app")
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
     skeleton, arrays = encode(obj)

@@ -1,25 +1,22 @@
-"""The requests a server may send to clients, and the replies (floor 0, docs/architecture.md).
+"""The requests a server may send to clients, and their replies (floor 0).
 
-Algorithms never touch client data: they build one of these requests for a set of clients
-and hand it to `Context.send`. Every request knows what one client receives and sends in
-floats (`unit_cost`), so `Context.send` books what a method costs on the wire, whatever
-backend runs it, in one place.
+Every request knows what one client receives and sends in floats (`unit_cost`, booked by
+`Context.send`), which kind of request it is (`kind`: an update, a query or an evaluation;
+`trains`: whether clients train locally on it; `counted_update`: whether each answer counts
+as one client update), the reply it gets from nobody (`empty_reply`) and, for an update, what
+the uploaded rows are relative to (`update_base`, `update_groups`); an update reply says which
+of its fields holds the uploaded vectors (`update_rows`, `with_update_rows`). The robustness
+layer, the backends and the Flower hooks read these instead of testing message types.
 
 Models travel as flat vectors. A request carries a stack `models: [K, d]` and, per client,
 which row(s) that client uses, so K distinct models go to many clients without copies.
-
-Clients on the first axis: a request lists its `clients`; a reply lists the clients whose
-rows it holds (`clients`, in request order, only those that answered). Fields marked
-`PER_CLIENT` have one entry per listed client on their first axis (in a nested `Predictor`,
-its `members`); every other field is the same for all clients. `subset` and `join` are the one
-way to take some clients of a request or reply and to put replies together; robustness,
-backends and the Flower codec all use them.
+Fields marked `PER_CLIENT` have one entry per listed client on their first axis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +25,10 @@ from clusterfl.errors import ClusterFLError
 
 Combine = Literal["single", "sum_logits", "mean_probs", "mean_outputs"]
 Split = Literal["train", "test"]
+Kind = Literal["update", "query", "evaluate", "steps"]
+"""What a request is: an update (clients upload model-sized vectors: training, gradients,
+FedEM's mixture step), a query (losses, counts, signatures, bases, mixture weights), an
+evaluation (measurement, never training traffic) or a compound `Steps`."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,32 @@ def narrow(rows: torch.Tensor, coords: np.ndarray | None) -> torch.Tensor:
     return rows[:, torch.from_numpy(idx.astype(np.int64))]
 
 
-RE = TypeVar("RE")
+def client_seed(seed: int, client: int) -> int:
+    """The seed of client `client`'s own randomness (dropout noise, k-means starts) under a
+    request with `seed`: the same whichever backend computes it and in whatever order."""
+    return int(seed) * 1_000_003 + int(client)
+
+
+class Reply:
+    """Base of every reply: the rows of the clients listed in `clients` (in request order,
+    only those that answered). `nested` names the field of a compound reply that holds one
+    reply per step (`StepsReply.replies`)."""
+
+    clients: np.ndarray
+    nested: ClassVar[str | None] = None
+
+    def update_rows(self) -> torch.Tensor:
+        """`[n, w]`: the vector each client uploaded (an update reply's model, gradient or K
+        models, flat), what adversaries, validation and privacy act on."""
+        raise TypeError(f"a {type(self).__name__} holds no update")
+
+    def with_update_rows(self, rows: torch.Tensor, n_samples: np.ndarray | None = None) -> Self:
+        """This reply with `rows` (`[n, w]`, as `update_rows`) uploaded instead, and with
+        `n_samples` if given."""
+        raise TypeError(f"a {type(self).__name__} holds no update")
+
+
+RE = TypeVar("RE", bound=Reply)
 
 
 class Asks(Generic[RE]):
@@ -105,6 +131,28 @@ class Asks(Generic[RE]):
     (what `Context.send` and `Backend.execute` return for it)."""
 
     clients: np.ndarray
+    kind: ClassVar[Kind] = "query"
+    #: clients train locally on it: a straggler's steps are cut; on Flower a "train" message
+    trains: ClassVar[bool] = False
+    #: each answering client adds one to `Context.client_updates` (a training or a gradient
+    #: of one model; FedEM's K-model step has never been counted there)
+    counted_update: ClassVar[bool] = False
+    #: the field of a compound request that holds its requests (`Steps.steps`)
+    nested: ClassVar[str | None] = None
+
+    def empty_reply(self) -> RE:
+        """A reply with no rows, of the type and widths this request would get."""
+        raise NotImplementedError
+
+    def update_base(self, rows: np.ndarray) -> torch.Tensor | None:
+        """What the uploaded vectors of the clients at positions `rows` are relative to: their
+        start models (`[len(rows), w]`, or `[1, w]` shared by all), None when the vectors are
+        the update themselves (gradients). Update requests only."""
+        raise TypeError(f"a {type(self).__name__} is not an update request")
+
+    def update_groups(self, rows: np.ndarray) -> np.ndarray:
+        """The model each of the clients at positions `rows` updates (the noise's groups)."""
+        raise TypeError(f"a {type(self).__name__} is not an update request")
 
     def unit_cost(self) -> tuple[float, float]:
         """(floats down, floats up) of one client: down for every client the request reaches,
@@ -157,6 +205,21 @@ class TrainRequest(Asks["TrainReply"]):
     prox_models: torch.Tensor | None = None
     prox_weights: np.ndarray | None = field(default=None, metadata=PER_CLIENT)
     prox_held: bool = False
+    kind: ClassVar[Kind] = "update"
+    trains: ClassVar[bool] = True
+    counted_update: ClassVar[bool] = True
+
+    def empty_reply(self) -> TrainReply:
+        d = reply_width(self.models, self.coords)  # d̂ when narrowed to `coords`
+        return TrainReply(_none(), torch.zeros(0, d, dtype=self.models.dtype), _none(),
+                          np.zeros(0))
+
+    def update_base(self, rows: np.ndarray) -> torch.Tensor:
+        """θ_start of each client, at `coords` when narrowed (the reply's width)."""
+        return narrow(self.models[torch.from_numpy(self.update_groups(rows))], self.coords)
+
+    def update_groups(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model_of_client, dtype=np.int64)[np.asarray(rows, np.int64)]
 
     def unit_cost(self) -> tuple[float, float]:
         """(floats down, floats up) of one client."""
@@ -170,13 +233,18 @@ class TrainRequest(Asks["TrainReply"]):
         return float(down), float(up)
 
 
-
 @dataclass
-class TrainReply:
+class TrainReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     params: torch.Tensor = field(metadata=PER_CLIENT)
     n_samples: np.ndarray = field(metadata=PER_CLIENT)
     loss: np.ndarray = field(metadata=PER_CLIENT)
+
+    def update_rows(self) -> torch.Tensor:
+        return self.params
+
+    def with_update_rows(self, rows: torch.Tensor, n_samples: np.ndarray | None = None) -> Self:
+        return replace(self, params=rows, n_samples=_given(n_samples, self.n_samples))
 
 
 @dataclass
@@ -197,19 +265,37 @@ class GradientRequest(Asks["GradientReply"]):
     seed: int
     coords: np.ndarray | None = None
     models_held: bool = False
+    kind: ClassVar[Kind] = "update"
+    counted_update: ClassVar[bool] = True
+
+    def empty_reply(self) -> GradientReply:
+        d = reply_width(self.models, self.coords)
+        return GradientReply(_none(), torch.zeros(0, d, dtype=self.models.dtype), _none(),
+                             np.zeros(0))
+
+    def update_base(self, rows: np.ndarray) -> None:
+        return None  # a gradient is the update itself
+
+    def update_groups(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model_of_client, dtype=np.int64)[np.asarray(rows, np.int64)]
 
     def unit_cost(self) -> tuple[float, float]:
         down = 0 if self.models_held else int(self.models.shape[1])
         return float(down), float(reply_width(self.models, self.coords))
 
 
-
 @dataclass
-class GradientReply:
+class GradientReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     grads: torch.Tensor = field(metadata=PER_CLIENT)
     n_samples: np.ndarray = field(metadata=PER_CLIENT)
     loss: np.ndarray = field(metadata=PER_CLIENT)
+
+    def update_rows(self) -> torch.Tensor:
+        return self.grads
+
+    def with_update_rows(self, rows: torch.Tensor, n_samples: np.ndarray | None = None) -> Self:
+        return replace(self, grads=rows, n_samples=_given(n_samples, self.n_samples))
 
 
 @dataclass
@@ -228,6 +314,10 @@ class LossRequest(Asks["LossReply"]):
     offset: Predictor | None = field(default=None, metadata=PER_CLIENT)
     shared_coords: int = 0
 
+    def empty_reply(self) -> LossReply:
+        k = int(self.models.shape[0])
+        return LossReply(_none(), np.zeros((0, k)), np.zeros((0, k)))
+
     def unit_cost(self) -> tuple[float, float]:
         k, d = (int(x) for x in self.models.shape)
         off = self.offset
@@ -236,9 +326,8 @@ class LossRequest(Asks["LossReply"]):
         return float(down), float(k)
 
 
-
 @dataclass
-class LossReply:
+class LossReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     loss: np.ndarray = field(metadata=PER_CLIENT)
     accuracy: np.ndarray = field(metadata=PER_CLIENT)
@@ -254,13 +343,17 @@ class EvaluateRequest(Asks["EvaluateReply"]):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     predictor: Predictor = field(metadata=PER_CLIENT)
     split: Split = "test"
+    kind: ClassVar[Kind] = "evaluate"
+
+    def empty_reply(self) -> EvaluateReply:
+        return EvaluateReply(_none(), np.zeros(0), np.zeros(0), np.zeros(0), _none())
 
     def unit_cost(self) -> tuple[float, float]:
         return 0.0, 0.0
 
 
 @dataclass
-class EvaluateReply:
+class EvaluateReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     accuracy: np.ndarray = field(metadata=PER_CLIENT)
     macro_f1: np.ndarray = field(metadata=PER_CLIENT)
@@ -302,15 +395,17 @@ class EmbedRequest(Asks["EmbedReply"]):
     kmeans_n_init: int = 10
     seed: int = 0
 
+    def empty_reply(self) -> EmbedReply:
+        return EmbedReply(_none(), np.zeros((0, int(self.k), int(self.signature_dim))), _none())
+
     def unit_cost(self) -> tuple[float, float]:
         """Floats down: the encoder (0 for PCA); up: k·e."""
         down = 0 if self.encoder is None else int(self.encoder.numel())
         return float(down), float(self.k * self.signature_dim)
 
 
-
 @dataclass
-class EmbedReply:
+class EmbedReply(Reply):
     """`signatures[i]` is client i's `[k, e]` centroid set; `n_samples` its data size."""
 
     clients: np.ndarray = field(metadata=PER_CLIENT)
@@ -348,6 +443,20 @@ class MixtureTrainRequest(Asks["MixtureTrainReply"]):
     training: LocalTraining
     seed: int
     models_held: bool = False
+    kind: ClassVar[Kind] = "update"
+    trains: ClassVar[bool] = True
+
+    def empty_reply(self) -> MixtureTrainReply:
+        k, d = (int(x) for x in self.models.shape)
+        return MixtureTrainReply(_none(), torch.zeros(0, k, d, dtype=self.models.dtype),
+                                 _none(), np.zeros(0), np.zeros((0, k)))
+
+    def update_base(self, rows: np.ndarray) -> torch.Tensor:
+        """The K models as one K·d row: every client starts from the same ones."""
+        return self.models.reshape(1, -1)
+
+    def update_groups(self, rows: np.ndarray) -> np.ndarray:
+        return np.zeros(len(rows), dtype=np.int64)  # all clients share the K models
 
     def unit_cost(self) -> tuple[float, float]:
         kd = int(self.models.numel())
@@ -355,7 +464,7 @@ class MixtureTrainRequest(Asks["MixtureTrainReply"]):
 
 
 @dataclass
-class MixtureTrainReply:
+class MixtureTrainReply(Reply):
     """`params[i]` the K trained models `[K, d]` of client i, `weights[i]` its new π,
     `loss[i]` Σ_k of the K trainings' mean (weighted) batch losses."""
 
@@ -364,6 +473,14 @@ class MixtureTrainReply:
     n_samples: np.ndarray = field(metadata=PER_CLIENT)
     loss: np.ndarray = field(metadata=PER_CLIENT)
     weights: np.ndarray = field(metadata=PER_CLIENT)
+
+    def update_rows(self) -> torch.Tensor:
+        """Client i's K models as one K·d row."""
+        return self.params.reshape(len(self.params), -1)
+
+    def with_update_rows(self, rows: torch.Tensor, n_samples: np.ndarray | None = None) -> Self:
+        return replace(self, params=rows.view(self.params.shape),
+                       n_samples=_given(n_samples, self.n_samples))
 
 
 @dataclass
@@ -383,12 +500,16 @@ class MixtureFitRequest(Asks["MixtureFitReply"]):
     iterations: int = 1
     split: Split = "train"
 
+    def empty_reply(self) -> MixtureFitReply:
+        k = int(self.models.shape[0])
+        return MixtureFitReply(_none(), np.zeros((0, k)), np.zeros(0), _none())
+
     def unit_cost(self) -> tuple[float, float]:
         return float(self.models.numel()), float(self.models.shape[0])
 
 
 @dataclass
-class MixtureFitReply:
+class MixtureFitReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     weights: np.ndarray = field(metadata=PER_CLIENT)
     loss: np.ndarray = field(metadata=PER_CLIENT)
@@ -408,12 +529,16 @@ class BestCountRequest(Asks["BestCountReply"]):
     models: torch.Tensor
     split: Split = "train"
 
+    def empty_reply(self) -> BestCountReply:
+        k = int(self.models.shape[0])
+        return BestCountReply(_none(), np.zeros((0, k), dtype=np.int64), _none())
+
     def unit_cost(self) -> tuple[float, float]:
         return float(self.models.numel()), float(self.models.shape[0])
 
 
 @dataclass
-class BestCountReply:
+class BestCountReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
     counts: np.ndarray = field(metadata=PER_CLIENT)
     n_samples: np.ndarray = field(metadata=PER_CLIENT)
@@ -449,6 +574,10 @@ class SubspaceRequest(Asks["SubspaceReply"]):
     n_labels: int = 0
     rtol: float = 1e-6
 
+    def empty_reply(self) -> SubspaceReply:
+        return SubspaceReply(_none(), np.zeros((0, int(self.input_dim), self.columns())),
+                             _none(), _none())
+
     def columns(self) -> int:
         """Basis columns of every reply row: p, or n_labels · p per label."""
         return int(self.p) * (int(self.n_labels) if self.per_label else 1)
@@ -459,7 +588,7 @@ class SubspaceRequest(Asks["SubspaceReply"]):
 
 
 @dataclass
-class SubspaceReply:
+class SubspaceReply(Reply):
     """`bases[i]` is client i's `[e, columns]` basis: its first `ranks[i]` columns are unit
     singular vectors (orthonormal for the whole data; per label, orthonormal within each
     label's block), the rest zeros. `n_samples` is its data size."""
@@ -474,326 +603,33 @@ class SubspaceReply:
         return np.asarray(self.bases[row][:, : int(self.ranks[row])])
 
 
-# ----------------------------------------------------------------------------- compound requests
-# (issue 26: a client's whole round in one message)
+def _none() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class Pick:
-    """Step `step` of a `Steps` takes each client's model from that client's own result of
-    step `source` (a `LossRequest`): the row of the source's models with the least loss
-    (`by = "loss"`, IFCA's cluster identity estimate ĵ = argmin_j F_i(θ_j)) or the highest
-    accuracy, ties to the lower loss (`"accuracy"`); `pick_rows` is the rule, the same on the
-    device and on the server. `into = "model"`: the row becomes the step's `model_of_client`
-    (train / take the gradient of θ_ĵ); `"offset"`: the one member of the step's `offset`
-    predictor (IFCA-CAM trains Θ_g with the picked cluster part frozen). A client that did
-    not answer the source step is not asked for step `step`."""
-
-    step: int
-    source: int
-    by: Literal["loss", "accuracy"] = "loss"
-    into: Literal["model", "offset"] = "model"
+def _given(value: np.ndarray | None, default: np.ndarray) -> np.ndarray:
+    return default if value is None else value
 
 
-def pick_rows(loss: np.ndarray, accuracy: np.ndarray | None = None,
-              by: Literal["loss", "accuracy"] = "loss") -> np.ndarray:
-    """Row per client from its `[n, K]` losses: argmin loss, or argmax accuracy with ties to
-    the lower loss. Non-finite losses count as +inf (a diverged model is never chosen)."""
-    finite = np.where(np.isfinite(loss), loss, np.inf)
-    if by == "loss":
-        return np.argmin(finite, axis=1).astype(np.int64)
-    if accuracy is None:
-        raise ValueError("choosing by accuracy needs the accuracies")
-    acc = np.nan_to_num(accuracy, nan=-1.0)
-    best = acc.max(axis=1, keepdims=True)
-    return np.argmin(np.where(acc == best, finite, np.inf), axis=1).astype(np.int64)
+MIXTURE_REQUESTS: tuple[type[Asks[Any]], ...] = (MixtureTrainRequest, MixtureFitRequest,
+                                                 BestCountRequest)
+REQUEST_TYPES: tuple[type[Asks[Any]], ...] = (
+    TrainRequest, GradientRequest, LossRequest, EvaluateRequest, EmbedRequest, *MIXTURE_REQUESTS,
+    SubspaceRequest)
+REPLY_TYPES: tuple[type[Reply], ...] = (
+    TrainReply, GradientReply, LossReply, EvaluateReply, EmbedReply, MixtureTrainReply,
+    MixtureFitReply, BestCountReply, SubspaceReply)
 
 
-@dataclass
-class Steps(Asks["StepsReply"]):
-    """Several ordinary requests a client executes in order, sent as ONE message per client.
-
-    `steps[j]` is any request but `Steps` and `EvaluateRequest`; its `clients` are some of
-    `clients` (a step may go to a part of them, CFL-GP's profile probes). `picks` bind a later
-    step's models to an earlier step's local result (`Pick`: IFCA's "train the least-loss of
-    the K models" as its paper describes the client's step); a picked step's
-    `model_of_client` is a placeholder. Every step is computed as if it had been sent alone
-    (same seeds, same engine), so the replies are those of the separate requests.
-
-    Costs: each step is booked by `Context.send` as if it had been sent alone (its
-    `unit_cost` for the clients it reached / that uploaded it), so a method's communication is
-    unchanged; `unit_cost` here is the sum, what one client in every step receives and sends.
-    The reply (`StepsReply`) holds one reply per step.
-    """
-
-    clients: np.ndarray = field(metadata=PER_CLIENT)
-    steps: list[Any] = field(metadata=PER_CLIENT)
-    picks: list[Pick] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        for s in self.steps:
-            if isinstance(s, Steps | EvaluateRequest) or not isinstance(s, REQUEST_TYPES):
-                raise ClusterFLError(f"a Steps step must be an ordinary request other than "
-                                     f"EvaluateRequest, got {type(s).__name__}")
-        for p in self.picks:
-            ok = 0 <= p.source < p.step < len(self.steps)
-            target = self.steps[p.step] if ok else None
-            fits = (getattr(target, "offset", None) is not None if p.into == "offset"
-                    else hasattr(target, "model_of_client"))
-            if not ok or not isinstance(self.steps[p.source], LossRequest) or not fits:
-                raise ClusterFLError(f"Pick(step={p.step}, source={p.source}) must take a "
-                                     "later step's models from an earlier LossRequest step")
-
-    @staticmethod
-    def of(*steps: Any, picks: list[Pick] | None = None) -> Steps:
-        """The steps, for the union of their clients (in first-seen order)."""
-        seen: dict[int, None] = {}
-        for s in steps:
-            seen.update((int(c), None) for c in np.asarray(s.clients).tolist())
-        return Steps(np.array(list(seen), dtype=np.int64), list(steps), list(picks or []))
-
-    def unit_cost(self) -> tuple[float, float]:
-        down = up = 0.0
-        for s in self.steps:
-            d, u = s.unit_cost()
-            down, up = down + d, up + u
-        return down, up
-
-    def picks_of(self, j: int) -> list[Pick]:
-        return [p for p in self.picks if p.step == j]
-
-
-@dataclass
-class StepsReply:
-    """`replies[j]` is the reply of step j (its rows: the clients of that step that answered,
-    in that step's order — after `join`, in the order it was given); `clients` are the
-    clients that answered at least one step, in request order. `subset` keeps each step's
-    own order."""
-
-    clients: np.ndarray = field(metadata=PER_CLIENT)
-    replies: list[Any] = field(metadata=PER_CLIENT)
-
-
-def present(message: M, clients: np.ndarray | list[int]) -> M:
-    """`message` restricted to those of the client ids `clients` it lists (in that order)."""
-    listed = {int(c) for c in np.asarray(message.clients).tolist()}  # type: ignore[attr-defined]
-    keep = [int(c) for c in np.asarray(clients).tolist() if int(c) in listed]
-    return select(message, keep)
-
-
-def resolve_step(request: Steps, j: int, replies: list[Any]) -> Any:
-    """Step j as the client executes it, given the replies of steps 0..j−1: with a `Pick`,
-    for the clients that answered the source step only, each on its picked model."""
-    step = request.steps[j]
-    for pick in request.picks_of(j):
-        step = _apply(step, pick, replies)
-    return step
-
-
-def _apply(step: Any, pick: Pick, replies: list[Any]) -> Any:
-    src = replies[pick.source]
-    step = present(step, src.clients)
-    rows = pick_rows(np.asarray(src.loss), np.asarray(src.accuracy), pick.by)
-    picked = rows[positions_of(src, step.clients)]
-    if pick.into == "offset":
-        return replace(step, offset=replace(step.offset, members=picked[:, None]))
-    return replace(step, model_of_client=picked)
-
-
-def run_steps(execute: Any, request: Steps) -> StepsReply:
-    """Execute the steps in order with `execute` (a backend's), each step as the separate
-    request it stands for (`resolve_step`): what every backend and node does with a `Steps`."""
-    replies: list[Any] = []
-    for j in range(len(request.steps)):
-        step = resolve_step(request, j, replies)
-        replies.append(execute(step) if len(step.clients) else empty_reply(step))
-    return steps_reply(request.clients, replies)
-
-
-def request_name(request: Any) -> str:
-    """A request's name in logs and errors: its type, a `Steps` with its steps'
-    (`Steps[LossRequest+TrainRequest]`)."""
-    if isinstance(request, Steps):
-        return "Steps[" + "+".join(type(s).__name__ for s in request.steps) + "]"
-    return type(request).__name__
-
-
-def steps_reply(order: np.ndarray, replies: list[Any]) -> StepsReply:
-    """A `StepsReply` of the step replies; its clients: those in any step, in `order`."""
-    got = {int(c) for r in replies for c in np.asarray(r.clients).tolist()}
-    who = [int(c) for c in np.asarray(order).tolist() if int(c) in got]
-    return StepsReply(np.array(who, dtype=np.int64), list(replies))
-
-
-MIXTURE_REQUESTS: tuple[type, ...] = (MixtureTrainRequest, MixtureFitRequest, BestCountRequest)
-
-
-Request = (TrainRequest | GradientRequest | LossRequest | EvaluateRequest | EmbedRequest
-           | MixtureTrainRequest | MixtureFitRequest | BestCountRequest | SubspaceRequest
-           | Steps)
-Reply = (TrainReply | GradientReply | LossReply | EvaluateReply | EmbedReply
-         | MixtureTrainReply | MixtureFitReply | BestCountReply | SubspaceReply | StepsReply)
-
-REQUEST_TYPES: tuple[type, ...] = (TrainRequest, GradientRequest, LossRequest, EvaluateRequest,
-                                   EmbedRequest, *MIXTURE_REQUESTS, SubspaceRequest)
-REPLY_TYPES: tuple[type, ...] = (TrainReply, GradientReply, LossReply, EvaluateReply,
-                                 EmbedReply, MixtureTrainReply, MixtureFitReply, BestCountReply,
-                                 SubspaceReply)
+def empty_reply(request: Asks[RE]) -> RE:
+    """A reply with no rows, of the type and widths `request` would get."""
+    return request.empty_reply()
 
 
 class Executor(Protocol):
     """Anything that executes requests (a backend); what the robustness layer drives."""
 
-    def execute(self, request: Any) -> Any: ...
-
-
-# ----------------------------------------------------------------------------- subsets, joins
-
-M = TypeVar("M")
-
-
-def _take(value: Any, rows: np.ndarray) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return value[torch.from_numpy(rows)]
-    if isinstance(value, np.ndarray):
-        return value[rows]
-    if isinstance(value, dict):
-        return {k: _take(v, rows) for k, v in value.items()}
-    if isinstance(value, Predictor):
-        return subset(value, rows)
-    raise TypeError(f"cannot take client rows of a {type(value).__name__}")
-
-
-def subset(message: M, rows: np.ndarray | list[int]) -> M:
-    """`message` (a request, a reply or a `Predictor`) restricted to the clients at positions
-    `rows` of its client axis, in that order: every `PER_CLIENT` field follows."""
-    idx = np.asarray(rows, dtype=np.int64).reshape(-1)
-    msg: Any = message
-    if isinstance(msg, Steps | StepsReply):  # each step: those of the clients it lists
-        ids = np.asarray(msg.clients, dtype=np.int64)[idx]
-        name = "steps" if isinstance(msg, Steps) else "replies"
-        keep = {int(c) for c in ids.tolist()}
-        parts = [subset(p, [i for i, c in enumerate(np.asarray(p.clients).tolist())
-                            if int(c) in keep]) for p in getattr(msg, name)]
-        compound: Any = replace(msg, clients=ids)
-        setattr(compound, name, parts)  # a fresh copy: its own list of steps / replies
-        done: M = compound
-        return done
-    changes = {f.name: _take(getattr(msg, f.name), idx) for f in fields(msg)
-               if f.metadata.get("per_client")}
-    out: M = replace(msg, **changes)
-    return out
-
-
-def positions_of(message: Any, clients: np.ndarray | list[int]) -> np.ndarray:
-    """Positions of client ids `clients` on `message.clients` (each must be listed)."""
-    where = {int(c): i for i, c in enumerate(np.asarray(message.clients).tolist())}
-    try:
-        return np.array([where[int(c)] for c in np.asarray(clients).tolist()], dtype=np.int64)
-    except KeyError as exc:
-        raise ValueError(f"client {exc.args[0]} is not listed in the "
-                         f"{type(message).__name__}") from None
-
-
-def select(message: M, clients: np.ndarray | list[int]) -> M:
-    """`message` restricted to the client ids `clients` (in that order)."""
-    return subset(message, positions_of(message, clients))
-
-
-def _cat(values: list[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(values)
-    if isinstance(first, np.ndarray):
-        return np.concatenate(values)
-    if isinstance(first, dict):
-        return {k: _cat([v[k] for v in values]) for k in first}
-    raise TypeError(f"cannot join client rows of a {type(first).__name__}")
-
-
-def join(replies: list[M], order: np.ndarray | None = None) -> M:
-    """The rows of several replies of one type as one reply; with `order` (client ids, e.g.
-    the request's `clients`), the rows are put in that order (clients not in any reply are
-    absent)."""
-    if not replies:
-        raise ValueError("join needs at least one reply")
-    first: Any = replies[0]
-    if isinstance(first, StepsReply):  # step by step, then the clients of any step
-        parts: list[Any] = list(replies)
-        if order is None:
-            order = np.concatenate([np.asarray(r.clients, np.int64) for r in parts])
-        steps = [join([r.replies[j] for r in parts], order)
-                 for j in range(len(first.replies))]
-        joined: Any = steps_reply(order, steps)
-        return joined
-    out: Any = first
-    if len(replies) > 1:
-        out = replace(first, **{
-            f.name: _cat([getattr(r, f.name) for r in replies])
-            for f in fields(first) if f.metadata.get("per_client")})
-    if order is None:
-        done: M = out
-        return done
-    rank = {int(c): i for i, c in enumerate(np.asarray(order).tolist())}
-    have = np.asarray(out.clients).tolist()
-    missing = [c for c in have if int(c) not in rank]
-    if missing:
-        raise ValueError(f"reply rows for clients {missing} that were not asked")
-    ranks = np.array([rank[int(c)] for c in have], dtype=np.int64)
-    if np.all(ranks[1:] > ranks[:-1]):  # already in order (the usual case): no copy
-        done = out
-        return done
-    ordered: M = subset(out, np.argsort(ranks, kind="stable"))
-    return ordered
-
-
-def empty_reply(request: Request) -> Reply:
-    """A reply with no rows, of the type and widths `request` would get."""
-    none = np.zeros(0, dtype=np.int64)
-    if isinstance(request, TrainRequest):
-        d = reply_width(request.models, request.coords)  # d̂ when narrowed to `coords`
-        return TrainReply(none, torch.zeros(0, d, dtype=request.models.dtype), none.copy(),
-                          np.zeros(0))
-    if isinstance(request, GradientRequest):
-        d = reply_width(request.models, request.coords)
-        return GradientReply(none, torch.zeros(0, d, dtype=request.models.dtype), none.copy(),
-                             np.zeros(0))
-    if isinstance(request, LossRequest):
-        k = int(request.models.shape[0])
-        return LossReply(none, np.zeros((0, k)), np.zeros((0, k)))
-    if isinstance(request, EvaluateRequest):
-        return EvaluateReply(none, np.zeros(0), np.zeros(0), np.zeros(0), none.copy())
-    if isinstance(request, EmbedRequest):
-        return EmbedReply(none, np.zeros((0, int(request.k), int(request.signature_dim))),
-                          none.copy())
-    if isinstance(request, MixtureTrainRequest):
-        k, d = (int(x) for x in request.models.shape)
-        return MixtureTrainReply(none, torch.zeros(0, k, d, dtype=request.models.dtype),
-                                 none.copy(), np.zeros(0), np.zeros((0, k)))
-    if isinstance(request, MixtureFitRequest):
-        k = int(request.models.shape[0])
-        return MixtureFitReply(none, np.zeros((0, k)), np.zeros(0), none.copy())
-    if isinstance(request, BestCountRequest):
-        k = int(request.models.shape[0])
-        return BestCountReply(none, np.zeros((0, k), dtype=np.int64), none.copy())
-    if isinstance(request, SubspaceRequest):
-        return SubspaceReply(none, np.zeros((0, int(request.input_dim), request.columns())),
-                             none.copy(), none.copy())
-    if isinstance(request, Steps):
-        return StepsReply(none, [empty_reply(s) for s in request.steps])
-    raise TypeError(f"unknown request type {type(request).__name__}")
-
-
-def start_models(request: TrainRequest | GradientRequest,
-                 clients: np.ndarray | None = None) -> torch.Tensor:
-    """θ_start of `clients` (default: all listed), the row of `request.models` each was sent,
-    at the request's `coords` when it asked for some coordinates only (a reply's shape)."""
-    rows = np.asarray(request.model_of_client, dtype=np.int64)
-    if clients is not None:
-        rows = rows[positions_of(request, clients)]
-    return narrow(request.models[torch.from_numpy(rows)], request.coords)
+    def execute(self, request: Asks[RE]) -> RE: ...
 
 
 def mean_finite(values: np.ndarray | list[float]) -> float | None:
@@ -801,3 +637,43 @@ def mean_finite(values: np.ndarray | list[float]) -> float | None:
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     return float(v.mean()) if len(v) else None
+
+
+__all__ = [
+    "MIXTURE_REQUESTS",
+    "PER_CLIENT",
+    "RE",
+    "REPLY_TYPES",
+    "REQUEST_TYPES",
+    "Asks",
+    "BestCountReply",
+    "BestCountRequest",
+    "Combine",
+    "EmbedReply",
+    "EmbedRequest",
+    "EvaluateReply",
+    "EvaluateRequest",
+    "Executor",
+    "GradientReply",
+    "GradientRequest",
+    "Kind",
+    "LocalTraining",
+    "LossReply",
+    "LossRequest",
+    "MixtureFitReply",
+    "MixtureFitRequest",
+    "MixtureTrainReply",
+    "MixtureTrainRequest",
+    "Predictor",
+    "Reply",
+    "Split",
+    "SubspaceReply",
+    "SubspaceRequest",
+    "TrainReply",
+    "TrainRequest",
+    "client_seed",
+    "empty_reply",
+    "mean_finite",
+    "narrow",
+    "reply_width",
+]
