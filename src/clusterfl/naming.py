@@ -34,6 +34,9 @@ def method_options(config: BaseModel) -> list[tuple[str, Any]]:
         if key == "name" or key in K_OPTIONS or key in _locations(config):
             continue
         value = getattr(config, key)
+        if isinstance(value, BaseModel):  # a sub-table (CFL's [algorithm.auto]): its options
+            out += method_options(value)
+            continue
         if info.is_required() or value != info.get_default(call_default_factory=True):
             out.append((key, value))
     return out

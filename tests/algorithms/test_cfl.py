@@ -1,11 +1,14 @@
-"""CFL (Sattler et al. 2020): clustering found, congruent clients kept together, privacy,
-parameter tree and Algorithm 4, checkpoint/resume, CLI and figures."""
+"""CFL (Sattler et al. 2020) end to end: clustering found against the true clusters, congruent
+clients kept together, privacy, parameter tree and Algorithm 4, checkpoint/resume, config
+layouts, CLI and figures. The split rules' conditions are tested on hand-built clusters in
+tests/clustering/test_split_rule.py."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +23,7 @@ from clusterfl.algorithms.base import Context
 from clusterfl.algorithms.cfl import CFL, CFLConfig, ClientSide, ParameterTree, TreeNode
 from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
 from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.clustering.split_rule import AutoRuleConfig, Refusal
 from clusterfl.config import load_config
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
@@ -50,7 +54,7 @@ def make_ctx(fed: Federation, backend: Any = None, seed: int = 0) -> Context:
 
 def run(alg: CFL, ctx: Context, rounds: int) -> list[dict[str, Any]]:
     alg.setup(ctx)
-    return [alg.run_round(ctx, t) for t in range(1, rounds + 1)]
+    return [alg.run_round(ctx, t).to_dict() for t in range(1, rounds + 1)]
 
 
 def accuracy(predictor: Any, ctx: Context) -> np.ndarray:
@@ -191,14 +195,14 @@ def test_privacy_same_clustering_and_no_plain_update_reaches_the_server(monkeypa
     f = ModelFactory(model_config({"name": "mlp", "hidden": [16]}), fed.input_shape, 3)
     spy = Spy(fed, f)
     received: list[torch.Tensor] = []
-    original = ClientSide.train
+    original = ClientSide.uploads
 
     def watched(self: ClientSide, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        received.append(out[0])  # what the server gets back
+        received.append(out)  # what the server gets back
         return out
 
-    monkeypatch.setattr(ClientSide, "train", watched)
+    monkeypatch.setattr(ClientSide, "uploads", watched)
     private = CFL(CFLConfig(**BLOB, privacy=True))
     private_extras = run(private, make_ctx(fed, spy), 8)
 
@@ -322,20 +326,34 @@ def test_auto_rule_is_the_default_and_finds_the_rotation_groups(tmp_path: Path):
     for r, ev in events:  # every accepted split met the rule, with the extras to show it
         e = r.extras
         k = e["clusters"].index(ev["node"])
-        c = CFLConfig()
+        c = CFLConfig().auto
         assert e["refused"][k] is None and e["stationarity"][k] < c.stationarity_max
         assert e["cross_mean"][k] < c.separation * min(e["within_mean"][k])
         assert ev["streak"] == c.patience
+        # the children record how far apart this split set them (what nesting compares)
+        after = history.records[r.round].extras
+        for child, within in zip(ev["children"], ev["within"]):
+            k = after["clusters"].index(child)
+            assert after["formed_separation"][k] == pytest.approx(within - ev["cross"])
     # the rounds before a split count the patience, with the reason recorded
     before = history.records[splits[0].round - 2].extras
     assert before["refused"][0] == "patience 2/3"
+    # the shuffle test runs at the root only
+    assert all(p is None for r in history.records for k, p in enumerate(r.extras["p_value"])
+               if r.extras["clusters"][k] != 0)
 
 
 def test_auto_rule_does_not_split_an_iid_federation(tmp_path: Path):
     history = Experiment.from_config(tiny_rotation([0]), out_dir=tmp_path).run()
     assert all(r.n_clusters == 1 for r in history.records)
-    reasons = {x for r in history.records for x in r.extras["refused"]}
-    assert "not stationary" in reasons and None not in reasons
+    reasons = {Refusal.read(x)[0] for r in history.records for x in r.extras["refused"]}
+    assert Refusal.NOT_STATIONARY in reasons
+    # a root cut refused by the shuffle test had p ≥ significance; one that went on, below
+    level = CFLConfig().auto.significance
+    for r in history.records:
+        p, why = r.extras["p_value"][0], r.extras["refused"][0]
+        if p is not None:
+            assert (p >= level) == (why == Refusal.NOT_SIGNIFICANT.value)
 
 
 def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
@@ -360,123 +378,6 @@ def test_auto_rule_splits_an_incongruent_pair_and_keeps_a_congruent_one():
         assert "pair: client updates below 0.25 × peak" in reasons
 
 
-def test_auto_rule_waits_until_fl_has_left_the_initial_plateau(tmp_path: Path):
-    """Progress: no split while a cluster's mean training loss is at least (1 − progress) ×
-    the first round's; the first split comes in a round below it, and without the condition
-    the same federation splits earlier (its first cuts, on the untrained model). The root's
-    significance test is off in both runs: it refuses those first cuts as well."""
-    raw = tiny_rotation([0, 90, 180, 270])
-    raw["algorithm"]["significance"] = 0.0
-    history = Experiment.from_config(raw, out_dir=tmp_path).run()
-    first = history.records[0].extras["train_loss"]
-    bar = (1 - CFLConfig().progress) * first
-    waited = [r for r in history.records if any(
-        str(x).startswith("no progress") for x in r.extras["refused"])]
-    assert waited and all(r.extras["loss"][0] >= bar for r in waited)
-    split = next(r for r in history.records if r.extras["split"])
-    assert split.extras["loss"][0] < bar and split.round > waited[-1].round
-    assert history.records[-1].ari == 1.0
-    raw["algorithm"]["progress"] = 0.0
-    off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
-    assert next(r.round for r in off.records if r.extras["split"]) < split.round
-    assert not any(str(x).startswith("no progress")
-                   for r in off.records for x in r.extras["refused"])
-
-
-def test_progress_passes_without_a_usable_loss():
-    """The progress condition compares a cluster's loss with the first round's; with no loss
-    reported (NaN), no first loss, a first loss that is not positive, or `progress = 0`, it
-    lets the other conditions decide."""
-    from clusterfl.algorithms.cfl import _ClusterStep
-    fed = blob_federation(n_clients=4, n_clusters=2)
-    alg = CFL(CFLConfig())
-    alg.setup(make_ctx(fed))
-    node = alg.tree.root
-    step = _ClusterStep(node, node.clients, torch.zeros(4, 3), np.ones(4), torch.zeros(3), 0.0,
-                        0.0, None, None, None)
-    assert alg.state.first_loss is None and alg._progressed(step)
-    alg.state.first_loss = 2.0
-    step.loss = 1.95  # above 0.95 × 2.0
-    assert not alg._progressed(step)
-    step.loss = 1.8
-    assert alg._progressed(step)
-    step.loss = float("nan")
-    assert alg._progressed(step)
-    step.loss, alg.state.first_loss = 5.0, -1.0
-    assert alg._progressed(step)
-    alg.state.first_loss = 2.0
-    assert not alg._progressed(step)
-    off = CFL(CFLConfig(progress=0.0))
-    off.state = alg.state
-    assert off._progressed(step)
-
-
-def test_nesting_keeps_a_pure_child_whole(tmp_path: Path):
-    """Nesting: after the correct first split of two rotation groups of four (seed 11), the
-    two pure children are cut 2 | 2 by noise three rounds running (rounds 29 and 30) unless a
-    cut must set its sides further apart than the split that formed the cluster did. The
-    recorded quantities are the ones compared."""
-    raw = tiny_rotation([0, 180], seed=11)
-    history = Experiment.from_config(raw, out_dir=tmp_path).run()
-    assert history.records[-1].ari == 1.0 and history.records[-1].n_clusters == 2
-    split = next(r for r in history.records if r.extras["split"])
-    ev = split.extras["splits"][0]
-    formed = [w - ev["cross"] for w in ev["within"]]
-    later = history.records[split.round].extras  # the round after: the two children
-    assert later["formed_separation"] == pytest.approx(formed)
-    refusals = [(r.extras["separation"][k], r.extras["formed_separation"][k])
-                for r in history.records[split.round:]
-                for k, x in enumerate(r.extras["refused"])
-                if x == "sides less apart than when the cluster formed"]
-    assert refusals and all(now <= then for now, then in refusals)
-    # the children are judged against their split, never by the root's shuffle test
-    assert all(p is None for r in history.records[split.round:] for p in r.extras["p_value"])
-    raw["algorithm"]["nesting"] = False
-    off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
-    assert off.records[-1].n_clusters > 2 and off.records[-1].ari < 1.0
-
-
-def test_significance_keeps_a_one_distribution_root_whole(tmp_path: Path):
-    """Significance: the root of the one-group federation, seed 2, splits at round 29 (a few
-    clients a little alike for three rounds) unless its cut is beyond what the same cosines
-    shuffled give; the p-value is recorded whenever the test ran, and only at the root."""
-    raw = tiny_rotation([0], seed=2)
-    history = Experiment.from_config(raw, out_dir=tmp_path).run()
-    assert all(r.n_clusters == 1 for r in history.records)
-    tested = [(r.extras["p_value"][0], r.extras["refused"][0]) for r in history.records
-              if r.extras["p_value"][0] is not None]
-    refused = [p for p, why in tested if why == "root: cut not beyond shuffled cosines"]
-    assert refused and all(p >= CFLConfig().significance for p in refused)
-    assert all(p < CFLConfig().significance for p, why in tested if why not in
-               ("root: cut not beyond shuffled cosines",))
-    raw["algorithm"]["significance"] = 0.0
-    off = Experiment.from_config(raw, out_dir=tmp_path / "off").run()
-    assert off.records[-1].n_clusters > 1
-    assert all(p is None for r in off.records for p in r.extras["p_value"])
-
-
-def test_a_round_not_shown_beyond_the_shuffles_keeps_the_streak(monkeypatch):
-    """A root round whose cut the shuffle test does not show significant is no evidence
-    either way: the patience streak neither grows nor restarts, so the split comes exactly
-    one round later (a reset would cost `patience` rounds)."""
-    fed = blob_federation(n_clients=8, n_clusters=2)
-    base = run(CFL(CFLConfig()), make_ctx(fed), 8)
-    first = next(t for t, e in enumerate(base, 1) if e["split"])
-    start = first - CFLConfig().patience + 1  # the streak's first round
-    assert [e["refused"][0] for e in base[start - 1:first - 1]] == ["patience 1/3",
-                                                                   "patience 2/3"]
-    real = CFL._significant
-
-    def not_in_round(self: CFL, s: Any, t: int) -> bool:
-        return real(self, s, t) and t != start + 1
-
-    monkeypatch.setattr(CFL, "_significant", not_in_round)
-    again = run(CFL(CFLConfig()), make_ctx(fed), 8)
-    assert [e["refused"][0] for e in again[start - 1:first]] == [
-        "patience 1/3", "root: cut not beyond shuffled cosines", "patience 2/3"]
-    assert next(t for t, e in enumerate(again, 1) if e["split"]) == first + 1
-
-
 def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():
     assert CFLConfig(eps1=0.2).split_rule == "epsilon"
     assert CFLConfig(eps2=0.2, split_rule="epsilon").split_rule == "epsilon"
@@ -496,28 +397,77 @@ def test_auto_rule_state_survives_a_checkpoint():
     first = CFL(CFLConfig())
     ctx = make_ctx(fed)
     head = run(first, ctx, 2)
-    assert first.state.streak  # mid-streak
+    assert any(v.streak for v in first.state.rule.nodes.values())  # mid-streak
     second = CFL(CFLConfig())
     second.setup(make_ctx(fed))
     second.load_state_dict(first.state_dict())
-    tail = [second.run_round(ctx, t) for t in range(3, 7)]
+    tail = [second.run_round(ctx, t).to_dict() for t in range(3, 7)]
     assert [e["refused"] for e in head + tail] == [e["refused"] for e in full]
     assert ari(fed.clusters, second.assignment()) == ari(fed.clusters, whole.assignment()) == 1.0
 
 
-def test_meet_of_candidate_bipartitions():
-    from clusterfl.algorithms.cfl import _meet
-    assert _meet(None, [[0, 1], [2, 3]], 2) is None
-    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
-    # a union of the same groups: kept, refined
-    assert _meet(blocks, [[0, 1, 2, 3, 4, 5], [6, 7]], 2) == [[0, 1, 2, 3], [4, 5], [6, 7]]
-    assert _meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2) is None  # cuts off a single client
-    # a sample (client 7 did not answer): blocks the cut leaves whole stay whole ...
-    assert _meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) == blocks
-    # ... a block it cuts loses its silent members; new clients join by their side
-    assert _meet([[0, 1, 2, 3, 9], [4, 5, 6, 7]], [[0, 1, 4, 5, 8], [2, 3, 6, 7]], 2) == \
-        [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
-    assert _meet(blocks, [[0, 1, 2, 4], [5, 6]], 2) is None  # 4 | 5 6: one of block 2 alone
+# ---------------------------------------------------------------------------- config layouts
+
+
+def test_flat_auto_options_of_older_configs_move_into_the_sub_table():
+    """The auto rule's options were flat in [algorithm]; they are read there still (and as
+    `auto.<option>`, a compare spec's way), and win over the same option of the sub-table."""
+    old = CFLConfig(significance=0.0, patience=5, nesting=False)
+    assert (old.auto.significance, old.auto.patience, old.auto.nesting) == (0.0, 5, False)
+    assert CFLConfig(**{"auto.patience": 4}).auto.patience == 4
+    assert CFLConfig(auto={"patience": 4, "min_side": 3}, patience=6).auto.model_dump() == \
+        {**AutoRuleConfig().model_dump(), "patience": 6, "min_side": 3}
+    assert CFLConfig(auto={"separation": 0.3}).auto.separation == 0.3
+    # every one of the nine older flat options still loads
+    flat = {"stationarity_max": 0.6, "separation": 0.4, "min_side": 3, "contrast_min": 1.0,
+            "progress": 0.1, "nesting": False, "significance": 0.01, "null_draws": 99,
+            "patience": 4}
+    assert set(flat) == set(AutoRuleConfig.model_fields)
+    cfg = load_config({"algorithm": {"name": "cfl", **flat}, "output": {"progress": "off"}})
+    assert cfg.algorithm.auto.model_dump() == flat  # type: ignore[attr-defined]
+
+
+def test_a_written_config_loads_again_and_names_stay():
+    """A run's config.toml (the sub-table written out) loads to the same config; labels and
+    run folders name the auto options as before (the compare specs of older runs)."""
+    from clusterfl.compare import parse_algorithm_spec
+    from clusterfl.config import dump_toml
+    from clusterfl.naming import method_label, run_folder_name
+
+    cfg = load_config({"algorithm": {"name": "cfl", "significance": 0, "gamma_max": 0.1},
+                       "output": {"progress": "off"}})
+    text = dump_toml(cfg.to_dict())
+    assert "[algorithm.auto]" in text
+    again = load_config(tomllib.loads(text))
+    assert again.algorithm == cfg.algorithm
+    assert method_label(cfg.algorithm) == "CFL (significance=0, gamma_max=0.1)"
+    assert run_folder_name(cfg.algorithm) == "cfl_significance=0_gamma_max=0.1"
+    spec = CFLConfig(**parse_algorithm_spec("cfl:auto.significance=0:gamma_max=0.1"))
+    assert spec == cfg.algorithm
+    assert run_folder_name(CFLConfig(split_rule="epsilon")) == "cfl_split_rule=epsilon"
+
+
+def test_a_checkpoint_of_the_older_layout_loads():
+    """Before the split rule had its own state, CFLState held `streak`, `candidate`,
+    `last_mean`, `peak` and `first_loss` itself; such a checkpoint (or cfl_tree.pt) loads."""
+    fed = blob_federation(n_clients=8, n_clusters=2)
+    alg = CFL(CFLConfig())
+    run(alg, make_ctx(fed), 2)
+    new = alg.state_dict()
+    rule = new.pop("rule")
+    old = {**new, "first_loss": rule["first_loss"], "peak": rule["peak"],
+           "streak": {v: s["streak"] for v, s in rule["nodes"].items() if s["streak"]},
+           "candidate": {v: s["candidate"] for v, s in rule["nodes"].items()
+                         if s["candidate"] is not None},
+           "last_mean": {v: s["last_mean"] for v, s in rule["nodes"].items()}}
+    copy = CFL(CFLConfig())
+    copy.load_state_dict(old)
+    assert copy.state.rule.peak == alg.state.rule.peak > 0
+    assert copy.state.rule.first_loss == alg.state.rule.first_loss
+    for v, s in alg.state.rule.nodes.items():
+        assert copy.state.rule.nodes[v].streak == s.streak
+        assert copy.state.rule.nodes[v].candidate == s.candidate
+        assert torch.equal(copy.state.rule.nodes[v].last_mean, s.last_mean)
 
 
 # ---------------------------------------------------------------------------- config
@@ -532,6 +482,13 @@ def test_config_errors_name_the_field():
         with pytest.raises(ConfigError) as err:
             load_config({**base, "algorithm": {"name": "cfl", field: value}})
         assert err.value.field == f"algorithm.{field}"
+    for field, value in (("significance", -1.0), ("patience", 0), ("null_draws", 5)):
+        for raw in ({field: value}, {"auto": {field: value}}):  # flat (older) or sub-table
+            with pytest.raises(ConfigError) as err:
+                load_config({**base, "algorithm": {"name": "cfl", **raw}})
+            assert err.value.field == f"algorithm.auto.{field}"
+    with pytest.raises(ConfigError, match="unknown field"):
+        load_config({**base, "algorithm": {"name": "cfl", "auto": {"patiense": 2}}})
     with pytest.raises(ConfigError, match="unknown field"):
         load_config({**base, "algorithm": {"name": "cfl", "epsilon": 1}})
 
@@ -587,6 +544,19 @@ def test_figures_hook(label_swap_run):
     assert {"cfl_norms.png", "cfl_accuracy_gap.png"} <= names
     assert any(n.startswith("cfl_similarity_") for n in names)
     assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_split_test_figure_names_each_refusal():
+    """The decision rows of `cfl_split_test.png` read the history's reasons back as `Refusal`s
+    (numbers dropped from patience and progress, kept for the pair's norm share)."""
+    from clusterfl.report.methods.cfl import _short
+
+    assert _short("patience 2/3") == _short("patience 5/6") == "patience"
+    assert _short("no progress: loss ≥ 0.95 × first round's") == "no progress"
+    assert _short("pair: client updates below 0.25 × peak") == "pair: norms below 0.25 × peak"
+    assert _short("sides less apart than when the cluster formed") == \
+        "less apart than when formed"
+    assert _short("not stationary") == "not stationary" and _short("other") == "other"
 
 
 def test_cli_place(label_swap_run, capsys):

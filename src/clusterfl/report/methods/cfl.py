@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from clusterfl.algorithms.cfl import CFLConfig, CFLExtras
+from clusterfl.algorithms.cfl import CFLExtras
+from clusterfl.clustering.split_rule import AutoRuleConfig, Refusal
 from clusterfl.records import RoundRecord, RunSummary
 
 
@@ -86,19 +87,22 @@ def group_accuracy(records: list[RoundRecord], groups: np.ndarray
 
 
 def _thresholds(run_dir: Path) -> dict[str, float]:
-    """ε1, ε2 from the run's config.toml (empty if unreadable)."""
+    """ε1, ε2, or the auto rule's constants, from the run's config.toml (empty if
+    unreadable); the auto rule's options are read from `[algorithm.auto]`, or flat in
+    `[algorithm]` as runs wrote them before it."""
     try:
         algo = tomllib.loads((run_dir / "config.toml").read_text()).get("algorithm", {})
     except (OSError, tomllib.TOMLDecodeError):
         return {}
     if algo.get("split_rule", "epsilon" if {"eps1", "eps2"} & set(algo) else "auto") != "epsilon":
-        return {k: float(algo.get(k, d)) for k, d in AUTO_DEFAULTS.items()}
+        auto = {**algo, **algo.get("auto", {})}
+        return {k: float(auto.get(k, d)) for k, d in AUTO_DEFAULTS.items()}
     return {k: float(algo[k]) for k in ("eps1", "eps2") if k in algo}
 
 
-AUTO_DEFAULTS = {k: float(CFLConfig.model_fields[k].default)
+AUTO_DEFAULTS = {k: float(AutoRuleConfig.model_fields[k].default)
                  for k in ("stationarity_max", "separation", "significance")}
-"""Constants of the auto split rule drawn in `cfl_split_test.png` (CFLConfig's defaults)."""
+"""Constants of the auto split rule drawn in `cfl_split_test.png` (its options' defaults)."""
 
 
 # --------------------------------------------------------------------------- figures
@@ -216,23 +220,26 @@ def refusal_series(records: list[RoundRecord]) -> dict[int, tuple[list[int], lis
     return out
 
 
-SHORT = {"sides less apart than when the cluster formed": "less apart than when formed",
-         "root: cut not beyond shuffled cosines": "root: not beyond shuffles",
-         "fewer than 2 × min_side clients answered": "< 2 × min_side answered",
-         "fewer than min_split_size clients": "< min_split_size",
-         "fewer than 2 clients answered": "< 2 answered"}
+SHORT = {Refusal.NOT_NESTED: "less apart than when formed",
+         Refusal.NOT_SIGNIFICANT: "root: not beyond shuffles",
+         Refusal.FEW_FOR_SIDES: "< 2 × min_side answered",
+         Refusal.SMALL_CLUSTER: "< min_split_size",
+         Refusal.FEW_ANSWERED: "< 2 answered",
+         Refusal.PATIENCE: "patience",
+         Refusal.NO_PROGRESS: "no progress",
+         Refusal.PAIR_NORMS: "pair: norms below {share} × peak"}
+"""Row labels of the decisions in `cfl_split_test.png` (the others: the refusal's text)."""
 
 
 def _short(reason: str) -> str:
-    """A refusal reason as a row label of the figure: "patience 2/3" → "patience",
-    "no progress: loss ≥ …" → "no progress", long reasons abbreviated."""
-    if reason.startswith("patience"):
-        return "patience"
-    if reason.startswith("no progress"):
-        return "no progress"
-    if reason.startswith("pair: client updates below"):
-        return "pair: norms below " + reason.split("below ", 1)[1]
-    return SHORT.get(reason, reason)
+    """A refusal reason (`CFLExtras.refused`) as a row label of the figure: "patience 2/3" →
+    "patience", "no progress: loss ≥ …" → "no progress", long reasons abbreviated; a text
+    that is no `Refusal` as it is."""
+    try:
+        refusal, values = Refusal.read(reason)
+    except ValueError:
+        return reason
+    return SHORT[refusal].format(**values) if refusal in SHORT else reason
 
 
 def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, float]) -> Path:

@@ -1,0 +1,349 @@
+"""CFL's split rules on hand-built clusters (`clusterfl.clustering.split_rule`): every condition
+of the auto rule, the root's shuffle test, patience, and the paper's epsilon rule, with update
+vectors and cosines written out and the expected values as sums. No federation is run."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from clusterfl.clustering.cosine import Bipartition, Cohesion, cohesion
+from clusterfl.clustering.split_rule import (
+    CONDITIONS,
+    PAIR_NORM,
+    AutoNodeState,
+    AutoRule,
+    AutoRuleConfig,
+    ClusterView,
+    EpsilonRule,
+    Refusal,
+    RuleState,
+    apart,
+    cohesive,
+    contrasting,
+    gamma_accepts,
+    meet,
+    nested,
+    pair_norms_large,
+    pair_oscillating,
+    progressed,
+    separated,
+    shuffle_test,
+    sides_large_enough,
+    significant,
+    stationary,
+)
+
+SQ5 = math.sqrt(5)
+
+
+def measured(rows: list[list[float]], weights: list[float] | None = None, node: int = 1,
+             size: int | None = None, **fields: object) -> ClusterView:
+    """The view of clients 0..n-1 with the given update rows (equal weights by default);
+    node 1 (not the root) unless `formed` says otherwise."""
+    u = torch.tensor(rows, dtype=torch.float64)
+    w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)
+    v = ClusterView.measure(node, len(rows) if size is None else size,
+                            np.arange(len(rows)), u, w)
+    return _with(v, **fields)
+
+
+def _with(v: ClusterView, **fields: object) -> ClusterView:
+    from dataclasses import replace
+
+    return replace(v, **fields)  # type: ignore[arg-type]
+
+
+def by_hand(sim: list[list[float]], first: list[int], second: list[int],
+            **fields: object) -> ClusterView:
+    """A view of a cluster whose cosine matrix is `sim` and whose candidate cut is
+    (`first`, `second`); the updates do not matter to the conditions that read cosines."""
+    s = np.asarray(sim, dtype=np.float64)
+    a, b = np.asarray(first), np.asarray(second)
+    split = Bipartition(a, b, float(s[np.ix_(a, b)].max()))
+    n = len(s)
+    v = ClusterView(1, n, np.arange(n), torch.zeros(n, 2), np.ones(n), torch.zeros(2), 0.0, 0.0,
+                    0.0, s, split, cohesion(s, a, b), stationarity=0.3, formed=-1.0)
+    return _with(v, **fields)
+
+
+RULE = AutoRule()  # the defaults: stationarity_max 0.7, separation 0.5, min_side 2, ...
+
+
+def rule(**options: object) -> AutoRule:
+    return AutoRule(options=AutoRuleConfig(**options))  # type: ignore[arg-type]
+
+
+# two groups of two: u = (2, 1), (2, 1) | (-2, 1), (-2, 1); cos across = (-4 + 1) / 5
+TWO_GROUPS = [[2.0, 1.0], [2.0, 1.0], [-2.0, 1.0], [-2.0, 1.0]]
+
+
+def test_measure_by_hand():
+    v = measured([[3.0, 4.0], [0.0, 5.0], [-4.0, 3.0]], weights=[1.0, 2.0, 1.0])
+    # weighted mean: ((3, 4) + 2 (0, 5) + (-4, 3)) / 4 = (-1, 17) / 4
+    torch.testing.assert_close(v.mean, torch.tensor([-0.25, 4.25], dtype=torch.float64))
+    assert v.mean_norm == pytest.approx(math.sqrt(1 + 17 ** 2) / 4)
+    assert v.max_norm == pytest.approx(5.0) and v.min_norm == pytest.approx(5.0)
+    # cosines: (0 + 20) / 25, (-12 + 12) / 25, (0 + 15) / 25
+    assert v.similarity[0, 1] == pytest.approx(20 / 25)
+    assert v.similarity[0, 2] == pytest.approx(0.0)
+    assert v.similarity[1, 2] == pytest.approx(15 / 25)
+    # Algorithm 1 merges the closest pair (0, 1) first: {0, 1} | {2}, α_cross^max = 15 / 25
+    assert v.split.first.tolist() == [0, 1] and v.split.second.tolist() == [2]
+    assert v.split.max_cross == pytest.approx(15 / 25)
+    assert v.cohesion.cross == pytest.approx((0 + 15 / 25) / 2)
+    assert v.cohesion.within_first == pytest.approx(0.8) and math.isnan(v.cohesion.within_second)
+    # stationarity: ‖Σ w u‖ / Σ w ‖u‖ = ‖(-1, 17)‖ / (5 + 10 + 5)
+    assert v.stationarity == pytest.approx(math.sqrt(1 + 17 ** 2) / 20)
+    empty = ClusterView.measure(0, 3, np.zeros(0, np.int64), torch.zeros(0, 2), np.zeros(0))
+    assert empty.split is None and empty.mean_norm == 0.0 and math.isnan(empty.stationarity)
+
+
+def test_two_groups_pass_every_condition():
+    v = measured(TWO_GROUPS, formed=-1.0)
+    assert v.cohesion.within_first == v.cohesion.within_second == pytest.approx(1.0)
+    assert v.cohesion.cross == pytest.approx(-3 / 5)
+    # ‖(2 + 2 - 2 - 2, 4)‖ / (4 √5)
+    assert v.stationarity == pytest.approx(4 / (4 * SQ5))
+    assert [refusal for refusal, holds in CONDITIONS if not holds(v, RULE)] == []
+
+
+def test_progressed():
+    v = measured(TWO_GROUPS, first_loss=2.0)
+    assert not progressed(_with(v, loss=1.95), RULE)  # 1.95 ≥ (1 - 0.05) × 2.0 = 1.9
+    assert progressed(_with(v, loss=1.8), RULE)
+    assert progressed(_with(v, loss=float("nan")), RULE)  # no loss reported
+    assert progressed(_with(v, loss=5.0, first_loss=None), RULE)  # no first loss
+    assert progressed(_with(v, loss=5.0, first_loss=-1.0), RULE)  # not a positive one
+    assert not progressed(_with(v, loss=5.0), RULE)
+    assert progressed(_with(v, loss=5.0), rule(progress=0.0))  # off
+    assert not progressed(_with(v, loss=1.8), rule(progress=0.2))  # 1.8 ≥ 0.8 × 2.0 = 1.6
+
+
+def test_stationary():
+    v = measured(TWO_GROUPS)  # r = 4 / (4 √5) = 0.447
+    assert stationary(v, RULE) and not stationary(v, rule(stationarity_max=0.4))
+    # same direction: r = ‖(3, 0) + (1, 0)‖ / (3 + 1) = 1
+    assert not stationary(measured([[3.0, 0.0], [1.0, 0.0]]), RULE)
+    # opposed, weighted 1 : 3: Σ w u = (3 - 3, 0) = 0, r = 0
+    assert stationary(measured([[3.0, 0.0], [-1.0, 0.0]], weights=[1.0, 3.0]), RULE)
+    # every update zero: r is NaN, which refuses
+    assert not stationary(measured([[0.0, 0.0], [0.0, 0.0]]), RULE)
+
+
+def test_sides_large_enough():
+    # four alike, one apart: Algorithm 1 cuts {0..3} | {4}
+    v = measured([[1.0, 0.0]] * 4 + [[0.0, 1.0]])
+    assert v.split.second.tolist() == [4]
+    assert not sides_large_enough(v, RULE) and sides_large_enough(v, rule(min_side=1))
+    assert sides_large_enough(measured(TWO_GROUPS), RULE)
+    pair = measured([[1.0, 0.0], [-1.0, 0.5]])
+    assert pair.pair and sides_large_enough(pair, RULE)  # a pair may split 1 | 1
+    assert not measured([[1.0, 0.0], [-1.0, 0.5]], size=5).pair  # two of five answered
+
+
+SIM = [[1.0, 0.8, 0.1, 0.2],
+       [0.8, 1.0, 0.3, 0.4],
+       [0.1, 0.3, 1.0, 0.6],
+       [0.2, 0.4, 0.6, 1.0]]
+
+
+def test_separated():
+    v = by_hand(SIM, [0, 1], [2, 3])
+    assert v.cohesion.cross == pytest.approx((0.1 + 0.2 + 0.3 + 0.4) / 4)  # 0.25
+    assert v.cohesion.within_first == pytest.approx(0.8)
+    assert v.cohesion.within_second == pytest.approx(0.6)
+    assert separated(v, RULE)  # 0.25 < 0.5 × min(0.8, 0.6) = 0.3
+    assert not separated(v, rule(separation=0.4))  # 0.25 ≥ 0.4 × 0.6 = 0.24
+    # a side of one client counts as 1: 0.25 < 0.5 × min(1, 0.6)
+    lone = Cohesion(float("nan"), 0.6, 0.25, 1, 3)
+    assert separated(_with(v, cohesion=lone), RULE)
+
+
+def test_cohesive():
+    v = by_hand(SIM, [0, 1], [2, 3])
+    assert cohesive(v, RULE)  # max(0.8, 0.6) > -0.25 and min > 0
+    # noise near a stationary point: within 0.2 and -0.05, cross -0.3
+    assert not cohesive(_with(v, cohesion=Cohesion(0.2, -0.05, -0.3, 2, 2)), RULE)
+    # one side disagrees inside: 0.9 > 0.5, but min(0.9, -0.1) ≤ 0
+    assert not cohesive(_with(v, cohesion=Cohesion(0.9, -0.1, -0.5, 2, 2)), RULE)
+    # the larger within mean decides against the cross mean: 0.4 > 0.3
+    assert cohesive(_with(v, cohesion=Cohesion(0.4, 0.1, -0.3, 2, 2)), RULE)
+
+
+def test_nested():
+    v = by_hand(SIM, [0, 1], [2, 3], formed=0.6)
+    assert apart(v.cohesion) == pytest.approx(0.8 - 0.25)  # 0.55 ≤ 0.6: less apart than then
+    assert not nested(v, RULE)
+    assert nested(_with(v, formed=0.5), RULE)  # 0.55 > 0.5
+    assert nested(_with(v, formed=None), RULE)  # the root
+    assert nested(_with(v, formed=float("nan")), RULE)  # formed as a side of one
+    assert nested(v, rule(nesting=False))
+    assert nested(_with(v, size=2, members=np.arange(2)), RULE)  # a pair
+
+
+def test_contrasting():
+    # sides of 2 with within 1, 1 and cross c: D² = 2/2 + 2/2 - 2c, contrast = D² / 1 - 1
+    v = by_hand(SIM, [0, 1], [2, 3], cohesion=Cohesion(1.0, 1.0, 0.2, 2, 2))
+    assert v.cohesion.contrast == pytest.approx((2 - 2 * 0.2) / (1 / 2 + 1 / 2) - 1)  # 0.6
+    assert contrasting(v, RULE)  # off
+    assert not contrasting(v, rule(contrast_min=1.0))
+    opposed = _with(v, cohesion=Cohesion(1.0, 1.0, -0.3, 2, 2))  # contrast 1.6
+    assert contrasting(opposed, rule(contrast_min=1.0))
+    assert contrasting(_with(v, size=2, members=np.arange(2)), rule(contrast_min=1.0))  # pair
+
+
+def test_pair_norms_large():
+    pair = measured([[1.2, 0.0], [-3.0, 0.0]], peak=4.0)  # norms 1.2 and 3
+    assert pair.min_norm == pytest.approx(1.2)
+    assert pair_norms_large(pair, RULE)  # 1.2 > 0.25 × 4 = 1
+    assert not pair_norms_large(_with(pair, peak=5.0), RULE)  # 1.2 ≤ 0.25 × 5 = 1.25
+    assert PAIR_NORM == 0.25
+    assert pair_norms_large(measured(TWO_GROUPS, peak=100.0), RULE)  # not a pair
+
+
+def test_pair_oscillating_and_the_drift_observed():
+    rule_ = RULE
+    first = measured([[1.0, 0.0], [1.0, 0.0]], node=3)
+    state, (seen,) = rule_.observe(RuleState(), 2.0, [first])
+    assert math.isnan(seen.drift) and not pair_oscillating(seen, rule_)  # no previous mean
+    assert state.first_loss == 2.0 and state.peak == pytest.approx(1.0)
+    torch.testing.assert_close(state.nodes[3].last_mean, first.mean)
+    again = measured([[-1.0, 1.0], [-1.0, 1.0]], node=3)  # mean (-1, 1): cos = -1 / √2
+    state, (seen,) = rule_.observe(state, 1.0, [again])
+    assert seen.drift == pytest.approx(-1 / math.sqrt(2)) and pair_oscillating(seen, rule_)
+    assert state.first_loss == 2.0  # the first round's, kept
+    assert state.peak == pytest.approx(math.sqrt(2)) and seen.peak == state.peak
+    assert not pair_oscillating(_with(seen, drift=0.3), rule_)
+    assert pair_oscillating(_with(measured(TWO_GROUPS), drift=0.3), rule_)  # not a pair
+
+
+def test_gamma_accepts():
+    v = by_hand(SIM, [0, 1], [2, 3], split=Bipartition(np.array([0, 1]), np.array([2, 3]),
+                                                         0.5))
+    # sqrt((1 - 0.5) / 2) = 0.5
+    assert gamma_accepts(v, RULE) and gamma_accepts(v, AutoRule(gamma_max=0.4))
+    assert not gamma_accepts(v, AutoRule(gamma_max=0.5))
+
+
+def test_shuffle_test_at_the_root_only():
+    # two blocks of four, within 1, across -0.6: no shuffle of the 28 cosines puts the twelve
+    # 1s into two blocks of four by chance in 99 draws, so p = (1 + 0) / (1 + 99)
+    rows = [[2.0, 1.0]] * 4 + [[-2.0, 1.0]] * 4
+    root = measured(rows, node=0, formed=None)
+    strict = rule(null_draws=99)
+    assert shuffle_test(root, strict, t=5) == pytest.approx(1 / 100)
+    assert not significant(0.2, RULE) and significant(0.01, RULE)
+    assert significant(float("nan"), RULE)  # not tested: passes
+    assert math.isnan(shuffle_test(_with(root, formed=0.3), strict, t=5))  # not the root
+    assert math.isnan(shuffle_test(root, rule(significance=0.0), t=5))  # off
+    # four clients: a 2 | 2 cut is the best of 3 ways to put the two 1s: p never below 0.2
+    small = measured(TWO_GROUPS, node=0, formed=None)
+    assert shuffle_test(small, rule(null_draws=999), t=1) >= 0.2
+
+
+def test_patience_counts_consistent_cuts_and_a_failure_resets_it():
+    v = measured(TWO_GROUPS, formed=-1.0, node=2)  # passes every condition (below the root)
+    state = RuleState()
+    for k in (1, 2):
+        d = RULE.decide(v, state, t=k)
+        assert d.refusal is Refusal.PATIENCE and d.reason == f"patience {k}/3"
+        assert d.node is not None and d.node.streak == k
+        assert d.node.candidate == [[0, 1], [2, 3]]
+        state = RuleState(nodes={2: d.node})
+    d = RULE.decide(v, state, t=3)
+    assert d.splits and d.event is not None and d.event["accepted"]
+    assert d.event["streak"] == 3 and d.event["cross"] == pytest.approx(-0.6)
+    assert d.event["within"] == pytest.approx([1.0, 1.0]) and d.event["p_value"] is None
+    # a failing condition resets the streak (the last mean stays)
+    mean = torch.ones(2)
+    kept = RuleState(nodes={2: AutoNodeState(2, [[0, 1], [2, 3]], mean)})
+    d = RULE.decide(_with(v, stationarity=0.9), kept, t=3)
+    assert d.refusal is Refusal.NOT_STATIONARY and d.reason == "not stationary"
+    assert d.node == AutoNodeState(0, None, mean)
+    # a cut through an earlier block that leaves one client a side restarts it at 1
+    crossed = RuleState(nodes={2: AutoNodeState(2, [[0, 2], [1, 3]])})
+    d = RULE.decide(v, crossed, t=3)
+    assert d.reason == "patience 1/3" and d.node.candidate == [[0, 1], [2, 3]]
+
+
+def test_rounds_that_say_nothing_keep_the_streak():
+    kept = RuleState(nodes={0: AutoNodeState(2, [[0, 1, 2, 3], [4, 5, 6, 7]])})
+    # a sample of three of a larger cluster: fewer than 2 × min_side answered
+    three = measured([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0]], size=8, node=0)
+    d = RULE.decide(three, kept, t=4)
+    assert d.refusal is Refusal.FEW_FOR_SIDES and d.node is None
+    # the root's cut is not beyond its shuffled cosines (four clients: p ≥ 0.2)
+    root = measured(TWO_GROUPS, node=0, formed=None)
+    d = RULE.decide(root, kept, t=4)
+    assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None and d.p_value >= 0.2
+
+
+def test_a_pair_needs_twice_the_patience():
+    pair = measured([[1.0, 0.2], [-1.0, 0.1]], size=2, node=1, formed=0.5, peak=1.0,
+                    drift=-0.5)
+    state, reasons = RuleState(), []
+    for t in range(1, 7):
+        d = RULE.decide(pair, state, t)
+        reasons.append(d.reason)
+        if d.node is not None:
+            state = RuleState(nodes={1: d.node})
+    assert reasons == [f"patience {k}/6" for k in range(1, 6)] + [None]
+    assert RULE.decide(_with(pair, peak=10.0), RuleState(), 1).reason == \
+        "pair: client updates below 0.25 × peak"
+    assert RULE.decide(_with(pair, drift=0.1), RuleState(), 1).reason == \
+        "pair: cluster still drifting"
+
+
+def test_what_both_rules_check_first():
+    eps = EpsilonRule(eps1=10.0, eps2=0.5, warmup_rounds=3, min_split_size=5)
+    one = measured([[1.0, 0.0]], size=4)
+    assert eps.decide(one, RuleState(), 9).refusal is Refusal.FEW_ANSWERED
+    v = measured(TWO_GROUPS)
+    assert eps.decide(v, RuleState(), 3).reason == "warm-up"  # t ≤ warmup_rounds
+    assert eps.decide(v, RuleState(), 4).reason == "fewer than min_split_size clients"  # 4 < 5
+    assert AutoRule(warmup_rounds=3).decide(v, RuleState(), 2).refusal is Refusal.WARM_UP
+
+
+def test_epsilon_rule():
+    # u = (1, 0), (1, 0), (-1, 0.5), (-1, 0.5): mean (0, 0.25), max norm √1.25
+    v = measured([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.5], [-1.0, 0.5]])
+    assert v.mean_norm == pytest.approx(0.25) and v.max_norm == pytest.approx(math.sqrt(1.25))
+    assert EpsilonRule(eps1=0.2, eps2=0.5).decide(v, RuleState(), 1).reason == \
+        "mean norm ≥ eps1"  # 0.25 ≥ 0.2
+    assert EpsilonRule(eps1=0.4, eps2=1.2).decide(v, RuleState(), 1).reason == \
+        "max norm ≤ eps2"  # √1.25 = 1.118 ≤ 1.2
+    d = EpsilonRule(eps1=0.4, eps2=1.0).decide(v, RuleState(), 1)
+    # cos across = -1 / √1.25: γ bound sqrt((1 + 1/√1.25) / 2)
+    bound = math.sqrt((1 + 1 / math.sqrt(1.25)) / 2)
+    assert d.splits and d.event["accepted"] and d.event["gamma_bound"] == pytest.approx(bound)
+    refused = EpsilonRule(eps1=0.4, eps2=1.0, gamma_max=0.99).decide(v, RuleState(), 1)
+    assert refused.reason == "gamma" and refused.event is not None
+    assert not refused.event["accepted"]  # the test is recorded either way
+
+
+def test_refusals_read_back_from_their_text():
+    for member in Refusal:
+        text = member.text(bar=0.95, share=0.25, streak=2, need=3)
+        assert Refusal.read(text)[0] is member
+    assert Refusal.read("patience 2/3") == (Refusal.PATIENCE, {"streak": "2", "need": "3"})
+    assert RULE.reason(Refusal.NO_PROGRESS) == "no progress: loss ≥ 0.95 × first round's"
+    with pytest.raises(ValueError, match="not a CFL refusal"):
+        Refusal.read("because")
+
+
+def test_meet_of_candidate_bipartitions():
+    assert meet(None, [[0, 1], [2, 3]], 2) is None
+    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # a union of the same groups: kept, refined
+    assert meet(blocks, [[0, 1, 2, 3, 4, 5], [6, 7]], 2) == [[0, 1, 2, 3], [4, 5], [6, 7]]
+    assert meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2) is None  # cuts off a single client
+    # a sample (client 7 did not answer): blocks the cut leaves whole stay whole ...
+    assert meet(blocks, [[0, 1, 2, 3], [4, 5, 6]], 2) == blocks
+    # ... a block it cuts loses its silent members; new clients join by their side
+    assert meet([[0, 1, 2, 3, 9], [4, 5, 6, 7]], [[0, 1, 4, 5, 8], [2, 3, 6, 7]], 2) == \
+        [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
+    assert meet(blocks, [[0, 1, 2, 4], [5, 6]], 2) is None  # 4 | 5 6: one of block 2 alone
