@@ -43,7 +43,7 @@ def _setup(fed: Federation, lr: float = 0.1, epochs: int = 2, seed: int = 0) -> 
 
 def _run(alg, ctx: Context, rounds: int) -> list[dict]:
     alg.setup(ctx)
-    return [alg.run_round(ctx, t) for t in range(1, rounds + 1)]
+    return [alg.run_round(ctx, t).to_dict() for t in range(1, rounds + 1)]
 
 
 def _evaluate(alg, ctx: Context):
@@ -123,7 +123,7 @@ def test_ifca_cam_warms_up_with_fedavg_then_finds_the_clusters():
     assert torch.equal(alg.state.g, fedavg.state.model[0])
     assert (alg.assignment() == -1).all()
     for t in range(3, 15):
-        extras.append(alg.run_round(ctx, t))
+        extras.append(alg.run_round(ctx, t).to_dict())
     assert adjusted_rand_score(fed.clusters, alg.assignment()) == 1.0
     ev = _evaluate(alg, ctx)
     assert ev.accuracy.mean() > 0.85

@@ -214,7 +214,7 @@ def test_compressed_run_clusters_like_server_side_subsampling(monkeypatch, proto
     assert up == _expected_uplink(h, d, d_hat, 4)
     assert h.records[-1].extras["uplink_floats_compressed"] == up
     # the former behaviour: whole vectors sent, subsampled by the server
-    monkeypatch.setattr(CFLGP, "_wire_coords", lambda self: None)
+    monkeypatch.setattr(CFLGP, "_wire_coords", lambda self, state: None)
     old_exp, old = _run(**extra)
     assert old_exp.algorithm.coords is None
     assert [r.assignment for r in old.records] == [r.assignment for r in h.records]

@@ -313,7 +313,7 @@ def test_fesem_restarts_a_center_left_without_members(rule):
     st.centers[a] = (st.centers[a] + st.centers[b]) / 2  # true clusters 0 and 1 merged ...
     st.centers[b] = st.start  # ... and the other center stale, without members
     st.assign[st.assign == b] = a
-    extras = [alg.run_round(ctx, t) for t in range(4, 7)]
+    extras = [alg.run_round(ctx, t).to_dict() for t in range(4, 7)]
     ari = adjusted_rand_score(fed.clusters, alg.assignment())
     if rule == "reseed":
         assert extras[0]["kmeans_reseeded"] == 1

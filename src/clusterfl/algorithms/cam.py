@@ -60,7 +60,7 @@ models) the client gets -1 and Θ_g alone (IFCA-CAM) or FeSEM's common start Θ_
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -68,14 +68,25 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
+    Ask,
     Context,
     KClusterExtras,
     Placement,
     SampledConfig,
+    Update,
     answered,
     check_k_fits,
 )
-from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig, FeSEMState, KMeansExtras, LayerSpec
+from clusterfl.algorithms.fesem import (
+    KMEANS,
+    WARMUP,
+    FeSEM,
+    FeSEMAsk,
+    FeSEMConfig,
+    FeSEMState,
+    KMeansExtras,
+    LayerSpec,
+)
 from clusterfl.clustering.aggregate import (
     average_members,
     choose_clusters,
@@ -87,10 +98,12 @@ from clusterfl.protocol import (
     Pick,
     Predictor,
     Steps,
+    StepsReply,
     TrainReply,
     TrainRequest,
     mean_finite,
 )
+from clusterfl.records import RoundExtras
 
 # ----------------------------------------------------------------------------- shared parts
 
@@ -213,41 +226,40 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
                                   ctx.factory.init_many(k, ctx.seed + 1),
                                   np.full(ctx.n_clients, -1, dtype=np.int64))
 
-    def _warm(self, t: int) -> bool:
-        return t <= self.config.warmup_rounds
-
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        st, cfg = self.state, self.config
-        clients = ctx.sample_round(cfg)
+    def ask(self, state: IFCACAMState, t: int, phase: str, ctx: Context) -> Ask[Any]:
+        """Warm-up: FedAvg on Θ_g alone. Then one message per client (`Steps`): (i) Eq. 2,
+        the losses of the sum with Θ_g sent along as the offset; (ii)+(iii) Eq. 5 and Eq. 8
+        in parallel, on the cluster part each client picked from its losses (the `Pick`s
+        fill in ĵ on the device)."""
+        clients = ctx.sample_round(self.config)
         zeros = np.zeros(len(clients), dtype=np.int64)
-        if self._warm(t):  # FedAvg on Θ_g alone
-            reply = ctx.send(TrainRequest(clients, st.g[None], zeros, ctx.training,
-                                          ctx.next_seed()))
-            st.g = update_global(st.g, reply)
-            return IFCACAMExtras(train_loss_global=mean_finite(reply.loss),
-                                 train_loss_cluster=None, assign_loss=None, warmup=1,
-                                 cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters)
-                                 ).to_dict()
-        # (i) Eq. 2: least loss of the sum, Θ_g sent along as the offset; (ii)+(iii) Eq. 5
-        # and Eq. 8 in parallel, on the cluster part each client picked from its losses:
-        # one message per client (`Steps`, the picks fill in ĵ on the device)
-        ask = LossRequest(clients, st.clusters, offset=Predictor.single(st.g[None], zeros))
-        req_k, req_g = train_both(ctx, clients, st.g, st.clusters, zeros, held=True)
-        losses, rep_k, rep_g = ctx.send(Steps.of(
-            ask, req_k, req_g, picks=[Pick(1, 0), Pick(2, 0, into="offset")])).replies
-        clients = losses.clients  # dropped clients are absent from every reply
+        if t <= self.config.warmup_rounds:
+            return Ask(TrainRequest(clients, state.g[None], zeros, ctx.training,
+                                    ctx.next_seed()), WARMUP)
+        ask = LossRequest(clients, state.clusters, offset=Predictor.single(state.g[None], zeros))
+        req_k, req_g = train_both(ctx, clients, state.g, state.clusters, zeros, held=True)
+        return Ask(Steps.of(ask, req_k, req_g, picks=[Pick(1, 0), Pick(2, 0, into="offset")]))
+
+    def update(self, state: IFCACAMState, t: int, ask: Ask[Any],
+               reply: Any) -> Update[IFCACAMState]:
+        k = self.config.n_clusters
+        if ask.phase == WARMUP:
+            warm = cast(TrainReply, reply)
+            return Update(replace(state, g=update_global(state.g, warm)), IFCACAMExtras(
+                train_loss_global=mean_finite(warm.loss), train_loss_cluster=None,
+                assign_loss=None, warmup=1, cluster_sizes=cluster_sizes(state.assign, k)))
+        losses, rep_k, rep_g = cast(StepsReply, reply).replies
         chosen = choose_clusters(losses.loss)
-        st.assign[clients] = chosen
-        update = eq6_update if cfg.cluster_update == "eq6" else average_members
-        st.clusters = update(st.clusters, rep_k.params, st.assign[rep_k.clients],
-                             rep_k.n_samples)
-        st.g = update_global(st.g, rep_g)
-        return IFCACAMExtras(
+        assign = state.assign.copy()
+        assign[losses.clients] = chosen  # dropped clients are absent from every reply
+        step = eq6_update if self.config.cluster_update == "eq6" else average_members
+        clusters = step(state.clusters, rep_k.params, assign[rep_k.clients], rep_k.n_samples)
+        new = replace(state, g=update_global(state.g, rep_g), clusters=clusters, assign=assign)
+        return Update(new, IFCACAMExtras(
             train_loss_cluster=mean_finite(rep_k.loss),
             train_loss_global=mean_finite(rep_g.loss),
-            assign_loss=mean_finite(losses.loss[np.arange(len(clients)), chosen]),
-            warmup=0, cluster_sizes=cluster_sizes(st.assign, cfg.n_clusters),
-        ).to_dict()
+            assign_loss=mean_finite(losses.loss[np.arange(len(losses.clients)), chosen]),
+            warmup=0, cluster_sizes=cluster_sizes(assign, k)))
 
     def assignment(self) -> np.ndarray:
         return self.state.assign.copy()
@@ -319,29 +331,47 @@ class FeSEMCAM(FeSEM):
         self.state = FeSEMCAMState(base.start, base.assign, base.centers, base.local,
                                    ctx.factory.init(ctx.seed + 1))
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        if t <= self.config.warmup_rounds:
-            return self._warmup_round(ctx, t)
-        st = self.state
+    def ask(self, state: FeSEMState, t: int, phase: str,
+            ctx: Context) -> Ask[Any] | Update[FeSEMState]:
+        """FeSEM's warm-up and k-means phases; otherwise the two trainings of Alg. 1 lines
+        4-7 (cluster part with the pull λ, Θ_g), newcomers' losses first (`_message`)."""
+        if phase == KMEANS or t <= self.config.warmup_rounds:
+            return super().ask(state, t, phase, ctx)
+        assert isinstance(state, FeSEMCAMState)
         clients = ctx.sample_round(self.config)
-        rows, row_of = self.starts(clients)
-        rep_k, rep_g = self._send_round(
-            ctx, clients, list(train_both(ctx, clients, st.g, rows, row_of, mu=self.config.lam)),
-            ["model", "offset"])
-        st.g = update_global(st.g, rep_g)
-        km = self._cluster(ctx, rep_k.clients, rep_k.params, rep_k.n_samples)
+        rows, row_of = self.starts(state, clients)
+        return self._message(state, clients, list(train_both(
+            ctx, clients, state.g, rows, row_of, mu=self.config.lam)), ["model", "offset"])
+
+    def update(self, state: FeSEMState, t: int, ask: Ask[Any],
+               reply: Any) -> Update[FeSEMState]:
+        """Eq. 9 for Θ_g, then FeSEM's k-means on the cluster parts (Eq. 10-11)."""
+        if ask.phase == WARMUP:
+            return super().update(state, t, ask, reply)
+        assert isinstance(ask, FeSEMAsk) and isinstance(state, FeSEMCAMState)
+        rep_k, rep_g = self._replies(ask, reply)
+        state = replace(state, g=update_global(state.g, rep_g))
+        return self._gather(state, rep_k.clients, rep_k.params, rep_k.n_samples,
+                            [mean_finite(rep_k.loss), mean_finite(rep_g.loss)])
+
+    def _extras(self, state: FeSEMState, losses: list[float | None], warmup: int,
+                km: KMeansExtras | None) -> RoundExtras:
+        """FeSEM's extras in the warm-up; then `FeSEMCAMExtras` (`FeSEMCAMKMeansExtras` when
+        k-means ran)."""
+        if warmup:
+            return super()._extras(state, losses, warmup, km)
         extras = FeSEMCAMExtras(
-            train_loss_cluster=mean_finite(rep_k.loss), train_loss_global=mean_finite(rep_g.loss),
-            cluster_sizes=cluster_sizes(st.assign, self.config.n_clusters), warmup=0)
+            train_loss_cluster=losses[0], train_loss_global=losses[1],
+            cluster_sizes=cluster_sizes(state.assign, self.config.n_clusters), warmup=0)
         if km is None:
-            return extras.to_dict()
-        return FeSEMCAMKMeansExtras(**extras.to_dict(), **km.to_dict()).to_dict()
+            return extras
+        return FeSEMCAMKMeansExtras(**extras.to_dict(), **km.to_dict())
 
     def predictor(self) -> Predictor:
         st = self.state
         if st.local is not None:  # warm-up: each client's own local model
             return Predictor.single(st.local, np.arange(len(st.local)))
-        rows, row_of = self.starts(np.arange(len(st.assign)))
+        rows, row_of = self.starts(st, np.arange(len(st.assign)))
         return cam_predictor(st.g, rows, row_of)
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:

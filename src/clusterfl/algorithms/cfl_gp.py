@@ -127,9 +127,8 @@ The client predicts with the chosen model.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -137,11 +136,20 @@ from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import (
     Algorithm,
+    Ask,
     Context,
     Placement,
     SampledConfig,
+    Update,
     answered,
     check_k_fits,
+)
+from clusterfl.algorithms.cfl_gp_profile import (
+    Probe,
+    ProbeAsk,
+    count_asks,
+    profiled_clients,
+    update_profile,
 )
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
@@ -160,6 +168,7 @@ from clusterfl.protocol import (
     GradientRequest,
     Predictor,
     Steps,
+    StepsReply,
     TrainReply,
     TrainRequest,
     mean_finite,
@@ -231,9 +240,24 @@ def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) ->
         raise ConfigError(field, str(exc.args[0])) from None
 
 
-def _no_counts() -> dict[str, float]:
-    return {"models_down": 0.0, "vectors_up": 0.0, "gradients": 0.0,
-            "uplink_floats_compressed": 0.0, "rounds": 0.0}
+@dataclass
+class CFLGPCounts:
+    """Tables 5–6, run totals over all clients (the extras report them per client and
+    period of P rounds)."""
+
+    models_down: float = 0.0  # models received
+    vectors_up: float = 0.0  # vectors sent
+    gradients: float = 0.0  # gradients (trainings) computed
+    uplink_floats_compressed: float = 0.0  # uplink floats of the replies received
+    rounds: float = 0.0  # rounds counted
+
+
+@dataclass
+class KEstimate:
+    """The Appendix-G estimate of the last clustering update (None: not yet, or off)."""
+
+    k_estimate: int | None = None
+    spectral_gap_s: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -286,14 +310,16 @@ class _Spectrum:
     k_scores: dict[str, float] | None  # None: estimate_k off
 
 
-@dataclass
-class _Probe:
-    """One block's update in a clustering round (`CFLGP._probe`): the clients asked for it
-    (sorted), those that answered, and their features (one row each, in `who` order)."""
+@dataclass(frozen=True, kw_only=True)
+class CFLGPAsk(Ask[Any]):
+    """A round's message (`Steps`: the update's vectors, then the probes) and its plan."""
 
-    asked: np.ndarray
-    who: np.ndarray
-    rows: torch.Tensor
+    sampled: np.ndarray  # the round's clients
+    clustering: bool  # a clustering round (Alg. 1 line 5)
+    kbar: int  # k̄ after this round
+    plan: list[ProbeAsk]  # the blocks asked for (clustering rounds)
+    cluster_seed: int | None  # the spectral clustering's seed (None: no clustering update)
+    estimate_seed: int | None  # the Appendix-G estimate's seed (None: no estimate)
 
 
 @dataclass
@@ -309,11 +335,10 @@ class CFLGPState:
     kbar: int = -1  # k̄, the model broadcast in the last clustering round
     last_change: int = 0  # the last round whose clustering changed the assignment
     stopped_at: int | None = None  # the round the clustering stopped (stable_rounds)
-    counts: dict[str, float] = field(default_factory=_no_counts)  # Tables 5–6, run totals
-    estimate: dict[str, int | None] = field(
-        default_factory=lambda: {"k_estimate": None, "spectral_gap_s": None})  # App. G
+    counts: CFLGPCounts = field(default_factory=CFLGPCounts)  # Tables 5–6, run totals
+    estimate: KEstimate = field(default_factory=KEstimate)  # App. G
     #: [C, K] int64, how often each client was asked for block k (sampling; None in the
-    #: checkpoints of earlier versions, which asked every client: rebuilt by `CFLGP.asked`)
+    #: checkpoints of earlier versions, which asked every client: see `CFLGP.asked`)
     asked: np.ndarray | None = None
 
 
@@ -354,38 +379,42 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
             asked=np.zeros((c, k), dtype=np.int64))
         #: stop clustering after this many unchanged rounds (from the config and T)
         self.stable = self._stable_rounds(ctx)
+        #: γ of the gradient protocol
+        self.server_lr = float(cfg.server_lr if cfg.server_lr is not None else ctx.training.lr)
 
     @property
     def asked(self) -> np.ndarray:
         """`[C, K]`: how often each client was asked for block k of its profile."""
-        st = self.state
-        if st.asked is None:  # a checkpoint of an earlier version: it asked every client
-            st.asked = np.tile(st.block_updates, (len(st.assign), 1)).astype(np.int64)
-        return st.asked
+        return self._asked(self.state)
+
+    @staticmethod
+    def _asked(state: CFLGPState) -> np.ndarray:
+        if state.asked is None:  # a checkpoint of an earlier version: it asked every client
+            return np.tile(state.block_updates, (len(state.assign), 1)).astype(np.int64)
+        return state.asked
 
     def profiled(self) -> np.ndarray:
-        """`[C]` bool: the clients the clustering reads — those asked for every block that
-        any client was asked for (with every client sampled: all of them)."""
-        asked = self.asked > 0
-        return np.asarray((asked | ~asked.any(axis=0)).all(axis=1))
+        """`[C]` bool: the clients the clustering reads (`profiled_clients`)."""
+        return profiled_clients(self.asked)
 
     @property
     def coords(self) -> np.ndarray | None:
         """`coords` of the clustering-only requests (see `_wire_coords`)."""
-        return self._wire_coords()
+        return self._wire_coords(self.state)
 
-    def _wire_coords(self) -> np.ndarray | None:
+    def _wire_coords(self, state: CFLGPState) -> np.ndarray | None:
         """`coords` of the clustering-only requests: the feature index (App. E.1/E.2), or
         None when the features are every coordinate (the reply is then the whole vector)."""
-        d, idx = self.state.models.shape[1], self.state.feature_index
+        d, idx = state.models.shape[1], state.feature_index
         if len(idx) == d and torch.equal(idx, torch.arange(d)):
             return None
         return idx.numpy().astype(np.int64)
 
-    def _to_features(self, rows: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _to_features(state: CFLGPState, rows: torch.Tensor) -> torch.Tensor:
         """Client vectors in feature space: whole vectors (d wide) are subsampled at the
         feature index; replies already narrowed on the wire (d̂ wide) are taken as they are."""
-        d, idx = self.state.models.shape[1], self.state.feature_index
+        d, idx = state.models.shape[1], state.feature_index
         if rows.shape[1] == d:
             return rows[:, idx]
         if rows.shape[1] != len(idx):
@@ -427,64 +456,84 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         return base if share >= 1.0 else math.ceil(base / share)
 
     # ------------------------------------------------------------------ one round
-    def clustering_round(self, t: int) -> bool:
+    def clustering_round(self, state: CFLGPState, t: int) -> bool:
         """Alg. 1 line 5: t mod P = 1 (every round for P = 1), t < T_cl, not yet stopped."""
         cfg = self.config
-        return (self.state.stopped_at is None and (t - 1) % cfg.period == 0
+        return (state.stopped_at is None and (t - 1) % cfg.period == 0
                 and (cfg.cluster_rounds is None or t < cfg.cluster_rounds))
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        cfg, st = self.config, self.state
+    def ask(self, state: CFLGPState, t: int, phase: str, ctx: Context) -> CFLGPAsk:
+        """One message per client (`Steps`): the model update's vectors, then (clustering
+        rounds) the probes of `_probe_plan`. The clustering's (and App. G's) seeds are drawn
+        when it will run: when K clients will have a whole profile (`profiled_clients`)."""
+        cfg = self.config
         sampled = ctx.sample_round(cfg)  # every client by default (no draw)
         seed = ctx.next_seed()
-        c = len(st.assign)
-        clustering = self.clustering_round(t)
-        # the round's requests, sent as one message per client (`Steps`): the model update's
-        # vectors, then (clustering rounds) the profile probes, which depend on no reply
-        own_req = self._vector_request(ctx, st.models, sampled, st.assign[sampled], seed)
-        plan = self._probe_plan(ctx, sampled, seed) if clustering else []
-        probe_reqs = [req for _, _, req in plan if req is not None]
-        replies = ctx.send(Steps.of(own_req, *probe_reqs)).replies
+        clustering = self.clustering_round(state, t)
+        own = self._vector_request(ctx, state.models, sampled, state.assign[sampled], seed)
+        kbar, plan = state.kbar, list[ProbeAsk]()
+        cluster_seed = estimate_seed = None
+        if clustering:
+            kbar, plan = self._probe_plan(state, ctx, sampled, seed)
+            asks = count_asks(self._asked(state), [(p.block, p.asked) for p in plan])
+            if profiled_clients(asks).sum() >= cfg.n_clusters:
+                cluster_seed = ctx.next_seed()
+                estimate_seed = ctx.next_seed() if cfg.estimate_k else None
+        probes = [p.request for p in plan if p.request is not None]
+        return CFLGPAsk(Steps.of(own, *probes), sampled=sampled, clustering=clustering,
+                        kbar=kbar, plan=plan, cluster_seed=cluster_seed,
+                        estimate_seed=estimate_seed)
+
+    def update(self, state: CFLGPState, t: int, ask: Ask[Any],
+               reply: Any) -> Update[CFLGPState]:
+        """Alg. 1 lines 2–10 (Alg. 4): profile, clustering, model step, stop, costs."""
+        assert isinstance(ask, CFLGPAsk)
+        cfg = self.config
+        c = len(state.assign)
+        replies = cast(StepsReply, reply).replies
+        own_req = cast(GradientRequest | TrainRequest, cast(Steps, ask.request).steps[0])
         rows, loss, who = self._vectors(own_req, replies[0])
+        uplink = state.counts.uplink_floats_compressed + own_req.unit_cost()[1] * len(who)
         # one row per client id; `present` marks who answered (absent: not sampled, dropped
-        # or rejected)
+        # or rejected; the guard reports those)
         present = np.zeros(c, dtype=bool)
         present[who] = True
         own = torch.zeros(c, rows.shape[1], dtype=rows.dtype)
         own[torch.from_numpy(who)] = rows
-        silent = sampled[~present[sampled]]
-        if len(silent):
-            ctx.log.append(f"cfl_gp round {t}: no reply (dropped out or rejected) from "
-                           f"clients {silent.tolist()}")
         down = np.zeros(c)
-        down[sampled] = 1.0
-        new_assign = st.assign
-        beta, spectrum = 0.0, None
-        if clustering:
-            probes, probed = self._probe(own, present, sampled, plan, iter(replies[1:]))
+        down[ask.sampled] = 1.0
+        new = replace(state, kbar=ask.kbar, asked=self._asked(state))
+        new_assign, beta, spectrum = state.assign, 0.0, None
+        if ask.clustering:
+            probes, probed, uplink = self._probe(state, own, present, ask, replies[1:], uplink)
             down += probed
-            beta = self._update_features(t, probes)
-            new_assign, spectrum = self._cluster(ctx, sampled)
-        update_with = new_assign if cfg.mode == "repo" else st.assign
-        self._update_models(own, update_with, present, self._lr(ctx))
-        changed = int((new_assign != st.assign).sum())
-        st.assign = np.asarray(new_assign, dtype=np.int64)
-        if clustering and changed:
-            st.last_change = t
-        if (st.stopped_at is None and self.stable > 0 and t - st.last_change >= self.stable
-                and self.profiled().all()):  # nobody left waiting for a profile
-            st.stopped_at = t
-        self._count(down)
-        extras = self._extras(mean_finite(loss), clustering, changed)
+            new, beta = self._profile_step(new, t, probes)
+            new_assign, spectrum, estimate = self._cluster(new, ask)
+            new = replace(new, estimate=estimate)
+        update_with = new_assign if cfg.mode == "repo" else state.assign
+        changed = int((new_assign != state.assign).sum())
+        last_change = t if ask.clustering and changed else state.last_change
+        stopped = state.stopped_at
+        if (stopped is None and self.stable > 0 and t - last_change >= self.stable
+                and profiled_clients(self._asked(new)).all()):  # nobody waits for a profile
+            stopped = t
+        n, was = float(down.sum()), state.counts  # a model down, a vector up, a gradient each
+        counts = CFLGPCounts(was.models_down + n, was.vectors_up + n, was.gradients + n, uplink,
+                             was.rounds + 1.0)
+        new = replace(new, models=self._update_models(state.models, own, update_with, present),
+                      assign=np.asarray(new_assign, dtype=np.int64), last_change=last_change,
+                      stopped_at=stopped, counts=counts)
+        extras = self._extras(new, mean_finite(loss), ask.clustering, changed)
         if spectrum is None:
-            return extras.to_dict()
+            return Update(new, extras)
         clustered = CFLGPClusteringExtras(
             **extras.to_dict(), beta=beta, singular_values=spectrum.singular_values,
             largest_gaps_after=spectrum.largest_gaps_after,
             projected_features=spectrum.projected_features)
         if spectrum.k_scores is None:
-            return clustered.to_dict()
-        return CFLGPEstimateExtras(**clustered.to_dict(), k_scores=spectrum.k_scores).to_dict()
+            return Update(new, clustered)
+        return Update(new, CFLGPEstimateExtras(**clustered.to_dict(),
+                                               k_scores=spectrum.k_scores))
 
     def _vector_request(
         self, ctx: Context, models: torch.Tensor, clients: np.ndarray, model_of: np.ndarray,
@@ -502,219 +551,200 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     def _vectors(self, request: GradientRequest | TrainRequest,
                  reply: GradientReply | TrainReply) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The vectors (gradients or model gaps; d̂ wide with `coords`) and losses of the
-        clients that answered `request`, and who they are (in request order). The reply's
-        uplink is added to the `uplink_floats_compressed` count."""
-        if isinstance(reply, GradientReply):
-            rows, loss, who = reply.grads, reply.loss, reply.clients
-        else:  # θ_start is narrowed to `coords` like the reply
-            assert isinstance(request, TrainRequest)
-            rows = reply.params - start_models(request, reply.clients)
-            loss, who = reply.loss, reply.clients
-        self.state.counts["uplink_floats_compressed"] += request.unit_cost()[1] * len(who)
-        return rows, loss, who
+        clients that answered `request`, and who they are (in request order)."""
+        if self.config.protocol == "gradient":
+            return cast(GradientReply, reply).grads, reply.loss, reply.clients
+        start = start_models(request, reply.clients)  # narrowed to `coords` like the reply
+        return cast(TrainReply, reply).params - start, reply.loss, reply.clients
 
-    def _probe_plan(self, ctx: Context, sampled: np.ndarray, seed: int
-                    ) -> list[tuple[int, np.ndarray, GradientRequest | TrainRequest | None]]:
+    def _probe_plan(self, state: CFLGPState, ctx: Context, sampled: np.ndarray,
+                    seed: int) -> tuple[int, list[ProbeAsk]]:
         """Alg. 2 lines 6–7, the requests: the next model k̄ goes to the sampled clients not
         already on it. A sampled client whose profile lacks a block that other clients were
         already asked for (it was not sampled when that block's turn came) also receives that
         block's model (`_asks`); with every client sampled, every client is asked for k̄ only.
-        Per block asked for: (block, who is asked, the request to those of them not in the
-        block's cluster, None when there are none). These vectors serve the profile only, so
-        the clients send the d̂ feature coordinates (`coords`, App. E.1); a client asked for
-        its own cluster's block reuses the whole vector it sent for the model update (D.2: no
+        Returns k̄ and, per block asked for, who is asked and the request to those of them
+        not in the block's cluster. These vectors serve the profile only, so the clients send
+        the d̂ feature coordinates (`coords`, App. E.1); a client asked for its own cluster's
+        block reuses the whole vector it sent for the model update (D.2: no
         re-transmission). Every request of the round uses the same seed: the same
         minibatch. `mode = "repo"`: block 0 from the update vectors, nothing is sent."""
-        st, k = self.state, self.config.n_clusters
+        k = self.config.n_clusters
         if self.config.mode == "repo":
-            st.kbar = 0
-            return [(0, sampled, None)]
-        st.kbar = (st.kbar + 1) % k
-        ask = self._asks(sampled)
-        plan: list[tuple[int, np.ndarray, GradientRequest | TrainRequest | None]] = []
+            return 0, [ProbeAsk(0, sampled, None)]
+        kbar = (state.kbar + 1) % k
+        ask = self._asks(state, sampled, kbar)
+        plan: list[ProbeAsk] = []
         for b in range(k):
             asked = sampled[ask[:, b]]
             if not len(asked):
                 continue
-            others = asked[st.assign[asked] != b]
+            others = asked[state.assign[asked] != b]
             req = None if not len(others) else self._vector_request(
-                ctx, st.models[b : b + 1], others, np.zeros(len(others), dtype=np.int64), seed,
-                coords=self.coords)
-            plan.append((b, asked, req))
-        return plan
+                ctx, state.models[b : b + 1], others, np.zeros(len(others), dtype=np.int64),
+                seed, coords=self._wire_coords(state))
+            plan.append(ProbeAsk(b, asked, req))
+        return kbar, plan
 
-    def _probe(self, own: torch.Tensor, present: np.ndarray, sampled: np.ndarray,
-               plan: list[tuple[int, np.ndarray, GradientRequest | TrainRequest | None]],
-               replies: Iterator[Any]) -> tuple[dict[int, _Probe], np.ndarray]:
+    def _probe(self, state: CFLGPState, own: torch.Tensor, present: np.ndarray, ask: CFLGPAsk,
+               replies: list[Any], uplink: float) -> tuple[list[Probe], np.ndarray, float]:
         """Alg. 2 lines 6–7, the answers (`_probe_plan`'s requests, `replies` in order):
         per block, who was asked and the features (d̂ coordinates) of those that answered,
-        and how many extra models each client received."""
-        st = self.state
+        how many extra models each client received, and the uplink count with the replies'
+        floats added."""
         extra = np.zeros(len(own))
-        feats = self._to_features(own)
+        feats = self._to_features(state, own)
         if self.config.mode == "repo":
-            answered = np.flatnonzero(present)
-            return {0: _Probe(sampled, answered, feats[torch.from_numpy(answered)])}, extra
-        probes: dict[int, _Probe] = {}
-        for b, asked, req in plan:
-            mine = asked[(st.assign[asked] == b) & present[asked]]
+            got = np.flatnonzero(present)
+            return [Probe(0, ask.sampled, got, feats[torch.from_numpy(got)])], extra, uplink
+        probes: list[Probe] = []
+        rest = iter(replies)
+        for p in ask.plan:
+            mine = p.asked[(state.assign[p.asked] == p.block) & present[p.asked]]
             who: list[np.ndarray] = [mine]
             rows: list[torch.Tensor] = [feats[torch.from_numpy(mine)]]
-            if req is not None:
-                got, _, replied = self._vectors(req, next(replies))
+            if p.request is not None:
+                vectors, _, replied = self._vectors(p.request, next(rest))
+                uplink += p.request.unit_cost()[1] * len(replied)
                 who.append(np.asarray(replied, dtype=np.int64))
-                rows.append(self._to_features(got))
-                extra[req.clients] += 1.0
-            probes[b] = _Probe(asked, np.concatenate(who), torch.cat(rows))
-        return probes, extra
+                rows.append(self._to_features(state, vectors))
+                extra[p.request.clients] += 1.0
+            probes.append(Probe(p.block, p.asked, np.concatenate(who), torch.cat(rows)))
+        return probes, extra, uplink
 
-    def _asks(self, clients: np.ndarray) -> np.ndarray:
+    def _asks(self, state: CFLGPState, clients: np.ndarray, kbar: int) -> np.ndarray:
         """`[len(clients), K]` bool: the blocks each of `clients` is asked for this clustering
         round — k̄, and every block the client was never asked for that some client was."""
-        asked = np.asarray(self.asked > 0)
+        asked = np.asarray(self._asked(state) > 0)
         ever = np.asarray(asked.any(axis=0))
         ask = ~asked[clients] & ever[None, :]
-        ask[:, self.state.kbar] = True
+        ask[:, kbar] = True
         return np.asarray(ask)
 
-    def _betas(self, t: int, clients: np.ndarray, block: int) -> np.ndarray:
-        """β of each client's update of `block` (Alg. 1 line 9)."""
+    def _betas(self, t: int, asked: np.ndarray, clients: np.ndarray, block: int) -> np.ndarray:
+        """β of each client's update of `block` (Alg. 1 line 9), `asked` the counts before."""
         cfg = self.config
         if cfg.feature_average == "last":
             return np.ones(len(clients))
         if cfg.mode == "repo":
             return np.full(len(clients), 1.0 / (t // (cfg.n_clusters * cfg.period) + 1))
-        return np.asarray(1.0 / (self.asked[clients, block] + 1.0))
+        return np.asarray(1.0 / (asked[clients, block] + 1.0))
 
-    def _update_features(self, t: int, probes: dict[int, _Probe]) -> float:
-        """Alg. 1 lines 8–9: the running mean of each asked block of every client that
-        answered, β = 1/(n+1) with n how often that client was asked for that block before
-        (a client that did not answer keeps its feature; the request still counts). Returns
-        β (the mean over the clients asked, when they differ)."""
-        st = self.state
-        betas = []
-        for b, probe in probes.items():
-            beta = self._betas(t, probe.asked, b)
-            betas.append(beta)
-            block = st.features[:, b]
-            rows = torch.from_numpy(probe.who)
-            new = probe.rows.to(block.dtype)
-            if len(np.unique(beta)) == 1:  # one β (always with every client sampled)
-                one = float(beta[0])
-                block[rows] = (1.0 - one) * block[rows] + one * new
-            else:
-                w = torch.from_numpy(beta[np.searchsorted(probe.asked, probe.who)])[:, None]
-                block[rows] = ((1.0 - w).to(block.dtype) * block[rows]
-                               + w.to(block.dtype) * new)
-            self.asked[probe.asked, b] += 1
-            st.block_updates[b] += 1
-            if len(st.block_gram):
-                st.block_gram[b] = gram_matrix(block)  # only the blocks asked changed
-        every = np.concatenate(betas) if betas else np.zeros(0)
-        if not len(every):
-            return 0.0
-        return float(every[0]) if len(np.unique(every)) == 1 else float(every.mean())
+    def _profile_step(self, state: CFLGPState, t: int,
+                      probes: list[Probe]) -> tuple[CFLGPState, float]:
+        """Alg. 1 lines 8–9 (`update_profile`, β = 1/(n+1), n the asks before; a silent
+        client keeps its feature, the ask still counts), and the Gram matrices of the blocks
+        asked. Returns the state and β (the mean over the clients asked, when they differ)."""
+        before = self._asked(state)  # each block is probed once: its β read the counts before
+        betas = [self._betas(t, before, probe.asked, probe.block) for probe in probes]
+        asked = count_asks(before, [(probe.block, probe.asked) for probe in probes])
+        updates = state.block_updates + np.bincount([p.block for p in probes],
+                                                    minlength=self.config.n_clusters)
+        features = update_profile(state.features, probes, betas)
+        gram = state.block_gram
+        if len(gram):
+            gram = gram.copy()
+            for probe in probes:  # only the blocks asked changed
+                gram[probe.block] = gram_matrix(features[:, probe.block])
+        new = replace(state, features=features, asked=asked, block_updates=updates,
+                      block_gram=gram)
+        every = np.concatenate(betas)  # a clustering round asks for k̄ at least
+        return new, float(every[0]) if len(np.unique(every)) == 1 else float(every.mean())
 
-    def _cluster(self, ctx: Context, sampled: np.ndarray
-                 ) -> tuple[np.ndarray, _Spectrum | None]:
+    def _cluster(self, state: CFLGPState, ask: CFLGPAsk
+                 ) -> tuple[np.ndarray, _Spectrum | None, KEstimate]:
         """Alg. 1 line 10 / Alg. 3, plus the Appendix-G spectrum and estimate, on the
-        profiled clients (`profiled`); of those, the clients sampled this round take their new
-        cluster, the others keep theirs. None for the spectrum when fewer than K clients are
-        profiled (no clustering yet)."""
-        cfg, st = self.config, self.state
-        c = len(st.assign)
-        inc = self.profiled()
+        profiled clients (`profiled_clients`); of those, the clients sampled this round take
+        their new cluster, the others keep theirs. None for the spectrum when fewer than K
+        clients are profiled (no clustering yet)."""
+        cfg = self.config
+        c = len(state.assign)
+        inc = profiled_clients(self._asked(state))
         if inc.sum() < cfg.n_clusters:
-            return st.assign, None
+            return state.assign, None, state.estimate
+        assert ask.cluster_seed is not None  # `ask` drew it: it saw the same profile
         everyone = bool(inc.all())
         idx = np.flatnonzero(inc)
-        rows = st.features.reshape(c, -1) if everyone else st.features[idx].reshape(len(idx), -1)
+        rows = (state.features.reshape(c, -1) if everyone
+                else state.features[idx].reshape(len(idx), -1))
         gram = None
-        if len(st.block_gram):
-            gram = st.block_gram.sum(0)
+        if len(state.block_gram):
+            gram = state.block_gram.sum(0)
             gram = gram if everyone else gram[np.ix_(idx, idx)]
         want = max(cfg.n_clusters, 2 * cfg.k_max) if cfg.estimate_k else cfg.n_clusters
-        res = spectral_clustering(rows, cfg.n_clusters, st.assign[idx], ctx.next_seed(),
+        res = spectral_clustering(rows, cfg.n_clusters, state.assign[idx], ask.cluster_seed,
                                   cfg.svd, cfg.kmeans_n_init, n_components=want, gram=gram)
         sv = res.projection.singular_values
         projected = np.full((c, cfg.n_clusters), np.nan)
         head = res.projection.features[:, : cfg.n_clusters]
         projected[idx, : head.shape[1]] = head
+        scores, estimate = None, state.estimate
+        if cfg.estimate_k:
+            assert ask.estimate_seed is not None
+            scores, estimate = self._estimate(res.projection.features, sv, ask.estimate_seed)
         spectrum = _Spectrum(
             singular_values=sv[:MAX_SPECTRUM].tolist(),
             largest_gaps_after=gap_ranking(sv[:MAX_SPECTRUM]),
-            projected_features=(head if everyone else projected).tolist(),
-            k_scores=self._estimate(ctx, res.projection.features, sv) if cfg.estimate_k
-            else None)
-        if everyone and len(sampled) == c:
-            return res.assignment, spectrum
-        new = st.assign.copy()
+            projected_features=(head if everyone else projected).tolist(), k_scores=scores)
+        if everyone and len(ask.sampled) == c:
+            return res.assignment, spectrum, estimate
+        new = state.assign.copy()
         take = np.zeros(c, dtype=bool)
-        take[sampled] = True
+        take[ask.sampled] = True
         take = take[idx]  # among the profiled: the sampled ones move
         new[idx[take]] = res.assignment[take]
-        return new, spectrum
+        return new, spectrum, estimate
 
-    def _estimate(self, ctx: Context, feats: np.ndarray, sv: np.ndarray) -> dict[str, float]:
-        """Appendix G: the estimate (kept in the state) and its criterion's value per k."""
+    def _estimate(self, feats: np.ndarray, sv: np.ndarray,
+                  seed: int) -> tuple[dict[str, float], KEstimate]:
+        """Appendix G: its criterion's value per k, and the estimate (kept in the state)."""
         cfg = self.config
         s = largest_gap(sv, max_s=feats.shape[1])
         k_hi = min(cfg.k_max, len(feats) - 1)
-        k, scores = estimate_n_clusters(feats[:, :s], k_hi, ctx.next_seed(), cfg.k_criterion,
+        k, scores = estimate_n_clusters(feats[:, :s], k_hi, seed, cfg.k_criterion,
                                         cfg.kmeans_n_init)
-        self.state.estimate = {"k_estimate": int(k), "spectral_gap_s": int(s)}
-        return {str(key): float(v) for key, v in scores.items()}
+        return ({str(key): float(v) for key, v in scores.items()},
+                KEstimate(k_estimate=int(k), spectral_gap_s=int(s)))
 
-    def _update_models(self, own: torch.Tensor, groups: np.ndarray, present: np.ndarray,
-                       lr: float) -> None:
+    def _update_models(self, models: torch.Tensor, own: torch.Tensor, groups: np.ndarray,
+                       present: np.ndarray) -> torch.Tensor:
         """Alg. 1 line 4 (θ_k −= γ agg ∇) or Alg. 4 line 5 (θ_k += mean Δθ), then the shared
-        coordinates from all clients (those that answered)."""
-        cfg, models = self.config, self.state.models
-        sign, scale = (-1.0, lr) if cfg.protocol == "gradient" else (1.0, 1.0)
-        shared_base = None if self.shared is None else models[0, self.shared].clone()
+        coordinates from all clients (those that answered). Returns new models."""
+        cfg = self.config
+        sign, scale = (-1.0, self.server_lr) if cfg.protocol == "gradient" else (1.0, 1.0)
+        out = models.clone()
+        shared_base = None if self.shared is None else out[0, self.shared].clone()
         for k in range(cfg.n_clusters):
             members = np.flatnonzero((groups == k) & present)
             if len(members):
-                models[k] += sign * scale * self._aggregate(own[torch.from_numpy(members)])
+                out[k] += sign * scale * self._aggregate(own[torch.from_numpy(members)])
         if self.shared is not None and shared_base is not None and present.any():
             rows = own[torch.from_numpy(np.flatnonzero(present))][:, self.shared]
-            models[:, self.shared] = shared_base + sign * scale * self._aggregate(rows)
+            out[:, self.shared] = shared_base + sign * scale * self._aggregate(rows)
+        return out
 
     def _aggregate(self, rows: torch.Tensor) -> torch.Tensor:
         if self.config.gradient_aggregation == "sum":
             return rows.sum(0)
         return rows.mean(0)
 
-    def _lr(self, ctx: Context) -> float:
-        lr = self.config.server_lr
-        return float(lr if lr is not None else ctx.training.lr)
-
     # ------------------------------------------------------------------ costs (Tables 5–6)
-    def _count(self, down: np.ndarray) -> None:
-        """Add the round's models received, vectors sent and gradients computed per client
-        (the uplink floats are counted by `_vectors`, request by request)."""
-        counts = self.state.counts
-        counts["models_down"] += float(down.sum())
-        counts["vectors_up"] += float(down.sum())
-        counts["gradients"] += float(down.sum())
-        counts["rounds"] += 1.0
-
-    def _extras(self, loss: float | None, clustering: bool, changed: int) -> CFLGPExtras:
+    def _extras(self, st: CFLGPState, loss: float | None, clustering: bool,
+                changed: int) -> CFLGPExtras:
         """What every round reports; the costs per client and per period of P rounds (the
         paper's Y ≤ P + 1) as running averages."""
-        st = self.state
-        n = max(st.counts["rounds"], 1.0) * len(st.assign)
+        n = max(st.counts.rounds, 1.0) * len(st.assign)
         p = self.config.period
         return CFLGPExtras(
             train_loss=loss, clustering=clustering,
             broadcast_model=st.kbar if clustering else -1, assignment_changes=changed,
-            clustering_stopped_at=st.stopped_at, k_estimate=st.estimate["k_estimate"],
-            spectral_gap_s=st.estimate["spectral_gap_s"],
-            models_down_per_client_period=st.counts["models_down"] / n * p,
-            vectors_up_per_client_period=st.counts["vectors_up"] / n * p,
-            gradients_per_client_period=st.counts["gradients"] / n * p,
+            clustering_stopped_at=st.stopped_at, k_estimate=st.estimate.k_estimate,
+            spectral_gap_s=st.estimate.spectral_gap_s,
+            models_down_per_client_period=st.counts.models_down / n * p,
+            vectors_up_per_client_period=st.counts.vectors_up / n * p,
+            gradients_per_client_period=st.counts.gradients / n * p,
             feature_dim=len(st.feature_index),
-            uplink_floats_compressed=st.counts["uplink_floats_compressed"],
+            uplink_floats_compressed=st.counts.uplink_floats_compressed,
         )
 
     # ------------------------------------------------------------------ interface
@@ -740,14 +770,10 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
                          coords=self.coords) for j in range(k)]
         replies = ctx.send(Steps.of(*asks)).replies  # the K vectors in one message
         for j, (req, reply) in enumerate(zip(asks, replies, strict=True)):
-            if isinstance(reply, GradientReply):
-                rows, who = reply.grads, reply.clients
-            else:
-                assert isinstance(req, TrainRequest)
-                rows, who = reply.params - start_models(req, reply.clients), reply.clients
+            rows, _, who = self._vectors(req, reply)
             pos = answered(ids, who, np.arange(len(who)), -1)
             got &= pos >= 0
-            feats = self._to_features(rows).double()
+            feats = self._to_features(st, rows).double()
             for i, r_ in enumerate(pos.tolist()):
                 if r_ >= 0:
                     profile[i, j] = feats[r_]

@@ -81,10 +81,12 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
+    Ask,
     Context,
     KClusterExtras,
     Placement,
     SampledConfig,
+    Update,
     answered,
     check_k_fits,
 )
@@ -97,6 +99,7 @@ from clusterfl.protocol import (
     Pick,
     Predictor,
     Steps,
+    TrainReply,
     TrainRequest,
     join,
     mean_finite,
@@ -173,29 +176,70 @@ def _select(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
     return x if index is None else x[:, index]
 
 
-def cluster_models(
-    params: torch.Tensor, weights: np.ndarray, centers: torch.Tensor | None, k: int,
-    index: torch.Tensor | None, iters: int, restarts: int, rng: np.random.Generator,
-    fallback: torch.Tensor,
+def reseed_empty(
+    assign: np.ndarray, centers: torch.Tensor, clients: np.ndarray, params: torch.Tensor,
+    n_samples: np.ndarray, index: torch.Tensor | None, iters: int, km: KMeansExtras,
 ) -> tuple[np.ndarray, torch.Tensor, KMeansExtras]:
-    """FeSEM's server step: k-means on (chosen layers of) client models → labels, new centers.
-
-    `centers` None means the first clustering (seeded k-means++ restarts); otherwise Lloyd
-    iterations start from the current centers so cluster ids stay stable. The returned `[k, d]`
-    centers are the weighted means of the members' full vectors; a center without members
-    keeps its previous value (`fallback`, `[k, d]`, at the first clustering).
-    """
+    """Restart every center without members (in the whole federation's `assign`) from a far
+    model of the round (`farthest_movable`), then Lloyd again from the new centers on the
+    round's clients (module doc); unchanged when no center is empty or no client can move."""
+    sizes = np.bincount(assign[assign >= 0], minlength=len(centers))
+    empty = np.flatnonzero(sizes == 0)
     x = _select(params, index)
+    picks = farthest_movable(x, assign[clients], _select(centers, index), sizes, len(empty))
+    if not picks:
+        return assign, centers, km
+    start = centers.clone()
+    for j, i in zip(empty, picks):
+        start[int(j)] = params[i]
+    res = lloyd(x, _select(start, index), n_samples, max_iter=iters)
+    out = assign.copy()
+    out[clients] = res.labels
+    return out, weighted_centroids(params, res.labels, n_samples, start), KMeansExtras(
+        kmeans_iters=km.kmeans_iters + res.n_iter, kmeans_converged=int(res.converged),
+        kmeans_inertia=res.inertia, kmeans_reseeded=len(picks))
+
+
+def cluster_step(
+    cfg: FeSEMConfig, index: torch.Tensor | None, assign: np.ndarray,
+    centers: torch.Tensor | None, start: torch.Tensor, clients: np.ndarray,
+    params: torch.Tensor, n_samples: np.ndarray, seed: int,
+) -> tuple[np.ndarray, torch.Tensor, KMeansExtras]:
+    """FeSEM's server step: k-means on (the `index` layers of) the round's models (`clients`'
+    rows of `params`) → the whole federation's assignment (clients not in the round keep
+    theirs), the `[K, d]` centers (weighted means of the members' full vectors; a center
+    without members keeps its value, Θ_0 at the first clustering) and the step's extras.
+    `centers` None: the first clustering, `kmeans_restarts` k-means++ starts drawn from
+    `seed`; otherwise Lloyd from the current centers, so cluster ids stay stable. Then, with
+    `empty_centers = "reseed"`, `reseed_empty`."""
+    x, w = _select(params, index), np.asarray(n_samples)
     if centers is None:
-        res = kmeans(x, min(k, len(x)), rng, weights, n_init=restarts, max_iter=iters)
-        previous = fallback
+        res = kmeans(x, min(cfg.n_clusters, len(x)), np.random.default_rng(seed), w,
+                     n_init=cfg.kmeans_restarts, max_iter=cfg.kmeans_iters)
+        previous = start[None].repeat(cfg.n_clusters, 1)
     else:
-        res = lloyd(x, _select(centers, index), weights, max_iter=iters)
+        res = lloyd(x, _select(centers, index), w, max_iter=cfg.kmeans_iters)
         previous = centers
-    full = weighted_centroids(params, res.labels, weights, previous)
-    info = KMeansExtras(kmeans_iters=res.n_iter, kmeans_converged=int(res.converged),
-                        kmeans_inertia=res.inertia)
-    return res.labels, full, info
+    km = KMeansExtras(kmeans_iters=res.n_iter, kmeans_converged=int(res.converged),
+                      kmeans_inertia=res.inertia)
+    new = weighted_centroids(params, res.labels, w, previous)
+    out = assign.copy()
+    out[clients] = res.labels
+    if cfg.empty_centers == "reseed":
+        return reseed_empty(out, new, clients, params, w, index, cfg.kmeans_iters, km)
+    return out, new, km
+
+
+@dataclass
+class KMeansInput:
+    """The models a round hands to its k-means (the `KMEANS` phase): kept in the state from
+    the round's replies to its k-means only, so None between rounds (and in checkpoints)."""
+
+    clients: np.ndarray  # whose models, row by row
+    params: torch.Tensor  # [n, d]
+    n_samples: np.ndarray  # the k-means weights
+    losses: list[float | None]  # the round's mean training loss(es), for its extras
+    warmup: int  # 1 in the last warm-up round
 
 
 @dataclass
@@ -208,6 +252,23 @@ class FeSEMState:
     #: gathers them (`first_clustering`; None otherwise), and which rows hold one
     first: torch.Tensor | None = field(default=None, kw_only=True)
     first_seen: np.ndarray | None = field(default=None, kw_only=True)
+    pending: KMeansInput | None = field(default=None, kw_only=True)  # see `KMeansInput`
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeSEMAsk(Ask[Any]):
+    """A round's message and how to read its reply: `clients` the round's clients (the order
+    of every reply's rows), `parts` the requests each of them got (FeSEM 1, FeSEM-CAM 2),
+    `newcomers` whether the message starts with the newcomers' `LossRequest`."""
+
+    clients: np.ndarray
+    parts: int
+    newcomers: bool
+
+
+#: the phase of the warm-up's local training, and of a round's k-means (after the replies:
+#: it draws the k-means seed, so a round without k-means draws none, as before)
+WARMUP, KMEANS = "warmup", "kmeans"
 
 
 class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
@@ -222,44 +283,95 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         self.state = FeSEMState(ctx.factory.init(ctx.seed),
                                 np.full(ctx.n_clients, -1, dtype=np.int64), None, None)
         self.index = layer_index(ctx.factory, self.config.kmeans_layers)
+        self.train_sizes = np.asarray(ctx.train_sizes)  # the first k-means' weights
 
     # ------------------------------------------------------------------ rounds
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
+    def ask(self, state: FeSEMState, t: int, phase: str,
+            ctx: Context) -> Ask[Any] | Update[FeSEMState]:
+        """Warm-up: every client continues its own model (the last warm-up round uploads it
+        for the first clustering). Then: the sampled clients train from their center (with
+        the pull λ), in one message with the newcomers' center losses (`_message`). The
+        k-means phase needs no message: it draws its seed and runs `cluster_step`."""
+        if phase == KMEANS:
+            return self._kmeans(state, ctx.next_seed())
         if t <= self.config.warmup_rounds:
-            return self._warmup_round(ctx, t)
+            clients = np.arange(ctx.n_clients)
+            return Ask(TrainRequest(clients, self._local(state), clients, ctx.training,
+                                    ctx.next_seed(), models_held=True,
+                                    keep_local=t != self.config.warmup_rounds), WARMUP)
         clients = ctx.sample_round(self.config)
-        starts, start_of = self.starts(clients)
-        (reply,) = self._send_round(ctx, clients, [TrainRequest(
+        starts, start_of = self.starts(state, clients)
+        return self._message(state, clients, [TrainRequest(
             clients, starts, start_of, replace(ctx.training, mu=self.config.lam),
             ctx.next_seed())], ["model"])
-        km = self._cluster(ctx, reply.clients, reply.params, reply.n_samples)
-        return self._extras(mean_finite(reply.loss), km, warmup=0)
 
-    def _cluster(self, ctx: Context, clients: np.ndarray, params: torch.Tensor,
-                 n_samples: np.ndarray) -> KMeansExtras | None:
-        """The round's k-means; before the first clustering, gather the models trained from
-        Θ_0 until `first_clustering` of the clients have sent one, then the first k-means on
-        all of them (every client every round: in the first round, as before)."""
-        st = self.state
-        if st.centers is not None:
-            return self._recluster(ctx, clients, params, n_samples)
-        n = len(st.assign)
-        if st.first is None or st.first_seen is None:
-            st.first = torch.zeros(n, params.shape[1], dtype=params.dtype)
-            st.first_seen = np.zeros(n, dtype=bool)
-        st.first[torch.as_tensor(clients, dtype=torch.long)] = params
-        st.first_seen[clients] = True
-        if st.first_seen.sum() < min(n, math.ceil(self.config.first_clustering * n)):
-            return None
-        seen = np.flatnonzero(st.first_seen)
-        models = st.first[torch.from_numpy(seen)]
-        st.first, st.first_seen = None, None
-        return self._recluster(ctx, seen, models, np.asarray(ctx.train_sizes)[seen])
+    def update(self, state: FeSEMState, t: int, ask: Ask[Any],
+               reply: Any) -> Update[FeSEMState]:
+        if ask.phase == WARMUP:
+            return self._warm_update(state, t, reply)
+        assert isinstance(ask, FeSEMAsk)
+        (trained,) = self._replies(ask, reply)
+        return self._gather(state, trained.clients, trained.params, trained.n_samples,
+                            [mean_finite(trained.loss)])
 
-    def _send_round(self, ctx: Context, clients: np.ndarray, requests: list[Any],
-                    intos: list[Literal["model", "offset"]]) -> list[Any]:
-        """Send the round's `requests` (each for all of `clients`, in that order) as one
-        message per client; one reply per request, its rows in `clients` order.
+    def _local(self, state: FeSEMState) -> torch.Tensor:
+        """The warm-up's client models (Θ_0 for everybody before the first round)."""
+        n = len(state.assign)
+        return state.local if state.local is not None else state.start[None].repeat(n, 1)
+
+    def _warm_update(self, state: FeSEMState, t: int,
+                     reply: TrainReply) -> Update[FeSEMState]:
+        """Keep the returned local models (absent clients keep theirs); the last warm-up
+        round hands every client's model to the first k-means."""
+        local = self._local(state).clone()
+        local[torch.from_numpy(reply.clients)] = reply.params
+        loss = mean_finite(reply.loss)
+        if t < self.config.warmup_rounds:
+            return Update(replace(state, local=local), self._extras(state, [loss], 1, None))
+        every = np.arange(len(state.assign))
+        pending = KMeansInput(every, local, self.train_sizes, [loss], warmup=1)
+        return Update(replace(state, local=None, pending=pending), then=KMEANS)
+
+    def _gather(self, state: FeSEMState, clients: np.ndarray, params: torch.Tensor,
+                n_samples: np.ndarray, losses: list[float | None]) -> Update[FeSEMState]:
+        """The round's models for its k-means; before the first clustering, gather the models
+        trained from Θ_0 until `first_clustering` of the clients have sent one, then the first
+        k-means on all of them (every client every round: in the first round, as before).
+        No k-means phase when there is nothing to cluster."""
+        pending = KMeansInput(clients, params, n_samples, losses, warmup=0)
+        if state.centers is None:
+            n = len(state.assign)
+            if state.first is None or state.first_seen is None:
+                first = torch.zeros(n, params.shape[1], dtype=params.dtype)
+                seen = np.zeros(n, dtype=bool)
+            else:
+                first, seen = state.first.clone(), state.first_seen.copy()
+            first[torch.as_tensor(clients, dtype=torch.long)] = params
+            seen[clients] = True
+            if seen.sum() < min(n, math.ceil(self.config.first_clustering * n)):
+                state = replace(state, first=first, first_seen=seen)
+                return Update(state, self._extras(state, losses, 0, None))
+            rows = np.flatnonzero(seen)
+            pending = KMeansInput(rows, first[torch.from_numpy(rows)], self.train_sizes[rows],
+                                  losses, warmup=0)
+            state = replace(state, first=None, first_seen=None)
+        if not len(pending.clients):
+            return Update(state, self._extras(state, losses, 0, None))
+        return Update(replace(state, pending=pending), then=KMEANS)
+
+    def _kmeans(self, state: FeSEMState, seed: int) -> Update[FeSEMState]:
+        """The k-means phase: `cluster_step` on the round's models, then the round's extras."""
+        got = state.pending
+        assert got is not None
+        assign, centers, km = cluster_step(self.config, self.index, state.assign, state.centers,
+                                           state.start, got.clients, got.params, got.n_samples,
+                                           seed)
+        new = replace(state, assign=assign, centers=centers, pending=None)
+        return Update(new, self._extras(new, got.losses, got.warmup, km))
+
+    def _message(self, state: FeSEMState, clients: np.ndarray, requests: list[Any],
+                 intos: list[Literal["model", "offset"]]) -> FeSEMAsk:
+        """The round's `requests` (each for all of `clients`) as one message per client.
 
         `newcomer_start = "least_loss"` (module doc): a client not yet clustered, once centers
         exist, first computes the K centers' training losses (a `LossRequest`) and starts
@@ -267,105 +379,51 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         request takes that center by a `Pick` (`intos[i]`: the request's model, or the member
         of its offset predictor, FeSEM-CAM's global step). A newcomer whose loss step fails
         does not train this round. k-means still decides its cluster."""
-        st = self.state
         new = np.zeros(0, dtype=np.int64)
-        if self.config.newcomer_start == "least_loss" and st.centers is not None:
-            new = clients[st.assign[clients] < 0]
+        if self.config.newcomer_start == "least_loss" and state.centers is not None:
+            new = clients[state.assign[clients] < 0]
         if not len(new):
-            if len(requests) == 1:
-                return [ctx.send(requests[0])]
-            return list(ctx.send(Steps.of(*requests)).replies)
-        assert st.centers is not None  # newcomers exist only once centers do
-        old = clients[st.assign[clients] >= 0]
-        parts: list[Any] = [LossRequest(new, st.centers)]
+            one = requests[0] if len(requests) == 1 else Steps.of(*requests)
+            return FeSEMAsk(one, clients=clients, parts=len(requests), newcomers=False)
+        assert state.centers is not None  # newcomers exist only once centers do
+        old = clients[state.assign[clients] >= 0]
+        parts: list[Any] = [LossRequest(new, state.centers)]
         picks = []
         for request, into in zip(requests, intos, strict=True):
             parts.append(select(request, new))
             picks.append(Pick(len(parts) - 1, 0, "loss", into))
         if len(old):
             parts += [select(request, old) for request in requests]
-        replies = ctx.send(Steps.of(*parts, picks=picks)).replies
-        out = []
-        for i in range(len(requests)):
-            pieces = [replies[1 + i]] + ([replies[1 + len(requests) + i]] if len(old) else [])
-            out.append(join(pieces, order=clients))
-        return out
+        return FeSEMAsk(Steps.of(*parts, picks=picks), clients=clients, parts=len(requests),
+                        newcomers=True)
 
-    def _extras(self, loss: float | None, km: KMeansExtras | None,
-                warmup: int) -> dict[str, Any]:
-        """The round's `FeSEMExtras` (`FeSEMKMeansExtras` when k-means ran), as a dict."""
-        extras = FeSEMExtras(train_loss=loss, warmup=warmup,
-                             cluster_sizes=cluster_sizes(self.state.assign,
-                                                         self.config.n_clusters))
+    @staticmethod
+    def _replies(ask: FeSEMAsk, reply: Any) -> list[Any]:
+        """One reply per request of `_message`, its rows in the round's client order."""
+        if not ask.newcomers:
+            return [reply] if ask.parts == 1 else list(reply.replies)
+        got, n = reply.replies, ask.parts
+        old = len(got) > 1 + n  # the clients already clustered got their own requests
+        return [join([got[1 + i]] + ([got[1 + n + i]] if old else []), order=ask.clients)
+                for i in range(n)]
+
+    def _extras(self, state: FeSEMState, losses: list[float | None], warmup: int,
+                km: KMeansExtras | None) -> RoundExtras:
+        """The round's `FeSEMExtras` (`FeSEMKMeansExtras` when k-means ran)."""
+        extras = FeSEMExtras(train_loss=losses[0], warmup=warmup,
+                             cluster_sizes=cluster_sizes(state.assign, self.config.n_clusters))
         if km is None:
-            return extras.to_dict()
-        return FeSEMKMeansExtras(**extras.to_dict(), **km.to_dict()).to_dict()
+            return extras
+        return FeSEMKMeansExtras(**extras.to_dict(), **km.to_dict())
 
-    def _warmup_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        """Local training only: every client continues its own model on its device. In the
-        last warm-up round the clients upload their models for the first clustering."""
-        st, n = self.state, ctx.n_clients
-        if st.local is None:
-            st.local = st.start[None].repeat(n, 1)
-        clients = np.arange(n)
-        last = t == self.config.warmup_rounds
-        reply = ctx.send(TrainRequest(clients, st.local, clients, ctx.training,
-                                      ctx.next_seed(), models_held=True, keep_local=not last))
-        st.local[torch.from_numpy(reply.clients)] = reply.params  # absent: keep their model
-        km = None
-        if last:
-            km = self._recluster(ctx, clients, st.local, ctx.train_sizes)
-            st.local = None
-        return self._extras(mean_finite(reply.loss), km, warmup=1)
-
-    def starts(self, clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    def starts(self, state: FeSEMState,
+               clients: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """Start models `[K+1, d]` (centers, then Θ_0) and each client's row in it."""
-        st, k = self.state, self.config.n_clusters
-        centers = st.centers if st.centers is not None else st.start[None].repeat(k, 1)
-        rows = torch.cat([centers, st.start[None]])
-        a = st.assign[clients]
+        k = self.config.n_clusters
+        centers = state.centers if state.centers is not None else state.start[None].repeat(k, 1)
+        rows = torch.cat([centers, state.start[None]])
+        a = state.assign[clients]
         return rows, np.where(a >= 0, a, k).astype(np.int64)
-
-    def _recluster(self, ctx: Context, clients: np.ndarray, params: torch.Tensor,
-                   n_samples: np.ndarray) -> KMeansExtras | None:
-        """k-means on the uploaded models → new centers and assignments (None: no client)."""
-        st, cfg = self.state, self.config
-        if not len(clients):
-            return None
-        rng = np.random.default_rng(ctx.next_seed())
-        labels, centers, km = cluster_models(
-            params, np.asarray(n_samples), st.centers, cfg.n_clusters, self.index,
-            cfg.kmeans_iters, cfg.kmeans_restarts, rng,
-            fallback=st.start[None].repeat(cfg.n_clusters, 1))
-        st.centers = centers
-        st.assign[clients] = labels
-        if cfg.empty_centers == "reseed":
-            km = self._reseed_empty(clients, params, np.asarray(n_samples), km)
-        return km
-
-    def _reseed_empty(self, clients: np.ndarray, params: torch.Tensor, n_samples: np.ndarray,
-                      km: KMeansExtras) -> KMeansExtras:
-        """Restart every center without members from a far client model of the round, then
-        Lloyd again from the new centers on the round's clients (module doc)."""
-        st, cfg = self.state, self.config
-        assert st.centers is not None
-        k = cfg.n_clusters
-        sizes = np.bincount(st.assign[st.assign >= 0], minlength=k)
-        empty = np.flatnonzero(sizes == 0)
-        x = _select(params, self.index)
-        picks = farthest_movable(x, st.assign[clients], _select(st.centers, self.index),
-                                 sizes, len(empty))
-        if not picks:
-            return km
-        centers = st.centers.clone()
-        for j, i in zip(empty, picks):
-            centers[int(j)] = params[i]
-        res = lloyd(x, _select(centers, self.index), n_samples, max_iter=cfg.kmeans_iters)
-        st.centers = weighted_centroids(params, res.labels, n_samples, centers)
-        st.assign[clients] = res.labels
-        return KMeansExtras(kmeans_iters=km.kmeans_iters + res.n_iter,
-                            kmeans_converged=int(res.converged), kmeans_inertia=res.inertia,
-                            kmeans_reseeded=len(picks))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -375,7 +433,7 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         st = self.state
         if st.local is not None:
             return Predictor.single(st.local, np.arange(len(st.local)))
-        rows, row_of = self.starts(np.arange(len(st.assign)))
+        rows, row_of = self.starts(st, np.arange(len(st.assign)))
         return Predictor.single(rows, row_of)
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
@@ -397,7 +455,7 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
             dist[:, j] = answered(ids, reply.clients, d2, np.inf)
         ok = np.isfinite(dist).any(1)
         clusters = np.where(ok, np.argmin(dist, axis=1), -1).astype(np.int64)
-        rows, _ = self.starts(np.zeros(0, np.int64))
+        rows, _ = self.starts(st, np.zeros(0, np.int64))
         predictor = Predictor.single(rows, np.where(clusters >= 0, clusters, k))
         details = [{"moved": [round(float(v), 6) for v in row]} for row in np.sqrt(dist)]
         return Placement(ids, clusters, predictor, details)
@@ -410,6 +468,8 @@ __all__ = [
     "FeSEMKMeansExtras",
     "FeSEMState",
     "KMeansExtras",
-    "cluster_models",
+    "KMeansInput",
+    "cluster_step",
     "layer_index",
+    "reseed_empty",
 ]
