@@ -7,8 +7,9 @@
   weights, on label-set clusters — its mixture is over p(y|x); FedSoft: argmax of the
   importance weights, on rotations);
 - new-client placement: the trained clients placed as if new land in their own clusters;
-- options: FedEM's "all"-client averaging equals the paper's when everybody trains and
-  differs under sampling; FedSoft's selection of per_cluster clients.
+- options: FedSoft's selection of per_cluster clients.
+The server steps alone (averages, selection, importance weights) on hand-built replies:
+tests/algorithms/test_mixture_steps.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from clusterfl.algorithms.base import Context
 from clusterfl.algorithms.fedem import FedEM, FedEMConfig
-from clusterfl.algorithms.fedsoft import FedSoft, FedSoftConfig, importance_weights
+from clusterfl.algorithms.fedsoft import FedSoft, FedSoftConfig
 from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.data.federation import Federation
@@ -136,11 +137,6 @@ def test_fedsoft_one_round_by_hand(backend: str) -> None:
     assert alg.assignment().tolist() == [int(torch.argmax(u[c])) for c in range(2)]
 
 
-def test_importance_weights_smooth_zero_counts() -> None:
-    u = importance_weights(np.array([[3, 0, 1], [0, 0, 0]]), np.array([4, 0]), 0.01)
-    np.testing.assert_allclose(u, [[0.75, 0.01, 0.25], [0.01, 0.01, 0.01]])
-
-
 # ----------------------------------------------------------------------------- federations
 def tiny(algorithm: dict[str, Any], scenario: dict[str, Any], rounds: int,
          **tables: Any) -> dict[str, Any]:
@@ -183,26 +179,6 @@ def test_fedem_finds_the_label_set_clusters_and_places_them_again() -> None:
     assert placed.clusters.tolist() == exp.algorithm.assignment().tolist()
     ev = ctx.send(EvaluateRequest(placed.clients, placed.predictor))
     np.testing.assert_allclose(ev.accuracy, last.client_accuracy, atol=0.05)
-
-
-def test_fedem_averaging_over_all_clients_is_the_code_rule() -> None:
-    full = tiny({"name": "fedem", "n_components": 2}, LABEL_SETS, 2)
-    a, _ = _run(full)
-    b, _ = _run({**full, "algorithm": {**full["algorithm"], "aggregate": "all"}})
-    # everybody trains: Σ_t (n_t/n) θ_{m,t} either way
-    torch.testing.assert_close(a.algorithm.state.models, b.algorithm.state.models,
-                               rtol=1e-5, atol=1e-6)
-    half = {**full, "rounds": 1, "algorithm": {**full["algorithm"], "fraction": 0.5}}
-    c, _ = _run(half)
-    d, _ = _run({**half, "algorithm": {**half["algorithm"], "aggregate": "all"}})
-    start = FedEM(FedEMConfig(name="fedem", n_components=2))
-    start.setup(_ctx(c))
-    trained = c.algorithm.state.models  # the mean of the sampled clients' θ_{m,t}
-    sizes = c.federation.train_sizes.astype(float)
-    p = sizes[c.algorithm.state.trained].sum() / sizes.sum()  # their share of all data
-    torch.testing.assert_close(d.algorithm.state.models,
-                               p * trained + (1 - p) * start.state.models,
-                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("per_cluster", [None, 3])

@@ -4,6 +4,7 @@ server math (A, Ã, Ω, Ward, the automatic C) is tested in tests/clustering/.""
 
 import argparse
 import json
+import tomllib
 
 import numpy as np
 import pytest
@@ -126,6 +127,7 @@ def test_clients_without_a_signature_become_their_own_clusters(aggregation):
                                               "finetune_epochs": 0, "aggregation": aggregation}))
     algo.setup(ctx)
     extras = algo.run_round(ctx, 1)
+    assert isinstance(extras, flt.FLTClusteringExtras)
     assert ctx.guard is not None
     assert [r["client"] for r in ctx.guard.end_round()["rejected"]] == [3]
     labels = algo.assignment()
@@ -134,14 +136,14 @@ def test_clients_without_a_signature_become_their_own_clusters(aggregation):
     truth = fed.clusters[others]  # the others are still clustered correctly
     assert np.array_equal(labels[others][:, None] == labels[others][None],
                           truth[:, None] == truth[None])
-    assert extras["rejected_signatures"] == 2 and extras["n_clusters_found"] == 5
+    assert extras.rejected_signatures == 2 and extras.n_clusters_found == 5
     assert algo.relatedness()["signature_clients"].tolist() == others.tolist()
     a = algo.relatedness()["adjacency"]
     assert np.isinf(a[3, others]).all() and a[5, 5] == 0.0
-    assert np.all(np.asarray(extras["adjacency"])[[3, 5]][:, others] == -1.0)
+    assert np.all(np.asarray(extras.adjacency)[[3, 5]][:, others] == -1.0)
     d_enc = encoders.resolve("none", (1, 8, 8), 16, 1, 0).params.numel()
-    assert extras["clustering_floats_down"] == 12 * d_enc  # every listed client got it
-    assert extras["clustering_floats_up"] == 10 * 3 * 16  # signatures that arrived
+    assert extras.clustering_floats_down == 12 * d_enc  # every listed client got it
+    assert extras.clustering_floats_up == 10 * 3 * 16  # signatures that arrived
     rows = 12 if aggregation == "relatedness" else 5
     assert algo.state.models.shape[0] == rows
     assert algo.predictor().members.max() < rows
@@ -263,7 +265,9 @@ def test_state_dict_round_trip_and_resume(tmp_path):
     assert isinstance(other.state, flt.FLTState)
     assert np.array_equal(other.assignment(), ref.algorithm.assignment())
     assert other.state.labels.dtype == np.int64 and other.state.clustered
-    assert other.state.info == ref.algorithm.state.info
+    for name in ("map_seed", "encoder", "clustering_floats_down", "clustering_floats_up",
+                 "n_clusters_found", "rejected_signatures", "clustering_round"):
+        assert getattr(other.state, name) == getattr(ref.algorithm.state, name), name
     for key, value in ref.algorithm.relatedness().items():
         assert other.relatedness()[key].dtype == value.dtype
         np.testing.assert_array_equal(other.relatedness()[key], value)
@@ -315,3 +319,18 @@ def test_large_federations_keep_matrices_out_of_the_history(tmp_path, monkeypatc
     assert hist.records[0].extras["clustering_floats_up"] == 12 * 3 * 16
     drawn = flt_figures.figures(tmp_path / "run", hist.records, hist.summary)  # from the npz
     assert "flt_adjacency.png" in {p.name for p in drawn}
+
+
+def test_config_without_threshold_loads_again_without_one():
+    """Issue 35 (`threshold = none` cannot be written in TOML): FLT without γ saved a
+    config.toml without the key, which loaded again with the default γ = 1.0 (another
+    clustering); it is written `threshold = "none"` now, and that loads."""
+    from clusterfl.config import dump_toml
+
+    cfg = load_config(config({"name": "flt", "threshold": "none", "aggregation": "clusters"}))
+    assert cfg.algorithm.threshold is None  # type: ignore[attr-defined]
+    text = dump_toml(cfg.to_dict())
+    assert 'threshold = "none"' in text
+    again = load_config(tomllib.loads(text))
+    assert again.algorithm.threshold is None  # type: ignore[attr-defined]
+    assert again.algorithm.model_dump() == cfg.algorithm.model_dump()

@@ -2,9 +2,12 @@
 checked by hand on a toy whose angles are known, against the true clusters on digits,
 placement of newcomers, clients without a basis, resume and config errors. The client SVD is
 tested in tests/engine/test_subspace_request.py, the server maths in
-tests/clustering/test_principal_angles.py."""
+tests/clustering/test_principal_angles.py, the cut alone (proximity → clusters at β) in
+tests/algorithms/test_oneshot_steps.py."""
 
 from __future__ import annotations
+
+import tomllib
 
 import numpy as np
 import pytest
@@ -14,9 +17,10 @@ from tests.crash import crash_then_resume
 
 from clusterfl.algorithms import ALGORITHMS
 from clusterfl.algorithms.base import Context
-from clusterfl.algorithms.pacfl import PACFL, PACFLConfig, PACFLState
+from clusterfl.algorithms.pacfl import PACFL, PACFLClusteringExtras, PACFLConfig, PACFLState
 from clusterfl.backends.sequential import SequentialBackend
-from clusterfl.config import load_config
+from clusterfl.cli_place import load_state, place_clients
+from clusterfl.config import dump_toml, load_config, read_toml
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.errors import ConfigError
@@ -137,8 +141,7 @@ def test_placement_of_newcomers_and_of_known_clients():
     assert placed.details is not None and all(d["within_threshold"] for d in placed.details)
     assert placed.predictor.members[:, 0].tolist() == placed.clusters.tolist()
     after = algo.state_dict()  # placement does not change the state
-    assert all(np.array_equal(np.asarray(before[k]), np.asarray(after[k])) for k in before
-               if k != "info")
+    assert all(np.array_equal(np.asarray(before[k]), np.asarray(after[k])) for k in before)
 
 
 class NoBasis(SequentialBackend):
@@ -158,12 +161,13 @@ def test_clients_without_a_basis_become_their_own_clusters():
     algo = PACFL(PACFLConfig(p=1, threshold=25.0, fraction=1.0))
     algo.setup(ctx)
     extras = algo.run_round(ctx, 1)
+    assert isinstance(extras, PACFLClusteringExtras)
     labels = algo.assignment()
     assert labels[0] != labels[1] != labels[2] and labels[2] != labels[0]
     assert labels[3] not in labels[[1, 2]]
-    assert extras["missing_signatures"] == 2 and extras["n_clusters_found"] == 4
-    assert extras["signature_floats_up"] == 2 * 4  # two bases of 1 × e = 4 arrived
-    assert np.asarray(extras["proximity"])[1, 0] == -1.0
+    assert extras.missing_signatures == 2 and extras.n_clusters_found == 4
+    assert extras.signature_floats_up == 2 * 4  # two bases of 1 × e = 4 arrived
+    assert np.asarray(extras.proximity)[1, 0] == -1.0
     assert algo.state.models.shape[0] == 4
 
 
@@ -182,6 +186,10 @@ def test_state_round_trip_and_resume(tmp_path):
     assert other.state.bases.dtype == np.float32 and other.state.labels.dtype == np.int64
     np.testing.assert_array_equal(other.state.proximity, ref.algorithm.state.proximity)
     assert torch.equal(other.predictor().models, ref.algorithm.predictor().models)
+    old = ref.algorithm.state_dict()  # the layout before issue 34: a bag `info`, no round
+    del old["clustering_round"]
+    with pytest.raises(ValueError, match="clustering_round"):  # refused, not half-restored
+        other.load_state_dict({**old, "info": {"n_clusters_found": 3}})
 
 
 def test_config_errors_name_the_field():
@@ -200,3 +208,47 @@ def test_config_errors_name_the_field():
     algo = PACFL(PACFLConfig())
     algo.setup(context(lines_federation()))
     assert algo.place(context(lines_federation()), [0, 2]).tolist() == [-1, -1]  # not yet
+
+
+def test_p_above_the_input_size_is_refused_instead_of_booking_padding():
+    """Issue 35: p = 1152 on 8×8 digits (e = 64) booked 18× the real basis traffic (at most
+    e columns carry a basis; the rest was zero padding). Refused in one line naming p."""
+    with pytest.raises(ConfigError) as err:
+        Experiment.from_config({**CONFIG, "algorithm": {"name": "pacfl", "p": 18 * 64}}
+                               ).run(progress=False)
+    assert err.value.field == "algorithm.p" and "allowed: 1..64" in str(err.value)
+    algo = PACFL(PACFLConfig(p=4, fraction=1.0, threshold=25.0))  # p = e: the whole space
+    ctx = context(lines_federation())
+    algo.setup(ctx)
+    extras = algo.run_round(ctx, 1)
+    assert isinstance(extras, PACFLClusteringExtras)
+    assert extras.signature_floats_up == 4 * (4 * 4)  # 4 clients, e · p = 4 · 4 each
+
+
+def test_saved_config_toml_with_n_clusters_loads_again_and_places(tmp_path):
+    """Issue 35: with `n_clusters` set, the run's config.toml held the default β too and
+    could not be read back ("not both"), so `clusterfl place` failed."""
+    cfg = {**CONFIG, "rounds": 1, "checkpoint_every": 1,
+           "algorithm": {"name": "pacfl", "fraction": 0.5, "n_clusters": 3}}
+    exp = Experiment.from_config(cfg, out_dir=tmp_path / "run")
+    exp.run(progress=False)
+    back = load_config(read_toml(tmp_path / "run" / "config.toml"))
+    assert back.algorithm.model_dump() == exp.config.algorithm.model_dump()
+    assert back.algorithm.cut() == (None, 3)  # type: ignore[attr-defined]
+    saved, _ = load_state(tmp_path / "run")
+    rows, _ = place_clients(tmp_path / "run", saved, "0-11", [])
+    assert [r["cluster"] for r in rows] == [r["run_cluster"] for r in rows]  # its own again
+    assert [r["run_cluster"] for r in rows] == exp.algorithm.assignment().tolist()
+
+
+def test_threshold_none_can_be_written_in_toml():
+    """Issue 35: no β (the largest gap) could not be written in TOML, and a run without one
+    saved a config.toml that loaded with the default β = 3.5. `threshold = "none"` now."""
+    raw = tomllib.loads('[algorithm]\nname = "pacfl"\nthreshold = "none"\n')["algorithm"]
+    cfg = load_config({**CONFIG, "algorithm": raw})
+    assert cfg.algorithm.threshold is None  # type: ignore[attr-defined]
+    text = dump_toml(cfg.to_dict())
+    assert 'threshold = "none"' in text
+    again = load_config(tomllib.loads(text))
+    assert again.algorithm.model_dump() == cfg.algorithm.model_dump()
+    assert again.algorithm.cut() == (None, None)  # type: ignore[attr-defined]

@@ -48,7 +48,7 @@ Our choices and the authors' code's departures:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -57,15 +57,18 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import (
     Algorithm,
+    Ask,
     Context,
     Placement,
     SampledConfig,
+    Update,
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.protocol import (
     Combine,
     MixtureFitRequest,
+    MixtureTrainReply,
     MixtureTrainRequest,
     Predictor,
     mean_finite,
@@ -123,37 +126,35 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
         # regression: the mixture's mean output (the prediction minimising the squared error)
         self.combine: Combine = ("mean_outputs" if ctx.backend.federation.task == "regression"
                                  else "mean_probs")
+        self.sizes = np.asarray(ctx.train_sizes, dtype=np.float64)  # p_t of aggregate = "all"
         self.state = FedEMState(ctx.factory.init_many(m, ctx.seed),
                                 np.full((ctx.n_clients, m), 1.0 / m),
                                 np.zeros(ctx.n_clients, dtype=bool))
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        st, cfg = self.state, self.config
-        clients = ctx.sample_round(cfg)
-        reply = ctx.send(MixtureTrainRequest(clients, st.models, st.weights[clients],
-                                             ctx.training, ctx.next_seed()))
+    def ask(self, state: FedEMState, t: int, phase: str,
+            ctx: Context) -> Ask[MixtureTrainReply]:
+        """The sampled clients get the M models and their own π (E-step and M-step on the
+        device)."""
+        clients = ctx.sample_round(self.config)
+        return Ask(MixtureTrainRequest(clients, state.models, state.weights[clients],
+                                       ctx.training, ctx.next_seed()))
+
+    def update(self, state: FedEMState, t: int, ask: Ask[Any],
+               reply: MixtureTrainReply) -> Update[FedEMState]:
+        """The answering clients' π are kept; each component is averaged (`aggregate`)."""
         got = reply.clients
         if len(got):
-            st.weights[got] = reply.weights
-            st.trained[got] = True
-            st.models = self._aggregate(ctx, reply.params, reply.n_samples, got)
-        return FedEMExtras(
+            weights, trained = state.weights.copy(), state.trained.copy()
+            weights[got] = reply.weights
+            trained[got] = True
+            sizes = self.sizes if self.config.aggregate == "all" else None
+            state = replace(state, weights=weights, trained=trained, models=aggregate_components(
+                state.models, reply.params, reply.n_samples, got, sizes))
+        return Update(state, FedEMExtras(
             train_loss=mean_finite(reply.loss),
-            cluster_sizes=cluster_sizes(self.assignment(), cfg.n_components),
-            weight_entropy=_entropy(st.weights[st.trained]),
-        ).to_dict()
-
-    def _aggregate(self, ctx: Context, params: torch.Tensor, n_samples: np.ndarray,
-                   got: np.ndarray) -> torch.Tensor:
-        """New [M, d] components from the answering clients' `[n, M, d]` models."""
-        w = np.asarray(n_samples, dtype=np.float64)
-        if self.config.aggregate == "all":  # p_t = n_t / n over all clients (static weights)
-            sizes = np.asarray(ctx.train_sizes, dtype=np.float64)
-            p = torch.as_tensor(sizes[got] / sizes.sum(), dtype=params.dtype)
-            rest = 1.0 - float(p.sum())
-            return torch.einsum("n,nmd->md", p, params) + rest * self.state.models
-        p = torch.as_tensor(w / w.sum(), dtype=params.dtype)
-        return torch.einsum("n,nmd->md", p, params)
+            cluster_sizes=cluster_sizes(mixture_assignment(state.weights, state.trained),
+                                        self.config.n_components),
+            weight_entropy=_entropy(state.weights[state.trained])))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -185,6 +186,21 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
         return Placement(clients, clusters, pred, details)
 
 
+def aggregate_components(models: torch.Tensor, params: torch.Tensor, n_samples: np.ndarray,
+                         got: np.ndarray, sizes: np.ndarray | None = None) -> torch.Tensor:
+    """New `[M, d]` components from the answering clients' `[n, M, d]` models `params`:
+    the mean weighted by their `n_samples` (`aggregate = "sampled"`), or with `sizes` (every
+    client's data size, `aggregate = "all"`) Σ_{t∈got} p_t θ_{m,t} + (1 − Σ_{t∈got} p_t) θ_m,
+    p_t = n_t / n over all clients."""
+    if sizes is not None:
+        p = torch.as_tensor(sizes[got] / sizes.sum(), dtype=params.dtype)
+        rest = 1.0 - float(p.sum())
+        return torch.einsum("n,nmd->md", p, params) + rest * models
+    w = np.asarray(n_samples, dtype=np.float64)
+    p = torch.as_tensor(w / w.sum(), dtype=params.dtype)
+    return torch.einsum("n,nmd->md", p, params)
+
+
 def _entropy(weights: np.ndarray) -> float | None:
     """Mean entropy (nats) of the rows of `weights` (None without rows)."""
     if len(weights) == 0:
@@ -193,4 +209,5 @@ def _entropy(weights: np.ndarray) -> float | None:
     return float(np.mean(-(w * np.log(w)).sum(1)))
 
 
-__all__ = ["FedEM", "FedEMConfig", "FedEMExtras", "FedEMState", "mixture_assignment"]
+__all__ = ["FedEM", "FedEMConfig", "FedEMExtras", "FedEMState", "aggregate_components",
+           "mixture_assignment"]

@@ -63,14 +63,24 @@ import torch
 from pydantic import Field
 
 from clusterfl.algorithms.base import (
+    FIRST,
     Algorithm,
+    Ask,
     Context,
     Placement,
     SampledConfig,
+    Update,
     check_k_fits,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
-from clusterfl.protocol import BestCountRequest, Predictor, TrainRequest, mean_finite
+from clusterfl.protocol import (
+    BestCountReply,
+    BestCountRequest,
+    Predictor,
+    TrainReply,
+    TrainRequest,
+    mean_finite,
+)
 from clusterfl.records import RoundExtras
 
 
@@ -114,6 +124,17 @@ class FedSoftState:
     estimated: np.ndarray  # [n_clients] bool, the client reported an estimate
 
 
+#: the phases of a round: the importance estimation (every τ rounds), the training
+ESTIMATE, TRAIN = "estimate", "train"
+
+
+@dataclass(frozen=True)
+class SelectionAsk(Ask[TrainReply]):
+    """The training request and, per cluster, the clients selected for it (None: none)."""
+
+    chosen: list[np.ndarray] | None = None
+
+
 class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
     """FedSoft (Ruan & Joe-Wong 2022): S cluster models, soft importance weights, proximal
     updates of personalised models."""
@@ -131,74 +152,54 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
             np.full((ctx.n_clients, s), 1.0 / s), np.zeros(ctx.n_clients, dtype=bool))
 
     # ------------------------------------------------------------------ rounds
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        st, cfg = self.state, self.config
-        estimate = (t - 1) % cfg.estimation_interval == 0
-        if estimate:
-            self._estimate(ctx)
+    def _estimating(self, t: int) -> bool:
+        return (t - 1) % self.config.estimation_interval == 0
+
+    def ask(self, state: FedSoftState, t: int, phase: str, ctx: Context) -> Ask[Any]:
+        """An estimation round first asks every client for its least-loss counts; then the
+        round's sample, the selected clients (`per_cluster`), the proximal training."""
+        cfg = self.config
+        if phase == FIRST and self._estimating(t):
+            return Ask(BestCountRequest(np.arange(ctx.n_clients), state.models), ESTIMATE)
         pool = ctx.sample_round(cfg)
-        selected, chosen = self._select(ctx, pool)
+        selected, chosen = select_clients(ctx.rng, pool, state.importance[pool],
+                                          np.asarray(ctx.train_sizes, dtype=np.float64)[pool],
+                                          cfg.per_cluster)
         training = replace(ctx.training, mu=float(cfg.mu))
-        reply = ctx.send(TrainRequest(
-            selected, st.personal[torch.from_numpy(selected)], np.arange(len(selected)),
-            training, ctx.next_seed(), models_held=True, prox_models=st.models,
-            prox_weights=st.importance[selected], prox_held=estimate))
-        got = reply.clients
+        return SelectionAsk(TrainRequest(
+            selected, state.personal[torch.from_numpy(selected)], np.arange(len(selected)),
+            training, ctx.next_seed(), models_held=True, prox_models=state.models,
+            prox_weights=state.importance[selected], prox_held=self._estimating(t)), TRAIN,
+            chosen=chosen)
+
+    def update(self, state: FedSoftState, t: int, ask: Ask[Any],
+               reply: Any) -> Update[FedSoftState]:
+        if ask.phase == ESTIMATE:  # u_ks = (samples c_s fits best) / n_k, zeros → σ
+            counts: BestCountReply = reply
+            if len(counts.clients):
+                importance, estimated = state.importance.copy(), state.estimated.copy()
+                importance[counts.clients] = importance_weights(
+                    counts.counts, counts.n_samples, self.config.sigma)
+                estimated[counts.clients] = True
+                state = replace(state, importance=importance, estimated=estimated)
+            return Update(state, then=TRAIN)
+        assert isinstance(ask, SelectionAsk)
+        trained: TrainReply = reply
+        got = trained.clients
         if len(got):
-            personal = st.personal.clone()
-            personal[torch.from_numpy(got)] = reply.params
-            st.personal = personal
-            st.models = self._aggregate(reply.params, got, reply.n_samples, chosen)
-        return FedSoftExtras(
-            train_loss=mean_finite(reply.loss),
-            cluster_sizes=cluster_sizes(self.assignment(), cfg.n_clusters),
-            estimated=int(estimate), selected=len(selected),
-        ).to_dict()
-
-    def _estimate(self, ctx: Context) -> None:
-        """u_ks = (samples on which c_s has the least loss) / n_k, zeros → σ (all clients)."""
-        st = self.state
-        reply = ctx.send(BestCountRequest(np.arange(ctx.n_clients), st.models))
-        if len(reply.clients):
-            st.importance[reply.clients] = importance_weights(
-                reply.counts, reply.n_samples, self.config.sigma)
-            st.estimated[reply.clients] = True
-
-    def _select(self, ctx: Context, pool: np.ndarray) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """The clients that train, and per cluster the clients selected for it (None: no
-        selection, every client of the pool trains)."""
-        k = self.config.per_cluster
-        if k is None or k >= len(pool):
-            return pool, None
-        sizes = np.asarray(ctx.train_sizes, dtype=np.float64)[pool]
-        chosen = []
-        for s in range(self.config.n_clusters):
-            share = self.state.importance[pool, s] * sizes
-            total = share.sum()
-            p = share / total if total > 0 else np.full(len(pool), 1.0 / len(pool))
-            take = min(k, int(np.count_nonzero(p)))
-            chosen.append(np.sort(ctx.rng.choice(pool, size=take, replace=False, p=p)))
-        return np.unique(np.concatenate(chosen)), chosen
-
-    def _aggregate(self, params: torch.Tensor, got: np.ndarray, n_samples: np.ndarray,
-                   chosen: list[np.ndarray] | None) -> torch.Tensor:
-        """c_s: uniform mean over the answering clients selected for s (selection), or
-        Σ_k v_sk w_k over the answering clients (no selection); kept when nobody counts."""
-        st = self.state
-        out = st.models.clone()
-        for s in range(self.config.n_clusters):
-            if chosen is None:
-                w = st.importance[got, s] * np.asarray(n_samples, dtype=np.float64)
-            else:
-                w = np.isin(got, chosen[s]).astype(np.float64)
-            if w.sum() > 0:
-                out[s] = torch.mv(params.t(), torch.as_tensor(w / w.sum(), dtype=params.dtype))
-        return out
+            personal = state.personal.clone()
+            personal[torch.from_numpy(got)] = trained.params
+            state = replace(state, personal=personal, models=aggregate_clusters(
+                state.models, trained.params, state.importance[got], trained.n_samples,
+                got, ask.chosen))
+        return Update(state, FedSoftExtras(
+            train_loss=mean_finite(trained.loss),
+            cluster_sizes=cluster_sizes(_argmax(state), self.config.n_clusters),
+            estimated=int(self._estimating(t)), selected=len(ask.request.clients)))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
-        st = self.state
-        return np.where(st.estimated, np.argmax(st.importance, axis=1), -1).astype(np.int64)
+        return _argmax(self.state)
 
     def predictor(self) -> Predictor:
         st = self.state
@@ -224,6 +225,48 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
                          details)
 
 
+def _argmax(state: FedSoftState) -> np.ndarray:
+    """argmax_s u_ks of every client (-1 before its first estimate)."""
+    return np.where(state.estimated, np.argmax(state.importance, axis=1), -1).astype(np.int64)
+
+
+def select_clients(rng: np.random.Generator, pool: np.ndarray, importance: np.ndarray,
+                   sizes: np.ndarray, per_cluster: int | None,
+                   ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+    """The clients of `pool` that train and, per cluster s, those selected for it: `per_cluster`
+    drawn without replacement with probabilities v_s ∝ u_ks n_k (`importance`, `sizes`: the
+    pool's rows). None: no selection (`per_cluster` unset or not below the pool's size), the
+    whole pool trains."""
+    if per_cluster is None or per_cluster >= len(pool):
+        return pool, None
+    chosen = []
+    for s in range(importance.shape[1]):
+        share = importance[:, s] * sizes
+        total = share.sum()
+        p = share / total if total > 0 else np.full(len(pool), 1.0 / len(pool))
+        take = min(per_cluster, int(np.count_nonzero(p)))
+        chosen.append(np.sort(rng.choice(pool, size=take, replace=False, p=p)))
+    return np.unique(np.concatenate(chosen)), chosen
+
+
+def aggregate_clusters(models: torch.Tensor, params: torch.Tensor, importance: np.ndarray,
+                       n_samples: np.ndarray, got: np.ndarray,
+                       chosen: list[np.ndarray] | None) -> torch.Tensor:
+    """New `[S, d]` cluster models from the answering clients `got` (their new w_k `params`,
+    their u_ks `importance`): c_s = the uniform mean over those selected for s (`chosen`),
+    or without selection Σ_k v_sk w_k, v_sk ∝ u_ks n_k; a cluster nobody counts for keeps
+    its model."""
+    out = models.clone()
+    for s in range(len(models)):
+        if chosen is None:
+            w = importance[:, s] * np.asarray(n_samples, dtype=np.float64)
+        else:
+            w = np.isin(got, chosen[s]).astype(np.float64)
+        if w.sum() > 0:
+            out[s] = torch.mv(params.t(), torch.as_tensor(w / w.sum(), dtype=params.dtype))
+    return out
+
+
 def importance_weights(counts: np.ndarray, n_samples: np.ndarray, sigma: float) -> np.ndarray:
     """u_ks = count_ks / n_k, a zero count (or a client without samples) → σ (FedSoft's
     smoothing; rows are not renormalised)."""
@@ -233,4 +276,5 @@ def importance_weights(counts: np.ndarray, n_samples: np.ndarray, sigma: float) 
     return np.where(u > 0, u, sigma)
 
 
-__all__ = ["FedSoft", "FedSoftConfig", "FedSoftExtras", "FedSoftState", "importance_weights"]
+__all__ = ["FedSoft", "FedSoftConfig", "FedSoftExtras", "FedSoftState", "aggregate_clusters",
+           "importance_weights", "select_clients"]

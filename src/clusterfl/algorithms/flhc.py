@@ -20,7 +20,8 @@ Our choices (the paper's values could not be read; every one is an option):
   (`auto_n_clusters`, as FLT): a raw threshold depends on the model, the learning rate and
   the local work, and the paper's recommended value is not known.
 - `warmup_rounds` n = 10 FedAvg rounds (ours; one third-party version uses 20); the
-  clustering happens in round n + 1.
+  clustering happens in round n + 1. A run of at most n rounds would never cluster (FedAvg
+  under FL+HC's name): `setup` refuses it, naming `warmup_rounds`.
 - Who takes part in the clustering round: every client, whatever the sampling (the paper
   does not say; the one third-party version leaves unsampled clients as a TODO). The
   clustering round costs N × (d down, d up) instead of the sampled share. Warm-up and
@@ -45,18 +46,27 @@ The maths: `clusterfl.clustering.hierarchical` (`feature_linkage`, `flat_cluster
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
+from clusterfl.algorithms.base import (
+    Algorithm,
+    Ask,
+    Context,
+    Placement,
+    SampledConfig,
+    Update,
+    check_k_fits,
+)
+from clusterfl.algorithms.oneshot import Threshold, cut_clients
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
-from clusterfl.clustering.hierarchical import feature_linkage, flat_clusters, pairwise_distances
+from clusterfl.clustering.hierarchical import feature_linkage, pairwise_distances
 from clusterfl.errors import ConfigError
-from clusterfl.protocol import Predictor, TrainRequest, mean_finite
+from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
 HISTORY_MAX_CLIENTS = 200  # above this, the linkage is not written into the history
@@ -73,8 +83,8 @@ class FLHCConfig(SampledConfig):
         "euclidean", description="distance between the clients' updates")
     linkage: Literal["ward", "average", "complete", "single"] = Field(
         "ward", description="agglomerative linkage (ward needs euclidean)")
-    threshold: float | None = Field(None, gt=0.0, description="merge while the linkage "
-                                    "distance ≤ threshold (the paper's rule)")
+    threshold: Threshold = Field(None, gt=0.0, description="merge while the linkage "
+                                 "distance ≤ threshold (the paper's rule; \"none\": no threshold)")
     n_clusters: int | None = Field(None, ge=1, description="cut into C clusters instead")
     max_clusters: int | None = Field(None, ge=1, description="bound on the largest-gap C "
                                      "(threshold and n_clusters unset)")
@@ -125,6 +135,19 @@ class FLHCState:
     centroids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
 
 
+#: the phase of the clustering round (n + 1)
+CLUSTERING = "clustering"
+
+
+def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
+                  cfg: FLHCConfig) -> tuple[np.ndarray, np.ndarray]:
+    """FL+HC's cut: the clients `good`'s updates (rows of `updates`) clustered by `metric` and
+    `linkage`, cut at `threshold`, into `n_clusters` or at the largest gap; each of the other
+    of the `n` clients its own cluster. Returns (labels of the n clients, the linkage)."""
+    z = feature_linkage(updates, cfg.metric, cfg.linkage)
+    return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters), z
+
+
 class FLHC(Algorithm[FLHCConfig, FLHCState]):
     """FL+HC: FedAvg warm-up, one hierarchical clustering of updates, FedAvg per cluster."""
 
@@ -133,70 +156,63 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
     State = FLHCState
 
     def setup(self, ctx: Context) -> None:
+        cfg, n = self.config, ctx.n_clients
+        if ctx.rounds is not None and cfg.warmup_rounds >= ctx.rounds:
+            raise ConfigError("algorithm.warmup_rounds", f"{cfg.warmup_rounds} warm-up rounds "
+                              f"leave no round to cluster in a run of {ctx.rounds} rounds (it "
+                              f"would be FedAvg); allowed: 0..{ctx.rounds - 1}, or more rounds")
+        check_k_fits(cfg.n_clusters or 1, n)
         self.state = FLHCState(models=ctx.factory.init(ctx.seed)[None].clone(),
-                               labels=np.full(ctx.n_clients, -1, dtype=np.int64))
+                               labels=np.full(n, -1, dtype=np.int64))
 
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        st, cfg = self.state, self.config
-        st.rounds_done += 1
-        if st.clustered:
-            return self._cluster_round(ctx).to_dict()
-        if st.rounds_done <= cfg.warmup_rounds:
-            return self._warmup_round(ctx).to_dict()
-        return self._clustering_round(ctx).to_dict()
-
-    def _warmup_round(self, ctx: Context) -> FLHCExtras:
-        st = self.state
+    def ask(self, state: FLHCState, t: int, phase: str, ctx: Context) -> Ask[TrainReply]:
+        """Warm-up and cluster rounds: the sampled clients train their (cluster's) model. The
+        clustering round: every client trains from θ^n."""
+        if not state.clustered and state.rounds_done + 1 > self.config.warmup_rounds:
+            n = len(state.labels)
+            return Ask(TrainRequest(np.arange(n), state.models[:1].clone(),
+                                    np.zeros(n, np.int64), ctx.training, ctx.next_seed()),
+                       CLUSTERING)
         clients = ctx.sample_round(self.config)
-        reply = ctx.send(TrainRequest(clients, st.models, np.zeros(len(clients), np.int64),
-                                      ctx.training, ctx.next_seed()))
-        if len(reply.clients):
-            st.models = weighted_mean(reply.params, reply.n_samples)[None]
-        return FLHCExtras(train_loss=mean_finite(reply.loss), warmup=1)
+        return Ask(TrainRequest(clients, state.models, np.maximum(state.labels[clients], 0),
+                                ctx.training, ctx.next_seed()))
 
-    def _clustering_round(self, ctx: Context) -> FLHCClusteringExtras:
-        cfg, st = self.config, self.state
-        n = len(st.labels)
-        anchor = st.models[:1].clone()
-        everyone = np.arange(n)
-        reply = ctx.send(TrainRequest(everyone, anchor, np.zeros(n, np.int64), ctx.training,
-                                      ctx.next_seed()))
+    def update(self, state: FLHCState, t: int, ask: Ask[Any],
+               reply: TrainReply) -> Update[FLHCState]:
+        state = replace(state, rounds_done=state.rounds_done + 1)
+        if ask.phase == CLUSTERING:
+            return self._clustered(state, reply)
+        loss = mean_finite(reply.loss)
+        if not state.clustered:  # FedAvg warm-up
+            if len(reply.clients):
+                state = replace(state, models=weighted_mean(reply.params, reply.n_samples)[None])
+            return Update(state, FLHCExtras(train_loss=loss, warmup=1))
+        models = average_members(state.models, reply.params, state.labels[reply.clients],
+                                 reply.n_samples)
+        k = len(models)
+        return Update(replace(state, models=models), FLHCExtras(
+            train_loss=loss, n_clusters_found=k, cluster_sizes=cluster_sizes(state.labels, k)))
+
+    def _clustered(self, state: FLHCState, reply: TrainReply) -> Update[FLHCState]:
+        """The clustering round: the updates Δθ_k = θ_k − θ^n cut into clusters
+        (`flhc_clusters`), each cluster's model the mean of its members' θ_k."""
+        n = len(state.labels)
+        anchor = state.models[:1].clone()
         good = np.asarray(reply.clients, dtype=np.int64)
-        bad = np.setdiff1d(everyone, good)
         updates = (reply.params - anchor).to(torch.float64)
-        k_asked = cfg.n_clusters
-        if k_asked is not None and k_asked > n:
-            raise ConfigError("algorithm.n_clusters", f"{k_asked} clusters asked, the "
-                              f"federation has {n} clients; allowed: 1..{n}")
-        if k_asked is not None:  # fewer updates arrived (dropouts, rejections)
-            k_asked = max(1, min(k_asked, len(good)))
-        z = feature_linkage(updates.numpy(), cfg.metric, cfg.linkage)
-        labels = np.full(n, -1, dtype=np.int64)
-        labels[good] = flat_clusters(z, len(good), cfg.threshold, k_asked, cfg.max_clusters)
-        labels[bad] = labels.max(initial=-1) + 1 + np.arange(len(bad))  # own clusters
+        labels, z = flhc_clusters(updates.numpy(), n, good, self.config)
         k = max(int(labels.max(initial=-1)) + 1, 1)
-        st.models = average_members(anchor.repeat(k, 1), reply.params, labels[good],
-                                    reply.n_samples)
+        models = average_members(anchor.repeat(k, 1), reply.params, labels[good],
+                                 reply.n_samples)
         centroids = torch.full((k, anchor.shape[1]), float("nan"), dtype=torch.float64)
         for c in np.unique(labels[good]):  # a cluster of absent clients has no centroid
             centroids[int(c)] = updates[torch.from_numpy(labels[good] == c)].mean(0)
-        st.labels, st.clustered, st.anchor, st.centroids = labels, True, anchor, centroids
-        small = n <= HISTORY_MAX_CLIENTS
-        return FLHCClusteringExtras(
+        new = replace(state, models=models, labels=labels, clustered=True, anchor=anchor,
+                      centroids=centroids)
+        return Update(new, FLHCClusteringExtras(
             train_loss=mean_finite(reply.loss), n_clusters_found=k,
-            cluster_sizes=cluster_sizes(labels, k), missing_updates=len(bad),
-            linkage=np.round(z, 6).tolist() if small else None)
-
-    def _cluster_round(self, ctx: Context) -> FLHCExtras:
-        st = self.state
-        clients = ctx.sample_round(self.config)
-        reply = ctx.send(TrainRequest(clients, st.models, st.labels[clients], ctx.training,
-                                      ctx.next_seed()))
-        st.models = average_members(st.models, reply.params, st.labels[reply.clients],
-                                    reply.n_samples)
-        k = len(st.models)
-        return FLHCExtras(train_loss=mean_finite(reply.loss), n_clusters_found=k,
-                          cluster_sizes=cluster_sizes(st.labels, k))
+            cluster_sizes=cluster_sizes(labels, k), missing_updates=n - len(good),
+            linkage=np.round(z, 6).tolist() if n <= HISTORY_MAX_CLIENTS else None))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -230,4 +246,5 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         return Placement(clients, out, Predictor.single(st.models, np.maximum(out, 0)), details)
 
 
-__all__ = ["FLHC", "FLHCClusteringExtras", "FLHCConfig", "FLHCExtras", "FLHCState"]
+__all__ = ["FLHC", "FLHCClusteringExtras", "FLHCConfig", "FLHCExtras", "FLHCState",
+           "flhc_clusters"]

@@ -32,7 +32,7 @@ Choices the paper leaves open (or states differently from the authors' code), an
 - Case II weights: line 19 writes (1/|C_c|) Σ p_m w̄_m; we use the sample-weighted mean of the
   cluster's participants (FedAvg); a cluster without participants keeps its model.
 - What HC reads: the rows of Ã (each client's 0/1 relatedness profile) as Euclidean points,
-  Ward linkage (scipy). Without a threshold (`threshold = None`, the PCA+kM+HC default), the
+  Ward linkage (scipy). Without a threshold (`threshold = "none"`, the PCA+kM+HC default), the
   rows of A instead.
 - Number of clusters C when `n_clusters` is not given (the paper: "HC proposes the best fitting
   number of clusters"): cut the dendrogram in the largest gap between consecutive merge
@@ -92,16 +92,25 @@ between rounds is `FLTState`.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig, answered
+from clusterfl.algorithms.base import (
+    FIRST,
+    Algorithm,
+    Ask,
+    Context,
+    Placement,
+    SampledConfig,
+    Update,
+    answered,
+)
+from clusterfl.algorithms.oneshot import OneOffAsk, Threshold, dump_cut, own_clusters
 from clusterfl.clustering.aggregate import average_members
 from clusterfl.clustering.hierarchical import (
     auto_n_clusters,
@@ -119,8 +128,15 @@ from clusterfl.clustering.relatedness import (
     umap_embed,
     umap_embed_new,
 )
-from clusterfl.errors import ClusterFLError, ConfigError
-from clusterfl.protocol import EmbedRequest, Predictor, TrainRequest, mean_finite
+from clusterfl.errors import ConfigError
+from clusterfl.protocol import (
+    EmbedReply,
+    EmbedRequest,
+    Predictor,
+    TrainReply,
+    TrainRequest,
+    mean_finite,
+)
 from clusterfl.records import RoundExtras
 
 ARTIFACT = "flt_relatedness.npz"
@@ -139,8 +155,9 @@ class _OneShotConfig(SampledConfig):
     distance: Literal["min", "matched"] = Field(
         "min", description="adjacency: minimum pairwise distance (paper) or the authors' "
         "permutation-matched mean squared distance")
-    threshold: float | None = Field(
-        1.0, gt=0.0, description="γ: clients with A_ij < γ are related (None: no threshold)")
+    threshold: Threshold = Field(
+        1.0, gt=0.0, description="γ: clients with A_ij < γ are related (\"none\": no "
+        "threshold)")
     aggregation: Literal["relatedness", "clusters"] = Field(
         "relatedness", description="Alg. 3 case I (relatedness matrix) or case II (clusters)")
     n_clusters: int | None = Field(
@@ -162,6 +179,15 @@ class _OneShotConfig(SampledConfig):
                              "every client is its own component); set threshold or use "
                              "auto_clusters = 'gap'")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump_one_rule(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A dump that loads again: one sampling rule (as `SampledConfig`) and `threshold =
+        "none"` for no γ (left out, the default γ would come back)."""
+        data = handler(self)
+        if self.per_round is not None and isinstance(data, dict):
+            data.pop("fraction", None)
+        return dump_cut(data, self.threshold, None)
 
 
 class FLTConfig(_OneShotConfig):
@@ -192,7 +218,7 @@ class PCAKMHCConfig(_OneShotConfig):
     name: Literal["pca_km_hc"] = "pca_km_hc"
     display: ClassVar[str] = "PCA+kM+HC"
     pca_components: int = Field(10, ge=1, description="PCA components on each client")
-    threshold: float | None = Field(None, gt=0.0, description="γ (None: HC on raw distances)")
+    threshold: Threshold = Field(None, gt=0.0, description="γ (\"none\": HC on raw distances)")
     aggregation: Literal["relatedness", "clusters"] = Field("clusters")
 
 
@@ -236,16 +262,51 @@ class FLTState:
 
     `models`: `[1, d]`, the initial model, until the one-off clustering; then one row per
     client (Case I) or per cluster (Case II). `labels`: the cluster of every client (-1 before
-    the clustering). `info`: what the clustering reports in every round's extras (its cost,
-    the number of clusters found, the encoder used). `arrays`: A, Ã, the Ward linkage, the
-    (UMAP) points and the clients that sent a signature (`relatedness()`, the artifact).
+    the clustering). The clustering's arrays (`relatedness()`, the artifact): `adjacency` A,
+    `relatedness` Ã, the Ward `linkage`, the (UMAP) `points` and the `signature_clients` that
+    sent a signature; kept to place new clients in the same embedding: the `signatures`, the
+    UMAP `map_seed` and the clients' data `sizes`. What every round's extras repeat: the
+    one-off cost (`clustering_floats_down` / `_up`), `n_clusters_found`,
+    `rejected_signatures`, `clustering_seconds`, the `encoder` used (its description; None
+    for PCA+kM+HC) and `clustering_round`, the round of the clustering.
     """
 
     models: torch.Tensor
     labels: np.ndarray
-    clustered: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    clustering_round: int  # 0 before (no default: a checkpoint without it is refused)
+    adjacency: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    relatedness: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    linkage: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    points: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    signature_clients: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    signatures: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    map_seed: int = 0
+    encoder: dict[str, Any] | None = None
+    clustering_floats_down: float = 0.0
+    clustering_floats_up: float = 0.0
+    n_clusters_found: int = 0
+    rejected_signatures: int = 0
+    clustering_seconds: float = 0.0
+
+    @property
+    def clustered(self) -> bool:
+        return self.clustering_round > 0
+
+
+#: the arrays of the one-off clustering (`FLT.relatedness`, the artifact's keys)
+ARRAYS = ("adjacency", "relatedness", "linkage", "points", "signature_clients", "signatures",
+          "sizes")
+#: the phases of a round: the one-off signatures (round 1 only), the training
+SIGNATURES, TRAIN = "signatures", "train"
+
+
+@dataclass(frozen=True)
+class SignatureAsk(OneOffAsk[EmbedReply]):
+    """The signature request, the UMAP seed drawn with it and the encoder it carries."""
+
+    map_seed: int = 0
+    encoder: dict[str, Any] | None = None
 
 
 class FLT(Algorithm[_OneShotConfig, FLTState]):
@@ -254,17 +315,18 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     name = "flt"
     Config: ClassVar[type[_OneShotConfig]] = FLTConfig
     State = FLTState
-    #: the encoder the last signature request used (`encoders.describe`; None: PCA)
-    encoder_info: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
-        self.state = FLTState(models=ctx.factory.init(ctx.seed)[None].clone(),
-                              labels=np.full(ctx.n_clients, -1, dtype=np.int64))
+        self.sizes = np.asarray(ctx.train_sizes)  # Case I's p_m, kept for placement
+        self.state = FLTState(ctx.factory.init(ctx.seed)[None].clone(),
+                              np.full(ctx.n_clients, -1, dtype=np.int64), 0)
 
     # ------------------------------------------------------------------ clustering (Alg. 2)
-    def _request(self, ctx: Context, clients: np.ndarray) -> EmbedRequest:
-        """The signature request for `clients` (FLT: `self.encoder_info` says which encoder)."""
+    def _request(self, ctx: Context,
+                 clients: np.ndarray) -> tuple[EmbedRequest, dict[str, Any] | None]:
+        """The signature request for `clients` and the encoder it carries (its description;
+        None for PCA)."""
         cfg = self.config
         assert isinstance(cfg, FLTConfig)
         from clusterfl import encoders
@@ -272,12 +334,11 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         enc = encoders.resolve(cfg.encoder, tuple(ctx.factory.input_shape), cfg.latent,
                                cfg.pretrain_epochs, cfg.encoder_seed, cfg.encoder_dir,
                                cfg.data_dir)
-        self.encoder_info = encoders.describe(enc)
         return EmbedRequest(
             clients, "encoder", enc.params, cfg.latent, k=cfg.k,
             latent=cfg.latent, finetune_epochs=cfg.finetune_epochs,
             finetune_lr=cfg.finetune_lr, finetune_batch_size=cfg.finetune_batch_size,
-            kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed())
+            kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed()), encoders.describe(enc)
 
     def _map(self, signatures: np.ndarray, seed: int) -> np.ndarray:
         """Server-side manifold step: UMAP of all centroids (FLT), identity otherwise."""
@@ -301,21 +362,17 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                                         seed, cfg.umap_neighbors, cfg.umap_min_dist)
         return fitted.reshape(m, k, 2), mapped.reshape(n, k, 2)
 
-    def _cluster(self, ctx: Context) -> None:
-        cfg, st = self.config, self.state
-        n = len(st.labels)
-        t0 = time.perf_counter()
-        self.encoder_info = None
-        request = self._request(ctx, np.arange(ctx.n_clients))
-        if self.encoder_info is not None:
-            st.info["encoder"] = self.encoder_info
-        reply = ctx.send(request)
-        # the clients that sent a (valid) signature; anybody absent has none
-        good = np.array(reply.clients, dtype=np.int64)
-        bad = np.setdiff1d(np.arange(n), good)
+    def _clustered(self, state: FLTState, t: int, ask: SignatureAsk,
+                   reply: EmbedReply) -> FLTState:
+        """Alg. 2 on the server: the signatures mapped (UMAP), A, Ã, Ward, the cut; every
+        client without a signature its own cluster."""
+        cfg = self.config
+        request = ask.request
+        assert isinstance(request, EmbedRequest)
+        n = len(state.labels)
+        good = np.array(reply.clients, dtype=np.int64)  # anybody absent has no signature
         signatures = np.array(reply.signatures, dtype=np.float64)
-        map_seed = ctx.next_seed()
-        points = self._map(signatures, map_seed)
+        points = self._map(signatures, ask.map_seed)
         a = np.full((n, n), np.inf)
         a[np.ix_(good, good)] = adjacency(points, cfg.distance)
         np.fill_diagonal(a, 0.0)
@@ -331,81 +388,75 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         else:
             c = cfg.n_clusters or auto_n_clusters(z, cfg.max_clusters)
             labels[good] = cut_tree(z, c, len(good))
-        labels[bad] = labels.max(initial=-1) + 1 + np.arange(len(bad))  # own clusters
+        labels = own_clusters(labels, np.setdiff1d(np.arange(n), good))
         n_groups = int(labels.max(initial=-1)) + 1
         rows = n if cfg.aggregation == "relatedness" else max(n_groups, 1)
-        st.models = st.models[:1].repeat(rows, 1)  # still the initial model: nobody trained
-        st.labels = labels
-        st.clustered = True
-        st.arrays = {"adjacency": a, "relatedness": related, "linkage": z,
-                     "points": points.reshape(-1, points.shape[-1]) if points.size
-                     else np.zeros((0, 2)), "signature_clients": good,
-                     # kept to place new clients in the same embedding (`placement`)
-                     "signatures": signatures, "sizes": np.asarray(ctx.train_sizes)}
-        st.info["map_seed"] = map_seed
         down, up = request.unit_cost()  # = what `Context.send` booked if nobody dropped out
-        st.info.update({
-            "clustering_floats_down": down * len(request.clients),
-            "clustering_floats_up": up * len(reply.clients),
-            "n_clusters_found": n_groups, "rejected_signatures": len(bad),
-            "clustering_seconds": round(time.perf_counter() - t0, 3),
-        })
+        return replace(
+            state, models=state.models[:1].repeat(rows, 1),  # the initial model: none trained
+            labels=labels, adjacency=a, relatedness=related, linkage=z,
+            points=points.reshape(-1, points.shape[-1]) if points.size else np.zeros((0, 2)),
+            signature_clients=good, signatures=signatures, sizes=self.sizes,
+            map_seed=ask.map_seed, encoder=ask.encoder,
+            clustering_floats_down=down * len(request.clients),
+            clustering_floats_up=up * len(reply.clients), n_clusters_found=n_groups,
+            rejected_signatures=n - len(good), clustering_seconds=ask.seconds(),
+            clustering_round=t)
 
-    def _clustering_extras(self, extras: FLTExtras) -> FLTClusteringExtras:
+    def _clustering_extras(self, state: FLTState, extras: FLTExtras) -> FLTClusteringExtras:
         """`extras` plus the one-off clustering's matrices (history-sized: None for big
         federations, whose M² numbers per line stay in the npz only)."""
-        st, cfg = self.state, self.config
-        encoder = st.info.get("encoder")
-        if len(st.labels) > HISTORY_MAX_CLIENTS:
-            return FLTClusteringExtras(**extras.to_dict(), encoder=encoder)
-        a = st.arrays["adjacency"]
+        cfg = self.config
+        if len(state.labels) > HISTORY_MAX_CLIENTS:
+            return FLTClusteringExtras(**extras.to_dict(), encoder=state.encoder)
+        a = state.adjacency
         umap_used = isinstance(cfg, FLTConfig) and cfg.umap
         return FLTClusteringExtras(
             **extras.to_dict(),
             adjacency=np.round(np.where(np.isfinite(a), a, -1.0), 5).tolist(),
-            linkage=np.round(st.arrays["linkage"], 6).tolist(),
-            relatedness=st.arrays["relatedness"].astype(np.int8).tolist(),
-            umap_points=np.round(st.arrays["points"], 5).tolist() if umap_used else None,
-            encoder=encoder)
+            linkage=np.round(state.linkage, 6).tolist(),
+            relatedness=state.relatedness.astype(np.int8).tolist(),
+            umap_points=np.round(state.points, 5).tolist() if umap_used else None,
+            encoder=state.encoder)
 
     # ------------------------------------------------------------------ rounds (Alg. 3)
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        first = not self.state.clustered
-        if first:
-            self._cluster(ctx)
+    def ask(self, state: FLTState, t: int, phase: str, ctx: Context) -> Ask[Any]:
+        """Before the first training: every client's signature (Alg. 2, with the UMAP seed).
+        Each round: the sampled clients train their own (Case I) or cluster's (Case II)
+        model."""
+        if phase == FIRST and not state.clustered:
+            request, encoder = self._request(ctx, np.arange(ctx.n_clients))
+            return SignatureAsk(request, SIGNATURES, map_seed=ctx.next_seed(), encoder=encoder)
         clients = ctx.sample_round(self.config)
-        if self.config.aggregation == "relatedness":
-            loss = self._relatedness_step(ctx, clients)
-        else:
-            loss = self._cluster_step(ctx, clients)
-        info = self.state.info
+        rows = clients if self.config.aggregation == "relatedness" else state.labels[clients]
+        return Ask(TrainRequest(clients, state.models, rows, ctx.training, ctx.next_seed()),
+                   TRAIN)
+
+    def update(self, state: FLTState, t: int, ask: Ask[Any], reply: Any) -> Update[FLTState]:
+        if ask.phase == SIGNATURES:
+            assert isinstance(ask, SignatureAsk)
+            return Update(self._clustered(state, t, ask, reply), then=TRAIN)
+        trained: TrainReply = reply
+        if self.config.aggregation == "relatedness":  # Case I: every model ← Ω · snapshot
+            snapshot = state.models.clone()
+            snapshot[torch.from_numpy(np.asarray(trained.clients, dtype=np.int64))] = \
+                trained.params
+            models = relatedness_average(snapshot, relatedness_weights(state.relatedness,
+                                                                       state.sizes))
+        else:  # Case II: FedAvg inside each cluster (without participants: kept)
+            models = average_members(state.models, trained.params,
+                                     state.labels[trained.clients], trained.n_samples)
+        state = replace(state, models=models)
         extras = FLTExtras(
-            train_loss=loss, clustering_floats_down=info["clustering_floats_down"],
-            clustering_floats_up=info["clustering_floats_up"],
-            n_clusters_found=info["n_clusters_found"],
-            rejected_signatures=info["rejected_signatures"],
-            clustering_seconds=info["clustering_seconds"])
-        return (self._clustering_extras(extras) if first else extras).to_dict()
-
-    def _relatedness_step(self, ctx: Context, clients: np.ndarray) -> float | None:
-        """Case I: participants train their own model; every model ← Ω · snapshot."""
-        st = self.state
-        reply = ctx.send(TrainRequest(clients, st.models, clients, ctx.training,
-                                      ctx.next_seed()))
-        snapshot = st.models.clone()
-        snapshot[torch.from_numpy(np.asarray(reply.clients, dtype=np.int64))] = reply.params
-        omega = relatedness_weights(st.arrays["relatedness"], ctx.train_sizes)
-        st.models = relatedness_average(snapshot, omega)
-        return mean_finite(reply.loss)
-
-    def _cluster_step(self, ctx: Context, clients: np.ndarray) -> float | None:
-        """Case II: FedAvg inside each cluster (clusters without participants keep theirs)."""
-        st = self.state
-        reply = ctx.send(TrainRequest(clients, st.models, st.labels[clients], ctx.training,
-                                      ctx.next_seed()))
-        st.models = average_members(st.models, reply.params, st.labels[reply.clients],
-                                    reply.n_samples)
-        return mean_finite(reply.loss)
+            train_loss=mean_finite(trained.loss),
+            clustering_floats_down=state.clustering_floats_down,
+            clustering_floats_up=state.clustering_floats_up,
+            n_clusters_found=state.n_clusters_found,
+            rejected_signatures=state.rejected_signatures,
+            clustering_seconds=state.clustering_seconds)
+        if state.clustering_round == t:
+            extras = self._clustering_extras(state, extras)
+        return Update(state, extras)
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -429,24 +480,19 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         if not st.clustered:  # before the one-off clustering: everybody has the start model
             return Placement(ids, none, Predictor.single(st.models[:1], np.zeros(len(ids),
                                                                                  np.int64)))
-        if "signatures" not in st.arrays:
-            raise ClusterFLError(f"{self.label()}: this clustering state keeps no signatures "
-                                 "(it was written by an older clusterfl); rerun to place "
-                                 "new clients")
-        reply = ctx.send(self._request(ctx, ids))
-        good = st.arrays["signature_clients"]
-        train, new = self._map_new(st.arrays["signatures"],
-                                   np.array(reply.signatures, dtype=np.float64),
-                                   int(st.info["map_seed"]))
-        stored = st.arrays["points"].reshape(train.shape)
+        reply = ctx.send(self._request(ctx, ids)[0])
+        good = st.signature_clients
+        train, new = self._map_new(st.signatures, np.array(reply.signatures, dtype=np.float64),
+                                   st.map_seed)
+        stored = st.points.reshape(train.shape)
         if not np.allclose(train, stored, atol=1e-6):
             ctx.log.append(f"{self.label()}: the embedding fitted again differs from the "
                            "clustering's (UMAP not reproducible here); placing in the new fit")
         dist = cross_distances(new, train, cfg.distance)  # [answered, clustered]
         related = (dist < cfg.threshold).astype(np.float64) if cfg.threshold is not None \
             else dist
-        feats = (st.arrays["relatedness"] if cfg.threshold is not None
-                 else st.arrays["adjacency"])[np.ix_(good, good)]
+        feats = (st.relatedness if cfg.threshold is not None
+                 else st.adjacency)[np.ix_(good, good)]
         best, cost = ward_nearest(feats, st.labels[good], related)
         clusters = answered(ids, reply.clients, best)
         models, rows = self._placed_models(ids, reply.clients, dist, related, clusters)
@@ -466,8 +512,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         st = self.state
         if self.config.aggregation == "clusters":
             return st.models, np.maximum(clusters, 0)
-        good = st.arrays["signature_clients"]
-        sizes = np.asarray(st.arrays["sizes"], dtype=np.float64)[good]
+        good = st.signature_clients
+        sizes = np.asarray(st.sizes, dtype=np.float64)[good]
         own = np.zeros((len(who), len(good)))
         if self.config.threshold is not None:
             own = related.copy()
@@ -483,13 +529,16 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
 
     def relatedness(self) -> dict[str, np.ndarray]:
         """A, Ã, the Ward linkage and the (UMAP) points of the one-off clustering."""
-        return {k: v.copy() for k, v in self.state.arrays.items()}
+        return {k: np.array(getattr(self.state, k), copy=True) for k in ARRAYS}
 
-    def save_artifacts(self, out_dir: Path, rounds: int) -> None:
-        """Write A, Ã, the linkage, points and labels to `out_dir/flt_relatedness.npz`."""
-        if self.state.clustered:
-            arrays: dict[str, Any] = {"labels": self.state.labels, **self.state.arrays}
-            np.savez_compressed(Path(out_dir) / ARTIFACT, **arrays)
+    def save_artifacts(self, run_dir: Path, round_: int) -> list[Path]:
+        """Write A, Ã, the linkage, points and labels to `run_dir/flt_relatedness.npz`."""
+        if not self.state.clustered:
+            return []
+        arrays: dict[str, Any] = {"labels": self.state.labels, **self.relatedness()}
+        path = Path(run_dir) / ARTIFACT
+        np.savez_compressed(path, **arrays)
+        return [path]
 
 
 class PCAKMHC(FLT):
@@ -498,14 +547,15 @@ class PCAKMHC(FLT):
     name = "pca_km_hc"
     Config = PCAKMHCConfig
 
-    def _request(self, ctx: Context, clients: np.ndarray) -> EmbedRequest:
+    def _request(self, ctx: Context,
+                 clients: np.ndarray) -> tuple[EmbedRequest, dict[str, Any] | None]:
         cfg = self.config
         assert isinstance(cfg, PCAKMHCConfig)
         d = int(np.prod(ctx.factory.input_shape))
         # an empty tensor rather than None: serializers that ship tensors need no special case
         return EmbedRequest(clients, "pca", torch.zeros(0), d, k=cfg.k,
                             pca_components=cfg.pca_components,
-                            kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed())
+                            kmeans_n_init=cfg.kmeans_n_init, seed=ctx.next_seed()), None
 
 
 __all__ = ["FLT", "PCAKMHC", "FLTClusteringExtras", "FLTConfig", "FLTExtras", "FLTState",

@@ -30,8 +30,10 @@ Where the authors' code (MMorafah/PACFL) departs, available as options:
 
 Our choices where neither says:
 - Angles and β in degrees, as in the code. Default β = `threshold` (see docs/pacfl.md for
-  how it was chosen); `n_clusters` instead cuts the tree into C clusters, and with neither the
-  cut is at the largest gap between merge heights (`auto_n_clusters`, as FLT).
+  how it was chosen); `n_clusters` instead cuts the tree into C clusters, and with neither
+  (`threshold = "none"`) the cut is at the largest gap between merge heights
+  (`auto_n_clusters`, as FLT). p is at most e (a basis of R^e has at most e vectors; more
+  would only book zero padding): a larger p is refused.
 - Every client takes part in the one-off subspace step, at the start of round 1 (the code
   does the same: no sampling for the signatures); sampling (`fraction` / `per_round`,
   `Context.sample_round`) applies to training. The code draws max(⌊frac·N⌋, 1) clients; we
@@ -56,20 +58,36 @@ and the bases (float32, for placement). The maths: `clusterfl.clustering.subspac
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from clusterfl.algorithms.base import Algorithm, Context, Placement, SampledConfig
+from clusterfl.algorithms.base import (
+    FIRST,
+    Algorithm,
+    Ask,
+    Context,
+    Placement,
+    SampledConfig,
+    Update,
+    check_k_fits,
+)
+from clusterfl.algorithms.oneshot import OneOffAsk, Threshold, cut_clients, dump_cut
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
-from clusterfl.clustering.hierarchical import distance_linkage, flat_clusters, linkage_to_clusters
+from clusterfl.clustering.hierarchical import distance_linkage, linkage_to_clusters
 from clusterfl.clustering.subspace import proximity
 from clusterfl.errors import ConfigError
-from clusterfl.protocol import Predictor, SubspaceReply, SubspaceRequest, TrainRequest, mean_finite
+from clusterfl.protocol import (
+    Predictor,
+    SubspaceReply,
+    SubspaceRequest,
+    TrainReply,
+    TrainRequest,
+    mean_finite,
+)
 from clusterfl.records import RoundExtras
 
 HISTORY_MAX_CLIENTS = 200  # above this, A and the linkage are not written into the history
@@ -83,7 +101,7 @@ class PACFLConfig(SampledConfig):
     fraction: float = Field(0.1, gt=0.0, le=1.0, description="share of the clients sampled "
                             "each round (the paper's and code's 0.1)")
     p: int = Field(3, ge=1, description="leading left singular vectors per basis (the "
-                   "authors' headline script: 3)")
+                   "authors' headline script: 3; at most the input size)")
     per_label: bool = Field(False, description="one SVD per label held, stacked (the authors' "
                             "code) instead of one of the whole data (the paper)")
     proximity: Literal["smallest_angle", "angle_sum", "min_pair"] = Field(
@@ -91,9 +109,9 @@ class PACFLConfig(SampledConfig):
         "corresponding vectors (eq. 3) or the code's most aligned pair")
     linkage: Literal["average", "weighted", "complete", "single"] = Field(
         "average", description="HC linkage (weighted = the code's 'average')")
-    threshold: float | None = Field(
+    threshold: Threshold = Field(
         3.5, gt=0.0, description="β in degrees: merge while the linkage distance ≤ β (the "
-        "authors' code default)")
+        "authors' code default; \"none\": no β, the largest gap)")
     n_clusters: int | None = Field(None, ge=1, description="cut into C clusters instead of β")
     max_clusters: int | None = Field(None, ge=1, description="bound on the largest-gap C "
                                      "(threshold and n_clusters unset)")
@@ -104,6 +122,15 @@ class PACFLConfig(SampledConfig):
                 and self.threshold is not None:
             raise ValueError("set algorithm.threshold or algorithm.n_clusters, not both")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump_one_rule(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A dump that loads again: one sampling rule (as `SampledConfig`), no default β
+        beside `n_clusters`, and `threshold = "none"` for no β (`dump_cut`)."""
+        data = handler(self)
+        if self.per_round is not None and isinstance(data, dict):
+            data.pop("fraction", None)
+        return dump_cut(data, self.threshold, self.n_clusters)
 
     def cut(self) -> tuple[float | None, int | None]:
         """(threshold, n_clusters) of the cut: n_clusters wins over the default β."""
@@ -141,18 +168,46 @@ class PACFLState:
     `models`: `[1, d]` (the initial model) until the clustering, then one row per cluster.
     `labels`: every client's cluster (-1 before). `bases` / `ranks`: the clients' bases
     (float32, zero-padded; rank 0 = none) for placing newcomers. `proximity`: A (degrees, +inf
-    where a client has no basis); `linkage`: of the clients with a basis. `info`: the one-off
-    step's numbers, repeated in every round's extras.
+    where a client has no basis); `linkage`: of the clients with a basis. The one-off step's
+    numbers, repeated in every round's extras: `n_clusters_found`, `missing_signatures`,
+    `signature_floats_up` / `_used` (see `PACFLExtras`), `clustering_seconds`, and
+    `clustering_round`, the round it happened in.
     """
 
     models: torch.Tensor
     labels: np.ndarray
-    clustered: bool = False
+    clustering_round: int  # 0 before (no default: a checkpoint without it is refused)
     bases: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), np.float32))
     ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     proximity: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     linkage: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
-    info: dict[str, Any] = field(default_factory=dict)
+    n_clusters_found: int = 0
+    missing_signatures: int = 0
+    signature_floats_up: float = 0.0
+    signature_floats_used: float = 0.0
+    clustering_seconds: float = 0.0
+
+    @property
+    def clustered(self) -> bool:
+        return self.clustering_round > 0
+
+
+#: the phases of a round: the one-off bases (round 1 only), the training
+SUBSPACES, TRAIN = "subspaces", "train"
+
+
+def _bases(reply: SubspaceReply) -> list[np.ndarray]:
+    return [reply.basis(i) for i in range(len(reply.clients))]
+
+
+def pacfl_clusters(a: np.ndarray, n: int, good: np.ndarray,
+                   cfg: PACFLConfig) -> tuple[np.ndarray, np.ndarray]:
+    """PACFL's cut: the proximity matrix `a` (degrees) of the clients `good` clustered by
+    `linkage` and cut at β, into `n_clusters` or at the largest gap (`PACFLConfig.cut`);
+    each of the other of the `n` clients its own cluster. Returns (labels, the linkage)."""
+    z = distance_linkage(a, cfg.linkage)
+    threshold, k = cfg.cut()
+    return cut_clients(z, n, good, threshold, k, cfg.max_clusters), z
 
 
 class PACFL(Algorithm[PACFLConfig, PACFLState]):
@@ -163,42 +218,70 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
     State = PACFLState
 
     def setup(self, ctx: Context) -> None:
-        self.state = PACFLState(models=ctx.factory.init(ctx.seed)[None].clone(),
-                                labels=np.full(ctx.n_clients, -1, dtype=np.int64))
-
-    # ------------------------------------------------------------------ the one-off step
-    def _request(self, ctx: Context, clients: np.ndarray) -> SubspaceRequest:
-        cfg = self.config
-        e = int(np.prod(ctx.factory.input_shape))
-        n_labels = int(ctx.factory.n_outputs) if cfg.per_label else 0
-        if cfg.per_label and n_labels < 2:
+        cfg, n = self.config, ctx.n_clients
+        self.input_dim = int(np.prod(ctx.factory.input_shape))
+        if cfg.p > self.input_dim:  # a basis of R^e has at most e vectors: the rest is padding
+            raise ConfigError("algorithm.p", f"p = {cfg.p} basis vectors exceed the input size "
+                              f"e = {self.input_dim}; allowed: 1..{self.input_dim}")
+        self.n_labels = int(ctx.factory.n_outputs) if cfg.per_label else 0
+        if cfg.per_label and self.n_labels < 2:
             raise ConfigError("algorithm.per_label", "a per-label SVD needs a classification "
                               "task (labels); allowed here: false")
-        return SubspaceRequest(np.asarray(clients, dtype=np.int64), e, p=cfg.p,
-                               per_label=cfg.per_label, n_labels=n_labels)
+        check_k_fits(cfg.n_clusters or 1, n)
+        self.state = PACFLState(ctx.factory.init(ctx.seed)[None].clone(),
+                                np.full(n, -1, dtype=np.int64), 0)
 
-    def _bases(self, reply: SubspaceReply) -> list[np.ndarray]:
-        return [reply.basis(i) for i in range(len(reply.clients))]
+    def _request(self, clients: np.ndarray) -> SubspaceRequest:
+        cfg = self.config
+        return SubspaceRequest(np.asarray(clients, dtype=np.int64), self.input_dim, p=cfg.p,
+                               per_label=cfg.per_label, n_labels=self.n_labels)
 
-    def _cluster(self, ctx: Context) -> None:
-        cfg, st = self.config, self.state
-        n = len(st.labels)
-        t0 = time.perf_counter()
-        request = self._request(ctx, np.arange(n))
-        reply = ctx.send(request)
+    # ------------------------------------------------------------------ rounds
+    def ask(self, state: PACFLState, t: int, phase: str, ctx: Context) -> Ask[Any]:
+        """Before the first training: every client's basis (the one-off step). Each round: the
+        sampled clients train their cluster's model."""
+        if phase == FIRST and not state.clustered:
+            return OneOffAsk(self._request(np.arange(len(state.labels))), SUBSPACES)
+        clients = ctx.sample_round(self.config)
+        return Ask(TrainRequest(clients, state.models, state.labels[clients], ctx.training,
+                                ctx.next_seed()), TRAIN)
+
+    def update(self, state: PACFLState, t: int, ask: Ask[Any],
+               reply: Any) -> Update[PACFLState]:
+        if ask.phase == SUBSPACES:
+            assert isinstance(ask, OneOffAsk)
+            return Update(self._clustered(state, t, ask, reply), then=TRAIN)
+        trained: TrainReply = reply
+        models = average_members(state.models, trained.params, state.labels[trained.clients],
+                                 trained.n_samples)
+        state = replace(state, models=models)
+        extras = PACFLExtras(
+            train_loss=mean_finite(trained.loss), n_clusters_found=state.n_clusters_found,
+            missing_signatures=state.missing_signatures,
+            signature_floats_up=state.signature_floats_up,
+            signature_floats_used=state.signature_floats_used,
+            cluster_sizes=cluster_sizes(state.labels, len(models)))
+        if state.clustering_round != t:
+            return Update(state, extras)
+        small = len(state.labels) <= HISTORY_MAX_CLIENTS
+        a = state.proximity
+        return Update(state, PACFLClusteringExtras(
+            **extras.to_dict(),
+            proximity=np.round(np.where(np.isfinite(a), a, -1.0), 4).tolist() if small
+            else None,
+            linkage=np.round(state.linkage, 6).tolist() if small else None,
+            clustering_seconds=state.clustering_seconds))
+
+    def _clustered(self, state: PACFLState, t: int, ask: OneOffAsk[SubspaceReply],
+                   reply: SubspaceReply) -> PACFLState:
+        """The one-off step: A of the bases that arrived, the cut (`pacfl_clusters`), one
+        model per cluster (all the initial model), the bases kept for placement."""
+        request = ask.request
+        assert isinstance(request, SubspaceRequest)
+        n = len(state.labels)
         good = np.asarray(reply.clients, dtype=np.int64)
-        bad = np.setdiff1d(np.arange(n), good)
-        a_good = proximity(self._bases(reply), cfg.proximity)
-        z = distance_linkage(a_good, cfg.linkage)
-        threshold, k = cfg.cut()
-        if k is not None and k > n:
-            raise ConfigError("algorithm.n_clusters", f"{k} clusters asked, the federation "
-                              f"has {n} clients; allowed: 1..{n}")
-        if k is not None:  # fewer bases arrived (dropouts, rejections): at most one each
-            k = max(1, min(k, len(good)))
-        labels = np.full(n, -1, dtype=np.int64)
-        labels[good] = flat_clusters(z, len(good), threshold, k, cfg.max_clusters)
-        labels[bad] = labels.max(initial=-1) + 1 + np.arange(len(bad))  # own clusters
+        a_good = proximity(_bases(reply), self.config.proximity)
+        labels, z = pacfl_clusters(a_good, n, good, self.config)
         n_groups = int(labels.max(initial=-1)) + 1
         a = np.full((n, n), np.inf)
         a[np.ix_(good, good)] = a_good
@@ -207,45 +290,14 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         bases[good] = reply.bases.astype(np.float32)
         ranks = np.zeros(n, dtype=np.int64)
         ranks[good] = reply.ranks
-        st.models = st.models[:1].repeat(max(n_groups, 1), 1)  # one start for every cluster
-        st.labels, st.clustered = labels, True
-        st.bases, st.ranks, st.proximity, st.linkage = bases, ranks, a, z
         _, up = request.unit_cost()
-        st.info = {
-            "n_clusters_found": n_groups, "missing_signatures": len(bad),
-            "signature_floats_up": up * len(good),
-            "signature_floats_used": float(request.input_dim * int(ranks.sum())),
-            "clustering_seconds": round(time.perf_counter() - t0, 3),
-        }
-
-    # ------------------------------------------------------------------ rounds
-    def run_round(self, ctx: Context, t: int) -> dict[str, Any]:
-        first = not self.state.clustered
-        if first:
-            self._cluster(ctx)
-        st = self.state
-        clients = ctx.sample_round(self.config)
-        reply = ctx.send(TrainRequest(clients, st.models, st.labels[clients], ctx.training,
-                                      ctx.next_seed()))
-        st.models = average_members(st.models, reply.params, st.labels[reply.clients],
-                                    reply.n_samples)
-        info = st.info
-        extras = PACFLExtras(
-            train_loss=mean_finite(reply.loss), n_clusters_found=info["n_clusters_found"],
-            missing_signatures=info["missing_signatures"],
-            signature_floats_up=info["signature_floats_up"],
-            signature_floats_used=info["signature_floats_used"],
-            cluster_sizes=cluster_sizes(st.labels, len(st.models)))
-        if not first:
-            return extras.to_dict()
-        small = len(st.labels) <= HISTORY_MAX_CLIENTS
-        a = st.proximity
-        return PACFLClusteringExtras(
-            **extras.to_dict(),
-            proximity=np.round(np.where(np.isfinite(a), a, -1.0), 4).tolist() if small
-            else None,
-            linkage=np.round(st.linkage, 6).tolist() if small else None,
-            clustering_seconds=info["clustering_seconds"]).to_dict()
+        return replace(
+            state, models=state.models[:1].repeat(max(n_groups, 1), 1),  # one start for all
+            labels=labels, bases=bases, ranks=ranks, proximity=a, linkage=z,
+            n_clusters_found=n_groups, missing_signatures=n - len(good),
+            signature_floats_up=up * len(good),
+            signature_floats_used=float(request.input_dim * int(ranks.sum())),
+            clustering_seconds=ask.seconds(), clustering_round=t)
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -263,10 +315,10 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         if not st.clustered:  # before round 1 nobody has a cluster: -1, the initial model
             none = np.full(len(clients), -1, dtype=np.int64)
             return Placement(clients, none, Predictor.single(st.models[:1], none * 0))
-        reply = ctx.send(self._request(ctx, clients))
+        reply = ctx.send(self._request(clients))
         known = np.flatnonzero(st.ranks > 0)
         old = [st.bases[i, :, : st.ranks[i]].astype(np.float64) for i in known]
-        dist = proximity(old, cfg.proximity, others=self._bases(reply))
+        dist = proximity(old, cfg.proximity, others=_bases(reply))
         to_cluster = linkage_to_clusters(dist, st.labels[known], cfg.linkage)
         out = np.full(len(clients), -1, dtype=np.int64)
         details: list[dict[str, Any]] = [{"answered": False} for _ in clients]
@@ -281,4 +333,5 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         return Placement(clients, out, Predictor.single(st.models, np.maximum(out, 0)), details)
 
 
-__all__ = ["PACFL", "PACFLClusteringExtras", "PACFLConfig", "PACFLExtras", "PACFLState"]
+__all__ = ["PACFL", "PACFLClusteringExtras", "PACFLConfig", "PACFLExtras", "PACFLState",
+           "pacfl_clusters"]

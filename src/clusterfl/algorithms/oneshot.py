@@ -1,0 +1,76 @@
+"""What the methods that cluster once (FL+HC, PACFL, FLT, PCA+kM+HC) share: the cut of the
+clients that answered with every absent client its own cluster, a threshold that a TOML file
+can switch off (`threshold = "none"`), and the request of the one-off step with the time it
+was asked (the step's wall time is reported in the round's extras).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BeforeValidator
+
+from clusterfl.algorithms.base import Ask
+from clusterfl.clustering.hierarchical import flat_clusters
+from clusterfl.protocol import RE
+
+
+def _none_word(value: Any) -> Any:
+    """TOML has no null: the word "none" (any case) stands for no threshold."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    if isinstance(value, str):
+        raise ValueError(f'{value!r}: expected a number > 0 or "none" (no threshold)')
+    return value
+
+
+#: a distance threshold, or None (written `"none"` in TOML and in `--algorithms` specs)
+Threshold = Annotated[float | None, BeforeValidator(_none_word)]
+
+
+def dump_cut(data: Any, threshold: float | None, n_clusters: int | None) -> Any:
+    """A config dump that loads again: the threshold left out when `n_clusters` cuts
+    instead, and written "none" when there is none (leaving it out would bring back a
+    non-None default)."""
+    if isinstance(data, dict):
+        if n_clusters is not None:
+            data.pop("threshold", None)
+        elif threshold is None:
+            data["threshold"] = "none"
+    return data
+
+
+def own_clusters(labels: np.ndarray, absent: np.ndarray) -> np.ndarray:
+    """`labels` with each of the `absent` clients in a new cluster of its own, numbered
+    after the others (a copy)."""
+    out = np.asarray(labels, dtype=np.int64).copy()
+    out[absent] = out.max(initial=-1) + 1 + np.arange(len(absent))
+    return out
+
+
+def cut_clients(z: np.ndarray, n: int, good: np.ndarray, threshold: float | None,
+                n_clusters: int | None, max_clusters: int | None) -> np.ndarray:
+    """The cluster of each of `n` clients: the clients `good` (in linkage `z`'s order) cut
+    at `threshold`, into `n_clusters` (lowered to the clients that answered) or at the
+    largest gap (`flat_clusters`); every other client its own cluster."""
+    good = np.asarray(good, dtype=np.int64)
+    k = None if n_clusters is None else max(1, min(n_clusters, len(good)))
+    labels = np.full(n, -1, dtype=np.int64)
+    labels[good] = flat_clusters(z, len(good), threshold, k, max_clusters)
+    return own_clusters(labels, np.setdiff1d(np.arange(n), good))
+
+
+@dataclass(frozen=True)
+class OneOffAsk(Ask[RE]):
+    """The request of a one-off step and when it was built (for the step's wall time)."""
+
+    started: float = field(default_factory=time.perf_counter)
+
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.started, 3)
+
+
+__all__ = ["OneOffAsk", "Threshold", "cut_clients", "dump_cut", "own_clusters"]
