@@ -39,6 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="runs at once, each in its own process with cores/jobs threads "
                    "(default 1; 2 uses both cores of a 2-core machine best)")
     b.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+    b.add_argument("--device", help="where the runs compute: auto, cpu, cuda or cuda:N "
+                   "(sets backend.device of every run; default auto)")
     b.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction, default=True,
                    help="a diverged run (every update of a round rejected, or a non-finite or "
                    "exploding training loss) counts as a failed run: the command exits "
@@ -57,6 +59,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results = args.results or Path(
         "benchmarks/RESULTS_quick.md" if args.quick else "benchmarks/RESULTS.md")
     scenarios = load_suite(args.suite, args.quick, args.only, args.methods)
+    if args.device:
+        from clusterfl.config import apply_overrides
+
+        for s in scenarios:
+            s.config = apply_overrides(s.config, [f'backend.device="{args.device}"'])
     failed: BenchError | None = None
     if not args.report_only:
         try:

@@ -1,7 +1,8 @@
 """The reference backend: a plain loop over clients, one reused module (DESIGN.md §1).
 
 Train/Gradient requests with `coords` are answered with those coordinates only
-(`protocol.narrow`), as a real client would send them.
+(`protocol.narrow`), as a real client would send them. On a GPU (`device`) the federation's
+data moves there once, each request's models when it arrives, and the replies come back.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from clusterfl.backends.base import Backend, BackendConfig, as_index
+from clusterfl.backends.simulation import DeviceConfig
 from clusterfl.data.federation import Federation
 from clusterfl.engine import reference as ref
 from clusterfl.engine.common import (
@@ -23,6 +25,7 @@ from clusterfl.engine.common import (
     per_sample_losses,
     responsibilities,
 )
+from clusterfl.engine.device import on, resolve_device, set_precision
 from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_seed
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
@@ -41,38 +44,46 @@ from clusterfl.protocol import (
     Predictor,
     TrainReply,
     TrainRequest,
+    client_seed,
     narrow,
 )
 
 
-class SequentialConfig(BackendConfig):
-    """Settings of the reference backend (`[backend] name = "sequential"`): none of its own
-    (`chunk_size` is accepted and ignored: it computes one client at a time)."""
+class SequentialConfig(DeviceConfig):
+    """Settings of the reference backend (`[backend] name = "sequential"`): `device` and
+    `precision` (`chunk_size` is accepted and ignored: it computes one client at a time)."""
 
     name: Literal["sequential"] = "sequential"
 
 
 class SequentialBackend(Backend):
-    """Executes each request client by client with `clusterfl.engine.reference`."""
+    """Executes each request client by client with `clusterfl.engine.reference` (on
+    `device`: "cpu" by default, "cuda", "cuda:N" or "auto", see `engine.device`)."""
 
     name = "sequential"
     Config = SequentialConfig
 
-    def __init__(self, federation, factory) -> None:
+    def __init__(self, federation: Federation, factory: ModelFactory, *, device: str = "cpu",
+                 precision: str = "fp32") -> None:
         super().__init__(federation, factory)
-        self.module = factory.build()
+        self.device = resolve_device(device)
+        set_precision(self.device, precision)
+        self.module = factory.build().to(self.device)
+        self.data = federation.to(self.device)  # the clients' data, on the device once
 
     @classmethod
     def from_config(cls, config: BackendConfig, federation: Federation,
                     factory: ModelFactory) -> Self:
-        return cls(federation, factory)
+        return cls(federation, factory, device=getattr(config, "device", "auto"),
+                   precision=getattr(config, "precision", "fp32"))
 
     # -------------------------------------------------------------- helpers
     def _outputs(self, pred: Predictor, row: int, x: torch.Tensor) -> torch.Tensor:
         outs = [ref.predict(self.module, pred.models[m], x) for m in pred.members[row]]
         weights = None
         if pred.weights is not None:  # this client's member weights (FedEM's π)
-            weights = torch.as_tensor(np.asarray(pred.weights[row], np.float64))
+            weights = torch.as_tensor(np.asarray(pred.weights[row], np.float64),
+                                      device=self.device)
         return combine(outs, pred.combine, weights)
 
     # -------------------------------------------------------------- requests
@@ -82,50 +93,55 @@ class SequentialBackend(Backend):
         sizes = fed.train_sizes[clients]
         sched = torch.from_numpy(
             batch_schedule(sizes, clients, tr.batch_size, tr.epochs, tr.steps, req.seed)
-        )
+        ).to(self.device)
+        models, pred = on(req.models, self.device), on(req.offset, self.device)
+        prox_models = on(req.prox_models, self.device)
         params, losses = [], []
         for i, c in enumerate(clients):
-            x, y = fed.client_train(int(c))
-            offset = None if req.offset is None else self._outputs(req.offset, i, x)
-            torch.manual_seed(int(req.seed) * 1_000_003 + int(c))  # dropout noise
-            start = req.models[int(req.model_of_client[i])]
+            x, y = self.data.client_train(int(c))
+            offset = None if pred is None else self._outputs(pred, i, x)
+            torch.manual_seed(client_seed(req.seed, int(c)))  # dropout noise
+            start = models[int(req.model_of_client[i])]
             prox = None
-            if req.prox_models is not None and req.prox_weights is not None:
-                prox = (req.prox_models, torch.as_tensor(np.asarray(req.prox_weights[i])))
+            if prox_models is not None and req.prox_weights is not None:
+                prox = (prox_models, torch.as_tensor(np.asarray(req.prox_weights[i])))
             p, loss = ref.train_client(self.module, start, x, y, sched[i], tr, fed.task, offset,
                                        prox=prox)
             params.append(p)
             losses.append(loss)
         out = narrow(_stack(params, self.factory.size), req.coords)  # the d̂ coords asked for
-        return TrainReply(clients.copy(), out, sizes.copy(), np.array(losses))
+        return TrainReply(clients.copy(), out.cpu(), sizes.copy(), np.array(losses))
 
     def gradient(self, req: GradientRequest) -> GradientReply:
         fed, clients = self.federation, as_index(req.clients)
         sizes = fed.train_sizes[clients]
-        batches = torch.from_numpy(gradient_batches(sizes, clients, req.batch_size, req.seed))
+        batches = torch.from_numpy(
+            gradient_batches(sizes, clients, req.batch_size, req.seed)).to(self.device)
+        models = on(req.models, self.device)
         grads, losses = [], []
         for i, c in enumerate(clients):
-            x, y = fed.client_train(int(c))
-            torch.manual_seed(int(req.seed) * 1_000_003 + int(c))
-            params = req.models[int(req.model_of_client[i])]
+            x, y = self.data.client_train(int(c))
+            torch.manual_seed(client_seed(req.seed, int(c)))
+            params = models[int(req.model_of_client[i])]
             g, loss = ref.gradient_client(self.module, params, x, y, batches[i], fed.task)
             grads.append(g)
             losses.append(loss)
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         out = narrow(_stack(grads, self.factory.size), req.coords)  # the d̂ coords asked for
-        return GradientReply(clients.copy(), out, used, np.array(losses))
+        return GradientReply(clients.copy(), out.cpu(), used, np.array(losses))
 
     def losses(self, req: LossRequest) -> LossReply:
         fed, clients = self.federation, as_index(req.clients)
         k = req.models.shape[0]
         loss = np.zeros((len(clients), k))
         acc = np.full((len(clients), k), np.nan)
-        x_all, y_all, off = fed.split(req.split)
+        x_all, y_all, off = self.data.split(req.split)
+        models, pred = on(req.models, self.device), on(req.offset, self.device)
         for i, c in enumerate(clients):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
-            base = None if req.offset is None else self._outputs(req.offset, i, x)
+            base = None if pred is None else self._outputs(pred, i, x)
             for j in range(k):
-                out = ref.predict(self.module, req.models[j], x)
+                out = ref.predict(self.module, models[j], x)
                 if base is not None:
                     out = out + base
                 loss[i, j] = float(per_sample_loss(out, y, fed.task).mean())
@@ -138,7 +154,7 @@ class SequentialBackend(Backend):
                        y: torch.Tensor) -> torch.Tensor:
         """`[n_i, K]` per-sample losses of each model on one client's data (eval mode)."""
         if len(x) == 0:
-            return torch.zeros(0, int(models.shape[0]), dtype=torch.float64)
+            return torch.zeros(0, int(models.shape[0]), dtype=torch.float64, device=x.device)
         out = torch.stack([ref.predict(self.module, m, x) for m in models], 1)
         return per_sample_losses(out, y, self.federation.task)
 
@@ -148,56 +164,58 @@ class SequentialBackend(Backend):
         sizes = fed.train_sizes[clients]
         scheds = [torch.from_numpy(batch_schedule(sizes, clients, tr.batch_size, tr.epochs,
                                                   tr.steps, mixture_seed(req.seed, j)))
-                  for j in range(k)]
+                  .to(self.device) for j in range(k)]
         params, losses, weights = [], [], []
+        models = on(req.models, self.device)
         for i, c in enumerate(clients):
-            x, y = fed.client_train(int(c))
-            prior = torch.as_tensor(np.asarray(req.weights[i], np.float64))
-            q = responsibilities(self._client_losses(req.models, x, y),
-                                 prior.expand(len(x), -1))
-            weights.append(q.mean(0).numpy() if len(x) else prior.numpy())
+            x, y = self.data.client_train(int(c))
+            prior = torch.as_tensor(np.asarray(req.weights[i], np.float64), device=self.device)
+            q = responsibilities(self._client_losses(models, x, y), prior.expand(len(x), -1))
+            weights.append((q.mean(0) if len(x) else prior).cpu().numpy())
             rows, total = [], 0.0
             for j in range(k):
-                torch.manual_seed(int(req.seed) * 1_000_003 + int(c))  # dropout noise
-                p, loss = ref.train_client(self.module, req.models[j], x, y, scheds[j][i], tr,
+                torch.manual_seed(client_seed(req.seed, int(c)))  # dropout noise
+                p, loss = ref.train_client(self.module, models[j], x, y, scheds[j][i], tr,
                                            fed.task, sample_weight=q[:, j])
                 rows.append(p)
                 total += loss
             params.append(torch.stack(rows))
             losses.append(total)
         d = self.factory.size
-        out = torch.stack(params) if params else torch.zeros(0, k, d)
+        out = torch.stack(params).cpu() if params else torch.zeros(0, k, d)
         return MixtureTrainReply(clients.copy(), out, sizes.copy(), np.array(losses),
                                  np.array(weights).reshape(len(clients), k))
 
     def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
-        fed, clients = self.federation, as_index(req.clients)
-        x_all, y_all, off = fed.split(req.split)
-        k = int(req.models.shape[0])
+        clients = as_index(req.clients)
+        x_all, y_all, off = self.data.split(req.split)
+        k, models = int(req.models.shape[0]), on(req.models, self.device)
         weights, nll = np.zeros((len(clients), k)), np.zeros(len(clients))
         for i, c in enumerate(clients):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
-            pi, loss = fit_mixture(self._client_losses(req.models, x, y), np.array([len(x)]),
+            pi, loss = fit_mixture(self._client_losses(models, x, y), np.array([len(x)]),
                                    np.asarray(req.weights[i : i + 1]), req.iterations)
             weights[i], nll[i] = pi[0], loss[0]
         return MixtureFitReply(clients.copy(), weights, nll, np.diff(off)[clients])
 
     def best_counts(self, req: BestCountRequest) -> BestCountReply:
-        fed, clients = self.federation, as_index(req.clients)
-        x_all, y_all, off = fed.split(req.split)
+        clients = as_index(req.clients)
+        x_all, y_all, off = self.data.split(req.split)
+        models = on(req.models, self.device)
         counts = np.zeros((len(clients), int(req.models.shape[0])), dtype=np.int64)
         for i, c in enumerate(clients):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
-            counts[i] = best_counts(self._client_losses(req.models, x, y), np.array([len(x)]))[0]
+            counts[i] = best_counts(self._client_losses(models, x, y), np.array([len(x)]))[0]
         return BestCountReply(clients.copy(), counts, np.diff(off)[clients])
 
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)
-        x_all, y_all, off = fed.split(req.split)
+        x_all, y_all, off = self.data.split(req.split)
+        pred = on(req.predictor, self.device)
         rows = []
         for i, c in enumerate(clients):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
-            out = self._outputs(req.predictor, i, x)
+            out = self._outputs(pred, i, x)
             rows.append(client_metrics(out, y, fed.task, fed.n_classes))
         return metrics_reply(clients, rows, np.diff(off)[clients])
 

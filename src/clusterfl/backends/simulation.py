@@ -6,6 +6,8 @@ gradients, and outputs of K models on all clients' data in large matrix products
 computation runs in the dtype of the request's models (data is cast once and cached).
 A Train/Gradient request with `coords` gets replies narrowed to those coordinates: each client
 computes its whole update and sends only the d̂ floats asked for (`protocol.narrow`).
+On a GPU (`device`) the data is cast and moved there once, the models of each request move
+there when it arrives and the replies come back to the CPU (`engine.device`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Literal, Self
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.data.federation import Federation
@@ -26,6 +28,14 @@ from clusterfl.engine.common import (
     per_sample_losses,
     responsibilities,
     segment_mean,
+)
+from clusterfl.engine.device import (
+    DEVICES,
+    Precision,
+    check_device_name,
+    on,
+    resolve_device,
+    set_precision,
 )
 from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_schedule
 from clusterfl.engine.vectorized import (
@@ -56,7 +66,32 @@ from clusterfl.protocol import (
 )
 
 
-class SimulationConfig(BackendConfig):
+class DeviceConfig(BackendConfig):
+    """`device` and `precision` of the in-process backends (`simulation`, `sequential`).
+
+    Each is written into a run's config only when it is not the default ("auto", "fp32"), so
+    the configs (and run folders) of runs that do not set them stay as they were.
+    """
+
+    device: str = Field("auto", description=f"where to compute: {DEVICES}; auto = CUDA when "
+                        "torch finds a GPU")
+    precision: Precision = Field("fp32", description="CUDA matrix products: fp32 or tf32")
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, value: object) -> str:
+        return check_device_name(value)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out = handler(self)
+        for key, default in (("device", "auto"), ("precision", "fp32")):
+            if out.get(key) == default:
+                out.pop(key)
+        return out
+
+
+class SimulationConfig(DeviceConfig):
     """Settings of the simulation backend (`[backend] name = "simulation"`, the default)."""
 
     name: Literal["simulation"] = "simulation"
@@ -73,6 +108,8 @@ class SimulationBackend(Backend):
             when their optimizer state or batches would exceed the engine's budget).
         kernel: "auto" (fast paths for the built-in models, `torch.func` otherwise), or
             "mlp" / "cnn" / "generic" to force one.
+        device: "cpu" (default), "cuda", "cuda:N" or "auto" (`engine.device`).
+        precision: "fp32" or "tf32" (CUDA products).
     """
 
     name = "simulation"
@@ -85,27 +122,32 @@ class SimulationBackend(Backend):
         chunk_size: int = 64,
         *,
         kernel: str = "auto",
+        device: str = "cpu",
+        precision: str = "fp32",
     ) -> None:
         super().__init__(federation, factory)
+        self.device = resolve_device(device)
+        set_precision(self.device, precision)
         tune_allocator()  # large reply tensors reuse heap memory (see engine.allocator)
-        self.module = factory.build()
+        self.module = factory.build().to(self.device)
         self.engine = VectorizedEngine(self.module, factory.layout, kernel, chunk_size)
         self._splits: dict[tuple[str, torch.dtype], SplitData] = {}
 
     @classmethod
     def from_config(cls, config: BackendConfig, federation: Federation,
                     factory: ModelFactory) -> Self:
-        return cls(federation, factory, chunk_size=config.chunk_size)
+        return cls(federation, factory, chunk_size=config.chunk_size,
+                   device=getattr(config, "device", "auto"),
+                   precision=getattr(config, "precision", "fp32"))
 
     # -------------------------------------------------------------- helpers
     def _split(self, name: str, dtype: torch.dtype) -> SplitData:
-        """The split's data in `dtype` (cast once, cached)."""
+        """The split's data in `dtype` on the device (cast and moved once, cached)."""
         key = (name, dtype)
         if key not in self._splits:
             x, y, off = self.federation.split(name)
-            x = x.to(dtype).contiguous()
-            if self.federation.task == "regression":
-                y = y.to(dtype)
+            x = x.to(self.device, dtype).contiguous()
+            y = y.to(self.device, dtype if self.federation.task == "regression" else None)
             self._splits[key] = SplitData(x, y.contiguous(), off)
         return self._splits[key]
 
@@ -120,13 +162,13 @@ class SimulationBackend(Backend):
         if pred is None:
             return None
         data, rows = self._rows(split, pred.models.dtype, clients)
-        return self.engine.predictor_outputs(data, rows, pred).to(dtype)
+        return self.engine.predictor_outputs(data, rows, on(pred, self.device)).to(dtype)
 
     @staticmethod
     def _local_targets(data: SplitData, rows: Rows) -> torch.Tensor:
         pieces = [np.arange(s, s + n) for s, n in zip(rows.start, rows.size)]
         idx = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-        return data.y.index_select(0, torch.from_numpy(idx.astype(np.int64)))
+        return data.y.index_select(0, torch.from_numpy(idx.astype(np.int64)).to(data.y.device))
 
     # -------------------------------------------------------------- requests
     def train(self, req: TrainRequest) -> TrainReply:
@@ -139,10 +181,10 @@ class SimulationBackend(Backend):
         offsets = self._offsets(req.offset, "train", clients, dtype)
         center, scale = prox_centers(req)
         params, loss = self.engine.train(
-            data, rows, req.models, as_index(req.model_of_client), sched, tr, fed.task,
-            offsets, req.seed, prox_center=center, prox_scale=scale,
+            data, rows, on(req.models, self.device), as_index(req.model_of_client), sched, tr,
+            fed.task, offsets, req.seed, prox_center=on(center, self.device), prox_scale=scale,
         )
-        return TrainReply(clients.copy(), narrow(params, req.coords), sizes.copy(), loss)
+        return TrainReply(clients.copy(), narrow(params, req.coords).cpu(), sizes.copy(), loss)
 
     # -------------------------------------------------------------- mixtures
     def _sample_losses(self, split: str, models: torch.Tensor,
@@ -151,8 +193,8 @@ class SimulationBackend(Backend):
         data, rows = self._rows(split, models.dtype, clients)
         k = int(models.shape[0])
         if rows.total == 0:
-            return data, rows, torch.zeros(0, k, dtype=torch.float64)
-        out = self.engine.all_model_outputs(data, rows, models)  # [total, K, O]
+            return data, rows, torch.zeros(0, k, dtype=torch.float64, device=self.device)
+        out = self.engine.all_model_outputs(data, rows, on(models, self.device))  # [total, K, O]
         y = self._local_targets(data, rows)
         return data, rows, per_sample_losses(out, y, self.federation.task)
 
@@ -161,11 +203,11 @@ class SimulationBackend(Backend):
         tr, k, n = req.training, int(req.models.shape[0]), len(clients)
         sizes = fed.train_sizes[clients]
         data, rows, losses = self._sample_losses("train", req.models, clients)
-        prior = torch.as_tensor(np.asarray(req.weights, np.float64))
+        prior = torch.as_tensor(np.asarray(req.weights, np.float64), device=self.device)
         q = responsibilities(losses, prior[torch.from_numpy(
-            np.repeat(np.arange(n), rows.size).astype(np.int64))])
+            np.repeat(np.arange(n), rows.size).astype(np.int64)).to(self.device)])
         mean_q = segment_mean(q, rows.size)
-        pi = torch.where(torch.isnan(mean_q), prior, mean_q).numpy()
+        pi = torch.where(torch.isnan(mean_q), prior, mean_q).cpu().numpy()
         # the K weighted trainings of every client as one request of k·n (client, component)
         rep = np.tile(clients, k)
         rows_k = Rows.of(data.offsets, rep)
@@ -173,9 +215,9 @@ class SimulationBackend(Backend):
         sched = mixture_schedule(sizes, clients, tr.batch_size, tr.epochs, tr.steps,
                                  req.seed, k)
         which = np.repeat(np.arange(k, dtype=np.int64), n)
-        params, loss = self.engine.train(data, rows_k, req.models, which, sched, tr, fed.task,
-                                         None, req.seed, sample_weight=weight)
-        params = params.view(k, n, -1).transpose(0, 1).contiguous()
+        params, loss = self.engine.train(data, rows_k, on(req.models, self.device), which, sched,
+                                         tr, fed.task, None, req.seed, sample_weight=weight)
+        params = params.view(k, n, -1).transpose(0, 1).contiguous().cpu()
         return MixtureTrainReply(clients.copy(), params, sizes.copy(),
                                  loss.reshape(k, n).sum(0), pi)
 
@@ -199,10 +241,10 @@ class SimulationBackend(Backend):
             return GradientReply(clients.copy(), narrow(empty, req.coords), used, np.zeros(0))
         batches = gradient_batches(sizes, clients, req.batch_size, req.seed)
         data, rows = self._rows("train", req.models.dtype, clients)
-        grads, loss = self.engine.gradients(
-            data, rows, req.models, as_index(req.model_of_client), batches, fed.task, req.seed
-        )
-        return GradientReply(clients.copy(), narrow(grads, req.coords), used, loss)
+        grads, loss = self.engine.gradients(data, rows, on(req.models, self.device),
+                                            as_index(req.model_of_client), batches, fed.task,
+                                            req.seed)
+        return GradientReply(clients.copy(), narrow(grads, req.coords).cpu(), used, loss)
 
     def losses(self, req: LossRequest) -> LossReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -214,7 +256,7 @@ class SimulationBackend(Backend):
             return LossReply(clients.copy(), loss, acc)
         base = self._offsets(req.offset, req.split, clients, req.models.dtype)
         y = self._local_targets(data, rows)
-        out = self.engine.all_model_outputs(data, rows, req.models)  # [total, K, O]
+        out = self.engine.all_model_outputs(data, rows, on(req.models, self.device))
         if base is not None:
             out = out + base.unsqueeze(1)
         if fed.task == "classification":  # cross-entropy of all K at once, no [total·K] copy
@@ -235,7 +277,7 @@ class SimulationBackend(Backend):
     def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)
         data, rows = self._rows(req.split, req.predictor.models.dtype, clients)
-        out = self.engine.predictor_outputs(data, rows, req.predictor)
+        out = self.engine.predictor_outputs(data, rows, on(req.predictor, self.device))
         y = self._local_targets(data, rows)
         m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes)
         return EvaluateReply(

@@ -56,7 +56,8 @@ def tune_allocator() -> bool:
 _ALIGN_BYTES = 64  # one cache line, the width of an AVX-512 store
 
 
-def aligned_rows(n: int, d: int, dtype: torch.dtype) -> torch.Tensor:
+def aligned_rows(n: int, d: int, dtype: torch.dtype,
+                 device: torch.device | None = None) -> torch.Tensor:
     """An uninitialised `[n, d]` tensor whose rows start on 64-byte boundaries.
 
     The row stride is `d` rounded up to a whole cache line, so the result is a view (not
@@ -64,8 +65,10 @@ def aligned_rows(n: int, d: int, dtype: torch.dtype) -> torch.Tensor:
     per-client weight gradients of a round) then store whole cache lines: with a plain
     `[n, d]` tensor and an odd `d` every row after the first starts mid-line, and the
     stacked weight-gradient products for 128 MLP clients ran 1.45x slower (53 vs 37 ms,
-    one thread).
+    one thread). On a GPU (`device`) the rows are plain `[n, d]`.
     """
+    if device is not None and device.type != "cpu":
+        return torch.empty(n, d, dtype=dtype, device=device)
     item = torch.empty((), dtype=dtype).element_size()
     per_line = max(1, _ALIGN_BYTES // item)
     stride = -(-d // per_line) * per_line

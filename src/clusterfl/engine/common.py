@@ -37,7 +37,7 @@ def _weighted_mean(stacked: torch.Tensor, weights: torch.Tensor | None) -> torch
     """Mean over the first axis of `[members, rows, O]`, weighted per row when given."""
     if weights is None:
         return stacked.mean(0)
-    w = weights.to(stacked.dtype)
+    w = weights.to(stacked.device, stacked.dtype)
     w = w.t() if w.dim() == 2 else w[:, None].expand(-1, stacked.shape[1])
     return (stacked * w.unsqueeze(-1)).sum(0)
 
@@ -58,13 +58,30 @@ def responsibilities(losses: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits, -1)
 
 
+def segment_sum(values: torch.Tensor, sizes: np.ndarray,
+                padded: bool | None = None) -> torch.Tensor:
+    """Per-client sums `[n, ...]` in float64 of `[total, ...]` rows (clients' rows consecutive,
+    `sizes` each). On the CPU one `index_add_`; on a GPU, where `index_add_` adds in a varying
+    order (atomics), the rows are laid out as `[n, max size, ...]` (zero padded) and summed,
+    so that the same input gives the same sums run after run (`padded` forces either way)."""
+    n, dev, v = len(sizes), values.device, values.double()
+    sizes = np.asarray(sizes, dtype=np.int64)
+    rows = np.repeat(np.arange(n), sizes)
+    if not (dev.type != "cpu" if padded is None else padded):
+        return torch.zeros((n, *v.shape[1:]), dtype=torch.float64).index_add_(
+            0, torch.from_numpy(rows.astype(np.int64)), v)
+    cols = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    pad = torch.zeros((n, int(sizes.max()) if n else 0, *v.shape[1:]), dtype=torch.float64,
+                      device=dev)
+    pad[torch.from_numpy(rows).to(dev), torch.from_numpy(cols).to(dev)] = v
+    return pad.sum(1)
+
+
 def segment_mean(values: torch.Tensor, sizes: np.ndarray) -> torch.Tensor:
     """Per-client mean of `[total, K]` rows (clients' rows consecutive, `sizes` each); a
     client without rows gets NaN."""
-    n, k = len(sizes), values.shape[1]
-    seg = torch.from_numpy(np.repeat(np.arange(n), sizes).astype(np.int64))
-    total = torch.zeros(n, k, dtype=torch.float64).index_add_(0, seg, values.double())
-    count = torch.from_numpy(np.asarray(sizes, dtype=np.float64))[:, None]
+    total = segment_sum(values, sizes)
+    count = torch.from_numpy(np.asarray(sizes, dtype=np.float64)).to(values.device)[:, None]
     return torch.where(count > 0, total / count.clamp_min(1), torch.nan)
 
 
@@ -77,10 +94,11 @@ def fit_mixture(losses: torch.Tensor, sizes: np.ndarray, prior: np.ndarray,
     Returns (π `[n, K]`, the negative log-likelihood −mean_j log Σ_k π_k e^{−ℓ_jk} `[n]`).
     A client without rows keeps its prior and gets NaN.
     """
-    pi = torch.as_tensor(np.asarray(prior, dtype=np.float64))
+    dev = losses.device
+    pi = torch.as_tensor(np.asarray(prior, dtype=np.float64), device=dev)
     sizes = np.asarray(sizes, dtype=np.int64)
-    rep = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes).astype(np.int64))
-    has = torch.from_numpy(sizes > 0)[:, None]
+    rep = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes).astype(np.int64)).to(dev)
+    has = torch.from_numpy(sizes > 0).to(dev)[:, None]
     for _ in range(int(iterations)):
         q = responsibilities(losses, pi[rep])
         pi = torch.where(has, segment_mean(q, sizes), pi)
@@ -88,7 +106,7 @@ def fit_mixture(losses: torch.Tensor, sizes: np.ndarray, prior: np.ndarray,
                      torch.full_like(losses, -torch.inf, dtype=torch.float64))
     per = -torch.logsumexp(torch.log(pi[rep]) + ll, -1)
     nll = segment_mean(per[:, None], sizes)[:, 0]
-    return pi.numpy(), nll.numpy()
+    return pi.cpu().numpy(), nll.cpu().numpy()
 
 
 def best_counts(losses: torch.Tensor, sizes: np.ndarray) -> np.ndarray:
@@ -98,10 +116,10 @@ def best_counts(losses: torch.Tensor, sizes: np.ndarray) -> np.ndarray:
     finite = torch.where(torch.isfinite(losses), losses.double(),
                          torch.full_like(losses, torch.inf, dtype=torch.float64))
     best = finite.argmin(-1)
-    seg = torch.from_numpy(np.repeat(np.arange(n), sizes).astype(np.int64))
-    counts = torch.zeros(n * k, dtype=torch.int64).index_add_(
+    seg = torch.from_numpy(np.repeat(np.arange(n), sizes).astype(np.int64)).to(best.device)
+    counts = torch.zeros(n * k, dtype=torch.int64, device=best.device).index_add_(
         0, seg * k + best, torch.ones_like(best))
-    return counts.view(n, k).numpy()
+    return counts.view(n, k).cpu().numpy()
 
 
 def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:

@@ -2,8 +2,12 @@
 
 `functional_call` runs the module with each client's parameters; `vmap(grad(...))` gives all
 clients' gradients in one call. When vmap cannot trace the module (data-dependent control flow,
-in-place buffer updates, ...), the kernel falls back to a loop over clients, still with
-`torch.func.grad`, and remembers that choice. The optimizer update is the shared stacked one.
+in-place buffer updates such as BatchNorm's running statistics, ...), the kernel falls back to
+a loop over clients with plain autograd, on each client's real samples only (padding rows, of
+weight 0, would skew batch statistics), and remembers that choice; a module that fails there
+too is a one-line `ClusterFLError` pointing at the sequential backend. Buffers (BatchNorm's
+running statistics) are the module's own, shared by all clients and never federated, as in
+the sequential backend. The optimizer update is the shared stacked one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch.func import functional_call, grad, vmap
 
 from clusterfl.engine.common import per_sample_loss
 from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch
+from clusterfl.errors import ClusterFLError
 from clusterfl.models.params import ParamLayout
 
 Tensor = torch.Tensor
@@ -57,16 +62,32 @@ class GenericKernel(StackedKernel):
         self, fn: Callable[..., tuple[Tensor, Tensor]], params: list[Tensor], x: Tensor,
         y: Tensor, w: Tensor, offset: Tensor | None,
     ) -> tuple[tuple[Tensor, ...], Tensor]:
-        g_fn = grad(fn, has_aux=True)
         grads, losses = [], []
-        for i in range(y.shape[0]):
-            g, loss = g_fn(
-                tuple(p[i] for p in params), x[i], y[i], w[i], None if offset is None else offset[i]
-            )
-            grads.append(g)
-            losses.append(loss)
+        try:
+            for i in range(y.shape[0]):
+                own = tuple(p[i].detach().requires_grad_() for p in params)
+                rows = w[i] != 0  # the client's real samples: padding would skew BatchNorm
+                if not bool(rows.any()):  # a step past the client's last one
+                    grads.append(tuple(torch.zeros_like(p) for p in own))
+                    losses.append(w.new_zeros(()))
+                    continue
+                off = None if offset is None else offset[i][rows]
+                with torch.enable_grad():
+                    loss, value = fn(own, x[i][rows], y[i][rows], w[i][rows], off)
+                    g = torch.autograd.grad(loss, own, allow_unused=True)
+                grads.append(tuple(torch.zeros_like(p) if d is None else d
+                                   for p, d in zip(own, g)))
+                losses.append(value)
+        except Exception as exc:
+            raise self._unsupported(exc) from None
         stacked = tuple(torch.stack([g[j] for g in grads]) for j in range(len(params)))
         return stacked, torch.stack(losses)
+
+    def _unsupported(self, exc: Exception) -> ClusterFLError:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return ClusterFLError(
+            f"model {type(self.module).__name__} cannot be trained by the simulation backend "
+            f"({type(exc).__name__}: {first}); use [backend] name = \"sequential\"")
 
     # ------------------------------------------------------------------ kernel interface
     def train_step(self, params: list[Tensor], batch: StepBatch, sink: Sink) -> Tensor:
@@ -97,6 +118,8 @@ class GenericKernel(StackedKernel):
             except Exception as exc:
                 log.info("vmap failed for %s (%s); looping", type(self.module).__name__, exc)
                 self.use_vmap = False
-        return torch.stack(
-            [self._apply(tuple(p[i] for p in params), x[i]) for i in range(x.shape[0])]
-        )
+        try:
+            return torch.stack(
+                [self._apply(tuple(p[i] for p in params), x[i]) for i in range(x.shape[0])])
+        except Exception as exc:
+            raise self._unsupported(exc) from None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from clusterfl.errors import ConfigError
+
 
 def client_rng(seed: int, client: int) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(client)])
@@ -50,6 +52,8 @@ def batch_schedule(
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    batch_size = fit_batch(batch_size, sizes, len(sizes))
+    check_schedule_size(len(sizes), sizes, batch_size, epochs, steps)
     per_client = []
     for c, n in zip(clients, sizes):
         rng = client_rng(seed, int(c))
@@ -67,11 +71,42 @@ def batch_schedule(
     return out
 
 
+#: the most int64 entries a schedule may hold (1 GiB): more is an absurd setting
+MAX_SCHEDULE = 2**27
+#: the most padding entries a batch larger than every client may add (32 MiB)
+MAX_PADDING = 2**22
+
+
+def fit_batch(batch_size: int, sizes: np.ndarray, rows: int = 1) -> int:
+    """`batch_size`, or the largest client's size when the batch is larger and its padding
+    in the `rows` schedules of one step would exceed `MAX_PADDING` entries: a batch holds
+    at most a client's data, so the same samples are drawn and the models are the same (the
+    reported mean loss, summed over less padding, may differ in its last digits). A batch
+    larger than the clients but not absurdly so is kept as it is."""
+    largest = int(np.max(sizes, initial=0))
+    if 0 < largest < batch_size and (batch_size - largest) * rows > MAX_PADDING:
+        return largest
+    return int(batch_size)
+
+
+def check_schedule_size(rows: int, sizes: np.ndarray, b: int, epochs: int, steps: int) -> None:
+    """ConfigError naming `train.steps` or `train.epochs` when the schedule of `rows` clients
+    (or client-model pairs) would exceed `MAX_SCHEDULE` entries, before it is allocated."""
+    per = steps if steps > 0 else epochs * -(-int(np.max(sizes, initial=0)) // b)
+    if rows * per * b <= MAX_SCHEDULE:
+        return
+    field, value = ("train.steps", steps) if steps > 0 else ("train.epochs", epochs)
+    most = max(1, MAX_SCHEDULE // max(1, rows * b * (per // max(1, value))))
+    raise ConfigError(field, f"{value} local {field.split('.')[1]} of batches of {b} for "
+                      f"{rows} clients need a schedule of {rows * per * b * 8 / 2**30:.1f} GiB "
+                      f"before training starts; allowed here: at most {most}")
+
+
 def gradient_batches(
     sizes: np.ndarray, clients: np.ndarray, batch_size: int | None, seed: int
 ) -> np.ndarray:
     """`[n, b]` indices of one random minibatch per client (-1 padded); None = all data."""
-    b = int(sizes.max()) if batch_size is None else batch_size
+    b = int(sizes.max()) if batch_size is None else fit_batch(batch_size, sizes, len(sizes))
     out = np.full((len(clients), max(b, 1)), -1, dtype=np.int64)
     for i, (c, n) in enumerate(zip(clients, sizes)):
         n = int(n)
@@ -94,6 +129,8 @@ def mixture_schedule(sizes: np.ndarray, clients: np.ndarray, batch_size: int, ep
                      steps: int, seed: int, k: int) -> np.ndarray:
     """`[k·n, S, b]`: the schedules of components 0..k−1 (client order within each), one
     after the other, as a `MixtureTrainRequest` trains them."""
+    batch_size = fit_batch(batch_size, sizes, k * len(sizes))
+    check_schedule_size(k * len(sizes), sizes, batch_size, epochs, steps)
     parts = [batch_schedule(sizes, clients, batch_size, epochs, steps, mixture_seed(seed, j))
              for j in range(k)]
     s_max = max((p.shape[1] for p in parts), default=0)

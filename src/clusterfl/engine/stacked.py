@@ -34,19 +34,22 @@ Tensor = torch.Tensor
 class Workspace:
     """Reusable scratch tensors keyed by name, so that steps do not allocate large tensors.
 
-    `get(key, shape, dtype)` returns a view of a buffer that is only re-allocated when it
-    is too small. Two tensors that are alive at the same time must use different keys.
+    `get(key, shape, dtype, device)` returns a view of a buffer that is only re-allocated
+    when it is too small (or of another dtype or device). Two tensors that are alive at the
+    same time must use different keys.
     """
 
     def __init__(self) -> None:
         self._store: dict[str, Tensor] = {}
 
-    def get(self, key: str, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
-        """A tensor of `shape` and `dtype` (uninitialised content)."""
+    def get(self, key: str, shape: Sequence[int], dtype: torch.dtype,
+            device: torch.device | None = None) -> Tensor:
+        """A tensor of `shape` and `dtype` on `device` (default CPU; uninitialised content)."""
         n = math.prod(shape)
         buf = self._store.get(key)
-        if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = torch.empty(max(n, 1), dtype=dtype)
+        device = torch.device("cpu") if device is None else device
+        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(max(n, 1), dtype=dtype, device=device)
             self._store[key] = buf
         return buf[:n].view(*shape)
 
@@ -97,8 +100,10 @@ class GradientSink(Sink):
         a: int,
         dtype: torch.dtype,
         out: list[Tensor] | None = None,
+        device: torch.device | None = None,
     ) -> None:
-        self.out = out if out is not None else [torch.empty(a, *s, dtype=dtype) for s in shapes]
+        self.out = out if out is not None else [
+            torch.empty(a, *s, dtype=dtype, device=device) for s in shapes]
 
     def matmul(self, i: int, lhs: Tensor, rhs: Tensor) -> None:
         out = self.out[i]
@@ -133,7 +138,8 @@ def strided_bmm(out: Tensor, lhs: Tensor, rhs: Tensor) -> None:
     if out.shape[0] == 0:
         return
     step = max(1, _STRIDED_TEMP // max(1, out[0].numel()))
-    tmp = torch.empty((min(step, out.shape[0]), *out.shape[1:]), dtype=out.dtype)
+    tmp = torch.empty((min(step, out.shape[0]), *out.shape[1:]), dtype=out.dtype,
+                      device=out.device)
     for s in range(0, out.shape[0], step):
         e = min(out.shape[0], s + step)
         part = tmp[: e - s]
@@ -204,10 +210,11 @@ class StackedOptimizer(Sink):
             self._step_size = self.tr.lr / (1 - b1**step)
             self._bc2_sqrt = (1 - b2**step) ** 0.5
         else:
-            dtype = self.params[0].dtype
+            dtype, dev = self.params[0].dtype, self.params[0].device
             sizes = [self.tr.lr / (1 - b1 ** int(s)) for s in t]
-            self._step_size = torch.tensor(sizes, dtype=dtype)
-            self._bc2_sqrt = torch.tensor([(1 - b2 ** int(s)) ** 0.5 for s in t], dtype=dtype)
+            self._step_size = torch.tensor(sizes, dtype=dtype, device=dev)
+            self._bc2_sqrt = torch.tensor([(1 - b2 ** int(s)) ** 0.5 for s in t], dtype=dtype,
+                                          device=dev)
 
     def _scratch(self, store: list[Tensor | None], i: int) -> Tensor:
         buf = store[i]
@@ -337,7 +344,7 @@ class StackedKernel(ABC):
     def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
         """Inputs `[a, B, *input_shape]` of the samples `idx` (`[a, B]` rows of `x_all`)."""
         a, b = idx.shape
-        out = self.ws.get("gather", (a * b, *x_all.shape[1:]), x_all.dtype)
+        out = self.ws.get("gather", (a * b, *x_all.shape[1:]), x_all.dtype, x_all.device)
         torch.index_select(x_all, 0, idx.reshape(-1), out=out)
         return out.view(a, b, *x_all.shape[1:])
 

@@ -148,7 +148,7 @@ class CNNKernel(StackedKernel):
         """Samples laid out for grouped convolution: `[B, a·C, H, W]` (sample-major)."""
         a, b = idx.shape
         c, h, w = x_all.shape[1:]
-        out = self.ws.get("gather", (b * a, c, h, w), x_all.dtype)
+        out = self.ws.get("gather", (b * a, c, h, w), x_all.dtype, x_all.device)
         torch.index_select(x_all, 0, idx.t().reshape(-1), out=out)
         x = out.view(b, a * c, h, w)
         if self.channels_last:

@@ -32,7 +32,8 @@ from torch import nn
 from torch.func import functional_call
 
 from clusterfl.engine.allocator import aligned_rows
-from clusterfl.engine.common import combine, per_sample_loss
+from clusterfl.engine.common import combine, per_sample_loss, segment_sum
+from clusterfl.engine.device import fork_rng, generator
 from clusterfl.engine.generic import GenericKernel
 from clusterfl.engine.stacked import GradientSink, StackedKernel, StackedOptimizer, StepBatch
 from clusterfl.engine.stacked_cnn import CNNKernel
@@ -106,8 +107,10 @@ def _chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
         yield order[i : i + size]
 
 
-def _pad_rows(rows: Rows, pick: np.ndarray, idx: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray]:
-    """Global and local row indices of local sample indices `idx` (`[m, ..., B]`, -1 padded).
+def _pad_rows(rows: Rows, pick: np.ndarray, idx: np.ndarray,
+              device: torch.device) -> tuple[Tensor, Tensor, np.ndarray]:
+    """Global and local row indices (on `device`) of local sample indices `idx`
+    (`[m, ..., B]`, -1 padded), and where `idx` is valid.
 
     Padded slots point at a valid row (the client's first, or row 0) and must weigh 0.
     """
@@ -118,14 +121,14 @@ def _pad_rows(rows: Rows, pick: np.ndarray, idx: np.ndarray) -> tuple[Tensor, Te
     has = (rows.size[pick] > 0).reshape(shape)
     g = np.where(valid, start + idx, np.where(has, start, 0))
     loc = np.where(valid, local + idx, np.where(has, local, 0))
-    return torch.from_numpy(g), torch.from_numpy(loc), valid
+    return torch.from_numpy(g).to(device), torch.from_numpy(loc).to(device), valid
 
 
-def _sample_weights(valid: np.ndarray, dtype: torch.dtype) -> Tensor:
+def _sample_weights(valid: np.ndarray, dtype: torch.dtype, device: torch.device) -> Tensor:
     """1/count on the valid samples of each batch (last axis), 0 on padding."""
     count = valid.sum(-1, keepdims=True)
     w = np.where(valid, 1.0 / np.maximum(count, 1), 0.0)
-    return torch.from_numpy(w).to(dtype)
+    return torch.from_numpy(w).to(device, dtype)
 
 
 def _stack_models(
@@ -135,8 +138,13 @@ def _stack_models(
     m = len(which)
     if len(which) and np.all(which == which[0]):
         return [v.expand(m, *v.shape) for v in layout.views(models[int(which[0])]).values()]
-    rows = models.index_select(0, torch.from_numpy(np.asarray(which, np.int64)))
+    rows = models.index_select(0, _index(which, models.device))
     return list(layout.views(rows).values())
+
+
+def _index(ids: np.ndarray, device: torch.device) -> Tensor:
+    """`ids` as an int64 index tensor on `device`."""
+    return torch.from_numpy(np.asarray(ids, np.int64)).to(device)
 
 
 class VectorizedEngine:
@@ -198,8 +206,8 @@ class VectorizedEngine:
         to the start model by mu·scale_i/2 ||w − center_i||² (the gradient of
         mu/2 Σ_s a_is ||w − c_s||² with scale_i = Σ_s a_is, center_i = Σ_s a_is c_s / scale_i).
         """
-        n, d = len(rows.size), self.layout.size
-        out = torch.empty(n, d, dtype=models.dtype)
+        n, d, dev = len(rows.size), self.layout.size, models.device
+        out = torch.empty(n, d, dtype=models.dtype, device=dev)
         losses = np.full(n, np.nan)
         if n == 0:
             return out, losses
@@ -207,15 +215,15 @@ class VectorizedEngine:
         order = np.argsort(-n_steps, kind="stable")
         copies = 2 + (tr.momentum != 0) + 4 * (tr.optimizer == "adam") + 2 * (tr.mu > 0)
         size = self._chunk_len(copies, schedule.shape[-1], models.dtype)
-        with torch.random.fork_rng(devices=[]):
+        with fork_rng(dev):
             torch.manual_seed(int(seed) & 0xFFFFFFFF)
-            gen = torch.Generator().manual_seed(int(seed) & 0xFFFFFFFF)
+            gen = generator(dev, int(seed) & 0xFFFFFFFF)
             for pick in _chunks(order, size):
                 prox = None
                 if prox_center is not None and tr.mu > 0:
                     scale = np.ones(len(pick)) if prox_scale is None else prox_scale[pick]
-                    prox = (prox_center[torch.from_numpy(pick)],
-                            torch.as_tensor(scale, dtype=models.dtype))
+                    prox = (prox_center[_index(pick, dev)],
+                            torch.as_tensor(scale, dtype=models.dtype, device=dev))
                 params, loss = self._train_chunk(
                     data, rows, pick, models, np.asarray(model_of_client)[pick],
                     schedule[pick], tr, task, offsets, gen, sample_weight, prox,
@@ -224,7 +232,7 @@ class VectorizedEngine:
                 if np.all(np.diff(pick) == 1):  # consecutive rows: write them in place
                     torch.cat(flat, dim=1, out=out[int(pick[0]) : int(pick[0]) + len(pick)])
                 else:
-                    out.index_copy_(0, torch.from_numpy(pick), torch.cat(flat, dim=1))
+                    out.index_copy_(0, _index(pick, dev), torch.cat(flat, dim=1))
                 losses[pick] = loss
         return out, losses
 
@@ -244,12 +252,13 @@ class VectorizedEngine:
         prox: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[list[Tensor], np.ndarray]:
         """Train the clients `pick` together; returns their stacked parameters and losses."""
-        m, dtype = len(pick), models.dtype
+        m, dtype, dev = len(pick), models.dtype, models.device
         active = np.asarray((schedule >= 0).any(-1), dtype=bool)  # [m, S]
         n_steps = int(np.nonzero(active.any(0))[0].max()) + 1 if active.any() else 0
         schedule = schedule[:, :n_steps]
-        gidx, lidx, valid = _pad_rows(rows, pick, schedule)
-        weights = _sample_weights(valid, dtype)
+        gidx, lidx, valid = _pad_rows(rows, pick, schedule, dev)
+        weights = _sample_weights(valid, dtype, dev)
+        active_t = torch.from_numpy(active[:, :n_steps]).to(dev)
         if sample_weight is not None:
             weights = weights * sample_weight.to(dtype)[lidx]
         start = _stack_models(self.layout, models, which)
@@ -260,7 +269,8 @@ class VectorizedEngine:
             center = list(self.layout.views(prox[0]).values())
             scale = prox[1]
         opt = StackedOptimizer(params, tr, center, scale)
-        loss_sum = np.zeros(m)
+        # summed on the device (one copy back per chunk), in float64 as numpy would
+        loss_sum = torch.zeros(m, dtype=torch.float64, device=dev)
         loss_n = np.zeros(m, dtype=np.int64)
         for s in range(n_steps):
             act = active[:, s]
@@ -272,7 +282,7 @@ class VectorizedEngine:
             hole = np.nonzero(~act_w)[0]
             saved = []
             if len(hole):
-                hole_t = torch.from_numpy(hole)
+                hole_t = _index(hole, dev)
                 saved = [t[:width].index_select(0, hole_t) for t in opt.state()]
             opt.begin(width, act_w)
             idx = gidx[:width, s]
@@ -287,10 +297,11 @@ class VectorizedEngine:
             loss = self.kernel.train_step(views, batch, opt)
             for t, v in zip(opt.state(), saved):
                 t[:width].index_copy_(0, hole_t, v)
-            loss_sum[:width][act_w] += loss.detach().double().numpy()[act_w]
+            loss_sum[:width] += torch.where(active_t[:width, s], loss.detach().double(), 0.0)
             loss_n[:width][act_w] += 1
+        total = loss_sum.cpu().numpy()
         with np.errstate(invalid="ignore", divide="ignore"):
-            return params, np.where(loss_n > 0, loss_sum / np.maximum(loss_n, 1), np.nan)
+            return params, np.where(loss_n > 0, total / np.maximum(loss_n, 1), np.nan)
 
     # ------------------------------------------------------------------ gradients
     def gradients(
@@ -305,33 +316,33 @@ class VectorizedEngine:
     ) -> tuple[Tensor, np.ndarray]:
         """Gradient of each client's mean loss on its batch (`[n, b]` local indices, -1 padded)
         at `models[model_of_client[i]]`, in training mode. Returns `[n, d]` and the losses."""
-        n, d, dtype = len(rows.size), self.layout.size, models.dtype
-        grads = aligned_rows(n, d, dtype)  # whole cache lines per row: see aligned_rows
+        n, d, dtype, dev = len(rows.size), self.layout.size, models.dtype, models.device
+        grads = aligned_rows(n, d, dtype, dev)  # whole cache lines per row: see aligned_rows
         losses = np.full(n, np.nan)
         if n == 0:
             return grads, losses
         which = np.asarray(model_of_client, np.int64)
         order = np.argsort(which, kind="stable")
         size = self._chunk_len(1, batches.shape[-1], dtype)
-        with torch.random.fork_rng(devices=[]):
+        with fork_rng(dev):
             torch.manual_seed(int(seed) & 0xFFFFFFFF)
-            gen = torch.Generator().manual_seed(int(seed) & 0xFFFFFFFF)
+            gen = generator(dev, int(seed) & 0xFFFFFFFF)
             for pick in _chunks(order, size):
                 m = len(pick)
-                gidx, _, valid = _pad_rows(rows, pick, batches[pick])
-                w = _sample_weights(valid, dtype)
+                gidx, _, valid = _pad_rows(rows, pick, batches[pick], dev)
+                w = _sample_weights(valid, dtype, dev)
                 x = self.kernel.gather(data.x, gidx)
                 y = self._targets(data, gidx)
                 params = _stack_models(self.layout, models, which[pick])
                 direct = bool(np.all(np.diff(pick) == 1))  # rows pick[0]..pick[-1]
                 lo = int(pick[0])
                 out = list(self.layout.views(grads[lo : lo + m]).values()) if direct else None
-                sink = GradientSink(self.kernel.shapes, m, dtype, out)
+                sink = GradientSink(self.kernel.shapes, m, dtype, out, dev)
                 loss = self.kernel.train_step(params, StepBatch(x, y, w, None, task, gen), sink)
                 if not direct:
-                    grads.index_copy_(0, torch.from_numpy(pick), sink.flat())
+                    grads.index_copy_(0, _index(pick, dev), sink.flat())
                 has = valid.any(-1)
-                losses[pick] = np.where(has, loss.double().numpy(), np.nan)
+                losses[pick] = np.where(has, loss.double().cpu().numpy(), np.nan)
         return grads, losses
 
     # ------------------------------------------------------------------ outputs
@@ -353,11 +364,12 @@ class VectorizedEngine:
             probe = functional_call(
                 self.module, self.layout.views(models[0]), (data.x[:1],)
             ) if len(data.x) else torch.zeros(1, 1, dtype=models.dtype)
-            out = torch.zeros(0, probe.shape[-1], dtype=models.dtype)
+            out = torch.zeros(0, probe.shape[-1], dtype=models.dtype, device=models.device)
         return out
 
-    def _new_out(self, rows: Rows, width: int, dtype: torch.dtype) -> Tensor:
-        return torch.empty(rows.total, width, dtype=dtype)
+    def _new_out(self, rows: Rows, like: Tensor) -> Tensor:
+        """`[total, O]` outputs, of the dtype and device of one piece `like` `[r, O]`."""
+        return torch.empty(rows.total, like.shape[-1], dtype=like.dtype, device=like.device)
 
     def _shared_outputs(
         self, data: SplitData, rows: Rows, params: Tensor, members: np.ndarray, out: Tensor | None
@@ -375,7 +387,7 @@ class VectorizedEngine:
                 else:
                     res = functional_call(self.module, named, (x,))
                 if out is None:
-                    out = self._new_out(rows, res.shape[-1], res.dtype)
+                    out = self._new_out(rows, res)
                 out[l0 + p : l0 + q] = res
         return out
 
@@ -394,11 +406,11 @@ class VectorizedEngine:
                 q = min(int(sizes.max()), p + piece)
                 local = np.arange(p, q)[None, :].repeat(len(pick), 0)
                 local = np.where(local < sizes[:, None], local, -1)
-                gidx, lidx, valid = _pad_rows(rows, pick, local)
+                gidx, lidx, valid = _pad_rows(rows, pick, local, models.device)
                 res = self.kernel.forward(params, self.kernel.gather(data.x, gidx))
                 if out is None:
-                    out = self._new_out(rows, res.shape[-1], res.dtype)
-                mask = torch.from_numpy(valid.reshape(-1))
+                    out = self._new_out(rows, res)
+                mask = torch.from_numpy(valid.reshape(-1)).to(models.device)
                 out[lidx.reshape(-1)[mask]] = res.reshape(-1, res.shape[-1])[mask]
         return out
 
@@ -415,7 +427,7 @@ class VectorizedEngine:
             [list(self.layout.views(models[j]).values()) for j in range(k)]
         )
         width = self.kernel.shared_width(prepared)
-        out = torch.empty(rows.total, k, width, dtype=models.dtype)
+        out = torch.empty(rows.total, k, width, dtype=models.dtype, device=models.device)
         piece = max(256, SHARED_ROWS // k)
         for g0, l0, length in _runs(rows, np.arange(n)):
             for p in range(0, length, piece):
@@ -435,7 +447,7 @@ class VectorizedEngine:
         weights = None
         if pred.weights is not None:  # client i's member weights on each of its rows
             weights = torch.from_numpy(np.repeat(np.asarray(pred.weights, np.float64),
-                                                 rows.size, axis=0))
+                                                 rows.size, axis=0)).to(pred.models.device)
         return combine(outs, pred.combine, weights)
 
 
@@ -460,8 +472,8 @@ def client_metrics_batched(
     out: Tensor, y: Tensor, sizes: np.ndarray, task: str, n_classes: int
 ) -> dict[str, np.ndarray]:
     """`common.client_metrics` for every client at once; `out`, `y` in local row order."""
-    n = len(sizes)
-    seg = torch.from_numpy(np.repeat(np.arange(n), sizes))
+    n, dev = len(sizes), out.device
+    seg = _index(np.repeat(np.arange(n), sizes), dev)
     nan = np.full(n, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         if len(y) == 0:
@@ -469,12 +481,12 @@ def client_metrics_batched(
         per = per_sample_loss(out, y, task)
         if per.dim() > 1:
             per = per.reshape(per.shape[0], -1).mean(1)
-        total = torch.zeros(n, dtype=torch.float64).index_add_(0, seg, per.double()).numpy()
+        total = segment_sum(per, sizes).cpu().numpy()
         loss = np.where(sizes > 0, total / np.maximum(sizes, 1), np.nan)
         if task == "regression":
             return {"accuracy": nan, "macro_f1": nan.copy(), "loss": loss, "mse": loss.copy()}
         pred = out.argmax(-1)
-        hit = torch.zeros(n, dtype=torch.float64).index_add_(0, seg, (pred == y).double()).numpy()
+        hit = segment_sum(pred == y, sizes).cpu().numpy()
         acc = np.where(sizes > 0, hit / np.maximum(sizes, 1), np.nan)
         c = n_classes
         conf = torch.bincount(seg * c * c + y * c + pred, minlength=n * c * c).view(n, c, c)
@@ -483,16 +495,14 @@ def client_metrics_batched(
         denom = support + predicted
         present = denom > 0
         f1 = torch.where(present, 2 * tp / denom.clamp_min(1), torch.zeros_like(tp))
-        f1_mean = ((f1 * present).sum(1) / present.sum(1).clamp_min(1)).numpy()
+        f1_mean = ((f1 * present).sum(1) / present.sum(1).clamp_min(1)).cpu().numpy()
         f1_mean = np.where(sizes > 0, f1_mean, np.nan)
     return {"accuracy": acc, "macro_f1": f1_mean, "loss": loss, "mse": nan}
 
 
 def mean_per_client(values: Tensor, sizes: np.ndarray) -> np.ndarray:
     """Mean of `values` (`[total]`, local row order) over each client's rows (NaN if none)."""
-    n = len(sizes)
-    seg = torch.from_numpy(np.repeat(np.arange(n), sizes))
-    total = torch.zeros(n, dtype=torch.float64).index_add_(0, seg, values.double()).numpy()
+    total = segment_sum(values, sizes).cpu().numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(sizes > 0, total / np.maximum(sizes, 1), np.nan)
 
