@@ -1,7 +1,10 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
+# `make demo` installs the core only (every method runs without the extras); the tests, the
+# lint and the suite install `.[dev]`, which pulls every extra (`.[all]`).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: venv demo test lint bench bench-quick clean
 
@@ -10,32 +13,36 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned and installed first so nothing else can pull another build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
+
+venv: $(DEV_STAMP)
 
 # runs/demo is replaced on every `make demo` (a plain `clusterfl demo` refuses a used folder)
 demo: $(STAMP)
 	$(VENV)/bin/clusterfl demo --overwrite
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint
+test: $(DEV_STAMP) lint
 	$(VENV)/bin/pytest -q
 
 # The reproduction suite (about 2 hours on 2 cores; resumable: run it again to continue).
 # Needs MNIST and Fashion-MNIST in $$CLUSTERFL_DATA (see `clusterfl data`).
 BENCH_JOBS ?= 2
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/scaling.py
 	OMP_NUM_THREADS=1 $(VENV)/bin/clusterfl bench --jobs $(BENCH_JOBS)
 
-bench-quick: $(STAMP)
+bench-quick: $(DEV_STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/clusterfl bench --quick --jobs $(BENCH_JOBS)
 
 clean:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, require
 
 if TYPE_CHECKING:
     from clusterfl.records import RunSummary
@@ -94,15 +94,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     from clusterfl.config import apply_overrides, load_config, read_toml
     from clusterfl.deploy.clientdata import export_partitions
     from clusterfl.experiment import build_federation
+    from clusterfl.rundir import export_folder
 
     config = load_config(apply_overrides(read_toml(args.config), list(args.set or [])))
-    paths = export_partitions(build_federation(config), args.out_dir)
-    print(f"wrote {len(paths)} client files to {args.out_dir} ({paths[0].name} ...)")
+    federation = build_federation(config)
+    with export_folder(args.out_dir) as removed:  # locked; an earlier export's files removed
+        paths = export_partitions(federation, args.out_dir)
+    old = f", replacing the {removed} of an earlier export" if removed else ""
+    print(f"wrote {len(paths)} client files to {args.out_dir} ({paths[0].name} ...){old}")
     return 0
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """Generate test certificates and node keys."""
+    require("flower", "cryptography", load=False)
     from clusterfl.deploy.certs import make_node_keys, make_tls
 
     if args.nodes < 0:
@@ -117,6 +122,9 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run on Flower in the chosen mode."""
+    if args.mode == "ray":  # the simulation SuperLink (a subprocess) imports it
+        require("ray", "ray", load=False)
+    require("flower", "flwr", load=False)
     raw = _raw(args.config, args.set)
     if args.mode == "submit":
         return _submit(args.config, list(args.set or []), args.out, args.superlink)

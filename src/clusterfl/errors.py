@@ -21,3 +21,43 @@ class ConfigError(ClusterFLError):
 
 class DataError(ClusterFLError):
     """A dataset file is missing, truncated, corrupted or of the wrong format."""
+
+
+EXTRAS: dict[str, tuple[str, str]] = {
+    "flower": ("flwr", "Flower (`clusterfl flower`, backend 'flower')"),
+    "ray": ("flwr[simulation]", "Flower's Ray simulation (`clusterfl flower run --mode ray`)"),
+    "flt": ("umap-learn", "FLT's UMAP step (algorithm.umap = true)"),
+    "privacy": ("dp-accounting", "the (ε, δ) accountant of privacy.noise_multiplier > 0"),
+    "tensorboard": ("tensorboard", "output.tensorboard = true"),
+}
+"""The optional extras of `pip install 'clusterfl[...]'`: extra → (what it installs, what
+needs it). Without them the core install runs every method (FLT with `umap = false`)."""
+
+
+class MissingExtraError(ClusterFLError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+    def __init__(self, extra: str, missing: str) -> None:
+        self.extra, self.missing = extra, missing.split(".")[0]
+        package, feature = EXTRAS[extra]
+        super().__init__(f"{feature} needs {package} (no module named {self.missing!r}): "
+                         f"pip install 'clusterfl[{extra}]'")
+
+
+def require(extra: str, module: str, load: bool = True) -> None:
+    """Import `module` (`load=False`: only find it, for a package used by a subprocess or
+    imported later), or raise `MissingExtraError` naming `extra`. Call it before every import of
+    an optional package, then import as usual (the module is already loaded)."""
+    import importlib
+    import importlib.util
+
+    try:
+        if load:
+            importlib.import_module(module)
+            return
+        if importlib.util.find_spec(module) is not None:
+            return
+        missing = module
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module
+    raise MissingExtraError(extra, missing)

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ConfigError, require
 from clusterfl.plugins import describe, load_object
 from clusterfl.records import RoundMetrics, RoundRecord, RunSummary
 
@@ -71,12 +71,14 @@ class TensorBoardCallback:
     each round once."""
 
     def __init__(self, log_dir: str | Path) -> None:
+        require("tensorboard", "tensorboard", load=False)  # before the run, not at its start
         self.log_dir = Path(log_dir)
         self._writer: Any = None
 
     def on_run_start(self, config: dict[str, Any], run_dir: Path | None,
                      start: int = 1) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+        require("tensorboard", "torch.utils.tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(str(self.log_dir), purge_step=start if start > 1 else None)
         if start == 1:

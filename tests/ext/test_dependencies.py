@@ -12,10 +12,11 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def test_tensorboard_and_the_hf_extra_pull_no_torch():
-    project = tomllib.loads(PYPROJECT.read_text())["project"]
-    hf = project["optional-dependencies"]["hf"]
-    assert set(hf) <= set(project["optional-dependencies"]["dev"])  # the tests exercise them
-    assert any(d.startswith("tensorboard") for d in project["dependencies"])
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
+    # the tests exercise them: dev pulls all, all pulls hf and tensorboard (issue 35: extras)
+    assert "clusterfl[all]" in extras["dev"]
+    assert {"hf", "tensorboard"} <= set(extras["all"][0].split("[")[1].rstrip("]").split(","))
+    assert any(d.startswith("tensorboard") for d in extras["tensorboard"])
     for dist in ("tensorboard", "datasets", "flwr-datasets"):
         required = [r for r in metadata.requires(dist) or [] if "extra ==" not in r]
         names = {re.split(r"[ <>=!;\[~]", r, maxsplit=1)[0].lower() for r in required}

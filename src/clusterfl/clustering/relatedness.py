@@ -23,6 +23,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from clusterfl.errors import require
+
 
 def min_distance_adjacency(points: np.ndarray, block: int = 256) -> np.ndarray:
     """A_ij = min over r, s of ‖points[i, r] − points[j, s]‖₂ for `points` of shape `[M, k, u]`.
@@ -119,6 +121,7 @@ def relatedness_average(snapshot: torch.Tensor, weights: np.ndarray) -> torch.Te
 def umap_embed(points: np.ndarray, seed: int, n_neighbors: int = 15,
                min_dist: float = 0.1) -> np.ndarray:
     """UMAP (umap-learn) of `[n, e]` points to 2 dimensions, seeded (imported lazily)."""
+    require("flt", "umap")
     import umap
 
     pts = np.asarray(points, dtype=np.float64)
@@ -135,6 +138,7 @@ def umap_embed_new(points: np.ndarray, new: np.ndarray, seed: int, n_neighbors: 
                    min_dist: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     """The `umap_embed` of `points` fitted again (same seed and settings: the same map), and
     new points `[m, e]` mapped into it with UMAP's `transform`: (points', new')."""
+    require("flt", "umap")
     import umap
 
     pts = np.asarray(points, dtype=np.float64)

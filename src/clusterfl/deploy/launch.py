@@ -48,6 +48,8 @@ from pathlib import Path
 
 import tomli_w
 
+from clusterfl.errors import require
+
 APP_DIR = Path(__file__).parent / "app"
 """The Flower App project (pyproject.toml naming our ServerApp and ClientApp)."""
 
@@ -404,6 +406,7 @@ def _wait_port(port: int, timeout: float, proc: Process) -> None:
 @contextlib.contextmanager
 def local_deployment(work: Path) -> Iterator[LocalDeployment]:
     """`LocalDeployment` that is always stopped (every PID) on exit."""
+    require("flower", "flwr", load=False)
     dep = LocalDeployment(work)
     try:
         yield dep

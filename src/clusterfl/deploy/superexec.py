@@ -36,6 +36,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from clusterfl.errors import require
+
 SUPPORTED = "1.41."
 _NEEDED: dict[str, tuple[str, ...]] = {  # Flower 1.41's module → the names used here
     "flwr.app": ("Message",),
@@ -58,6 +60,7 @@ APP_FAB = "clusterfl-app"
 
 def _internals() -> dict[str, Any]:
     """Flower internals this module uses (RuntimeError naming what is missing)."""
+    require("flower", "flwr")
     import flwr
 
     if not flwr.__version__.startswith(SUPPORTED):

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from clusterfl.errors import require
+
 IDLE_POLL = 0.2
 """Seconds between two pulls of an idle SuperNode (Flower 1.41: 3)."""
 
@@ -92,6 +94,7 @@ def patch(module: ModuleType | None = None, version: str | None = None,
     `flwr.supernode.start_client_internal`) the short polls and (`warm`, default unless
     `CLUSTERFL_WARM_CLIENTAPP=0`) our SuperExec; RuntimeError when the installed Flower is
     not 1.41.x or its code no longer does what is patched."""
+    require("flower", "flwr")
     import flwr
 
     if module is None:

@@ -45,6 +45,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from clusterfl.errors import require
+
 DEFAULT_ORDERS = (*range(2, 65), 80, 96, 128, 192, 256, 512)
 
 
@@ -70,6 +72,7 @@ def noise_rows(shape: tuple[int, int], groups: np.ndarray, sigma: float, clip: f
 def epsilon(noise_multiplier: float, sampling_rate: float, releases: int,
             delta: float) -> float:
     """ε of `releases` compositions of the Poisson-subsampled Gaussian mechanism (RDP)."""
+    require("privacy", "dp_accounting.rdp")
     import dp_accounting
     from dp_accounting import rdp
 
