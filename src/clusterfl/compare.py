@@ -9,7 +9,8 @@ from typing import Any
 from clusterfl.config import Config
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
-from clusterfl.experiment import Experiment, History, build_federation, claim_run_dir
+from clusterfl.experiment import Experiment, History, build_federation
+from clusterfl.rundir import RunDir
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
@@ -18,15 +19,18 @@ def parse_algorithm_spec(spec: str) -> dict[str, Any]:
     A method from outside the package is named by its import path, whose own `:` comes
     first: `"mypkg.methods:Mine:step=0.5"` → `{"name": "mypkg.methods:Mine", "step": 0.5}`.
     """
+    from clusterfl.algorithms import ALGORITHMS
+
     name, *pairs = [p.strip() for p in spec.split(":")]
-    if pairs and "=" not in pairs[0]:  # "module:Attr" of an import path
+    if pairs and "=" not in pairs[0] and name not in ALGORITHMS:  # "module:Attr" of a path
         name = f"{name}:{pairs.pop(0)}"
     if not name:
         raise ConfigError("--algorithms", f"empty method name in {spec!r}")
     out: dict[str, Any] = {"name": name}
     for pair in pairs:
         if "=" not in pair:
-            raise ConfigError("--algorithms", f"expected key=value after ':' in {spec!r}")
+            raise ConfigError("--algorithms", f"{pair!r} in {spec!r} has no value; write "
+                                              f"{pair or 'key'}=VALUE after each ':'")
         key, text = pair.split("=", 1)
         try:
             out[key.strip()] = tomllib.loads(f"v = {text}")["v"]
@@ -35,10 +39,27 @@ def parse_algorithm_spec(spec: str) -> dict[str, Any]:
     return out
 
 
+def merged_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
+    """The `[algorithm]` table of one method of a comparison: the options written in the
+    config's `[algorithm]` table that this method has (shared options such as `fraction`),
+    then the spec's own, which win. Options the method does not have are left out; those
+    left at their defaults in the config are not written, so each method keeps its own. A
+    spec's `fraction` or `per_round` replaces the config's sampling rule (one of the two)."""
+    from clusterfl.algorithms import algorithm_class
+
+    own = algorithm_class(spec["name"], "--algorithms").Config.model_fields
+    written = config.algorithm.model_fields_set - {"name"}
+    if {"fraction", "per_round"} & spec.keys():
+        written -= {"fraction", "per_round"}
+    table = config.to_dict()["algorithm"]
+    return {**{k: table[k] for k in sorted(written) if k in own and k in table}, **spec}
+
+
 def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Config]]:
-    """(run folder name, config) of each method spec; raises ConfigError (`--algorithms`)
-    when no method is given or two specs are the same method with the same options (they
-    would be one run, in one folder, under one name)."""
+    """(run folder name, config) of each method spec, merged into the config's `[algorithm]`
+    table (`merged_spec`); raises ConfigError (`--algorithms`) when no method is given or two
+    specs are the same method with the same options (they would be one run, in one folder,
+    under one name)."""
     from clusterfl.algorithms import ALGORITHMS
     from clusterfl.naming import method_label, run_folder_name
 
@@ -50,7 +71,7 @@ def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Conf
     out: list[tuple[str, Config]] = []
     seen: dict[str, str] = {}
     for spec in specs:
-        cfg = config.with_algorithm(parse_algorithm_spec(spec))
+        cfg = config.with_algorithm(merged_spec(config, parse_algorithm_spec(spec)))
         folder = run_folder_name(cfg.algorithm)
         if folder in seen:
             raise ConfigError("--algorithms", f"{seen[folder]!r} and {spec!r} are the same "
@@ -70,22 +91,24 @@ def run_comparison(
 
     Every run goes to `out_dir/<run folder name>` (`naming.run_folder_name`: the
     method and its non-default options); the comparison report to `out_dir/report.md`.
-    `out_dir` holds one comparison: when it is not empty, `overwrite` empties it first
-    (otherwise `RunDirInUseError`, whose message ends with `hint`). `federation`: data of
+    `out_dir` holds one comparison, locked while it runs: when it is not empty, `overwrite`
+    removes the files of the earlier one first (otherwise `RunDirInUseError`, whose message
+    ends with `hint`; `rundir.claim_run_dir`). `federation`: data of
     one's own built in Python (`Federation.from_clients`) instead of the config's `[data]`.
     """
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
-    claim_run_dir(out, overwrite=overwrite, hint=hint)  # after the specs were validated
-    if federation is None:
-        federation = build_federation(config)
-    results, run_dirs = [], []
-    for folder, cfg in runs:
-        run_dir = out / folder
-        history = Experiment(cfg, run_dir, federation).run(progress=progress)
-        results.append((history.summary.label or folder, history))
-        run_dirs.append(run_dir)
     from clusterfl.report import write_comparison_report
 
-    write_comparison_report(run_dirs, out)
+    # after the specs were validated; locked until the report is written
+    with RunDir(out).claimed(overwrite=overwrite, hint=hint):
+        if federation is None:
+            federation = build_federation(config)
+        results, run_dirs = [], []
+        for folder, cfg in runs:
+            run_dir = out / folder
+            history = Experiment(cfg, run_dir, federation).run(progress=progress)
+            results.append((history.summary.label or folder, history))
+            run_dirs.append(run_dir)
+        write_comparison_report(run_dirs, out)
     return results

@@ -104,19 +104,31 @@ class DataConfig(_Strict):
         "read (default: on; false: files of your own under the catalog's names)")
 
 
+_LOCAL = LocalTraining()  # the one set of training defaults: the protocol's
+
+
 class TrainConfig(_Strict):
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.05, gt=0.0)
-    momentum: float = Field(0.0, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    batch_size: int = Field(32, ge=1)
-    epochs: int = Field(1, ge=0)
-    steps: int = Field(0, ge=0, description="> 0: local steps instead of epochs")
+    optimizer: Literal["sgd", "adam"] = _LOCAL.optimizer
+    lr: float = Field(_LOCAL.lr, gt=0.0)
+    momentum: float = Field(_LOCAL.momentum, ge=0.0, lt=1.0)
+    weight_decay: float = Field(_LOCAL.weight_decay, ge=0.0)
+    batch_size: int = Field(_LOCAL.batch_size, ge=1, description="samples per local step; "
+                            "a larger batch than a client has holds all of its samples")
+    epochs: int = Field(_LOCAL.epochs, ge=0)
+    steps: int = Field(_LOCAL.steps, ge=0, description="> 0: local steps instead of epochs "
+                       "(which then stays 1 or 0)")
 
     @model_validator(mode="after")
     def _some_work(self) -> TrainConfig:
         if self.epochs == 0 and self.steps == 0:
             raise ValueError("set epochs >= 1 or steps >= 1 (both are 0)")
+        if self.steps > 0 and self.epochs > 1 and "epochs" in self.model_fields_set:
+            raise ConfigError("train.epochs", f"{self.epochs} would be ignored: steps = "
+                              f"{self.steps} replaces epochs; set one of the two")
+        if self.optimizer == "adam" and self.momentum > 0:
+            raise ConfigError("train.momentum", f"{self.momentum:g} would be ignored: adam "
+                              "uses its own betas, not momentum; set momentum = 0 or "
+                              "optimizer = \"sgd\"")
         return self
 
     def local_training(self) -> LocalTraining:

@@ -28,10 +28,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from clusterfl.algorithms import Algorithm, AlgorithmConfig
+from clusterfl.algorithms import Algorithm, AlgorithmConfig, Ask, Update
 from clusterfl.data.federation import Federation
 from clusterfl.data.sources import Source
 from clusterfl.protocol import Predictor, TrainRequest, mean_finite
+from clusterfl.records import RoundExtras
 
 
 class TinyNet(nn.Module):
@@ -54,6 +55,12 @@ class DampedConfig(AlgorithmConfig):
     step: float = Field(0.5, gt=0.0, le=1.0)
 
 
+@dataclass(kw_only=True)
+class DampedExtras(RoundExtras):
+    train_loss: float | None = None
+    step: float = 1.0
+
+
 @dataclass
 class DampedState:
     model: torch.Tensor
@@ -70,15 +77,19 @@ class Damped(Algorithm[DampedConfig, DampedState]):
     def setup(self, ctx):
         self.state = DampedState(ctx.factory.init(ctx.seed)[None], ctx.n_clients)
 
-    def run_round(self, ctx, t):
+    def ask(self, state, t, phase, ctx):
         clients = np.arange(ctx.n_clients)
-        r = ctx.send(TrainRequest(clients, self.state.model, np.zeros(len(clients), np.int64),
-                                  ctx.training, ctx.next_seed()))
+        return Ask(TrainRequest(clients, state.model, np.zeros(len(clients), np.int64),
+                                ctx.training, ctx.next_seed()))
+
+    def update(self, state, t, ask, r):
+        model = state.model
         if len(r.clients):
             w = torch.as_tensor(r.n_samples, dtype=r.params.dtype)[:, None]
             mean = (r.params * w).sum(0) / w.sum()
-            self.state.model = self.state.model + self.config.step * (mean - self.state.model)
-        return {"train_loss": mean_finite(r.loss), "step": self.config.step}
+            model = model + self.config.step * (mean - model)
+        return Update(DampedState(model, state.n_clients),
+                      DampedExtras(train_loss=mean_finite(r.loss), step=self.config.step))
 
     def assignment(self):
         return np.zeros(self.state.n_clients, np.int64)

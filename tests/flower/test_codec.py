@@ -271,3 +271,29 @@ def test_subspace_requests_travel_to_nodes_like_any_request(fed, factory, per_la
     got = join(parts)
     _same(got, expected)
     _same(codec.decode(*codec.encode(req)), req)
+
+
+def _node_file(path, **changes):
+    arrays = {"x_train": np.zeros((3, 4), np.float32), "y_train": np.array([0, 1, 2]),
+              "x_test": np.zeros((2, 4), np.float32), "y_test": np.array([1, 0]),
+              "client_id": np.array(5), "cluster": np.array(1), "n_classes": np.array(3)}
+    np.savez(path, **{**arrays, **changes})
+    return str(path)
+
+
+def test_node_file_with_float_labels_is_refused_not_truncated(tmp_path):
+    ok, cid, cluster = read_client_file(_node_file(tmp_path / "ok.npz",
+                                                   y_train=np.array([0.0, 1.0, 2.0])))
+    assert (cid, cluster) == (5, 1) and ok.client_train(5)[1].tolist() == [0, 1, 2]
+    with pytest.raises(DataError, match="labels like 1.5 are not class ids"):
+        read_client_file(_node_file(tmp_path / "f.npz", y_train=np.array([0.0, 1.5, 2.0])))
+
+
+def test_node_file_with_string_client_id_or_labels_fails_in_one_line(tmp_path):
+    with pytest.raises(DataError, match="client_id must be one integer"):
+        read_client_file(_node_file(tmp_path / "id.npz", client_id=np.array("five")))
+    with pytest.raises(DataError, match="y_test holds <U1 values"):
+        read_client_file(_node_file(tmp_path / "y.npz", y_test=np.array(["a", "b"])))
+    with pytest.raises(DataError, match="NaN or infinite inputs"):
+        read_client_file(_node_file(tmp_path / "nan.npz",
+                                    x_train=np.full((3, 4), np.nan, np.float32)))

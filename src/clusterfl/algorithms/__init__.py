@@ -3,9 +3,19 @@
 
 from __future__ import annotations
 
+from dataclasses import is_dataclass
 from typing import Any
 
-from clusterfl.algorithms.base import Algorithm, AlgorithmConfig, Context
+import numpy as np
+
+from clusterfl.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    Ask,
+    Context,
+    LossExtras,
+    Update,
+)
 from clusterfl.algorithms.cam import IFCACAM, FeSEMCAM
 from clusterfl.algorithms.cfl import CFL
 from clusterfl.algorithms.cfl_gp import CFLGP
@@ -20,17 +30,17 @@ from clusterfl.algorithms.ifca import IFCA
 from clusterfl.algorithms.local import Local
 from clusterfl.algorithms.pacfl import PACFL
 from clusterfl.config_util import parse
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.plugins import describe, resolve
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
+ALGORITHMS: dict[str, type[Algorithm[Any, Any]]] = {
     cls.name: cls
     for cls in (FedAvg, FedProx, Local, FedAvgPlus, FedProxPlus, IFCA, FeSEM, IFCACAM,
                 FeSEMCAM, CFL, CFLGP, FLT, PCAKMHC, FedEM, FedSoft, PACFL, FLHC)
 }
 
 
-def algorithm_class(name: object, field: str = "algorithm.name") -> type[Algorithm]:
+def algorithm_class(name: object, field: str = "algorithm.name") -> type[Algorithm[Any, Any]]:
     """The method class `name` stands for: a built-in, an import path `"pkg.mod:MyMethod"` or
     a `clusterfl.algorithms` entry point; ConfigError naming `field` otherwise (also when the
     object is not an `Algorithm` subclass with a pydantic `Config`)."""
@@ -44,7 +54,29 @@ def algorithm_class(name: object, field: str = "algorithm.name") -> type[Algorit
     if not (isinstance(config_cls, type) and issubclass(config_cls, AlgorithmConfig)):
         raise ConfigError(field, f"{describe(found)}.Config must be a subclass of "
                                  "clusterfl.algorithms.AlgorithmConfig (its options)")
+    missing = set(getattr(found, "__abstractmethods__", ()))
+    state = getattr(found, "State", None)
+    if found.load_state_dict is Algorithm.load_state_dict and not is_dataclass(state):
+        missing.add("State")  # the dataclass checkpoints are restored into
+    if missing:
+        raise ConfigError(field, f"{describe(found)} does not define "
+                                 f"{', '.join(sorted(missing))} (what every "
+                                 "clusterfl.algorithms.Algorithm needs; see docs/extending.md)")
     return found
+
+
+def checked_assignment(algorithm: Algorithm[Any, Any], n_clients: int) -> np.ndarray:
+    """`algorithm.assignment()` as int64 ids, one per client; a `ClusterFLError` naming the
+    method when it returns another number of ids (or no integer ids)."""
+    a = np.asarray(algorithm.assignment())
+    whole = a.dtype.kind in "iub" or (a.dtype.kind == "f" and bool(np.all(a == np.round(a))))
+    if a.shape != (n_clients,) or not whole:
+        what = f"{a.size} ids" if a.ndim == 1 else f"an array of shape {list(a.shape)}"
+        what += "" if whole else f" of {a.dtype}"
+        raise ClusterFLError(f"{describe(type(algorithm))}.assignment() returned {what} for "
+                             f"{n_clients} clients; it must return one integer cluster id per "
+                             "client (-1 where none)")
+    return a.astype(np.int64, copy=False)
 
 
 def algorithm_config(raw: dict[str, Any], prefix: str = "algorithm") -> AlgorithmConfig:
@@ -70,5 +102,6 @@ def method_module(name: str) -> str | None:
     return None if cls is None else cls.__module__.rsplit(".", 1)[-1]
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Context", "algorithm_class",
-           "algorithm_config", "method_module"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Ask", "Context", "LossExtras",
+           "Update", "algorithm_class", "algorithm_config", "checked_assignment",
+           "method_module"]

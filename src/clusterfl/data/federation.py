@@ -7,6 +7,7 @@ the minibatches of many clients with one indexing operation.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -111,6 +112,16 @@ class Federation:
         if name == "test":
             return self.x_test, self.y_test, self.test_offsets
         raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+
+    def to(self, device: torch.device | str) -> Federation:
+        """This federation with its inputs and targets on `device` (offsets, truth and meta
+        shared); itself when they are there already. The inputs keep their dtype."""
+        device = torch.device(device)
+        if self.x_train.device == device and self.x_test.device == device:
+            return self
+        return dataclasses.replace(self, x_train=self.x_train.to(device),
+                                   y_train=self.y_train.to(device),
+                                   x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 
     def subset(self, clients: np.ndarray | list[int]) -> Federation:
         """A federation made of the given clients only (in that order). Inputs that hold no
@@ -269,6 +280,18 @@ def _from_clients(clients: Sequence[Any], clusters: Sequence[int] | np.ndarray |
                             {"source": "python", "name": name})
 
 
+def check_client(x: torch.Tensor, y: torch.Tensor, task: Task, what: str) -> None:
+    """DataError naming the client: inputs with NaN or infinity (every update of the client
+    would be rejected), or class labels that are not whole numbers (never truncated)."""
+    if x.is_floating_point() and len(x) and not bool(torch.isfinite(x).all()):
+        first = int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])
+        raise DataError(f"{what}: sample {first} holds NaN or infinite inputs; clean or drop "
+                        "such samples first (no model trains on them)")
+    if task == "classification" and y.is_floating_point() and not bool((y == y.round()).all()):
+        raise DataError(f"{what}: labels like {float(y[y != y.round()][0])!r} are not class "
+                        "ids 0, 1, ...; for real-valued targets use task = 'regression'")
+
+
 def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
               clusters: Sequence[int] | np.ndarray | None, n_classes: int | None, task: Task,
               name: str, data: dict[str, Any]) -> Federation:
@@ -285,6 +308,7 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
             if len(x) != len(y):
                 raise DataError(f"{name}: client {i} {split} has {len(x)} inputs but "
                                 f"{len(y)} targets")
+            check_client(x, y, task, f"{name}: client {i} {split}")
         xs = [x.reshape(len(x), *shape).float() for x, _ in parts]
         ys = [y.reshape(-1) for _, y in parts]
         y_all = torch.cat(ys) if ys else torch.zeros(0)

@@ -98,7 +98,7 @@ def npz_folder(path: str | Path, field: str = "data.path") -> Federation:
     by_id: dict[int, tuple[Path, dict[str, np.ndarray]]] = {}
     for f in files:
         d = read_npz(f)
-        cid = int(d["client_id"])
+        cid = npz_int(d, "client_id", f)
         if cid in by_id:
             raise DataError(f"{by_id[cid][0].name} and {f.name} in {folder} both hold "
                             f"client_id {cid}")
@@ -117,12 +117,53 @@ def npz_folder(path: str | Path, field: str = "data.path") -> Federation:
         lacking = [by_id[c][0].name for c in ids if "cluster" not in by_id[c][1]][:3]
         raise DataError(f"{folder}: some files have a true `cluster` id and others not "
                         f"(e.g. {', '.join(lacking)}); give it in every file or in none")
-    clusters = [int(d["cluster"]) for d in rows] if with_cluster else None
-    splits = {s: [(torch.from_numpy(d[f"x_{s}"]), torch.from_numpy(d[f"y_{s}"])) for d in rows]
+    clusters = [npz_int(by_id[c][1], "cluster", by_id[c][0]) for c in ids] \
+        if with_cluster else None
+    classes = {by_id[c][0].name: npz_int(by_id[c][1], "n_classes", by_id[c][0]) for c in ids}
+    if len(set(classes.values())) > 1:
+        shown = ", ".join(f"{k} {v}" for k, v in list(classes.items())[:4])
+        raise DataError(f"{folder}: the files disagree on n_classes ({shown}, ...); every "
+                        "client's file must give the federation's one number of classes")
+    splits = {s: [(npz_numbers(by_id[c][1], f"x_{s}", by_id[c][0]),
+                   npz_numbers(by_id[c][1], f"y_{s}", by_id[c][0])) for c in ids]
               for s in ("train", "test")}
-    n_classes = max(int(d["n_classes"]) for d in rows)
+    n_classes = classes[by_id[ids[0]][0].name]
     return assemble_clients(splits, clusters, n_classes, task, f"npz:{folder.name}",
                      {"source": "npz", "path": str(path)})
+
+
+def npz_int(d: dict[str, np.ndarray], key: str, f: Path) -> int:
+    """The integer scalar `d[key]` of file `f` (DataError naming both otherwise)."""
+    a = d[key]
+    whole = a.dtype.kind in "iu" or (a.dtype.kind == "f" and bool(np.all(a == np.round(a))))
+    if a.size != 1 or not whole:
+        raise DataError(f"{f}: {key} must be one integer, got {a.dtype} {a.reshape(-1)[:3]}")
+    return int(a.reshape(()))
+
+
+def npz_numbers(d: dict[str, np.ndarray], key: str, f: Path) -> torch.Tensor:
+    """Array `d[key]` of file `f` as a tensor: numbers only (DataError naming both)."""
+    a = d[key]
+    if a.dtype.kind not in "biuf":
+        what = "class ids 0, 1, ..." if key.startswith("y") else "numbers"
+        raise DataError(f"{f}: {key} holds {a.dtype} values; it must hold {what} (map "
+                        "strings to numbers before exporting)")
+    return torch.from_numpy(a)
+
+
+def _finite(x: torch.Tensor, what: str, offsets: np.ndarray | None = None) -> None:
+    """DataError naming `what` and the first sample (and its client, given the split's
+    `offsets`) when `x` holds NaN or infinity."""
+    if not x.is_floating_point() or not len(x):
+        return
+    bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        if offsets is not None:
+            client = int(np.searchsorted(offsets, row, side="right")) - 1
+            what, row = f"{what}: client {client}", row - int(offsets[client])
+        raise DataError(f"{what}: sample {row} (and {int(bad.sum()) - 1} more) holds NaN or "
+                        "infinite inputs; clean or drop them first (no model trains on them)")
 
 
 # ---------------------------------------------------------------------- Hugging Face
@@ -220,8 +261,17 @@ def _hf_arrays(ds: Any, input: str, label: str) -> tuple[np.ndarray, np.ndarray]
     table = ds.select_columns([input, label]).with_format("numpy")[:]
     x = np.asarray(table[input])
     if x.dtype == object:  # images of one shape decoded one by one
+        shapes = sorted({np.shape(v) for v in x})
+        if len(shapes) > 1:
+            shown = ", ".join(map(str, shapes[:3])) + (", ..." if len(shapes) > 3 else "")
+            raise DataError(f"data.input: column {input!r} holds inputs of different shapes "
+                            f"({shown}); every sample needs one shape (pad, crop or resize)")
         x = np.stack([np.asarray(v) for v in x])
     y = np.asarray(table[label])
+    for key, col, a in (("input", input, x), ("label", label, y)):
+        if a.dtype.kind not in "biuf":
+            raise DataError(f"data.{key}: column {col!r} holds {a.dtype} values, not numbers "
+                            "(map them to numbers, labels to class ids 0, 1, ..., first)")
     if x.dtype == np.uint8 and x.ndim in (3, 4):  # images: [N, H, W] or [N, H, W, C]
         x = x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
         return (x.astype(np.float32) / 255.0), y
@@ -279,12 +329,17 @@ def build(data: Mapping[str, Any], scenario: str, params: dict[str, Any], seed: 
         if standardize:
             raise ConfigError("data.standardize", "per-client data is used as given; "
                                                   "standardize it in the loader")
+        for split in ("train", "test"):
+            x, _, offsets = loaded.split(split)
+            _finite(x, f"data.source {source!r} ({split})", offsets)
         federation = loaded
     else:
         if scenario == GIVEN:
             raise ConfigError("scenario.name", f"data.source {source!r} gave one pool of "
                                                "samples (a Source): choose a scenario to split "
                                                "it into clients (iid, dirichlet, rotation, ...)")
+        for split in ("train", "test"):
+            _finite(getattr(loaded, f"x_{split}"), f"data.source {source!r} ({split})")
         if standardize:
             loaded = standardized(loaded)
         federation = make_federation(loaded, scenario, params, seed=seed)

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.data.federation import Federation
+from clusterfl.data.federation import Federation, check_client
+from clusterfl.data.own import npz_int, npz_numbers
 from clusterfl.errors import DataError
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test", "client_id", "n_classes")
@@ -100,17 +101,23 @@ def read_client_file(path: str) -> tuple[Federation, int, int | None]:
     except (OSError, ValueError) as exc:
         raise DataError(f"{p}: not a readable .npz file ({exc})") from None
     task = str(d.get("task", "classification"))
-    cid = int(d["client_id"])
-    cluster = int(d["cluster"]) if "cluster" in d else None
+    if task not in ("classification", "regression"):
+        raise DataError(f"{p}: task must be 'classification' or 'regression', got {task!r}")
+    cid = npz_int(d, "client_id", p)
+    cluster = npz_int(d, "cluster", p) if "cluster" in d else None
+    arrays = {k: npz_numbers(d, k, p) for k in ("x_train", "y_train", "x_test", "y_test")}
+    for split in ("train", "test"):  # NaN inputs, labels that are not class ids: refused
+        check_client(arrays[f"x_{split}"], arrays[f"y_{split}"], task,  # type: ignore[arg-type]
+                     f"{p} ({split})")
 
-    def y(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a.astype(np.int64 if task == "classification" else np.float32))
+    def y(a: torch.Tensor) -> torch.Tensor:
+        return a.to(torch.int64 if task == "classification" else torch.float32)
 
     one = Federation(
-        torch.from_numpy(d["x_train"].astype(np.float32)), y(d["y_train"]),
-        np.array([0, len(d["x_train"])]), torch.from_numpy(d["x_test"].astype(np.float32)),
-        y(d["y_test"]), np.array([0, len(d["x_test"])]), None, int(d["n_classes"]),
-        task,  # type: ignore[arg-type]  # a str read from the file; validated above
+        arrays["x_train"].float(), y(arrays["y_train"]), np.array([0, len(d["x_train"])]),
+        arrays["x_test"].float(), y(arrays["y_test"]), np.array([0, len(d["x_test"])]), None,
+        npz_int(d, "n_classes", p),
+        task,  # type: ignore[arg-type]  # checked above
         str(d.get("name", p.stem)),
     )
     return sparse_federation(one, cid, cluster), cid, cluster

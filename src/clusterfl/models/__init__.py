@@ -149,6 +149,32 @@ def build_custom(config: ModelConfig, shape: tuple[int, ...], out: int) -> nn.Mo
     return module
 
 
+def check_custom(module: nn.Module, name: str, shape: tuple[int, ...], out: int) -> None:
+    """A model of one's own must have trainable parameters and map a batch `[B, *shape]` to
+    `[B, out]` (`[B]` also for one output): ConfigError (`model.name`) otherwise, before a
+    run starts. The check runs the model once, in eval mode, on two zero samples."""
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ConfigError("model.name", f"{name!r} has no trainable parameters; a federated "
+                                        "model needs some (nn.Linear, nn.Conv2d, ...)")
+    was_training = module.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            y = module.eval()(torch.zeros(2, *shape))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError("model.name", f"{name!r} failed on a batch of shape "
+                          f"{[2, *shape]}: {type(exc).__name__}: {first}") from None
+    finally:
+        module.train(was_training)
+    got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+    ok = [[2, out]] + ([[2]] if out == 1 else [])
+    if got not in ok:
+        what = "classes" if out > 1 else "output (regression)"
+        raise ConfigError("model.name", f"{name!r} maps a batch {[2, *shape]} to {got}; the "
+                          f"federation needs [batch, {out}] ({out} {what}): use its "
+                          "n_outputs argument for the last layer's width")
+
+
 @dataclass
 class ModelFactory:
     """Builds one architecture for one federation and creates seeded initial parameters."""
@@ -158,7 +184,10 @@ class ModelFactory:
     n_outputs: int
 
     def __post_init__(self) -> None:
-        self.layout = ParamLayout(self.build())
+        module = self.build()
+        if self.config.name not in MODELS:  # from outside the package: checked once, now
+            check_custom(module, self.config.name, tuple(self.input_shape), self.n_outputs)
+        self.layout = ParamLayout(module)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,125 @@
+"""Issue 35, "Settings that do nothing, silently": `compare --algorithms` merges each spec into
+the config's `[algorithm]` table; `epochs` beside `steps`, momentum with Adam and an option
+without a value fail in one line; absurd epochs and batch sizes are refused or clamped
+before anything big is allocated."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clusterfl.cli import main
+from clusterfl.compare import comparison_configs, parse_algorithm_spec, run_comparison
+from clusterfl.config import dump_toml, load_config
+from clusterfl.engine.schedule import MAX_PADDING, batch_schedule
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import Experiment
+from tests.tiny import tiny_config
+
+
+def test_compare_applies_the_config_fraction_to_every_method_that_has_one(tmp_path: Path):
+    config = load_config(tiny_config(rounds=2, algorithm={"name": "fedavg", "fraction": 0.25}))
+    runs = dict(comparison_configs(config, ["fedavg", "ifca:n_clusters=2", "flt",
+                                            "fedavg:fraction=0.5", "ifca:per_round=3"]))
+    assert runs["fedavg_fraction=0.25"].algorithm.fraction == 0.25
+    assert runs["ifca_n_clusters=2_fraction=0.25"].algorithm.fraction == 0.25
+    assert runs["flt_fraction=0.25"].algorithm.fraction == 0.25
+    assert runs["fedavg_fraction=0.5"].algorithm.fraction == 0.5  # the spec wins
+    per_round = runs["ifca_n_clusters=5_per_round=3"].algorithm  # one sampling rule: the spec's
+    assert per_round.per_round == 3 and "fraction" not in per_round.model_fields_set
+    # a method keeps its own default of an option the config does not write
+    plain = dict(comparison_configs(load_config(tiny_config()), ["flt", "pacfl"]))
+    assert plain["flt"].algorithm.fraction == 0.2 and plain["pacfl"].algorithm.fraction == 0.1
+    # and the runs really sample a quarter of the 4 clients: one per round
+    results = run_comparison(config, ["fedavg", "ifca:n_clusters=2"], tmp_path / "cmp",
+                             progress=False)
+    for _, history in results:
+        assert [r.participants for r in history.records] == [1, 1]
+
+
+def test_compare_help_says_specs_merge_into_the_config_algorithm_table(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "merged into the config's [algorithm] table" in text
+
+
+def test_an_option_without_a_value_in_algorithms_fails_in_one_line(tmp_path: Path, capsys):
+    with pytest.raises(ConfigError) as err:
+        parse_algorithm_spec("ifca:n_clusters")
+    assert err.value.field == "--algorithms" and "'n_clusters' in 'ifca:n_clusters' has no " \
+        "value" in err.value.message
+    assert parse_algorithm_spec("ifca:n_clusters=3") == {"name": "ifca", "n_clusters": 3}
+    (tmp_path / "c.toml").write_text(dump_toml(tiny_config()))
+    rc = main(["compare", str(tmp_path / "c.toml"), "--algorithms", "ifca:n_clusters",
+               "--out", str(tmp_path / "out")])
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err_lines) == 1 and "n_clusters=VALUE" in err_lines[0]
+    assert "import" not in err_lines[0]
+
+
+def test_epochs_set_beside_steps_fails_naming_train_epochs():
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config(train={"steps": 5, "epochs": 3}))
+    assert err.value.field == "train.epochs" and "steps = 5 replaces epochs" in err.value.message
+    # epochs left at 1 (as the demo config writes it) or 0 beside steps still loads
+    for epochs in (0, 1):
+        config = load_config(tiny_config(train={"steps": 5, "epochs": epochs}))
+        assert load_config(config.to_dict()).train.steps == 5  # and its dump loads again
+
+
+def test_momentum_with_adam_fails_naming_train_momentum():
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config(train={"optimizer": "adam", "momentum": 0.9, "steps": 2}))
+    assert err.value.field == "train.momentum" and "adam" in err.value.message
+    assert load_config(tiny_config(train={"optimizer": "adam", "steps": 2})).train.momentum == 0
+    assert load_config(tiny_config(train={"momentum": 0.9, "steps": 2})).train.momentum == 0.9
+
+
+def test_a_million_epochs_are_refused_before_the_schedule_is_allocated():
+    exp = Experiment(load_config(tiny_config(train={"epochs": 1_000_000, "batch_size": 16})))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as err:
+            exp.run(progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.field == "train.epochs" and "GiB" in err.value.message
+    assert peak < 50 * 2**20  # refused before the (tens of GiB) schedule was built
+    most = int(err.value.message.rsplit("at most ", 1)[1])  # the largest schedule of 1 GiB
+    sizes = exp.federation.train_sizes
+    entries_per_epoch = len(sizes) * -(-int(sizes.max()) // 16) * 16
+    assert most * entries_per_epoch * 8 <= 2**30 < (most + 1) * entries_per_epoch * 8
+
+
+def test_a_batch_of_three_million_is_clamped_to_the_largest_client():
+    sizes = np.array([117, 90, 117, 60])
+    clients = np.arange(4)
+    tracemalloc.start()
+    try:
+        huge = batch_schedule(sizes, clients, 3_000_000, 2, 0, seed=5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2**20 and huge.shape == (4, 2, 117)
+    assert np.array_equal(huge, batch_schedule(sizes, clients, 117, 2, 0, seed=5))
+    # a batch a little larger than every client is kept as written (its results unchanged)
+    assert batch_schedule(sizes, clients, 200, 2, 0, seed=5).shape == (4, 2, 200)
+    assert MAX_PADDING > (200 - 117) * 4
+
+
+def test_a_run_with_a_batch_of_three_million_equals_one_with_the_largest_client(tmp_path):
+    histories = []
+    for batch in (3_000_000, None):
+        config = load_config(tiny_config(rounds=2, train={"epochs": 1, "batch_size": 16}))
+        exp = Experiment(config)
+        largest = int(exp.federation.train_sizes.max())
+        raw = tiny_config(rounds=2, train={"epochs": 1, "batch_size": batch or largest})
+        histories.append(Experiment(load_config(raw)).run(progress=False))
+    a, b = histories
+    assert [r.metrics.accuracy for r in a.records] == [r.metrics.accuracy for r in b.records]
+    assert a.records[-1].extras == b.records[-1].extras
