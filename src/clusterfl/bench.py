@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from clusterfl.records import (
     read_history,
     read_summary,
 )
+from clusterfl.rundir import claim_run_dir, locking
 
 
 @dataclass
@@ -199,7 +199,7 @@ def _prepare(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -
     stored = target / "config.toml"
     if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
         log(f"{what}: config changed, run again")
-        shutil.rmtree(target)
+        claim_run_dir(target, overwrite=True)  # only its files: refuses anything else
     if (target / SUMMARY_FILE).is_file():
         log(f"{what}: done before, skipped")
         return False
@@ -246,6 +246,7 @@ def _diverged(divergence: dict[str, Any] | None) -> str | None:
     return None if not divergence else str(divergence.get("reason", "diverged"))
 
 
+@locking("out")  # one suite at a time in `out`
 def run_suite(
     scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print,
     progress: bool | None = False, jobs: int = 1, fail_on_divergence: bool = True,

@@ -47,6 +47,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     sets = list(args.set or [])
     if getattr(args, "data_dir", None):
         sets.append(f"data.data_dir={_toml_str(args.data_dir)}")
+    if getattr(args, "device", None):
+        sets.append(f"backend.device={_toml_str(args.device)}")
     return sets
 
 
@@ -144,13 +146,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    import contextlib
+
     from clusterfl.report import comparison_warnings, write_comparison_report, write_run_report
+    from clusterfl.rundir import FolderLock, check_report_out
 
     dirs = [Path(d) for d in args.dirs]
-    if len(dirs) == 1:
-        path = write_run_report(dirs[0])
-    else:
-        path = write_comparison_report(dirs, Path(args.out or "runs/report"))
+    out = dirs[0] if len(dirs) == 1 else Path(args.out or "runs/report")
+    if len(dirs) > 1:
+        check_report_out(out, dirs)  # never into a run folder
+        out.mkdir(parents=True, exist_ok=True)
+    with FolderLock(out) if out.is_dir() else contextlib.nullcontext():
+        path = (write_run_report(out) if len(dirs) == 1
+                else write_comparison_report(dirs, out))
+    if len(dirs) > 1:
         _warn(comparison_warnings(dirs))
     _console().print(f"report: {path}")
     return 0
@@ -260,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--data-dir", help="dataset folder, before the config's data.data_dir "
                        "(default: data.data_dir, else $CLUSTERFL_DATA, else ~/.cache/clusterfl)")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
+        q.add_argument("--device", help="where the simulation/sequential backend computes: "
+                       "auto, cpu, cuda or cuda:N (sets backend.device; default auto)")
         fail_on_divergence(q)
 
     r = sub.add_parser("run", help="run one method from a TOML config")
@@ -270,29 +281,35 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its last checkpoint")
     again.add_argument("--overwrite", action="store_true",
-                       help="empty --out first (it must hold clusterfl results)")
+                       help="remove the files of the run in --out first (a folder holding "
+                       "anything else is refused)")
     common(r)
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("compare", help="several methods on the same federation")
     c.add_argument("config")
     c.add_argument("--algorithms", required=True,
-                   help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1")
+                   help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1; "
+                   "each is merged into the config's [algorithm] table: its options that a "
+                   "method has (e.g. fraction) apply to that method, the spec's win")
     c.add_argument("--out", help="output folder (default runs/compare-<config name>)")
     c.add_argument("--overwrite", action="store_true",
-                   help="empty --out first when it holds an earlier comparison")
+                   help="remove the files of an earlier comparison in --out first (a folder "
+                   "holding anything else is refused)")
     common(c)
     c.set_defaults(func=cmd_compare)
 
     rep = sub.add_parser("report", help="(re)write the report of run directories")
     rep.add_argument("dirs", nargs="+")
-    rep.add_argument("--out", help="output folder when comparing several runs")
+    rep.add_argument("--out", help="output folder when comparing several runs (default "
+                     "runs/report; never a run's folder)")
     rep.set_defaults(func=cmd_report)
 
     d = sub.add_parser("demo", help="the built-in demo (no files needed)")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--overwrite", action="store_true",
-                   help="empty --out first when it holds an earlier demo")
+                   help="replace an earlier demo in --out (only the files clusterfl "
+                   "wrote; a folder holding anything else is refused)")
     d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS)
     d.add_argument("--set", action="append", metavar="KEY=VALUE")
     d.add_argument("--quiet", action="store_true")

@@ -88,16 +88,17 @@ def parse_clients(spec: str | None, n_clients: int) -> np.ndarray:
 def load_state(run_dir: Path) -> tuple[dict[str, Any], str]:
     """The run's saved state (`checkpoint/state.pt`, else CFL's `cfl_tree.pt`) and a line
     saying where it came from; a one-line error saying why when there is none."""
-    import torch
+    from clusterfl.checkpoint import KEYS
+    from clusterfl.state import read_checkpoint
 
     ckpt = run_dir / CHECKPOINT
     if ckpt.is_file():
-        saved = torch.load(ckpt, weights_only=False)
+        saved = read_checkpoint(ckpt, KEYS)
         rounds = (saved.get("config") or {}).get("rounds")
         return saved, f"{ckpt} (round {saved.get('round')} of {rounds})"
     tree = run_dir / CFL_TREE
     if tree.is_file():
-        saved = torch.load(tree, weights_only=False)
+        saved = read_checkpoint(tree, ("round", "algorithm", "config"))
         return saved, f"{tree} (round {saved.get('round')})"
     every = _config_value(run_dir, "checkpoint_every")
     why = ("checkpoints were off (checkpoint_every = 0)" if every == 0 else

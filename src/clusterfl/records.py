@@ -334,9 +334,13 @@ class RunSummary:
     `placement_ari`, `holdout_accuracy`, the placement's `floats_down` / `floats_up` and the
     method's `details`. Absent from the file without held-out clients."""
 
+    warnings: list[str] | None = None
+    """What the run warned of on the console while it went on (a client whose every reply was
+    rejected, ...), for the report. Absent from the file when there was none."""
+
     KEYS = ("algorithm", "label", "federation", "n_clients", "rounds", "true_clusters",
             "final", "client_accuracy", "client_macro_f1", "assignment", "extras", "robust",
-            "divergence", "holdout")
+            "divergence", "holdout", "warnings")
 
     def to_json_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -352,6 +356,8 @@ class RunSummary:
             d["divergence"] = self.divergence
         if self.holdout is not None:
             d["holdout"] = self.holdout
+        if self.warnings:
+            d["warnings"] = self.warnings
         return d
 
     @classmethod
@@ -366,6 +372,7 @@ class RunSummary:
             client_accuracy=d.get("client_accuracy"), client_macro_f1=d.get("client_macro_f1"),
             assignment=d.get("assignment"), extras=d.get("extras") or {},
             robust=d.get("robust"), divergence=d.get("divergence"), holdout=d.get("holdout"),
+            warnings=d.get("warnings"),
         )
 
     def cleaned(self) -> RunSummary:

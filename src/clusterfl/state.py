@@ -6,17 +6,27 @@ numpy arrays (copied), numbers, strings, None — and `restore` rebuilds the dat
 them, reading the field types (nested dataclasses, `list[...]`, `dict[..., ...]`, `X | None`)
 from its annotations. Nothing method-specific is written by hand, and a checkpoint holds no
 pickled class of ours, so code can move without breaking old checkpoints of the same layout.
+
+`write_checkpoint` / `read_checkpoint` are the checkpoint file: written whole or not at all (a
+temporary file, flushed to disk, renamed over the old one), and read back with a one-line
+error for a full disk, a file-size limit, and an empty, truncated or foreign file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import io
+import os
 import types
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
+
+from clusterfl.errors import ClusterFLError
 
 T = TypeVar("T")
 
@@ -96,4 +106,59 @@ def _fits(hint: Any, value: Any) -> bool:
     return isinstance(origin, type) and isinstance(value, origin)
 
 
-__all__ = ["restore", "snapshot"]
+class CheckpointError(ClusterFLError):
+    """A checkpoint file could not be written (no space) or read (empty, truncated, foreign)."""
+
+
+_NO_SPACE = {errno.ENOSPC: "no space left on {}", errno.EDQUOT: "the disk quota is full on {}",
+             errno.EFBIG: "the file-size limit (ulimit -f) was reached on {}"}
+RESTART = "the run can restart with --overwrite"
+
+
+def write_checkpoint(path: Path, payload: dict[str, Any], round_: int,
+                     intact: int | None) -> None:
+    """Write `payload`, the checkpoint of round `round_`, to `path`: serialized in memory,
+    written to `path.tmp`, flushed to disk and renamed over `path`, so that `path` holds a
+    whole checkpoint at every moment (round `intact`'s, or none, while this one is written).
+    A full disk or a file-size limit is a one-line `CheckpointError` naming both rounds."""
+    data = io.BytesIO()
+    torch.save(payload, data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data.getbuffer())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno not in _NO_SPACE:
+            raise
+        kept = ("no earlier checkpoint was written" if intact is None
+                else f"the checkpoint of round {intact} is intact")
+        raise CheckpointError(f"{_NO_SPACE[exc.errno].format(path.parent)} while writing the "
+                              f"checkpoint of round {round_}; {kept}") from None
+
+
+def read_checkpoint(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The checkpoint at `path`, which must hold `keys`; a one-line `CheckpointError` for an
+    empty, truncated (a torch zip file that ends early) or foreign file."""
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"{path} is empty: it is not a clusterfl checkpoint; {RESTART}")
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception:  # torch's zip reader and pickle raise many kinds of errors
+        with open(path, "rb") as fh:
+            zipped = fh.read(4) == b"PK\x03\x04"
+        what = "is truncated or damaged" if zipped else "is not a clusterfl checkpoint"
+        raise CheckpointError(f"{path} {what} ({size} bytes that torch cannot read); "
+                              f"{RESTART}") from None
+    if not isinstance(state, dict) or not all(k in state for k in keys):
+        raise CheckpointError(f"{path} is not a clusterfl checkpoint (it does not hold a run's "
+                              f"state); {RESTART}")
+    return state
+
+
+__all__ = ["CheckpointError", "read_checkpoint", "restore", "snapshot", "write_checkpoint"]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import clusterfl.algorithms
-from clusterfl.algorithms.base import KClusterExtras
+from clusterfl.algorithms.base import KClusterExtras, LossExtras
 from clusterfl.algorithms.cam import (
     CAMExtras,
     FeSEMCAMExtras,
@@ -27,6 +27,7 @@ from clusterfl.algorithms.cam import (
 )
 from clusterfl.algorithms.cfl import CFLExtras, CFLSplitEvent
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPEstimateExtras, CFLGPExtras
+from clusterfl.algorithms.ensemble import EnsembleExtras
 from clusterfl.algorithms.fedem import FedEMExtras
 from clusterfl.algorithms.fedsoft import FedSoftExtras
 from clusterfl.algorithms.fesem import FeSEMExtras, FeSEMKMeansExtras, KMeansExtras
@@ -72,6 +73,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
     "fesem_cam": ({"name": "fesem_cam", "n_clusters": 2, "warmup_rounds": 1},
                   nobody_answers_in(2),
                   [FeSEMKMeansExtras, FeSEMCAMExtras, FeSEMCAMKMeansExtras]),
+    "fedavg": ({"name": "fedavg"}, {"rounds": 2}, [LossExtras] * 2),
+    "local": ({"name": "local"}, {"rounds": 2}, [LossExtras] * 2),
+    "fedavg_plus": ({"name": "fedavg_plus", "n_models": 2}, {"rounds": 2},
+                    [EnsembleExtras] * 2),
     "cfl": ({"name": "cfl", "eps1": 100.0, "eps2": 0.001}, {"rounds": 2}, [CFLExtras] * 2),
     "cfl_gp": ({"name": "cfl_gp", "n_clusters": 2, "period": 2, "k_max": 4,
                 "stable_rounds": 0}, {},

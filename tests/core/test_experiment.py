@@ -151,7 +151,7 @@ def test_overwrite_never_empties_a_folder_of_other_files(tmp_path):
     from clusterfl.experiment import RunDirInUseError
 
     (tmp_path / "thesis.tex").write_text("precious")
-    with pytest.raises(RunDirInUseError, match="not clusterfl results"):
+    with pytest.raises(RunDirInUseError, match=r"holds thesis\.tex, which clusterfl did not write"):
         Experiment.from_config(TINY, out_dir=tmp_path, overwrite=True).run(progress=False)
     assert (tmp_path / "thesis.tex").read_text() == "precious"
 

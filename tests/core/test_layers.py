@@ -55,6 +55,11 @@ FLOORS: dict[str, int] = {
     "bench": 5,
     "compare": 5,
     "tracking": 5,
+    "rundir": 5,  # the run folder: its files, its lock, claiming it
+    "checkpoint": 5,
+    "recorder": 5,
+    "holdout": 5,
+    "progress": 5,
     # 6 interface: command line and deployment (Flower ServerApp / ClientApp / launcher).
     "cli": 6,
     "cli_bench": 6,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
@@ -39,13 +40,9 @@ from clusterfl.naming import method_label
 from clusterfl.protocol import (
     RE,
     Asks,
-    EvaluateRequest,
-    GradientRequest,
     LocalTraining,
     Predictor,
-    Request,
     Steps,
-    TrainRequest,
 )
 from clusterfl.records import RoundExtras
 from clusterfl.robust.guard import Guard
@@ -195,17 +192,17 @@ class Context:
             for step, part, (reached, uploaded) in zip(request.steps, steps.replies, counts):
                 self._book(step, part, reached, uploaded)
             return cast(RE, steps)
-        reply, reached, uploaded = self.guard.send(self.backend, cast(Request, request))
+        reply, reached, uploaded = self.guard.send(self.backend, request)
         self._book(request, reply, reached, uploaded)
-        return cast(RE, reply)
+        return reply
 
     def _book(self, request: Any, reply: Any, reached: int, uploaded: int) -> None:
         down, up = request.unit_cost()
         self.floats_down += down * reached
         self.floats_up += up * uploaded
-        if isinstance(request, TrainRequest | GradientRequest):
+        if request.counted_update:
             self.client_updates += len(reply.clients)
-        if not isinstance(request, EvaluateRequest):
+        if request.kind != "evaluate":
             self.participants.update(int(c) for c in reply.clients)
 
     def next_seed(self) -> int:
@@ -293,6 +290,7 @@ class Algorithm(ABC, Generic[C, S]):
     def setup(self, ctx: Context) -> None:
         """Create the initial state (models, assignments) in `self.state`."""
 
+    @abstractmethod
     def ask(self, state: S, t: int, phase: str, ctx: Context) -> Ask[Any] | Update[S]:
         """The request of `phase` of round `t` (the first phase is `FIRST`), built from `state`.
 
@@ -300,13 +298,12 @@ class Algorithm(ABC, Generic[C, S]):
         sends and never writes `state`. An `Update` instead of an `Ask`: the phase needs no
         message (the round goes on with the update as if a reply had been applied).
         """
-        raise NotImplementedError  # TRANSITION: abstract once every method is converted
 
+    @abstractmethod
     def update(self, state: S, t: int, ask: Ask[Any], reply: Any) -> Update[S]:
         """The new state after `reply` (the typed reply of `ask.request`; only the clients
         that answered are in it), and the next phase or the round's extras. No I/O; the
         given `state` is not modified (a new one is returned)."""
-        raise NotImplementedError  # TRANSITION: abstract once every method is converted
 
     def run_round(self, ctx: Context, t: int) -> RoundExtras:
         """One communication round: ask, send, update, phase after phase (the same driver for
@@ -338,7 +335,12 @@ class Algorithm(ABC, Generic[C, S]):
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = restore(type(self).State, state)
+        self.state = restore(type(self).State, self.migrate_state(state))
+
+    def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint written by an earlier layout of `State`, in today's layout (a method
+        whose state changed shape overrides it; default: as it is)."""
+        return state
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
         """Place clients that took no part in training (`clients` index the federation of
@@ -349,6 +351,12 @@ class Algorithm(ABC, Generic[C, S]):
     def place(self, ctx: Context, clients: np.ndarray | list[int]) -> np.ndarray:
         """The cluster id (as in `assignment()`) of each of `clients` (see `placement`)."""
         return self.placement(ctx, np.asarray(clients, dtype=np.int64)).clusters
+
+    def save_artifacts(self, run_dir: Path, round_: int) -> list[Path]:
+        """Write the method's own files into the finished run's folder (CFL's tree for
+        `clusterfl place`, FLT's relatedness matrices) after round `round_`; returns the paths
+        written (their names must be listed in `rundir`'s files a run writes). Default: none."""
+        return []
 
     def n_clusters(self) -> int:
         a = self.assignment()

@@ -225,7 +225,7 @@ def _data_fact(data: dict[str, Any]) -> str:
 
 
 def _divergence_note(summaries: Sequence[RunSummary]) -> str:
-    """A warning per diverged run ('' when none diverged)."""
+    """A warning per diverged run and each warning a run gave ('' when there is none)."""
     lines = []
     for s in summaries:
         d = s.divergence
@@ -233,6 +233,7 @@ def _divergence_note(summaries: Sequence[RunSummary]) -> str:
             rounds = d.get("rounds")
             more = f" ({rounds} diverged rounds in all)" if rounds and rounds > 1 else ""
             lines.append(f"> **Warning: {run_label(s)} diverged.** {d.get('reason', '')}{more}")
+        lines += [f"> **Warning ({run_label(s)}):** {w}" for w in s.warnings or []]
     return "\n>\n".join(lines) + "\n" if lines else ""
 
 

@@ -1,0 +1,129 @@
+"""The run's checkpoint, `checkpoint/state.pt`: what it holds and putting it back.
+
+It holds everything that continues a run exactly: the method's state, the run's generators
+(numpy's and torch's), the communication and client-update counts, the guard's ledgers, the
+divergence watch, the records so far and the config. It is written whole or not at all
+(`state.write_checkpoint`), so a run killed at any moment resumes from the last one written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clusterfl.algorithms import Algorithm, Context
+from clusterfl.config import Config
+from clusterfl.errors import ClusterFLError
+from clusterfl.records import RoundRecord
+from clusterfl.state import read_checkpoint, write_checkpoint
+
+CHECKPOINT = "checkpoint/state.pt"
+KEYS = ("round", "elapsed", "algorithm", "rng", "floats", "records", "torch_rng", "config")
+"""What every checkpoint holds (older ones lack the later keys: guard, divergence, ...)."""
+
+
+class Checkpoints:
+    """The checkpoint of the run folder `run_dir` (None: a run without files)."""
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self.path = None if run_dir is None else run_dir / CHECKPOINT
+        self.round: int | None = None
+        """The round the file holds (None: none written or loaded yet)."""
+
+    def save(self, t: int, elapsed: float, ctx: Context, algorithm: Algorithm, config: Config,
+             records: list[RoundRecord], watch: dict[str, Any]) -> None:
+        """Write round t's checkpoint (`watch`: the divergence watch's state)."""
+        if self.path is None:
+            return
+        state = {
+            "round": t, "elapsed": elapsed, "algorithm": algorithm.state_dict(),
+            "rng": ctx.rng.bit_generator.state, "floats": (ctx.floats_down, ctx.floats_up),
+            "client_updates": ctx.client_updates,
+            "records": [r.to_json_dict() for r in records],
+            "torch_rng": torch.get_rng_state(),
+            "config": config.to_dict(),
+            "guard": None if ctx.guard is None else ctx.guard.state_dict(),
+            **watch,
+        }
+        write_checkpoint(self.path, state, t, self.round)
+        self.round = t
+
+    def saved_round(self) -> int | None:
+        """The round the file holds (None: none there, or unreadable). Read from the file,
+        not `round`: an interrupt may land between the file's replacement and the update."""
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            return int(read_checkpoint(self.path, KEYS)["round"])
+        except ClusterFLError:  # a torn or foreign file: what this process last saved
+            return self.round
+
+    def load(self, ctx: Context, algorithm: Algorithm,
+             config: Config) -> tuple[int, float, list[RoundRecord], dict[str, Any]]:
+        """Put the checkpoint back into `ctx` and `algorithm`; returns the first round to
+        run, the seconds run so far, the records so far and the whole saved state."""
+        path = self.path
+        if path is None or not path.is_file():
+            raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
+        state = read_checkpoint(path, KEYS)
+        saved, now = dict(state["config"]), config.to_dict()
+        if {**saved, "rounds": None} != {**now, "rounds": None}:
+            raise ClusterFLError(
+                f"--resume: the checkpoint in {path.parent} was made with another config; "
+                "use the same config (see its config.toml) or a new --out"
+            )
+        continued = saved.get("rounds") != now["rounds"]
+        if continued:
+            _check_continuation(path.parent, algorithm, config, int(state["round"]),
+                                saved.get("rounds"))
+        try:
+            algorithm.load_state_dict(state["algorithm"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterFLError(
+                f"--resume: the checkpoint in {path.parent} does not fit this clusterfl's "
+                f"{algorithm.name} state ({exc}); it was probably written by an older "
+                "version: rerun without --resume into a new --out") from None
+        ctx.rng.bit_generator.state = state["rng"]
+        ctx.floats_down, ctx.floats_up = state["floats"]
+        ctx.client_updates = int(state.get("client_updates", 0))
+        torch.set_rng_state(state["torch_rng"])
+        if ctx.guard is not None and state.get("guard") is not None:
+            ctx.guard.load_state_dict(state["guard"])
+        records = [RoundRecord.from_json_dict(r) for r in state["records"]]
+        if continued:
+            _forget_last_round_evaluation(records, saved.get("rounds"), config.run)
+        self.round = int(state["round"])
+        return self.round + 1, float(state["elapsed"]), records, state
+
+
+def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,
+                        planned: Any) -> None:
+    """`--resume --set rounds=N` continues a run (finished or not) to N rounds: allowed
+    when N reaches the checkpoint's round and the method does not schedule by the
+    planned number of rounds T (`Algorithm.uses_planned_rounds`), which it could not
+    change in the rounds already run."""
+    rounds = config.run.rounds
+    if rounds < held:
+        raise ClusterFLError(
+            f"--resume: the checkpoint in {where} already holds round {held}; rounds = "
+            f"{rounds} would end before it: set rounds >= {held} (or a new --out)")
+    if getattr(type(algorithm), "uses_planned_rounds", False):
+        raise ClusterFLError(
+            f"--resume: {algorithm.label()} schedules by the planned number of rounds "
+            f"(T = {planned} in this run), so continuing it to {rounds} rounds would not "
+            f"equal a {rounds}-round run; start a new run with rounds = {rounds} (or "
+            f"resume with rounds = {planned})")
+
+
+def _forget_last_round_evaluation(records: list[RoundRecord], planned: Any,
+                                  run: Any) -> None:
+    """A continued run's records as a run planned for `run.rounds` from the start has them:
+    the old last round was evaluated because it was the last (`eval_every` aside); a run
+    that goes on evaluates it only on the `eval_every` grid."""
+    for rec in records:
+        if (planned is not None and rec.round == int(planned) and rec.round < run.rounds
+                and rec.round % run.eval_every != 0):
+            rec.metrics = None
+            rec.client_accuracy = rec.client_macro_f1 = rec.client_mse = None

@@ -1,0 +1,63 @@
+"""The progress bar of a run: round, accuracy and clusters; warnings printed above it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from clusterfl.records import RoundMetrics, RoundRecord
+
+
+def want_progress(progress: bool | None, mode: str) -> bool:
+    """Whether to show the bar: `progress` when given, else `[output] progress` (`auto`: on
+    a terminal, outside CI)."""
+    if progress is not None:
+        return progress
+    if mode != "auto":
+        return mode == "on"
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+class Progress:
+    """A rich progress bar with round, accuracy and clusters; silent when disabled."""
+
+    def __init__(self, show: bool, total: int, done: int, label: str) -> None:
+        self.show, self.total, self.done, self.label = show, total, done, label
+        self._bar: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.show:
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(
+                TextColumn("[bold]{task.description}"), BarColumn(),
+                TextColumn("round {task.completed}/{task.total}"),
+                TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False,
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.label, total=self.total, completed=self.done,
+                                            info="")
+        return self
+
+    def update(self, record: RoundRecord) -> None:
+        if self._bar is None:
+            return
+        m = record.metrics or RoundMetrics()
+        info = f"acc {100 * m.accuracy:.1f}%" if m.accuracy is not None else ""
+        if m.mse is not None:
+            info = f"mse {m.mse:.4f}"
+        info += f"  clusters {record.n_clusters}"
+        self._bar.update(self._task, advance=1, info=info)
+
+    def warn(self, text: str) -> None:
+        """A line for the user: above the bar when one is shown, else on stderr."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False, style="yellow")
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)

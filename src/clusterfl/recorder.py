@@ -1,0 +1,207 @@
+"""What a run records: one `RoundRecord` per round, the divergence watch, the `RunSummary`.
+
+The `Recorder` reads the round's outcome from the method, the context and the guard (the
+assignment, its ARI, the running communication totals, the guard's events) and evaluates every
+client in the rounds on the `eval_every` grid and the last one; at the end it sums the run up.
+It keeps the run's first diverged round, which the checkpoint stores (`state_dict`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from clusterfl import metrics
+from clusterfl.algorithms import Algorithm, Context, checked_assignment
+from clusterfl.backends import Backend
+from clusterfl.config import ROBUST_TABLES, Config
+from clusterfl.data.federation import Federation
+from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor
+from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary, json_ready
+from clusterfl.robust.adversary import benign_vs_adversarial
+from clusterfl.robust.divergence import Divergence, diagnose, loss_scale
+
+
+def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:
+    """Every client evaluates its predictor; a client that did not answer (a dead Flower
+    node) gets NaN metrics in its row, so per-client series stay aligned with client ids
+    (the summary metrics skip NaN)."""
+    everyone = np.arange(n_clients)
+    reply = backend.execute(EvaluateRequest(everyone, predictor))
+    if len(reply.clients) == n_clients:
+        return reply
+
+    def full(values: np.ndarray) -> np.ndarray:
+        out = np.full(n_clients, np.nan)
+        out[reply.clients] = values
+        return out
+
+    return EvaluateReply(everyone, full(reply.accuracy), full(reply.macro_f1),
+                         full(reply.loss), np.nan_to_num(full(reply.n_samples)).astype(np.int64),
+                         {k: full(v) for k, v in reply.extras.items()})
+
+
+ALWAYS_REJECTED = 3
+"""Rounds of rejected replies, none accepted, after which a client is reported."""
+
+
+class Recorder:
+    """The round records and the summary of one run of `algorithm` on `federation` (the
+    clients that train); `adversaries`: the attacking clients' ids, for the summary."""
+
+    def __init__(self, config: Config, federation: Federation, algorithm: Algorithm,
+                 adversaries: np.ndarray) -> None:
+        self.config, self.federation, self.algorithm = config, federation, algorithm
+        self.adversaries = adversaries
+        self.robust_on = not config.to_dict().keys().isdisjoint(ROBUST_TABLES)
+        """Whether a robustness table (`[faults]`, `[privacy]`, ...) changes the defaults."""
+        self.divergence: Divergence | None = None
+        """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
+        self.diverged_rounds = 0
+        self.rejected_rounds: dict[int, int] = {}
+        """Per client, the rounds in which its reply was rejected while it never had one
+        accepted (`ALWAYS_REJECTED`: a warning; dropped from here once one is accepted)."""
+        self.accepted: set[int] = set()
+        self.warnings: list[str] = []
+        """What the run warned of so far (`summary.json`, the report)."""
+        self.pending: list[str] = []
+        """The console warnings of the round just recorded."""
+
+    # ------------------------------------------------------------------ divergence
+    def watch(self, t: int, ctx: Context) -> str | None:
+        """Diagnose round t's updates; the warning to show at the first diverged round."""
+        if ctx.guard is None:
+            return None
+        found = diagnose(t, ctx.guard.round_updates(), self._loss_scale())
+        if found is None:
+            return None
+        self.diverged_rounds += 1
+        if self.divergence is not None:
+            return None
+        self.divergence = found
+        return f"clusterfl: warning: {found.reason}"
+
+    def _loss_scale(self) -> float | None:
+        fed = self.federation
+        if fed.task == "classification":
+            return loss_scale(fed.task, fed.n_classes)
+        return loss_scale(fed.task, fed.n_classes, float(fed.y_train.double().square().mean())
+                          if fed.y_train.numel() else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"divergence": None if self.divergence is None else self.divergence.as_dict(),
+                "diverged_rounds": self.diverged_rounds,
+                "rejected_rounds": dict(self.rejected_rounds),
+                "accepted": sorted(self.accepted), "warnings": list(self.warnings)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("divergence") is not None:
+            self.divergence = Divergence(**state["divergence"])
+        self.diverged_rounds = int(state.get("diverged_rounds", 0))
+        self.rejected_rounds = {int(c): int(n)
+                                for c, n in state.get("rejected_rounds", {}).items()}
+        self.accepted = {int(c) for c in state.get("accepted", [])}
+        self.warnings = list(state.get("warnings", []))
+
+    def rejections(self, ctx: Context, events: dict[str, Any]) -> list[str]:
+        """Round warnings for clients whose reply has been rejected in `ALWAYS_REJECTED`
+        rounds without ever being accepted (e.g. NaN in their data): they take no part in
+        training, which would otherwise go unnoticed."""
+        self.accepted.update(ctx.participants)
+        reasons: dict[int, str] = {}
+        for r in events.get("rejected", []):
+            reasons.setdefault(int(r["client"]), str(r["reason"]))
+        out = []
+        for c, why in reasons.items():
+            if c in self.accepted:
+                continue
+            n = self.rejected_rounds[c] = self.rejected_rounds.get(c, 0) + 1
+            if n == ALWAYS_REJECTED:
+                out.append(f"client {c}'s reply was rejected in each of the {n} rounds it "
+                           f"was asked so far ({why}); it takes no part in training: check "
+                           "its data")
+        self.warnings.extend(out)
+        return [f"clusterfl: warning: {w}" for w in out]
+
+    # ------------------------------------------------------------------ records
+    def record(self, ctx: Context, t: int, extras: dict[str, Any], evaluate: bool,
+               wall: float) -> RoundRecord:
+        """Round t's record (JSON-ready); evaluates every client when `evaluate`."""
+        assignment = checked_assignment(self.algorithm, self.federation.n_clients)
+        rec = RoundRecord(
+            round=t, wall_time=wall, n_clusters=self.algorithm.n_clusters(),
+            assignment=assignment.tolist(), ari=metrics.ari(self.federation.clusters, assignment),
+            floats_down=ctx.floats_down, floats_up=ctx.floats_up,
+            client_updates=ctx.client_updates, extras=extras,
+            participants=len(ctx.participants),
+        )
+        if ctx.guard is not None:
+            events = ctx.guard.end_round()
+            ctx.guard.count_round(events)
+            rec.rejected = len(events["rejected"])
+            self.pending = self.rejections(ctx, events)
+            if self.robust_on or any(events.values()):
+                rec.robust = events
+        if evaluate:
+            reply = evaluate_all(ctx.backend, self.algorithm.predictor(),
+                                 self.federation.n_clients)
+            rec.metrics = RoundMetrics(**metrics.summarize(reply))
+            rec.client_accuracy = json_ready(reply.accuracy)
+            rec.client_macro_f1 = json_ready(reply.macro_f1)
+            if self.federation.task == "regression":
+                rec.client_mse = json_ready(reply.extras.get("mse"))
+        return rec.cleaned()  # numpy → Python, NaN → None
+
+    def summary(self, records: list[RoundRecord], ctx: Context,
+                holdout: dict[str, Any] | None) -> RunSummary:
+        """The run's `summary.json`: the last evaluated round's metrics, the last round's
+        clustering and costs, the robustness totals, the divergence and the held-out
+        clients' placement (`holdout`)."""
+        last_eval = next((r for r in reversed(records) if r.metrics is not None), None)
+        last = records[-1] if records else None
+        fed = self.federation
+        final = FinalMetrics() if last is None else FinalMetrics(
+            metrics=last_eval.metrics if last_eval else None, ari=last.ari,
+            n_clusters=last.n_clusters, floats_down=last.floats_down, floats_up=last.floats_up,
+            client_updates=last.client_updates, wall_time=last.wall_time,
+            rejected=sum(r.rejected for r in records),
+            participation=_participation(records, fed.n_clients),
+            placement_ari=None if holdout is None else holdout["placement_ari"],
+            holdout_accuracy=None if holdout is None else holdout["holdout_accuracy"],
+        )
+        return RunSummary(
+            algorithm=self.config.algorithm.name, label=self.algorithm.label(),
+            federation=fed.name, n_clients=fed.n_clients, rounds=self.config.run.rounds,
+            true_clusters=None if fed.clusters is None else fed.clusters.tolist(), final=final,
+            client_accuracy=last_eval.client_accuracy if last_eval else None,
+            client_macro_f1=last_eval.client_macro_f1 if last_eval else None,
+            assignment=last.assignment if last else None,
+            extras=last.extras if last else {},
+            robust=self._robust_summary(ctx, last_eval, last),
+            divergence=None if self.divergence is None else {
+                **self.divergence.as_dict(), "rounds": self.diverged_rounds},
+            holdout=holdout, warnings=self.warnings or None,
+        ).cleaned()
+
+    def _robust_summary(self, ctx: Context, last_eval: RoundRecord | None,
+                        last: RoundRecord | None) -> dict[str, Any] | None:
+        """Adversaries, rejections, dropouts and (ε, δ), when any robustness option is on."""
+        guard = ctx.guard
+        if guard is None or not self.robust_on:
+            return None
+        out = guard.summary()
+        bad = self.adversaries
+        if len(bad) and last is not None:
+            out.update(benign_vs_adversarial(np.asarray(last.assignment), bad))
+            acc = last_eval.client_accuracy if last_eval else None
+            if acc is not None:
+                benign = np.setdiff1d(np.arange(len(acc)), bad)
+                out["benign_accuracy"] = float(np.mean(np.asarray(acc, dtype=float)[benign]))
+        return out
+
+
+def _participation(records: list[RoundRecord], n_clients: int) -> float | None:
+    """Mean share of the clients that took part per round (None: no round recorded it)."""
+    counts = [r.participants for r in records if r.participants is not None]
+    return float(np.mean(counts)) / n_clients if counts and n_clients else None

@@ -1,0 +1,343 @@
+"""The folders clusterfl writes into: which files are ours, who may write them, and writing.
+
+A run folder holds what one run writes and nothing else: the files of `RUN_FILES` and, in the
+subfolders of `RUN_SUBDIRS`, the files those accept (`checkpoint/state.pt`, the PNGs of
+`figures/`, TensorBoard's event files); a comparison folder holds a `report.md`, its figures
+and one run folder per method (a folder holding a run's config, history or summary).
+`--overwrite` removes exactly these files, by name, and refuses a folder holding anything
+else, naming it: clusterfl never deletes what it did not write.
+
+While a process writes into a folder it holds the folder's lock, `LOCK_FILE` with its process
+id and command line, locked with `flock`: the kernel lets go of it when the process ends, so a
+lock left by a killed run (its process dead) is taken over by the next run, while a second
+run, resume or overwrite into a folder a live process holds is refused in one line naming
+that process. The lock file is removed when the holder ends normally.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import inspect
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from clusterfl.errors import ClusterFLError
+from clusterfl.records import HISTORY_FILE, SUMMARY_FILE, RoundRecord, RunSummary
+
+LOCK_FILE = ".clusterfl.lock"
+CHECKPOINT_DIR = "checkpoint"
+_COMPARED = frozenset(f"{n}_compare.png" for n in ("accuracy", "ari", "communication"))
+RUN_FILES = _COMPARED | {
+    "config.toml", HISTORY_FILE, SUMMARY_FILE, SUMMARY_FILE + ".tmp", "report.md", LOCK_FILE,
+    "cfl_tree.pt", "flt_relatedness.npz",  # the `save_artifacts` of CFL and FLT
+    "flower.json", "flower_final_state.pt",  # `deploy.server_app` after a Flower run
+}
+"""The files a run (or a comparison: its figures) writes at the top of its folder."""
+RUN_SUBDIRS: dict[str, Callable[[str], bool]] = {
+    CHECKPOINT_DIR: lambda n: n in ("state.pt", "state.pt.tmp", "state.tmp"),
+    "figures": lambda n: n.endswith(".png"),  # the report's and the methods' (per round...)
+    "tensorboard": lambda n: n.startswith("events.out.tfevents."),
+}
+"""Subfolders a run writes, and which of their files are its own."""
+CLIENT_FILE = re.compile(r"client_\d{4,}\.npz")
+"""The files of `clusterfl flower export-partitions`."""
+RUN_MARKERS = (HISTORY_FILE, SUMMARY_FILE, CHECKPOINT_DIR)
+"""A folder holding one of these is a run folder (for `check_report_out`)."""
+DEFAULT_HINT = "resume=True to continue the run there or overwrite=True to replace it"
+
+
+class RunDirInUseError(ClusterFLError):
+    """The output folder is not empty (and neither resume nor overwrite was asked), holds
+    files that are not ours, or is being written by another process."""
+
+
+# ------------------------------------------------------------------ the lock
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock at `path`, as its file says ("process 123 (clusterfl run ...)")."""
+    try:
+        pid, _, command = path.read_text(encoding="utf-8").strip().partition(" ")
+    except OSError:
+        pid, command = "", ""
+    who = f"process {pid}" if pid.isdigit() else "another process"
+    if pid == str(os.getpid()):
+        who += ", this one"
+    return f"{who} ({command})" if command else who
+
+
+class FolderLock:
+    """The lock of one folder (module doc); `acquire` raises `RunDirInUseError` naming the
+    process that holds it."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunDirInUseError(
+                    f"{self.folder} is in use by {_holder(self.path)}; wait for it to end (or "
+                    "stop it) and try again, or choose another output folder") from None
+            try:  # the holder may have ended, removing the file, between open and flock
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300].replace("\n", " ")
+        os.ftruncate(fd, 0)  # a stale lock (its process dead) is taken over here
+        os.write(fd, f"{os.getpid()} {command}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # still ours: nobody else could lock it
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def locking(argument: str) -> Callable[[F], F]:
+    """Decorate a function that writes into the folder passed as `argument`: it runs holding
+    that folder's lock (the folder is created first)."""
+    def wrap(func: F) -> F:
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            folder = Path(signature.bind(*args, **kwargs).arguments[argument])
+            folder.mkdir(parents=True, exist_ok=True)
+            with FolderLock(folder):
+                return func(*args, **kwargs)
+        return locked  # type: ignore[return-value]  # same signature as func
+    return wrap
+
+
+# ------------------------------------------------------------------ what is ours
+
+
+def _ours_in(sub: Path) -> Callable[[str], bool] | None:
+    """Which files of subfolder `sub` are ours (None: a subfolder we never write)."""
+    return RUN_SUBDIRS.get(sub.name)
+
+
+def _is_run(folder: Path) -> bool:
+    """A run's folder: it holds its config, history or summary (or nothing yet)."""
+    return any((folder / n).is_file() for n in ("config.toml", HISTORY_FILE, SUMMARY_FILE)) \
+        or all(e.name == LOCK_FILE for e in folder.iterdir())
+
+
+def foreign_entry(folder: Path, runs_inside: bool = True) -> Path | None:
+    """The first entry of `folder` that clusterfl did not write (None: every one is ours).
+    `folder` must be a run's folder or, with `runs_inside`, a comparison's (a folder of runs'
+    folders, its report and figures). Links are never ours."""
+    entries = [e for e in sorted(folder.iterdir()) if e.name != LOCK_FILE]
+    runs = [e for e in entries if runs_inside and e.is_dir() and not e.is_symlink()
+            and _ours_in(e) is None and _is_run(e)]
+    if not _is_run(folder) and not runs:  # neither a run nor a comparison: name a file
+        inside = (f for e in entries for f in (e.rglob("*") if e.is_dir() else [e])
+                  if not f.is_dir())
+        return next(inside, entries[0] if entries else None)
+    for entry in entries:
+        if entry.is_symlink() or not entry.is_dir():
+            bad = entry if entry.is_symlink() or entry.name not in RUN_FILES else None
+        elif (own := _ours_in(entry)) is not None:
+            bad = next((e for e in sorted(entry.iterdir())
+                        if e.is_symlink() or not e.is_file() or not own(e.name)), None)
+        else:
+            bad = foreign_entry(entry, runs_inside=False) if entry in runs else entry
+        if bad is not None:
+            return bad
+    return None
+
+
+def _remove_ours(folder: Path, runs_inside: bool = True) -> None:
+    """Remove the files of `foreign_entry`'s rules by name, then the folders they emptied."""
+    for entry in folder.iterdir():
+        if entry.is_symlink() or entry.name == LOCK_FILE:
+            continue
+        if entry.is_file() and entry.name in RUN_FILES:
+            entry.unlink()
+        elif entry.is_dir():
+            own = _ours_in(entry)
+            if own is not None:
+                for f in entry.iterdir():
+                    if f.is_file() and not f.is_symlink() and own(f.name):
+                        f.unlink()
+            elif runs_inside and _is_run(entry):
+                _remove_ours(entry, runs_inside=False)
+            else:
+                continue
+            if not any(entry.iterdir()):
+                entry.rmdir()
+
+
+def _claim(path: Path, resume: bool, overwrite: bool, hint: str) -> None:
+    """The checks of `claim_run_dir`, for a folder whose lock the caller holds."""
+    entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+    if resume or not entries:
+        return
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    if not overwrite:
+        raise RunDirInUseError(f"{path} is not empty (it holds {shown}); pass {hint}")
+    bad = foreign_entry(path)
+    if bad is not None:
+        raise RunDirInUseError(
+            f"{path} holds {bad.relative_to(path)}, which clusterfl did not write; refusing to "
+            "overwrite the folder: move that file away or choose another output folder")
+    with ExitStack() as held:  # a run of a comparison may be going on in its own folder
+        for sub in path.iterdir():
+            if sub.is_dir() and not sub.is_symlink() and (sub / LOCK_FILE).exists():
+                held.enter_context(FolderLock(sub))
+        _remove_ours(path)
+    for sub in path.iterdir():  # run folders whose lock file was left till now
+        if sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
+            sub.rmdir()
+
+
+def _check_folder(path: Path, resume: bool, overwrite: bool) -> None:
+    if resume and overwrite:
+        raise ClusterFLError("resume and overwrite exclude each other: resume continues the "
+                             "run in the folder, overwrite deletes it")
+    if path.exists() and not path.is_dir():
+        raise RunDirInUseError(f"{path} is a file, not a run directory; choose another "
+                               "output folder")
+
+
+def claim_run_dir(path: str | Path, resume: bool = False, overwrite: bool = False,
+                  hint: str = DEFAULT_HINT) -> None:
+    """Make `path` ready for one new run, or check it for a resumed one.
+
+    An absent or empty folder is fine. A folder with files needs `resume` (they are that run's
+    files) or `overwrite`, which removes our files first and refuses a folder holding anything
+    else (module doc). A folder another live process writes into is refused. `hint` names the
+    two options in the caller's words (`--resume or --overwrite` on the command line).
+    """
+    path = Path(path)
+    _check_folder(path, resume, overwrite)
+    if path.is_dir():
+        with FolderLock(path):
+            _claim(path, resume, overwrite, hint)
+
+
+# ------------------------------------------------------------------ one run's files
+
+
+class RunDir:
+    """The folder of one run (`path` None: a run that writes no files): claimed and locked for
+    the run (`claimed`), its config, history lines and summary written."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = None if path is None else Path(path)
+
+    @contextmanager
+    def claimed(self, resume: bool = False, overwrite: bool = False,
+                hint: str = DEFAULT_HINT) -> Iterator[RunDir]:
+        """Hold the folder's lock while the run writes into it (`claim_run_dir`'s checks
+        first)."""
+        if self.path is None:
+            yield self
+            return
+        _check_folder(self.path, resume, overwrite)
+        self.path.mkdir(parents=True, exist_ok=True)
+        with FolderLock(self.path):
+            _claim(self.path, resume, overwrite, hint)
+            yield self
+
+    def start(self, config_toml: str, records: list[RoundRecord]) -> None:
+        """Write `config.toml` and the history so far (a resumed run's, else none)."""
+        if self.path is None:
+            return
+        (self.path / "config.toml").write_text(config_toml)
+        with open(self.path / HISTORY_FILE, "w") as fh:
+            fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
+
+    def append(self, record: RoundRecord) -> None:
+        if self.path is not None:
+            with open(self.path / HISTORY_FILE, "a") as fh:
+                fh.write(json.dumps(record.to_json_dict()) + "\n")
+
+    def write_summary(self, summary: RunSummary) -> None:
+        if self.path is None:
+            return
+        path = self.path / SUMMARY_FILE
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(summary.to_json_dict(), indent=2))
+        os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ other writers
+
+
+def check_report_out(out: str | Path, runs: list[Path]) -> None:
+    """Refuse a comparison report's folder that is (or lies in) a run folder: one of the
+    compared runs, or any other (`runs/report` may be the run of a `report.toml`)."""
+    out, inputs = Path(out).resolve(), {r.resolve() for r in runs}
+    for folder in (out, out.parent):
+        if folder in inputs or any((folder / m).exists() for m in RUN_MARKERS):
+            raise RunDirInUseError(
+                f"report --out {out}: {folder} is a run folder; a comparison report would "
+                "overwrite its report.md and figures: give --out a folder of its own")
+
+
+@contextmanager
+def export_folder(path: str | Path) -> Iterator[int]:
+    """Hold `path`'s lock while client files are exported into it, after removing the
+    client files (`CLIENT_FILE`) of an earlier export; yields how many were removed. A
+    folder holding anything else is refused, naming that file."""
+    path = Path(path)
+    _check_folder(path, False, False)
+    path.mkdir(parents=True, exist_ok=True)
+    with FolderLock(path):
+        old = sorted(p for p in path.iterdir() if p.name != LOCK_FILE)
+        bad = next((p for p in old if p.is_symlink() or not p.is_file()
+                    or not CLIENT_FILE.fullmatch(p.name)), None)
+        if bad is not None:
+            raise RunDirInUseError(
+                f"{path} holds {bad.name}, which is not a client file of an export; export "
+                "the partitions into an empty folder (or one holding only an earlier export)")
+        for p in old:
+            p.unlink()
+        yield len(old)
+
+
+__all__ = [
+    "LOCK_FILE",
+    "RUN_FILES",
+    "RUN_SUBDIRS",
+    "FolderLock",
+    "RunDir",
+    "RunDirInUseError",
+    "check_report_out",
+    "claim_run_dir",
+    "export_folder",
+    "foreign_entry",
+    "locking",
+]

@@ -1,0 +1,138 @@
+"""The checkpoint file (issue 35): written whole or not at all, with one line for a full disk
+or a file-size limit (the previous checkpoint stays intact), and one line for an empty,
+truncated or foreign `state.pt` on resume."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clusterfl.checkpoint import CHECKPOINT
+from clusterfl.cli import main
+from clusterfl.config import dump_toml
+from clusterfl.experiment import Experiment
+from clusterfl.state import CheckpointError, read_checkpoint, write_checkpoint
+from tests.tiny import tiny_config
+
+CFG = tiny_config(rounds=4, checkpoint_every=2)
+
+
+def _round(out: Path) -> int:
+    return int(torch.load(out / CHECKPOINT, weights_only=False)["round"])
+
+
+def test_full_disk_checkpoint_one_line_error(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up while round 4's checkpoint is written: one line naming the folder
+    and both rounds; round 2's checkpoint is intact and resumable, no temporary file left."""
+    real, calls = os.fsync, []
+
+    def full(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError) as err:
+        Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
+    folder = tmp_path / "checkpoint"
+    assert str(err.value) == (f"no space left on {folder} while writing the checkpoint of "
+                              "round 4; the checkpoint of round 2 is intact")
+    assert _round(tmp_path) == 2 and sorted(p.name for p in folder.iterdir()) == ["state.pt"]
+    monkeypatch.setattr(os, "fsync", real)
+    ref = Experiment.from_config(CFG).run(progress=False)
+    resumed = Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    assert resumed.summary.final.metrics == ref.summary.final.metrics
+
+
+def test_file_size_limit_checkpoint_one_line_error(tmp_path: Path) -> None:
+    """`ulimit -f` below the checkpoint's size (a real limit, in a subprocess): exit 2 and one
+    line, not torch's `unexpected pos`."""
+    path, out = tmp_path / "run.toml", tmp_path / "out"
+    path.write_text(dump_toml(CFG))
+    limit = 4096  # config.toml and the history fit; the checkpoint (the MLP's weights) not
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out",
+                        str(out), "--quiet"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=small_files)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and err.count("\n") == 0, err
+    assert err == (f"clusterfl: error: the file-size limit (ulimit -f) was reached on "
+                   f"{out / 'checkpoint'} while writing the checkpoint of round 2; no earlier "
+                   "checkpoint was written")
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The bytes of a real checkpoint (round 4 of `CFG`)."""
+    out = tmp_path_factory.mktemp("saved")
+    Experiment.from_config(CFG, out_dir=out).run(progress=False)
+    return (out / CHECKPOINT).read_bytes()
+
+
+def _resume_with(tmp_path: Path, data: bytes, capsys: pytest.CaptureFixture[str]) -> str:
+    """`clusterfl run --resume` on a run folder whose state.pt holds `data`: its one line."""
+    tmp_path.mkdir(exist_ok=True)
+    path, out = tmp_path / "run.toml", tmp_path / "out"
+    path.write_text(dump_toml({**CFG, "rounds": 6}))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    (out / CHECKPOINT).write_bytes(data)
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.endswith("the run can restart with --overwrite")
+    return err
+
+
+def test_truncated_checkpoint_one_line_error(tmp_path: Path, saved: bytes,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    err = _resume_with(tmp_path, saved[: len(saved) // 2], capsys)
+    assert f"{tmp_path / 'out' / CHECKPOINT} is truncated or damaged" in err
+
+
+def test_empty_checkpoint_one_line_error(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    err = _resume_with(tmp_path, b"", capsys)
+    assert "state.pt is empty: it is not a clusterfl checkpoint" in err
+
+
+def test_foreign_checkpoint_one_line_error(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Random bytes, and a torch file that is not a run's state."""
+    err = _resume_with(tmp_path, os.urandom(3000), capsys)
+    assert "state.pt is not a clusterfl checkpoint" in err
+    other = tmp_path / "other.pt"
+    torch.save({"model": torch.zeros(3)}, other)
+    err = _resume_with(tmp_path / "b", other.read_bytes(), capsys)
+    assert "state.pt is not a clusterfl checkpoint (it does not hold a run's state)" in err
+
+
+def test_write_checkpoint_keeps_the_old_file_when_the_write_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "state.pt"
+    write_checkpoint(path, {"round": 1}, 1, None)
+    assert read_checkpoint(path, ("round",)) == {"round": 1}
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(
+        OSError(errno.EDQUOT, "Disk quota exceeded")))
+    with pytest.raises(CheckpointError, match=r"disk quota is full .* round 2; the checkpoint "
+                                              r"of round 1 is intact"):
+        write_checkpoint(path, {"round": 2}, 2, 1)
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(
+        OSError(errno.EACCES, "Permission denied")))
+    with pytest.raises(PermissionError):  # not about space: raised as it is
+        write_checkpoint(path, {"round": 2}, 2, 1)
+    assert read_checkpoint(path, ("round",)) == {"round": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]

@@ -1,0 +1,266 @@
+"""Folders clusterfl writes into (issue 35): `--overwrite` removes only our files, by name,
+and refuses a folder holding anything else; a folder is locked while a process writes into it,
+a second run, resume or overwrite (and compare, bench, export-partitions, report) refuses in
+one line naming that process, and a lock left by a dead process is taken over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from clusterfl.cli import main
+from clusterfl.config import dump_toml
+from clusterfl.rundir import (
+    LOCK_FILE,
+    RUN_FILES,
+    RUN_SUBDIRS,
+    FolderLock,
+    RunDirInUseError,
+    check_report_out,
+    claim_run_dir,
+    foreign_entry,
+)
+from tests.tiny import tiny_config
+
+TINY = tiny_config()
+
+
+@contextmanager
+def held_elsewhere(folder: Path) -> Iterator[int]:
+    """`folder`'s lock held by another live process; yields its pid."""
+    folder.mkdir(parents=True, exist_ok=True)
+    code = ("import sys, time\nfrom clusterfl.rundir import FolderLock\n"
+            "FolderLock(sys.argv[1]).acquire()\nprint('held', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _run_folder(folder: Path) -> None:
+    """Every file a run and a comparison write (none of it real)."""
+    for name in ("config.toml", "history.jsonl", "summary.json", "report.md", "cfl_tree.pt",
+                 "checkpoint/state.pt", "figures/accuracy.png", "figures/ari_compare.png",
+                 "tensorboard/events.out.tfevents.1700000000.host.1.0", "fedavg/config.toml",
+                 "fedavg/summary.json", "fedavg/checkpoint/state.pt", "fedavg/" + LOCK_FILE,
+                 "ifca/" + LOCK_FILE):  # a run that had just started
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("x")
+
+
+# ------------------------------------------------------------------ --overwrite
+
+
+def test_overwrite_refuses_folder_with_foreign_file(tmp_path: Path) -> None:
+    """The issue's two cases: `checkpoint/model.pt` + `train.py`, and `notes/report.md`."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "checkpoint").mkdir(parents=True)
+    (a / "checkpoint" / "model.pt").write_text("weights")
+    (a / "train.py").write_text("code")
+    (b / "notes").mkdir(parents=True)
+    (b / "notes" / "report.md").write_text("notes")
+    for folder, named in ((a, "checkpoint/model.pt"), (b, "notes/report.md")):
+        before = _files(folder)
+        with pytest.raises(RunDirInUseError) as err:
+            claim_run_dir(folder, overwrite=True)
+        assert named in str(err.value) and "did not write" in str(err.value)
+        assert "\n" not in str(err.value)
+        assert _files(folder) == before  # nothing removed
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    assert main(["run", str(path), "--out", str(a), "--quiet", "--overwrite"]) == 2
+    assert (a / "train.py").read_text() == "code"
+    assert (a / "checkpoint" / "model.pt").read_text() == "weights"
+
+
+def test_overwrite_removes_only_run_files_by_name(tmp_path: Path) -> None:
+    _run_folder(tmp_path)
+    assert foreign_entry(tmp_path) is None
+    claim_run_dir(tmp_path, overwrite=True)
+    assert _files(tmp_path) == []
+    _run_folder(tmp_path)
+    (tmp_path / "figures" / "mine.pdf").write_text("drawn by hand")  # the report draws PNGs
+    with pytest.raises(RunDirInUseError, match=r"figures/mine\.pdf"):
+        claim_run_dir(tmp_path, overwrite=True)
+    assert (tmp_path / "summary.json").exists()
+    (tmp_path / "figures" / "mine.pdf").unlink()
+    notes = tmp_path / "notes"  # a run's file name, but neither a run nor a comparison
+    notes.mkdir()
+    (notes / "report.md").write_text("mine")
+    with pytest.raises(RunDirInUseError, match=r"holds report\.md"):
+        claim_run_dir(notes, overwrite=True)
+    assert foreign_entry(tmp_path) == notes
+
+
+def test_run_file_names_are_the_writers_names() -> None:
+    """The names `--overwrite` may remove are the ones the writers use."""
+    from clusterfl.algorithms.cfl import TREE_FILE
+    from clusterfl.algorithms.flt import ARTIFACT
+    from clusterfl.checkpoint import CHECKPOINT
+    from clusterfl.deploy.server_app import FINAL_STATE
+    from clusterfl.records import HISTORY_FILE, SUMMARY_FILE
+    from clusterfl.report.figures import COMPARISON_FIGURES, FIGURES_DIR, RUN_FIGURES
+    from clusterfl.report.markdown import REPORT_FILE
+    from clusterfl.tracking import TENSORBOARD_DIR
+
+    assert {TREE_FILE, ARTIFACT, FINAL_STATE, HISTORY_FILE, SUMMARY_FILE, REPORT_FILE,
+            "config.toml", "flower.json"} <= RUN_FILES
+    folder, name = CHECKPOINT.split("/")
+    assert RUN_SUBDIRS[folder](name) and RUN_SUBDIRS[folder](name + ".tmp")
+    assert all(RUN_SUBDIRS[FIGURES_DIR](f"{n}.png") for n in RUN_FIGURES + COMPARISON_FIGURES)
+    assert {f"{n}.png" for n in COMPARISON_FIGURES} <= RUN_FILES  # beside a comparison's report
+    assert TENSORBOARD_DIR in RUN_SUBDIRS
+
+
+# ------------------------------------------------------------------ the lock
+
+
+def test_second_run_refuses_locked_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          ) -> None:
+    """A second run, a resume and an overwrite into a folder a live run holds: one line
+    naming the process; its files are untouched."""
+    path, out = tmp_path / "tiny.toml", tmp_path / "out"
+    path.write_text(dump_toml(TINY))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with held_elsewhere(out) as pid:
+        for extra in ([], ["--resume"], ["--overwrite"]):
+            capsys.readouterr()
+            assert main(["run", str(path), "--out", str(out), "--quiet", *extra]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"in use by process {pid}" in err, err
+        from clusterfl.experiment import Experiment
+
+        with pytest.raises(RunDirInUseError, match=f"process {pid}"):
+            Experiment.from_config(TINY, out_dir=out, overwrite=True).run(progress=False)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()
+            and p.name != LOCK_FILE} == before
+
+
+def test_stale_lock_of_dead_process_is_taken_over(tmp_path: Path) -> None:
+    from clusterfl.experiment import Experiment
+
+    tmp_path.joinpath(LOCK_FILE).write_text(f"{dead_pid()} clusterfl run old.toml\n")
+    history = Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
+    assert len(history.records) == 2 and not (tmp_path / LOCK_FILE).exists()
+
+
+def test_lock_is_held_while_the_run_writes(tmp_path: Path) -> None:
+    """During a run the lock file names this process; it is gone afterwards."""
+    import os
+
+    from clusterfl.experiment import Experiment
+
+    seen: list[str] = []
+
+    class Spy:
+        def on_round_end(self, record: object) -> None:
+            seen.append((tmp_path / LOCK_FILE).read_text())
+
+    Experiment.from_config(TINY, out_dir=tmp_path, callbacks=[Spy()]).run(progress=False)
+    assert len(seen) == 2 and all(s.startswith(f"{os.getpid()} ") for s in seen)
+    assert not (tmp_path / LOCK_FILE).exists()
+    with FolderLock(tmp_path), pytest.raises(RunDirInUseError, match="this one"):
+        FolderLock(tmp_path).acquire()  # the same process twice, too
+
+
+def test_compare_refuses_locked_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       ) -> None:
+    path, out = tmp_path / "tiny.toml", tmp_path / "cmp"
+    path.write_text(dump_toml(TINY))
+    with held_elsewhere(out) as pid:
+        argv = ["compare", str(path), "--algorithms", "fedavg", "--out", str(out), "--quiet"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"process {pid}" in err
+    assert [p.name for p in out.iterdir()] == [LOCK_FILE]  # the killed holder's, stale now
+
+
+def test_bench_refuses_locked_folder(tmp_path: Path) -> None:
+    from clusterfl.bench import Scenario, run_suite
+
+    scenario = Scenario("tiny", "tiny", "test", tiny_config(), ["fedavg"], [0])
+    with held_elsewhere(tmp_path) as pid, pytest.raises(RunDirInUseError,
+                                                        match=f"process {pid}"):
+        run_suite([scenario], tmp_path, log=lambda m: None)
+    assert [p.name for p in tmp_path.iterdir()] == [LOCK_FILE]
+
+
+# ------------------------------------------------------------------ export-partitions
+
+
+def _export(config: Path, out: Path) -> int:
+    return main(["flower", "export-partitions", str(config), str(out)])
+
+
+def test_export_partitions_replaces_only_its_own_files(tmp_path: Path) -> None:
+    """A second export into the folder of an earlier one (more clients) leaves exactly the
+    new export's files, not a federation mixed from both."""
+    big, small, out = tmp_path / "big.toml", tmp_path / "small.toml", tmp_path / "parts"
+    big.write_text(dump_toml(tiny_config(n_clients=6)))
+    small.write_text(dump_toml(tiny_config(n_clients=4)))
+    assert _export(big, out) == 0 and len(list(out.glob("*.npz"))) == 6
+    assert _export(small, out) == 0
+    assert sorted(p.name for p in out.iterdir()) == [f"client_{c:04d}.npz" for c in range(4)]
+
+
+def test_export_partitions_refuses_folder_with_foreign_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, out = tmp_path / "tiny.toml", tmp_path / "parts"
+    config.write_text(dump_toml(TINY))
+    out.mkdir()
+    (out / "mine.npz").write_text("x")
+    assert _export(config, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert "mine.npz" in err and err.count("\n") == 0
+    assert [p.name for p in out.iterdir()] == ["mine.npz"]
+    (out / "mine.npz").unlink()
+    with held_elsewhere(out) as pid:
+        assert _export(config, out) == 2
+        assert f"process {pid}" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ report --out
+
+
+def test_report_out_refuses_a_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`report --out` onto one of its input runs, or the default ./runs/report when that is
+    a run's folder (`clusterfl run report.toml`): refused, that run's report.md kept."""
+    path = tmp_path / "report.toml"
+    path.write_text(dump_toml(TINY))
+    monkeypatch.chdir(tmp_path)
+    a, b = tmp_path / "runs" / "a", tmp_path / "runs" / "report"
+    for out in (a, b):
+        assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+        (out / "report.md").write_text("the run's own report")
+    capsys.readouterr()
+    for argv in (["report", str(a), str(b), "--out", str(a)], ["report", str(a), str(b)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "is a run folder" in err
+    assert (a / "report.md").read_text() == (b / "report.md").read_text() == \
+        "the run's own report"
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    assert (tmp_path / "cmp" / "report.md").is_file()
+    with pytest.raises(RunDirInUseError, match="is a run folder"):
+        check_report_out(a / "inside", [b])  # a folder inside a run is the run's too

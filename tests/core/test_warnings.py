@@ -1,0 +1,32 @@
+"""A client whose every reply is rejected is reported, on the console, in summary.json and in
+the report (issue 35: "a client rejected every round, no warning")."""
+
+from __future__ import annotations
+
+from clusterfl.experiment import Experiment
+from clusterfl.recorder import ALWAYS_REJECTED
+from clusterfl.records import read_summary
+from clusterfl.report import write_run_report
+from tests.core.test_experiment import SMALL
+
+
+def test_client_rejected_every_round_is_reported(tmp_path, capsys):
+    # client 2's update is scaled a million times: the median rule rejects it every round
+    cfg = {**SMALL, "rounds": 5, "adversary": {"kind": "scale", "clients": [2], "scale": 1e6}}
+    history = Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
+    assert [r.rejected for r in history.records] == [1] * 5
+    summary = read_summary(tmp_path)
+    assert summary.warnings is not None and len(summary.warnings) == 1
+    assert summary.warnings[0].startswith(f"client 2's reply was rejected in each of the "
+                                          f"{ALWAYS_REJECTED} rounds")
+    write_run_report(tmp_path)
+    assert "client 2's reply was rejected" in (tmp_path / "report.md").read_text()
+
+
+def test_no_warning_for_a_client_rejected_once(tmp_path):
+    # the scaled client is rejected in rounds where it attacks, but nobody is rejected
+    # ALWAYS_REJECTED times without ever being accepted on a run shorter than that
+    cfg = {**SMALL, "rounds": ALWAYS_REJECTED - 1,
+           "adversary": {"kind": "scale", "clients": [2], "scale": 1e6}}
+    Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
+    assert read_summary(tmp_path).warnings is None
