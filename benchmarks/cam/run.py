@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.algorithms.base import KClusterExtras
+from clusterfl.algorithms.common import KClusterExtras
 from clusterfl.config import apply_overrides
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation

@@ -34,7 +34,8 @@ from clusterfl.errors import ClusterFLError
 if TYPE_CHECKING:  # numpy and torch are imported when the command runs (fast --help)
     import numpy as np
 
-    from clusterfl.algorithms.base import Algorithm, Context, Placement
+    from clusterfl.algorithms.base import Algorithm, Context
+    from clusterfl.algorithms.common import Placement
 
 CHECKPOINT = "checkpoint/state.pt"
 CFL_TREE = "cfl_tree.pt"  # `CFL.save_artifacts` (kept from `cfl-place`)

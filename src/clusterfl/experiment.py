@@ -28,7 +28,7 @@ import torch
 
 from clusterfl import tracking
 from clusterfl.algorithms import Algorithm, Context, algorithm_class
-from clusterfl.algorithms.base import SampledConfig
+from clusterfl.algorithms.common import SampledConfig
 from clusterfl.backends import BACKENDS, Backend
 from clusterfl.backends.subset import SubsetBackend
 from clusterfl.checkpoint import CHECKPOINT, Checkpoints

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 import clusterfl.algorithms
-from clusterfl.algorithms.base import KClusterExtras, LossExtras
 from clusterfl.algorithms.cam import (
     CAMExtras,
     FeSEMCAMExtras,
@@ -27,6 +26,7 @@ from clusterfl.algorithms.cam import (
 )
 from clusterfl.algorithms.cfl import CFLExtras, CFLSplitEvent
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPEstimateExtras, CFLGPExtras
+from clusterfl.algorithms.common import KClusterExtras, LossExtras
 from clusterfl.algorithms.ensemble import EnsembleExtras
 from clusterfl.algorithms.fedem import FedEMExtras
 from clusterfl.algorithms.fedsoft import FedSoftExtras

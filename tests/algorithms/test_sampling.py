@@ -15,7 +15,7 @@ from tests.crash import crash_then_resume, timing_free
 from tests.robust.conftest import EXPECTED_METHODS, config
 
 from clusterfl.algorithms import ALGORITHMS
-from clusterfl.algorithms.base import SampledConfig
+from clusterfl.algorithms.common import SampledConfig
 from clusterfl.config import load_config
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment

@@ -285,7 +285,7 @@ def test_node_file_with_float_labels_is_refused_not_truncated(tmp_path):
     ok, cid, cluster = read_client_file(_node_file(tmp_path / "ok.npz",
                                                    y_train=np.array([0.0, 1.0, 2.0])))
     assert (cid, cluster) == (5, 1) and ok.client_train(5)[1].tolist() == [0, 1, 2]
-    with pytest.raises(DataError, match="labels like 1.5 are not class ids"):
+    with pytest.raises(DataError, match=r"labels like 1\.5 are not class ids"):
         read_client_file(_node_file(tmp_path / "f.npz", y_train=np.array([0.0, 1.5, 2.0])))
 
 

@@ -8,17 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    AlgorithmConfig,
-    Ask,
-    Context,
-    LossExtras,
-    Update,
-)
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.cam import IFCACAM, FeSEMCAM
 from clusterfl.algorithms.cfl import CFL
 from clusterfl.algorithms.cfl_gp import CFLGP
+from clusterfl.algorithms.common import AlgorithmConfig, LossExtras
 from clusterfl.algorithms.ensemble import FedAvgPlus, FedProxPlus
 from clusterfl.algorithms.fedavg import FedAvg, FedProx
 from clusterfl.algorithms.fedem import FedEM

@@ -66,14 +66,11 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import (
     KClusterExtras,
     Placement,
     SampledConfig,
-    Update,
     answered,
     check_k_fits,
 )
@@ -280,8 +277,7 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
         st = self.state
         ids = np.asarray(clients, dtype=np.int64)
         if (st.assign < 0).all():  # warm-up: Θ_g alone
-            return Placement(ids, np.full(len(ids), -1, np.int64),
-                             Predictor.single(st.g[None], np.zeros(len(ids), np.int64)))
+            return Placement.nowhere(ids, st.g[None])
         return place_by_sum(ctx, ids, st.g, st.clusters, torch.zeros_like(st.clusters[0]))
 
 
@@ -379,8 +375,7 @@ class FeSEMCAM(FeSEM):
         st = self.state
         ids = np.asarray(clients, dtype=np.int64)
         if st.local is not None or st.centers is None:  # warm-up: no centers yet
-            return Placement(ids, np.full(len(ids), -1, np.int64),
-                             Predictor.single(st.start[None], np.zeros(len(ids), np.int64)))
+            return Placement.nowhere(ids, st.start[None])
         return place_by_sum(ctx, ids, st.g, st.centers, st.start)
 
 

@@ -79,15 +79,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import (
-    FIRST,
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-)
+from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.cfl_tree import (
     ClientSide,
     DeviceStorage,
@@ -96,6 +88,7 @@ from clusterfl.algorithms.cfl_tree import (
     TreeWalk,
     Walk,
 )
+from clusterfl.algorithms.common import Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import separation_gap
 from clusterfl.clustering.split_rule import (

@@ -134,16 +134,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-    answered,
-    check_k_fits,
-)
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.cfl_gp_profile import (
     Probe,
     ProbeAsk,
@@ -151,6 +142,7 @@ from clusterfl.algorithms.cfl_gp_profile import (
     profiled_clients,
     update_profile,
 )
+from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
     KCriterion,
@@ -791,5 +783,4 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         sim[:, empty] = -torch.inf  # a model without members is no cluster
         clusters = np.where(got, sim.argmax(1).numpy(), -1).astype(np.int64)
         details = [{"similarity": [round(float(v), 5) for v in row]} for row in sim.numpy()]
-        return Placement(ids, clusters, Predictor.single(st.models, np.maximum(clusters, 0)),
-                         details)
+        return Placement.by_cluster(ids, clusters, st.models, details)

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import Algorithm, Ask, Context, Placement, SampledConfig, Update
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, Steps, StepsReply, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras

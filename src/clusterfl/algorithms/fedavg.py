@@ -18,15 +18,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
-    LossExtras,
-    Placement,
-    SampledConfig,
-    Update,
-)
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import LossExtras, Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 

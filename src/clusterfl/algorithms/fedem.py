@@ -55,15 +55,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-    check_k_fits,
-)
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.protocol import (
     Combine,

@@ -62,16 +62,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import (
-    FIRST,
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-    check_k_fits,
-)
+from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.protocol import (
     BestCountReply,
@@ -221,8 +213,7 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
         details: list[dict[str, Any]] = [{"importance": None} for _ in clients]
         for r, row in zip(rows, u):
             details[int(r)] = {"importance": [round(float(v), 6) for v in row]}
-        return Placement(clients, clusters, Predictor.single(st.models, np.maximum(clusters, 0)),
-                         details)
+        return Placement.by_cluster(clients, clusters, st.models, details)
 
 
 def _argmax(state: FedSoftState) -> np.ndarray:

@@ -79,14 +79,11 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import (
     KClusterExtras,
     Placement,
     SampledConfig,
-    Update,
     answered,
     check_k_fits,
 )
@@ -441,8 +438,7 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         st, cfg = self.state, self.config
         ids = np.asarray(clients, dtype=np.int64)
         if st.local is not None or st.centers is None:  # before the first clustering
-            return Placement(ids, np.full(len(ids), -1, np.int64),
-                             Predictor.single(st.start[None], np.zeros(len(ids), np.int64)))
+            return Placement.nowhere(ids, st.start[None])
         k = len(st.centers)
         seed = ctx.next_seed()  # one seed: every start sees the same minibatches
         training = replace(ctx.training, mu=cfg.lam)

@@ -53,15 +53,8 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-    check_k_fits,
-)
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
 from clusterfl.algorithms.oneshot import Threshold, cut_clients
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
 from clusterfl.clustering.hierarchical import feature_linkage, pairwise_distances
@@ -243,7 +236,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
             j = int(np.argmin(dist[row]))
             out[i] = int(have[j])
             details[i] = {"answered": True, "distance": round(float(dist[row, j]), 6)}
-        return Placement(clients, out, Predictor.single(st.models, np.maximum(out, 0)), details)
+        return Placement.by_cluster(clients, out, st.models, details)
 
 
 __all__ = ["FLHC", "FLHCClusteringExtras", "FLHCConfig", "FLHCExtras", "FLHCState",

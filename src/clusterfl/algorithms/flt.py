@@ -100,16 +100,8 @@ import numpy as np
 import torch
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from clusterfl.algorithms.base import (
-    FIRST,
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-    answered,
-)
+from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import Placement, SampledConfig, answered
 from clusterfl.algorithms.oneshot import OneOffAsk, Threshold, dump_cut, own_clusters
 from clusterfl.clustering.aggregate import average_members
 from clusterfl.clustering.hierarchical import (
@@ -476,10 +468,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         Ward's criterion on its relatedness row (module doc)."""
         cfg, st = self.config, self.state
         ids = np.asarray(clients, dtype=np.int64)
-        none = np.full(len(ids), -1, dtype=np.int64)
         if not st.clustered:  # before the one-off clustering: everybody has the start model
-            return Placement(ids, none, Predictor.single(st.models[:1], np.zeros(len(ids),
-                                                                                 np.int64)))
+            return Placement.nowhere(ids, st.models[:1])
         reply = ctx.send(self._request(ctx, ids)[0])
         good = st.signature_clients
         train, new = self._map_new(st.signatures, np.array(reply.signatures, dtype=np.float64),

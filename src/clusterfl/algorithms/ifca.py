@@ -67,14 +67,11 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import (
     KClusterExtras,
     Placement,
     SampledConfig,
-    Update,
     answered,
     check_k_fits,
 )
@@ -246,16 +243,14 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         st, cfg = self.state, self.config
         ids = np.asarray(clients, dtype=np.int64)
         if st.warm is not None:  # warm-up: one model, no clusters yet
-            return Placement(ids, np.full(len(ids), -1, np.int64),
-                             Predictor.single(st.warm[None], np.zeros(len(ids), np.int64)))
+            return Placement.nowhere(ids, st.warm[None])
         shared = 0 if self.shared is None else int(self.shared.sum())
         losses = ctx.send(LossRequest(ids, st.models, shared_coords=shared))
         chosen = choose_clusters(losses.loss, losses.accuracy, cfg.assign_by)
         clusters = answered(ids, losses.clients, chosen)
         loss = answered(ids, losses.clients, losses.loss, np.nan)
         details = [{"losses": [round(float(v), 5) for v in row]} for row in loss]
-        return Placement(ids, clusters, Predictor.single(st.models, np.maximum(clusters, 0)),
-                         details)
+        return Placement.by_cluster(ids, clusters, st.models, details)
 
 
 __all__ = ["IFCA", "IFCAConfig", "IFCAExtras", "IFCAState"]

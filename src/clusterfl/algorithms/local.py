@@ -24,16 +24,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from clusterfl.algorithms.base import (
-    Algorithm,
-    Ask,
-    Context,
-    LossExtras,
-    Placement,
-    SampledConfig,
-    Update,
-    answered,
-)
+from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import LossExtras, Placement, SampledConfig, answered
 from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 
 

@@ -65,16 +65,8 @@ import numpy as np
 import torch
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from clusterfl.algorithms.base import (
-    FIRST,
-    Algorithm,
-    Ask,
-    Context,
-    Placement,
-    SampledConfig,
-    Update,
-    check_k_fits,
-)
+from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
+from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
 from clusterfl.algorithms.oneshot import OneOffAsk, Threshold, cut_clients, dump_cut
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
 from clusterfl.clustering.hierarchical import distance_linkage, linkage_to_clusters
@@ -313,8 +305,7 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         st, cfg = self.state, self.config
         clients = np.asarray(clients, dtype=np.int64)
         if not st.clustered:  # before round 1 nobody has a cluster: -1, the initial model
-            none = np.full(len(clients), -1, dtype=np.int64)
-            return Placement(clients, none, Predictor.single(st.models[:1], none * 0))
+            return Placement.nowhere(clients, st.models[:1])
         reply = ctx.send(self._request(clients))
         known = np.flatnonzero(st.ranks > 0)
         old = [st.bases[i, :, : st.ranks[i]].astype(np.float64) for i in known]
@@ -330,7 +321,7 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
             d = float(to_cluster[row, best]) if best >= 0 else float("inf")
             details[i] = {"answered": True, "distance": round(d, 4),
                           "within_threshold": None if threshold is None else d <= threshold}
-        return Placement(clients, out, Predictor.single(st.models, np.maximum(out, 0)), details)
+        return Placement.by_cluster(clients, out, st.models, details)
 
 
 __all__ = ["PACFL", "PACFLClusteringExtras", "PACFLConfig", "PACFLExtras", "PACFLState",

@@ -13,35 +13,10 @@ from typing import Any, ClassVar, Self, cast
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from clusterfl import protocol as pr
 from clusterfl.data.federation import Federation
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import (
-    RE,
-    Asks,
-    BestCountReply,
-    BestCountRequest,
-    EmbedReply,
-    EmbedRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientReply,
-    GradientRequest,
-    LossReply,
-    LossRequest,
-    MixtureFitReply,
-    MixtureFitRequest,
-    MixtureTrainReply,
-    MixtureTrainRequest,
-    Reply,
-    Steps,
-    StepsReply,
-    SubspaceReply,
-    SubspaceRequest,
-    TrainReply,
-    TrainRequest,
-    client_seed,
-    run_steps,
-)
+from clusterfl.protocol import RE, Asks, Reply, Steps, StepsReply, client_seed, run_steps
 
 
 class BackendConfig(BaseModel):
@@ -86,11 +61,11 @@ class Backend(ABC):
     def handlers(self) -> dict[type[Any], Callable[[Any], Reply]]:
         """Request type → the bound method that answers it (`execute`'s dispatch table)."""
         return {
-            TrainRequest: self.train, GradientRequest: self.gradient, LossRequest: self.losses,
-            EvaluateRequest: self.evaluate, EmbedRequest: self.embed,
-            SubspaceRequest: self.subspace, MixtureTrainRequest: self.mixture_train,
-            MixtureFitRequest: self.mixture_fit, BestCountRequest: self.best_counts,
-            Steps: self.steps,
+            pr.TrainRequest: self.train, pr.GradientRequest: self.gradient,
+            pr.LossRequest: self.losses, pr.EvaluateRequest: self.evaluate,
+            pr.EmbedRequest: self.embed, pr.SubspaceRequest: self.subspace,
+            pr.MixtureTrainRequest: self.mixture_train, pr.MixtureFitRequest: self.mixture_fit,
+            pr.BestCountRequest: self.best_counts, Steps: self.steps,
         }
 
     def steps(self, req: Steps) -> StepsReply:
@@ -98,18 +73,18 @@ class Backend(ABC):
         return run_steps(self.execute, req)
 
     @abstractmethod
-    def train(self, req: TrainRequest) -> TrainReply: ...
+    def train(self, req: pr.TrainRequest) -> pr.TrainReply: ...
 
     @abstractmethod
-    def gradient(self, req: GradientRequest) -> GradientReply: ...
+    def gradient(self, req: pr.GradientRequest) -> pr.GradientReply: ...
 
     @abstractmethod
-    def losses(self, req: LossRequest) -> LossReply: ...
+    def losses(self, req: pr.LossRequest) -> pr.LossReply: ...
 
     @abstractmethod
-    def evaluate(self, req: EvaluateRequest) -> EvaluateReply: ...
+    def evaluate(self, req: pr.EvaluateRequest) -> pr.EvaluateReply: ...
 
-    def embed(self, req: EmbedRequest) -> EmbedReply:
+    def embed(self, req: pr.EmbedRequest) -> pr.EmbedReply:
         """FLT's one-off client signatures (Alg. 2): `client_signature` for each client.
 
         A plain loop over the clients' own training data; each client's seed is derived from
@@ -123,9 +98,9 @@ class Backend(ABC):
             x, y = fed.client_train(int(c))
             rows.append(client_signature(x, y, req, client_seed(req.seed, int(c))))
         sigs = np.stack(rows) if rows else np.zeros((0, req.k, req.signature_dim))
-        return EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
+        return pr.EmbedReply(clients.copy(), sigs, fed.train_sizes[clients].copy())
 
-    def subspace(self, req: SubspaceRequest) -> SubspaceReply:
+    def subspace(self, req: pr.SubspaceRequest) -> pr.SubspaceReply:
         """PACFL's one-off data subspaces: `client_subspace` for each client, a plain loop
         over the clients' own training data (deterministic: no seed, no order effect)."""
         from clusterfl.engine.subspace import client_subspace
@@ -139,20 +114,33 @@ class Backend(ABC):
             ranks.append(rank)
         out = (np.stack(bases) if bases
                else np.zeros((0, int(req.input_dim), req.columns())))
-        return SubspaceReply(clients.copy(), out, np.asarray(ranks, dtype=np.int64),
-                             fed.train_sizes[clients].copy())
+        return pr.SubspaceReply(clients.copy(), out, np.asarray(ranks, dtype=np.int64),
+                                fed.train_sizes[clients].copy())
     # mixtures (FedEM, FedSoft): the in-process backends implement them
-    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
-        raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureTrainRequest")
+    def mixture_train(self, req: pr.MixtureTrainRequest) -> pr.MixtureTrainReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a pr.MixtureTrainRequest")
 
-    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
-        raise NotImplementedError(f"{type(self).__name__} cannot run a MixtureFitRequest")
+    def mixture_fit(self, req: pr.MixtureFitRequest) -> pr.MixtureFitReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a pr.MixtureFitRequest")
 
-    def best_counts(self, req: BestCountRequest) -> BestCountReply:
-        raise NotImplementedError(f"{type(self).__name__} cannot run a BestCountRequest")
+    def best_counts(self, req: pr.BestCountRequest) -> pr.BestCountReply:
+        raise NotImplementedError(f"{type(self).__name__} cannot run a pr.BestCountRequest")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (processes, connections)."""
+
+
+class Relay(Backend):
+    """A backend whose own `execute` takes whole requests of any type (Flower, a subset of
+    another backend): every per-type hook goes through it."""
+
+    @abstractmethod
+    def execute(self, request: Asks[RE]) -> RE: ...
+
+    def train(self, req: Any) -> Any:
+        return self.execute(req)
+
+    gradient = losses = evaluate = embed = subspace = train
 
 
 def as_index(clients: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Literal, Self
 import numpy as np
 import torch
 
+from clusterfl import protocol as pr
 from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.backends.simulation import DeviceConfig
 from clusterfl.data.federation import Federation
@@ -28,25 +29,7 @@ from clusterfl.engine.common import (
 from clusterfl.engine.device import on, resolve_device, set_precision
 from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_seed
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import (
-    BestCountReply,
-    BestCountRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientReply,
-    GradientRequest,
-    LossReply,
-    LossRequest,
-    MixtureFitReply,
-    MixtureFitRequest,
-    MixtureTrainReply,
-    MixtureTrainRequest,
-    Predictor,
-    TrainReply,
-    TrainRequest,
-    client_seed,
-    narrow,
-)
+from clusterfl.protocol import Predictor, client_seed, narrow
 
 
 class SequentialConfig(DeviceConfig):
@@ -87,7 +70,7 @@ class SequentialBackend(Backend):
         return combine(outs, pred.combine, weights)
 
     # -------------------------------------------------------------- requests
-    def train(self, req: TrainRequest) -> TrainReply:
+    def train(self, req: pr.TrainRequest) -> pr.TrainReply:
         fed, clients = self.federation, as_index(req.clients)
         tr = req.training
         sizes = fed.train_sizes[clients]
@@ -110,9 +93,9 @@ class SequentialBackend(Backend):
             params.append(p)
             losses.append(loss)
         out = narrow(_stack(params, self.factory.size), req.coords)  # the d̂ coords asked for
-        return TrainReply(clients.copy(), out.cpu(), sizes.copy(), np.array(losses))
+        return pr.TrainReply(clients.copy(), out.cpu(), sizes.copy(), np.array(losses))
 
-    def gradient(self, req: GradientRequest) -> GradientReply:
+    def gradient(self, req: pr.GradientRequest) -> pr.GradientReply:
         fed, clients = self.federation, as_index(req.clients)
         sizes = fed.train_sizes[clients]
         batches = torch.from_numpy(
@@ -128,9 +111,9 @@ class SequentialBackend(Backend):
             losses.append(loss)
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         out = narrow(_stack(grads, self.factory.size), req.coords)  # the d̂ coords asked for
-        return GradientReply(clients.copy(), out.cpu(), used, np.array(losses))
+        return pr.GradientReply(clients.copy(), out.cpu(), used, np.array(losses))
 
-    def losses(self, req: LossRequest) -> LossReply:
+    def losses(self, req: pr.LossRequest) -> pr.LossReply:
         fed, clients = self.federation, as_index(req.clients)
         k = req.models.shape[0]
         loss = np.zeros((len(clients), k))
@@ -147,7 +130,7 @@ class SequentialBackend(Backend):
                 loss[i, j] = float(per_sample_loss(out, y, fed.task).mean())
                 if fed.task == "classification":
                     acc[i, j] = float((out.argmax(-1) == y).double().mean())
-        return LossReply(clients.copy(), loss, acc)
+        return pr.LossReply(clients.copy(), loss, acc)
 
     # -------------------------------------------------------------- mixtures
     def _client_losses(self, models: torch.Tensor, x: torch.Tensor,
@@ -158,7 +141,7 @@ class SequentialBackend(Backend):
         out = torch.stack([ref.predict(self.module, m, x) for m in models], 1)
         return per_sample_losses(out, y, self.federation.task)
 
-    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
+    def mixture_train(self, req: pr.MixtureTrainRequest) -> pr.MixtureTrainReply:
         fed, clients = self.federation, as_index(req.clients)
         tr, k = req.training, int(req.models.shape[0])
         sizes = fed.train_sizes[clients]
@@ -183,10 +166,10 @@ class SequentialBackend(Backend):
             losses.append(total)
         d = self.factory.size
         out = torch.stack(params).cpu() if params else torch.zeros(0, k, d)
-        return MixtureTrainReply(clients.copy(), out, sizes.copy(), np.array(losses),
-                                 np.array(weights).reshape(len(clients), k))
+        return pr.MixtureTrainReply(clients.copy(), out, sizes.copy(), np.array(losses),
+                                    np.array(weights).reshape(len(clients), k))
 
-    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
+    def mixture_fit(self, req: pr.MixtureFitRequest) -> pr.MixtureFitReply:
         clients = as_index(req.clients)
         x_all, y_all, off = self.data.split(req.split)
         k, models = int(req.models.shape[0]), on(req.models, self.device)
@@ -196,9 +179,9 @@ class SequentialBackend(Backend):
             pi, loss = fit_mixture(self._client_losses(models, x, y), np.array([len(x)]),
                                    np.asarray(req.weights[i : i + 1]), req.iterations)
             weights[i], nll[i] = pi[0], loss[0]
-        return MixtureFitReply(clients.copy(), weights, nll, np.diff(off)[clients])
+        return pr.MixtureFitReply(clients.copy(), weights, nll, np.diff(off)[clients])
 
-    def best_counts(self, req: BestCountRequest) -> BestCountReply:
+    def best_counts(self, req: pr.BestCountRequest) -> pr.BestCountReply:
         clients = as_index(req.clients)
         x_all, y_all, off = self.data.split(req.split)
         models = on(req.models, self.device)
@@ -206,9 +189,9 @@ class SequentialBackend(Backend):
         for i, c in enumerate(clients):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
             counts[i] = best_counts(self._client_losses(models, x, y), np.array([len(x)]))[0]
-        return BestCountReply(clients.copy(), counts, np.diff(off)[clients])
+        return pr.BestCountReply(clients.copy(), counts, np.diff(off)[clients])
 
-    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
+    def evaluate(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)
         x_all, y_all, off = self.data.split(req.split)
         pred = on(req.predictor, self.device)
@@ -221,9 +204,9 @@ class SequentialBackend(Backend):
 
 
 def metrics_reply(clients: np.ndarray, rows: list[dict[str, float]],
-                  sizes: np.ndarray) -> EvaluateReply:
+                  sizes: np.ndarray) -> pr.EvaluateReply:
     col = {k: np.array([r[k] for r in rows]) for k in ("accuracy", "macro_f1", "loss", "mse")}
-    return EvaluateReply(
+    return pr.EvaluateReply(
         np.asarray(clients, dtype=np.int64).copy(), col["accuracy"], col["macro_f1"],
         col["loss"], sizes.copy(), {"mse": col["mse"]}
     )

@@ -1,13 +1,10 @@
 """The simulation backend: all clients of a request computed together (DESIGN.md §1, §3).
 
-Same requests, same replies as `SequentialBackend` (the reference), but the work is done by
-`engine.vectorized.VectorizedEngine`: stacked parameters, batched local steps, batched
-gradients, and outputs of K models on all clients' data in large matrix products. The
-computation runs in the dtype of the request's models (data is cast once and cached).
-A Train/Gradient request with `coords` gets replies narrowed to those coordinates: each client
-computes its whole update and sends only the d̂ floats asked for (`protocol.narrow`).
-On a GPU (`device`) the data is cast and moved there once, the models of each request move
-there when it arrives and the replies come back to the CPU (`engine.device`).
+Same requests, same replies as `SequentialBackend` (the reference; `coords` narrowing and the
+GPU `device` as there), but the work is done by `engine.vectorized.VectorizedEngine`: stacked
+parameters, batched local steps, batched gradients, and outputs of K models on all clients'
+data in large matrix products. The computation runs in the dtype of the request's models
+(data is cast once, on the device, and cached).
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ import numpy as np
 import torch
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
+from clusterfl import protocol as pr
 from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.data.federation import Federation
 from clusterfl.engine.allocator import tune_allocator
@@ -46,24 +44,7 @@ from clusterfl.engine.vectorized import (
     mean_per_client,
 )
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import (
-    BestCountReply,
-    BestCountRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientReply,
-    GradientRequest,
-    LossReply,
-    LossRequest,
-    MixtureFitReply,
-    MixtureFitRequest,
-    MixtureTrainReply,
-    MixtureTrainRequest,
-    Predictor,
-    TrainReply,
-    TrainRequest,
-    narrow,
-)
+from clusterfl.protocol import Predictor, narrow
 
 
 class DeviceConfig(BackendConfig):
@@ -171,7 +152,7 @@ class SimulationBackend(Backend):
         return data.y.index_select(0, torch.from_numpy(idx.astype(np.int64)).to(data.y.device))
 
     # -------------------------------------------------------------- requests
-    def train(self, req: TrainRequest) -> TrainReply:
+    def train(self, req: pr.TrainRequest) -> pr.TrainReply:
         fed, clients = self.federation, as_index(req.clients)
         tr = req.training
         sizes = fed.train_sizes[clients]
@@ -184,7 +165,7 @@ class SimulationBackend(Backend):
             data, rows, on(req.models, self.device), as_index(req.model_of_client), sched, tr,
             fed.task, offsets, req.seed, prox_center=on(center, self.device), prox_scale=scale,
         )
-        return TrainReply(clients.copy(), narrow(params, req.coords).cpu(), sizes.copy(), loss)
+        return pr.TrainReply(clients.copy(), narrow(params, req.coords).cpu(), sizes.copy(), loss)
 
     # -------------------------------------------------------------- mixtures
     def _sample_losses(self, split: str, models: torch.Tensor,
@@ -198,7 +179,7 @@ class SimulationBackend(Backend):
         y = self._local_targets(data, rows)
         return data, rows, per_sample_losses(out, y, self.federation.task)
 
-    def mixture_train(self, req: MixtureTrainRequest) -> MixtureTrainReply:
+    def mixture_train(self, req: pr.MixtureTrainRequest) -> pr.MixtureTrainReply:
         fed, clients = self.federation, as_index(req.clients)
         tr, k, n = req.training, int(req.models.shape[0]), len(clients)
         sizes = fed.train_sizes[clients]
@@ -218,42 +199,42 @@ class SimulationBackend(Backend):
         params, loss = self.engine.train(data, rows_k, on(req.models, self.device), which, sched,
                                          tr, fed.task, None, req.seed, sample_weight=weight)
         params = params.view(k, n, -1).transpose(0, 1).contiguous().cpu()
-        return MixtureTrainReply(clients.copy(), params, sizes.copy(),
-                                 loss.reshape(k, n).sum(0), pi)
+        return pr.MixtureTrainReply(clients.copy(), params, sizes.copy(),
+                                    loss.reshape(k, n).sum(0), pi)
 
-    def mixture_fit(self, req: MixtureFitRequest) -> MixtureFitReply:
+    def mixture_fit(self, req: pr.MixtureFitRequest) -> pr.MixtureFitReply:
         clients = as_index(req.clients)
         _, rows, losses = self._sample_losses(req.split, req.models, clients)
         pi, nll = fit_mixture(losses, rows.size, req.weights, req.iterations)
-        return MixtureFitReply(clients.copy(), pi, nll, rows.size.copy())
+        return pr.MixtureFitReply(clients.copy(), pi, nll, rows.size.copy())
 
-    def best_counts(self, req: BestCountRequest) -> BestCountReply:
+    def best_counts(self, req: pr.BestCountRequest) -> pr.BestCountReply:
         clients = as_index(req.clients)
         _, rows, losses = self._sample_losses(req.split, req.models, clients)
-        return BestCountReply(clients.copy(), best_counts(losses, rows.size), rows.size.copy())
+        return pr.BestCountReply(clients.copy(), best_counts(losses, rows.size), rows.size.copy())
 
-    def gradient(self, req: GradientRequest) -> GradientReply:
+    def gradient(self, req: pr.GradientRequest) -> pr.GradientReply:
         fed, clients = self.federation, as_index(req.clients)
         sizes = fed.train_sizes[clients]
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         if len(clients) == 0:
             empty = req.models.new_zeros(0, self.factory.size)
-            return GradientReply(clients.copy(), narrow(empty, req.coords), used, np.zeros(0))
+            return pr.GradientReply(clients.copy(), narrow(empty, req.coords), used, np.zeros(0))
         batches = gradient_batches(sizes, clients, req.batch_size, req.seed)
         data, rows = self._rows("train", req.models.dtype, clients)
         grads, loss = self.engine.gradients(data, rows, on(req.models, self.device),
                                             as_index(req.model_of_client), batches, fed.task,
                                             req.seed)
-        return GradientReply(clients.copy(), narrow(grads, req.coords).cpu(), used, loss)
+        return pr.GradientReply(clients.copy(), narrow(grads, req.coords).cpu(), used, loss)
 
-    def losses(self, req: LossRequest) -> LossReply:
+    def losses(self, req: pr.LossRequest) -> pr.LossReply:
         fed, clients = self.federation, as_index(req.clients)
         k = req.models.shape[0]
         data, rows = self._rows(req.split, req.models.dtype, clients)
         loss = np.zeros((len(clients), k))
         acc = np.full((len(clients), k), np.nan)
         if len(clients) == 0:
-            return LossReply(clients.copy(), loss, acc)
+            return pr.LossReply(clients.copy(), loss, acc)
         base = self._offsets(req.offset, req.split, clients, req.models.dtype)
         y = self._local_targets(data, rows)
         out = self.engine.all_model_outputs(data, rows, on(req.models, self.device))
@@ -272,21 +253,21 @@ class SimulationBackend(Backend):
             hit = (out.argmax(-1) == y.unsqueeze(1)).double()
             for j in range(k):
                 acc[:, j] = mean_per_client(hit[:, j], rows.size)
-        return LossReply(clients.copy(), loss, acc)
+        return pr.LossReply(clients.copy(), loss, acc)
 
-    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
+    def evaluate(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
         fed, clients = self.federation, as_index(req.clients)
         data, rows = self._rows(req.split, req.predictor.models.dtype, clients)
         out = self.engine.predictor_outputs(data, rows, on(req.predictor, self.device))
         y = self._local_targets(data, rows)
         m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes)
-        return EvaluateReply(
+        return pr.EvaluateReply(
             clients.copy(), m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(),
             {"mse": m["mse"]}
         )
 
 
-def prox_centers(req: TrainRequest) -> tuple[torch.Tensor | None, np.ndarray | None]:
+def prox_centers(req: pr.TrainRequest) -> tuple[torch.Tensor | None, np.ndarray | None]:
     """A request's per-client proximal centers `[n, d]` and strengths `[n]`: with
     `prox_models` `C` and `prox_weights` `A`, center_i = Σ_s A_is C_s / Σ_s A_is and
     scale_i = Σ_s A_is (the same gradient as mu/2 Σ_s A_is ||w − C_s||²); (None, None)

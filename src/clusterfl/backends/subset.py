@@ -19,27 +19,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from clusterfl.backends.base import Backend
-from clusterfl.protocol import (
-    RE,
-    Asks,
-    EmbedReply,
-    EmbedRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientReply,
-    GradientRequest,
-    LossReply,
-    LossRequest,
-    TrainReply,
-    TrainRequest,
-    parts_of,
-)
+from clusterfl.backends.base import Backend, Relay
+from clusterfl.protocol import RE, Asks, parts_of
 
 M = TypeVar("M")
 
 
-class SubsetBackend(Backend):
+class SubsetBackend(Relay):
     """Clients `ids` (of `inner`'s federation) as clients 0..len(ids)−1.
 
     `federation` is the inner backend's (whole) federation, which `ids` index. Closing the
@@ -59,21 +45,6 @@ class SubsetBackend(Backend):
     def execute(self, request: Asks[RE]) -> RE:
         reply = self.inner.execute(_renumber(request, lambda c: int(self.ids[c])))
         return _renumber(reply, lambda c: self.local[c])
-
-    def train(self, req: TrainRequest) -> TrainReply:
-        return self.execute(req)
-
-    def gradient(self, req: GradientRequest) -> GradientReply:
-        return self.execute(req)
-
-    def losses(self, req: LossRequest) -> LossReply:
-        return self.execute(req)
-
-    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
-        return self.execute(req)
-
-    def embed(self, req: EmbedRequest) -> EmbedReply:
-        return self.execute(req)
 
 
 def _renumber(message: M, to: Callable[[int], int]) -> M:

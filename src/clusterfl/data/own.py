@@ -50,10 +50,6 @@ GIVEN = "given"
 NPZ_REQUIRED = ("x_train", "y_train", "x_test", "y_test", "client_id", "n_classes")
 
 
-def is_builtin(source: str) -> bool:
-    return source in SOURCE_NAMES
-
-
 def is_per_client(source: str) -> bool | None:
     """True for sources split into clients already, False for pooled ones, None when only
     the loader's result tells (a function named by the config)."""

@@ -97,10 +97,6 @@ class Rows:
         """Number of local rows."""
         return int(self.size.sum())
 
-    def segment_ids(self) -> Tensor:
-        """`[total]` client position of each local row."""
-        return torch.from_numpy(np.repeat(np.arange(len(self.size)), self.size))
-
 
 def _chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
     for i in range(0, len(order), size):

@@ -35,25 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.protocol import (
-    RE,
-    Asks,
-    BestCountRequest,
-    EmbedRequest,
-    GradientReply,
-    GradientRequest,
-    LossRequest,
-    MixtureFitRequest,
-    MixtureTrainReply,
-    MixtureTrainRequest,
-    Reply,
-    SubspaceReply,
-    SubspaceRequest,
-    TrainReply,
-    TrainRequest,
-    positions_of,
-    reply_width,
-)
+from clusterfl import protocol as pr
+from clusterfl.protocol import RE, Asks, Reply, positions_of, reply_width
 from clusterfl.robust.config import ValidationConfig
 
 
@@ -121,7 +104,7 @@ def _finite_rows(values: np.ndarray, clients: np.ndarray, kind: str) -> Checked:
     return finite, [Rejection(int(c), kind, "non_finite") for c in clients[~finite]]
 
 
-def _check_subspace(request: SubspaceRequest, reply: SubspaceReply, clients: np.ndarray,
+def _check_subspace(request: pr.SubspaceRequest, reply: pr.SubspaceReply, clients: np.ndarray,
                     kind: str, config: ValidationConfig) -> Checked:
     n = len(clients)
     bases = np.asarray(reply.bases, dtype=np.float64)
@@ -135,8 +118,9 @@ def _check_subspace(request: SubspaceRequest, reply: SubspaceReply, clients: np.
     return sized & finite, sorted(out, key=lambda r: r.client)
 
 
-def _check_update(request: TrainRequest | GradientRequest, reply: TrainReply | GradientReply,
-                  clients: np.ndarray, kind: str, config: ValidationConfig) -> Checked:
+def _check_update(request: pr.TrainRequest | pr.GradientRequest,
+                  reply: pr.TrainReply | pr.GradientReply, clients: np.ndarray, kind: str,
+                  config: ValidationConfig) -> Checked:
     """A Train / Gradient reply: `[n, d]` rows (d̂ when narrowed), then the norm rules."""
     n, vec = len(clients), reply.update_rows()
     d = reply_width(request.models, request.coords)  # d, or d̂ for a narrowed reply
@@ -145,8 +129,8 @@ def _check_update(request: TrainRequest | GradientRequest, reply: TrainReply | G
     return _check_norms(clients, kind, update_norms(request, reply), reply.n_samples, config)
 
 
-def _check_mixture(request: MixtureTrainRequest, reply: MixtureTrainReply, clients: np.ndarray,
-                   kind: str, config: ValidationConfig) -> Checked:
+def _check_mixture(request: pr.MixtureTrainRequest, reply: pr.MixtureTrainReply,
+                   clients: np.ndarray, kind: str, config: ValidationConfig) -> Checked:
     """A FedEM reply: the K models as one K·d update, and finite mixture weights."""
     n = len(clients)
     k, d = (int(x) for x in request.models.shape)
@@ -160,17 +144,17 @@ def _check_mixture(request: MixtureTrainRequest, reply: MixtureTrainReply, clien
 
 
 _CHECKS: dict[type[Any], Callable[..., Checked]] = {
-    TrainRequest: _check_update, GradientRequest: _check_update,
-    MixtureTrainRequest: _check_mixture, SubspaceRequest: _check_subspace,
-    LossRequest: lambda req, reply, clients, kind, _: _shape(
+    pr.TrainRequest: _check_update, pr.GradientRequest: _check_update,
+    pr.MixtureTrainRequest: _check_mixture, pr.SubspaceRequest: _check_subspace,
+    pr.LossRequest: lambda req, reply, clients, kind, _: _shape(
         reply.loss.shape == (len(clients), req.models.shape[0]) == reply.accuracy.shape,
         clients, kind),
-    BestCountRequest: lambda req, reply, clients, kind, _: _shape(
+    pr.BestCountRequest: lambda req, reply, clients, kind, _: _shape(
         np.asarray(reply.counts).shape == (len(clients), int(req.models.shape[0])),
         clients, kind),
-    EmbedRequest: lambda req, reply, clients, kind, _: _finite_rows(reply.signatures, clients,
+    pr.EmbedRequest: lambda req, reply, clients, kind, _: _finite_rows(reply.signatures, clients,
                                                                     kind),
-    MixtureFitRequest: lambda req, reply, clients, kind, _: _finite_rows(reply.weights,
+    pr.MixtureFitRequest: lambda req, reply, clients, kind, _: _finite_rows(reply.weights,
                                                                          clients, kind),
 }
 """The checks of each request type's replies (see the module docstring)."""

@@ -36,7 +36,7 @@ from typing import Any, Literal, Self, cast
 import numpy as np
 from pydantic import Field
 
-from clusterfl.backends.base import Backend, BackendConfig
+from clusterfl.backends.base import BackendConfig, Relay
 from clusterfl.backends.flower import codec
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError, require
@@ -44,18 +44,6 @@ from clusterfl.models import ModelFactory
 from clusterfl.protocol import (
     RE,
     Asks,
-    EmbedReply,
-    EmbedRequest,
-    EvaluateReply,
-    EvaluateRequest,
-    GradientReply,
-    GradientRequest,
-    LossReply,
-    LossRequest,
-    SubspaceReply,
-    SubspaceRequest,
-    TrainReply,
-    TrainRequest,
     join,
     parts_of,
     request_name,
@@ -117,7 +105,7 @@ def message_type(request: Asks[Any]) -> str:
     return "evaluate.request" if request.kind == "evaluate" else "query.request"
 
 
-class FlowerBackend(Backend):
+class FlowerBackend(Relay):
     """Executes protocol requests on Flower SuperNodes through the ServerApp's Grid.
 
     Args:
@@ -242,22 +230,3 @@ class FlowerBackend(Backend):
                 + (f"; if the nodes are only slow, raise backend.timeout (now "
                    f"{self.session.timeout:g} s)" if late else ""))
         return cast(RE, join([got[int(c)] for c in clients if int(c) in got]))
-
-    # The abstract per-type hooks all go through `execute` (any request type works).
-    def train(self, req: TrainRequest) -> TrainReply:
-        return self.execute(req)
-
-    def gradient(self, req: GradientRequest) -> GradientReply:
-        return self.execute(req)
-
-    def losses(self, req: LossRequest) -> LossReply:
-        return self.execute(req)
-
-    def evaluate(self, req: EvaluateRequest) -> EvaluateReply:
-        return self.execute(req)
-
-    def embed(self, req: EmbedRequest) -> EmbedReply:
-        return self.execute(req)
-
-    def subspace(self, req: SubspaceRequest) -> SubspaceReply:
-        return self.execute(req)

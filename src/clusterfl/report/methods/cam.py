@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clusterfl.algorithms.base import KClusterExtras
 from clusterfl.algorithms.cam import CAMExtras
+from clusterfl.algorithms.common import KClusterExtras
 from clusterfl.algorithms.fesem import FeSEMExtras
 from clusterfl.records import RoundRecord, RunSummary
 from clusterfl.report.figures import plot_series
