@@ -266,10 +266,16 @@ class RunDir:
             yield self
             return
         _check_folder(self.path, resume, overwrite)
+        created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        with FolderLock(self.path):
-            _claim(self.path, resume, overwrite, hint)
-            yield self
+        try:
+            with FolderLock(self.path):
+                _claim(self.path, resume, overwrite, hint)
+                yield self
+        except BaseException:  # a run that failed before writing leaves no empty folder
+            if created and self.path.is_dir() and not any(self.path.iterdir()):
+                self.path.rmdir()
+            raise
 
     def start(self, config_toml: str, records: list[RoundRecord]) -> None:
         """Write `config.toml` and the history so far (a resumed run's, else none)."""

@@ -264,3 +264,19 @@ def test_report_out_refuses_a_run_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert (tmp_path / "cmp" / "report.md").is_file()
     with pytest.raises(RunDirInUseError, match="is a run folder"):
         check_report_out(a / "inside", [b])  # a folder inside a run is the run's too
+
+
+def test_a_run_failing_before_it_writes_leaves_no_empty_folder(tmp_path, capsys):
+    # the backend is built after the folder is claimed: an error there (here a device that
+    # is not there) must not leave the new folder behind, nor touch a folder that existed
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dump_toml({**tiny_config(), "backend": {"name": "simulation",
+                                                           "device": "cuda:99"}}))
+    out = tmp_path / "new" / "run"
+    assert main(["run", str(cfg), "--out", str(out)]) == 2
+    assert "backend.device" in capsys.readouterr().err
+    assert not out.exists() and (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main(["run", str(cfg), "--out", str(kept)]) == 2
+    assert kept.is_dir()
