@@ -236,3 +236,21 @@ def test_the_gpu_way_of_summing_per_client_equals_a_plain_loop(shape: tuple[int,
     for padded in (True, False):  # padded: the GPU's layout, here on the CPU
         torch.testing.assert_close(segment_sum(values, sizes, padded=padded), want)
     assert segment_sum(values[:0], np.zeros(0, np.int64), padded=True).shape == (0, *shape)
+
+
+def test_out_of_device_memory_is_one_line_naming_chunk_size(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    # what torch raises when a CUDA allocation fails, raised here by the training kernel
+    def full(self: SimulationBackend, req: object) -> object:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(SimulationBackend, "train", full)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dump_toml(tiny_config(backend={"name": "simulation", "chunk_size": 16})))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("clusterfl: error: backend.chunk_size: out of "
+                                               "memory on cpu while computing a TrainRequest")
+    assert "(now 16)" in err[0]

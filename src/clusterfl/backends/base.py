@@ -11,12 +11,23 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Self, cast
 
 import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from clusterfl import protocol as pr
 from clusterfl.data.federation import Federation
+from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import RE, Asks, Reply, Steps, StepsReply, client_seed, run_steps
+from clusterfl.protocol import (
+    RE,
+    Asks,
+    Reply,
+    Steps,
+    StepsReply,
+    client_seed,
+    request_name,
+    run_steps,
+)
 
 
 class BackendConfig(BaseModel):
@@ -55,8 +66,21 @@ class Backend(ABC):
         table = self.handlers()
         for cls in type(request).__mro__:
             if cls in table:
-                return cast(RE, table[cls](request))
+                try:
+                    return cast(RE, table[cls](request))
+                except torch.OutOfMemoryError:  # the device's memory, not a bug: one line
+                    raise self._out_of_memory(request) from None
         raise TypeError(f"unknown request type {type(request).__name__}")
+
+    def _out_of_memory(self, request: Asks[Any]) -> ConfigError:
+        device = getattr(self, "device", "the device")
+        engine = getattr(self, "engine", None)
+        chunk = getattr(engine, "chunk_size", None)
+        now = "" if chunk is None else f" (now {chunk})"
+        return ConfigError("backend.chunk_size", f"out of memory on {device} while computing "
+                           f"a {request_name(request)} for {len(request.clients)} clients; "
+                           f"set a smaller chunk_size{now}, a smaller model or batch_size, "
+                           "or device = \"cpu\"")
 
     def handlers(self) -> dict[type[Any], Callable[[Any], Reply]]:
         """Request type → the bound method that answers it (`execute`'s dispatch table)."""
