@@ -310,6 +310,12 @@ def show(row: dict[str, Any]) -> None:
           f"{row['deterministic']}", flush=True)
 
 
+def _portable(arg: str) -> str:
+    """An argument as the results record it: an absolute path (a folder of one machine)
+    by its file name only."""
+    return Path(arg).name if Path(arg).is_absolute() else arg
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                         else platform.processor() or platform.machine()),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "cpu_count": os.cpu_count(), "quick": args.quick, "rounds": args.rounds,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": " ".join([Path(sys.argv[0]).name, *map(_portable, sys.argv[1:])]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     print(json.dumps(info), flush=True)
@@ -368,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or HERE / f"results_{args.device.replace(':', '')}"
                f"{'_quick' if args.quick else ''}.json")
     out.write_text(json.dumps({"info": info, "checks": checks, "rows": rows}, indent=1) + "\n")
-    print(f"total {info['total_s']:.0f} s; results in {out}")
+    print(f"total {info['total_s']:.0f} s; results in {_portable(str(out))}")
     return 0
 
 
