@@ -146,12 +146,7 @@ def draw_figures() -> None:
     if r is not None:
         fig = Figure(figsize=(5.5, 3.6), layout="constrained")
         ax = fig.subplots()
-        for key, label in (("gap_update", "weight updates"), ("gap_gradient", "gradients")):
-            ns = sorted({row["n"] for row in r["rows"]})
-            mean = [np.mean([row[key] for row in r["rows"] if row["n"] == n]) for n in ns]
-            ax.plot(ns, mean, marker="o", label=label)
-            ax.scatter([row["n"] for row in r["rows"]], [row[key] for row in r["rows"]],
-                       s=8, color="0.5")
+        gap_lines(ax, r["rows"])
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("training points per client")
@@ -279,6 +274,19 @@ def congruence_figure(r: dict[str, Any], fl: dict[str, Any] | None,
     return path
 
 
+def gap_lines(ax: Any, rows: list[dict[str, Any]], tag: str | None = None,
+              ls: str = "-") -> None:
+    """Fig. 6's points on `ax`: the separation gap per training-set size (each run grey, the
+    mean over seeds a line), from weight updates and from gradients."""
+    for key, label, color in (("gap_update", "weight updates", "C0"),
+                              ("gap_gradient", "gradients", "C1")):
+        ns = sorted({row["n"] for row in rows})
+        mean = [np.mean([row[key] for row in rows if row["n"] == n]) for n in ns]
+        ax.plot(ns, mean, marker="o", ls=ls, color=color,
+                label=label if tag is None else f"{label}, {tag}")
+        ax.scatter([row["n"] for row in rows], [row[key] for row in rows], s=8, color="0.5")
+
+
 def gap_figure(new: dict[str, Any], old: dict[str, Any] | None, path: Path) -> Path:
     """Fig. 6 analogue: both local-training setups."""
     from matplotlib.figure import Figure
@@ -289,13 +297,7 @@ def gap_figure(new: dict[str, Any], old: dict[str, Any] | None, path: Path) -> P
     if old is not None:
         sets.append((old, "batch 100, lr 0.05 (last session)", ":"))
     for res, tag, ls in sets:
-        for key, label, color in (("gap_update", "weight updates", "C0"),
-                                  ("gap_gradient", "gradients", "C1")):
-            ns = sorted({row["n"] for row in res["rows"]})
-            mean = [np.mean([row[key] for row in res["rows"] if row["n"] == n]) for n in ns]
-            ax.plot(ns, mean, marker="o", ls=ls, color=color, label=f"{label}, {tag}")
-            ax.scatter([row["n"] for row in res["rows"]], [row[key] for row in res["rows"]],
-                       s=8, color="0.5")
+        gap_lines(ax, res["rows"], tag, ls)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training points per client")
