@@ -188,6 +188,24 @@ def test_rotation_split_layout_rotates_train_and_test(digits: Source) -> None:
     assert len(plan.train.index) == len(digits.y_train)  # all rows used, disjoint (above)
 
 
+def test_rotation_clients_per_group_sets_unequal_groups(digits: Source) -> None:
+    params = {"n_clients": 10, "angles": [0, 180], "clients_per_group": [8, 2]}
+    fed = make_federation(digits, "rotation", params, seed=1)
+    assert fed.clusters.tolist() == [0] * 8 + [1] * 2
+    x, _, off = fed.split("train")
+    x0, _ = _source_rows(digits, _plan(digits, "rotation", params, seed=1).train.index, "train")
+    assert torch.equal(x[off[8]:], torch.rot90(x0[off[8]:], 2, (-2, -1)))
+    assert torch.equal(x[:off[8]], x0[:off[8]])
+
+
+@pytest.mark.parametrize("counts", [[8, 3], [10], [10, 0]])
+def test_rotation_clients_per_group_refuses_counts_that_do_not_fit(digits: Source,
+                                                                   counts: list[int]) -> None:
+    with pytest.raises(ConfigError, match="clients_per_group needs 2 positive counts"):
+        make_federation(digits, "rotation",
+                        {"n_clients": 10, "angles": [0, 180], "clients_per_group": counts})
+
+
 def test_rotation_cflgp_layout(digits: Source) -> None:
     params = {"n_clients": 16, "angles": "cflgp", "layout": "cflgp"}
     fed = make_federation(digits, "rotation", params, seed=0)

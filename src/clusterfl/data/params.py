@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 IFCA_ANGLES: tuple[float, ...] = (0.0, 90.0, 180.0, 270.0)
 """The four rotations of IFCA (Ghosh et al. 2020), also CFL-GP Appendix F.5.1 (Fig. 13)."""
@@ -100,12 +100,28 @@ class RotationParams(_RotationLayoutParams):
             return list(ROTATION_PRESETS[value])
         return value
 
+    clients_per_group: list[int] | None = Field(
+        None, description="clients of each angle's group, one positive count per angle, "
+        "summing to n_clients (default: near-equal groups); layout 'split' only")
+
     @field_validator("angles")
     @classmethod
     def _nonempty(cls, value: list[float]) -> list[float]:
         if not value:
             raise ValueError("needs at least one angle")
         return value
+
+    @model_validator(mode="after")
+    def _group_counts(self) -> RotationParams:
+        counts = self.clients_per_group
+        if counts is None:
+            return self
+        if len(counts) != len(self.angles) or min(counts) < 1 or sum(counts) != self.n_clients:
+            raise ValueError(f"clients_per_group needs {len(self.angles)} positive counts (one "
+                             f"per angle) summing to n_clients = {self.n_clients}, got {counts}")
+        if self.layout != "split":
+            raise ValueError("clients_per_group works with layout 'split' only")
+        return self
 
 
 class RotationMixtureParams(_RotationLayoutParams):

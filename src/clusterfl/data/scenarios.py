@@ -215,11 +215,18 @@ def _rotation_parts(source: Source, p: _RotationLayoutParams, n_groups: int,
     return pool, train, pool, test
 
 
+def _rotation_groups(p: RotationParams, n_groups: int) -> np.ndarray:
+    """Each client's group: `clients_per_group` contiguous runs, or near-equal groups."""
+    if p.clients_per_group is None:
+        return client_groups(p.n_clients, n_groups)
+    return np.repeat(np.arange(n_groups), p.clients_per_group)
+
+
 def plan_rotation(source: Source, p: RotationParams, rng: np.random.Generator) -> Plan:
     """CFL-GP §5.2 / F.5 (IFCA's rotated MNIST): cluster j rotates all its images by angle j."""
     n_groups = len(p.angles)
     _need_clusters(n_groups, p.n_clients)
-    clusters = client_groups(p.n_clients, n_groups)
+    clusters = _rotation_groups(p, n_groups)
     train_pool, train, test_pool, test = _rotation_parts(source, p, n_groups, rng)
     angles = np.asarray(p.angles, dtype=np.float64)[clusters]
     return Plan(train_pool, train, test_pool, test, clusters,
@@ -260,7 +267,7 @@ def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
 
     n_groups = len(p.angles)
     _need_clusters(n_groups, p.n_clients)
-    clusters = client_groups(p.n_clients, n_groups)
+    clusters = _rotation_groups(p, n_groups)
     train_pool, test_pool = source_pools(source)
     shares = np.array_split(rng.permutation(len(train_pool)), n_groups)
     rows: list[np.ndarray] = []
