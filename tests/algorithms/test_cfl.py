@@ -338,9 +338,11 @@ def test_auto_rule_is_the_default_and_finds_the_rotation_groups(tmp_path: Path):
     # the rounds before a split count the patience, with the reason recorded
     before = history.records[splits[0].round - 2].extras
     assert before["refused"][0] == "patience 2/3"
-    # the shuffle test runs at the root only
-    assert all(p is None for r in history.records for k, p in enumerate(r.extras["p_value"])
-               if r.extras["clusters"][k] != 0)
+    # below the root the shuffle test needs 5 answering clients (SHUFFLE_MIN); these
+    # clusters of 4 are left to nesting
+    below = [p for r in history.records for k, p in enumerate(r.extras["p_value"])
+             if r.extras["clusters"][k] != 0]
+    assert below and all(p is None for p in below)
 
 
 def test_auto_rule_does_not_split_an_iid_federation(tmp_path: Path):
@@ -418,10 +420,10 @@ def test_flat_auto_options_of_older_configs_move_into_the_sub_table():
     assert CFLConfig(auto={"patience": 4, "min_side": 3}, patience=6).auto.model_dump() == \
         {**AutoRuleConfig().model_dump(), "patience": 6, "min_side": 3}
     assert CFLConfig(auto={"separation": 0.3}).auto.separation == 0.3
-    # every one of the nine older flat options still loads
+    # every one of the nine older flat options still loads (and the two of issue 36)
     flat = {"stationarity_max": 0.6, "separation": 0.4, "min_side": 3, "contrast_min": 1.0,
             "progress": 0.1, "nesting": False, "significance": 0.01, "null_draws": 99,
-            "patience": 4}
+            "patience": 4, "test_every": False, "cut": "raw"}
     assert set(flat) == set(AutoRuleConfig.model_fields)
     cfg = load_config({"algorithm": {"name": "cfl", **flat}, "output": {"progress": "off"}})
     assert cfg.algorithm.auto.model_dump() == flat  # type: ignore[attr-defined]

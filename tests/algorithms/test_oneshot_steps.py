@@ -35,20 +35,23 @@ def flhc(**options: object) -> FLHCConfig:
 
 
 def test_flhc_ward_cut_by_hand() -> None:
-    labels, z = flhc_clusters(UPDATES, 4, np.arange(4), flhc(threshold=6.0))
+    cut, z = flhc_clusters(UPDATES, 4, np.arange(4), flhc(threshold=6.0))
+    labels = cut.labels
     np.testing.assert_allclose(z[:, 2], [1.0, 5.0, WARD_TOP])  # the heights of the merges
     assert labels.tolist() == [0, 0, 1, 1]  # 1 ≤ 6 and 5 ≤ 6 merged, the top is not
-    assert flhc_clusters(UPDATES, 4, np.arange(4), flhc(threshold=4.0))[0].tolist() == \
+    assert flhc_clusters(UPDATES, 4, np.arange(4), flhc(threshold=4.0))[0].labels.tolist() == \
         [0, 1, 2, 2]  # 5 > 4: clients 0 and 1 stay apart
-    # no threshold, no C: the largest gap of 1, 5, WARD_TOP is above 5: two clusters
-    assert flhc_clusters(UPDATES, 4, np.arange(4), flhc())[0].tolist() == [0, 0, 1, 1]
-    assert flhc_clusters(UPDATES, 4, np.arange(4), flhc(n_clusters=3))[0].tolist() == \
+    # no threshold, no C, auto_cut "gap": the largest gap of 1, 5, WARD_TOP is above 5
+    assert flhc_clusters(UPDATES, 4, np.arange(4), flhc(auto_cut="gap"))[0].labels.tolist() \
+        == [0, 0, 1, 1]
+    assert flhc_clusters(UPDATES, 4, np.arange(4), flhc(n_clusters=3))[0].labels.tolist() == \
         [0, 1, 2, 2]
 
 
 def test_flhc_manhattan_single_linkage_by_hand() -> None:
     cfg = flhc(metric="manhattan", linkage="single", threshold=10.0)
-    labels, z = flhc_clusters(UPDATES, 4, np.arange(4), cfg)
+    cut, z = flhc_clusters(UPDATES, 4, np.arange(4), cfg)
+    labels = cut.labels
     # |0−3|+|0−4| = 7 and |20−20|+|0−1| = 1 within; across the least is |3−20|+|4−1| = 20
     np.testing.assert_allclose(z[:, 2], [0 + 1, 3 + 4, 17 + 3])
     assert labels.tolist() == [0, 0, 1, 1]
@@ -57,9 +60,9 @@ def test_flhc_manhattan_single_linkage_by_hand() -> None:
 def test_flhc_client_without_an_update_is_its_own_cluster() -> None:
     """Five clients, client 2 sent no update: the others are cut as above, client 2 gets the
     next cluster id; a C above the updates that arrived is lowered to their number."""
-    labels, _ = flhc_clusters(UPDATES, 5, np.array([0, 1, 3, 4]), flhc(threshold=6.0))
+    labels = flhc_clusters(UPDATES, 5, np.array([0, 1, 3, 4]), flhc(threshold=6.0))[0].labels
     assert labels.tolist() == [0, 0, 2, 1, 1]
-    two = flhc_clusters(UPDATES[:2], 3, np.array([0, 2]), flhc(n_clusters=3))[0]
+    two = flhc_clusters(UPDATES[:2], 3, np.array([0, 2]), flhc(n_clusters=3))[0].labels
     assert two.tolist() == [0, 2, 1]  # C = 3 lowered to the 2 updates: each its own
 
 
@@ -82,24 +85,42 @@ def pacfl(**options: object) -> PACFLConfig:
     ("single", min(30, 40, 35, 45)),
 ])
 def test_pacfl_cut_at_beta_by_hand(linkage: str, top: float) -> None:
-    labels, z = pacfl_clusters(A, 4, np.arange(4), pacfl(linkage=linkage, threshold=3.5))
+    cut, z = pacfl_clusters(A, 4, np.arange(4), pacfl(linkage=linkage, threshold=3.5))
+    labels = cut.labels
     np.testing.assert_allclose(z[:, 2], [2.0, 3.0, top])
     assert labels.tolist() == [0, 0, 1, 1]  # 2° and 3° ≤ β = 3.5°, the top is not
     assert pacfl_clusters(A, 4, np.arange(4), pacfl(linkage=linkage, threshold=2.5))[0] \
-        .tolist() == [0, 0, 1, 2]  # 3° > 2.5°: clients 2 and 3 stay apart
+        .labels.tolist() == [0, 0, 1, 2]  # 3° > 2.5°: clients 2 and 3 stay apart
     assert pacfl_clusters(A, 4, np.arange(4), pacfl(linkage=linkage, threshold=top))[0] \
-        .tolist() == [0, 0, 0, 0]  # every merge at height ≤ β is made
+        .labels.tolist() == [0, 0, 0, 0]  # every merge at height ≤ β is made
+
+
+#: A's silhouettes by hand (a: mean distance within the own cluster, b: to the nearest other
+#: cluster, s = 1 − a / b; a singleton scores 0). Cut into {0, 1}, {2, 3}:
+SIL_2 = ((1 - 2 / 35) + (1 - 2 / 40) + (1 - 3 / 32.5) + (1 - 3 / 42.5)) / 4
+#: cut into {0, 1}, {2}, {3} (clients 0 and 1 are nearest to client 2: 30 and 35)
+SIL_3 = ((1 - 2 / 30) + (1 - 2 / 35) + 0 + 0) / 4
+
+
+def test_pacfl_default_cut_is_the_silhouette_cut_by_hand() -> None:
+    cut, _ = pacfl_clusters(A, 4, np.arange(4), pacfl())
+    assert cut.labels.tolist() == [0, 0, 1, 1] and cut.silhouette_c == 2
+    assert cut.silhouette == pytest.approx(SIL_2) and SIL_2 > SIL_3
+    # the same tree with a bound above its best silhouette: no structure, one cluster
+    lone, _ = pacfl_clusters(A, 4, np.arange(4), pacfl(min_silhouette=0.95))
+    assert lone.labels.tolist() == [0, 0, 0, 0] and lone.silhouette == pytest.approx(SIL_2)
+    assert pacfl().threshold is None and pacfl(threshold=3.5).threshold == 3.5
 
 
 def test_pacfl_without_beta_cuts_at_the_largest_gap_or_into_c() -> None:
-    assert pacfl_clusters(A, 4, np.arange(4), pacfl(threshold=None))[0].tolist() == \
+    assert pacfl_clusters(A, 4, np.arange(4), pacfl(auto_cut="gap"))[0].labels.tolist() == \
         [0, 0, 1, 1]  # heights 2, 3, 37.5: the gap above 3
-    assert pacfl_clusters(A, 4, np.arange(4), pacfl(n_clusters=3))[0].tolist() == \
+    assert pacfl_clusters(A, 4, np.arange(4), pacfl(n_clusters=3))[0].labels.tolist() == \
         [0, 0, 1, 2]  # n_clusters wins over the default β
 
 
 def test_pacfl_client_without_a_basis_is_its_own_cluster() -> None:
-    labels, _ = pacfl_clusters(A, 5, np.array([0, 1, 2, 4]), pacfl(threshold=3.5))
+    labels = pacfl_clusters(A, 5, np.array([0, 1, 2, 4]), pacfl(threshold=3.5))[0].labels
     assert labels.tolist() == [0, 0, 1, 2, 1]
 
 
@@ -107,7 +128,10 @@ def test_pacfl_client_without_a_basis_is_its_own_cluster() -> None:
 def test_own_clusters_and_cut_with_nobody() -> None:
     assert own_clusters(np.array([0, -1, 1, -1]), np.array([1, 3])).tolist() == [0, 2, 1, 3]
     z = np.zeros((0, 4))
-    assert cut_clients(z, 2, np.zeros(0, np.int64), None, None, None).tolist() == [0, 1]
+    assert cut_clients(z, 2, np.zeros(0, np.int64), None, None, None).labels.tolist() == [0, 1]
+    nobody = cut_clients(z, 2, np.zeros(0, np.int64), None, None, None, "silhouette",
+                         np.zeros((0, 0)))
+    assert nobody.labels.tolist() == [0, 1] and nobody.silhouette is None
 
 
 def test_threshold_none_is_a_word_and_dumps_as_one() -> None:

@@ -14,6 +14,7 @@ from clusterfl.clustering.cosine import Bipartition, Cohesion, cohesion
 from clusterfl.clustering.split_rule import (
     CONDITIONS,
     PAIR_NORM,
+    SHUFFLE_MIN,
     AutoNodeState,
     AutoRule,
     AutoRuleConfig,
@@ -175,14 +176,20 @@ def test_cohesive():
 
 
 def test_nested():
+    """Off by default since issue 36; on, it compares with the split that made the cluster."""
+    on = rule(nesting=True)
     v = by_hand(SIM, [0, 1], [2, 3], formed=0.6)
     assert apart(v.cohesion) == pytest.approx(0.8 - 0.25)  # 0.55 ≤ 0.6: less apart than then
-    assert not nested(v, RULE)
-    assert nested(_with(v, formed=0.5), RULE)  # 0.55 > 0.5
-    assert nested(_with(v, formed=None), RULE)  # the root
-    assert nested(_with(v, formed=float("nan")), RULE)  # formed as a side of one
-    assert nested(v, rule(nesting=False))
-    assert nested(_with(v, size=2, members=np.arange(2)), RULE)  # a pair
+    assert not nested(v, on)
+    assert nested(_with(v, formed=0.5), on)  # 0.55 > 0.5
+    assert nested(_with(v, formed=None), on)  # the root
+    assert nested(_with(v, formed=float("nan")), on)  # formed as a side of one
+    assert nested(v, rule(test_every=False)) and not RULE.options.nesting  # off
+    # the default: on only below the root where the shuffle test cannot pass (< 5 answering)
+    assert len(v.members) < SHUFFLE_MIN and not nested(v, RULE)
+    five = by_hand([[1.0] * 5] * 5, [0, 1], [2, 3, 4], formed=9.0)
+    assert nested(five, RULE) and not nested(five, on)
+    assert nested(_with(v, size=2, members=np.arange(2)), on)  # a pair
 
 
 def test_contrasting():
@@ -229,7 +236,7 @@ def test_gamma_accepts():
     assert not gamma_accepts(v, AutoRule(gamma_max=0.5))
 
 
-def test_shuffle_test_at_the_root_only():
+def test_shuffle_test_at_every_cluster_or_the_root_only():
     # two blocks of four, within 1, across -0.6: no shuffle of the 28 cosines puts the twelve
     # 1s into two blocks of four by chance in 99 draws, so p = (1 + 0) / (1 + 99)
     rows = [[2.0, 1.0]] * 4 + [[-2.0, 1.0]] * 4
@@ -238,7 +245,9 @@ def test_shuffle_test_at_the_root_only():
     assert shuffle_test(root, strict, t=5) == pytest.approx(1 / 100)
     assert not significant(0.2, RULE) and significant(0.01, RULE)
     assert significant(float("nan"), RULE)  # not tested: passes
-    assert math.isnan(shuffle_test(_with(root, formed=0.3), strict, t=5))  # not the root
+    below = _with(root, formed=0.3, node=4)  # not the root: tested by default (issue 36)
+    assert shuffle_test(below, strict, t=5) == pytest.approx(1 / 100)
+    assert math.isnan(shuffle_test(below, rule(null_draws=99, test_every=False), t=5))
     assert math.isnan(shuffle_test(root, rule(significance=0.0), t=5))  # off
     # four clients: a 2 | 2 cut is the best of 3 ways to put the two 1s: p never below 0.2
     small = measured(TWO_GROUPS, node=0, formed=None)
@@ -246,7 +255,10 @@ def test_shuffle_test_at_the_root_only():
 
 
 def test_patience_counts_consistent_cuts_and_a_failure_resets_it():
-    v = measured(TWO_GROUPS, formed=-1.0, node=2)  # passes every condition (below the root)
+    # passes every condition below the root; the shuffle test (which four clients never
+    # pass, see above) is left to the root here
+    RULE = rule(test_every=False)  # the module's name, this test's settings
+    v = measured(TWO_GROUPS, formed=-1.0, node=2)
     state = RuleState()
     for k in (1, 2):
         d = RULE.decide(v, state, t=k)

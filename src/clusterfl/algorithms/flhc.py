@@ -16,9 +16,12 @@ Our choices (the paper's values could not be read; every one is an option):
   (default) / average / complete / single, the options the paper studies as we recall it;
   Ward needs the Euclidean metric. Updates are flattened over all layers.
 - The cut: a distance `threshold` (the paper's rule), or a fixed `n_clusters`, or, with
-  neither (the default), the largest gap between consecutive merge heights
-  (`auto_n_clusters`, as FLT): a raw threshold depends on the model, the learning rate and
-  the local work, and the paper's recommended value is not known.
+  neither (the default), `auto_cut`: the cut whose clusters have the highest mean silhouette
+  under `metric` (`silhouette_cut`), and one cluster when that silhouette is below
+  `min_silhouette` (0.25); or `"gap"`, the largest gap between consecutive merge heights
+  (`auto_n_clusters`), which always cuts somewhere, iid federations included. A raw
+  threshold depends on the model, the learning rate and the local work, and the paper's
+  recommended value is not known. Evidence for the default: docs/transfer.md.
 - `warmup_rounds` n = 10 FedAvg rounds (ours; one third-party version uses 20); the
   clustering happens in round n + 1. A run of at most n rounds would never cluster (FedAvg
   under FL+HC's name): `setup` refuses it, naming `warmup_rounds`.
@@ -55,7 +58,14 @@ from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
-from clusterfl.algorithms.oneshot import Threshold, cut_clients
+from clusterfl.algorithms.oneshot import (
+    AutoCut,
+    Cut,
+    Threshold,
+    auto_cut_field,
+    cut_clients,
+    min_silhouette_field,
+)
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
 from clusterfl.clustering.hierarchical import feature_linkage, pairwise_distances
 from clusterfl.errors import ConfigError
@@ -79,8 +89,10 @@ class FLHCConfig(SampledConfig):
     threshold: Threshold = Field(None, gt=0.0, description="merge while the linkage "
                                  "distance ≤ threshold (the paper's rule; \"none\": no threshold)")
     n_clusters: int | None = Field(None, ge=1, description="cut into C clusters instead")
-    max_clusters: int | None = Field(None, ge=1, description="bound on the largest-gap C "
+    max_clusters: int | None = Field(None, ge=1, description="bound on the automatic C "
                                      "(threshold and n_clusters unset)")
+    auto_cut: AutoCut = auto_cut_field()
+    min_silhouette: float = min_silhouette_field()
 
     @model_validator(mode="after")
     def _consistent(self) -> FLHCConfig:
@@ -107,6 +119,7 @@ class FLHCClusteringExtras(FLHCExtras):
     """The extras of the clustering round (n + 1)."""
 
     missing_updates: int = 0  # clients without a (valid) update: each its own cluster
+    silhouette: float | None = None  # best mean silhouette of the automatic cut (None: none)
     linkage: list[list[float]] | None = None  # scipy linkage (None above HISTORY_MAX_CLIENTS)
 
 
@@ -133,12 +146,15 @@ CLUSTERING = "clustering"
 
 
 def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
-                  cfg: FLHCConfig) -> tuple[np.ndarray, np.ndarray]:
+                  cfg: FLHCConfig) -> tuple[Cut, np.ndarray]:
     """FL+HC's cut: the clients `good`'s updates (rows of `updates`) clustered by `metric` and
-    `linkage`, cut at `threshold`, into `n_clusters` or at the largest gap; each of the other
-    of the `n` clients its own cluster. Returns (labels of the n clients, the linkage)."""
+    `linkage`, cut at `threshold`, into `n_clusters` or by `auto_cut`; each of the other of
+    the `n` clients its own cluster. Returns (the cut of the n clients, the linkage)."""
     z = feature_linkage(updates, cfg.metric, cfg.linkage)
-    return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters), z
+    distances = pairwise_distances(updates, updates, cfg.metric) \
+        if cfg.auto_cut == "silhouette" else None
+    return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters,
+                       cfg.auto_cut, distances, cfg.min_silhouette), z
 
 
 class FLHC(Algorithm[FLHCConfig, FLHCState]):
@@ -193,7 +209,8 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         anchor = state.models[:1].clone()
         good = np.asarray(reply.clients, dtype=np.int64)
         updates = (reply.params - anchor).to(torch.float64)
-        labels, z = flhc_clusters(updates.numpy(), n, good, self.config)
+        cut, z = flhc_clusters(updates.numpy(), n, good, self.config)
+        labels = cut.labels
         k = max(int(labels.max(initial=-1)) + 1, 1)
         models = average_members(anchor.repeat(k, 1), reply.params, labels[good],
                                  reply.n_samples)
@@ -205,6 +222,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         return Update(new, FLHCClusteringExtras(
             train_loss=mean_finite(reply.loss), n_clusters_found=k,
             cluster_sizes=cluster_sizes(labels, k), missing_updates=n - len(good),
+            silhouette=None if cut.silhouette is None else round(cut.silhouette, 6),
             linkage=np.round(z, 6).tolist() if n <= HISTORY_MAX_CLIENTS else None))
 
     # ------------------------------------------------------------------ outputs

@@ -102,12 +102,18 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig, answered
-from clusterfl.algorithms.oneshot import OneOffAsk, Threshold, dump_cut, own_clusters
+from clusterfl.algorithms.oneshot import (
+    OneOffAsk,
+    Threshold,
+    cut_clients,
+    dump_cut,
+    min_silhouette_field,
+    own_clusters,
+)
 from clusterfl.clustering.aggregate import average_members
 from clusterfl.clustering.hierarchical import (
-    auto_n_clusters,
     connected_groups,
-    cut_tree,
+    pairwise_distances,
     ward_linkage,
     ward_nearest,
 )
@@ -156,9 +162,11 @@ class _OneShotConfig(SampledConfig):
         None, ge=1, description="C for hierarchical clustering (None: chosen automatically)")
     max_clusters: int | None = Field(
         None, ge=1, description="upper bound on the automatic C")
-    auto_clusters: Literal["gap", "components"] = Field(
-        "gap", description="automatic C: largest gap of Ward's merge heights, or the "
+    auto_clusters: Literal["silhouette", "gap", "components"] = Field(
+        "silhouette", description="automatic C: the cut of highest mean silhouette (one "
+        "cluster below min_silhouette), the largest gap of Ward's merge heights, or the "
         "connected components of the thresholded adjacency Ã")
+    min_silhouette: float = min_silhouette_field()
     kmeans_n_init: int = Field(10, ge=1, description="k-means restarts on each client")
 
     @model_validator(mode="after")
@@ -243,6 +251,7 @@ class FLTClusteringExtras(FLTExtras):
     #: the UMAP points, k per client with a signature, 5 digits (None without UMAP)
     umap_points: list[list[float]] | None = None
     encoder: dict[str, Any] | None = None  # the encoder used (None for PCA+kM+HC)
+    silhouette: float | None = None  # best mean silhouette of the automatic cut (None: none)
 
 
 # ============================================================================ the method
@@ -280,6 +289,7 @@ class FLTState:
     n_clusters_found: int = 0
     rejected_signatures: int = 0
     clustering_seconds: float = 0.0
+    silhouette: float | None = None  # best mean silhouette of the automatic cut (None: none)
 
     @property
     def clustered(self) -> bool:
@@ -375,11 +385,16 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             raise ConfigError("algorithm.n_clusters", f"{cfg.n_clusters} clusters asked, only "
                               f"{len(good)} clients have a signature")
         labels = np.full(n, -1, dtype=np.int64)
+        score = None
         if cfg.n_clusters is None and cfg.auto_clusters == "components":
             labels[good] = connected_groups(related[np.ix_(good, good)])
         else:
-            c = cfg.n_clusters or auto_n_clusters(z, cfg.max_clusters)
-            labels[good] = cut_tree(z, c, len(good))
+            seen = feats[np.ix_(good, good)]
+            cut = cut_clients(z, len(good), np.arange(len(good)), None, cfg.n_clusters,
+                              cfg.max_clusters, "gap" if cfg.auto_clusters == "gap"
+                              else "silhouette", pairwise_distances(seen, seen),
+                              cfg.min_silhouette)
+            labels[good], score = cut.labels, cut.silhouette
         labels = own_clusters(labels, np.setdiff1d(np.arange(n), good))
         n_groups = int(labels.max(initial=-1)) + 1
         rows = n if cfg.aggregation == "relatedness" else max(n_groups, 1)
@@ -393,14 +408,15 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             clustering_floats_down=down * len(request.clients),
             clustering_floats_up=up * len(reply.clients), n_clusters_found=n_groups,
             rejected_signatures=n - len(good), clustering_seconds=ask.seconds(),
-            clustering_round=t)
+            clustering_round=t, silhouette=score)
 
     def _clustering_extras(self, state: FLTState, extras: FLTExtras) -> FLTClusteringExtras:
         """`extras` plus the one-off clustering's matrices (history-sized: None for big
         federations, whose M² numbers per line stay in the npz only)."""
         cfg = self.config
         if len(state.labels) > HISTORY_MAX_CLIENTS:
-            return FLTClusteringExtras(**extras.to_dict(), encoder=state.encoder)
+            return FLTClusteringExtras(**extras.to_dict(), encoder=state.encoder,
+                                       silhouette=state.silhouette)
         a = state.adjacency
         umap_used = isinstance(cfg, FLTConfig) and cfg.umap
         return FLTClusteringExtras(
@@ -409,7 +425,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             linkage=np.round(state.linkage, 6).tolist(),
             relatedness=state.relatedness.astype(np.int8).tolist(),
             umap_points=np.round(state.points, 5).tolist() if umap_used else None,
-            encoder=state.encoder)
+            encoder=state.encoder, silhouette=state.silhouette)
 
     # ------------------------------------------------------------------ rounds (Alg. 3)
     def ask(self, state: FLTState, t: int, phase: str, ctx: Context) -> Ask[Any]:

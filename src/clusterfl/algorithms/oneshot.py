@@ -1,20 +1,23 @@
 """What the methods that cluster once (FL+HC, PACFL, FLT, PCA+kM+HC) share: the cut of the
 clients that answered with every absent client its own cluster, a threshold that a TOML file
-can switch off (`threshold = "none"`), and the request of the one-off step with the time it
-was asked (the step's wall time is reported in the round's extras).
+can switch off (`threshold = "none"`), the automatic cut when neither a threshold nor a number
+of clusters is set (`auto_cut`: the silhouette cut, scale-free, one cluster when no cut shows
+structure; or the largest gap of merge heights, which always cuts), and the request of the
+one-off step with the time it was asked (the step's wall time is reported in the round's
+extras).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 
 from clusterfl.algorithms.base import Ask
-from clusterfl.clustering.hierarchical import flat_clusters
+from clusterfl.clustering.hierarchical import MIN_SILHOUETTE, flat_clusters, silhouette_cut
 from clusterfl.protocol import RE
 
 
@@ -51,16 +54,55 @@ def own_clusters(labels: np.ndarray, absent: np.ndarray) -> np.ndarray:
     return out
 
 
+AutoCut = Literal["silhouette", "gap"]
+
+
+def auto_cut_field() -> Any:
+    """The `auto_cut` setting, one description for every method that has it."""
+    return Field("silhouette", description="the cut when neither threshold nor n_clusters "
+                 "is set: 'silhouette' (the cut of highest mean silhouette, one cluster when "
+                 "it is below min_silhouette) or 'gap' (the largest gap of merge heights, "
+                 "which always cuts)")
+
+
+def min_silhouette_field() -> Any:
+    """The `min_silhouette` setting (`MIN_SILHOUETTE`, Kaufman & Rousseeuw's bound)."""
+    return Field(MIN_SILHOUETTE, ge=-1.0, le=1.0, description="mean silhouette a cut needs "
+                 "to count as structure (auto_cut 'silhouette'; at or below 0.25 Kaufman & "
+                 "Rousseeuw find 'no substantial structure')")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Every client's cluster, and the silhouette of the automatic cut (None otherwise)."""
+
+    labels: np.ndarray
+    silhouette: float | None = None  # best mean silhouette over the cuts tried
+    silhouette_c: int | None = None  # the C it was reached at (kept only when ≥ the bound)
+
+
 def cut_clients(z: np.ndarray, n: int, good: np.ndarray, threshold: float | None,
-                n_clusters: int | None, max_clusters: int | None) -> np.ndarray:
+                n_clusters: int | None, max_clusters: int | None,
+                auto_cut: AutoCut = "gap", distances: np.ndarray | None = None,
+                min_silhouette: float = MIN_SILHOUETTE) -> Cut:
     """The cluster of each of `n` clients: the clients `good` (in linkage `z`'s order) cut
-    at `threshold`, into `n_clusters` (lowered to the clients that answered) or at the
-    largest gap (`flat_clusters`); every other client its own cluster."""
+    at `threshold`, into `n_clusters` (lowered to the clients that answered), or else by
+    `auto_cut`: the silhouette cut under `distances` (`[len(good)]²`, `silhouette_cut`) or
+    the largest gap (`flat_clusters`); every other client its own cluster."""
     good = np.asarray(good, dtype=np.int64)
     k = None if n_clusters is None else max(1, min(n_clusters, len(good)))
     labels = np.full(n, -1, dtype=np.int64)
-    labels[good] = flat_clusters(z, len(good), threshold, k, max_clusters)
-    return own_clusters(labels, np.setdiff1d(np.arange(n), good))
+    score = best = None
+    if threshold is None and k is None and auto_cut == "silhouette":
+        if distances is None:
+            raise ValueError("auto_cut 'silhouette' needs the clients' distances")
+        cut = silhouette_cut(z, distances, max_clusters, min_silhouette)
+        labels[good] = cut.labels
+        if cut.scores:
+            score, best = max(cut.scores.values()), cut.best
+    else:
+        labels[good] = flat_clusters(z, len(good), threshold, k, max_clusters)
+    return Cut(own_clusters(labels, np.setdiff1d(np.arange(n), good)), score, best)
 
 
 @dataclass(frozen=True)
@@ -73,4 +115,5 @@ class OneOffAsk(Ask[RE]):
         return round(time.perf_counter() - self.started, 3)
 
 
-__all__ = ["OneOffAsk", "Threshold", "cut_clients", "dump_cut", "own_clusters"]
+__all__ = ["AutoCut", "Cut", "OneOffAsk", "Threshold", "auto_cut_field", "cut_clients",
+           "dump_cut", "min_silhouette_field", "own_clusters"]

@@ -29,10 +29,13 @@ Where the authors' code (MMorafah/PACFL) departs, available as options:
   training (stale for clients not sampled at the end); we evaluate the cluster model (step 4).
 
 Our choices where neither says:
-- Angles and β in degrees, as in the code. Default β = `threshold` (see docs/pacfl.md for
-  how it was chosen); `n_clusters` instead cuts the tree into C clusters, and with neither
-  (`threshold = "none"`) the cut is at the largest gap between merge heights
-  (`auto_n_clusters`, as FLT). p is at most e (a basis of R^e has at most e vectors; more
+- Angles in degrees, as in the code. β is not set by default: an angle threshold depends
+  on the data's dimension and sample count (3.5°, the code's value, puts the 20 clients of
+  the demo federation into 16 clusters). The default cut is `auto_cut = "silhouette"`: the
+  cut of the tree whose clusters have the highest mean silhouette under A, one cluster when
+  that is below `min_silhouette` (0.25); `"gap"` is the largest gap between merge heights.
+  `threshold = 3.5` is the authors' rule; `n_clusters` cuts into C clusters. Evidence:
+  docs/transfer.md. p is at most e (a basis of R^e has at most e vectors; more
   would only book zero padding): a larger p is refused.
 - Every client takes part in the one-off subspace step, at the start of round 1 (the code
   does the same: no sampling for the signatures); sampling (`fraction` / `per_round`,
@@ -67,7 +70,16 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
-from clusterfl.algorithms.oneshot import OneOffAsk, Threshold, cut_clients, dump_cut
+from clusterfl.algorithms.oneshot import (
+    AutoCut,
+    Cut,
+    OneOffAsk,
+    Threshold,
+    auto_cut_field,
+    cut_clients,
+    dump_cut,
+    min_silhouette_field,
+)
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
 from clusterfl.clustering.hierarchical import distance_linkage, linkage_to_clusters
 from clusterfl.clustering.subspace import proximity
@@ -102,11 +114,13 @@ class PACFLConfig(SampledConfig):
     linkage: Literal["average", "weighted", "complete", "single"] = Field(
         "average", description="HC linkage (weighted = the code's 'average')")
     threshold: Threshold = Field(
-        3.5, gt=0.0, description="β in degrees: merge while the linkage distance ≤ β (the "
-        "authors' code default; \"none\": no β, the largest gap)")
+        None, gt=0.0, description="β in degrees: merge while the linkage distance ≤ β (the "
+        "authors' code: 3.5; default none: the automatic cut, auto_cut)")
     n_clusters: int | None = Field(None, ge=1, description="cut into C clusters instead of β")
-    max_clusters: int | None = Field(None, ge=1, description="bound on the largest-gap C "
+    max_clusters: int | None = Field(None, ge=1, description="bound on the automatic C "
                                      "(threshold and n_clusters unset)")
+    auto_cut: AutoCut = auto_cut_field()
+    min_silhouette: float = min_silhouette_field()
 
     @model_validator(mode="after")
     def _one_cut(self) -> PACFLConfig:
@@ -151,6 +165,7 @@ class PACFLClusteringExtras(PACFLExtras):
     proximity: list[list[float]] | None = None  # A in degrees, 4 digits (-1: no basis)
     linkage: list[list[float]] | None = None  # scipy linkage of the clients with a basis
     clustering_seconds: float = 0.0
+    silhouette: float | None = None  # best mean silhouette of the automatic cut (None: none)
 
 
 @dataclass
@@ -178,6 +193,7 @@ class PACFLState:
     signature_floats_up: float = 0.0
     signature_floats_used: float = 0.0
     clustering_seconds: float = 0.0
+    silhouette: float | None = None  # best mean silhouette of the automatic cut (None: none)
 
     @property
     def clustered(self) -> bool:
@@ -193,13 +209,14 @@ def _bases(reply: SubspaceReply) -> list[np.ndarray]:
 
 
 def pacfl_clusters(a: np.ndarray, n: int, good: np.ndarray,
-                   cfg: PACFLConfig) -> tuple[np.ndarray, np.ndarray]:
+                   cfg: PACFLConfig) -> tuple[Cut, np.ndarray]:
     """PACFL's cut: the proximity matrix `a` (degrees) of the clients `good` clustered by
-    `linkage` and cut at β, into `n_clusters` or at the largest gap (`PACFLConfig.cut`);
-    each of the other of the `n` clients its own cluster. Returns (labels, the linkage)."""
+    `linkage` and cut at β, into `n_clusters` or by `auto_cut` (`PACFLConfig.cut`); each of
+    the other of the `n` clients its own cluster. Returns (the cut, the linkage)."""
     z = distance_linkage(a, cfg.linkage)
     threshold, k = cfg.cut()
-    return cut_clients(z, n, good, threshold, k, cfg.max_clusters), z
+    return cut_clients(z, n, good, threshold, k, cfg.max_clusters, cfg.auto_cut, a,
+                       cfg.min_silhouette), z
 
 
 class PACFL(Algorithm[PACFLConfig, PACFLState]):
@@ -262,7 +279,8 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
             proximity=np.round(np.where(np.isfinite(a), a, -1.0), 4).tolist() if small
             else None,
             linkage=np.round(state.linkage, 6).tolist() if small else None,
-            clustering_seconds=state.clustering_seconds))
+            clustering_seconds=state.clustering_seconds,
+            silhouette=None if state.silhouette is None else round(state.silhouette, 6)))
 
     def _clustered(self, state: PACFLState, t: int, ask: OneOffAsk[SubspaceReply],
                    reply: SubspaceReply) -> PACFLState:
@@ -273,7 +291,8 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         n = len(state.labels)
         good = np.asarray(reply.clients, dtype=np.int64)
         a_good = proximity(_bases(reply), self.config.proximity)
-        labels, z = pacfl_clusters(a_good, n, good, self.config)
+        cut, z = pacfl_clusters(a_good, n, good, self.config)
+        labels = cut.labels
         n_groups = int(labels.max(initial=-1)) + 1
         a = np.full((n, n), np.inf)
         a[np.ix_(good, good)] = a_good
@@ -289,7 +308,7 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
             n_clusters_found=n_groups, missing_signatures=n - len(good),
             signature_floats_up=up * len(good),
             signature_floats_used=float(request.input_dim * int(ranks.sum())),
-            clustering_seconds=ask.seconds(), clustering_round=t)
+            clustering_seconds=ask.seconds(), clustering_round=t, silhouette=cut.silhouette)
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:

@@ -37,6 +37,7 @@ fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' u
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -83,6 +84,108 @@ def auto_n_clusters(z: np.ndarray, max_clusters: int | None = None, tol: float =
     if max_clusters is not None and max_clusters < 2:
         return 1
     return best_c
+
+
+MIN_SILHOUETTE = 0.25
+"""The mean silhouette a cut needs to count as structure: Kaufman & Rousseeuw (1990, *Finding
+Groups in Data*, ch. 2) read a best mean silhouette of 0.25 or less as "no substantial
+structure has been found". Below it, the clients stay one cluster. Evidence (the transfer
+grid's development half; 0.5, their "reasonable structure", kept most true groups of FL+HC
+together): docs/transfer.md."""
+
+
+@dataclass(frozen=True)
+class SilhouetteCut:
+    """The silhouette cut of a dendrogram: its clusters and the scores of the top level."""
+
+    labels: np.ndarray  # cluster of each leaf, 0..C−1 by first appearance
+    scores: dict[int, float]  # C → mean silhouette of the whole tree cut into C clusters
+    best: int  # the C of the highest of those scores (1 when no cut was possible)
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.labels.max(initial=-1)) + 1
+
+
+def _top_clusters(node: object, k: int) -> list[object]:
+    """The k subtrees of scipy `ClusterNode` `node` that cutting it into k clusters leaves
+    (the highest merges undone first, as `fcluster(..., "maxclust")` for monotone trees)."""
+    parts = [node]
+    while len(parts) < k:
+        inner = [p for p in parts if not p.is_leaf()]  # type: ignore[attr-defined]
+        if not inner:
+            break
+        top = max(inner, key=lambda p: p.dist)  # type: ignore[attr-defined]
+        parts.remove(top)
+        parts += [top.left, top.right]  # type: ignore[attr-defined]
+    return parts
+
+
+def _best_cut(node: object, d: np.ndarray, top: int,
+              min_part: int = 1) -> tuple[dict[int, float], int]:
+    """Mean silhouette of each cut of `node`'s subtree into 2..min(top, n − 1) clusters of at
+    least `min_part` members under the members' distances, and the best C (ties to fewer
+    clusters; 1 if none)."""
+    from sklearn.metrics import silhouette_score
+
+    members = node.pre_order()  # type: ignore[attr-defined]
+    sub = d[np.ix_(members, members)]
+    pos = {leaf: i for i, leaf in enumerate(members)}
+    scores: dict[int, float] = {}
+    if len(members) < 3 or sub.max() <= 0:
+        return scores, 1
+    for c in range(2, min(top, len(members) - 1) + 1):
+        labels = np.zeros(len(members), dtype=np.int64)
+        parts = _top_clusters(node, c)
+        if len(parts) < c:
+            break
+        if min(len(p.pre_order()) for p in parts) < min_part:  # type: ignore[attr-defined]
+            continue
+        for k, part in enumerate(parts):
+            labels[[pos[leaf] for leaf in part.pre_order()]] = k  # type: ignore[attr-defined]
+        scores[c] = float(silhouette_score(sub, labels, metric="precomputed"))
+    if not scores:
+        return scores, 1
+    return scores, max(scores, key=lambda c: (scores[c], -c))
+
+
+def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | None = None,
+                   min_silhouette: float = MIN_SILHOUETTE) -> SilhouetteCut:
+    """Divisive silhouette cut of linkage `z` under the leaves' `distances` (`[M, M]`, the
+    distances the clustering used). Top-down from the whole tree: a cluster is cut into the C
+    subtrees (C = 2..its clients − 1) whose mean silhouette, on its own members' distances, is
+    highest, if that silhouette reaches `min_silhouette`; each part is then examined the same
+    way, with parts of two clients or more (a lone client is cut off only at the top); a
+    cluster whose best cut stays below the bound (no substantial structure), or of fewer
+    than three clients, is kept. A hierarchy of groups is therefore followed down to its
+    finest level that still shows structure (the widest split need not be the last).
+    `max_clusters` bounds the total. Scale-free: silhouettes are ratios of distances. The
+    scores returned are those of the whole tree (the first level)."""
+    from scipy.cluster.hierarchy import to_tree
+
+    d = np.asarray(distances, dtype=np.float64)
+    m = len(d)
+    limit = m if max_clusters is None else max(1, max_clusters)
+    if m < 3 or not np.isfinite(d).all() or d.max() <= 0:
+        return SilhouetteCut(np.zeros(m, dtype=np.int64), {}, 1)
+    d = (d + d.T) / 2.0
+    np.fill_diagonal(d, 0.0)
+    root = to_tree(np.asarray(z, dtype=np.float64))
+    first, best = _best_cut(root, d, limit)
+    final: list[object] = []
+    todo = [root]
+    while todo:
+        node = todo.pop(0)
+        room = limit - len(final) - len(todo)  # clusters this node may become
+        scores, c = (first, best) if node is root else _best_cut(node, d, room, 2)
+        if c < 2 or room < 2 or scores[c] < min_silhouette:
+            final.append(node)
+            continue
+        todo += _top_clusters(node, c)
+    raw = np.zeros(m, dtype=np.int64)
+    for k, node in enumerate(final):
+        raw[node.pre_order()] = k  # type: ignore[attr-defined]
+    return SilhouetteCut(_first_appearance(raw), first, best)
 
 
 def cut_tree(z: np.ndarray, n_clusters: int, m: int) -> np.ndarray:
@@ -239,6 +342,7 @@ def connected_groups(related: np.ndarray) -> np.ndarray:
     return np.argsort(np.argsort(first))[inverse].astype(np.int64)
 
 
-__all__ = ["LINKAGES", "Linkage", "Metric", "auto_n_clusters", "connected_groups", "cut_tree",
+__all__ = ["LINKAGES", "MIN_SILHOUETTE", "Linkage", "Metric", "SilhouetteCut",
+           "auto_n_clusters", "connected_groups", "cut_tree",
            "distance_linkage", "feature_linkage", "flat_clusters", "linkage_to_clusters",
-           "pairwise_distances", "ward_linkage", "ward_nearest"]
+           "pairwise_distances", "silhouette_cut", "ward_linkage", "ward_nearest"]

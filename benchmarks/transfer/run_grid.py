@@ -1,0 +1,238 @@
+"""Issue 36's transfer grid: every method that chooses its number of clusters, and the methods
+that are given it, on the federations of `grid.toml`; one runner, one results table.
+
+    export CLUSTERFL_DATA=...   # MNIST, Fashion-MNIST (digits, the regressions: built in)
+    python benchmarks/transfer/run_grid.py dev --version V [--fed NAME ...] [--method M ...]
+                                               [--set METHOD:KEY=VALUE ...] [--jobs 2]
+    python benchmarks/transfer/run_grid.py val --version V [--jobs 2]
+    python benchmarks/transfer/run_grid.py --table [--version V ...]  # markdown, for RESULTS.md
+
+`dev` runs the development half (any federation, method and setting, as often as wanted);
+`val` runs the whole validation half with every method's defaults, once per version: it refuses
+`--set`, a subset, and a version that has validation rows already. A version names the rules
+as the code stands (the commit is recorded with every row; a validation run also refuses a
+working tree with changes under src/).
+
+Each run appends one JSON line to `results/runs.jsonl`: version, half, federation, method,
+settings, the true K, the K found, ARI, final mean client accuracy, whether a cluster collapsed
+(a method given K that ends with fewer non-empty clusters), the error when a method refuses the
+federation, wall and CPU seconds, the commit, and its run folder under `runs/` (not in git:
+every run folder holds the run's config.toml, history.jsonl and summary.json). A run whose
+line is in the table already is skipped (resumable).
+
+"K found" is the number of distinct clusters in the final assignment, except for CFL-GP, which
+keeps K models and reports its Appendix-G estimate of K (`k_estimate`, the last one made).
+Every federation fixes its participation: each method samples that share of the clients per
+round (`algorithm.fraction`), the budget being the federation's; every clustering setting is
+the method's default unless `--set` changes it (development only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+GRID = tomllib.loads((HERE / "grid.toml").read_text())
+TABLE = HERE / "results" / "runs.jsonl"
+RUNS = HERE / "runs"
+
+# label → (algorithm table, role). Roles: "auto" chooses K; "ref" is the same kind of method
+# given the true K (the accuracy it is compared with); "given" is a method that always needs K.
+METHODS: dict[str, tuple[dict[str, Any], str]] = {
+    "fedavg": ({"name": "fedavg"}, "base"),
+    "cfl": ({"name": "cfl"}, "auto"),
+    "flhc": ({"name": "flhc"}, "auto"),
+    "pacfl": ({"name": "pacfl"}, "auto"),
+    "pca_km_hc": ({"name": "pca_km_hc"}, "auto"),
+    "flt": ({"name": "flt"}, "auto"),
+    "cfl_gp": ({"name": "cfl_gp"}, "auto"),
+    "flhc_k": ({"name": "flhc"}, "ref"),
+    "pacfl_k": ({"name": "pacfl"}, "ref"),
+    "pca_km_hc_k": ({"name": "pca_km_hc"}, "ref"),
+    "ifca_k": ({"name": "ifca"}, "given"),
+    "fesem_k": ({"name": "fesem"}, "given"),
+    "fedsoft_k": ({"name": "fedsoft"}, "given"),
+    "cam_k": ({"name": "ifca_cam"}, "given"),
+}
+K_FIELD = {"fedsoft": "n_clusters", "ifca": "n_clusters", "fesem": "n_clusters",
+           "ifca_cam": "n_clusters", "flhc": "n_clusters", "pacfl": "n_clusters",
+           "pca_km_hc": "n_clusters"}
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                         capture_output=True, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+def src_dirty() -> bool:
+    out = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, text=True,
+                         capture_output=True, check=False)
+    return bool(out.stdout.strip())
+
+
+def config(fed: dict[str, Any], method: str, sets: list[str]) -> dict[str, Any] | None:
+    """The run's configuration, or None when the method does not apply (a method given K on a
+    federation without structure: K = 1 is FedAvg)."""
+    from clusterfl.config import apply_overrides
+
+    algo, role = METHODS[method]
+    algo = dict(algo)
+    if role in ("ref", "given"):
+        if fed["k"] < 2:
+            return None
+        algo[K_FIELD[algo["name"]]] = fed["k"]
+    algo["fraction"] = fed["participation"]
+    if algo["name"] == "flt":
+        algo["encoder_dir"] = str(RUNS / "encoders")
+    raw = {"seed": fed["seed"], "rounds": fed["rounds"], "eval_every": fed["rounds"],
+           "checkpoint_every": 0, "data": {"source": fed["source"]},
+           "scenario": dict(fed["scenario"]), **GRID["train"][fed["train"]],
+           "algorithm": algo, "backend": {"name": "simulation"},
+           "output": {"figures": False, "progress": "off"}}
+    mine = [s.split(":", 1)[1] for s in sets if s.split(":", 1)[0] == method]
+    return apply_overrides(raw, mine)
+
+
+def run_one(version: str, half: str, name: str, method: str, sets: list[str],
+            rev: str) -> dict[str, Any] | None:
+    import torch
+
+    from clusterfl.errors import ConfigError
+    from clusterfl.experiment import Experiment
+
+    torch.set_num_threads(1)
+    fed = GRID["federation"][name]
+    cfg = config(fed, method, sets)
+    if cfg is None:
+        return None
+    folder = RUNS / version / name / method
+    row: dict[str, Any] = {"version": version, "half": half, "federation": name,
+                           "method": method, "role": METHODS[method][1],
+                           "sets": [s for s in sets if s.startswith(method + ":")],
+                           "k_true": fed["k"], "seed": fed["seed"], "commit": rev,
+                           "folder": str(folder.relative_to(ROOT))}
+    t0, c0 = time.time(), time.process_time()
+    try:
+        exp = Experiment.from_config(cfg, out_dir=folder, overwrite=True)
+        history = exp.run(progress=False)
+    except ConfigError as exc:  # the method refuses this federation: recorded, not hidden
+        row.update(error=str(exc), k_found=None, ari=None, accuracy=None, collapsed=None)
+        return row
+    last = history.records[-1]
+    labels = [a for a in last.assignment if a >= 0]
+    k_found = len(set(labels))
+    if METHODS[method][0]["name"] == "cfl_gp":
+        estimates = [r.extras.get("k_estimate") for r in history.records]
+        estimates = [e for e in estimates if e is not None]
+        row["k_models"] = k_found
+        k_found = estimates[-1] if estimates else None
+    row.update(
+        error=None, k_found=k_found, ari=last.ari,
+        accuracy=finite_mean(history.summary.client_accuracy),
+        mse=finite_mean(last.client_mse),  # the regressions' measure (accuracy: None)
+        collapsed=(k_found < fed["k"]) if METHODS[method][1] == "given" else None,
+        wall_s=round(time.time() - t0, 1), cpu_s=round(time.process_time() - c0, 1))
+    return row
+
+
+def finite_mean(values: list[float | None] | None) -> float | None:
+    """The mean of the finite values, None when there is none (a regression has no accuracy)."""
+    import math
+
+    xs = [float(v) for v in values or [] if v is not None and math.isfinite(float(v))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def done_keys() -> set[tuple[str, str, str, tuple[str, ...]]]:
+    if not TABLE.exists():
+        return set()
+    return {(r["version"], r["federation"], r["method"], tuple(r["sets"]))
+            for r in map(json.loads, TABLE.read_text().splitlines())}
+
+
+def run(args: argparse.Namespace) -> None:
+    half = {"dev": "development", "val": "validation"}[args.half]
+    if half == "validation":
+        if args.set or args.fed or args.method:
+            sys.exit("run_grid.py: error: a validation run takes no --set, --fed or --method")
+        if src_dirty():
+            sys.exit("run_grid.py: error: src/ has uncommitted changes; a validation run "
+                     "needs a committed rule version")
+        if any(r["version"] == args.version and r["half"] == "validation"
+               for r in map(json.loads, TABLE.read_text().splitlines())
+               if TABLE.exists()):
+            sys.exit(f"run_grid.py: error: version {args.version!r} has validation rows "
+                     "already; a change makes a new version")
+    names = [n for n, f in GRID["federation"].items() if f["half"] == half]
+    for n in args.fed or []:
+        if n not in names:
+            sys.exit(f"run_grid.py: error: --fed {n!r} is not in the {half} half; allowed: "
+                     + ", ".join(names))
+    names = args.fed or names
+    methods = args.method or list(METHODS)
+    for m in methods:
+        if m not in METHODS:
+            sys.exit(f"run_grid.py: error: --method {m!r}; allowed: {', '.join(METHODS)}")
+    done = done_keys()
+    rev = commit() + ("+dirty" if src_dirty() else "")
+    todo = [(n, m) for n in names for m in methods
+            if (args.version, n, m, tuple(s for s in args.set if s.startswith(m + ":")))
+            not in done]
+    TABLE.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_one, args.version, half, n, m, args.set, rev): (n, m)
+                   for n, m in todo}
+        for fut in as_completed(futures):
+            n, m = futures[fut]
+            try:
+                row = fut.result()
+            except Exception as exc:  # recorded: a crash is a result too
+                row = {"version": args.version, "half": half, "federation": n, "method": m,
+                       "role": METHODS[m][1], "sets": [], "k_true": GRID["federation"][n]["k"],
+                       "commit": rev, "error": f"{type(exc).__name__}: {exc}",
+                       "k_found": None, "ari": None, "accuracy": None, "collapsed": None}
+            if row is None:
+                continue
+            with TABLE.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            ari, acc = row["ari"], row["accuracy"]
+            print(f"{n:22s} {m:12s} K {row['k_true']} → {row['k_found']}  ARI "
+                  f"{ari if ari is None else round(ari, 2)}  acc "
+                  f"{acc if acc is None else round(100 * acc, 1)}"
+                  f"{'  ' + row['error'][:90] if row.get('error') else ''}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("half", nargs="?", choices=["dev", "val"])
+    p.add_argument("--version", help="the rule version these runs belong to")
+    p.add_argument("--fed", nargs="*", help="dev only: some federations of the half")
+    p.add_argument("--method", nargs="*", help=f"dev only: some of {', '.join(METHODS)}")
+    p.add_argument("--set", nargs="*", default=[], help="dev only: METHOD:KEY=VALUE")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--table", action="store_true", help="print the markdown tables")
+    args = p.parse_args()
+    if args.table:
+        from tables import print_tables  # benchmarks/transfer/tables.py
+
+        print_tables(TABLE, args.version)
+        return
+    if not args.half or not args.version:
+        p.error("give dev or val and --version (or --table)")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
