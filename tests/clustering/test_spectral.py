@@ -128,3 +128,17 @@ def test_gap_statistic_finds_the_number_of_blobs_and_one_for_noise():
     noise = np.random.default_rng(0).uniform(size=(40, 2))
     assert gap_statistic(noise, k_max=5, seed=0, n_init=2)[0] == 1
     assert estimate_n_clusters(rows, 5, seed=0, criterion="gap", n_init=2)[0] == 3
+
+
+def test_silhouette_estimate_says_one_cluster_below_the_bound() -> None:
+    """The paper's argmax never answers 1; with `min_silhouette` (CFL-GP's k_min_silhouette,
+    0.25 by default) features without groups give 1 and grouped features their groups."""
+    from clusterfl.clustering.spectral import estimate_n_clusters
+
+    rng = np.random.default_rng(0)
+    flat = rng.normal(size=(30, 5))
+    k, scores = estimate_n_clusters(flat, 6, seed=1)
+    assert k >= 2 and max(scores.values()) < 0.25  # the paper's rule: some cut
+    assert estimate_n_clusters(flat, 6, seed=1, min_silhouette=0.25)[0] == 1
+    groups = np.concatenate([rng.normal(c, 0.3, (10, 5)) for c in (0.0, 6.0, -6.0)])
+    assert estimate_n_clusters(groups, 6, seed=1, min_silhouette=0.25)[0] == 3

@@ -143,6 +143,7 @@ from clusterfl.algorithms.cfl_gp_profile import (
     update_profile,
 )
 from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
+from clusterfl.clustering.hierarchical import MIN_SILHOUETTE
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
     KCriterion,
@@ -213,6 +214,10 @@ class CFLGPConfig(SampledConfig):
     estimate_k: bool = Field(True, description="Appendix G estimate of the number of clusters")
     k_criterion: KCriterion = Field("silhouette", description="'silhouette' or 'gap' statistic")
     k_max: int = Field(10, ge=2, description="largest number of clusters the estimate tries")
+    k_min_silhouette: float = Field(
+        MIN_SILHOUETTE, ge=-1.0, le=1.0, description="silhouette estimate: 1 cluster when the "
+        "best silhouette is below this (Kaufman & Rousseeuw's 0.25; -1: the paper's argmax, "
+        "never 1)")
 
     @model_validator(mode="after")
     def _consistent(self) -> CFLGPConfig:
@@ -694,7 +699,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         s = largest_gap(sv, max_s=feats.shape[1])
         k_hi = min(cfg.k_max, len(feats) - 1)
         k, scores = estimate_n_clusters(feats[:, :s], k_hi, seed, cfg.k_criterion,
-                                        cfg.kmeans_n_init)
+                                        cfg.kmeans_n_init, cfg.k_min_silhouette)
         return ({str(key): float(v) for key, v in scores.items()},
                 KEstimate(k_estimate=int(k), spectral_gap_s=int(s)))
 

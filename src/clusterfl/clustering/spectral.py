@@ -244,11 +244,12 @@ def gap_statistic(
 
 def estimate_n_clusters(
     features: np.ndarray, k_max: int, seed: int, criterion: KCriterion = "silhouette",
-    n_init: int = 10,
+    n_init: int = 10, min_silhouette: float = -1.0,
 ) -> tuple[int, dict[int, float]]:
     """Number of clusters of the (s-dim projected) client features, Appendix G step 3.
 
-    Returns (k, scores): silhouette per k (argmax chosen) or the gap statistic per k.
+    Returns (k, scores): silhouette per k (argmax chosen; 1 when the best is below
+    `min_silhouette`, which the paper's argmax never gives) or the gap statistic per k.
     """
     feats = np.asarray(features, dtype=np.float64)
     if criterion == "gap":
@@ -257,7 +258,8 @@ def estimate_n_clusters(
     scores = silhouette_scores(feats, k_max, seed, n_init)
     if not scores:
         return 1, scores
-    return max(scores, key=lambda k: (scores[k], -k)), scores
+    best = max(scores, key=lambda k: (scores[k], -k))
+    return (best if scores[best] >= min_silhouette else 1), scores
 
 
 __all__ = [
