@@ -6,10 +6,13 @@ that are given it, on the federations of `grid.toml`; one runner, one results ta
                                                [--set METHOD:KEY=VALUE ...] [--jobs 2]
     python benchmarks/transfer/run_grid.py val --version V [--jobs 2]
     python benchmarks/transfer/run_grid.py --table [--version V ...]  # markdown, for RESULTS.md
+    python benchmarks/transfer/run_grid.py --grid                     # the grid, markdown
 
 `dev` runs the development half (any federation, method and setting, as often as wanted);
 `val` runs the whole validation half with every method's defaults, once per version: it refuses
-`--set`, a subset, and a version that has validation rows already. A version names the rules
+`--set`, a subset of federations, and a method that has validation rows of the version
+already; `--preset v0` runs the defaults from before issue 36 (written as settings of today's
+code, `PRESETS`), for the comparison. A version names the rules
 as the code stands (the commit is recorded with every row; a validation run also refuses a
 working tree with changes under src/).
 
@@ -64,24 +67,47 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "fedsoft_k": ({"name": "fedsoft"}, "given"),
     "cam_k": ({"name": "ifca_cam"}, "given"),
 }
+# The defaults before issue 36, written as settings of today's code (each is still an option):
+# `--preset v0` runs them, on either half, as the version "v0".
+PRESETS: dict[str, dict[str, list[str]]] = {
+    "v0": {
+        "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
+                "algorithm.auto.test_every=false"],
+        "flhc": ["algorithm.auto_cut=gap"],
+        "flhc_k": [], "pacfl_k": [], "pca_km_hc_k": [],
+        "pacfl": ["algorithm.threshold=3.5"],
+        "pca_km_hc": ["algorithm.auto_clusters=gap"],
+        "flt": ["algorithm.auto_clusters=gap"],
+        "cfl_gp": ["algorithm.k_min_silhouette=-1"],
+    },
+}
 K_FIELD = {"fedsoft": "n_clusters", "ifca": "n_clusters", "fesem": "n_clusters",
            "ifca_cam": "n_clusters", "flhc": "n_clusters", "pacfl": "n_clusters",
            "pca_km_hc": "n_clusters"}
 
 
+def code_root() -> Path:
+    """The checkout whose clusterfl runs (PYTHONPATH may point at another one, e.g. a
+    worktree of an earlier commit to run an earlier version of the rules)."""
+    import clusterfl
+
+    return Path(clusterfl.__file__).resolve().parents[2]
+
+
 def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=code_root(), text=True,
                          capture_output=True, check=False)
     return out.stdout.strip() or "unknown"
 
 
 def src_dirty() -> bool:
-    out = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, text=True,
-                         capture_output=True, check=False)
+    out = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=code_root(),
+                         text=True, capture_output=True, check=False)
     return bool(out.stdout.strip())
 
 
-def config(fed: dict[str, Any], method: str, sets: list[str]) -> dict[str, Any] | None:
+def config(fed: dict[str, Any], method: str, sets: list[str],
+           preset: str | None = None) -> dict[str, Any] | None:
     """The run's configuration, or None when the method does not apply (a method given K on a
     federation without structure: K = 1 is FedAvg)."""
     from clusterfl.config import apply_overrides
@@ -101,11 +127,11 @@ def config(fed: dict[str, Any], method: str, sets: list[str]) -> dict[str, Any] 
            "algorithm": algo, "backend": {"name": "simulation"},
            "output": {"figures": False, "progress": "off"}}
     mine = [s.split(":", 1)[1] for s in sets if s.split(":", 1)[0] == method]
-    return apply_overrides(raw, mine)
+    return apply_overrides(raw, PRESETS.get(preset or "", {}).get(method, []) + mine)
 
 
 def run_one(version: str, half: str, name: str, method: str, sets: list[str],
-            rev: str) -> dict[str, Any] | None:
+            rev: str, preset: str | None = None) -> dict[str, Any] | None:
     import torch
 
     from clusterfl.errors import ConfigError
@@ -113,7 +139,7 @@ def run_one(version: str, half: str, name: str, method: str, sets: list[str],
 
     torch.set_num_threads(1)
     fed = GRID["federation"][name]
-    cfg = config(fed, method, sets)
+    cfg = config(fed, method, sets, preset)
     if cfg is None:
         return None
     folder = RUNS / version / name / method
@@ -121,6 +147,7 @@ def run_one(version: str, half: str, name: str, method: str, sets: list[str],
                            "method": method, "role": METHODS[method][1],
                            "sets": [s for s in sets if s.startswith(method + ":")],
                            "k_true": fed["k"], "seed": fed["seed"], "commit": rev,
+                           "preset": preset,
                            "folder": str(folder.relative_to(ROOT))}
     t0, c0 = time.time(), time.process_time()
     try:
@@ -164,16 +191,20 @@ def done_keys() -> set[tuple[str, str, str, tuple[str, ...]]]:
 def run(args: argparse.Namespace) -> None:
     half = {"dev": "development", "val": "validation"}[args.half]
     if half == "validation":
-        if args.set or args.fed or args.method:
-            sys.exit("run_grid.py: error: a validation run takes no --set, --fed or --method")
+        if args.set or args.fed:
+            sys.exit("run_grid.py: error: a validation run takes no --set or --fed (a preset "
+                     "of earlier defaults, --preset, and a subset of methods are allowed)")
         if src_dirty():
             sys.exit("run_grid.py: error: src/ has uncommitted changes; a validation run "
                      "needs a committed rule version")
-        if any(r["version"] == args.version and r["half"] == "validation"
-               for r in map(json.loads, TABLE.read_text().splitlines())
-               if TABLE.exists()):
-            sys.exit(f"run_grid.py: error: version {args.version!r} has validation rows "
-                     "already; a change makes a new version")
+        wanted = set(args.method or METHODS)
+        seen = {r["method"] for r in map(json.loads, TABLE.read_text().splitlines())
+                if r["version"] == args.version and r["half"] == "validation"} \
+            if TABLE.exists() else set()
+        if wanted & seen:
+            sys.exit(f"run_grid.py: error: version {args.version!r} has validation rows of "
+                     f"{', '.join(sorted(wanted & seen))} already; a change makes a new "
+                     "version")
     names = [n for n, f in GRID["federation"].items() if f["half"] == half]
     for n in args.fed or []:
         if n not in names:
@@ -192,8 +223,8 @@ def run(args: argparse.Namespace) -> None:
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(run_one, args.version, half, n, m, args.set, rev): (n, m)
-                   for n, m in todo}
+        futures = {pool.submit(run_one, args.version, half, n, m, args.set, rev,
+                               args.preset): (n, m) for n, m in todo}
         for fut in as_completed(futures):
             n, m = futures[fut]
             try:
@@ -221,13 +252,20 @@ def main() -> None:
     p.add_argument("--fed", nargs="*", help="dev only: some federations of the half")
     p.add_argument("--method", nargs="*", help=f"dev only: some of {', '.join(METHODS)}")
     p.add_argument("--set", nargs="*", default=[], help="dev only: METHOD:KEY=VALUE")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="earlier defaults, as settings")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--table", action="store_true", help="print the markdown tables")
+    p.add_argument("--grid", action="store_true", help="print the grid as a markdown table")
     args = p.parse_args()
+    if args.grid:
+        from tables import print_grid
+
+        print_grid(GRID)
+        return
     if args.table:
         from tables import print_tables  # benchmarks/transfer/tables.py
 
-        print_tables(TABLE, args.version)
+        print_tables(TABLE, [args.version] if args.version else None)
         return
     if not args.half or not args.version:
         p.error("give dev or val and --version (or --table)")

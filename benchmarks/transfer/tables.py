@@ -12,6 +12,7 @@ Per version and half:
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ def load(table: Path) -> list[dict[str, Any]]:
     """Every row; a run repeated under one version and settings: the last line counts."""
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in map(json.loads, table.read_text().splitlines()):
+        if isinstance(r.get("accuracy"), float) and math.isnan(r["accuracy"]):
+            r["accuracy"] = None  # v0's runner wrote a regression's missing accuracy as NaN
         rows[(r["version"], r["federation"], r["method"], tuple(r["sets"]))] = r
     return list(rows.values())
 
@@ -53,19 +56,27 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+#: the versions of the rules the tables show (the dev-only variants of RESULTS.md's history
+#: ran with --set and are summed up there)
+VERSIONS = ("v0", "v1")
+
+
 def print_tables(table: Path, versions: list[str] | None = None) -> None:
     rows = [r for r in load(table) if not r["sets"]]
-    for version in sorted({r["version"] for r in rows}):
-        if versions and version not in versions:
-            continue
+    for version in versions or VERSIONS:
         for half in ("development", "validation"):
             mine = [r for r in rows if r["version"] == version and r["half"] == half]
             if mine:
-                print_half(version, half, mine)
+                print_half(version, half, mine, rows)
 
 
-def print_half(version: str, half: str, rows: list[dict[str, Any]]) -> None:
-    by = {(r["federation"], r["method"]): r for r in rows}
+def print_half(version: str, half: str, rows: list[dict[str, Any]],
+               everything: list[dict[str, Any]]) -> None:
+    """One half of one version. FedAvg and the methods given K do not depend on the rules of
+    issue 36: where this version did not run them, the table takes v1's runs."""
+    by = {(r["federation"], r["method"]): r for r in everything
+          if r["version"] == "v1" and r["half"] == half}
+    by.update({(r["federation"], r["method"]): r for r in rows})
     feds = sorted({r["federation"] for r in rows}, key=lambda f: (by_k(rows, f), f))
     print(f"\n### Version {version}, {half} half ({len(feds)} federations)\n")
     print("| method | true K found (structure) | iid: 1 cluster | iid: > 2 clusters | "
@@ -137,3 +148,22 @@ def print_half(version: str, half: str, rows: list[dict[str, Any]]) -> None:
 
 def by_k(rows: list[dict[str, Any]], fed: str) -> int:
     return next(r["k_true"] for r in rows if r["federation"] == fed)
+
+
+def print_grid(grid: dict[str, Any]) -> None:
+    """The federations of grid.toml, one row each, by half."""
+    for half in ("development", "validation"):
+        print(f"\n{half.capitalize()} half\n")
+        print("| federation | pair | true K | data | scenario | clients | model | rounds | "
+              "participation | seed |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, f in grid["federation"].items():
+            if f["half"] != half:
+                continue
+            sc = dict(f["scenario"])
+            kind = sc.pop("name")
+            n = sc.pop("n_clients")
+            extra = ", ".join(f"{k} {v}" for k, v in sc.items())
+            model = grid["train"][f["train"]]["model"]["name"]
+            print(f"| {name} | {f['pair']} | {f['k']} | {f['source']} | {kind} ({extra}) | "
+                  f"{n} | {model} | {f['rounds']} | {f['participation']} | {f['seed']} |")
