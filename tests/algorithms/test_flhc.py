@@ -121,7 +121,9 @@ BASE = {"seed": 0, "rounds": 6, "eval_every": 1, "checkpoint_every": 0,
 
 
 @pytest.mark.parametrize(("scenario", "algorithm"), [
-    ({"name": "cluster_labels", "n_clients": 12, "n_clusters": 3}, {}),
+    # the largest gap: with groups of four, the default divisive silhouette cut also splits
+    # each group 2 | 2 (test_default_cut_splits_groups_of_four_below)
+    ({"name": "cluster_labels", "n_clients": 12, "n_clusters": 3}, {"auto_cut": "gap"}),
     ({"name": "rotation", "n_clients": 12, "angles": [0, 90, 180]},
      {"metric": "cosine", "linkage": "average", "n_clusters": 3}),
 ])
@@ -136,6 +138,20 @@ def test_finds_the_true_clusters_on_digits(scenario, algorithm):
     assert all(r.participants == 6 for r in hist.records if r.round != 3)  # else half
     acc = hist.series("accuracy")
     assert acc[-1] > acc[1] + 0.1
+
+
+def test_default_cut_splits_groups_of_four_below():
+    """A measured limit of the divisive silhouette cut (docs/transfer.md): 12 digits clients in
+    3 label-set groups of 4; the whole tree's best cut is the 3 groups (silhouette 0.89), and
+    one group's 2 | 2 cut still reaches 0.25, so it splits: 4 clusters, every one inside a
+    true group."""
+    cfg = {**BASE, "scenario": {"name": "cluster_labels", "n_clients": 12, "n_clusters": 3},
+           "algorithm": {"name": "flhc", "warmup_rounds": 2, "fraction": 0.5}}
+    rec = Experiment.from_config(cfg).run(progress=False).records[2]
+    truth = np.repeat(np.arange(3), 4)
+    found = np.asarray(rec.assignment)
+    assert rec.n_clusters == 4 and rec.extras["silhouette"] > 0.8
+    assert all(len(set(truth[found == c])) == 1 for c in set(found.tolist()))  # refines truth
 
 
 def test_state_round_trip_and_resume(tmp_path):
