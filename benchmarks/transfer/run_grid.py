@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -175,8 +176,6 @@ def run_one(version: str, half: str, name: str, method: str, sets: list[str],
 
 def finite_mean(values: list[float | None] | None) -> float | None:
     """The mean of the finite values, None when there is none (a regression has no accuracy)."""
-    import math
-
     xs = [float(v) for v in values or [] if v is not None and math.isfinite(float(v))]
     return sum(xs) / len(xs) if xs else None
 

@@ -78,7 +78,7 @@ class Cut:
 
     labels: np.ndarray
     silhouette: float | None = None  # best mean silhouette over the cuts tried
-    silhouette_c: int | None = None  # the C it was reached at (kept only when ≥ the bound)
+    silhouette_c: int | None = None  # the C of that best score (cut or not, as the bound says)
 
 
 def cut_clients(z: np.ndarray, n: int, good: np.ndarray, threshold: float | None,

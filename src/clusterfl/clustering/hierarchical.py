@@ -37,6 +37,7 @@ fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' u
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,18 +108,18 @@ class SilhouetteCut:
         return int(self.labels.max(initial=-1)) + 1
 
 
-def _top_clusters(node: object, k: int) -> list[object]:
-    """The k subtrees of scipy `ClusterNode` `node` that cutting it into k clusters leaves
-    (the highest merges undone first, as `fcluster(..., "maxclust")` for monotone trees)."""
+def _cuts(node: object) -> Iterator[list[object]]:
+    """The subtrees of scipy `ClusterNode` `node` that cutting it into 2, 3, … clusters
+    leaves, each from the one before by undoing its highest merge (as
+    `fcluster(..., "maxclust")` for monotone trees), until only leaves are left."""
     parts = [node]
-    while len(parts) < k:
+    while True:
         inner = [p for p in parts if not p.is_leaf()]  # type: ignore[attr-defined]
         if not inner:
-            break
+            return
         top = max(inner, key=lambda p: p.dist)  # type: ignore[attr-defined]
-        parts.remove(top)
-        parts += [top.left, top.right]  # type: ignore[attr-defined]
-    return parts
+        parts = [p for p in parts if p is not top] + [top.left, top.right]  # type: ignore[attr-defined]
+        yield parts
 
 
 def _best_cut(node: object, d: np.ndarray, top: int,
@@ -134,15 +135,16 @@ def _best_cut(node: object, d: np.ndarray, top: int,
     scores: dict[int, float] = {}
     if len(members) < 3 or sub.max() <= 0:
         return scores, 1
-    for c in range(2, min(top, len(members) - 1) + 1):
-        labels = np.zeros(len(members), dtype=np.int64)
-        parts = _top_clusters(node, c)
-        if len(parts) < c:
+    for parts in _cuts(node):
+        c = len(parts)
+        if c > min(top, len(members) - 1):
             break
-        if min(len(p.pre_order()) for p in parts) < min_part:  # type: ignore[attr-defined]
+        sizes = [p.pre_order() for p in parts]  # type: ignore[attr-defined]
+        if min(len(leaves) for leaves in sizes) < min_part:
             continue
-        for k, part in enumerate(parts):
-            labels[[pos[leaf] for leaf in part.pre_order()]] = k  # type: ignore[attr-defined]
+        labels = np.zeros(len(members), dtype=np.int64)
+        for k, leaves in enumerate(sizes):
+            labels[[pos[leaf] for leaf in leaves]] = k
         scores[c] = float(silhouette_score(sub, labels, metric="precomputed"))
     if not scores:
         return scores, 1
@@ -181,7 +183,7 @@ def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | Non
         if c < 2 or room < 2 or scores[c] < min_silhouette:
             final.append(node)
             continue
-        todo += _top_clusters(node, c)
+        todo += next(parts for parts in _cuts(node) if len(parts) == c)
     raw = np.zeros(m, dtype=np.int64)
     for k, node in enumerate(final):
         raw[node.pre_order()] = k  # type: ignore[attr-defined]

@@ -582,7 +582,7 @@ def centred_cut(v: ClusterView) -> ClusterView:
     off the one client whose update is most out of line with the others."""
     if v.similarity is None or len(v.members) < 3:
         return v
-    rest = v.updates.to(torch.float64) - weighted_mean(v.updates, v.weights).to(torch.float64)
+    rest = v.updates.to(torch.float64) - v.mean.to(torch.float64)  # v.mean: weighted (eq. 2)
     found = bipartition(pairwise_cosine(rest), "optimal")
     raw = v.similarity
     split = Bipartition(found.first, found.second,
