@@ -26,7 +26,6 @@ and our difference beside it, and the comparison figures of the first seed.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import tomllib
@@ -41,11 +40,10 @@ from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
 from clusterfl.compare import parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.errors import ClusterFLError, ConfigError
-from clusterfl.experiment import CHECKPOINT, Experiment, build_federation
+from clusterfl.jobs import RunTask, execute
 from clusterfl.naming import method_label, run_folder_name
 from clusterfl.records import (
     SUMMARY_FILE,
-    FinalMetrics,
     RoundMetrics,
     RoundRecord,
     read_history,
@@ -194,7 +192,7 @@ def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
     return base, [base.with_algorithm(parse_algorithm_spec(s)) for s in scenario.methods]
 
 
-def _prepare(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:
+def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:
     """Clear a run whose config changed; True when the run still has to be done."""
     stored = target / "config.toml"
     if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
@@ -206,41 +204,6 @@ def _prepare(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -
     return True
 
 
-def _finished(what: str, final: FinalMetrics, seconds: float, resumed: bool) -> str:
-    m = final.metrics or RoundMetrics()
-    if m.accuracy is not None:
-        shown = f"accuracy {100 * m.accuracy:.1f}%"
-    else:
-        shown = f"MSE {m.mse if m.mse is not None else float('nan'):.4g}"
-    return (f"{what}: {shown}, ARI {final.ari}, {seconds:.0f} s"
-            + (" (resumed)" if resumed else ""))
-
-
-_WORKER_FEDERATIONS: dict[str, Any] = {}
-
-
-def _run_in_worker(config: dict[str, Any], seed: int, spec: str, target: str,
-                   threads: int, what: str) -> tuple[str, str | None]:
-    """One suite run in a worker process (federations cached per scenario and seed)."""
-    import torch
-
-    torch.set_num_threads(threads)
-    key = json.dumps([config, seed], sort_keys=True, default=str)
-    base = load_config(apply_overrides(config, [f"seed={seed}"]))
-    if key not in _WORKER_FEDERATIONS:
-        _WORKER_FEDERATIONS.clear()  # one federation at a time bounds the worker's memory
-        _WORKER_FEDERATIONS[key] = build_federation(base)
-    cfg = base.with_algorithm(parse_algorithm_spec(spec))
-    out = Path(target)
-    resume = (out / CHECKPOINT).is_file()
-    started = time.perf_counter()
-    # no checkpoint: whatever an unfinished attempt left there is replaced
-    history = Experiment(cfg, out, _WORKER_FEDERATIONS[key], overwrite=not resume).run(
-        resume=resume, progress=False)
-    return (_finished(what, history.final, time.perf_counter() - started, resume),
-            _diverged(history.summary.divergence))
-
-
 def _diverged(divergence: dict[str, Any] | None) -> str | None:
     """The reason of a diverged run (None: it did not diverge)."""
     return None if not divergence else str(divergence.get("reason", "diverged"))
@@ -250,14 +213,17 @@ def _diverged(divergence: dict[str, Any] | None) -> str | None:
 def run_suite(
     scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print,
     progress: bool | None = False, jobs: int = 1, fail_on_divergence: bool = True,
+    threads: int | None = None, ray: str | None = None, cpus_per_run: float | None = None,
+    gpus_per_run: float = 0,
 ) -> None:
     """Run every (scenario, method, seed) not finished yet; resume interrupted runs.
 
-    `jobs > 1` runs that many runs at once in worker processes, each with
-    `max(1, cores // jobs)` torch threads. A failed run is logged and the others go on; the
-    failures are raised together at the end. With `fail_on_divergence` a diverged run (its
-    summary's `divergence`, finished now or before) counts as a failure; its results are
-    kept and tabulated.
+    The runs go through `clusterfl.jobs.execute`: `jobs > 1` runs that many at once in
+    worker processes, each with `threads` (default `max(1, cores // jobs)`) torch threads;
+    `ray` runs them as Ray tasks of `cpus_per_run` CPUs and `gpus_per_run` GPUs. A failed
+    run is logged and the others go on; the failures are raised together at the end. With
+    `fail_on_divergence` a diverged run (its summary's `divergence`, finished now or before)
+    counts as a failure; its results are kept and tabulated.
     """
     if jobs < 1:
         raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
@@ -269,6 +235,7 @@ def run_suite(
          for i, seed in enumerate(scenario.seeds)), key=lambda t: (t[0], t[1]))
     todo: list[tuple[Scenario, int, str, Config, Path, str]] = []
     failures: list[str] = []
+    done_before = 0
 
     def diverged(what: str, reason: str | None) -> None:
         if reason is not None:
@@ -281,50 +248,19 @@ def run_suite(
         for spec, cfg in zip(scenario.methods, configs):
             target = run_dir(out, scenario, spec, seed)
             what = f"{scenario.name} / {spec} / seed {seed}"
-            if _prepare(target, cfg, what, log):
+            if prepare_run(target, cfg, what, log):
                 todo.append((scenario, seed, spec, cfg, target, what))
             else:
+                done_before += 1
                 diverged(what, _diverged(read_summary(target).divergence))
-    if jobs == 1:
-        federations: dict[tuple[str, int], Any] = {}
-        for scenario, seed, _spec, cfg, target, what in todo:
-            key = (scenario.name, seed)
-            if key not in federations:
-                federations.clear()
-                federations[key] = build_federation(_configs(scenario, seed)[0])
-            resume = (target / CHECKPOINT).is_file()
-            started = time.perf_counter()
-            try:
-                history = Experiment(cfg, target, federations[key], overwrite=not resume).run(
-                    resume=resume, progress=progress)
-            except Exception as exc:  # reported with the run name, the others go on
-                failures.append(f"{what}: {type(exc).__name__}: {exc}")
-                log(f"{what}: FAILED ({type(exc).__name__}: {exc})")
-                continue
-            log(_finished(what, history.final, time.perf_counter() - started, resume))
-            diverged(what, _diverged(history.summary.divergence))
-    else:
-        import multiprocessing as mp
-        import os
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {
-                pool.submit(_run_in_worker, scenario.config, seed, spec, str(target), threads,
-                            what): what
-                for scenario, seed, spec, _cfg, target, what in todo
-            }
-            for future in as_completed(futures):
-                what = futures[future]
-                try:
-                    text, reason = future.result()
-                except Exception as exc:  # reported with the run name, the others go on
-                    failures.append(f"{what}: {type(exc).__name__}: {exc}")
-                    log(f"{what}: FAILED ({type(exc).__name__}: {exc})")
-                    continue
-                log(text)
-                diverged(what, reason)
+    for outcome in execute(
+            [RunTask(what, cfg.to_dict(), target) for *_, cfg, target, what in todo],
+            jobs=jobs, threads=threads, ray=ray, cpus=cpus_per_run, gpus=gpus_per_run,
+            log=log, progress=progress, skipped=done_before):
+        if not outcome.ok:
+            failures.append(f"{outcome.task.what}: {outcome.error}")
+        elif outcome.divergence is not None and fail_on_divergence:
+            failures.append(f"{outcome.task.what}: diverged: {outcome.divergence}")
     if failures:
         raise BenchError(failures)
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clusterfl.cli_util import DIVERGED_EXIT, console
 from clusterfl.errors import ClusterFLError
 
 if TYPE_CHECKING:
@@ -34,13 +35,7 @@ OVERWRITE_HINT = "--overwrite to replace it, or another --out"
 
 
 def _console() -> Console:
-    """Console for tables; a pipe or file gets a width that fits the comparison table."""
-    from rich.console import Console
-
-    con = Console(highlight=False)
-    if not con.is_terminal:
-        con = Console(highlight=False, width=200)
-    return con
+    return console()
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -101,7 +96,6 @@ def _interrupted(args: argparse.Namespace, out: Path, exp) -> str:
             f"{shlex.join([*command, '--resume'])}")
 
 
-DIVERGED_EXIT = 3
 
 
 def _diverged(summaries: list, args: argparse.Namespace) -> int:
@@ -133,6 +127,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from clusterfl.report import comparison_warnings, summary_table
 
     specs = args.algorithms.split(",")
+    if args.seeds is not None:
+        return _compare_seeds(args, specs)
+    extra = [name for name, on in (("--jobs", args.jobs != 1), ("--ray", args.ray),
+                                   ("--retry-failed", args.retry_failed)) if on]
+    if extra:
+        raise ClusterFLError(f"{', '.join(extra)}: only with --seeds (several runs per method)")
     config = _load(args)
     folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
@@ -143,6 +143,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _warn(comparison_warnings([out / f for f in folders]))
     con.print(f"comparison report: {out / 'report.md'}")
     return _diverged([h.summary for _, h in results], args)
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers ≥ 0, e.g. 0,1,2; got {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct comma-separated integers ≥ 0, e.g. 0,1,2; got {text!r}")
+    return seeds
+
+
+def _compare_seeds(args: argparse.Namespace, specs: list[str]) -> int:
+    """`compare --seeds`: the sweep of the methods and seeds (clusterfl.sweep), no grid."""
+    from clusterfl.cli_sweep import run_and_report
+    from clusterfl.config import apply_overrides, read_toml
+    from clusterfl.sweep import Sweep
+
+    raw = apply_overrides(read_toml(args.config), _overrides(args))
+    sweep = Sweep(base=raw, methods=[s.strip() for s in specs if s.strip()], seeds=args.seeds,
+                  title=f"compare {Path(args.config).name}", source=f"`{args.config}`")
+    out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
+    return run_and_report(sweep, out, args, "clusterfl compare")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -296,6 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="remove the files of an earlier comparison in --out first (a folder "
                    "holding anything else is refused)")
+    c.add_argument("--seeds", type=_seed_list, metavar="0,1,2",
+                   help="run every method on each seed (OUT/<method>/seed<N>; resumable, as a "
+                   "sweep) and write mean ± std, 95 %% intervals and paired comparisons "
+                   "(results.csv, report.md)")
+    from clusterfl.cli_sweep import add_run_options
+
+    add_run_options(c)
+    c.add_argument("--retry-failed", action="store_true",
+                   help="with --seeds: run again the runs that failed before")
     common(c)
     c.set_defaults(func=cmd_compare)
 
@@ -336,12 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--data-dir")
     cfg.set_defaults(func=cmd_config)
 
-    from clusterfl import cli_bench, cli_encoder, cli_flower, cli_place
+    from clusterfl import cli_bench, cli_encoder, cli_flower, cli_place, cli_sweep
 
     cli_place.add_parser(sub)
     cli_encoder.add_parser(sub)
     cli_flower.add_parser(sub)
     cli_bench.add_parser(sub)
+    cli_sweep.add_parser(sub)
     return p
 
 

@@ -35,9 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "only the suite methods of those algorithms")
     b.add_argument("--report-only", action="store_true",
                    help="write the results from finished runs without running anything")
-    b.add_argument("--jobs", type=int, default=1,
-                   help="runs at once, each in its own process with cores/jobs threads "
-                   "(default 1; 2 uses both cores of a 2-core machine best)")
+    from clusterfl.cli_sweep import add_run_options
+
+    add_run_options(b)  # --jobs, --ray, --cpus-per-run, --gpus-per-run (as `clusterfl sweep`)
     b.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     b.add_argument("--device", help="where the runs compute: auto, cpu, cuda or cuda:N "
                    "(sets backend.device of every run; default auto)")
@@ -68,7 +68,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not args.report_only:
         try:
             run_suite(scenarios, runs, log=lambda m: print(m, flush=True), jobs=args.jobs,
-                      fail_on_divergence=args.fail_on_divergence)
+                      fail_on_divergence=args.fail_on_divergence, ray=args.ray,
+                      cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run)
         except BenchError as exc:  # the table is still written from the runs that finished
             failed = exc
     command = " ".join(["clusterfl", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] \

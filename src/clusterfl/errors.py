@@ -25,7 +25,8 @@ class DataError(ClusterFLError):
 
 EXTRAS: dict[str, tuple[str, str]] = {
     "flower": ("flwr", "Flower (`clusterfl flower`, backend 'flower')"),
-    "ray": ("flwr[simulation]", "Flower's Ray simulation (`clusterfl flower run --mode ray`)"),
+    "ray": ("flwr[simulation]", "Ray (`clusterfl flower run --mode ray`; `--ray` of sweep, "
+            "compare and bench)"),
     "flt": ("umap-learn", "FLT's UMAP step (algorithm.umap = true)"),
     "privacy": ("dp-accounting", "the (ε, δ) accountant of privacy.noise_multiplier > 0"),
     "tensorboard": ("tensorboard", "output.tensorboard = true"),

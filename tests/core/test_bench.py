@@ -209,15 +209,15 @@ def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path: Path) -> None:
 def test_a_failing_run_is_reported_and_the_others_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import clusterfl.bench as bench
+    import clusterfl.experiment as experiment
 
-    class Breaks(bench.Experiment):  # type: ignore[misc, valid-type]
+    class Breaks(experiment.Experiment):  # type: ignore[misc, valid-type]
         def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             if self.config.algorithm.name == "ifca":
                 raise RuntimeError("diverged")
             return super().run(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "Experiment", Breaks)
+    monkeypatch.setattr(experiment, "Experiment", Breaks)  # what clusterfl.jobs runs
     scenarios = load_suite(_suite(tmp_path))
     runs = tmp_path / "runs"
     logs: list[str] = []

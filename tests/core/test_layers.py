@@ -60,12 +60,18 @@ FLOORS: dict[str, int] = {
     "recorder": 5,
     "holdout": 5,
     "progress": 5,
+    "jobs": 5,  # many runs: here, in worker processes or as Ray tasks (bench and sweeps)
+    "stats": 0,  # mean ± interval, paired tests (numpy and scipy only)
+    "sweep": 5,
+    "sweep_report": 5,
     # 6 interface: command line and deployment (Flower ServerApp / ClientApp / launcher).
     "cli": 6,
     "cli_bench": 6,
     "cli_place": 6,
     "cli_encoder": 6,
     "cli_flower": 6,
+    "cli_sweep": 6,
+    "cli_util": 6,
     "deploy": 6,
 }
 

@@ -1,0 +1,125 @@
+"""`clusterfl sweep SWEEP.toml` and the multi-seed path of `clusterfl compare --seeds`.
+
+The sweep machinery (`clusterfl.sweep`, torch, the methods) is imported when the command runs,
+not when the parser is built, so `clusterfl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_run_options(q: argparse.ArgumentParser) -> None:
+    """Where the runs go, shared by `sweep`, `compare --seeds` and `bench`."""
+    q.add_argument("--jobs", type=int, default=1,
+                   help="runs at once in local worker processes, each with cores/jobs torch "
+                   "threads (default 1: one after the other in this process)")
+    q.add_argument("--ray", metavar="ADDRESS",
+                   help="run each run as a Ray task on the cluster at ADDRESS (as printed by "
+                   "`ray start --head`), `auto` (the running cluster) or `local` (a cluster "
+                   "started in this process); needs clusterfl[ray]")
+    q.add_argument("--cpus-per-run", type=float,
+                   help="CPUs of each run: its torch threads, and what Ray reserves for it "
+                   "(default: Ray 1; local cores/jobs). Runs give identical numbers wherever "
+                   "they run with the same value")
+    q.add_argument("--gpus-per-run", type=float, default=0,
+                   help="GPUs Ray reserves for each run (default 0; fractions share a GPU)")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    s = subparsers.add_parser(
+        "sweep", help="methods × a grid of settings × seeds, with mean ± std and paired tests",
+        description="Runs every cell of SWEEP.toml's grid × method × seed (finished runs are "
+        "skipped, interrupted ones resume, changed cells run again), then writes results.csv, "
+        "results.parquet and report.md (mean ± std, 95 %% intervals, paired comparisons, "
+        "curves with a band over seeds). See docs/sweeps.md.",
+        epilog="A sweep file: [sweep] config = \"base.toml\", methods = [\"fedavg\", "
+        "\"ifca:n_clusters=4\"], seeds = [0, 1, 2]; [sweep.grid] \"train.lr\" = [0.01, 0.1].")
+    s.add_argument("sweep", help="the sweep file (TOML)")
+    s.add_argument("--out", help="output folder (default runs/sweep-<sweep file name>)")
+    add_run_options(s)
+    s.add_argument("--retry-failed", action="store_true",
+                   help="run again the runs that failed before (they are skipped otherwise)")
+    s.add_argument("--overwrite", action="store_true",
+                   help="start every run afresh (removes only clusterfl's files of each run)")
+    s.add_argument("--plan", action="store_true",
+                   help="list the runs and whether each is done, without running anything")
+    s.add_argument("--report-only", action="store_true",
+                   help="write the table and report from the finished runs, running nothing")
+    s.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
+    s.add_argument("--device", help="auto, cpu, cuda or cuda:N for every run "
+                   "(sets backend.device)")
+    s.add_argument("--quiet", action="store_true",
+                   help="no line per run (the table, the failures and the paths are printed)")
+    s.add_argument("--fail-on-divergence", action="store_true",
+                   help="exit with code 3 when a run diverged (the results are written)")
+    s.set_defaults(func=cmd_sweep)
+    return s
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from clusterfl.sweep import load_sweep
+
+    if args.data_dir:
+        os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
+    sweep = load_sweep(args.sweep)
+    if args.device:
+        sweep.base.setdefault("backend", {})["device"] = args.device
+    out = Path(args.out or Path("runs") / f"sweep-{Path(args.sweep).stem}")
+    return run_and_report(sweep, out, args, "clusterfl sweep")
+
+
+def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str) -> int:
+    """Plan, run (unless --plan/--report-only), tabulate, report; the exit code."""
+    from clusterfl.cli_util import DIVERGED_EXIT, console
+    from clusterfl.jobs import check_resources
+    from clusterfl.records import SUMMARY_FILE
+    from clusterfl.sweep import SweepError, collect, run_sweep, write_table
+    from clusterfl.sweep_report import console_table, write_report
+
+    check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
+    if getattr(args, "ray", None):
+        from clusterfl.errors import require
+
+        require("ray", "ray")  # before any folder is touched
+    runs = sweep.plan(out)  # every config validated before anything runs
+    con = console()
+    if getattr(args, "plan", False):
+        done = sum((r.target / SUMMARY_FILE).is_file() for r in runs)
+        for r in runs:
+            state = "done" if (r.target / SUMMARY_FILE).is_file() else "to run"
+            con.print(f"{state:7s} {r.what}  ({r.target})")
+        con.print(f"{len(runs)} runs in {len(sweep.cells())} cell(s): {done} done, "
+                  f"{len(runs) - done} to run")
+        return 0
+    failures: list[str] = []
+    if not getattr(args, "report_only", False):
+        failures = run_sweep(
+            runs, out, jobs=args.jobs, ray=args.ray, cpus_per_run=args.cpus_per_run,
+            gpus_per_run=args.gpus_per_run, retry_failed=getattr(args, "retry_failed", False),
+            overwrite=getattr(args, "overwrite", False),
+            log=(lambda m: None) if getattr(args, "quiet", False) else (
+                lambda m: print(m, flush=True)))
+    rows = collect(runs, out)
+    csv_path, parquet, why = write_table(rows, out)
+    if why:
+        print(f"clusterfl: warning: {why}", file=sys.stderr)
+    argv = sys.argv[1:] if sys.argv[1:2] == [command.split()[-1]] else []
+    shown = shlex.join(["clusterfl", *argv]) if argv else command
+    report = write_report(sweep, runs, rows, out, shown, failures)
+    con.print(console_table(rows, sweep.seeds))
+    con.print(f"table of every run: {csv_path}" + (f", {parquet}" if parquet else ""))
+    con.print(f"report: {report}")
+    if failures:
+        raise SweepError(failures)
+    diverged = [r for r in rows if r["status"] == "diverged"]
+    for r in diverged:
+        print(f"clusterfl: warning: {r['path']} diverged: {r['error']}", file=sys.stderr)
+    if diverged and getattr(args, "fail_on_divergence", False):
+        return DIVERGED_EXIT
+    return 0

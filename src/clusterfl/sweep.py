@@ -1,0 +1,451 @@
+"""Sweeps: methods × a grid of settings × seeds, run resumably, tabulated with statistics.
+
+A sweep file (`clusterfl sweep SWEEP.toml`) holds
+
+```toml
+[sweep]
+title = "learning rate on digits"          # optional
+config = "base.toml"                       # a run config, relative to this file (optional)
+methods = ["fedavg", "ifca:n_clusters=4"]  # specs as for `clusterfl compare --algorithms`
+seeds = [0, 1, 2]
+set = ["rounds=20"]                        # overrides of the base config (optional)
+
+[sweep.grid]                               # every combination is a cell (optional)
+"train.lr" = [0.01, 0.1]
+"scenario.n_clients" = [20, 80]
+
+[config]                                   # a run config written here (optional; its
+rounds = 10                                # tables are merged over `sweep.config`'s)
+```
+
+Each (cell, method, seed) is one run, in `OUT/<cell>/<method>/seed<N>` (`<cell>` e.g.
+`train.lr=0.01,scenario.n_clients=20`, left out without a grid; `<method>` the run folder name
+of `clusterfl compare`). A grid key `algorithm.X` applies to the methods that have option X,
+as the shared options of `compare` do. `clusterfl compare CONFIG --seeds 0,1,2` is the sweep
+of its methods and seeds without a grid.
+
+Running a sweep again continues it: a finished run whose resolved config is unchanged is
+skipped; a run whose config changed (a cell edited in the file, another base config) is run
+again from the start; an interrupted one resumes from its checkpoint; one that failed is
+skipped and reported until `retry_failed` (`--retry-failed`). Failures are kept in
+`OUT/sweep-state.json`. The runs go through `clusterfl.jobs.execute` (local processes or Ray).
+
+Results (`collect`): one row per run with every swept value, the method, the seed, the
+status (done, diverged, failed, missing), every final metric and the wall time — written as
+`results.csv` and `results.parquet` — and `clusterfl.sweep_report` turns them into the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import itertools
+import json
+import math
+import os
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterfl.config import Config, dump_toml, load_config
+from clusterfl.errors import ClusterFLError, ConfigError
+
+STATE_FILE = "sweep-state.json"
+CSV_FILE = "results.csv"
+PARQUET_FILE = "results.parquet"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of the grid's values (`values` in the grid's key order)."""
+
+    values: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The cell's folder name ("" without a grid), e.g. "train.lr=0.01,rounds=5"."""
+        return ",".join(f"{k}={_text(v)}" for k, v in self.values)
+
+    @property
+    def title(self) -> str:
+        return ", ".join(f"{k} = {_text(v)}" for k, v in self.values) or "all runs"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)  # 1.0 stays "1.0": another value than the integer 1
+    if isinstance(value, list | tuple):
+        return "[" + ";".join(_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ";".join(f"{k}:{_text(v)}" for k, v in value.items()) + "}"
+    return str(value).replace("/", "_")
+
+
+@dataclass
+class Run:
+    """One planned run of the sweep."""
+
+    cell: Cell
+    spec: str
+    seed: int
+    config: Config
+    target: Path
+    label: str
+
+    @property
+    def what(self) -> str:
+        return " / ".join(p for p in (self.cell.name, self.label, f"seed {self.seed}") if p)
+
+
+@dataclass
+class Sweep:
+    """A sweep: a base config (raw tables), method specs, seeds and a grid of overrides."""
+
+    base: dict[str, Any]
+    methods: list[str]
+    seeds: list[int]
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    title: str = "sweep"
+    source: str = ""
+    """Where the base config came from (a file, or "the sweep file")."""
+
+    def cells(self) -> list[Cell]:
+        keys = list(self.grid)
+        return [Cell(tuple(zip(keys, combo)))
+                for combo in itertools.product(*(self.grid[k] for k in keys))]
+
+    def plan(self, out: Path) -> list[Run]:
+        """Every run, validated (a bad value names its cell and field) before anything runs.
+
+        Ordered seed by seed, then cell by cell, so a sweep stopped early has whole tables of
+        its first seeds.
+        """
+        from clusterfl.algorithms import algorithm_class
+        from clusterfl.compare import merged_spec, parse_algorithm_spec
+        from clusterfl.naming import method_label, run_folder_name
+
+        specs = []
+        for spec in self.methods:
+            try:
+                parsed = parse_algorithm_spec(spec)
+                options = algorithm_class(parsed["name"], "sweep.methods").Config.model_fields
+            except ConfigError as exc:
+                raise ConfigError("sweep.methods", exc.message) from None
+            specs.append((spec, parsed, options))
+        for key in self.grid:
+            option = key.removeprefix("algorithm.")
+            if option != key and not any(option in opts for _, _, opts in specs):
+                raise ConfigError(f"sweep.grid.{key}", f"no method of the sweep has option "
+                                  f"{option!r}; methods: {', '.join(self.methods)}")
+        runs: dict[tuple[int, int], list[Run]] = {}
+        for c, cell in enumerate(self.cells()):
+            raw = copy.deepcopy(self.base)
+            algo = {}  # algorithm.X: each method that has option X, unless its spec sets X
+            for key, value in cell.values:
+                if key.startswith("algorithm."):
+                    algo[key.removeprefix("algorithm.")] = value
+                else:
+                    _set(raw, key, value, f"sweep.grid.{key}")
+            for seed in self.seeds:
+                raw["seed"] = seed
+                where = f" (cell {cell.title})" if cell.values else ""
+                try:
+                    config = load_config(raw)
+                    configs = []
+                    for _spec, parsed, options in specs:
+                        table = {**{k: v for k, v in algo.items() if k in options}, **parsed}
+                        cfg = config.with_algorithm(merged_spec(config, table))
+                        configs.append((run_folder_name(cfg.algorithm), cfg))
+                except ConfigError as exc:
+                    raise ConfigError(exc.field, f"{exc.message}{where}") from None
+                folders = [f for f, _ in configs]
+                for i, folder in enumerate(folders):
+                    if folder in folders[:i]:
+                        first = self.methods[folders.index(folder)]
+                        raise ConfigError("sweep.methods", f"{first!r} and {self.methods[i]!r} "
+                                          f"are the same method with the same options{where}; "
+                                          "list each once")
+                for (folder, cfg), spec in zip(configs, self.methods):
+                    target = out / cell.name / folder / f"seed{seed}" if cell.name else (
+                        out / folder / f"seed{seed}")
+                    runs.setdefault((seed, c), []).append(
+                        Run(cell, spec, seed, cfg, target, method_label(cfg.algorithm)))
+        ordered = sorted(runs, key=lambda k: (self.seeds.index(k[0]), k[1]))
+        return [r for k in ordered for r in runs[k]]
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(where, "empty key")
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(where, f"{p!r} is a value, not a table")
+        node = nxt
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read a sweep file (module docstring); every error names its field."""
+    from clusterfl.config import apply_overrides, read_toml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("sweep", f"sweep file not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError("sweep", f"{path} is not a valid TOML file: {exc}") from None
+    unknown = sorted(set(raw) - {"sweep", "config"})
+    if unknown:
+        raise ConfigError(f"{path}", f"unknown table(s) {unknown}; a sweep file holds [sweep] "
+                          "(with [sweep.grid]) and optionally [config]")
+    sweep = raw.get("sweep")
+    if not isinstance(sweep, dict):
+        raise ConfigError(f"{path}", "no [sweep] table; see `clusterfl sweep --help`")
+    allowed = {"title", "config", "methods", "seeds", "set", "grid"}
+    extra = sorted(set(sweep) - allowed)
+    if extra:
+        raise ConfigError(f"sweep.{extra[0]}", f"unknown key; allowed: {sorted(allowed)}")
+    base: dict[str, Any] = {}
+    source = "the sweep file's [config]"
+    if "config" in sweep:
+        if not isinstance(sweep["config"], str):
+            raise ConfigError("sweep.config", "expected the path of a run config (a string)")
+        file = (path.parent / sweep["config"]).resolve()
+        if not file.is_file():
+            raise ConfigError("sweep.config", f"config file not found: {file}")
+        base, source = read_toml(file), sweep["config"]
+    if isinstance(raw.get("config"), dict):
+        base = _merge(base, raw["config"])
+        if "config" in sweep:
+            source += " with the sweep file's [config]"
+    sets = sweep.get("set", [])
+    if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
+        raise ConfigError("sweep.set", "expected a list of \"key=value\" strings")
+    base = apply_overrides(base, sets)
+    methods = sweep.get("methods")
+    if not isinstance(methods, list) or not methods or not all(
+            isinstance(m, str) and m.strip() for m in methods):
+        raise ConfigError("sweep.methods", "expected a non-empty list of method specs, e.g. "
+                          "[\"fedavg\", \"ifca:n_clusters=4\"]")
+    grid_raw = sweep.get("grid", {})
+    if not isinstance(grid_raw, dict):
+        raise ConfigError("sweep.grid", "expected a table of key = [values]")
+    grid = _flatten(grid_raw)
+    for alias in ("seeds", "seed"):  # the seeds may be written among the grid's keys
+        if alias in grid:
+            if "seeds" in sweep:
+                raise ConfigError(f"sweep.grid.{alias}", "the seeds are given twice (here and "
+                                  "in sweep.seeds); keep one")
+            sweep["seeds"] = grid.pop(alias)
+    seeds = sweep.get("seeds", [base.get("seed", 0)])
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ConfigError("sweep.seeds", "expected a non-empty list of integers ≥ 0")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("sweep.seeds", f"a seed is listed twice: {seeds}")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.grid.{key}", "expected a non-empty list of values")
+        if key == "algorithm.name":
+            raise ConfigError("sweep.grid.algorithm.name", "list the methods in sweep.methods")
+        names = [_text(v) for v in values]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"sweep.grid.{key}", f"a value is listed twice: {values}")
+    title = sweep.get("title", path.stem)
+    return Sweep(base=base, methods=[m.strip() for m in methods], seeds=list(seeds),
+                 grid=grid, title=str(title), source=source)
+
+
+# ---------------------------------------------------------------------------- running
+def _state(out: Path) -> dict[str, Any]:
+    path = out / STATE_FILE
+    if not path.is_file():
+        return {"failed": {}}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ClusterFLError(f"{path}: not a sweep state file (not valid JSON); remove it to "
+                             "start over (finished runs are kept in their folders)") from None
+    if not isinstance(state, dict) or not isinstance(state.get("failed"), dict):
+        raise ClusterFLError(f"{path}: not a sweep state file; remove it to start over")
+    return state
+
+
+def _write_state(out: Path, state: dict[str, Any]) -> None:
+    path = out / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _key(run: Run, out: Path) -> str:
+    return run.target.relative_to(out).as_posix()
+
+
+def _config_text(run: Run) -> str:
+    return dump_toml(run.config.to_dict())
+
+
+class SweepError(ClusterFLError):
+    """Some runs of a sweep failed (the others finished; the results are written)."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures = failures
+        super().__init__(f"{len(failures)} run(s) failed (kept in the table as failed; "
+                         "--retry-failed runs them again):\n  " + "\n  ".join(failures))
+
+
+def run_sweep(
+    runs: Sequence[Run], out: Path, *, jobs: int = 1, ray: str | None = None,
+    cpus_per_run: float | None = None, gpus_per_run: float = 0, threads: int | None = None,
+    retry_failed: bool = False, overwrite: bool = False, log: Callable[[str], None] = print,
+    progress: bool | None = False,
+) -> list[str]:
+    """Run what is missing of `runs` (module docstring); returns the failures ("what: error"),
+    those of this call and those kept from before (not retried)."""
+    from clusterfl.bench import prepare_run
+    from clusterfl.jobs import RunTask, execute
+    from clusterfl.rundir import FolderLock, claim_run_dir
+
+    out.mkdir(parents=True, exist_ok=True)
+    with FolderLock(out):
+        state = _state(out)
+        failed: dict[str, Any] = state["failed"]
+        todo: list[Run] = []
+        kept: list[str] = []
+        for run in runs:
+            key = _key(run, out)
+            if overwrite and run.target.exists():
+                claim_run_dir(run.target, overwrite=True)  # only clusterfl's files
+                failed.pop(key, None)
+            before = failed.get(key)
+            if before is not None and before.get("config") != _config_text(run):
+                failed.pop(key)  # its cell changed: a new run
+                before = None
+            if not prepare_run(run.target, run.config, run.what, log):
+                failed.pop(key, None)
+                continue
+            if before is not None and not retry_failed:
+                kept.append(f"{run.what}: {before['error']}")
+                log(f"{run.what}: failed before ({before['error']}); --retry-failed runs it "
+                    "again")
+                continue
+            todo.append(run)
+        _write_state(out, state)
+        by_target = {r.target: r for r in todo}
+        now: list[str] = []
+        outcomes = execute(
+            [RunTask(r.what, r.config.to_dict(), r.target) for r in todo], jobs=jobs,
+            threads=threads, ray=ray, cpus=cpus_per_run, gpus=gpus_per_run, log=log,
+            progress=progress, skipped=len(runs) - len(todo))
+        for outcome in outcomes:
+            run = by_target[outcome.task.target]
+            if outcome.ok:
+                failed.pop(_key(run, out), None)
+            else:
+                failed[_key(run, out)] = {"error": outcome.error, "config": _config_text(run)}
+                now.append(f"{run.what}: {outcome.error}")
+        _write_state(out, state)
+    return now + kept
+
+
+# ---------------------------------------------------------------------------- results
+METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse", "ari",
+           "n_clusters", "rounds_to_ari1", "floats_down", "floats_up", "client_updates",
+           "rejected", "participation", "placement_ari", "holdout_accuracy", "wall_time")
+"""Columns of the tidy table after the run's identity: accuracy and F1 in 0..1 as in
+`summary.json`, fairness variance in %², the rest in their own units."""
+
+
+def collect(runs: Sequence[Run], out: Path) -> list[dict[str, Any]]:
+    """One row per planned run: identity, swept values, status and final metrics."""
+    from clusterfl.bench import rounds_to_perfect
+    from clusterfl.records import SUMMARY_FILE, read_history, read_summary
+
+    failed = _state(out)["failed"] if (out / STATE_FILE).is_file() else {}
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {"cell": run.cell.name or None}
+        row.update({key: _cell_value(v) for key, v in run.cell.values})
+        row.update({"method": run.label, "spec": run.spec, "algorithm": run.config.algorithm.name,
+                    "seed": run.seed})
+        values: dict[str, Any] = dict.fromkeys(METRICS)
+        status, error, rounds = "missing", None, None
+        if (run.target / SUMMARY_FILE).is_file():
+            summary = read_summary(run.target)
+            final = summary.final.to_json_dict()
+            values.update({k: final.get(k) for k in METRICS if k in final})
+            values["rounds_to_ari1"] = rounds_to_perfect(read_history(run.target))
+            rounds = summary.rounds
+            status = "diverged" if summary.divergence else "done"
+            if summary.divergence:
+                error = str(summary.divergence.get("reason", "diverged"))
+        elif _key(run, out) in failed:
+            status, error = "failed", failed[_key(run, out)]["error"]
+        row.update({"status": status, "rounds": rounds, **values, "error": error,
+                    "path": _key(run, out)})
+        rows.append(row)
+    return rows
+
+
+def _cell_value(value: Any) -> Any:
+    """A swept value as a table entry: scalars as they are, lists and tables as JSON text."""
+    return json.dumps(value) if isinstance(value, list | dict) else value
+
+
+def write_table(rows: list[dict[str, Any]], out: Path) -> tuple[Path, Path | None, str | None]:
+    """`results.csv` (always) and `results.parquet` (needs pandas and pyarrow: the `sweep`
+    extra); returns both paths and, when Parquet could not be written, why."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    csv_path = out / CSV_FILE
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv(row.get(k)) for k in columns})
+    try:
+        import pandas as pd
+        import pyarrow  # noqa: F401  (pandas' Parquet engine)
+    except ImportError as exc:
+        return csv_path, None, (f"results.parquet not written: it needs pandas and pyarrow "
+                                f"(no module named {exc.name!r}): pip install "
+                                "'clusterfl[sweep]'; results.csv holds the same table")
+    frame = pd.DataFrame(rows, columns=columns)
+    parquet = out / PARQUET_FILE
+    frame.to_parquet(parquet, index=False)
+    return csv_path, parquet, None
+
+
+def _csv(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return repr(value) if isinstance(value, float) else value

@@ -1,0 +1,259 @@
+"""Sweeps (`clusterfl.sweep`): the file, the plan, resuming, failures, the tables and the
+report, `compare --seeds`. The distributed runs (`--jobs 2`, a killed sweep, Ray) are in
+`test_sweep_distributed.py`."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clusterfl.cli import main
+from clusterfl.config import dump_toml
+from clusterfl.errors import ConfigError
+from clusterfl.sweep import SweepError, collect, load_sweep, run_sweep, write_table
+from clusterfl.sweep_report import write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "benchmarks" / "sweeps" / "digits_lr.toml"
+
+TINY = {"rounds": 3, "data": {"source": "digits"},
+        "scenario": {"name": "rotation", "n_clients": 8},
+        "train": {"steps": 2, "batch_size": 32, "lr": 0.1},
+        "output": {"figures": False, "progress": "off"}}
+
+
+def _write(tmp_path: Path, sweep: dict, config: dict | None = None, name: str = "s.toml"
+           ) -> Path:
+    path = tmp_path / name
+    path.write_text(dump_toml({"sweep": sweep, "config": config or TINY}))
+    return path
+
+
+def test_the_example_plans_4_methods_by_2_rates_by_3_seeds(tmp_path: Path) -> None:
+    sweep = load_sweep(EXAMPLE)
+    runs = sweep.plan(tmp_path)
+    assert len(runs) == 24 and len(sweep.cells()) == 2
+    assert [c.name for c in sweep.cells()] == ["train.lr=0.05", "train.lr=0.2"]
+    # seed by seed, cell by cell: a sweep stopped early has whole tables of its first seeds
+    assert [r.seed for r in runs] == [0] * 8 + [1] * 8 + [2] * 8
+    first = runs[0]
+    assert first.target == tmp_path / "train.lr=0.05" / "fedavg" / "seed0"
+    assert first.config.train.lr == 0.05 and first.config.run.seed == 0
+    ifca = next(r for r in runs if r.spec.startswith("ifca") and r.cell.name.endswith("0.2"))
+    assert ifca.label == "IFCA (K=4)" and ifca.config.train.lr == 0.2
+    assert ifca.target.parent.name == "ifca_n_clusters=4"
+
+
+def test_the_seeds_may_be_written_in_the_grid(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path, {"methods": ["fedavg"],
+                                         "grid": {"seeds": [3, 4], "train.lr": [0.1]}}))
+    assert sweep.seeds == [3, 4] and list(sweep.grid) == ["train.lr"]
+
+
+def test_a_grid_key_of_the_algorithm_applies_to_the_methods_that_have_it(tmp_path: Path
+                                                                          ) -> None:
+    path = _write(tmp_path, {"methods": ["fedavg", "ifca"], "seeds": [0],
+                             "grid": {"algorithm": {"n_clusters": [2, 3]}}})
+    runs = load_sweep(path).plan(tmp_path / "o")
+    ifca = [r for r in runs if r.spec == "ifca"]
+    assert [r.config.algorithm.n_clusters for r in ifca] == [2, 3]
+    assert [r.target.parent.name for r in ifca] == ["ifca_n_clusters=2", "ifca_n_clusters=3"]
+    fedavg = [r for r in runs if r.spec == "fedavg"]
+    assert fedavg[0].config.to_dict() == fedavg[1].config.to_dict()
+
+
+@pytest.mark.parametrize(("sweep", "field", "words"), [
+    ({"methods": ["fedavg"], "seeds": [0], "rounds": 3}, "sweep.rounds", "allowed"),
+    ({"methods": [], "seeds": [0]}, "sweep.methods", "non-empty list"),
+    ({"methods": ["fedavg"], "seeds": [0, 0]}, "sweep.seeds", "listed twice"),
+    ({"methods": ["fedavg"], "seeds": [-1]}, "sweep.seeds", "integers ≥ 0"),
+    ({"methods": ["fedavg"], "grid": {"train.lr": 0.1}}, "sweep.grid.train.lr",
+     "non-empty list"),
+    ({"methods": ["fedavg"], "seeds": [0], "grid": {"seeds": [1, 2]}}, "sweep.grid.seeds",
+     "given twice"),
+    ({"methods": ["fedavg"], "grid": {"algorithm.name": ["ifca"]}},
+     "sweep.grid.algorithm.name", "sweep.methods"),
+    ({"methods": ["fedavg"], "grid": {"algorithm.n_clusters": [2]}},
+     "sweep.grid.algorithm.n_clusters", "no method of the sweep has option"),
+    ({"methods": ["fedavg"], "config": "nowhere.toml"}, "sweep.config", "not found"),
+])
+def test_a_bad_sweep_file_names_its_field(tmp_path: Path, sweep: dict, field: str, words: str
+                                          ) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_write(tmp_path, sweep)).plan(tmp_path / "o")
+    assert info.value.field == field and words in info.value.message
+
+
+def test_a_bad_value_or_method_names_its_field_and_cell_before_anything_runs(
+        tmp_path: Path) -> None:
+    bad_lr = load_sweep(_write(tmp_path, {"methods": ["fedavg"],
+                                          "grid": {"train.lr": [0.1, "fast"]}}))
+    with pytest.raises(ConfigError) as info:
+        bad_lr.plan(tmp_path / "o")
+    assert info.value.field == "train.lr" and "cell train.lr = fast" in info.value.message
+    bad_method = load_sweep(_write(tmp_path, {"methods": ["fedavg", "nosuch"]}))
+    with pytest.raises(ConfigError) as info:
+        bad_method.plan(tmp_path / "o")
+    assert "nosuch" in info.value.message
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sweep file not found" in err[0]
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml(TINY))
+    assert main(["compare", str(config), "--algorithms", "fedavg", "--jobs", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["clusterfl: error: --jobs: only with --seeds (several runs per method)"]
+    with pytest.raises(SystemExit):
+        main(["compare", str(config), "--algorithms", "fedavg", "--seeds", "0,x"])
+    assert "comma-separated integers" in capsys.readouterr().err
+
+
+def _sweep(tmp_path: Path, lrs: list[float]) -> Path:
+    return _write(tmp_path, {"methods": ["fedavg", "ifca:n_clusters=4"], "seeds": [0, 1],
+                             "grid": {"train.lr": lrs}})
+
+
+def test_a_sweep_runs_tabulates_and_continues_only_what_is_missing(tmp_path: Path) -> None:
+    out, logs = tmp_path / "o", []
+    sweep = load_sweep(_sweep(tmp_path, [0.05, 0.2]))
+    runs = sweep.plan(out)
+    assert run_sweep(runs, out, log=logs.append) == []
+    assert sum("done," in m for m in logs) == 8 and not any("skipped" in m for m in logs)
+    rows = collect(runs, out)
+    csv_path, parquet, why = write_table(rows, out)
+    assert why is None and parquet is not None
+    with csv_path.open() as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 8 and {r["status"] for r in table} == {"done"}
+    assert {r["train.lr"] for r in table} == {"0.05", "0.2"}
+    import pandas as pd
+
+    frame = pd.read_parquet(parquet)
+    assert len(frame) == 8 and frame["accuracy"].tolist() == [r["accuracy"] for r in rows]
+    assert pd.read_csv(csv_path)["accuracy"].tolist() == [r["accuracy"] for r in rows]
+    # learning does happen: the larger step beats the smaller one for FedAvg on every seed
+    acc = {(r["train.lr"], r["method"], r["seed"]): r["accuracy"] for r in rows}
+    assert all(acc[(0.2, "FedAvg", s)] > acc[(0.05, "FedAvg", s)] for s in (0, 1))
+    report = write_report(sweep, runs, rows, out, "clusterfl sweep s.toml").read_text()
+    assert "## What differs between cells" in report and "| `train.lr=0.05` | 0.05 |" in report
+    assert "Paired comparisons" in report and "![train.lr = 0.2](figures/train.lr=0.2.png)" \
+        in report
+    assert (out / "figures" / "train.lr=0.2.png").is_file()
+
+    logs.clear()  # again: nothing to do
+    run_sweep(runs, out, log=logs.append)
+    assert sum("done before, skipped" in m for m in logs) == 8 and len(logs) == 8
+
+    logs.clear()  # one value changed: only that cell runs (the other cell is kept)
+    changed = load_sweep(_sweep(tmp_path, [0.05, 0.3])).plan(out)
+    run_sweep(changed, out, log=logs.append)
+    assert sum("skipped" in m for m in logs) == 4
+    assert sum("done," in m and "train.lr=0.3" in m for m in logs) == 4
+
+
+def test_a_failed_run_is_kept_reported_and_retried_on_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import clusterfl.experiment as experiment
+
+    real = experiment.Experiment
+
+    class Breaks(real):  # type: ignore[misc, valid-type]
+        def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if self.config.algorithm.name == "ifca" and self.config.run.seed == 1:
+                raise RuntimeError("out of luck")
+            return super().run(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "Experiment", Breaks)
+    out, logs = tmp_path / "o", []
+    sweep = load_sweep(_sweep(tmp_path, [0.1]))
+    runs = sweep.plan(out)
+    failures = run_sweep(runs, out, log=logs.append)
+    assert failures == ["train.lr=0.1 / IFCA (K=4) / seed 1: RuntimeError: out of luck"]
+    rows = collect(runs, out)
+    assert [r["status"] for r in rows] == ["done", "done", "done", "failed"]
+    assert rows[3]["error"] == "RuntimeError: out of luck" and math.isnan(
+        float("nan") if rows[3]["accuracy"] is None else rows[3]["accuracy"])
+    report = write_report(sweep, runs, rows, out, "x").read_text()
+    assert "failed — RuntimeError: out of luck" in report
+
+    monkeypatch.setattr(experiment, "Experiment", real)
+    logs.clear()  # not retried unless asked: still reported
+    assert run_sweep(runs, out, log=logs.append) == failures
+    assert any("failed before" in m and "--retry-failed" in m for m in logs)
+    logs.clear()
+    assert run_sweep(runs, out, log=logs.append, retry_failed=True) == []
+    assert [r["status"] for r in collect(runs, out)] == ["done"] * 4
+
+
+def test_compare_seeds_prints_mean_std_and_writes_the_paired_comparison(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml(TINY))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(config), "--algorithms", "fedavg,ifca:n_clusters=4",
+                 "--seeds", "0,1,2", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "mean ± std over seeds [0, 1, 2]" in printed and "IFCA (K=4)" in printed
+    assert (out / "fedavg" / "seed2" / "summary.json").is_file()
+    with (out / "results.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 6
+    report = (out / "report.md").read_text()
+    assert "| FedAvg | IFCA (K=4) | 3 |" in report and "p, paired t" in report
+    # run again: everything is there, nothing runs
+    assert main(["compare", str(config), "--algorithms", "fedavg,ifca:n_clusters=4",
+                 "--seeds", "0,1,2", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count("done before, skipped") == 6
+
+
+def test_without_pandas_the_csv_is_written_and_parquet_is_named_as_missing(tmp_path: Path
+                                                                            ) -> None:
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["pyarrow"] = None
+        from pathlib import Path
+        from clusterfl.sweep import write_table
+        rows = [{{"cell": None, "method": "FedAvg", "seed": 0, "accuracy": 0.5}}]
+        csv_path, parquet, why = write_table(rows, Path({str(tmp_path)!r}))
+        print(csv_path.is_file(), parquet, why)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("True None results.parquet not written")
+    assert "no module named 'pyarrow'" in r.stdout and "clusterfl[sweep]" in r.stdout
+
+
+def test_a_sweep_refuses_a_second_sweep_in_the_same_folder(tmp_path: Path) -> None:
+    from clusterfl.rundir import FolderLock, RunDirInUseError
+
+    out = tmp_path / "o"
+    out.mkdir()
+    runs = load_sweep(_sweep(tmp_path, [0.1])).plan(out)
+    with FolderLock(out), pytest.raises(RunDirInUseError, match="in use"):
+        run_sweep(runs, out, log=lambda m: None)
+    with pytest.raises(SweepError) if False else pytest.raises(ConfigError, match="--jobs"):
+        run_sweep(runs, out, jobs=0, log=lambda m: None)
+
+
+def test_a_diverged_cell_is_reported_and_the_others_finish(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0],
+                             "grid": {"train.lr": [0.1, 1e6]}})
+    out = tmp_path / "o"
+    assert main(["sweep", str(path), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "train.lr=1000000.0/fedavg/seed0 diverged: round 1" in err
+    with (out / "results.csv").open() as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["done", "diverged"]
+    assert "diverged — round 1" in (out / "report.md").read_text()
+    assert main(["sweep", str(path), "--out", str(out), "--fail-on-divergence"]) == 3

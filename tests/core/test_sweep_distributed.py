@@ -1,0 +1,125 @@
+"""The sweep of issue 40's must-show: 4 methods × 2 learning rates × 3 seeds on the built-in
+digits, with `--jobs 2` (killed midway and started again: only the missing runs run) and on a
+Ray cluster the test starts (`ray start --head` on loopback): the same metrics, run for run."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterfl.config import dump_toml
+
+SWEEP = {"title": "must-show", "methods": ["fedavg", "ifca:n_clusters=4", "cfl",
+                                           "fesem:n_clusters=4"],
+         "seeds": [0, 1, 2], "grid": {"train.lr": [0.05, 0.2]}}
+CONFIG = {"rounds": 5, "data": {"source": "digits"},
+          "scenario": {"name": "rotation", "n_clients": 8},
+          "train": {"steps": 2, "batch_size": 32},
+          "output": {"figures": False, "progress": "off"}}
+# what must be equal run for run (the wall times are not)
+METRICS = ("status", "accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "ari",
+           "n_clusters", "rounds_to_ari1", "floats_down", "floats_up", "client_updates")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "clusterfl.cli", *args]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def _table(out: Path) -> list[dict[str, str]]:
+    with (out / "results.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def sweep_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sweep") / "lr.toml"
+    path.write_text(dump_toml({"sweep": SWEEP, "config": CONFIG}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def local(sweep_file: Path) -> Path:
+    """The sweep with --jobs 2, SIGKILLed (with its workers) after a few runs, then run again:
+    the second pass runs only what the first did not finish."""
+    out = sweep_file.parent / "local"
+    command = _cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run", "1",
+                   "--out", str(out))
+    first = subprocess.Popen(command, env=_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while len(list(out.rglob("summary.json"))) < 6 and first.poll() is None:
+            assert time.monotonic() < deadline, "the sweep did not finish 6 runs in 300 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the sweep and its worker processes
+        first.wait()
+    done = {p.parent: p.stat().st_mtime_ns for p in out.rglob("summary.json")}
+    assert 6 <= len(done) < 24, f"{len(done)} runs finished before the kill"
+    second = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("done before, skipped") == len(done)
+    ran = [line for line in second.stdout.splitlines() if "] " in line and "done," in line]
+    assert len(ran) == 24 - len(done)  # only the missing runs (some resumed, none twice)
+    for folder, mtime in done.items():  # the finished runs were not touched
+        assert (folder / "summary.json").stat().st_mtime_ns == mtime
+    return out
+
+
+def test_the_sweep_with_two_jobs_resumed_after_a_kill_has_24_finished_rows(local: Path
+                                                                          ) -> None:
+    rows = _table(local)
+    assert len(rows) == 24 and {r["status"] for r in rows} == {"done"}
+    assert {(r["train.lr"], r["method"], r["seed"]) for r in rows} == {
+        (lr, m, s) for lr in ("0.05", "0.2")
+        for m in ("FedAvg", "IFCA (K=4)", "CFL", "FeSEM (K=4)") for s in ("0", "1", "2")}
+    report = (local / "report.md").read_text()
+    assert "runs: 24 (24 done)" in report and report.count("Paired comparisons") == 2
+    import pandas as pd
+
+    assert len(pd.read_parquet(local / "results.parquet")) == 24
+
+
+def test_the_same_sweep_on_a_ray_cluster_gives_identical_metrics(sweep_file: Path, local: Path
+                                                                 ) -> None:
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    port = _free_port()
+    start = subprocess.run(
+        [*ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false",
+         "--disable-usage-stats"], env=_env(), capture_output=True, text=True, timeout=180)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        out = sweep_file.parent / "ray"
+        r = subprocess.run(_cli("sweep", str(sweep_file), "--ray", f"127.0.0.1:{port}",
+                                "--cpus-per-run", "1", "--out", str(out)),
+                           env=_env(), capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout.count("done,") == 24
+    finally:
+        subprocess.run([*ray, "stop", "--force"], env=_env(), capture_output=True,
+                       timeout=120)
+    here, there = _table(local), _table(out)
+    assert len(there) == 24
+    for a, b in zip(here, there):
+        assert a["path"] == b["path"]
+        assert {k: a[k] for k in METRICS} == {k: b[k] for k in METRICS}, a["path"]
