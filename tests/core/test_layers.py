@@ -73,6 +73,7 @@ FLOORS: dict[str, int] = {
     "cli_sweep": 6,
     "cli_util": 6,
     "deploy": 6,
+    "flower": 6,  # ClusteredStrategy: the methods over a Grid of standard ClientApps
 }
 
 FLOOR_NAMES = {0: "core", 1: "data/models/clustering", 2: "engine/robust/encoders",

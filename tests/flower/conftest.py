@@ -33,8 +33,9 @@ CFL_GP = {"name": "cfl_gp", "n_clusters": 2, "period": 1, "estimate_k": False,
 class FakeGrid:
     """Nodes 100, 101, ... holding partitions 0, 1, ... (or the given node configs)."""
 
-    def __init__(self, node_configs: list[dict[str, Any]]) -> None:
+    def __init__(self, node_configs: list[dict[str, Any]], app: Any = None) -> None:
         self.nodes = {100 + i: dict(cfg, worker="none") for i, cfg in enumerate(node_configs)}
+        self.app = app if app is not None else client_app  # another ClientApp: a standard one
         self.dead_from: dict[int, int] = {}
         self.sent: list[Message] = []
         self._replies: dict[str, Message] = {}
@@ -48,7 +49,7 @@ class FakeGrid:
         if node in self.dead_from and group.isdigit() and int(group) >= self.dead_from[node]:
             return None
         ctx = Context(1, node, self.nodes[node], RecordDict(), {})
-        return client_app(msg, ctx)
+        return self.app(msg, ctx)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []

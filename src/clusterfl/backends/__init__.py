@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from clusterfl.backends.base import Backend
 from clusterfl.backends.flower.backend import FlowerBackend  # imports flwr only when used
+from clusterfl.backends.flower.standard import StandardBackend  # standard ClientApps
 from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 
@@ -11,6 +12,7 @@ BACKENDS: dict[str, type[Backend]] = {
     "simulation": SimulationBackend,
     "sequential": SequentialBackend,
     "flower": FlowerBackend,
+    "flower_standard": StandardBackend,
 }
 
 __all__ = ["BACKENDS", "Backend", "SequentialBackend", "SimulationBackend"]

@@ -357,11 +357,18 @@ class LocalDeployment:
         self.supernodes.append(proc)
         return proc
 
-    def flwr_run(self, config: Path, out_dir: Path | None, overrides: Sequence[str] = (),
-                 app_dir: Path = APP_DIR) -> Process:
-        """Submit our app with `flwr run` (returns the `flwr` process; it streams logs)."""
+    def flwr_run(self, config: Path | None, out_dir: Path | None,
+                 overrides: Sequence[str] = (), app_dir: Path = APP_DIR,
+                 run_config: str | None = None) -> Process:
+        """Submit an app with `flwr run` (returns the `flwr` process; it streams logs): ours
+        with its run config made of `config`, `out_dir` and `overrides`, or the app in
+        `app_dir` with the `--run-config` string `run_config`."""
+        if run_config is None:
+            if config is None:
+                raise ValueError("flwr_run: give our app's config, or a run_config")
+            run_config = run_config_arg(config, out_dir, list(overrides))
         cmd = [flower_bin("flwr"), "run", str(app_dir), "clusterfl", "--stream",
-               "--run-config", run_config_arg(config, out_dir, list(overrides))]
+               "--run-config", run_config]
         if self.federation_config:  # a simulation SuperLink: the simulated federation
             cmd += ["--federation-config", self.federation_config]
         return start("flwr-run", cmd, self.work / "logs",

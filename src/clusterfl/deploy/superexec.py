@@ -14,8 +14,10 @@ each of those steps, without the per-process parts (FAB installation, exit handl
 `sys.exit`). The ClientApp is clusterfl's (`clusterfl.deploy.client_app.app`, the file the
 FAB ships); in this long-lived process it answers in-process (`node.handle_raw`, torch and
 the node's data stay loaded), so no separate node worker is needed. A task of any other
-Flower App is answered with an error naming the reason. ServerApp and simulation tasks go
-to Flower's executor unchanged.
+Flower App (a standard ClientApp driven by `clusterfl.flower.ClusteredStrategy`) is answered
+in-process too: its FAB is installed once (Flower's `install_from_fab`) and its ClientApp
+loaded once (Flower's `get_load_client_app_fn`), as Flower's own `run_clientapp` does for
+every message. ServerApp and simulation tasks go to Flower's executor unchanged.
 
 It is started only by `clusterfl.deploy.supernode` (our launcher's SuperNodes); before
 patching it checks the Flower version (1.41.x) and every internal it uses, and stops with a
@@ -53,6 +55,8 @@ _NEEDED: dict[str, tuple[str, ...]] = {  # Flower 1.41's module → the names us
     "flwr.supercore.superexec.executor.types": ("LaunchResult",),
     "flwr.supernode.runtime.run_clientapp": ("pull_task_input", "push_message",
                                              "push_task_output"),
+    "flwr.cli.install": ("install_from_fab",),
+    "flwr.clientapp.utils": ("get_load_client_app_fn",),
 }
 APP_FAB = "clusterfl-app"
 """The Flower App id (`publisher/name`) contains this: our app's tasks run here."""
@@ -88,6 +92,7 @@ class WarmClientApps:
         self.f = flower
         self.tasks: queue.Queue[Any] = queue.Queue()
         self._app: Any = None
+        self._apps: dict[str, Any] = {}  # other Flower Apps' ClientApps, by FAB hash
         self.thread = threading.Thread(target=self._serve, name="clusterfl-clientapps",
                                        daemon=True)
         self.thread.start()
@@ -112,6 +117,16 @@ class WarmClientApps:
             self._app = app
         return self._app
 
+    def other_app(self, run: Any, fab: Any) -> Any:
+        """The ClientApp of another Flower App: its FAB installed and its app loaded once."""
+        key = str(fab.hash_str)
+        if key not in self._apps:
+            self.f["install_from_fab"](fab.content, skip_prompt=True)
+            load = self.f["get_load_client_app_fn"](default_app_ref="", app_path=None,
+                                                    multi_app=True)
+            self._apps[key] = load(run.fab_id, run.fab_version, key)
+        return self._apps[key]
+
     def run_task(self, spec: Any, queued: float) -> None:
         """One ClientApp task, as `run_clientapp` runs it (pull, call, push, status)."""
         f = self.f
@@ -131,12 +146,10 @@ class WarmClientApps:
         message = reply = context = None
         status, details = f["SubStatus"].FAILED, "ClientApp task failed"
         try:
-            message, context, run, _ = f["pull_task_input"](client)
+            message, context, run, fab = f["pull_task_input"](client)
             times["pulled"] = time.time()
-            if APP_FAB not in str(run.fab_id):
-                raise RuntimeError(f"this SuperNode (started by clusterfl's launcher) runs "
-                                   f"clusterfl's Flower App only, not {run.fab_id!r}")
-            reply = self.app()(message=message, context=context)
+            app = self.app() if APP_FAB in str(run.fab_id) else self.other_app(run, fab)
+            reply = app(message=message, context=context)
             times["answered"] = time.time()
             status, details = f["SubStatus"].COMPLETED, ""
         except Exception as exc:

@@ -128,6 +128,8 @@ class FlowerBackend(Relay):
         self._setup_json = json.dumps(session.setup, sort_keys=True)
         self._group = 0
         self.suspects: set[int] = set()
+        self.last_ids: list[str] = []
+        """The message ids of the last `_exchange`, in the order of its messages."""
 
     @classmethod
     def from_config(cls, config: BackendConfig, federation: Federation,
@@ -198,6 +200,7 @@ class FlowerBackend(Relay):
         """
         grid = self.session.grid
         ids = list(grid.push_messages(messages))
+        self.last_ids = ids
         node_of_id = {i: int(m.metadata.dst_node_id) for i, m in zip(ids, messages)}
         suspect_nodes = {self.session.node_of_client[c] for c in self.suspects
                          if c in self.session.node_of_client}
@@ -212,7 +215,8 @@ class FlowerBackend(Relay):
                 done_at = time.monotonic()
             if done_at is not None and time.monotonic() - done_at > SUSPECT_GRACE:
                 break
-            time.sleep(POLL_INTERVAL)
+            if pending:  # every reply in: no last wait
+                time.sleep(POLL_INTERVAL)
         return out
 
     def _assemble(self, request: Asks[RE], clients: np.ndarray, got: dict[int, Any],

@@ -1,0 +1,445 @@
+"""`StandardBackend`: protocol requests as the messages a *standard* Flower ClientApp answers.
+
+A standard ClientApp (Flower's quickstart convention) offers two functions and keeps no state
+between messages:
+
+- `"train"`: `RecordDict({"arrays": ArrayRecord, "config": ConfigRecord})` answered with
+  `{"arrays": ArrayRecord, "metrics": MetricRecord}`, the metrics holding `num-examples` and
+  usually `train_loss`;
+- `"evaluate"`: the same content, answered with metrics only (`eval_loss`, `eval_acc`,
+  `num-examples`).
+
+This backend turns our requests into those messages (the methods' own server steps run
+unchanged above it, `clusterfl.flower.ClusteredStrategy`):
+
+- `TrainRequest`: one `"train"` per client, from the client's model
+  (`models[model_of_client[i]]`), config `server-round`, `lr`, `local-epochs`, `local-steps`,
+  `batch-size`, `seed`, `optimizer`, `momentum`, `weight-decay`, and `proximal-mu` when the
+  training has a proximal term (Flower's FedProx convention); the returned model comes back
+  (narrowed to `coords` by the server when the method asks for some coordinates), and
+  `update = returned − sent` is the method's own step.
+- `LossRequest` (K models): K `"evaluate"` messages per client, one per model, config
+  `split = "train"`; `eval_loss` / `eval_acc` per model are the losses of whatever split the
+  client evaluates: a standard client ignores `split` and uses its *evaluation* split, not its
+  training data as in the papers.
+- `EvaluateRequest` (one model per client): one `"evaluate"`; `eval_acc`, `eval_loss`,
+  `num-examples`.
+- `Steps`: its steps one after another (`protocol.run_steps`), a round trip each; a `Pick`
+  (IFCA's least-loss model) is chosen on the server from the returned losses.
+
+Models a method keeps "on the device" (`models_held`, Local's and FeSEM's warm-up models) are
+sent with every message, from the server's copy: a standard client keeps nothing. Anything
+else (gradients, signatures, data subspaces, mixtures, a predictor of several models, a
+training offset) needs a handler the standard client does not have: the request fails on the
+spot with one line naming the `@app.query(...)` the client must add and the helper of
+`clusterfl.flower.client` that adds it. A client that offers `query.losses` (the helper
+`add_losses_query`) gets a `LossRequest` as one message with the K models instead of K
+evaluate messages (`StandardSession.extensions`).
+
+The parameters travel as the architecture's `state_dict` (`ArrayRecord`): parameter entries
+from the flat vector (`ParamLayout` order), buffers (BatchNorm statistics) from the model the
+strategy was built with — buffers are not aggregated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self, cast
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from clusterfl.backends.base import BackendConfig
+from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
+from clusterfl.data.federation import Federation
+from clusterfl.errors import ClusterFLError, ConfigError, require
+from clusterfl.models import ModelFactory
+from clusterfl.protocol import RE, Asks, Steps, narrow, request_name, run_steps
+from clusterfl.protocol import messages as pr
+
+EXTENSIONS = {
+    "GradientRequest": ("query.gradient", None),
+    "EmbedRequest": ("query.signature", None),
+    "SubspaceRequest": ("query.subspace", "add_subspace_query"),
+    "MixtureTrainRequest": ("train.mixture", None),
+    "MixtureFitRequest": ("query.mixture", None),
+    "BestCountRequest": ("query.best_counts", None),
+}
+"""Requests a standard client cannot answer: the handler it would need, and the helper of
+`clusterfl.flower.client` that adds it (None: no helper yet, the method needs our ClientApp)."""
+
+
+class StandardConfig(BackendConfig):
+    """`[backend] name = "flower_standard"` (set by `ClusteredStrategy`)."""
+
+    name: Literal["flower_standard"] = "flower_standard"
+    timeout: float = Field(600.0, gt=0.0, description="seconds to wait for the replies to one "
+                           "request; a node silent that long is dropped from it")
+
+
+@dataclass
+class StandardSession(FlowerSession):
+    """The Grid, the client → node map, the architecture's template `state_dict` and what the
+    clients offer beyond train/evaluate (`extensions`, e.g. {"query.losses"})."""
+
+    template: dict[str, torch.Tensor] = field(default_factory=dict)
+    extensions: set[str] = field(default_factory=set)
+    round: int = 1
+
+
+_ACTIVE: list[StandardSession] = []
+
+
+@contextlib.contextmanager
+def active_standard_session(session: StandardSession) -> Iterator[StandardSession]:
+    _ACTIVE.append(session)
+    try:
+        yield session
+    finally:
+        _ACTIVE.remove(session)
+
+
+def to_arrays(factory: ModelFactory, template: dict[str, torch.Tensor], flat: torch.Tensor
+              ) -> Any:
+    """A flat parameter vector as the architecture's `state_dict` in an `ArrayRecord`."""
+    from flwr.app import ArrayRecord
+
+    views = factory.layout.views(flat.detach().to(torch.float32).cpu())
+    state = {k: (views[k].clone() if k in views else v) for k, v in template.items()}
+    return ArrayRecord(state)
+
+
+def from_arrays(factory: ModelFactory, arrays: Any, where: str) -> torch.Tensor:
+    """The flat parameter vector of a returned `ArrayRecord` (every parameter must be there,
+    with its shape)."""
+    state = arrays.to_torch_state_dict()
+    rows = []
+    for e in factory.layout.entries:
+        if e.name not in state:
+            raise ClusterFLError(f"{where}: the returned arrays lack parameter {e.name!r} "
+                                 f"(they hold {sorted(state)[:6]}...): the client's model is "
+                                 "not the strategy's")
+        t = torch.as_tensor(state[e.name], dtype=torch.float32)
+        if tuple(t.shape) != e.shape:
+            raise ClusterFLError(f"{where}: parameter {e.name!r} has shape {tuple(t.shape)}, "
+                                 f"the strategy's model has {e.shape}")
+        rows.append(t.reshape(-1))
+    return torch.cat(rows)
+
+
+def _metric(metrics: Any, keys: tuple[str, ...], default: float | None, where: str) -> float:
+    for k in keys:
+        if k in metrics:
+            return float(metrics[k])
+    if default is None:
+        raise ClusterFLError(f"{where}: the reply's metrics have no {keys[0]!r} (they hold "
+                             f"{sorted(metrics)}); a standard client reports it")
+    return default
+
+
+class StandardBackend(FlowerBackend):
+    """Executes protocol requests on standard ClientApps (module docstring)."""
+
+    name = "flower_standard"
+    Config = StandardConfig  # type: ignore[assignment]  # its own table, not flower's
+
+    def __init__(self, federation: Federation, factory: ModelFactory,
+                 session: StandardSession) -> None:
+        super().__init__(federation, factory, session)
+        self.std = session
+
+    @classmethod
+    def from_config(cls, config: BackendConfig, federation: Federation,
+                    factory: ModelFactory) -> Self:
+        if not _ACTIVE:
+            raise ConfigError(
+                "backend.name", "'flower_standard' runs inside a Flower ServerApp through "
+                "clusterfl.flower.ClusteredStrategy (docs/flower.md)")
+        backend = cls(federation, factory, _ACTIVE[-1])
+        _ACTIVE[-1].backends.append(backend)
+        return backend
+
+    # ------------------------------------------------------------------ dispatch
+    def execute(self, request: Asks[RE]) -> RE:
+        if len(np.asarray(request.clients)) == 0:
+            return request.empty_reply()
+        if isinstance(request, Steps):
+            if "train.pick" in self.std.extensions and _is_pick_train(request):
+                return cast(RE, self._pick_train(request))
+            return cast(RE, run_steps(self.execute, request))
+        if isinstance(request, pr.SubspaceRequest) and "query.subspace" in self.std.extensions:
+            return cast(RE, self._subspace(request))
+        if isinstance(request, pr.TrainRequest):
+            return cast(RE, self._train(request))
+        if isinstance(request, pr.LossRequest):
+            return cast(RE, self._losses(request))
+        if isinstance(request, pr.EvaluateRequest):
+            return cast(RE, self._evaluate(request))
+        handler, helper = EXTENSIONS.get(type(request).__name__, ("a handler of our own",
+                                                                  None))
+        fix = (f"add it with clusterfl.flower.client.{helper}(app, ...) and tell the strategy "
+               f"(extensions={{{handler!r}}})" if helper else
+               "no helper exists for it yet: run this method with clusterfl's own ClientApp "
+               "(clusterfl flower run)")
+        raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(request)}: "
+                             f"the method needs the client's {handler!r} handler; {fix}")
+
+    def _send(self, items: list[tuple[int, str, Any]]) -> tuple[list[Any | None], dict[int, str]]:
+        """Send (client, message type, content) items; each item's reply (None: none), and
+        why clients got none."""
+        require("flower", "flwr.app")
+        from flwr.app import Message
+
+        self._group += 1
+        messages, where, reasons = [], [], {}
+        for i, (c, kind, content) in enumerate(items):
+            node = self.session.node_of_client.get(int(c))
+            if node is None:
+                reasons[int(c)] = "no node holds this client"
+                continue
+            messages.append(Message(content, node, kind, group_id=str(self._group)))
+            where.append(i)
+        import time
+
+        t0 = time.perf_counter()
+        replies = self._exchange(messages)
+        self.seconds += time.perf_counter() - t0
+        self.n_messages += len(messages)
+        index = {mid: where[j] for j, mid in enumerate(self.last_ids)}
+        out: list[Any | None] = [None] * len(items)
+        for msg in replies:
+            at = index.get(msg.metadata.reply_to_message_id)
+            if at is None:
+                continue
+            i = at
+            if msg.has_error():
+                reasons[int(items[i][0])] = f"error from node: {msg.error.reason}"
+                continue
+            out[i] = msg
+        for i, (c, _, _) in enumerate(items):
+            if out[i] is None and int(c) not in reasons:
+                reasons[int(c)] = (f"no reply within backend.timeout = {self.session.timeout:g} s"
+                                   if int(c) not in self.suspects
+                                   else "no reply (silent since an earlier request)")
+        answered = {int(items[i][0]) for i in range(len(items)) if out[i] is not None}
+        self.suspects = (self.suspects | set(reasons)) - (answered - set(reasons))
+        return out, reasons
+
+    def _content(self, model: torch.Tensor, config: dict[str, Any]) -> Any:
+        from flwr.app import ConfigRecord, RecordDict
+
+        return RecordDict({"arrays": to_arrays(self.factory, self.std.template, model),
+                           "config": ConfigRecord(config)})
+
+    def _train_config(self, req: pr.TrainRequest) -> dict[str, Any]:
+        tr = req.training
+        config: dict[str, Any] = {
+            "server-round": int(self.std.round), "lr": float(tr.lr),
+            "local-epochs": int(tr.epochs), "local-steps": int(tr.steps),
+            "batch-size": int(tr.batch_size), "seed": int(req.seed),
+            "optimizer": tr.optimizer, "momentum": float(tr.momentum),
+            "weight-decay": float(tr.weight_decay)}
+        if tr.mu:
+            config["proximal-mu"] = float(tr.mu)
+        return config
+
+    def _pick_train(self, req: Steps) -> Any:
+        """IFCA's round in one `"train.pick"` message per client (`add_pick_train`): the K
+        models, the client's losses and its least-loss model's training come back together."""
+        from flwr.app import ConfigRecord, RecordDict
+
+        from clusterfl.protocol import steps_reply
+
+        loss_req, train_req = cast(pr.LossRequest, req.steps[0]), cast(pr.TrainRequest,
+                                                                       req.steps[1])
+        k = int(train_req.models.shape[0])
+        clients = np.asarray(train_req.clients, dtype=np.int64)
+        config = {**self._train_config(train_req), "n-models": k, "pick-by": req.picks[0].by}
+        items = []
+        for c in clients.tolist():
+            content = RecordDict({**{f"model-{j}": to_arrays(
+                self.factory, self.std.template, train_req.models[j]) for j in range(k)},
+                "config": ConfigRecord(config)})
+            items.append((int(c), "train.pick", content))
+        replies, reasons = self._send(items)
+        losses: dict[int, Any] = {}
+        trained: dict[int, Any] = {}
+        for (c, _, _), msg in zip(items, replies):
+            if msg is None:
+                continue
+            where = f"client {c}'s train.pick reply"
+            m = _first_metrics(msg)
+            arrays = list(msg.content.array_records.values())
+            if len(arrays) != 1:
+                reasons[c] = f"{where} holds {len(arrays)} ArrayRecords, not one"
+                continue
+            losses[c] = pr.LossReply(
+                np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
+                                          for j in range(k)]]),
+                np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
+            trained[c] = pr.TrainReply(
+                np.array([c]), narrow(from_arrays(self.factory, arrays[0], where)[None],
+                                      train_req.coords),
+                np.array([_metric(m, ("num-examples",), None, where)]),
+                np.array([_metric(m, ("train_loss",), math.nan, where)]))
+        return steps_reply(clients, [self._assemble(loss_req, clients, losses, reasons),
+                                     self._assemble(train_req, clients, trained, {})])
+
+    def _subspace(self, req: pr.SubspaceRequest) -> pr.SubspaceReply:
+        """PACFL's data subspaces, one `"query.subspace"` per client (`add_subspace_query`)."""
+        from flwr.app import ConfigRecord, RecordDict
+
+        clients = np.asarray(req.clients, dtype=np.int64)
+        config = ConfigRecord({"input-dim": int(req.input_dim), "p": int(req.p),
+                               "per-label": bool(req.per_label), "n-labels": int(req.n_labels),
+                               "rtol": float(req.rtol)})
+        items = [(int(c), "query.subspace", RecordDict({"config": config}))
+                 for c in clients.tolist()]
+        replies, reasons = self._send(items)
+        got: dict[int, Any] = {}
+        for (c, _, _), msg in zip(items, replies):
+            if msg is None:
+                continue
+            where = f"client {c}'s query.subspace reply"
+            m = _first_metrics(msg)
+            basis = np.asarray(next(iter(msg.content.array_records.values()))
+                               .to_torch_state_dict()["basis"], dtype=np.float64)
+            if basis.shape != (int(req.input_dim), req.columns()):
+                reasons[c] = (f"{where}: basis of shape {basis.shape}, expected "
+                              f"{(int(req.input_dim), req.columns())}")
+                continue
+            got[c] = pr.SubspaceReply(np.array([c]), basis[None],
+                                      np.array([int(_metric(m, ("rank",), None, where))]),
+                                      np.array([_metric(m, ("num-examples",), None, where)]))
+        return self._assemble(req, clients, got, reasons)
+
+    def _train(self, req: pr.TrainRequest) -> pr.TrainReply:
+        if req.offset is not None or req.prox_models is not None:
+            raise ClusterFLError(
+                f"a standard ClientApp cannot answer the {request_name(req)}: it trains with "
+                f"{'a frozen offset model' if req.offset is not None else 'a proximal center'} "
+                "the client would need beside its model; run this method with clusterfl's "
+                "own ClientApp (clusterfl flower run)")
+        config = self._train_config(req)
+        clients = np.asarray(req.clients, dtype=np.int64)
+        items = [(int(c), "train", self._content(req.models[int(req.model_of_client[i])],
+                                                 config))
+                 for i, c in enumerate(clients.tolist())]
+        replies, reasons = self._send(items)
+        got: dict[int, Any] = {}
+        for (c, _, _), msg in zip(items, replies):
+            if msg is None:
+                continue
+            where = f"client {c}'s train reply"
+            arrays = list(msg.content.array_records.values())
+            if len(arrays) != 1:
+                reasons[c] = f"{where} holds {len(arrays)} ArrayRecords, not one"
+                continue
+            metrics = _first_metrics(msg)
+            params = narrow(from_arrays(self.factory, arrays[0], where)[None], req.coords)
+            got[c] = pr.TrainReply(
+                np.array([c]), params,
+                np.array([_metric(metrics, ("num-examples",), None, where)]),
+                np.array([_metric(metrics, ("train_loss", "train-loss", "loss"), math.nan,
+                                  where)]))
+        return self._assemble(req, clients, got, reasons)
+
+    def _losses(self, req: pr.LossRequest) -> pr.LossReply:
+        if req.offset is not None:
+            raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(req)}: "
+                                 "its losses need a frozen offset model beside each model")
+        clients = np.asarray(req.clients, dtype=np.int64)
+        k = int(req.models.shape[0])
+        config: dict[str, Any] = {"server-round": int(self.std.round)}
+        if "query.losses" in self.std.extensions:  # one message with the K models
+            from flwr.app import ConfigRecord, RecordDict
+
+            items = []
+            for c in clients.tolist():
+                content = RecordDict({**{f"model-{j}": to_arrays(
+                    self.factory, self.std.template, req.models[j]) for j in range(k)},
+                    "config": ConfigRecord({**config, "n-models": k, "split": req.split})})
+                items.append((int(c), "query.losses", content))
+            replies, reasons = self._send(items)
+            got: dict[int, Any] = {}
+            for (c, _, _), msg in zip(items, replies):
+                if msg is not None:
+                    m = _first_metrics(msg)
+                    where = f"client {c}'s query.losses reply"
+                    got[c] = pr.LossReply(
+                        np.array([c]),
+                        np.array([[_metric(m, (f"loss-{j}",), None, where) for j in range(k)]]),
+                        np.array([[_metric(m, (f"acc-{j}",), math.nan, where)
+                                   for j in range(k)]]))
+            return self._assemble(req, clients, got, reasons)
+        config["split"] = req.split  # honoured by a client that can (the paper's: "train")
+        items = [(int(c), "evaluate", self._content(req.models[j], config))
+                 for c in clients.tolist() for j in range(k)]
+        replies, reasons = self._send(items)
+        got = {}
+        for i, c in enumerate(clients.tolist()):
+            mine = replies[i * k:(i + 1) * k]
+            if any(m is None for m in mine):
+                reasons.setdefault(c, "not every model's evaluation came back")
+                continue
+            where = f"client {c}'s evaluate reply"
+            ms = [_first_metrics(m) for m in mine]
+            got[c] = pr.LossReply(
+                np.array([c]),
+                np.array([[_metric(m, ("eval_loss", "eval-loss", "loss"), None, where)
+                           for m in ms]]),
+                np.array([[_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)
+                           for m in ms]]))
+        return self._assemble(req, clients, got, reasons)
+
+    def _evaluate(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
+        pred = req.predictor
+        if pred.combine != "single":
+            raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(req)}: "
+                                 f"its predictor combines models ({pred.combine!r}); a standard "
+                                 "client evaluates one model")
+        clients = np.asarray(req.clients, dtype=np.int64)
+        config = {"server-round": int(self.std.round)}
+        items = [(int(c), "evaluate", self._content(pred.models[int(pred.members[i, 0])],
+                                                    config))
+                 for i, c in enumerate(clients.tolist())]
+        replies, reasons = self._send(items)
+        got: dict[int, Any] = {}
+        for (c, _, _), msg in zip(items, replies):
+            if msg is None:
+                continue
+            where = f"client {c}'s evaluate reply"
+            m = _first_metrics(msg)
+            got[c] = pr.EvaluateReply(
+                np.array([c]),
+                np.array([_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)]),
+                np.array([math.nan]),
+                np.array([_metric(m, ("eval_loss", "eval-loss", "loss"), math.nan, where)]),
+                np.array([_metric(m, ("num-examples",), None, where)]))
+        return self._assemble(req, clients, got, reasons)
+
+
+def _is_pick_train(req: Steps) -> bool:
+    """IFCA's shape: the K losses, then training of the least-loss model (one `Pick`)."""
+    if len(req.steps) != 2 or len(req.picks) != 1:
+        return False
+    loss, train = req.steps
+    p = req.picks[0]
+    return (isinstance(loss, pr.LossRequest) and isinstance(train, pr.TrainRequest)
+            and (p.step, p.source, p.into) == (1, 0, "model") and loss.offset is None
+            and train.offset is None and train.prox_models is None
+            and np.array_equal(np.asarray(loss.clients), np.asarray(train.clients))
+            and torch.equal(loss.models, train.models))
+
+
+def _first_metrics(msg: Any) -> Any:
+    records = list(msg.content.metric_records.values())
+    return records[0] if records else {}
+
+
+__all__ = ["EXTENSIONS", "StandardBackend", "StandardConfig", "StandardSession",
+           "active_standard_session", "from_arrays", "to_arrays"]

@@ -1,0 +1,288 @@
+"""`ClusteredStrategy`: clusterfl's methods as a strategy for Flower's Message API that drives
+*standard* ClientApps (`docs/flower.md`).
+
+Flower's own strategies (`flwr.serverapp.strategy`) keep one global model; a clustered method
+sends different models to different clients and keeps per-cluster models, so the strategy runs
+the method's own server steps (the same `Algorithm` classes as `clusterfl run`) over the Grid
+with `StandardBackend`, which turns each request into the `"train"` / `"evaluate"` messages a
+quickstart-style ClientApp answers. What `start` does:
+
+1. waits until `min_nodes` SuperNodes are connected, numbers them 0..n−1 by node id (and
+   shortens Flower 1.41's 1 s first backoff when it pulls a reply's objects, in this
+   ServerApp process: `clusterfl.deploy.supernode.fast_object_pulls`);
+2. sends every node one `"evaluate"` of the initial model (round 0): its `num-examples`, and,
+   when the client reports it, a `cluster` metric with its true group (diagnostics only, for
+   the ARI; a standard client does not report it and the ARI is then not computed);
+3. runs the method for `num_rounds` rounds through the ordinary run loop (`Experiment`), so
+   the run folder (`out_dir`) is the one `clusterfl run` writes — `config.toml`,
+   `history.jsonl`, `summary.json`, figures, `report.md` — and `clusterfl report` and
+   `clusterfl compare` read it; a line per round goes to the console;
+4. returns a `ClusteredResult`: one `ArrayRecord` per model of the method's final predictor
+   (per cluster), the model and cluster of every node, the history.
+
+A node that does not answer in time is dropped from that request and recorded (the method
+averages over the clients that answered, as in every backend); the run goes on. The node set
+is fixed at the start: a node that connects later is not part of the run (place it with
+`clusterfl place` on the run folder, which uses the method's own rule).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterfl.errors import ClusterFLError, ConfigError, require
+
+DRIVABLE = ("fedavg", "fedprox", "local", "cfl", "flhc", "ifca", "fesem", "cfl_gp")
+"""Methods a standard ClientApp can drive with train/evaluate messages alone (CFL-GP with
+`protocol = "model"`; IFCA with model averaging). The others need the client extensions of
+`clusterfl.flower.client` or clusterfl's own ClientApp."""
+
+DATA_SOURCE = "clusterfl.flower.strategy:data_on_the_clients"
+
+
+def data_on_the_clients(**_: Any) -> Any:
+    """The `[data] source` a strategy run records: the data lives on the Flower clients, so
+    there is nothing to load here (a run folder of a strategy cannot be rerun in-process)."""
+    raise ConfigError("data.source", "this run's data lived on Flower clients driven by "
+                      "clusterfl.flower.ClusteredStrategy; it cannot be loaded in-process")
+
+
+@dataclass
+class ClusteredResult:
+    """What a strategy run gives: the final models and who uses which.
+
+    `arrays[m]`: model m of the method's final predictor as an `ArrayRecord` (the cluster
+    models; Local: one per client; FedAvg: one); `model_of_node[node] = m`;
+    `cluster_of_node[node]`: the method's cluster of the node (-1: none yet); `history`: the
+    run's `History` (`history.summary`, `history.records`)."""
+
+    arrays: dict[int, Any]
+    model_of_node: dict[int, int]
+    cluster_of_node: dict[int, int]
+    history: Any
+    nodes: list[int] = field(default_factory=list)
+
+
+class ClusteredStrategy:
+    """A clustered method for a Flower ServerApp whose clients are standard ClientApps.
+
+    Args:
+        method: the method's name (`DRIVABLE`), or a spec as `clusterfl compare` takes it
+            (`"ifca:n_clusters=4"`), or its `[algorithm]` table as a dict.
+        model: the clients' architecture: an import path (`"myapp.task:Net"`), the
+            `nn.Module` class itself (importable by the same path on the server), or a
+            `[model]` table (`{"name": "mlp", "hidden": [32]}`); it is built with
+            `input_shape` / `n_outputs` when its constructor takes them.
+        input_shape: one sample's shape (e.g. `(1, 28, 28)`); `n_classes`: the outputs.
+        train: what the train messages' config asks (`lr`, `epochs`, `steps`,
+            `batch_size`, `momentum`, ...: the `[train]` table); a standard client reads
+            `lr` (and `local-epochs` from its own run config).
+        options: more `[algorithm]` options (merged under `method`'s own).
+        seed: the initial models' seed and the method's randomness.
+        out_dir: the run folder (None: none is written).
+        eval_every: evaluate every this many rounds (and at the last).
+        min_nodes: wait for this many SuperNodes (default: those connected after
+            `wait_timeout`'s first poll, at least 1).
+        timeout: seconds to wait for one request's replies; a silent node is dropped from it.
+        extensions: handlers the clients offer beyond train/evaluate (`{"query.losses"}`:
+            IFCA's losses in one message; see `clusterfl.flower.client`).
+        true_clusters: node id → true group, for the ARI (diagnostics; optional: a client
+            may report a `cluster` metric instead).
+        log: where the line per round goes (default: print).
+    """
+
+    def __init__(
+        self, method: str | Mapping[str, Any] = "cfl", *,
+        model: str | Mapping[str, Any] | Callable[..., Any],
+        input_shape: tuple[int, ...], n_classes: int, train: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None, seed: int = 0,
+        out_dir: str | Path | None = None, eval_every: int = 1, min_nodes: int = 0,
+        wait_timeout: float = 300.0, timeout: float = 600.0,
+        extensions: set[str] | frozenset[str] | tuple[str, ...] = (),
+        true_clusters: Mapping[int, int] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        from clusterfl.compare import parse_algorithm_spec
+
+        table = (dict(method) if isinstance(method, Mapping)
+                 else parse_algorithm_spec(method))
+        self.algorithm = {**dict(options or {}), **table}
+        self.model: dict[str, Any] = (
+            {"name": model} if isinstance(model, str) else dict(model)
+            if isinstance(model, Mapping) else {"name": _import_path(model)})
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.n_classes = int(n_classes)
+        self.train = dict(train or {})
+        self.seed, self.out_dir, self.eval_every = int(seed), out_dir, int(eval_every)
+        self.min_nodes, self.wait_timeout, self.timeout = int(min_nodes), wait_timeout, timeout
+        self.extensions = set(extensions)
+        self.true_clusters = dict(true_clusters) if true_clusters is not None else None
+        self.log = log or (lambda line: print(line, flush=True))
+        name = str(self.algorithm.get("name", ""))
+        if name not in DRIVABLE:
+            from clusterfl.algorithms import ALGORITHMS
+
+            if name not in ALGORITHMS:
+                raise ConfigError("method", f"unknown method {name!r}; a standard ClientApp "
+                                  f"drives {', '.join(DRIVABLE)}")
+            self.log(f"clusterfl: warning: {name} asks more of a client than train/evaluate; "
+                     "the first request it cannot send names the handler to add "
+                     "(clusterfl.flower.client)")
+
+    # ------------------------------------------------------------------ config
+    def config(self, num_rounds: int) -> dict[str, Any]:
+        """The run config of a strategy run (what `config.toml` records)."""
+        return {
+            "seed": self.seed, "rounds": int(num_rounds), "eval_every": self.eval_every,
+            "checkpoint_every": 0,
+            "data": {"source": DATA_SOURCE}, "scenario": {"name": "given"},
+            "model": self.model,
+            "train": self.train, "algorithm": self.algorithm,
+            "backend": {"name": "flower_standard", "timeout": self.timeout},
+            "output": {"figures": self.out_dir is not None, "progress": "off"},
+        }
+
+    # ------------------------------------------------------------------ the run
+    def start(self, grid: Any, num_rounds: int) -> ClusteredResult:
+        """Run `num_rounds` rounds of the method on the Grid's nodes (module docstring)."""
+        require("flower", "flwr.app")
+        from clusterfl.backends.flower.standard import StandardSession, active_standard_session
+        from clusterfl.config import load_config
+        from clusterfl.experiment import Experiment
+        from clusterfl.models import ModelFactory
+
+        config = load_config(self.config(num_rounds))
+        try:  # replies' objects pulled without Flower 1.41's 1 s first backoff (issue 26)
+            from clusterfl.deploy.supernode import fast_object_pulls
+
+            fast_object_pulls()
+        except RuntimeError as exc:
+            self.log(f"clusterfl: warning: {exc}; replies are pulled with Flower's own backoff")
+        factory = ModelFactory(config.model, self.input_shape, self.n_classes)
+        template = {k: v.detach().clone() for k, v in factory.build().state_dict().items()}
+        nodes = self._wait(grid)
+        session = StandardSession(grid, {i: n for i, n in enumerate(nodes)}, {}, self.timeout,
+                                  template=template, extensions=self.extensions)
+        probe = self._probe(session, factory, config)
+        federation = self._federation(nodes, probe)
+        exp = Experiment(config, self.out_dir, federation=federation,
+                         callbacks=[_RoundLine(session, num_rounds, self.log)])
+        with active_standard_session(session):
+            history = exp.run(progress=False)
+        pred = exp.algorithm.predictor()
+        arrays = {m: _arrays(factory, template, pred.models[m])
+                  for m in range(int(pred.models.shape[0]))}
+        members = np.asarray(pred.members)[:, 0]
+        assign = np.asarray(exp.algorithm.assignment())
+        if self.out_dir is not None and session.backends:
+            import json
+
+            be = session.backends[-1]
+            (Path(self.out_dir) / "flower.json").write_text(json.dumps({
+                "nodes": {str(c): n for c, n in session.node_of_client.items()},
+                "dropouts": be.dropouts, "messages": be.n_messages,
+                "message_seconds": be.seconds, "clients": "standard ClientApps"}, indent=2))
+        return ClusteredResult(
+            arrays, {n: int(members[i]) for i, n in enumerate(nodes)},
+            {n: int(assign[i]) for i, n in enumerate(nodes)}, history, nodes)
+
+    def _wait(self, grid: Any) -> list[int]:
+        t0 = time.monotonic()
+        while True:
+            nodes = sorted(int(x) for x in grid.get_node_ids())
+            want = self.min_nodes or 1
+            if len(nodes) >= want:
+                return nodes
+            if time.monotonic() - t0 > self.wait_timeout:
+                raise ClusterFLError(f"only {len(nodes)} of {want} SuperNodes connected after "
+                                     f"{self.wait_timeout:g} s (min_nodes / wait_timeout)")
+            time.sleep(0.5)
+
+    def _probe(self, session: Any, factory: Any, config: Any) -> dict[int, dict[str, float]]:
+        """Round 0: one evaluate of the initial model per node; its metrics per client."""
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        from clusterfl.backends.flower.standard import to_arrays
+
+        init = factory.init(config.run.seed)
+        content = RecordDict({"arrays": to_arrays(factory, session.template, init),
+                              "config": ConfigRecord({"server-round": 0})})
+        nodes = session.node_of_client
+        msgs = [Message(content, n, "evaluate", group_id="probe") for n in nodes.values()]
+        client_of = {n: c for c, n in nodes.items()}
+        out: dict[int, dict[str, float]] = {}
+        for msg in session.grid.send_and_receive(msgs, timeout=self.timeout):
+            c = client_of.get(int(msg.metadata.src_node_id))
+            if c is None or msg.has_error():
+                continue
+            records = list(msg.content.metric_records.values())
+            if records:
+                out[c] = {k: float(v) for k, v in records[0].items()
+                          if isinstance(v, int | float)}
+        if not out:
+            raise ClusterFLError("no node answered the first evaluate message within "
+                                 f"{self.timeout:g} s: are the nodes running a ClientApp with "
+                                 "@app.evaluate()?")
+        return out
+
+    def _federation(self, nodes: list[int], probe: dict[int, dict[str, float]]) -> Any:
+        """The server's view: n clients, shapes, sizes from the probe, no data."""
+        from clusterfl.data.federation import Federation
+
+        n = len(nodes)
+        if self.true_clusters is not None:
+            missing = [x for x in nodes if x not in self.true_clusters]
+            if missing:
+                raise ConfigError("true_clusters", f"no true cluster for nodes {missing}")
+            clusters: np.ndarray | None = np.array([self.true_clusters[x] for x in nodes])
+        elif probe and all("cluster" in probe.get(c, {}) for c in range(n)):
+            clusters = np.array([int(probe[c]["cluster"]) for c in range(n)])
+        else:
+            clusters = None
+        test = [max(1, int(probe.get(c, {}).get("num-examples", 1))) for c in range(n)]
+        tr = np.arange(n + 1, dtype=np.int64)  # train sizes are not known: 1 each
+        te = np.concatenate([[0], np.cumsum(test)]).astype(np.int64)
+        shape = self.input_shape
+
+        def blank(m: int) -> tuple[torch.Tensor, torch.Tensor]:  # zero-stride: no memory
+            return (torch.zeros(1, *shape).expand(m, *shape),
+                    torch.zeros(1, dtype=torch.int64).expand(m))
+
+        return Federation(*blank(n), tr, *blank(int(te[-1])), te, clusters, self.n_classes,
+                          "classification", "flower:standard ClientApps")
+
+
+class _RoundLine:
+    """Tracking callback: advances the session's round and prints a line per round."""
+
+    def __init__(self, session: Any, rounds: int, log: Callable[[str], None]) -> None:
+        self.session, self.rounds, self.log = session, rounds, log
+
+    def on_round_end(self, record: Any) -> None:
+        self.session.round = record.round + 1
+        m = record.metrics
+        acc = "" if m is None or m.accuracy is None else f", accuracy {100 * m.accuracy:.1f}%"
+        ari = "" if record.ari is None else f", ARI {record.ari:.2f}"
+        self.log(f"flower: round {record.round}/{self.rounds}: {record.n_clusters} "
+                 f"cluster(s){acc}{ari}")
+
+
+def _arrays(factory: Any, template: dict[str, torch.Tensor], flat: torch.Tensor) -> Any:
+    from clusterfl.backends.flower.standard import to_arrays
+
+    return to_arrays(factory, template, flat)
+
+
+def _import_path(obj: Callable[..., Any]) -> str:
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not name or "<" in name or module == "__main__":
+        raise ConfigError("model", f"{obj!r} has no import path; pass the model as "
+                          "\"package.module:Class\" (the server must import it)")
+    return f"{module}:{name}"

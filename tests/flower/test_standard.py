@@ -1,0 +1,265 @@
+"""`clusterfl.flower.ClusteredStrategy` driving standard ClientApps on an in-process Grid.
+
+The clients are `tests/flower/standard_app.py`, written as Flower's quickstart writes a
+ClientApp (flwr, torch and numpy only; no clusterfl import): 8 nodes in 4 rotated groups. The
+same runs through real Flower processes are in `test_standard_deployment.py`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clusterfl.cli import main
+from clusterfl.errors import ClusterFLError
+from clusterfl.experiment import Experiment, build_federation
+from clusterfl.flower import ClusteredStrategy
+from tests.flower.conftest import FakeGrid
+from tests.flower.standard_app import GROUPS
+from tests.flower.standard_app import app as standard_app
+
+N = 8
+NET = "tests.flower.standard_app:Net"
+TRUTH = {100 + i: i % GROUPS for i in range(N)}
+CLUSTERED = {
+    "cfl": "cfl",
+    "flhc": "flhc",
+    "ifca": "ifca:n_clusters=4:warmup_rounds=2",
+    "fesem": "fesem:n_clusters=4",
+    "cfl_gp": "cfl_gp:n_clusters=4:protocol=model",
+}
+
+
+def _strategy(method: str, **kw: Any) -> ClusteredStrategy:
+    return ClusteredStrategy(method, model=NET, input_shape=(16,), n_classes=10,
+                             train=kw.pop("train", {"lr": 0.3}),
+                             log=kw.pop("log", lambda m: None), **kw)
+
+
+def _grid(groups: int = GROUPS, app: Any = standard_app, n: int = N) -> FakeGrid:
+    return FakeGrid([{"partition-id": i, "groups": groups} for i in range(n)], app=app)
+
+
+@pytest.fixture(scope="module")
+def fedavg_accuracy() -> float:
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    result = _strategy("fedavg", true_clusters=TRUTH).start(_grid(), 14)
+    acc = result.history.final.metrics.accuracy
+    assert acc < 0.9  # one model for four rotations: the groups need their own models
+    return float(acc)
+
+
+@pytest.mark.parametrize("method", list(CLUSTERED), ids=list(CLUSTERED))
+def test_each_method_finds_the_groups_of_a_standard_app_and_beats_fedavg(
+        method: str, fedavg_accuracy: float, tmp_path: Path) -> None:
+    lines: list[str] = []
+    result = _strategy(CLUSTERED[method], true_clusters=TRUTH, out_dir=tmp_path,
+                       log=lines.append).start(_grid(), 14)
+    final = result.history.final
+    assert final.ari is not None and final.ari >= 0.9, (method, final.ari)
+    assert final.metrics.accuracy > fedavg_accuracy + 0.1
+    assert len(lines) == 14 and lines[-1].startswith("flower: round 14/14: 4 cluster(s)")
+    # the result: a model per cluster, each node's model and cluster
+    assert set(result.model_of_node) == set(TRUTH)
+    groups = {}
+    for node, cluster in result.cluster_of_node.items():
+        groups.setdefault(TRUTH[node], set()).add(cluster)
+    assert all(len(c) == 1 for c in groups.values())
+    arrays = result.arrays[result.model_of_node[100]]
+    assert isinstance(arrays, ArrayRecord)
+    assert set(arrays.to_torch_state_dict()) == {"fc1.weight", "fc1.bias", "fc2.weight",
+                                                 "fc2.bias"}
+    # the run folder is clusterfl's: the report reads it
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final"]["ari"] == final.ari and summary["n_clients"] == N
+    assert main(["report", str(tmp_path)]) == 0 and (tmp_path / "report.md").is_file()
+    assert json.loads((tmp_path / "flower.json").read_text())["dropouts"] == []
+
+
+@pytest.mark.parametrize("method", ["cfl", "flhc"])
+def test_an_iid_federation_keeps_one_cluster(method: str) -> None:
+    """At lr 0.1. Measured at lr 0.3 over seeds 0-3: CFL keeps one cluster on all four, FL+HC
+    on three (seed 0 splits one client off, 7/1: docs/flower.md)."""
+    result = _strategy(method, train={"lr": 0.1}).start(_grid(groups=1), 14)
+    assert result.history.final.n_clusters == 1
+    assert set(result.cluster_of_node.values()) == {0}
+    assert result.history.final.ari is None  # a standard client reports no true group
+
+
+def test_a_silent_node_is_dropped_and_recorded_and_the_run_finishes(tmp_path: Path) -> None:
+    grid = _grid()
+    grid.dead_from = {103: 4}  # node 103 stops answering from the 4th message group on
+    result = _strategy("ifca:n_clusters=4:warmup_rounds=2", true_clusters=TRUTH,
+                       out_dir=tmp_path, timeout=0.5).start(grid, 6)
+    assert len(result.history.records) == 6
+    dropped = json.loads((tmp_path / "flower.json").read_text())["dropouts"]
+    assert dropped and all(d["clients"] == [3] for d in dropped)
+
+
+def test_a_method_that_needs_more_than_train_and_evaluate_names_the_handler() -> None:
+    with pytest.raises(ClusterFLError) as info:
+        _strategy("cfl_gp:n_clusters=4:protocol=gradient").start(_grid(), 2)
+    text = str(info.value)
+    assert "'query.gradient'" in text and "clusterfl flower run" in text
+    assert "\n" not in text
+    with pytest.raises(ClusterFLError) as info:  # a helper exists: it is named
+        _strategy("pacfl").start(_grid(), 2)
+    assert ("clusterfl.flower.client.add_subspace_query(app, ...) and tell the strategy "
+            "(extensions={'query.subspace'})") in str(info.value)
+
+
+def test_a_reply_without_num_examples_is_one_clear_line() -> None:
+    bad = ClientApp()
+
+    @bad.train()
+    def train(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"arrays": msg.content["arrays"],
+                                   "metrics": MetricRecord({"train_loss": 1.0})}), reply_to=msg)
+
+    @bad.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"eval_loss": 1.0, "eval_acc": 0.1, "num-examples": 5})}), reply_to=msg)
+
+    with pytest.raises(ClusterFLError, match="train reply: the reply's metrics have no "
+                       "'num-examples'"):
+        _strategy("fedavg").start(_grid(app=bad), 1)
+
+
+# ------------------------------------------------------------------ the client helpers
+def test_ifca_in_one_message_per_client_and_round_with_the_pick_helper() -> None:
+    from collections import Counter
+
+    from tests.flower.extended_app import app as extended
+
+    runs = {}
+    for ext in ("train.pick", "query.losses"):
+        grid = _grid(app=extended)
+        runs[ext] = _strategy("ifca:n_clusters=4:warmup_rounds=2", true_clusters=TRUTH,
+                              extensions={ext}).start(grid, 8)
+        sent = Counter(m.metadata.message_type for m in grid.sent)
+        if ext == "train.pick":  # the warm-up trains, then ONE message per client and round
+            assert sent == {"train": N * 2, "train.pick": N * 6, "evaluate": N * 9}
+        else:  # the K losses in one message, then the training
+            assert sent == {"train": N * 8, "query.losses": N * 6, "evaluate": N * 9}
+    one, two = runs["train.pick"].history, runs["query.losses"].history
+    assert one.final.ari == 1.0 and one.summary.assignment == two.summary.assignment
+    assert one.final.metrics.accuracy == two.final.metrics.accuracy
+
+
+def test_pacfl_through_a_client_with_the_subspace_helper_finds_the_groups() -> None:
+    from tests.flower.extended_app import app as extended
+
+    result = _strategy("pacfl", true_clusters=TRUTH,
+                       extensions={"query.subspace"}).start(_grid(app=extended), 4)
+    assert result.history.final.ari == 1.0
+
+
+def test_the_helpers_import_only_flwr_numpy_and_torch() -> None:
+    import subprocess
+    import sys
+
+    # (rich is Flower's own import)
+    code = ("import sys; import clusterfl.flower.client; "
+            "print(sorted(m for m in ('sklearn', 'scipy', 'pydantic', 'matplotlib', "
+            "'clusterfl.experiment', 'clusterfl.algorithms') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------ equality with clusterfl
+BASE = {"seed": 0, "rounds": 10, "eval_every": 10, "checkpoint_every": 0,
+        "data": {"source": "digits"},
+        "scenario": {"name": "rotation", "n_clients": 6, "angles": [0, 180]},
+        "model": {"name": "mlp", "hidden": [32]},
+        "train": {"lr": 0.1, "batch_size": 16, "epochs": 2},
+        "output": {"figures": False}}
+
+
+def matched_app() -> ClientApp:
+    """A ClientApp whose local training is clusterfl's engine's (same batch schedule and seed):
+    it holds partition `partition-id` of BASE's federation."""
+    from clusterfl.config import load_config
+    from clusterfl.engine import reference as ref
+    from clusterfl.engine.common import per_sample_loss
+    from clusterfl.engine.schedule import batch_schedule
+    from clusterfl.models import ModelFactory
+    from clusterfl.models.params import get_flat
+    from clusterfl.protocol import LocalTraining, client_seed
+
+    config = load_config(BASE)
+    fed = build_federation(config)
+    factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
+    module = factory.build()
+    app = ClientApp()
+
+    def flat_of(msg: Message) -> torch.Tensor:
+        module.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        return get_flat(module)
+
+    def arrays_of(flat: torch.Tensor) -> ArrayRecord:
+        for name, view in factory.layout.views(flat).items():
+            module.get_parameter(name).data.copy_(view)
+        return ArrayRecord(module.state_dict())
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        c, cfg = int(context.node_config["partition-id"]), msg.content["config"]
+        tr = LocalTraining(lr=float(cfg["lr"]), batch_size=int(cfg["batch-size"]),
+                           epochs=int(cfg["local-epochs"]), steps=int(cfg["local-steps"]))
+        x, y = fed.client_train(c)
+        size = np.array([len(x)])
+        sched = torch.from_numpy(batch_schedule(size, np.array([c]), tr.batch_size, tr.epochs,
+                                                tr.steps, int(cfg["seed"])))
+        torch.manual_seed(client_seed(int(cfg["seed"]), c))
+        params, loss = ref.train_client(module, flat_of(msg), x, y, sched[0], tr, fed.task)
+        return Message(RecordDict({"arrays": arrays_of(params), "metrics": MetricRecord(
+            {"train_loss": float(loss), "num-examples": len(x)})}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        c, cfg = int(context.node_config["partition-id"]), msg.content["config"]
+        x, y = fed.client_train(c) if cfg.get("split") == "train" else fed.client_test(c)
+        out = ref.predict(module, flat_of(msg), x)
+        loss = float(per_sample_loss(out, y, fed.task).mean())
+        acc = float((out.argmax(-1) == y).double().mean())
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"eval_loss": loss, "eval_acc": acc, "num-examples": len(x)})}), reply_to=msg)
+
+    return app
+
+
+@pytest.mark.parametrize("algo", [{"name": "cfl"}, {"name": "ifca", "n_clusters": 2}],
+                         ids=["cfl", "ifca"])
+def test_with_engine_matched_clients_the_strategy_equals_clusterfl_run(
+        algo: dict[str, Any]) -> None:
+    exp = Experiment.from_config({**BASE, "algorithm": algo})
+    ref_history = exp.run(progress=False)
+    strategy = ClusteredStrategy(algo, model=BASE["model"], input_shape=(64,), n_classes=10,
+                                 train=BASE["train"], seed=0, eval_every=10,
+                                 true_clusters={100 + i: int(c) for i, c in
+                                                enumerate(ref_history.summary.true_clusters)},
+                                 log=lambda m: None)
+    result = strategy.start(_grid(app=matched_app(), n=6), 10)
+    assert ref_history.final.ari == 1.0  # CFL splits in round 9: the split is compared too
+    ours = result.history
+    assert ours.summary.assignment == ref_history.summary.assignment
+    assert ours.final.ari == ref_history.final.ari
+    assert ours.final.metrics.accuracy == pytest.approx(ref_history.final.metrics.accuracy,
+                                                        abs=1e-9)
+    pred = exp.algorithm.predictor()
+    for m, arrays in result.arrays.items():
+        state = arrays.to_torch_state_dict()
+        ref_views = exp.factory.layout.views(pred.models[m])
+        for name, tensor in ref_views.items():
+            torch.testing.assert_close(torch.as_tensor(state[name]), tensor, rtol=1e-5,
+                                       atol=1e-5)
