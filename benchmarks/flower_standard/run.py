@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,51 +30,6 @@ sys.path.insert(0, str(ROOT))
 
 METHODS = ("fedavg,cfl,flhc,ifca:n_clusters=4:warmup_rounds=2,fesem:n_clusters=4,"
            "cfl_gp:n_clusters=4:protocol=model")
-
-
-def run_engine(engine: str, methods: str, rounds: int, out: Path, n: int = 8,
-               timeout: float = 900.0) -> dict[str, dict[str, object]]:
-    from tests.flower.stdapp_dir import write_app
-
-    from clusterfl.deploy.launch import local_deployment
-    from clusterfl.records import read_history, read_summary
-
-    app = write_app(out / "app")
-    runs = out / engine
-    names = [m.replace(":", "_") for m in methods.split(",")]
-    config = (f'methods="{methods}" num-server-rounds={rounds} min-nodes={n} '
-              f'out-dir="{runs}"')
-    started = time.monotonic()
-    with local_deployment(out / f"{engine}.flower") as dep:
-        if engine == "simulation":
-            dep.start_superlink(simulate=n)
-        else:
-            dep.start_superlink()
-            for i in range(n):
-                dep.start_supernode({"partition-id": i, "num-partitions": n})
-        proc = dep.flwr_run(None, None, app_dir=app, run_config=config)
-        last = runs / names[-1] / "summary.json"
-        while not last.exists():
-            if not proc.alive():
-                raise SystemExit(f"{engine}: the Flower run stopped; logs in "
-                                 f"{out / (engine + '.flower') / 'logs'}")
-            if time.monotonic() - started > timeout:
-                raise SystemExit(f"{engine}: no result within {timeout:g} s")
-            time.sleep(0.5)
-    results = {}
-    for method, name in zip(methods.split(","), names):
-        summary, history = read_summary(runs / name), read_history(runs / name)
-        walls = [r.wall_time for r in history]
-        per_round = (walls[-1] - walls[0]) / max(1, len(walls) - 1)
-        final = summary.final
-        results[method] = {
-            "ari": final.ari, "accuracy": final.metrics.accuracy if final.metrics else None,
-            "clusters": final.n_clusters, "rounds": len(history),
-            "seconds_per_round": per_round}
-        print(f"{engine:13s} {method:38s} ARI {final.ari}  accuracy "
-              f"{100 * (results[method]['accuracy'] or 0):.1f}%  clusters {final.n_clusters}"
-              f"  {per_round:.2f} s/round", flush=True)
-    return results
 
 
 def run_clusterfl_app(methods: str, rounds: int, out: Path, n: int = 8
@@ -106,6 +60,7 @@ def run_clusterfl_app(methods: str, rounds: int, out: Path, n: int = 8
             "model": {"name": "mlp", "hidden": [32]},
             "train": {"lr": 0.3, "batch_size": 20, "epochs": 1},
             "algorithm": parse_algorithm_spec(method),
+            "backend": {"name": "flower", "wait_nodes": n},
             "output": {"figures": False}}))
         run = out / "clusterfl-app" / name
         subprocess.run([sys.executable, "-m", "clusterfl.cli", "flower", "run", str(config),
@@ -133,11 +88,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/flower_standard/runs"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    from tests.flower.stdapp_dir import run_engine
+
     results = {e: (run_clusterfl_app(args.methods, args.rounds, args.out.resolve())
                    if e == "clusterfl-app"
                    else run_engine(e, args.methods, args.rounds, args.out.resolve()))
                for e in args.engines.split(",")}
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    path = args.out / "results.json"  # engines run before are kept
+    before = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**before, **results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ same Grid, one after another, each into `out-dir/<method>`."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +32,7 @@ methods = "cfl"
 num-server-rounds = 14
 lr = 0.3
 min-nodes = 8
+eval-every = 1
 out-dir = ""
 report-cluster = true
 """
@@ -37,6 +40,8 @@ report-cluster = true
 SERVER_APP = '''\
 """A ServerApp running clusterfl's clustered strategies on an existing Flower app."""
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flwr.app import Context
@@ -54,7 +59,8 @@ def main(grid: Grid, context: Context) -> None:
         out = Path(str(rc["out-dir"])) / method.replace(":", "_") if rc["out-dir"] else None
         strategy = ClusteredStrategy(method, model="stdapp.client_app:Net", input_shape=(16,),
                                      n_classes=10, train={"lr": float(rc["lr"])},
-                                     min_nodes=int(rc["min-nodes"]), out_dir=out)
+                                     min_nodes=int(rc["min-nodes"]), out_dir=out,
+                                     eval_every=int(rc["eval-every"]))
         result = strategy.start(grid, num_rounds=int(rc["num-server-rounds"]))
         print(f"{method}: clusters of the nodes {result.cluster_of_node}", flush=True)
 '''
@@ -69,3 +75,51 @@ def write_app(folder: Path) -> Path:
     (pkg / "client_app.py").write_text((HERE / "standard_app.py").read_text())
     (pkg / "server_app.py").write_text(SERVER_APP)
     return folder
+
+
+def run_engine(engine: str, methods: str, rounds: int, out: Path, n: int = 8,
+               timeout: float = 900.0, eval_every: int = 1,
+               log: Callable[[str], None] = print) -> dict[str, dict[str, object]]:
+    """Run the app's ServerApp with `methods` on `engine` ("simulation": Flower's simulation
+    engine; "deployment": a SuperLink and n SuperNodes on loopback) through `flwr run`; each
+    method's final ARI, accuracy, clusters, rounds and seconds per round."""
+    from clusterfl.deploy.launch import local_deployment
+    from clusterfl.records import read_history, read_summary
+    from tests.flower.stdapp_dir import write_app
+
+    app = write_app(out / "app")
+    runs = out / engine
+    names = [m.replace(":", "_") for m in methods.split(",")]
+    config = (f'methods="{methods}" num-server-rounds={rounds} min-nodes={n} '
+              f'eval-every={eval_every} out-dir="{runs}"')
+    started = time.monotonic()
+    with local_deployment(out / f"{engine}.flower") as dep:
+        if engine == "simulation":
+            dep.start_superlink(simulate=n)
+        else:
+            dep.start_superlink()
+            for i in range(n):
+                dep.start_supernode({"partition-id": i, "num-partitions": n})
+        proc = dep.flwr_run(None, None, app_dir=app, run_config=config)
+        last = runs / names[-1] / "summary.json"
+        while not last.exists():
+            if not proc.alive():
+                raise RuntimeError(f"{engine}: the Flower run stopped; logs in "
+                                   f"{out / (engine + '.flower') / 'logs'}")
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"{engine}: no result within {timeout:g} s")
+            time.sleep(0.5)
+    results = {}
+    for method, name in zip(methods.split(","), names):
+        summary, history = read_summary(runs / name), read_history(runs / name)
+        walls = [r.wall_time for r in history]
+        per_round = (walls[-1] - walls[0]) / max(1, len(walls) - 1)
+        final = summary.final
+        results[method] = {
+            "ari": final.ari, "accuracy": final.metrics.accuracy if final.metrics else None,
+            "clusters": final.n_clusters, "rounds": len(history),
+            "seconds_per_round": per_round}
+        log(f"{engine:13s} {method:38s} ARI {final.ari}  accuracy "
+            f"{100 * (results[method]['accuracy'] or 0):.1f}%  clusters {final.n_clusters}"
+            f"  {per_round:.2f} s/round")
+    return results

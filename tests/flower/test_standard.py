@@ -27,6 +27,8 @@ from tests.flower.standard_app import app as standard_app
 N = 8
 NET = "tests.flower.standard_app:Net"
 TRUTH = {100 + i: i % GROUPS for i in range(N)}
+ROUNDS = {"cfl": 14, "flhc": 14}  # CFL splits one group at a time (ARI 1 from round 11),
+# FL+HC clusters after its 10 warm-up rounds; the others: 6
 CLUSTERED = {
     "cfl": "cfl",
     "flhc": "flhc",
@@ -61,12 +63,14 @@ def fedavg_accuracy() -> float:
 def test_each_method_finds_the_groups_of_a_standard_app_and_beats_fedavg(
         method: str, fedavg_accuracy: float, tmp_path: Path) -> None:
     lines: list[str] = []
+    rounds = ROUNDS.get(method, 6)
     result = _strategy(CLUSTERED[method], true_clusters=TRUTH, out_dir=tmp_path,
-                       log=lines.append).start(_grid(), 14)
+                       log=lines.append).start(_grid(), rounds)
     final = result.history.final
     assert final.ari is not None and final.ari >= 0.9, (method, final.ari)
     assert final.metrics.accuracy > fedavg_accuracy + 0.1
-    assert len(lines) == 14 and lines[-1].startswith("flower: round 14/14: 4 cluster(s)")
+    assert len(lines) == rounds
+    assert lines[-1].startswith(f"flower: round {rounds}/{rounds}: 4 cluster(s)")
     # the result: a model per cluster, each node's model and cluster
     assert set(result.model_of_node) == set(TRUTH)
     groups = {}
@@ -263,3 +267,24 @@ def test_with_engine_matched_clients_the_strategy_equals_clusterfl_run(
         for name, tensor in ref_views.items():
             torch.testing.assert_close(torch.as_tensor(state[name]), tensor, rtol=1e-5,
                                        atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["cfl"])  # (IFCA, by least loss: placed alike, measured)
+def test_nodes_that_join_during_the_run_are_placed_by_the_methods_rule(
+        method: str, tmp_path: Path) -> None:
+    grid = _grid()
+
+    def join(line: str) -> None:  # four more nodes, one per group, connect after round 5
+        if line.startswith("flower: round 5/"):
+            grid.nodes.update({100 + i: {"partition-id": i, "groups": GROUPS, "worker": "none"}
+                               for i in range(N, N + 4)})
+
+    result = _strategy(method, true_clusters=TRUTH, out_dir=tmp_path, log=join).start(grid, 14)
+    assert result.history.final.ari == 1.0
+    assert sorted(result.placed) == [108, 109, 110, 111]
+    for node, cluster in result.placed.items():  # the cluster of the trained nodes of its group
+        same = result.cluster_of_node[100 + (node - 100) % GROUPS]
+        assert cluster == same, (node, cluster, same)
+        assert isinstance(result.placed_arrays[node], ArrayRecord)
+    placed = json.loads((tmp_path / "flower.json").read_text())["placed"]
+    assert placed == {str(n): c for n, c in result.placed.items()}

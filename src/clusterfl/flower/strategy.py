@@ -22,8 +22,10 @@ quickstart-style ClientApp answers. What `start` does:
 
 A node that does not answer in time is dropped from that request and recorded (the method
 averages over the clients that answered, as in every backend); the run goes on. The node set
-is fixed at the start: a node that connects later is not part of the run (place it with
-`clusterfl place` on the run folder, which uses the method's own rule).
+of the rounds is fixed at the start; nodes that connect during the run are placed after the
+last round by the method's own placement rule (`Algorithm.placement`, what `clusterfl place`
+and `[scenario] holdout` use: CFL's Algorithm 4 from one train, IFCA's least loss, ...),
+through the same standard messages, and appear in `ClusteredResult.placed`.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ class ClusteredResult:
     cluster_of_node: dict[int, int]
     history: Any
     nodes: list[int] = field(default_factory=list)
+    placed: dict[int, int] = field(default_factory=dict)
+    """Nodes that connected during the run: the cluster the method's placement rule gave each
+    (also in `cluster_of_node`; -1: it did not answer)."""
+    placed_arrays: dict[int, Any] = field(default_factory=dict)
+    """The model each placed node was placed on, as an `ArrayRecord`."""
 
 
 class ClusteredStrategy:
@@ -181,17 +188,49 @@ class ClusteredStrategy:
                   for m in range(int(pred.models.shape[0]))}
         members = np.asarray(pred.members)[:, 0]
         assign = np.asarray(exp.algorithm.assignment())
+        result = ClusteredResult(
+            arrays, {n: int(members[i]) for i, n in enumerate(nodes)},
+            {n: int(assign[i]) for i, n in enumerate(nodes)}, history, nodes)
+        joined = sorted(set(int(x) for x in grid.get_node_ids()) - set(nodes))
+        if joined:
+            self._place(exp, factory, config, session, joined, result)
         if self.out_dir is not None and session.backends:
             import json
 
-            be = session.backends[-1]
+            be = session.backends[0]
             (Path(self.out_dir) / "flower.json").write_text(json.dumps({
                 "nodes": {str(c): n for c, n in session.node_of_client.items()},
                 "dropouts": be.dropouts, "messages": be.n_messages,
-                "message_seconds": be.seconds, "clients": "standard ClientApps"}, indent=2))
-        return ClusteredResult(
-            arrays, {n: int(members[i]) for i, n in enumerate(nodes)},
-            {n: int(assign[i]) for i, n in enumerate(nodes)}, history, nodes)
+                "message_seconds": be.seconds, "clients": "standard ClientApps",
+                "placed": {str(n): c for n, c in result.placed.items()}}, indent=2))
+        return result
+
+    def _place(self, exp: Any, factory: Any, config: Any, session: Any, joined: list[int],
+               result: ClusteredResult) -> None:
+        """Place the nodes that connected during the run by the method's own rule."""
+        from clusterfl.algorithms.base import Context
+        from clusterfl.backends.flower.standard import StandardBackend, StandardSession
+
+        placing = StandardSession(session.grid, dict(enumerate(joined)), {}, self.timeout,
+                                  template=session.template, extensions=session.extensions,
+                                  round=config.run.rounds + 1)
+        probe = self._probe(placing, factory, config)
+        fed = self._federation(joined, probe, truth=False)
+        backend = StandardBackend(fed, factory, placing)
+        ctx = Context(backend=backend, factory=factory,
+                      training=config.train.local_training(), n_clients=len(joined),
+                      train_sizes=fed.train_sizes,
+                      rng=np.random.default_rng([config.run.seed, 6007]),
+                      seed=config.run.seed, rounds=config.run.rounds)
+        placed = exp.algorithm.placement(ctx, np.arange(len(joined)))
+        members = np.asarray(placed.predictor.members)[:, 0]
+        for i, c in enumerate(np.asarray(placed.clients).tolist()):
+            node = joined[int(c)]
+            result.placed[node] = result.cluster_of_node[node] = int(placed.clusters[i])
+            result.placed_arrays[node] = _arrays(factory, session.template,
+                                                 placed.predictor.models[int(members[i])])
+        self.log(f"flower: placed {len(result.placed)} node(s) that joined during the run: "
+                 + ", ".join(f"{n} → cluster {c}" for n, c in result.placed.items()))
 
     def _wait(self, grid: Any) -> list[int]:
         t0 = time.monotonic()
@@ -232,20 +271,22 @@ class ClusteredStrategy:
                                  "@app.evaluate()?")
         return out
 
-    def _federation(self, nodes: list[int], probe: dict[int, dict[str, float]]) -> Any:
+    def _federation(self, nodes: list[int], probe: dict[int, dict[str, float]],
+                    truth: bool = True) -> Any:
         """The server's view: n clients, shapes, sizes from the probe, no data."""
         from clusterfl.data.federation import Federation
 
         n = len(nodes)
-        if self.true_clusters is not None:
+        clusters: np.ndarray | None = None
+        if not truth:
+            pass
+        elif self.true_clusters is not None:
             missing = [x for x in nodes if x not in self.true_clusters]
             if missing:
                 raise ConfigError("true_clusters", f"no true cluster for nodes {missing}")
-            clusters: np.ndarray | None = np.array([self.true_clusters[x] for x in nodes])
+            clusters = np.array([self.true_clusters[x] for x in nodes])
         elif probe and all("cluster" in probe.get(c, {}) for c in range(n)):
             clusters = np.array([int(probe[c]["cluster"]) for c in range(n)])
-        else:
-            clusters = None
         test = [max(1, int(probe.get(c, {}).get("num-examples", 1))) for c in range(n)]
         tr = np.arange(n + 1, dtype=np.int64)  # train sizes are not known: 1 each
         te = np.concatenate([[0], np.cumsum(test)]).astype(np.int64)
