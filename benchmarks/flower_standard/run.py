@@ -38,12 +38,12 @@ def run_clusterfl_app(methods: str, rounds: int, out: Path, n: int = 8
     import subprocess
 
     from tests.flower.standard_app import GROUPS, load_data
+    from tests.flower.stdapp_dir import run_result
 
     from clusterfl.compare import parse_algorithm_spec
     from clusterfl.config import dump_toml
     from clusterfl.data.federation import Federation
     from clusterfl.deploy.clientdata import export_partitions
-    from clusterfl.records import read_history, read_summary
 
     parts = [tuple(t.numpy() for t in load_data(p, GROUPS)) for p in range(n)]
     fed = Federation.from_clients(parts, clusters=[p % GROUPS for p in range(n)],
@@ -66,17 +66,7 @@ def run_clusterfl_app(methods: str, rounds: int, out: Path, n: int = 8
         subprocess.run([sys.executable, "-m", "clusterfl.cli", "flower", "run", str(config),
                         "--mode", "local", "--out", str(run), "--timeout", "900"],
                        check=True, capture_output=True, text=True)
-        summary, history = read_summary(run), read_history(run)
-        walls = [r.wall_time for r in history]
-        per_round = (walls[-1] - walls[0]) / max(1, len(walls) - 1)
-        final = summary.final
-        results[method] = {
-            "ari": final.ari, "accuracy": final.metrics.accuracy if final.metrics else None,
-            "clusters": final.n_clusters, "rounds": len(history),
-            "seconds_per_round": per_round}
-        print(f"{'clusterfl-app':13s} {method:38s} ARI {final.ari}  accuracy "
-              f"{100 * (results[method]['accuracy'] or 0):.1f}%  clusters {final.n_clusters}"
-              f"  {per_round:.2f} s/round", flush=True)
+        results[method] = run_result(run, "clusterfl-app", method)
     return results
 
 

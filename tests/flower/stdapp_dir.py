@@ -84,7 +84,6 @@ def run_engine(engine: str, methods: str, rounds: int, out: Path, n: int = 8,
     engine; "deployment": a SuperLink and n SuperNodes on loopback) through `flwr run`; each
     method's final ARI, accuracy, clusters, rounds and seconds per round."""
     from clusterfl.deploy.launch import local_deployment
-    from clusterfl.records import read_history, read_summary
     from tests.flower.stdapp_dir import write_app
 
     app = write_app(out / "app")
@@ -111,15 +110,22 @@ def run_engine(engine: str, methods: str, rounds: int, out: Path, n: int = 8,
             time.sleep(0.5)
     results = {}
     for method, name in zip(methods.split(","), names):
-        summary, history = read_summary(runs / name), read_history(runs / name)
-        walls = [r.wall_time for r in history]
-        per_round = (walls[-1] - walls[0]) / max(1, len(walls) - 1)
-        final = summary.final
-        results[method] = {
-            "ari": final.ari, "accuracy": final.metrics.accuracy if final.metrics else None,
-            "clusters": final.n_clusters, "rounds": len(history),
-            "seconds_per_round": per_round}
-        log(f"{engine:13s} {method:38s} ARI {final.ari}  accuracy "
-            f"{100 * (results[method]['accuracy'] or 0):.1f}%  clusters {final.n_clusters}"
-            f"  {per_round:.2f} s/round")
+        results[method] = run_result(runs / name, engine, method, log)
     return results
+
+
+def run_result(run: Path, engine: str, method: str, log: Callable[[str], None] = print
+               ) -> dict[str, object]:
+    """A finished run's ARI, accuracy, clusters, rounds and seconds per round (the mean over
+    rounds 2..R), and a line for the log."""
+    from clusterfl.records import read_history, read_summary
+
+    summary, history = read_summary(run), read_history(run)
+    walls = [r.wall_time for r in history]
+    per_round = (walls[-1] - walls[0]) / max(1, len(walls) - 1)
+    final = summary.final
+    accuracy = final.metrics.accuracy if final.metrics else None
+    log(f"{engine:13s} {method:38s} ARI {final.ari}  accuracy {100 * (accuracy or 0):.1f}%  "
+        f"clusters {final.n_clusters}  {per_round:.2f} s/round")
+    return {"ari": final.ari, "accuracy": accuracy, "clusters": final.n_clusters,
+            "rounds": len(history), "seconds_per_round": per_round}

@@ -160,7 +160,8 @@ class ClusteredStrategy:
     def start(self, grid: Any, num_rounds: int) -> ClusteredResult:
         """Run `num_rounds` rounds of the method on the Grid's nodes (module docstring)."""
         require("flower", "flwr.app")
-        from clusterfl.backends.flower.standard import StandardSession, active_standard_session
+        from clusterfl.backends.flower.backend import active_session
+        from clusterfl.backends.flower.standard import StandardSession
         from clusterfl.config import load_config
         from clusterfl.experiment import Experiment
         from clusterfl.models import ModelFactory
@@ -181,7 +182,7 @@ class ClusteredStrategy:
         federation = self._federation(nodes, probe)
         exp = Experiment(config, self.out_dir, federation=federation,
                          callbacks=[_RoundLine(session, num_rounds, self.log)])
-        with active_standard_session(session):
+        with active_session(session):
             history = exp.run(progress=False)
         pred = exp.algorithm.predictor()
         arrays = {m: _arrays(factory, template, pred.models[m])

@@ -89,7 +89,8 @@ _ACTIVE: list[FlowerSession] = []
 
 @contextlib.contextmanager
 def active_session(session: FlowerSession) -> Iterator[FlowerSession]:
-    """Make `session` the one `FlowerBackend.from_config` uses while the block runs."""
+    """Make `session` the one `FlowerBackend.from_config` (or, for a `StandardSession`,
+    `StandardBackend.from_config`) uses while the block runs."""
     _ACTIVE.append(session)
     try:
         yield session

@@ -43,9 +43,8 @@ strategy was built with — buffers are not aggregated.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, cast
 
@@ -89,18 +88,6 @@ class StandardSession(FlowerSession):
     template: dict[str, torch.Tensor] = field(default_factory=dict)
     extensions: set[str] = field(default_factory=set)
     round: int = 1
-
-
-_ACTIVE: list[StandardSession] = []
-
-
-@contextlib.contextmanager
-def active_standard_session(session: StandardSession) -> Iterator[StandardSession]:
-    _ACTIVE.append(session)
-    try:
-        yield session
-    finally:
-        _ACTIVE.remove(session)
 
 
 def to_arrays(factory: ModelFactory, template: dict[str, torch.Tensor], flat: torch.Tensor
@@ -155,12 +142,15 @@ class StandardBackend(FlowerBackend):
     @classmethod
     def from_config(cls, config: BackendConfig, federation: Federation,
                     factory: ModelFactory) -> Self:
-        if not _ACTIVE:
+        from clusterfl.backends.flower.backend import _ACTIVE  # `active_session`'s sessions
+
+        session = _ACTIVE[-1] if _ACTIVE else None
+        if not isinstance(session, StandardSession):
             raise ConfigError(
                 "backend.name", "'flower_standard' runs inside a Flower ServerApp through "
                 "clusterfl.flower.ClusteredStrategy (docs/flower.md)")
-        backend = cls(federation, factory, _ACTIVE[-1])
-        _ACTIVE[-1].backends.append(backend)
+        backend = cls(federation, factory, session)
+        session.backends.append(backend)
         return backend
 
     # ------------------------------------------------------------------ dispatch
@@ -228,6 +218,16 @@ class StandardBackend(FlowerBackend):
         answered = {int(items[i][0]) for i in range(len(items)) if out[i] is not None}
         self.suspects = (self.suspects | set(reasons)) - (answered - set(reasons))
         return out, reasons
+
+    def _ask_each(self, clients: np.ndarray, kind: str,
+                  model_of: Callable[[int], torch.Tensor], config: dict[str, Any]
+                  ) -> tuple[list[tuple[int, Any]], dict[int, str]]:
+        """One `kind` message per client (client i gets `model_of(i)` and `config`); the
+        (client, reply) of those that answered, and why the others did not."""
+        items = [(int(c), kind, self._content(model_of(i), config))
+                 for i, c in enumerate(clients.tolist())]
+        replies, reasons = self._send(items)
+        return [(c, msg) for (c, _, _), msg in zip(items, replies) if msg is not None], reasons
 
     def _content(self, model: torch.Tensor, config: dict[str, Any]) -> Any:
         from flwr.app import ConfigRecord, RecordDict
@@ -324,16 +324,11 @@ class StandardBackend(FlowerBackend):
                 f"{'a frozen offset model' if req.offset is not None else 'a proximal center'} "
                 "the client would need beside its model; run this method with clusterfl's "
                 "own ClientApp (clusterfl flower run)")
-        config = self._train_config(req)
         clients = np.asarray(req.clients, dtype=np.int64)
-        items = [(int(c), "train", self._content(req.models[int(req.model_of_client[i])],
-                                                 config))
-                 for i, c in enumerate(clients.tolist())]
-        replies, reasons = self._send(items)
+        answers, reasons = self._ask_each(clients, "train", lambda i: req.models[
+            int(req.model_of_client[i])], self._train_config(req))
         got: dict[int, Any] = {}
-        for (c, _, _), msg in zip(items, replies):
-            if msg is None:
-                continue
+        for c, msg in answers:
             where = f"client {c}'s train reply"
             arrays = list(msg.content.array_records.values())
             if len(arrays) != 1:
@@ -403,15 +398,10 @@ class StandardBackend(FlowerBackend):
                                  f"its predictor combines models ({pred.combine!r}); a standard "
                                  "client evaluates one model")
         clients = np.asarray(req.clients, dtype=np.int64)
-        config = {"server-round": int(self.std.round)}
-        items = [(int(c), "evaluate", self._content(pred.models[int(pred.members[i, 0])],
-                                                    config))
-                 for i, c in enumerate(clients.tolist())]
-        replies, reasons = self._send(items)
+        answers, reasons = self._ask_each(clients, "evaluate", lambda i: pred.models[
+            int(pred.members[i, 0])], {"server-round": int(self.std.round)})
         got: dict[int, Any] = {}
-        for (c, _, _), msg in zip(items, replies):
-            if msg is None:
-                continue
+        for c, msg in answers:
             where = f"client {c}'s evaluate reply"
             m = _first_metrics(msg)
             got[c] = pr.EvaluateReply(
@@ -442,4 +432,4 @@ def _first_metrics(msg: Any) -> Any:
 
 
 __all__ = ["EXTENSIONS", "StandardBackend", "StandardConfig", "StandardSession",
-           "active_standard_session", "from_arrays", "to_arrays"]
+           "from_arrays", "to_arrays"]
