@@ -288,3 +288,18 @@ def test_nodes_that_join_during_the_run_are_placed_by_the_methods_rule(
         assert isinstance(result.placed_arrays[node], ArrayRecord)
     placed = json.loads((tmp_path / "flower.json").read_text())["placed"]
     assert placed == {str(n): c for n, c in result.placed.items()}
+
+
+def test_local_keeps_a_model_per_node_and_fedprox_sends_proximal_mu() -> None:
+    grid = _grid()
+    local = _strategy("local", true_clusters=TRUTH).start(grid, 3)
+    assert sorted(local.model_of_node.values()) == list(range(N))  # one model per node
+    assert len(local.arrays) == N and local.history.final.metrics.accuracy > 0.9
+    trains = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(trains) == 3 * N and all("proximal-mu" not in m.content["config"]
+                                        for m in trains)
+    grid = _grid()
+    _strategy("fedprox:mu=0.01").start(grid, 1)
+    config = next(m for m in grid.sent if m.metadata.message_type == "train").content["config"]
+    assert config["proximal-mu"] == 0.01 and config["lr"] == 0.3
+    assert {"server-round", "local-epochs", "batch-size", "seed"} <= set(config)
