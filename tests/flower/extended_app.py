@@ -1,13 +1,23 @@
 """The standard app of `standard_app.py` with clusterfl's client helpers added: IFCA's round
-in one `"train.pick"` message, the K losses in one `"query.losses"` message, and PACFL's data
-subspace (`"query.subspace"`). The helpers import only flwr, numpy and torch."""
+in one `"train.pick"` message, the K losses in one `"query.losses"` message, PACFL's data
+subspace (`"query.subspace"`) and gradients (`"query.gradient"`: CFL-GP's gradient protocol,
+IFCA's gradient averaging). The helpers import only flwr, numpy and torch."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from flwr.app import Context
 from flwr.clientapp import ClientApp
+from torch import nn
 
-from clusterfl.flower.client import add_losses_query, add_pick_train, add_subspace_query
+from clusterfl.flower.client import (
+    add_gradient_query,
+    add_losses_query,
+    add_pick_train,
+    add_subspace_query,
+)
 from tests.flower import standard_app as std
 
 app = ClientApp()
@@ -23,3 +33,23 @@ def load_train(context: Context):  # type: ignore[no-untyped-def]
 add_losses_query(app, std.evaluate_model)
 add_pick_train(app, std.evaluate_model, std.train_model)
 add_subspace_query(app, load_train)
+
+
+def gradient_model(state: dict[str, torch.Tensor], config: Any, context: Context
+                   ) -> tuple[dict[str, torch.Tensor], int, float]:
+    """The mean cross-entropy gradient at `state` on a seeded batch (all data for 0)."""
+    model = std.Net()
+    model.load_state_dict(state)
+    x, y = load_train(context)
+    b = int(config.get("batch-size", 0))
+    if 0 < b < len(x):
+        pick = torch.randperm(len(x), generator=torch.Generator().manual_seed(
+            int(config["seed"]) * 1000 + int(context.node_config["partition-id"])))[:b]
+        x, y = x[pick], y[pick]
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return ({n: p.grad.detach().clone() for n, p in model.named_parameters()
+             if p.grad is not None}, len(x), float(loss.item()))
+
+
+add_gradient_query(app, gradient_model)

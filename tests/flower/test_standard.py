@@ -110,9 +110,9 @@ def test_a_silent_node_is_dropped_and_recorded_and_the_run_finishes(tmp_path: Pa
 
 def test_a_method_that_needs_more_than_train_and_evaluate_names_the_handler() -> None:
     with pytest.raises(ClusterFLError) as info:
-        _strategy("cfl_gp:n_clusters=4:protocol=gradient").start(_grid(), 2)
+        _strategy("pca_km_hc").start(_grid(), 2)  # no helper yet for its signatures
     text = str(info.value)
-    assert "'query.gradient'" in text and "clusterfl flower run" in text
+    assert "'query.signature'" in text and "clusterfl flower run" in text
     assert "\n" not in text
     with pytest.raises(ClusterFLError) as info:  # a helper exists: it is named
         _strategy("pacfl").start(_grid(), 2)
@@ -157,6 +157,19 @@ def test_ifca_in_one_message_per_client_and_round_with_the_pick_helper() -> None
     one, two = runs["train.pick"].history, runs["query.losses"].history
     assert one.final.ari == 1.0 and one.summary.assignment == two.summary.assignment
     assert one.final.metrics.accuracy == two.final.metrics.accuracy
+
+
+def test_cfl_gps_gradient_protocol_through_a_client_with_the_gradient_helper() -> None:
+    from collections import Counter
+
+    from tests.flower.extended_app import app as extended
+
+    grid = _grid(app=extended)
+    result = _strategy("cfl_gp:n_clusters=4:protocol=gradient", true_clusters=TRUTH,
+                       extensions={"query.gradient"}).start(grid, 6)
+    assert result.history.final.ari == 1.0
+    assert set(Counter(m.metadata.message_type for m in grid.sent)) == {"query.gradient",
+                                                                         "evaluate"}
 
 
 def test_pacfl_through_a_client_with_the_subspace_helper_finds_the_groups() -> None:

@@ -17,6 +17,11 @@ Each helper registers one handler on the app and takes the app's own functions:
 - `add_subspace_query(app, load_train)`: `"query.subspace"`, PACFL's one-off data subspace
   (the p leading left singular vectors of the client's data, per label or whole).
   `load_train(context) -> (x, y)` returns the client's training inputs and labels.
+- `add_gradient_query(app, gradient_model)`: `"query.gradient"`, the gradient of the
+  training loss at the sent model (IFCA's gradient averaging, CFL-GP's gradient protocol).
+  `gradient_model(state_dict, config, context) -> (gradients, num_examples, loss)`, the
+  gradients keyed by the parameters' names; `config["batch-size"]` (0: all the training
+  data) and `config["seed"]` say which samples.
 
 The strategy uses a handler when told the clients offer it (`ClusteredStrategy(...,
 extensions={"train.pick"})`); a method that needs a handler the strategy was not told of
@@ -104,4 +109,19 @@ def add_subspace_query(app: Any, load_train: Callable[[Context], tuple[Any, Any]
             reply_to=msg)
 
 
-__all__ = ["add_losses_query", "add_pick_train", "add_subspace_query"]
+def add_gradient_query(app: Any,
+                       gradient_model: Callable[[StateDict, Any, Context],
+                                                tuple[StateDict, int, float]]) -> None:
+    """Register `"query.gradient"` (module docstring) on `app`."""
+
+    @app.query("gradient")
+    def gradient(msg: Message, context: Context) -> Message:
+        state = msg.content.array_records["arrays"].to_torch_state_dict()
+        grads, n, loss = gradient_model(state, msg.content["config"], context)
+        return Message(RecordDict({
+            "arrays": ArrayRecord({k: torch.as_tensor(v) for k, v in grads.items()}),
+            "metrics": MetricRecord({"num-examples": int(n), "loss": float(loss)})}),
+            reply_to=msg)
+
+
+__all__ = ["add_gradient_query", "add_losses_query", "add_pick_train", "add_subspace_query"]

@@ -61,7 +61,7 @@ from clusterfl.protocol import RE, Asks, Steps, narrow, request_name, run_steps
 from clusterfl.protocol import messages as pr
 
 EXTENSIONS = {
-    "GradientRequest": ("query.gradient", None),
+    "GradientRequest": ("query.gradient", "add_gradient_query"),
     "EmbedRequest": ("query.signature", None),
     "SubspaceRequest": ("query.subspace", "add_subspace_query"),
     "MixtureTrainRequest": ("train.mixture", None),
@@ -163,6 +163,8 @@ class StandardBackend(FlowerBackend):
             return cast(RE, run_steps(self.execute, request))
         if isinstance(request, pr.SubspaceRequest) and "query.subspace" in self.std.extensions:
             return cast(RE, self._subspace(request))
+        if isinstance(request, pr.GradientRequest) and "query.gradient" in self.std.extensions:
+            return cast(RE, self._gradient(request))
         if isinstance(request, pr.TrainRequest):
             return cast(RE, self._train(request))
         if isinstance(request, pr.LossRequest):
@@ -288,6 +290,29 @@ class StandardBackend(FlowerBackend):
                 np.array([_metric(m, ("train_loss",), math.nan, where)]))
         return steps_reply(clients, [self._assemble(loss_req, clients, losses, reasons),
                                      self._assemble(train_req, clients, trained, {})])
+
+    def _gradient(self, req: pr.GradientRequest) -> pr.GradientReply:
+        """Gradients at each client's model, one `"query.gradient"` per client
+        (`add_gradient_query`); config `batch-size` (0: all its training data) and `seed`."""
+        clients = np.asarray(req.clients, dtype=np.int64)
+        config = {"server-round": int(self.std.round), "seed": int(req.seed),
+                  "batch-size": int(req.batch_size or 0)}
+        answers, reasons = self._ask_each(clients, "query.gradient", lambda i: req.models[
+            int(req.model_of_client[i])], config)
+        got: dict[int, Any] = {}
+        for c, msg in answers:
+            where = f"client {c}'s query.gradient reply"
+            arrays = list(msg.content.array_records.values())
+            if len(arrays) != 1:
+                reasons[c] = f"{where} holds {len(arrays)} ArrayRecords, not one"
+                continue
+            m = _first_metrics(msg)
+            got[c] = pr.GradientReply(
+                np.array([c]), narrow(from_arrays(self.factory, arrays[0], where)[None],
+                                      req.coords),
+                np.array([_metric(m, ("num-examples",), None, where)]),
+                np.array([_metric(m, ("loss", "train_loss"), math.nan, where)]))
+        return self._assemble(req, clients, got, reasons)
 
     def _subspace(self, req: pr.SubspaceRequest) -> pr.SubspaceReply:
         """PACFL's data subspaces, one `"query.subspace"` per client (`add_subspace_query`)."""
