@@ -36,7 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "sweep", help="methods × a grid of settings × seeds, with mean ± std and paired tests",
         description="Runs every cell of SWEEP.toml's grid × method × seed (finished runs are "
         "skipped, interrupted ones resume, changed cells run again), then writes results.csv, "
-        "results.parquet and report.md (mean ± std, 95 %% intervals, paired comparisons, "
+        "results.parquet and report.md (mean ± std, 95 % intervals, paired comparisons, "
         "curves with a band over seeds). See docs/sweeps.md.",
         epilog="A sweep file: [sweep] config = \"base.toml\", methods = [\"fedavg\", "
         "\"ifca:n_clusters=4\"], seeds = [0, 1, 2]; [sweep.grid] \"train.lr\" = [0.01, 0.1].")
