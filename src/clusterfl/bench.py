@@ -40,7 +40,7 @@ from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
 from clusterfl.compare import parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.errors import ClusterFLError, ConfigError
-from clusterfl.jobs import RunTask, execute
+from clusterfl.jobs import RunTask, divergence_reason, execute
 from clusterfl.naming import method_label, run_folder_name
 from clusterfl.records import (
     SUMMARY_FILE,
@@ -204,11 +204,6 @@ def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]
     return True
 
 
-def _diverged(divergence: dict[str, Any] | None) -> str | None:
-    """The reason of a diverged run (None: it did not diverge)."""
-    return None if not divergence else str(divergence.get("reason", "diverged"))
-
-
 @locking("out")  # one suite at a time in `out`
 def run_suite(
     scenarios: Sequence[Scenario], out: Path, log: Callable[[str], None] = print,
@@ -252,7 +247,7 @@ def run_suite(
                 todo.append((scenario, seed, spec, cfg, target, what))
             else:
                 done_before += 1
-                diverged(what, _diverged(read_summary(target).divergence))
+                diverged(what, divergence_reason(read_summary(target).divergence))
     for outcome in execute(
             [RunTask(what, cfg.to_dict(), target) for *_, cfg, target, what in todo],
             jobs=jobs, threads=threads, ray=ray, cpus=cpus_per_run, gpus=gpus_per_run,

@@ -120,10 +120,13 @@ def run_task(task: RunTask, threads: int | None = None, env: dict[str, str] | No
                           error=f"{type(exc).__name__}: {exc}")
     summary = history.summary
     final = summary.cleaned().final.to_json_dict()
-    divergence = summary.divergence
     return RunOutcome(task, time.perf_counter() - started, resumed=resumed, final=final,
-                      divergence=None if not divergence else str(
-                          divergence.get("reason", "diverged")))
+                      divergence=divergence_reason(summary.divergence))
+
+
+def divergence_reason(divergence: dict[str, Any] | None) -> str | None:
+    """The reason of a diverged run's summary `divergence` (None: it did not diverge)."""
+    return None if not divergence else str(divergence.get("reason", "diverged"))
 
 
 def _driver_env() -> dict[str, str]:

@@ -161,7 +161,7 @@ class ClusteredStrategy:
         """Run `num_rounds` rounds of the method on the Grid's nodes (module docstring)."""
         require("flower", "flwr.app")
         from clusterfl.backends.flower.backend import active_session
-        from clusterfl.backends.flower.standard import StandardSession
+        from clusterfl.backends.flower.standard import StandardSession, to_arrays
         from clusterfl.config import load_config
         from clusterfl.experiment import Experiment
         from clusterfl.models import ModelFactory
@@ -185,7 +185,7 @@ class ClusteredStrategy:
         with active_session(session):
             history = exp.run(progress=False)
         pred = exp.algorithm.predictor()
-        arrays = {m: _arrays(factory, template, pred.models[m])
+        arrays = {m: to_arrays(factory, template, pred.models[m])
                   for m in range(int(pred.models.shape[0]))}
         members = np.asarray(pred.members)[:, 0]
         assign = np.asarray(exp.algorithm.assignment())
@@ -210,7 +210,11 @@ class ClusteredStrategy:
                result: ClusteredResult) -> None:
         """Place the nodes that connected during the run by the method's own rule."""
         from clusterfl.algorithms.base import Context
-        from clusterfl.backends.flower.standard import StandardBackend, StandardSession
+        from clusterfl.backends.flower.standard import (
+            StandardBackend,
+            StandardSession,
+            to_arrays,
+        )
 
         placing = StandardSession(session.grid, dict(enumerate(joined)), {}, self.timeout,
                                   template=session.template, extensions=session.extensions,
@@ -228,7 +232,7 @@ class ClusteredStrategy:
         for i, c in enumerate(np.asarray(placed.clients).tolist()):
             node = joined[int(c)]
             result.placed[node] = result.cluster_of_node[node] = int(placed.clusters[i])
-            result.placed_arrays[node] = _arrays(factory, session.template,
+            result.placed_arrays[node] = to_arrays(factory, session.template,
                                                  placed.predictor.models[int(members[i])])
         self.log(f"flower: placed {len(result.placed)} node(s) that joined during the run: "
                  + ", ".join(f"{n} → cluster {c}" for n, c in result.placed.items()))
@@ -314,12 +318,6 @@ class _RoundLine:
         ari = "" if record.ari is None else f", ARI {record.ari:.2f}"
         self.log(f"flower: round {record.round}/{self.rounds}: {record.n_clusters} "
                  f"cluster(s){acc}{ari}")
-
-
-def _arrays(factory: Any, template: dict[str, torch.Tensor], flat: torch.Tensor) -> Any:
-    from clusterfl.backends.flower.standard import to_arrays
-
-    return to_arrays(factory, template, flat)
 
 
 def _import_path(obj: Callable[..., Any]) -> str:

@@ -275,17 +275,16 @@ class StandardBackend(FlowerBackend):
                 continue
             where = f"client {c}'s train.pick reply"
             m = _first_metrics(msg)
-            arrays = list(msg.content.array_records.values())
-            if len(arrays) != 1:
-                reasons[c] = f"{where} holds {len(arrays)} ArrayRecords, not one"
+            params = _returned(self.factory, msg, where, train_req.coords)
+            if isinstance(params, str):
+                reasons[c] = params
                 continue
             losses[c] = pr.LossReply(
                 np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
                                           for j in range(k)]]),
                 np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
             trained[c] = pr.TrainReply(
-                np.array([c]), narrow(from_arrays(self.factory, arrays[0], where)[None],
-                                      train_req.coords),
+                np.array([c]), params,
                 np.array([_metric(m, ("num-examples",), None, where)]),
                 np.array([_metric(m, ("train_loss",), math.nan, where)]))
         return steps_reply(clients, [self._assemble(loss_req, clients, losses, reasons),
@@ -302,14 +301,13 @@ class StandardBackend(FlowerBackend):
         got: dict[int, Any] = {}
         for c, msg in answers:
             where = f"client {c}'s query.gradient reply"
-            arrays = list(msg.content.array_records.values())
-            if len(arrays) != 1:
-                reasons[c] = f"{where} holds {len(arrays)} ArrayRecords, not one"
+            grads = _returned(self.factory, msg, where, req.coords)
+            if isinstance(grads, str):
+                reasons[c] = grads
                 continue
             m = _first_metrics(msg)
             got[c] = pr.GradientReply(
-                np.array([c]), narrow(from_arrays(self.factory, arrays[0], where)[None],
-                                      req.coords),
+                np.array([c]), grads,
                 np.array([_metric(m, ("num-examples",), None, where)]),
                 np.array([_metric(m, ("loss", "train_loss"), math.nan, where)]))
         return self._assemble(req, clients, got, reasons)
@@ -355,12 +353,11 @@ class StandardBackend(FlowerBackend):
         got: dict[int, Any] = {}
         for c, msg in answers:
             where = f"client {c}'s train reply"
-            arrays = list(msg.content.array_records.values())
-            if len(arrays) != 1:
-                reasons[c] = f"{where} holds {len(arrays)} ArrayRecords, not one"
+            params = _returned(self.factory, msg, where, req.coords)
+            if isinstance(params, str):
+                reasons[c] = params
                 continue
             metrics = _first_metrics(msg)
-            params = narrow(from_arrays(self.factory, arrays[0], where)[None], req.coords)
             got[c] = pr.TrainReply(
                 np.array([c]), params,
                 np.array([_metric(metrics, ("num-examples",), None, where)]),
@@ -449,6 +446,16 @@ def _is_pick_train(req: Steps) -> bool:
             and train.offset is None and train.prox_models is None
             and np.array_equal(np.asarray(loss.clients), np.asarray(train.clients))
             and torch.equal(loss.models, train.models))
+
+
+def _returned(factory: ModelFactory, msg: Any, where: str,
+              coords: np.ndarray | None) -> torch.Tensor | str:
+    """The `[1, d]` (or `[1, d̂]` with `coords`) vector of a reply's one ArrayRecord, or why
+    the reply does not hold exactly one."""
+    arrays = list(msg.content.array_records.values())
+    if len(arrays) != 1:
+        return f"{where} holds {len(arrays)} ArrayRecords, not one"
+    return narrow(from_arrays(factory, arrays[0], where)[None], coords)
 
 
 def _first_metrics(msg: Any) -> Any:
