@@ -209,9 +209,9 @@ def self_check(device: str) -> list[dict[str, Any]]:
             dev = SimulationBackend(fed, fac, 4, kernel=kernel, device=device)
             seq = SequentialBackend(fed, fac, device=device)
             for what, (req, field) in reqs.items():
-                want = torch.as_tensor(np.asarray(getattr(cpu.execute(req), field)))
+                want = _values(getattr(cpu.execute(req), field))
                 for label, backend in (("simulation", dev), ("sequential", seq)):
-                    got = torch.as_tensor(np.asarray(getattr(backend.execute(req), field)))
+                    got = _values(getattr(backend.execute(req), field))
                     row[f"{what}_{label}_max_abs_diff"] = float((got - want).abs().max())
             again = [dev.execute(reqs["train"][0]).params for _ in range(2)]
             row["train_deterministic"] = bool(torch.equal(again[0], again[1]))
@@ -223,6 +223,16 @@ def self_check(device: str) -> list[dict[str, Any]]:
         print("check", json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def _values(value: Any) -> Any:
+    """A reply's field as a CPU tensor (a GPU backend leaves models and gradients there)."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    return torch.as_tensor(np.asarray(value))
 
 
 def measure(name: str, case: tuple, args: argparse.Namespace, log) -> list[dict[str, Any]]:

@@ -69,7 +69,7 @@ class Checkpoints:
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()
-        if {**saved, "rounds": None} != {**now, "rounds": None}:
+        if comparable(saved) != comparable(now):
             raise ClusterFLError(
                 f"--resume: the checkpoint in {path.parent} was made with another config; "
                 "use the same config (see its config.toml) or a new --out"
@@ -96,6 +96,20 @@ class Checkpoints:
             _forget_last_round_evaluation(records, saved.get("rounds"), config.run)
         self.round = int(state["round"])
         return self.round + 1, float(state["elapsed"]), records, state
+
+
+#: `[backend]` settings that say where a run computes, not what: a checkpoint resumes under
+#: other values of them (a run started on a GPU goes on on the CPU, and the other way round)
+WHERE = ("device", "precision", "chunk_size")
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as `--resume` compares it: without `rounds` (a run may be continued) and
+    without the backend's `WHERE` settings."""
+    out = {**config, "rounds": None}
+    if isinstance(out.get("backend"), dict):
+        out["backend"] = {k: v for k, v in out["backend"].items() if k not in WHERE}
+    return out
 
 
 def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,

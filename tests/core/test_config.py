@@ -44,7 +44,7 @@ def test_defaults_resolve_and_roundtrip():
         ({"backend": {"name": "flower", "wait_nodes": -1}}, "backend.wait_nodes",
          "greater than or equal to 0"),
         ({"backend": {"name": "simulation", "chunk_size": 0}}, "backend.chunk_size",
-         "greater than or equal to 1"),
+         "allowed: a whole number >= 1 or 'auto'"),
         ({"backend": "flower"}, "backend", "must be a table"),
         ({"train": 5}, "train", "must be a table"),
     ],

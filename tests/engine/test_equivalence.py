@@ -128,7 +128,8 @@ def setup(name: str, sizes: list[int] = SIZES, chunk_size: int = 4, kernel: str 
 
 def close(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray, dtype: torch.dtype) -> None:
     """Equal to 1e-10 (float64) or to 1e-5 of the scale of `b` (float32)."""
-    a, b = torch.as_tensor(np.asarray(a)), torch.as_tensor(np.asarray(b))
+    a, b = (x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+            for x in (a, b))  # a GPU backend's models and gradients stay on the GPU
     assert a.shape == b.shape
     if dtype == torch.float64:
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, equal_nan=True)

@@ -27,6 +27,7 @@ import numpy as np
 
 from clusterfl.algorithms.common import AlgorithmConfig, Placement, SampledConfig
 from clusterfl.backends.base import Backend
+from clusterfl.engine.transfer import device_of, move, to_cpu
 from clusterfl.errors import ClusterFLError
 from clusterfl.models import ModelFactory
 from clusterfl.naming import method_label
@@ -70,6 +71,8 @@ class Context:
     #: clients that answered a training, gradient, loss or embedding request since the runner
     #: last cleared it (it does at the start of every round): the round's participants
     participants: set[int] = field(default_factory=set)
+    #: leave a reply's tensors on the backend's GPU (see `send`); set by the driver only
+    keep_device: bool = False
 
     def __post_init__(self) -> None:
         if self.guard is None:
@@ -77,6 +80,10 @@ class Context:
 
     def send(self, request: Asks[RE]) -> RE:
         """Execute `request` and book its communication; returns the reply.
+
+        A backend computing on a GPU may leave the reply's large tensors there: they come to
+        the CPU here unless `keep_device` is set (by the driver, while it sends for a method
+        whose update runs on the device: `Algorithm.device_update`).
 
         The reply holds the clients that answered, in request order: its `clients` field
         says who they are. A client that dropped out, missed the deadline or sent a rejected
@@ -91,10 +98,10 @@ class Context:
             steps, counts = self.guard.send_steps(self.backend, request)
             for step, part, (reached, uploaded) in zip(request.steps, steps.replies, counts):
                 self._book(step, part, reached, uploaded)
-            return cast(RE, steps)
+            return cast(RE, steps if self.keep_device else to_cpu(steps))
         reply, reached, uploaded = self.guard.send(self.backend, request)
         self._book(request, reply, reached, uploaded)
-        return reply
+        return reply if self.keep_device else to_cpu(reply)
 
     def _book(self, request: Any, reply: Any, reached: int, uploaded: int) -> None:
         down, up = request.unit_cost()
@@ -173,6 +180,11 @@ class Algorithm(ABC, Generic[C, S]):
     #: (`Context.rounds`): such a run cannot be continued to more rounds (`--resume --set
     #: rounds=N`) with the result of a run planned for N rounds, so the runner refuses it
     uses_planned_rounds: ClassVar[bool] = False
+    #: True for a method whose `update` is written for replies on a GPU (torch only, every
+    #: tensor it creates on the reply's device, numpy only for small results): the driver
+    #: then runs it where the backend left the reply (state and request moved there, the new
+    #: state back to the CPU). Others get their replies on the CPU, as from any backend.
+    device_update: ClassVar[bool] = False
     config: C
     state: S
 
@@ -206,13 +218,29 @@ class Algorithm(ABC, Generic[C, S]):
         while True:
             step = self.ask(state, t, phase, ctx)
             if isinstance(step, Ask):
-                step = self.update(state, t, step, ctx.send(step.request))
+                step = self._update(state, t, step, self._send(ctx, step.request))
             state = step.state
             if step.then is None:
                 break
             phase = step.then
         self.state = state
         return step.extras if step.extras is not None else RoundExtras()
+
+    def _send(self, ctx: Context, request: Any) -> Any:
+        """`ctx.send`, the reply left on the backend's GPU for a method with `device_update`."""
+        ctx.keep_device = self.device_update
+        try:
+            return ctx.send(request)
+        finally:
+            ctx.keep_device = False
+
+    def _update(self, state: S, t: int, ask: Ask[Any], reply: Any) -> Update[S]:
+        """`update`, on the device of `reply` when it is on one (`device_update`)."""
+        device = device_of(reply)
+        if device is None:
+            return self.update(state, t, ask, reply)
+        done = self.update(move(state, device), t, move(ask, device), reply)
+        return to_cpu(done)
 
     @abstractmethod
     def assignment(self) -> np.ndarray:

@@ -283,6 +283,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
     name = "cfl"
     Config = CFLConfig
     State = CFLState
+    #: the updates, their cosine similarities and the cluster means where the backend left
+    #: the models; only the [n, n] similarities come to the CPU (for the bipartition)
+    device_update = True
 
     _devices: ClientSide | None = None
 
@@ -423,8 +426,8 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         got = self.clients.uploads(request, reply)
         n, who = state.n_clients, reply.clients
         # one row per client id; `present` marks who answered (absent: dropped or rejected)
-        updates = torch.zeros(n, request.models.shape[1], dtype=got.dtype)
-        updates[torch.from_numpy(who)] = got
+        updates = torch.zeros(n, request.models.shape[1], dtype=got.dtype, device=got.device)
+        updates[torch.from_numpy(who).to(got.device)] = got
         n_samples, losses = np.zeros(n), np.full(n, np.nan)
         n_samples[who], losses[who] = reply.n_samples, reply.loss
         present = np.zeros(n, dtype=bool)
@@ -463,7 +466,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
     def _view(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
               present: np.ndarray, losses: np.ndarray) -> ClusterView:
         members = node.clients[present[node.clients]]
-        own = updates[torch.as_tensor(members, dtype=torch.long)]
+        own = updates[torch.as_tensor(members, dtype=torch.long, device=updates.device)]
         weights = self._weights(n_samples[members]) if len(members) else np.zeros(0)
         loss = mean_finite(losses[members])
         return ClusterView.measure(node.id, len(node.clients), members, own, weights,
@@ -477,7 +480,8 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         parent's model plus its own mean update; the event gains the split's record."""
         assert v.split is not None and v.similarity is not None
         a, b = v.split.first, v.split.second
-        upd = (v.updates[torch.as_tensor(a)], v.updates[torch.as_tensor(b)])
+        at = v.updates.device
+        upd = (v.updates[torch.as_tensor(a, device=at)], v.updates[torch.as_tensor(b, device=at)])
         models = (node.model + weighted_mean(upd[0], v.weights[a]),
                   node.model + weighted_mean(upd[1], v.weights[b]))
         groups = (v.members[a], v.members[b])

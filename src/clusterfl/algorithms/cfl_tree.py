@@ -243,12 +243,13 @@ class ClientSide:
 
     def encode(self, plain: torch.Tensor) -> torch.Tensor:
         """P v (identity without privacy), on the last dimension."""
-        return plain if self._perm is None else plain[..., self._perm]
+        return plain if self._perm is None else plain[..., self._perm.to(plain.device)]
 
     def decode(self, displacement: torch.Tensor) -> torch.Tensor:
         """θ_0 + P⁻¹ D: the plain model(s) of server displacements `[..., d]`."""
-        plain = displacement if self._inv is None else displacement[..., self._inv]
-        return self.base + plain
+        plain = (displacement if self._inv is None
+                 else displacement[..., self._inv.to(displacement.device)])
+        return self.base.to(plain.device) + plain
 
     def train_request(self, clients: np.ndarray, displacements: torch.Tensor,
                       model_of_client: np.ndarray, training: LocalTraining,

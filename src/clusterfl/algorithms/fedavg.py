@@ -45,6 +45,7 @@ class FedAvg(Algorithm[FedAvgConfig, FedAvgState]):
     name = "fedavg"
     Config = FedAvgConfig
     State = FedAvgState
+    device_update = True  # one weighted mean, where the backend left the models
 
     def setup(self, ctx: Context) -> None:
         self.state = FedAvgState(ctx.factory.init(ctx.seed)[None], ctx.n_clients)

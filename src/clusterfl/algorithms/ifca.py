@@ -146,6 +146,7 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
     name = "ifca"
     Config = IFCAConfig
     State = IFCAState
+    device_update = True  # per-cluster means where the backend left the models
 
     def setup(self, ctx: Context) -> None:
         cfg = self.config
@@ -217,7 +218,7 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
         warm = weighted_mean(reply.params, reply.n_samples) if len(reply.clients) else state.warm
         models: torch.Tensor = state.models
         if t == self.config.warmup_rounds:
-            body = ~self.head
+            body = (~self.head).to(state.models.device)
             models = state.models.clone()
             models[:, body] = warm[body]
         new = replace(state, models=models,

@@ -76,7 +76,7 @@ class Backend(ABC):
         device = getattr(self, "device", "the device")
         engine = getattr(self, "engine", None)
         chunk = getattr(engine, "chunk_size", None)
-        now = "" if chunk is None else f" (now {chunk})"
+        now = "" if engine is None else f" (now {'auto' if chunk is None else chunk})"
         return ConfigError("backend.chunk_size", f"out of memory on {device} while computing "
                            f"a {request_name(request)} for {len(request.clients)} clients; "
                            f"set a smaller chunk_size{now}, a smaller model or batch_size, "

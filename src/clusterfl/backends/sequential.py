@@ -2,12 +2,14 @@
 
 Train/Gradient requests with `coords` are answered with those coordinates only
 (`protocol.narrow`), as a real client would send them. On a GPU (`device`) the federation's
-data moves there once, each request's models when it arrives, and the replies come back.
+data moves there once, each request's models when it arrives; the replies' models and
+gradients stay there, as the simulation backend's do (`Context.send` brings them to the CPU
+for a method without a device update).
 """
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ from clusterfl.engine.common import (
     per_sample_losses,
     responsibilities,
 )
-from clusterfl.engine.device import on, resolve_device, set_precision
+from clusterfl.engine.device import compute_scope, on, resolve_device, set_precision
 from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_seed
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import Predictor, client_seed, narrow
@@ -50,6 +52,7 @@ class SequentialBackend(Backend):
                  precision: str = "fp32") -> None:
         super().__init__(federation, factory)
         self.device = resolve_device(device)
+        self.precision = precision
         set_precision(self.device, precision)
         self.module = factory.build().to(self.device)
         self.data = federation.to(self.device)  # the clients' data, on the device once
@@ -59,6 +62,11 @@ class SequentialBackend(Backend):
                     factory: ModelFactory) -> Self:
         return cls(federation, factory, device=getattr(config, "device", "auto"),
                    precision=getattr(config, "precision", "fp32"))
+
+    def execute(self, request: Any) -> Any:
+        """`Backend.execute` inside the precision's scope (bf16 autocast for "bf16-mixed")."""
+        with compute_scope(self.device, self.precision):
+            return super().execute(request)
 
     # -------------------------------------------------------------- helpers
     def _outputs(self, pred: Predictor, row: int, x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +101,7 @@ class SequentialBackend(Backend):
             params.append(p)
             losses.append(loss)
         out = narrow(_stack(params, self.factory.size), req.coords)  # the d̂ coords asked for
-        return pr.TrainReply(clients.copy(), out.cpu(), sizes.copy(), np.array(losses))
+        return pr.TrainReply(clients.copy(), out, sizes.copy(), np.array(losses))
 
     def gradient(self, req: pr.GradientRequest) -> pr.GradientReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -111,7 +119,7 @@ class SequentialBackend(Backend):
             losses.append(loss)
         used = np.minimum(sizes, sizes if req.batch_size is None else req.batch_size)
         out = narrow(_stack(grads, self.factory.size), req.coords)  # the d̂ coords asked for
-        return pr.GradientReply(clients.copy(), out.cpu(), used, np.array(losses))
+        return pr.GradientReply(clients.copy(), out, used, np.array(losses))
 
     def losses(self, req: pr.LossRequest) -> pr.LossReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -165,7 +173,7 @@ class SequentialBackend(Backend):
             params.append(torch.stack(rows))
             losses.append(total)
         d = self.factory.size
-        out = torch.stack(params).cpu() if params else torch.zeros(0, k, d)
+        out = torch.stack(params) if params else torch.zeros(0, k, d, device=self.device)
         return pr.MixtureTrainReply(clients.copy(), out, sizes.copy(), np.array(losses),
                                     np.array(weights).reshape(len(clients), k))
 

@@ -4,12 +4,14 @@ Same requests, same replies as `SequentialBackend` (the reference; `coords` narr
 GPU `device` as there), but the work is done by `engine.vectorized.VectorizedEngine`: stacked
 parameters, batched local steps, batched gradients, and outputs of K models on all clients'
 data in large matrix products. The computation runs in the dtype of the request's models
-(data is cast once, on the device, and cached).
+(data is cast once, on the device, and cached). On a GPU the trained models and gradients of
+the replies stay there: a method with a device update aggregates them there, the others
+receive them on the CPU (`Context.send`, `engine.transfer`).
 """
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import numpy as np
 import torch
@@ -31,6 +33,7 @@ from clusterfl.engine.device import (
     DEVICES,
     Precision,
     check_device_name,
+    compute_scope,
     on,
     resolve_device,
     set_precision,
@@ -41,6 +44,7 @@ from clusterfl.engine.vectorized import (
     SplitData,
     VectorizedEngine,
     client_metrics_batched,
+    compact_inputs,
     mean_per_client,
 )
 from clusterfl.models import ModelFactory
@@ -51,12 +55,14 @@ class DeviceConfig(BackendConfig):
     """`device` and `precision` of the in-process backends (`simulation`, `sequential`).
 
     Each is written into a run's config only when it is not the default ("auto", "fp32"), so
-    the configs (and run folders) of runs that do not set them stay as they were.
+    the configs (and run folders) of runs that do not set them stay as they were (so is the
+    simulation backend's `chunk_size`, whose "auto" is the 64 of every earlier CPU run).
     """
 
     device: str = Field("auto", description=f"where to compute: {DEVICES}; auto = CUDA when "
                         "torch finds a GPU")
-    precision: Precision = Field("fp32", description="CUDA matrix products: fp32 or tf32")
+    precision: Precision = Field("fp32", description="fp32; tf32 (CUDA tensor-core products); "
+                                 "bf16-mixed (bfloat16 autocast of products and convolutions)")
 
     @field_validator("device", mode="before")
     @classmethod
@@ -66,7 +72,7 @@ class DeviceConfig(BackendConfig):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         out = handler(self)
-        for key, default in (("device", "auto"), ("precision", "fp32")):
+        for key, default in (("device", "auto"), ("precision", "fp32"), ("chunk_size", "auto")):
             if out.get(key) == default:
                 out.pop(key)
         return out
@@ -76,7 +82,17 @@ class SimulationConfig(DeviceConfig):
     """Settings of the simulation backend (`[backend] name = "simulation"`, the default)."""
 
     name: Literal["simulation"] = "simulation"
-    chunk_size: int = Field(64, ge=1, description="clients computed together (memory bound)")
+    chunk_size: int | Literal["auto"] = Field(  # type: ignore[assignment]  # widens the base
+        "auto", description="clients computed together at most: a number >= 1, or auto (64 "
+        "on the CPU; on a GPU as many as its free memory holds)")
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _chunk(cls, value: object) -> object:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                               and value >= 1):
+            return value
+        raise ValueError("allowed: a whole number >= 1 or 'auto'")
 
 
 class SimulationBackend(Backend):
@@ -85,12 +101,15 @@ class SimulationBackend(Backend):
     Args:
         federation: the clients' data.
         factory: the architecture.
-        chunk_size: at most this many clients are stacked at a time (memory bound; fewer
-            when their optimizer state or batches would exceed the engine's budget).
+        chunk_size: at most this many clients are stacked at a time (fewer when their
+            optimizer state or batches would exceed the engine's budget); None or "auto": 64
+            on the CPU, on a GPU as many as its free memory holds (`VectorizedEngine`).
         kernel: "auto" (fast paths for the built-in models, `torch.func` otherwise), or
             "mlp" / "cnn" / "generic" to force one.
         device: "cpu" (default), "cuda", "cuda:N" or "auto" (`engine.device`).
         precision: "fp32" or "tf32" (CUDA products).
+        compact: keep inputs that are 8-bit values (images read from bytes) as uint8 on the
+            device, decoded per batch, bit for bit; None: on a GPU only.
     """
 
     name = "simulation"
@@ -100,18 +119,24 @@ class SimulationBackend(Backend):
         self,
         federation: Federation,
         factory: ModelFactory,
-        chunk_size: int = 64,
+        chunk_size: int | str | None = None,
         *,
         kernel: str = "auto",
         device: str = "cpu",
         precision: str = "fp32",
+        compact: bool | None = None,
     ) -> None:
         super().__init__(federation, factory)
         self.device = resolve_device(device)
+        #: 8-bit inputs kept as uint8 codes on the device (`compact_inputs`); default: on a GPU
+        self.compact = self.device.type == "cuda" if compact is None else bool(compact)
+        self.precision = precision
         set_precision(self.device, precision)
         tune_allocator()  # large reply tensors reuse heap memory (see engine.allocator)
         self.module = factory.build().to(self.device)
-        self.engine = VectorizedEngine(self.module, factory.layout, kernel, chunk_size)
+        chunk = None if chunk_size in (None, "auto") else int(chunk_size)
+        self.engine = VectorizedEngine(self.module, factory.layout, kernel, chunk,
+                                       input_shape=tuple(factory.input_shape))
         self._splits: dict[tuple[str, torch.dtype], SplitData] = {}
 
     @classmethod
@@ -121,6 +146,11 @@ class SimulationBackend(Backend):
                    device=getattr(config, "device", "auto"),
                    precision=getattr(config, "precision", "fp32"))
 
+    def execute(self, request: Any) -> Any:
+        """`Backend.execute` inside the precision's scope (bf16 autocast for "bf16-mixed")."""
+        with compute_scope(self.device, self.precision):
+            return super().execute(request)
+
     # -------------------------------------------------------------- helpers
     def _split(self, name: str, dtype: torch.dtype) -> SplitData:
         """The split's data in `dtype` on the device (cast and moved once, cached)."""
@@ -128,8 +158,10 @@ class SimulationBackend(Backend):
         if key not in self._splits:
             x, y, off = self.federation.split(name)
             x = x.to(self.device, dtype).contiguous()
+            codes = compact_inputs(x, dtype) if self.compact else None
             y = y.to(self.device, dtype if self.federation.task == "regression" else None)
-            self._splits[key] = SplitData(x, y.contiguous(), off)
+            self._splits[key] = (SplitData(x, y.contiguous(), off) if codes is None else
+                                 SplitData(codes, y.contiguous(), off, 255.0, dtype))
         return self._splits[key]
 
     def _rows(self, name: str, dtype: torch.dtype, clients: np.ndarray) -> tuple[SplitData, Rows]:
@@ -165,7 +197,7 @@ class SimulationBackend(Backend):
             data, rows, on(req.models, self.device), as_index(req.model_of_client), sched, tr,
             fed.task, offsets, req.seed, prox_center=on(center, self.device), prox_scale=scale,
         )
-        return pr.TrainReply(clients.copy(), narrow(params, req.coords).cpu(), sizes.copy(), loss)
+        return pr.TrainReply(clients.copy(), narrow(params, req.coords), sizes.copy(), loss)
 
     # -------------------------------------------------------------- mixtures
     def _sample_losses(self, split: str, models: torch.Tensor,
@@ -198,7 +230,7 @@ class SimulationBackend(Backend):
         which = np.repeat(np.arange(k, dtype=np.int64), n)
         params, loss = self.engine.train(data, rows_k, on(req.models, self.device), which, sched,
                                          tr, fed.task, None, req.seed, sample_weight=weight)
-        params = params.view(k, n, -1).transpose(0, 1).contiguous().cpu()
+        params = params.view(k, n, -1).transpose(0, 1).contiguous()
         return pr.MixtureTrainReply(clients.copy(), params, sizes.copy(),
                                     loss.reshape(k, n).sum(0), pi)
 
@@ -225,7 +257,7 @@ class SimulationBackend(Backend):
         grads, loss = self.engine.gradients(data, rows, on(req.models, self.device),
                                             as_index(req.model_of_client), batches, fed.task,
                                             req.seed)
-        return pr.GradientReply(clients.copy(), narrow(grads, req.coords).cpu(), used, loss)
+        return pr.GradientReply(clients.copy(), narrow(grads, req.coords), used, loss)
 
     def losses(self, req: pr.LossRequest) -> pr.LossReply:
         fed, clients = self.federation, as_index(req.clients)
@@ -277,5 +309,6 @@ def prox_centers(req: pr.TrainRequest) -> tuple[torch.Tensor | None, np.ndarray 
     a = torch.as_tensor(np.asarray(req.prox_weights, np.float64))
     scale = a.sum(1)
     norm = torch.where(scale[:, None] > 0, a / scale.clamp_min(1e-300)[:, None], 0.0)
-    centers = norm.to(req.prox_models.dtype) @ req.prox_models
+    with torch.autocast(req.prox_models.device.type, enabled=False):  # float32 centres
+        centers = norm.to(req.prox_models.dtype) @ req.prox_models
     return centers, scale.numpy()

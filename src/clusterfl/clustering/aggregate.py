@@ -13,7 +13,8 @@ from clusterfl.protocol import pick_rows
 
 def weighted_mean(params: torch.Tensor, weights: np.ndarray) -> torch.Tensor:
     """Σ w_i p_i / Σ w_i over the rows of `params`."""
-    w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=params.dtype)
+    w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=params.dtype,
+                        device=params.device)
     return torch.mv(params.t(), w / w.sum())  # one pass over [n, d], no [n, d] temporary
 
 
@@ -31,8 +32,10 @@ def average_members(
         return out
     for k in np.unique(groups):
         sel = groups == k
-        out[int(k)] = weighted_mean(params[torch.from_numpy(sel)], weights[sel])
+        out[int(k)] = weighted_mean(params[torch.from_numpy(sel).to(params.device)],
+                                    weights[sel])
     if shared is not None and bool(shared.any()):
+        shared = shared.to(params.device)
         out[:, shared] = weighted_mean(params[:, shared], weights)
     return out
 

@@ -79,7 +79,7 @@ def pairwise_cosine(updates: torch.Tensor | np.ndarray) -> np.ndarray:
         raise ValueError(f"updates must be [n, d], got shape {tuple(u.shape)}")
     norms = torch.linalg.vector_norm(u, dim=1)
     unit = u / torch.where(norms > 0, norms, torch.ones_like(norms))[:, None]
-    sim = (unit @ unit.T).clamp_(-1.0, 1.0).numpy().copy()
+    sim = (unit @ unit.T).clamp_(-1.0, 1.0).cpu().numpy().copy()  # [n, n]: small
     np.fill_diagonal(sim, 1.0)
     return sim
 
@@ -197,8 +197,8 @@ def stationarity_ratio(updates: torch.Tensor | np.ndarray,
     u = torch.as_tensor(updates).to(torch.float64)
     if u.ndim != 2:
         raise ValueError(f"updates must be [n, d], got shape {tuple(u.shape)}")
-    w = torch.ones(u.shape[0], dtype=torch.float64) if weights is None else \
-        torch.as_tensor(np.asarray(weights, dtype=np.float64))
+    w = torch.ones(u.shape[0], dtype=torch.float64, device=u.device) if weights is None else \
+        torch.as_tensor(np.asarray(weights, dtype=np.float64), device=u.device)
     if w.shape != (u.shape[0],) or bool((w < 0).any()):
         raise ValueError("weights must be one non-negative number per row")
     spread = float((w * torch.linalg.vector_norm(u, dim=1)).sum())
@@ -374,4 +374,4 @@ def cross_cosine(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> 
         n = torch.linalg.vector_norm(x, dim=1)
         return x / torch.where(n > 0, n, torch.ones_like(n))[:, None]
 
-    return (unit(u) @ unit(v).T).clamp_(-1.0, 1.0).numpy().copy()
+    return (unit(u) @ unit(v.to(u.device)).T).clamp_(-1.0, 1.0).cpu().numpy().copy()

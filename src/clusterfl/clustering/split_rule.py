@@ -278,7 +278,7 @@ class ClusterView:
                 formed: float | None = None, loss: float = math.nan) -> ClusterView:
         """The view of the `members` (client ids) whose updates are the rows of `updates`."""
         if len(members) == 0:  # nobody of this cluster answered: the model stays
-            zero = torch.zeros(updates.shape[1], dtype=updates.dtype)
+            zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
             return ClusterView(node, size, members, updates, np.zeros(0), zero, 0.0, 0.0, 0.0,
                                None, None, None, formed=formed, loss=loss)
         mean = weighted_mean(updates, weights)

@@ -8,6 +8,11 @@ weight 0, would skew batch statistics), and remembers that choice; a module that
 too is a one-line `ClusterFLError` pointing at the sequential backend. Buffers (BatchNorm's
 running statistics) are the module's own, shared by all clients and never federated, as in
 the sequential backend. The optimizer update is the shared stacked one.
+
+Under "bf16-mixed" autocast runs the module's products in bfloat16 (through `torch.func`
+as through autograd); the loss (cross-entropy is computed in float32 by autocast) and the
+gradients with respect to the float32 parameters are float32, and `forward` returns its
+outputs in the parameters' dtype.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from clusterfl.engine.common import per_sample_loss
+from clusterfl.engine.device import low_precision
 from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch
 from clusterfl.errors import ClusterFLError
 from clusterfl.models.params import ParamLayout
@@ -111,6 +117,12 @@ class GenericKernel(StackedKernel):
         return loss
 
     def forward(self, params: list[Tensor], x: Tensor) -> Tensor:
+        out = self._forward(params, x)
+        if out.dtype != params[0].dtype and low_precision(params[0]) is not None:
+            out = out.to(params[0].dtype)  # bf16-mixed: outputs in the parameters' dtype
+        return out
+
+    def _forward(self, params: list[Tensor], x: Tensor) -> Tensor:
         self.module.eval()
         if self.use_vmap:
             try:

@@ -22,6 +22,9 @@ Choices the paper leaves open, and what we do:
   does not say how PCA signatures are made comparable.
 
 Everything is a pure function of (data, request, seed): the same inputs give the same output.
+In particular a signature is computed in float32 whatever the backend's precision: under
+"bf16-mixed" (autocast) `client_signature` turns autocast off for its own computation, a
+one-off step on the CPU whose codes feed k-means.
 """
 
 from __future__ import annotations
@@ -133,6 +136,14 @@ def client_signature(x: torch.Tensor, y_unused: torch.Tensor | None, request: Em
     """
     del y_unused
     x = x.to(torch.float32)
+    if torch.is_autocast_enabled(x.device.type):  # bf16-mixed: signatures stay float32
+        with torch.autocast(x.device.type, enabled=False):
+            return _signature(x, request, seed)
+    return _signature(x, request, seed)
+
+
+def _signature(x: torch.Tensor, request: EmbedRequest, seed: int) -> np.ndarray:
+    """`client_signature` of float32 images `x`."""
     if request.method == "pca":
         return pca_centroids(x, request.k, request.pca_components, seed, request.kmeans_n_init)
     if request.method != "encoder":

@@ -12,6 +12,12 @@ the gradient is `lhs @ rhs`, which lets the sink fuse the product into the updat
 
 Parameters are lists of tensors `[n, *shape]` in `ParamLayout` order; a step works on the
 first `a` rows (the engine orders clients so that the clients still training form a prefix).
+
+Mixed precision ("bf16-mixed", `engine.device.compute_scope`): under autocast a kernel hands
+the sinks products of bfloat16 operands (`matmul`) and float32 tensors (`grad`); the sinks
+form such a product in bfloat16 and apply or store it in the parameters' dtype, so
+parameters, optimizer state and stored gradients stay float32. With float32 operands (no
+autocast) they run exactly as without it.
 """
 
 from __future__ import annotations
@@ -107,7 +113,9 @@ class GradientSink(Sink):
 
     def matmul(self, i: int, lhs: Tensor, rhs: Tensor) -> None:
         out = self.out[i]
-        if out.is_contiguous():
+        if lhs.dtype != out.dtype:  # bf16-mixed: the low-precision product, stored as out's
+            out.copy_(torch.bmm(lhs, rhs))
+        elif out.is_contiguous():
             torch.bmm(lhs, rhs, out=out)
         else:
             strided_bmm(out, lhs, rhs)
@@ -250,6 +258,9 @@ class StackedOptimizer(Sink):
     # ---------------------------------------------------------------- sink interface
     def matmul(self, i: int, lhs: Tensor, rhs: Tensor) -> None:
         p = self.params[i][: self.a]
+        if lhs.dtype != p.dtype:  # bf16-mixed: the product in bf16, the update in p's dtype
+            self.grad(i, torch.bmm(lhs, rhs).to(p.dtype))
+            return
         lr = self.tr.lr
         if self.adam:
             g = torch.bmm(lhs, rhs, out=self._scratch(self._grad_buf, i))

@@ -6,6 +6,12 @@ along the channel axis (`[B, a·C, H, W]`) and the stacked kernels form the weig
 a·G groups on the stacked channels. The convolutional part uses autograd (its parameters are
 tiny); the fully connected head, which holds almost all parameters, is the hand-written
 `DenseStack` with the update fused into the backward products.
+
+Under "bf16-mixed" the convolutions (forward and, through autograd, backward) run in
+bfloat16 by autocast itself; the features enter the dense head's mixed path, whose bfloat16
+input gradient autograd takes as it is (it casts it to the features' dtype, float32 where
+autocast computes GroupNorm in float32, as on CUDA). The parameters are float32 leaves, so
+their gradients come back float32.
 """
 
 from __future__ import annotations

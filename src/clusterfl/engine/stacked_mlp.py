@@ -5,15 +5,24 @@ bias), and serves as the fully connected head of the CNN kernel. Each layer is o
 matrix product over the clients (`torch.baddbmm`), and the weight gradient `dZᵀ·h` is handed
 to the sink as a product so the update can be fused into it (no stacked gradient is stored
 for plain SGD or momentum SGD).
+
+Under "bf16-mixed" (autocast on, float32 parameters: `engine.device.low_precision`) the
+stack takes its mixed path: inputs, weights and biases are cast to bfloat16 (in workspace
+buffers), the forward and backward products run in bfloat16 and so do the activations
+between layers; dropout masks (drawn in float32, the same draws as without autocast), the
+outputs handed to the loss, the loss gradient and the bias gradients are float32, and the
+weight gradients reach the sink as bfloat16 products (`Sink.matmul`), which it applies or
+stores in float32. Without autocast the float32 code runs unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from clusterfl.engine.device import low_precision
 from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch, Workspace, loss_and_grad
 from clusterfl.models.params import ParamLayout
 from clusterfl.models.zoo import MLP, LinearRegression
@@ -39,6 +48,7 @@ class SharedModels:
     weight_t: Tensor
     bias: Tensor | None
     weight: Tensor | None = None  # [K·out, in] for the fused oneDNN product, when it applies
+    low: torch.dtype | None = None  # bf16-mixed: the dtype of params, weight_t and bias
 
 
 @dataclass
@@ -47,6 +57,8 @@ class DenseCache:
 
     inputs: list[Tensor]
     masks: list[Tensor | None]
+    weights: list[Tensor] = field(default_factory=list)  # bf16-mixed: the cast weights
+    low: torch.dtype | None = None  # bf16-mixed: the dtype of the products
 
 
 class DenseStack:
@@ -66,8 +78,12 @@ class DenseStack:
     ) -> tuple[Tensor, DenseCache]:
         """`h` `[a, B, in]` → outputs `[a, B, out]`.
 
-        The outputs live in the workspace: consume them before the next call.
+        The outputs live in the workspace: consume them before the next call. Under
+        bf16-mixed they are float32 (`_forward_mixed`).
         """
+        low = low_precision(params[self.layers[0].weight])
+        if low is not None:
+            return self._forward_mixed(params, h, train, generator, low)
         cache = DenseCache([], [])
         a, b = h.shape[:2]
         for k, layer in enumerate(self.layers):
@@ -104,6 +120,64 @@ class DenseStack:
             h = z
         return h, cache
 
+    def _cast(self, key: str, t: Tensor, low: torch.dtype) -> Tensor:
+        """`t` in `low`, in the workspace buffer `key` (one copy of a tensor expanded over the
+        clients, which stays expanded); `t` itself when it is `low` already."""
+        if t.dtype == low:
+            return t
+        if _shared(t):
+            one = self.ws.get(key, t.shape[1:], low, t.device)
+            one.copy_(t[0])
+            return one.expand(t.shape)
+        out = self.ws.get(key, t.shape, low, t.device)
+        out.copy_(t)
+        return out
+
+    def _forward_mixed(
+        self,
+        params: list[Tensor],
+        h: Tensor,
+        train: bool,
+        generator: torch.Generator | None,
+        low: torch.dtype,
+    ) -> tuple[Tensor, DenseCache]:
+        """`forward` under bf16-mixed: the products and activations in `low`, the outputs in
+        the parameters' dtype."""
+        cache = DenseCache([], [], [], low)
+        a, b = h.shape[:2]
+        h = self._cast(f"{self.tag}in", h, low)
+        for k, layer in enumerate(self.layers):
+            w = self._cast(f"{self.tag}w{k}", params[layer.weight], low)
+            bias = (None if layer.bias is None
+                    else self._cast(f"{self.tag}b{k}", params[layer.bias], low))
+            z = self.ws.get(f"{self.tag}z{k}", (a, b, w.shape[1]), low, h.device)
+            if _shared(w) and h.is_contiguous():  # one model for all: one large product
+                flat = z.view(a * b, -1)
+                if bias is not None:
+                    torch.addmm(bias[0], h.view(a * b, -1), w[0].t(), out=flat)
+                else:
+                    torch.mm(h.view(a * b, -1), w[0].t(), out=flat)
+            elif bias is not None:
+                torch.baddbmm(bias.unsqueeze(1), h, w.transpose(1, 2), out=z)
+            else:
+                torch.bmm(h, w.transpose(1, 2), out=z)
+            if layer.relu:
+                z.clamp_(min=0)
+            mask = None
+            if train and layer.dropout > 0:  # drawn in float32: the same noise as without
+                keep = 1.0 - layer.dropout
+                dtype = params[layer.weight].dtype
+                mask = torch.empty(z.shape, dtype=dtype, device=z.device)
+                mask.bernoulli_(keep, generator=generator).div_(keep)
+                z.mul_(mask)
+            cache.inputs.append(h)
+            cache.masks.append(mask)
+            cache.weights.append(w)
+            h = z
+        out = self.ws.get(f"{self.tag}out32", h.shape, params[self.layers[-1].weight].dtype,
+                          h.device)
+        return out.copy_(h), cache
+
     def backward(
         self,
         params: list[Tensor],
@@ -112,7 +186,12 @@ class DenseStack:
         sink: Sink,
         need_input_grad: bool = False,
     ) -> Tensor | None:
-        """Back-propagate `dout`; each weight's gradient goes to `sink` right after its last use."""
+        """Back-propagate `dout`; each weight's gradient goes to `sink` right after its last use.
+
+        Under bf16-mixed (a `cache` of `_forward_mixed`) the input gradient is in bfloat16.
+        """
+        if cache.low is not None:
+            return self._backward_mixed(params, cache, dout, sink, need_input_grad)
         dz = dout
         for k in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[k]
@@ -135,6 +214,44 @@ class DenseStack:
             sink.matmul(layer.weight, dz.transpose(1, 2), h_in)
             if layer.bias is not None:
                 sink.grad(layer.bias, dz.sum(1))
+            dz = dh  # type: ignore[assignment]  # dh is a Tensor here
+        return dz if need_input_grad else None
+
+    def _backward_mixed(
+        self,
+        params: list[Tensor],
+        cache: DenseCache,
+        dout: Tensor,
+        sink: Sink,
+        need_input_grad: bool,
+    ) -> Tensor | None:
+        """`backward` under bf16-mixed: `dout` (float32) is cast to bfloat16 for the products;
+        bias gradients are summed in the parameters' dtype."""
+        assert cache.low is not None
+        dz = self._cast(f"{self.tag}dout16", dout, cache.low)
+        last = len(self.layers) - 1
+        for k in range(last, -1, -1):
+            layer = self.layers[k]
+            h_in = cache.inputs[k]
+            w = cache.weights[k]  # the weight before its update below
+            dh = None
+            if k > 0 or need_input_grad:
+                dh = self.ws.get(f"{self.tag}dh{k}", h_in.shape, dz.dtype, dz.device)
+                if _shared(w) and dz.is_contiguous():
+                    torch.mm(dz.view(-1, dz.shape[-1]), w[0], out=dh.view(-1, dh.shape[-1]))
+                else:
+                    torch.bmm(dz, w, out=dh)
+                if k > 0:
+                    prev = self.layers[k - 1]
+                    mask = cache.masks[k - 1]
+                    if mask is not None:
+                        dh.mul_(mask)
+                    if prev.relu:
+                        torch.ops.aten.threshold_backward.grad_input(dh, h_in, 0.0, grad_input=dh)
+            sink.matmul(layer.weight, dz.transpose(1, 2), h_in)
+            if layer.bias is not None:
+                dtype = params[layer.bias].dtype
+                sink.grad(layer.bias, dout.sum(1) if k == last else dz.sum(1, dtype=dtype))
             dz = dh  # type: ignore[assignment]  # dh is a Tensor here
         return dz if need_input_grad else None
 
@@ -215,8 +332,17 @@ class MLPKernel(StackedKernel):
         return out
 
     def prepare_shared(self, params: list[list[Tensor]]) -> SharedModels:
-        """Concatenate the first layers of K models (each a list of unstacked parameters)."""
+        """Concatenate the first layers of K models (each a list of unstacked parameters).
+
+        Under bf16-mixed every parameter is cast to bfloat16 here, once for all rows.
+        """
         first = self.dense.layers[0]
+        low = low_precision(params[0][first.weight]) if params else None
+        if low is not None:
+            params = [[p.to(low) for p in model] for model in params]
+            weight_t = torch.cat([p[first.weight] for p in params], 0).t().contiguous()
+            bias = None if first.bias is None else torch.cat([p[first.bias] for p in params])
+            return SharedModels(params, weight_t, bias, None, low)
         # [in, K·out] contiguous: MKL is faster on a plain right operand than on a transposed one
         weight_t = torch.cat([p[first.weight] for p in params], 0).t().contiguous()
         bias = None if first.bias is None else torch.cat([p[first.bias] for p in params])
@@ -237,8 +363,12 @@ class MLPKernel(StackedKernel):
 
         The first layer of all K models is one matrix product, so the rows are read once.
         With `dest` (K tensors `[R, O]`) the last layer writes there directly. Without it,
-        outputs may live in the workspace: consume them before the next call.
+        outputs may live in the workspace: consume them before the next call. Under
+        bf16-mixed (`shared.low`) the products run in bfloat16 and the outputs are in the
+        dtype of `x`.
         """
+        if shared.low is not None:
+            return self._forward_shared_mixed(shared, x, dest)
         h = x.reshape(x.shape[0], -1)
         layers, params, weight_t = self.dense.layers, shared.params, shared.weight_t
         if shared.weight is not None and h.dtype == shared.weight.dtype:
@@ -273,4 +403,30 @@ class MLPKernel(StackedKernel):
                 dest[k].copy_(hk)
                 hk = dest[k]
             outs.append(hk)
+        return outs
+
+    def _forward_shared_mixed(
+        self, shared: SharedModels, x: Tensor, dest: list[Tensor] | None
+    ) -> list[Tensor]:
+        """`forward_shared` with parameters prepared in `shared.low`."""
+        assert shared.low is not None
+        h = x.reshape(x.shape[0], -1).to(shared.low)
+        layers, params, weight_t = self.dense.layers, shared.params, shared.weight_t
+        z = self.ws.get("shared_z", (h.shape[0], weight_t.shape[1]), h.dtype, h.device)
+        if shared.bias is not None:
+            torch.addmm(shared.bias, h, weight_t, out=z)
+        else:
+            torch.mm(h, weight_t, out=z)
+        if layers[0].relu:
+            z.clamp_(min=0)
+        width = weight_t.shape[1] // len(params)
+        outs = []
+        for k, p in enumerate(params):
+            hk = z[:, k * width : (k + 1) * width]
+            for layer in layers[1:]:
+                w = p[layer.weight].t()
+                hk = torch.addmm(p[layer.bias], hk, w) if layer.bias is not None else hk @ w
+                if layer.relu:
+                    hk.clamp_(min=0)
+            outs.append(dest[k].copy_(hk) if dest is not None else hk.to(x.dtype))
         return outs

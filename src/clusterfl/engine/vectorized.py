@@ -46,6 +46,13 @@ Tensor = torch.Tensor
 
 #: rows per piece when one model runs over many rows
 ROW_PIECE = 8192
+#: clients per chunk on the CPU when `chunk_size` is not set (every CPU result used it)
+CPU_CHUNK = 64
+#: shares of a GPU's free memory for the stacked parameter copies and for the activations
+GPU_STATE_SHARE = 0.35
+GPU_SAMPLE_SHARE = 0.3
+#: copies of each activation a training step holds (forward value, its gradient, a temporary)
+ACTIVATION_COPIES = 3
 # rows per product in `all_model_outputs`, divided by K: keeps the K hidden layers in cache
 SHARED_ROWS = 4 * ROW_PIECE
 
@@ -68,11 +75,36 @@ def select_kernel(module: nn.Module, layout: ParamLayout, kind: str = "auto") ->
 
 @dataclass
 class SplitData:
-    """One split of the federation: inputs and targets (in the compute dtype) and offsets."""
+    """One split of the federation: inputs and targets (in the compute dtype) and offsets.
+
+    With `scale` set, `x` holds uint8 codes of inputs that are exactly `code / scale` in the
+    compute dtype `dtype` (8-bit images: a quarter of the memory); `decode` turns the rows a
+    step reads into the inputs, bit for bit (`compact_inputs`).
+    """
 
     x: Tensor
     y: Tensor
     offsets: np.ndarray
+    scale: float | None = None
+    dtype: torch.dtype = torch.float32
+
+    def decode(self, x: Tensor) -> Tensor:
+        """Rows of `x` (gathered, sliced) as inputs in the compute dtype."""
+        return x if self.scale is None else x.to(self.dtype) / self.scale
+
+
+def compact_inputs(x: Tensor, dtype: torch.dtype, scale: float = 255.0) -> Tensor | None:
+    """`x` as uint8 codes when every value is exactly `code / scale` in `dtype` (so decoding
+    gives back the same bits); None otherwise (the inputs are kept as they are)."""
+    if not x.is_floating_point() or x.numel() == 0:
+        return None
+    codes = torch.round(x.to(dtype) * scale)
+    if bool(((codes < 0) | (codes > 255)).any()):
+        return None
+    packed = codes.to(torch.uint8)
+    if not torch.equal(packed.to(dtype) / scale, x.to(dtype)):
+        return None
+    return packed
 
 
 @dataclass
@@ -151,26 +183,73 @@ class VectorizedEngine:
         module: nn.Module,
         layout: ParamLayout,
         kernel: str = "auto",
-        chunk_size: int = 64,
+        chunk_size: int | None = CPU_CHUNK,
         state_budget: int = 3 << 30,
+        input_shape: tuple[int, ...] = (),
     ) -> None:
-        if chunk_size < 1:
+        if chunk_size is not None and chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.module = module
         self.layout = layout
         self.kernel = select_kernel(module, layout, kernel)
         self.chunk_size = chunk_size
         self.state_budget = state_budget
+        self.input_shape = tuple(input_shape)  # one sample's (GPU chunks: `sample_bytes`)
+        self._sample_bytes: int | None = None
         for p in module.parameters():
             p.requires_grad_(False)
 
     # ------------------------------------------------------------------ helpers
-    def _chunk_len(self, copies: int, batch: int, dtype: torch.dtype) -> int:
-        """Clients per chunk for `copies` stacked parameter copies and `batch` samples each."""
+    def _chunk_len(self, copies: int, batch: int, dtype: torch.dtype,
+                   device: torch.device | None = None) -> int:
+        """Clients per chunk for `copies` stacked parameter copies and `batch` samples each.
+
+        On the CPU: at most `chunk_size` (64 when not set), fewer when the parameter copies
+        exceed `state_budget` or the samples the kernel's cache-sized `max_samples`. On a GPU
+        without a `chunk_size`: as many as the device's free memory holds (`gpu_budgets`).
+        """
         per_client = max(1, copies * self.layout.size * torch.finfo(dtype).bits // 8)
-        by_state = self.state_budget // per_client
-        by_samples = self.kernel.max_samples // max(batch, 1)
-        return int(max(1, min(self.chunk_size, by_state, by_samples)))
+        cap, state, samples = self.chunk_size, self.state_budget, self.kernel.max_samples
+        if device is not None and device.type == "cuda":
+            state, samples = self.gpu_budgets(device, dtype)
+        elif cap is None:
+            cap = CPU_CHUNK
+        by_state = state // per_client
+        by_samples = samples // max(batch, 1)
+        size = min(by_state, by_samples) if cap is None else min(cap, by_state, by_samples)
+        return int(max(1, size))
+
+    def gpu_budgets(self, device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+        """(bytes of stacked parameter copies, samples per step) on a GPU: `GPU_STATE_SHARE`
+        of its free memory for the copies, `GPU_SAMPLE_SHARE` for the activations of the
+        samples (`sample_bytes` each, measured once on the module)."""
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        per_sample = self.sample_bytes(dtype)
+        return int(free * GPU_STATE_SHARE), max(1, int(free * GPU_SAMPLE_SHARE) // per_sample)
+
+    def sample_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes one training sample needs on the device: its input and every layer's output,
+        each kept for the backward pass and matched by a gradient (×`ACTIVATION_COPIES`)."""
+        if self._sample_bytes is None:
+            floats = [0]
+
+            def count(_m: nn.Module, _i: object, out: object) -> None:
+                if isinstance(out, torch.Tensor):
+                    floats[0] += out[0].numel()
+
+            leaves = [m for m in self.module.modules() if not list(m.children())]
+            hooks = [m.register_forward_hook(count) for m in leaves]
+            shape = self.input_shape
+            param = next(self.module.parameters())
+            try:
+                with torch.no_grad():
+                    self.module(torch.zeros(1, *shape, dtype=param.dtype, device=param.device))
+            finally:
+                for h in hooks:
+                    h.remove()
+            self._sample_bytes = ACTIVATION_COPIES * (floats[0] + int(np.prod(shape)))
+        return max(1, self._sample_bytes * torch.finfo(dtype).bits // 8)
 
     def _targets(self, data: SplitData, idx: Tensor) -> Tensor:
         y = data.y.index_select(0, idx.reshape(-1))
@@ -210,7 +289,7 @@ class VectorizedEngine:
         n_steps = (schedule >= 0).any(-1).sum(-1)
         order = np.argsort(-n_steps, kind="stable")
         copies = 2 + (tr.momentum != 0) + 4 * (tr.optimizer == "adam") + 2 * (tr.mu > 0)
-        size = self._chunk_len(copies, schedule.shape[-1], models.dtype)
+        size = self._chunk_len(copies, schedule.shape[-1], models.dtype, dev)
         with fork_rng(dev):
             torch.manual_seed(int(seed) & 0xFFFFFFFF)
             gen = generator(dev, int(seed) & 0xFFFFFFFF)
@@ -282,7 +361,7 @@ class VectorizedEngine:
                 saved = [t[:width].index_select(0, hole_t) for t in opt.state()]
             opt.begin(width, act_w)
             idx = gidx[:width, s]
-            x = self.kernel.gather(data.x, idx)
+            x = data.decode(self.kernel.gather(data.x, idx))
             y = self._targets(data, idx)
             off = None
             if offsets is not None:
@@ -319,7 +398,7 @@ class VectorizedEngine:
             return grads, losses
         which = np.asarray(model_of_client, np.int64)
         order = np.argsort(which, kind="stable")
-        size = self._chunk_len(1, batches.shape[-1], dtype)
+        size = self._chunk_len(1, batches.shape[-1], dtype, dev)
         with fork_rng(dev):
             torch.manual_seed(int(seed) & 0xFFFFFFFF)
             gen = generator(dev, int(seed) & 0xFFFFFFFF)
@@ -327,7 +406,7 @@ class VectorizedEngine:
                 m = len(pick)
                 gidx, _, valid = _pad_rows(rows, pick, batches[pick], dev)
                 w = _sample_weights(valid, dtype, dev)
-                x = self.kernel.gather(data.x, gidx)
+                x = data.decode(self.kernel.gather(data.x, gidx))
                 y = self._targets(data, gidx)
                 params = _stack_models(self.layout, models, which[pick])
                 direct = bool(np.all(np.diff(pick) == 1))  # rows pick[0]..pick[-1]
@@ -358,7 +437,7 @@ class VectorizedEngine:
             out = self._stacked_outputs(data, rows, models, which)
         if out is None:  # no rows at all
             probe = functional_call(
-                self.module, self.layout.views(models[0]), (data.x[:1],)
+                self.module, self.layout.views(models[0]), (data.decode(data.x[:1]),)
             ) if len(data.x) else torch.zeros(1, 1, dtype=models.dtype)
             out = torch.zeros(0, probe.shape[-1], dtype=models.dtype, device=models.device)
         return out
@@ -377,11 +456,11 @@ class VectorizedEngine:
         for g0, l0, length in _runs(rows, members):
             for p in range(0, length, ROW_PIECE):
                 q = min(length, p + ROW_PIECE)
-                x = data.x[g0 + p : g0 + q]
+                x = data.decode(data.x[g0 + p : g0 + q])
                 if one is not None:  # the kernel's faster evaluation (pooling, channels-last)
                     res = one(list(named.values()), x)
                 else:
-                    res = functional_call(self.module, named, (x,))
+                    res = functional_call(self.module, named, (x,)).to(params.dtype)  # bf16
                 if out is None:
                     out = self._new_out(rows, res)
                 out[l0 + p : l0 + q] = res
@@ -393,17 +472,20 @@ class VectorizedEngine:
         """Each client's own model on its own rows, clients stacked, in row pieces."""
         out = None
         biggest = int(rows.size.max()) if len(rows.size) else 0
-        size = self._chunk_len(1, min(biggest, ROW_PIECE), models.dtype)
+        size = self._chunk_len(1, min(biggest, ROW_PIECE), models.dtype, models.device)
         for pick in _chunks(np.arange(len(which)), size):
             sizes = rows.size[pick]
-            piece = max(1, self.kernel.max_samples // len(pick))
+            most = self.kernel.max_samples
+            if models.device.type == "cuda":
+                most = self.gpu_budgets(models.device, models.dtype)[1]
+            piece = max(1, most // len(pick))
             params = _stack_models(self.layout, models, which[pick])
             for p in range(0, int(sizes.max()), piece):
                 q = min(int(sizes.max()), p + piece)
                 local = np.arange(p, q)[None, :].repeat(len(pick), 0)
                 local = np.where(local < sizes[:, None], local, -1)
                 gidx, lidx, valid = _pad_rows(rows, pick, local, models.device)
-                res = self.kernel.forward(params, self.kernel.gather(data.x, gidx))
+                res = self.kernel.forward(params, data.decode(self.kernel.gather(data.x, gidx)))
                 if out is None:
                     out = self._new_out(rows, res)
                 mask = torch.from_numpy(valid.reshape(-1)).to(models.device)
@@ -429,7 +511,7 @@ class VectorizedEngine:
             for p in range(0, length, piece):
                 q = min(length, p + piece)
                 dest = [out[l0 + p : l0 + q, j] for j in range(k)]
-                self.kernel.forward_shared(prepared, data.x[g0 + p : g0 + q], dest)
+                self.kernel.forward_shared(prepared, data.decode(data.x[g0 + p : g0 + q]), dest)
         return out
 
     @torch.no_grad()
@@ -505,5 +587,6 @@ def mean_per_client(values: Tensor, sizes: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "ROW_PIECE", "Rows", "SplitData", "VectorizedEngine", "client_metrics_batched",
+    "compact_inputs",
     "mean_per_client", "select_kernel",
 ]

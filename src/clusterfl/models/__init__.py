@@ -8,19 +8,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 
 from clusterfl.config_util import parse, pick
 from clusterfl.errors import ConfigError
 from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_flat
-from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression
+from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression, ResNet18
 from clusterfl.plugins import describe, resolve
 
 __all__ = [
     "MLP", "ConvAE", "CustomModelConfig", "LeNet", "LeafCNN", "LinearRegression",
     "ModelConfig", "ModelFactory",
-    "ParamLayout",
+    "ParamLayout", "ResNet18", "ResNet18Config",
     "get_flat", "get_flat_grad", "model_config", "set_flat",
 ]
 
@@ -73,6 +73,29 @@ class ConvAEConfig(ModelConfig):
     latent: int = Field(128, ge=1)
 
 
+class ResNet18Config(ModelConfig):
+    """ResNet-18, CIFAR variant, with GroupNorm (`zoo.ResNet18`; CFL-GP App. F.7)."""
+
+    name: Literal["resnet18"] = "resnet18"
+    width: int = Field(64, ge=1, description="channels of the stem and the first stage (the "
+                       "stages have width x 1, 2, 4, 8); 64 = ResNet-18")
+    groups: int = Field(2, ge=1, description="GroupNorm groups, min(groups, channels) in each "
+                        "layer (GroupNorm for federated ResNets: Hsieh et al. 2020)")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups_divide(cls, groups: int, info: ValidationInfo) -> int:
+        width = info.data.get("width")  # absent when width itself is invalid
+        if width is None:
+            return groups
+        channels = [width, 2 * width, 4 * width, 8 * width]
+        if any(c % min(groups, c) for c in channels):
+            raise ValueError(f"GroupNorm needs min(groups, channels) to divide the channels of "
+                             f"every layer ({', '.join(map(str, channels))}); use a divisor "
+                             f"of width = {width}")
+        return groups
+
+
 def _mlp(c: MLPConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return MLP(shape, out, list(c.hidden), c.dropout)
 
@@ -93,12 +116,17 @@ def _conv_ae(c: ConvAEConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return ConvAE(shape, c.latent)
 
 
+def _resnet18(c: ResNet18Config, shape: tuple[int, ...], out: int) -> nn.Module:
+    return ResNet18(shape, out, c.groups, c.width)
+
+
 MODELS: dict[str, tuple[type[ModelConfig], Callable[[Any, tuple[int, ...], int], nn.Module]]] = {
     "mlp": (MLPConfig, _mlp),
     "lenet": (LeNetConfig, _lenet),
     "leaf_cnn": (LeafCNNConfig, _leaf),
     "linear": (LinearConfig, _linear),
     "conv_ae": (ConvAEConfig, _conv_ae),
+    "resnet18": (ResNet18Config, _resnet18),
 }
 
 

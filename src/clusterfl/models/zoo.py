@@ -7,6 +7,9 @@
 - `LinearRegression`: y = w·x + b (CFL-GP §5.1 synthetic regression).
 - `ConvAE`: FLT's convolutional autoencoder (App. C.3): encoder conv3-16 → conv3-4 → pool →
   linear to a 128-d latent; decoder linear → two transposed convolutions back to the image.
+- `ResNet18`: ResNet-18 (He et al. 2016), the model of CFL-GP App. F.7 ("CIFAR10 and
+  ResNet18"), in its CIFAR variant (3×3 stride-1 stem, no max-pool) with GroupNorm, which
+  Hsieh et al. 2020 ("The non-IID data quagmire") use for federated ResNets.
 """
 
 from __future__ import annotations
@@ -148,3 +151,72 @@ class ConvAE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = torch.relu(self.from_latent(self.encode(x)))
         return self.decoder(z.view(x.shape[0], *self.grid))
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 convolutions, each followed by GroupNorm, with a residual connection.
+
+    Where the shape changes (stride 2 or more channels) the shortcut is a 1×1 projection
+    followed by GroupNorm ("option B" of He et al. 2016); elsewhere it is the identity. The
+    ReLUs and the residual sum are out-of-place so that `torch.func.vmap` traces the block.
+    """
+
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(min(groups, c_out), c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                nn.GroupNorm(min(groups, c_out), c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.norm1(self.conv1(x)))
+        h = self.norm2(self.conv2(h))
+        return torch.relu(h + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for small images, with GroupNorm instead of BatchNorm.
+
+    What the sources say: CFL-GP (Kim et al. 2024) App. F.7 trains a ResNet18 on CIFAR10;
+    Hsieh et al. 2020 ("The non-IID data quagmire of decentralized machine learning") replace
+    BatchNorm by GroupNorm in ResNets trained on non-IID clients, since BatchNorm's batch
+    statistics differ between clients. Here, as well, BatchNorm would not stack across
+    clients (its running statistics are buffers updated in place, outside `vmap`).
+
+    What we chose: the usual CIFAR variant of ResNet-18 — a 3×3 stride-1 stem convolution
+    (`width` channels) with GroupNorm and ReLU, no max-pool; four stages of two `BasicBlock`s
+    with `width`·(1, 2, 4, 8) channels and strides 1, 2, 2, 2; global average pooling; one
+    linear layer. Convolutions have no bias (GroupNorm's shift takes its place). Every
+    GroupNorm has `min(groups, channels)` groups (default 2). With `width` = 64 and 10
+    classes the model has 11,173,962 parameters, as the BatchNorm version (whose running
+    statistics are buffers, not parameters). Parameter names follow torchvision's
+    (`conv1`, `layer1`…`layer4`, `fc`), so `feature_layers = ["fc"]` picks the last layer.
+    """
+
+    def __init__(
+        self, input_shape: tuple[int, ...], n_outputs: int, groups: int = 2, width: int = 64
+    ) -> None:
+        super().__init__()
+        c_in = input_shape[0]
+        self.conv1 = nn.Conv2d(c_in, width, 3, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(min(groups, width), width)
+
+        def stage(c: int, c_out: int, stride: int) -> nn.Sequential:
+            return nn.Sequential(BasicBlock(c, c_out, stride, groups),
+                                 BasicBlock(c_out, c_out, 1, groups))
+
+        self.layer1 = stage(width, width, 1)
+        self.layer2 = stage(width, 2 * width, 2)
+        self.layer3 = stage(2 * width, 4 * width, 2)
+        self.layer4 = stage(4 * width, 8 * width, 2)
+        self.fc = nn.Linear(8 * width, n_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.norm1(self.conv1(x)))
+        h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
+        return self.fc(h.mean(dim=(2, 3)))

@@ -33,6 +33,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from clusterfl.engine.transfer import to_cpu
 from clusterfl.errors import require
 from clusterfl.protocol import (
     RE,
@@ -177,6 +178,8 @@ class Guard:
         self._events["dropped"].update(int(c) for c in silent)
         uploaded = len(reply.clients)
         update = sent.kind == "update"
+        if update and uploaded and (self._bad or self.privacy.clip is not None):
+            reply = to_cpu(reply)  # attacks and noise draw from CPU generators
         if update and uploaded:
             reply = self._attack(sent, reply)
             self._updates.uploaded += uploaded

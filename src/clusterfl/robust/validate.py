@@ -67,15 +67,14 @@ def update_norms(request: Asks[Any], reply: Reply) -> np.ndarray:
     """
     vec = reply.update_rows()
     rows = positions_of(request, reply.clients)
-    out = np.empty(len(vec))
-    for lo in range(0, len(vec), _NORM_ROWS):
+    norms = torch.empty(len(vec), dtype=torch.float64, device=vec.device)
+    for lo in range(0, len(vec), _NORM_ROWS):  # on the reply's device, one copy back at the end
         block = vec[lo : lo + _NORM_ROWS]
         base = request.update_base(rows[lo : lo + _NORM_ROWS])
         if base is not None:
-            block = block - base
-        norms = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
-        out[lo : lo + len(block)] = norms.numpy()
-    return out
+            block = block - base.to(block.device)
+        norms[lo : lo + len(block)] = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
+    return norms.cpu().numpy()
 
 
 Checked = tuple[np.ndarray, list[Rejection]]

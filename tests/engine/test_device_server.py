@@ -1,0 +1,212 @@
+"""The GPU path's server side and memory settings, checked on the CPU (issue 37).
+
+- `engine.transfer`: whole states, requests and replies move between devices (the "meta"
+  device stands in for a GPU here: it is another device, so every tensor must move);
+- the driver: a method with `device_update` gets its reply where the backend left it, the
+  others on the CPU, and the state always comes back to the CPU;
+- `chunk_size = "auto"`: 64 clients on the CPU (every earlier CPU result), not written into
+  configs; a bad value is one line naming the field;
+- 8-bit inputs kept as uint8 codes (`compact_inputs`): replies bit-identical to float inputs;
+- `--resume` accepts a checkpoint made with another device, precision or chunk_size.
+
+The same on a real GPU: tests/gpu/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from tests.engine.test_equivalence import FILLED, make_federation, train_request
+from tests.tiny import tiny_config
+
+from clusterfl.algorithms.base import Ask, Update
+from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig, FedAvgState
+from clusterfl.backends.simulation import SimulationBackend, SimulationConfig
+from clusterfl.checkpoint import comparable
+from clusterfl.config import load_config
+from clusterfl.engine.transfer import device_of, move, to_cpu
+from clusterfl.engine.vectorized import CPU_CHUNK, compact_inputs
+from clusterfl.errors import ConfigError
+from clusterfl.models import ModelFactory, model_config
+from clusterfl.protocol import (
+    EvaluateRequest,
+    GradientRequest,
+    LossRequest,
+    Predictor,
+    TrainReply,
+    TrainRequest,
+)
+
+META = torch.device("meta")
+
+
+@dataclass(frozen=True)
+class Inner:
+    a: torch.Tensor
+    tag: str
+
+
+@dataclass
+class Outer:
+    inner: Inner
+    items: list[torch.Tensor]
+    table: dict[str, torch.Tensor]
+    pair: tuple[torch.Tensor, np.ndarray]
+    counts: np.ndarray
+
+
+def _outer() -> Outer:
+    return Outer(Inner(torch.ones(2), "x"), [torch.zeros(3)], {"k": torch.ones(1, 2)},
+                 (torch.arange(4), np.arange(2)), np.ones(3))
+
+
+def test_move_takes_every_tensor_inside_to_the_device_and_back() -> None:
+    value = _outer()
+    assert device_of(value) is None  # everything on the CPU
+    there = move(value, META)
+    assert device_of(there) == META
+    assert there.inner.a.device == META and there.inner.tag == "x"  # frozen dataclass
+    assert there.items[0].device == META and there.table["k"].device == META
+    assert there.pair[0].device == META and isinstance(there.pair[1], np.ndarray)
+    assert there.counts is value.counts  # numpy stays as it is
+    assert value.inner.a.device.type == "cpu"  # the original is not changed
+    assert to_cpu(value) is value
+
+
+def test_move_returns_the_same_object_when_nothing_moves() -> None:
+    value = _outer()
+    assert move(value, torch.device("cpu")) is value
+    assert to_cpu(np.ones(2)).shape == (2,)
+
+
+class _LeftThere(SimulationBackend):
+    """A backend that leaves its train replies' models on another device (as on a GPU)."""
+
+    def train(self, req: TrainRequest) -> TrainReply:
+        reply = super().train(req)
+        return TrainReply(reply.clients, reply.params.to(META), reply.n_samples, reply.loss)
+
+
+def _context(backend: SimulationBackend):
+    from clusterfl.algorithms.base import Context
+    from clusterfl.protocol import LocalTraining
+
+    fed = backend.federation
+    return Context(backend, backend.factory, LocalTraining(lr=0.1, batch_size=8),
+                   fed.n_clients, fed.train_sizes, np.random.default_rng(0), 0)
+
+
+def test_the_driver_keeps_replies_on_the_device_only_for_a_device_update(monkeypatch) -> None:
+    fed = make_federation((1, 6, 6), "classification", FILLED)
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [8]}), fed.input_shape,
+                           fed.n_outputs)
+    ctx = _context(_LeftThere(fed, factory))
+    seen: list[torch.device] = []
+
+    def update(self, state: FedAvgState, t: int, ask: Ask, reply: TrainReply) -> Update:
+        seen.append(reply.params.device)
+        assert state.model.device == reply.params.device  # the state went where the reply is
+        assert ask.request.models.device == reply.params.device  # and so did the request
+        return Update(FedAvgState(reply.params[:1].clone(), state.n_clients))
+
+    def back(value):  # to_cpu, but a meta tensor has no values to copy: zeros instead
+        if isinstance(value, torch.Tensor):
+            return torch.zeros(value.shape, dtype=value.dtype) if value.is_meta else value
+        if dataclasses.is_dataclass(value):
+            return dataclasses.replace(value, **{f.name: back(getattr(value, f.name))
+                                                 for f in dataclasses.fields(value) if f.init})
+        return value
+
+    def no_checks(request, reply, config):  # the validation reads values: meta has none
+        return np.ones(len(reply.clients), dtype=bool), []
+
+    monkeypatch.setattr(FedAvg, "update", update)
+    monkeypatch.setattr("clusterfl.algorithms.base.to_cpu", back)
+    monkeypatch.setattr("clusterfl.robust.guard.check_reply", no_checks)
+    method = FedAvg(FedAvgConfig())
+    method.setup(ctx)
+    method.run_round(ctx, 1)
+    assert seen == [META]
+    assert method.state.model.device.type == "cpu"  # kept on the CPU between steps
+    assert not ctx.keep_device  # the driver's setting does not outlive its send
+    monkeypatch.undo()
+    monkeypatch.setattr("clusterfl.robust.guard.check_reply", no_checks)
+    monkeypatch.setattr("clusterfl.algorithms.base.to_cpu", back)
+    monkeypatch.setattr(FedAvg, "update", update)
+    monkeypatch.setattr(FedAvg, "device_update", False)
+    method.run_round(ctx, 3)
+    assert seen[-1] == torch.device("cpu")  # Context.send brought it to the CPU
+
+
+def test_chunk_size_auto_is_64_on_the_cpu_and_is_not_written_into_configs() -> None:
+    fed = make_federation((1, 6, 6), "classification", [30] * 100)
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [8]}), fed.input_shape,
+                           fed.n_outputs)
+    auto = SimulationBackend(fed, factory)
+    assert auto.engine.chunk_size is None
+    assert auto.engine._chunk_len(2, 8, torch.float32, torch.device("cpu")) == CPU_CHUNK
+    assert SimulationBackend(fed, factory, chunk_size=7).engine._chunk_len(
+        2, 8, torch.float32, torch.device("cpu")) == 7
+    assert "chunk_size" not in SimulationConfig().model_dump()
+    assert SimulationConfig(chunk_size=12).model_dump()["chunk_size"] == 12
+    req = train_request(factory, "mlp", "sgd", 100)
+    a = SimulationBackend(fed, factory, chunk_size=64).train(req).params
+    assert torch.equal(auto.train(req).params, a)  # auto on the CPU is the 64 of before
+
+
+@pytest.mark.parametrize("bad", [0, -3, "big", 2.5, True])
+def test_a_bad_chunk_size_is_one_line_naming_the_field(bad) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config(backend={"name": "simulation", "chunk_size": bad}))
+    assert err.value.field == "backend.chunk_size"
+    assert "'auto'" in err.value.message and "\n" not in str(err.value)
+
+
+def test_8_bit_inputs_are_kept_as_codes_and_give_the_same_replies_bit_for_bit() -> None:
+    fed = make_federation((1, 8, 8), "classification", FILLED)
+    gen = torch.Generator().manual_seed(3)
+    for split in ("train", "test"):  # pixels read from bytes: k / 255
+        x = getattr(fed, f"x_{split}")
+        x.copy_(torch.randint(0, 256, x.shape, generator=gen).float() / 255.0)
+    factory = ModelFactory(model_config({"name": "lenet", "channels": [4, 6],
+                                         "hidden": [16, 12]}), fed.input_shape, fed.n_outputs)
+    plain = SimulationBackend(fed, factory, compact=False)
+    packed = SimulationBackend(fed, factory, compact=True)
+    assert packed._split("train", torch.float32).x.dtype == torch.uint8
+    assert plain._split("train", torch.float32).x.dtype == torch.float32
+    n = len(FILLED)
+    models = factory.init_many(2, seed=1)
+    which = np.arange(n) % 2
+    req = TrainRequest(np.arange(n), models, which, train_request(factory, "lenet", "sgd",
+                                                                  n).training, seed=4)
+    assert torch.equal(packed.train(req).params, plain.train(req).params)
+    grad = GradientRequest(np.arange(n), models, which, 8, seed=5)
+    assert torch.equal(packed.gradient(grad).grads, plain.gradient(grad).grads)
+    loss = LossRequest(np.arange(n), models, "test", None)
+    np.testing.assert_array_equal(packed.losses(loss).loss, plain.losses(loss).loss)
+    ev = EvaluateRequest(np.arange(n), Predictor.single(models, which), "test")
+    np.testing.assert_array_equal(packed.evaluate(ev).loss, plain.evaluate(ev).loss)
+
+
+def test_inputs_that_are_not_8_bit_values_are_kept_as_they_are() -> None:
+    x = torch.tensor([0.0, 1.0 / 255, 0.5, 1.0])  # 0.5 is no k / 255
+    assert compact_inputs(x, torch.float32) is None
+    assert compact_inputs(torch.tensor([0.0, 2.0]), torch.float32) is None  # out of range
+    ok = torch.tensor([0.0, 3.0, 255.0]) / 255.0
+    assert torch.equal(compact_inputs(ok, torch.float32), torch.tensor([0, 3, 255],
+                                                                       dtype=torch.uint8))
+
+
+def test_resume_compares_configs_without_where_they_compute() -> None:
+    base = load_config(tiny_config()).to_dict()
+    other = load_config(tiny_config(rounds=5, backend={
+        "name": "simulation", "device": "cpu", "precision": "tf32", "chunk_size": 16})).to_dict()
+    assert comparable(base) == comparable(other)
+    old = {**base, "backend": {**base["backend"], "chunk_size": 64}}  # written before "auto"
+    assert comparable(old) == comparable(base)
+    lr = load_config(tiny_config(train={"lr": 0.2, "batch_size": 16, "steps": 2})).to_dict()
+    assert comparable(lr) != comparable(base)  # what it computes still counts
