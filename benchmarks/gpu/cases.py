@@ -83,7 +83,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_rounds(backend: Any, fed: Any, factory: Any, kind: str, rounds: int) -> dict[str, Any]:
+def time_rounds(backend: Any, fed: Any, factory: Any, kind: str, rounds: int,
+                profile: bool = False) -> dict[str, Any]:
     """One warm-up round, then `rounds` timed ones: median seconds, peak GPU MiB."""
     from clusterfl.algorithms.base import Context
     from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
@@ -115,6 +116,27 @@ def time_rounds(backend: Any, fed: Any, factory: Any, kind: str, rounds: int) ->
         sync(device)
         times.append(time.perf_counter() - start)
     out: dict[str, Any] = {"round_s": statistics.median(times), "rounds_s": times}
+    if profile:  # one more round under torch's profiler: where the time goes
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        kinds = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                          else [])
+        with profiler(activities=kinds) as prof:
+            one(rounds + 1)
+            sync(device)
+        for key in ("self_cpu_time_total",) + (
+                ("cuda_time_total",) if device.type == "cuda" else ()):
+            print(prof.key_averages().table(sort_by=key, row_limit=12), flush=True)
+        import cProfile
+        import pstats
+
+        python = cProfile.Profile()  # the Python side (waits for the GPU show at syncs)
+        python.enable()
+        one(rounds + 2)
+        sync(device)
+        python.disable()
+        pstats.Stats(python).sort_stats("cumulative").print_stats(25)
     if device.type == "cuda":
         out["peak_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     if kind == "fedavg":
@@ -135,16 +157,18 @@ def measure(name: str, case: tuple, args: argparse.Namespace) -> dict[str, Any]:
                            "samples_per_client": per, "input": list(shape), "kind": kind,
                            "parameters": factory.size}
     engine = SimulationBackend(fed, factory, device=args.device, precision=args.precision)
-    row["engine"] = time_rounds(engine, fed, factory, kind, args.rounds)
+    row["engine"] = time_rounds(engine, fed, factory, kind, args.rounds,
+                                name in args.profile.split(","))
     row["engine_clients_per_chunk"] = engine.engine._chunk_len(
         2, 50, torch.float32, engine.device)
     del engine
-    if loop and time.perf_counter() < args.deadline:
+    if loop and not args.no_baselines and time.perf_counter() < args.deadline:
         seq = SequentialBackend(fed, factory, device=args.device, precision=args.precision)
         row["loop"] = time_rounds(seq, fed, factory, kind, args.loop_rounds)
         row["speedup_vs_loop"] = row["loop"]["round_s"] / row["engine"]["round_s"]
         del seq
-    if cpu and args.device != "cpu" and time.perf_counter() < args.deadline:
+    if (cpu and args.device != "cpu" and not args.no_baselines
+            and time.perf_counter() < args.deadline):
         threads = torch.get_num_threads()
         torch.set_num_threads(args.cpu_threads)
         try:
@@ -180,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="JSON results (default: print only)")
     p.add_argument("--quick", action="store_true", help="tiny federations (a check)")
     p.add_argument("--only", default="", help="comma-separated case names")
+    p.add_argument("--profile", default="", help="comma-separated cases to profile one more "
+                   "round of (torch.profiler tables on the screen)")
+    p.add_argument("--no-baselines", action="store_true", help="time our engine only")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--loop-rounds", type=int, default=1)
     p.add_argument("--cpu-rounds", type=int, default=1)

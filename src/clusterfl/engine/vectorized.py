@@ -90,7 +90,14 @@ class SplitData:
 
     def decode(self, x: Tensor) -> Tensor:
         """Rows of `x` (gathered, sliced) as inputs in the compute dtype."""
-        return x if self.scale is None else x.to(self.dtype) / self.scale
+        return x if self.scale is None else decode_codes(x, self.dtype, self.scale)
+
+
+def decode_codes(codes: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
+    """`codes / scale` in `dtype`, correctly rounded on every device: the divisor is a tensor
+    on the codes' device (CUDA divides by a Python number as a product with its reciprocal,
+    which differs from the division in the last bit for some codes)."""
+    return codes.to(dtype) / torch.full((), scale, dtype=dtype, device=codes.device)
 
 
 def compact_inputs(x: Tensor, dtype: torch.dtype, scale: float = 255.0) -> Tensor | None:
@@ -102,7 +109,7 @@ def compact_inputs(x: Tensor, dtype: torch.dtype, scale: float = 255.0) -> Tenso
     if bool(((codes < 0) | (codes > 255)).any()):
         return None
     packed = codes.to(torch.uint8)
-    if not torch.equal(packed.to(dtype) / scale, x.to(dtype)):
+    if not torch.equal(decode_codes(packed, dtype, scale), x.to(dtype)):
         return None
     return packed
 
