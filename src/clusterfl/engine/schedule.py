@@ -19,13 +19,11 @@ def client_rng(seed: int, client: int) -> np.random.Generator:
 
 def _epoch_batches(n: int, b: int, epochs: int, rng: np.random.Generator) -> np.ndarray:
     per_epoch = -(-n // b)
-    out = np.full((epochs * per_epoch, b), -1, dtype=np.int64)
-    for e in range(epochs):
-        perm = rng.permutation(n)
-        padded = np.full(per_epoch * b, -1, dtype=np.int64)
-        padded[:n] = perm
-        out[e * per_epoch : (e + 1) * per_epoch] = padded.reshape(per_epoch, b)
-    return out
+    out = np.full(epochs * per_epoch * b, -1, dtype=np.int64)
+    for e in range(epochs):  # each epoch's permutation, padded to whole batches
+        start = e * per_epoch * b
+        out[start : start + n] = rng.permutation(n)
+    return out.reshape(epochs * per_epoch, b)
 
 
 def _step_batches(n: int, b: int, steps: int, rng: np.random.Generator) -> np.ndarray:

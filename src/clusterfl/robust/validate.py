@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from clusterfl import protocol as pr
+from clusterfl.engine.transfer import move
 from clusterfl.protocol import RE, Asks, Reply, positions_of, reply_width
 from clusterfl.robust.config import ValidationConfig
 
@@ -66,13 +67,14 @@ def update_norms(request: Asks[Any], reply: Reply) -> np.ndarray:
     finite one (its squares fit in float64).
     """
     vec = reply.update_rows()
+    request = move(request, vec.device)  # the start models where the updates are (a GPU)
     rows = positions_of(request, reply.clients)
     norms = torch.empty(len(vec), dtype=torch.float64, device=vec.device)
     for lo in range(0, len(vec), _NORM_ROWS):  # on the reply's device, one copy back at the end
         block = vec[lo : lo + _NORM_ROWS]
         base = request.update_base(rows[lo : lo + _NORM_ROWS])
         if base is not None:
-            block = block - base.to(block.device)
+            block = block - base
         norms[lo : lo + len(block)] = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
     return norms.cpu().numpy()
 
