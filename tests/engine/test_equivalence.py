@@ -223,17 +223,23 @@ def test_losses_match_reference(name: str, with_offset: bool, dtype: torch.dtype
         close(a.accuracy, b.accuracy, dtype)
 
 
+def predictor_for(fac: ModelFactory, n: int, how: str) -> Predictor:
+    """A predictor for `n` clients (n = 6) that takes each evaluation path: "single" (two
+    models shared by all clients: the grouped path), "own_models" (one model per client: the
+    stacked path), or two members per client combined by `how`."""
+    if how == "single":
+        return Predictor.single(fac.init_many(2, seed=5), np.arange(n) % 2)
+    if how == "own_models":
+        return Predictor.single(fac.init_many(n, seed=5), np.arange(n)[::-1].copy())
+    return Predictor(fac.init_many(3, seed=6), np.array([[0, 1], [1, 2], [2, 0]] * 2), how)
+
+
 @pytest.mark.parametrize("how", ["single", "own_models", "sum_logits", "mean_probs"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_evaluate_matches_reference(name: str, how: str, dtype: torch.dtype) -> None:
     fed, fac, seq, sim = setup(name, FILLED)
     n = fed.n_clients
-    if how == "single":  # two models shared by all clients: grouped path
-        pred = Predictor.single(fac.init_many(2, seed=5), np.arange(n) % 2)
-    elif how == "own_models":  # one model per client: stacked path
-        pred = Predictor.single(fac.init_many(n, seed=5), np.arange(n)[::-1].copy())
-    else:
-        pred = Predictor(fac.init_many(3, seed=6), np.array([[0, 1], [1, 2], [2, 0]] * 2), how)
+    pred = predictor_for(fac, n, how)
     for split in ("test", "train"):
         req = EvaluateRequest(np.arange(n), pred, split)
         a, b = sim.evaluate(req), seq.evaluate(req)

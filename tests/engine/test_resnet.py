@@ -19,6 +19,7 @@ from tests.engine.test_equivalence import (
     SIZES,
     close,
     make_federation,
+    predictor_for,
     train_request,
 )
 from tests.tiny import tiny_config
@@ -192,13 +193,7 @@ def test_losses_match_reference(with_offset: bool) -> None:
 def test_evaluate_matches_reference(how: str) -> None:
     fed, fac, seq, sim = setup(FILLED)
     n = fed.n_clients
-    if how == "single":  # two models shared by all clients: grouped path
-        pred = Predictor.single(fac.init_many(2, seed=5), np.arange(n) % 2)
-    elif how == "own_models":  # one model per client: stacked path
-        pred = Predictor.single(fac.init_many(n, seed=5), np.arange(n)[::-1].copy())
-    else:
-        pred = Predictor(fac.init_many(3, seed=6), np.array([[0, 1], [1, 2], [2, 0]] * 2), how)
-    req = EvaluateRequest(np.arange(n), pred, "test")
+    req = EvaluateRequest(np.arange(n), predictor_for(fac, n, how), "test")
     a, b = sim.evaluate(req), seq.evaluate(req)
     for field in ("accuracy", "macro_f1", "loss"):
         close(getattr(a, field), getattr(b, field), torch.float64)

@@ -188,15 +188,18 @@ class DenseStack:
     ) -> Tensor | None:
         """Back-propagate `dout`; each weight's gradient goes to `sink` right after its last use.
 
-        Under bf16-mixed (a `cache` of `_forward_mixed`) the input gradient is in bfloat16.
+        Under bf16-mixed (a `cache` of `_forward_mixed`) `dout` (float32) is cast to bfloat16
+        for the products, the weights are the bfloat16 copies the forward used (taken before
+        the updates below), bias gradients are summed in the parameters' dtype, and the input
+        gradient is in bfloat16.
         """
-        if cache.low is not None:
-            return self._backward_mixed(params, cache, dout, sink, need_input_grad)
-        dz = dout
-        for k in range(len(self.layers) - 1, -1, -1):
+        mixed = cache.low is not None
+        dz = self._cast(f"{self.tag}dout16", dout, cache.low) if cache.low is not None else dout
+        last = len(self.layers) - 1
+        for k in range(last, -1, -1):
             layer = self.layers[k]
             h_in = cache.inputs[k]
-            w = params[layer.weight]
+            w = cache.weights[k] if mixed else params[layer.weight]
             dh = None
             if k > 0 or need_input_grad:
                 dh = self.ws.get(f"{self.tag}dh{k}", h_in.shape, dz.dtype, dz.device)
@@ -212,44 +215,9 @@ class DenseStack:
                     if prev.relu:  # ReLU backward: keep dh where the layer's output is > 0
                         torch.ops.aten.threshold_backward.grad_input(dh, h_in, 0.0, grad_input=dh)
             sink.matmul(layer.weight, dz.transpose(1, 2), h_in)
-            if layer.bias is not None:
+            if layer.bias is not None and not mixed:
                 sink.grad(layer.bias, dz.sum(1))
-            dz = dh  # type: ignore[assignment]  # dh is a Tensor here
-        return dz if need_input_grad else None
-
-    def _backward_mixed(
-        self,
-        params: list[Tensor],
-        cache: DenseCache,
-        dout: Tensor,
-        sink: Sink,
-        need_input_grad: bool,
-    ) -> Tensor | None:
-        """`backward` under bf16-mixed: `dout` (float32) is cast to bfloat16 for the products;
-        bias gradients are summed in the parameters' dtype."""
-        assert cache.low is not None
-        dz = self._cast(f"{self.tag}dout16", dout, cache.low)
-        last = len(self.layers) - 1
-        for k in range(last, -1, -1):
-            layer = self.layers[k]
-            h_in = cache.inputs[k]
-            w = cache.weights[k]  # the weight before its update below
-            dh = None
-            if k > 0 or need_input_grad:
-                dh = self.ws.get(f"{self.tag}dh{k}", h_in.shape, dz.dtype, dz.device)
-                if _shared(w) and dz.is_contiguous():
-                    torch.mm(dz.view(-1, dz.shape[-1]), w[0], out=dh.view(-1, dh.shape[-1]))
-                else:
-                    torch.bmm(dz, w, out=dh)
-                if k > 0:
-                    prev = self.layers[k - 1]
-                    mask = cache.masks[k - 1]
-                    if mask is not None:
-                        dh.mul_(mask)
-                    if prev.relu:
-                        torch.ops.aten.threshold_backward.grad_input(dh, h_in, 0.0, grad_input=dh)
-            sink.matmul(layer.weight, dz.transpose(1, 2), h_in)
-            if layer.bias is not None:
+            elif layer.bias is not None:
                 dtype = params[layer.bias].dtype
                 sink.grad(layer.bias, dout.sum(1) if k == last else dz.sum(1, dtype=dtype))
             dz = dh  # type: ignore[assignment]  # dh is a Tensor here
