@@ -335,11 +335,12 @@ class MLPKernel(StackedKernel):
         bf16-mixed (`shared.low`) the products run in bfloat16 and the outputs are in the
         dtype of `x`.
         """
-        if shared.low is not None:
-            return self._forward_shared_mixed(shared, x, dest)
+        low = shared.low
         h = x.reshape(x.shape[0], -1)
+        if low is not None:
+            h = h.to(low)
         layers, params, weight_t = self.dense.layers, shared.params, shared.weight_t
-        if shared.weight is not None and h.dtype == shared.weight.dtype:
+        if low is None and shared.weight is not None and h.dtype == shared.weight.dtype:
             # one oneDNN call with the bias and ReLU applied in its epilogue (instead of a
             # pass that copies the bias into z, the product, and a pass for the ReLU)
             z = torch.ops.mkldnn._linear_pointwise(
@@ -359,7 +360,7 @@ class MLPKernel(StackedKernel):
             hk = z[:, k * width : (k + 1) * width]
             for i, layer in enumerate(layers[1:], start=1):
                 last = i == len(layers) - 1
-                out = dest[k] if dest is not None and last else None
+                out = dest[k] if dest is not None and last and low is None else None
                 w = p[layer.weight].t()
                 if layer.bias is not None:
                     hk = torch.addmm(p[layer.bias], hk, w, out=out)
@@ -367,34 +368,10 @@ class MLPKernel(StackedKernel):
                     hk = torch.mm(hk, w, out=out)
                 if layer.relu:
                     hk.clamp_(min=0)
-            if dest is not None and len(layers) == 1:
+            if low is not None:  # the bfloat16 outputs, in the dtype of `x`
+                hk = dest[k].copy_(hk) if dest is not None else hk.to(x.dtype)
+            elif dest is not None and len(layers) == 1:
                 dest[k].copy_(hk)
                 hk = dest[k]
             outs.append(hk)
-        return outs
-
-    def _forward_shared_mixed(
-        self, shared: SharedModels, x: Tensor, dest: list[Tensor] | None
-    ) -> list[Tensor]:
-        """`forward_shared` with parameters prepared in `shared.low`."""
-        assert shared.low is not None
-        h = x.reshape(x.shape[0], -1).to(shared.low)
-        layers, params, weight_t = self.dense.layers, shared.params, shared.weight_t
-        z = self.ws.get("shared_z", (h.shape[0], weight_t.shape[1]), h.dtype, h.device)
-        if shared.bias is not None:
-            torch.addmm(shared.bias, h, weight_t, out=z)
-        else:
-            torch.mm(h, weight_t, out=z)
-        if layers[0].relu:
-            z.clamp_(min=0)
-        width = weight_t.shape[1] // len(params)
-        outs = []
-        for k, p in enumerate(params):
-            hk = z[:, k * width : (k + 1) * width]
-            for layer in layers[1:]:
-                w = p[layer.weight].t()
-                hk = torch.addmm(p[layer.bias], hk, w) if layer.bias is not None else hk @ w
-                if layer.relu:
-                    hk.clamp_(min=0)
-            outs.append(dest[k].copy_(hk) if dest is not None else hk.to(x.dtype))
         return outs
