@@ -151,43 +151,61 @@ class FlowerBackend(Relay):
         clients = np.asarray(request.clients, dtype=np.int64)
         if len(clients) == 0:  # nothing to send
             return request.empty_reply()
-        self._group += 1
+        kind = message_type(request)
+        items = [(c, kind, codec.to_recorddict(subset(request, [i]), {"setup": self._setup_json}))
+                 for i, c in enumerate(clients.tolist())
+                 if int(c) in self.session.node_of_client]  # the others: "no node holds ..."
+        replies, reasons = self._send(items, clients)
+        got: dict[int, Any] = {}
+        for (c, _, _), msg in zip(items, replies):
+            if msg is not None:
+                got[int(c)], _ = codec.from_recorddict(msg.content)
+        return self._assemble(request, clients, got, reasons)
+
+    def _send(self, items: list[tuple[int, str, Any]], asked: Any = None
+              ) -> tuple[list[Any | None], dict[int, str]]:
+        """One message per (client, message type, content) item, in one exchange; each item's
+        reply message (None: none), and why the clients of `asked` (default: the items')
+        that got none did not: no node holds it, an error from its node, or silence (past
+        `backend.timeout`, or since an earlier request). Updates `suspects`, the clients that
+        missed a deadline and are not waited for again."""
         require("flower", "flwr.app")
         from flwr.app import Message
 
-        kind = message_type(request)
-        messages, sent = [], []
-        reasons: dict[int, str] = {}
-        for i, c in enumerate(clients.tolist()):
+        self._group += 1
+        messages, where, reasons = [], [], {}
+        for c in (np.asarray(asked).tolist() if asked is not None else []):
+            if int(c) not in self.session.node_of_client:
+                reasons[int(c)] = "no node holds this client"
+        for i, (c, kind, content) in enumerate(items):
             node = self.session.node_of_client.get(int(c))
             if node is None:
                 reasons[int(c)] = "no node holds this client"
                 continue
-            content = codec.to_recorddict(subset(request, [i]), {"setup": self._setup_json})
             messages.append(Message(content, node, kind, group_id=str(self._group)))
-            sent.append(int(c))
+            where.append(i)
         t0 = time.perf_counter()
         replies = self._exchange(messages)
         self.seconds += time.perf_counter() - t0
         self.n_messages += len(messages)
-        client_of_node = {n: c for c, n in self.session.node_of_client.items()}
-        got: dict[int, Any] = {}
+        index = {mid: where[j] for j, mid in enumerate(self.last_ids)}
+        out: list[Any | None] = [None] * len(items)
         for msg in replies:
-            c = client_of_node.get(int(msg.metadata.src_node_id))
-            if c is None:
+            at = index.get(msg.metadata.reply_to_message_id)
+            if at is None:
                 continue
             if msg.has_error():
-                reasons[c] = f"error from node: {msg.error.reason}"
+                reasons[int(items[at][0])] = f"error from node: {msg.error.reason}"
                 continue
-            reply, _ = codec.from_recorddict(msg.content)
-            got[c] = reply
-        for c in sent:
-            if c not in got and c not in reasons:
-                reasons[c] = (f"no reply within backend.timeout = {self.session.timeout:g} s"
-                              if c not in self.suspects
-                              else "no reply (silent since an earlier request)")
-        self.suspects = (self.suspects | set(reasons)) - set(got)
-        return self._assemble(request, clients, got, reasons)
+            out[at] = msg
+        for i, (c, _, _) in enumerate(items):
+            if out[i] is None and int(c) not in reasons:
+                reasons[int(c)] = (f"no reply within backend.timeout = {self.session.timeout:g} s"
+                                   if int(c) not in self.suspects
+                                   else "no reply (silent since an earlier request)")
+        answered = {int(items[i][0]) for i in range(len(items)) if out[i] is not None}
+        self.suspects = (self.suspects | set(reasons)) - answered
+        return out, reasons
 
     def _exchange(self, messages: list[Any]) -> list[Any]:
         """Push the messages, then pull replies until all are in (or the timeout).

@@ -55,7 +55,7 @@ from pydantic import Field
 from clusterfl.backends.base import BackendConfig
 from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
 from clusterfl.data.federation import Federation
-from clusterfl.errors import ClusterFLError, ConfigError, require
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import RE, Asks, Steps, narrow, request_name, run_steps
 from clusterfl.protocol import messages as pr
@@ -179,47 +179,6 @@ class StandardBackend(FlowerBackend):
                "(clusterfl flower run)")
         raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(request)}: "
                              f"the method needs the client's {handler!r} handler; {fix}")
-
-    def _send(self, items: list[tuple[int, str, Any]]) -> tuple[list[Any | None], dict[int, str]]:
-        """Send (client, message type, content) items; each item's reply (None: none), and
-        why clients got none."""
-        require("flower", "flwr.app")
-        from flwr.app import Message
-
-        self._group += 1
-        messages, where, reasons = [], [], {}
-        for i, (c, kind, content) in enumerate(items):
-            node = self.session.node_of_client.get(int(c))
-            if node is None:
-                reasons[int(c)] = "no node holds this client"
-                continue
-            messages.append(Message(content, node, kind, group_id=str(self._group)))
-            where.append(i)
-        import time
-
-        t0 = time.perf_counter()
-        replies = self._exchange(messages)
-        self.seconds += time.perf_counter() - t0
-        self.n_messages += len(messages)
-        index = {mid: where[j] for j, mid in enumerate(self.last_ids)}
-        out: list[Any | None] = [None] * len(items)
-        for msg in replies:
-            at = index.get(msg.metadata.reply_to_message_id)
-            if at is None:
-                continue
-            i = at
-            if msg.has_error():
-                reasons[int(items[i][0])] = f"error from node: {msg.error.reason}"
-                continue
-            out[i] = msg
-        for i, (c, _, _) in enumerate(items):
-            if out[i] is None and int(c) not in reasons:
-                reasons[int(c)] = (f"no reply within backend.timeout = {self.session.timeout:g} s"
-                                   if int(c) not in self.suspects
-                                   else "no reply (silent since an earlier request)")
-        answered = {int(items[i][0]) for i in range(len(items)) if out[i] is not None}
-        self.suspects = (self.suspects | set(reasons)) - (answered - set(reasons))
-        return out, reasons
 
     def _ask_each(self, clients: np.ndarray, kind: str,
                   model_of: Callable[[int], torch.Tensor], config: dict[str, Any]
