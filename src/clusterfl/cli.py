@@ -354,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("action", choices=["list", "verify", "download"],
                       help="list: what is there; verify [NAME]: check the files of NAME, or "
                       "of every dataset present; download NAME: fetch and check")
-    data.add_argument("name", nargs="?", help="mnist, fashion_mnist or cifar10")
+    data.add_argument("name", nargs="?",
+                      help="mnist, fashion_mnist, cifar10, cifar100 or emnist")
     data.add_argument("--data-dir", help="data folder (default: $CLUSTERFL_DATA or cache)")
     data.add_argument("--base-url", help="mirror to download from instead of the official host")
     data.set_defaults(func=cmd_data)

@@ -81,8 +81,8 @@ class DataConfig(_Strict):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     source: str = Field("digits", description="digits | mnist | fashion_mnist | cifar10 | "
-                        "synthetic_regression | npz | huggingface | python | an import path "
-                        "'pkg.mod:load' | a clusterfl.datasets entry point")
+                        "cifar100 | emnist | synthetic_regression | npz | huggingface | python "
+                        "| an import path 'pkg.mod:load' | a clusterfl.datasets entry point")
     path: str | None = Field(None, description="npz: the folder of per-client .npz files; "
                              "huggingface: a save_to_disk folder or parquet/arrow files")
     input: str | None = Field(None, description="huggingface: the input column (image)")
@@ -93,6 +93,12 @@ class DataConfig(_Strict):
         None, gt=0.0, lt=1.0, description="huggingface without a test split: the share held "
         "out for testing (0.2)")
     name: str | None = Field(None, description="python: the federation's name")
+    labels: Literal["fine", "coarse"] | None = Field(
+        None, description="cifar100: the 100 fine labels (fine, the default) or the 20 coarse "
+        "ones (coarse)")
+    split: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] | None = (
+        Field(None, description="emnist: the split (balanced, the default; byclass 62 "
+              "classes, bymerge and balanced 47, letters 26, digits and mnist 10)"))
     data_dir: str | None = Field(
         None, description="the data folder; comes before $CLUSTERFL_DATA (default: "
         "$CLUSTERFL_DATA, else ~/.cache/clusterfl). Better left out of shared configs: "
@@ -250,8 +256,9 @@ def _check_data(data: DataConfig) -> None:
             raise ConfigError(f"data.{extra[0]}", f"unknown field; allowed fields here: "
                                                   f"{allowed} (a loader function named by "
                                                   "data.source takes any)")
-        own_keys = {"npz": ("path",), "huggingface": ("path", *_HF_KEYS), "python": ("name",)}
-        for key in ("path", "name", *_HF_KEYS):
+        own_keys = {"npz": ("path",), "huggingface": ("path", *_HF_KEYS), "python": ("name",),
+                    "cifar100": ("labels",), "emnist": ("split",)}
+        for key in ("path", "name", *_HF_KEYS, "labels", "split"):
             if getattr(data, key) is not None and key not in own_keys.get(src, ()):
                 users = [s for s, keys in own_keys.items() if key in keys]
                 raise ConfigError(f"data.{key}", f"only for source {' / '.join(users)}, not "

@@ -56,8 +56,12 @@ def build_federation(config: Config) -> Federation:
     try:
         verify = config.data.verify is not False
         source: str | Source = config.data.source
-        if config.data.standardize:
-            source = standardize(load_source(config.data.source, config.data.data_dir, verify))
+        options = {k: v for k, v in (("labels", config.data.labels),
+                                     ("split", config.data.split)) if v is not None}
+        if config.data.standardize or options:  # a source's options: cifar100, emnist
+            source = load_source(config.data.source, config.data.data_dir, verify, **options)
+            if config.data.standardize:
+                source = standardize(source)
         federation = make_federation(
             source, config.scenario_name, config.scenario.model_dump(),
             seed=config.run.seed, data_dir=config.data.data_dir, verify=verify,

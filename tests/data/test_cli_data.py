@@ -34,7 +34,7 @@ def test_download_without_a_name_lists_the_names_and_fetches_nothing(
     err = capsys.readouterr().err
     assert fetched == [] and err.count("\n") == 1
     assert err.startswith("clusterfl: error: data download: name the dataset")
-    assert "cifar10, fashion_mnist, mnist" in err
+    assert "cifar10, cifar100, emnist, fashion_mnist, mnist" in err
 
 
 def test_verify_checks_the_datasets_present_only(only_mnist: Path,

@@ -122,7 +122,8 @@ def test_verify_statuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
 def test_registry() -> None:
     assert verify("digits") == [] and download("digits") == []
-    assert "digits" not in DATASETS and set(DATASETS) == {"mnist", "fashion_mnist", "cifar10"}
+    assert "digits" not in DATASETS
+    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "emnist"}
     with pytest.raises(ConfigError, match="allowed"):
         verify("imagenet")
     cifar = DATASETS["cifar10"].files[0]

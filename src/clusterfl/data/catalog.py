@@ -20,6 +20,7 @@ from clusterfl.errors import ConfigError
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 FASHION_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/"
+EMNIST_URL = "https://biometrics.nist.gov/cs_links/EMNIST/"
 
 
 def default_data_dir() -> Path:
@@ -143,6 +144,19 @@ DATASETS: dict[str, DatasetInfo] = {
         "CIFAR-10 (Krizhevsky 2009), 50k/10k 32x32 colour images, python batches",
         (RemoteFile("cifar10/cifar-10-python.tar.gz", CIFAR10_URL + "cifar-10-python.tar.gz",
                     170498071, None, "c58f30108f718f92721af3b95e74349a"),),
+    ),
+    "cifar100": DatasetInfo(
+        "cifar100",
+        "CIFAR-100 (Krizhevsky 2009), 50k/10k 32x32 colour images, 100 fine / 20 coarse "
+        "labels, python pickles",
+        (RemoteFile("cifar100/cifar-100-python.tar.gz", CIFAR10_URL + "cifar-100-python.tar.gz",
+                    169001437, None, "eb9058c3a382ffc7106e4002c42a8d85"),),
+    ),
+    "emnist": DatasetInfo(
+        "emnist",
+        "EMNIST (Cohen et al. 2017, NIST), 28x28 handwritten characters, six splits in one "
+        "archive (NIST publishes no checksum: the file is not checked)",
+        (RemoteFile("emnist/gzip.zip", EMNIST_URL + "gzip.zip"),),
     ),
 }
 
