@@ -346,10 +346,11 @@ def _decode_cifar_dir(keys: tuple[tuple[str, int, int], ...]) -> Source:
     return _cifar_source(batches)
 
 
-@functools.lru_cache(maxsize=2)
-def _decode_cifar_tar(key: tuple[str, int, int]) -> Source:
-    path = Path(key[0])
-    wanted = {f"{CIFAR_DIR}/{b}": b for b in (*CIFAR_TRAIN_BATCHES, CIFAR_TEST_BATCH)}
+def _tar_members(name: str, path: Path, wanted: dict[str, str],
+                 parse: Callable[[bytes], tuple[np.ndarray, np.ndarray]]
+                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The parsed `wanted` members (archive name → part name) of the gzip tarball `path`;
+    a broken archive is one line naming it."""
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
         with tarfile.open(path, "r:gz") as tar:
@@ -357,9 +358,17 @@ def _decode_cifar_tar(key: tuple[str, int, int]) -> Source:
                 if member.name in wanted and member.isfile():
                     fh = tar.extractfile(member)
                     if fh is not None:
-                        found[wanted[member.name]] = parse_cifar_batch(fh.read(), path)
+                        found[wanted[member.name]] = parse(fh.read())
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise _corrupt("cifar10", path, f"tar: {exc or type(exc).__name__}") from None
+        raise _corrupt(name, path, f"tar: {exc or type(exc).__name__}") from None
+    return found
+
+
+@functools.lru_cache(maxsize=2)
+def _decode_cifar_tar(key: tuple[str, int, int]) -> Source:
+    path = Path(key[0])
+    wanted = {f"{CIFAR_DIR}/{b}": b for b in (*CIFAR_TRAIN_BATCHES, CIFAR_TEST_BATCH)}
+    found = _tar_members("cifar10", path, wanted, lambda raw: parse_cifar_batch(raw, path))
     missing = [b for b in wanted.values() if b not in found]
     if missing:
         raise _corrupt("cifar10", path, f"archive lacks {', '.join(missing)}")
@@ -437,16 +446,8 @@ def _decode_cifar100_dir(keys: tuple[tuple[str, int, int], ...], labels: str) ->
 def _decode_cifar100_tar(key: tuple[str, int, int], labels: str) -> Source:
     path = Path(key[0])
     wanted = {f"{CIFAR100_DIR}/{p}": p for p in CIFAR100_PARTS}
-    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    try:
-        with tarfile.open(path, "r:gz") as tar:
-            for member in tar:
-                if member.name in wanted and member.isfile():
-                    fh = tar.extractfile(member)
-                    if fh is not None:
-                        found[wanted[member.name]] = parse_cifar100_part(fh.read(), path, labels)
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise _corrupt("cifar100", path, f"tar: {exc or type(exc).__name__}") from None
+    found = _tar_members("cifar100", path, wanted,
+                         lambda raw: parse_cifar100_part(raw, path, labels))
     missing = [f"{CIFAR100_DIR}/{p}" for p in CIFAR100_PARTS if p not in found]
     if missing:
         raise _corrupt("cifar100", path, f"archive lacks {', '.join(missing)}")
