@@ -1,6 +1,7 @@
 """The standard app of `standard_app.py` with clusterfl's client helpers added: IFCA's round
 in one `"train.pick"` message, the K losses in one `"query.losses"` message, PACFL's data
-subspace (`"query.subspace"`) and gradients (`"query.gradient"`: CFL-GP's gradient protocol,
+subspace (`"query.subspace"`), PCA+kM+HC's and FLT's data signature (`"query.signature"`)
+and gradients (`"query.gradient"`: CFL-GP's gradient protocol,
 IFCA's gradient averaging). The helpers import only flwr, numpy and torch."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from clusterfl.flower.client import (
     add_gradient_query,
     add_losses_query,
     add_pick_train,
+    add_signature_query,
     add_subspace_query,
 )
 from tests.flower import standard_app as std
@@ -33,6 +35,7 @@ def load_train(context: Context):  # type: ignore[no-untyped-def]
 add_losses_query(app, std.evaluate_model)
 add_pick_train(app, std.evaluate_model, std.train_model)
 add_subspace_query(app, load_train)
+add_signature_query(app, load_train)
 
 
 def gradient_model(state: dict[str, torch.Tensor], config: Any, context: Context

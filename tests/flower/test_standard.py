@@ -110,9 +110,9 @@ def test_a_silent_node_is_dropped_and_recorded_and_the_run_finishes(tmp_path: Pa
 
 def test_a_method_that_needs_more_than_train_and_evaluate_names_the_handler() -> None:
     with pytest.raises(ClusterFLError) as info:
-        _strategy("pca_km_hc").start(_grid(), 2)  # no helper yet for its signatures
+        _strategy("fedem:n_components=2").start(_grid(), 2)  # no helper for mixtures
     text = str(info.value)
-    assert "'query.signature'" in text and "clusterfl flower run" in text
+    assert "'train.mixture'" in text and "clusterfl flower run" in text
     assert "\n" not in text
     with pytest.raises(ClusterFLError) as info:  # a helper exists: it is named
         _strategy("pacfl").start(_grid(), 2)
@@ -178,6 +178,19 @@ def test_pacfl_through_a_client_with_the_subspace_helper_finds_the_groups() -> N
     result = _strategy("pacfl", true_clusters=TRUTH,
                        extensions={"query.subspace"}).start(_grid(app=extended), 4)
     assert result.history.final.ari == 1.0
+
+
+def test_pca_km_hc_through_a_client_with_the_signature_helper_finds_the_groups() -> None:
+    from collections import Counter
+
+    from tests.flower.extended_app import app as extended
+
+    grid = _grid(app=extended)
+    result = _strategy("pca_km_hc", true_clusters=TRUTH, extensions={"query.signature"},
+                       options={"fraction": 1.0, "k": 3, "pca_components": 4}
+                       ).start(grid, 3)
+    assert result.history.final.ari == 1.0
+    assert Counter(m.metadata.message_type for m in grid.sent)["query.signature"] == N
 
 
 def test_the_helpers_import_only_flwr_numpy_and_torch() -> None:

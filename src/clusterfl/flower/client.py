@@ -17,6 +17,12 @@ Each helper registers one handler on the app and takes the app's own functions:
 - `add_subspace_query(app, load_train)`: `"query.subspace"`, PACFL's one-off data subspace
   (the p leading left singular vectors of the client's data, per label or whole).
   `load_train(context) -> (x, y)` returns the client's training inputs and labels.
+- `add_signature_query(app, load_train)`: `"query.signature"`, the one-off data signature of
+  FLT (k k-means centroids of the client's images embedded by the sent encoder, optionally
+  fine-tuned) and of the PCA+kM+HC baseline (k-means in the client's PCA space, centroids
+  mapped back). Its handler computes with `clusterfl.engine.signatures.client_signature`,
+  so the client needs clusterfl with scikit-learn installed (the import happens when the
+  first query arrives, not when the helper is added).
 - `add_gradient_query(app, gradient_model)`: `"query.gradient"`, the gradient of the
   training loss at the sent model (IFCA's gradient averaging, CFL-GP's gradient protocol).
   `gradient_model(state_dict, config, context) -> (gradients, num_examples, loss)`, the
@@ -109,6 +115,32 @@ def add_subspace_query(app: Any, load_train: Callable[[Context], tuple[Any, Any]
             reply_to=msg)
 
 
+def add_signature_query(app: Any, load_train: Callable[[Context], tuple[Any, Any]]) -> None:
+    """Register `"query.signature"` (module docstring) on `app`."""
+
+    @app.query("signature")
+    def signature(msg: Message, context: Context) -> Message:
+        from clusterfl.engine.signatures import client_signature
+        from clusterfl.protocol.messages import EmbedRequest
+
+        c: Any = msg.content["config"]
+        arrays = msg.content.array_records
+        encoder = (arrays["encoder"].to_torch_state_dict()["encoder"]
+                   if "encoder" in arrays else None)
+        request = EmbedRequest(
+            np.zeros(1, dtype=np.int64), str(c["method"]), encoder, int(c["signature-dim"]),
+            k=int(c["k"]), latent=int(c["latent"]), finetune_epochs=int(c["finetune-epochs"]),
+            finetune_lr=float(c["finetune-lr"]),
+            finetune_batch_size=int(c["finetune-batch-size"]),
+            pca_components=int(c["pca-components"]), kmeans_n_init=int(c["kmeans-n-init"]))
+        x, y = load_train(context)
+        x, y = torch.as_tensor(x), (None if y is None else torch.as_tensor(y))
+        sig = client_signature(x, y, request, int(c["seed"]))
+        return Message(RecordDict({
+            "arrays": ArrayRecord({"signatures": torch.from_numpy(np.ascontiguousarray(sig))}),
+            "metrics": MetricRecord({"num-examples": len(x)})}), reply_to=msg)
+
+
 def add_gradient_query(app: Any,
                        gradient_model: Callable[[StateDict, Any, Context],
                                                 tuple[StateDict, int, float]]) -> None:
@@ -124,4 +156,5 @@ def add_gradient_query(app: Any,
             reply_to=msg)
 
 
-__all__ = ["add_gradient_query", "add_losses_query", "add_pick_train", "add_subspace_query"]
+__all__ = ["add_gradient_query", "add_losses_query", "add_pick_train", "add_signature_query",
+           "add_subspace_query"]

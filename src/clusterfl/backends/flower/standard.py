@@ -57,12 +57,12 @@ from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
-from clusterfl.protocol import RE, Asks, Steps, narrow, request_name, run_steps
+from clusterfl.protocol import RE, Asks, Steps, client_seed, narrow, request_name, run_steps
 from clusterfl.protocol import messages as pr
 
 EXTENSIONS = {
     "GradientRequest": ("query.gradient", "add_gradient_query"),
-    "EmbedRequest": ("query.signature", None),
+    "EmbedRequest": ("query.signature", "add_signature_query"),
     "SubspaceRequest": ("query.subspace", "add_subspace_query"),
     "MixtureTrainRequest": ("train.mixture", None),
     "MixtureFitRequest": ("query.mixture", None),
@@ -163,6 +163,8 @@ class StandardBackend(FlowerBackend):
             return cast(RE, run_steps(self.execute, request))
         if isinstance(request, pr.SubspaceRequest) and "query.subspace" in self.std.extensions:
             return cast(RE, self._subspace(request))
+        if isinstance(request, pr.EmbedRequest) and "query.signature" in self.std.extensions:
+            return cast(RE, self._signature(request))
         if isinstance(request, pr.GradientRequest) and "query.gradient" in self.std.extensions:
             return cast(RE, self._gradient(request))
         if isinstance(request, pr.TrainRequest):
@@ -269,6 +271,44 @@ class StandardBackend(FlowerBackend):
                 np.array([c]), grads,
                 np.array([_metric(m, ("num-examples",), None, where)]),
                 np.array([_metric(m, ("loss", "train_loss"), math.nan, where)]))
+        return self._assemble(req, clients, got, reasons)
+
+    def _signature(self, req: pr.EmbedRequest) -> pr.EmbedReply:
+        """FLT's and PCA+kM+HC's data signatures, one `"query.signature"` per client
+        (`add_signature_query`); each client's seed is the one the in-process backends give
+        it (`client_seed`), so a client with the same data returns the same signature."""
+        from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+        clients = np.asarray(req.clients, dtype=np.int64)
+        base = {"method": str(req.method), "signature-dim": int(req.signature_dim),
+                "k": int(req.k), "latent": int(req.latent),
+                "finetune-epochs": int(req.finetune_epochs),
+                "finetune-lr": float(req.finetune_lr),
+                "finetune-batch-size": int(req.finetune_batch_size),
+                "pca-components": int(req.pca_components),
+                "kmeans-n-init": int(req.kmeans_n_init)}
+        encoder = (None if req.encoder is None else
+                   ArrayRecord({"encoder": req.encoder.detach().cpu().contiguous()}))
+        items = []
+        for c in clients.tolist():
+            content = {"config": ConfigRecord({**base, "seed": client_seed(req.seed, c)})}
+            if encoder is not None:
+                content["encoder"] = encoder
+            items.append((int(c), "query.signature", RecordDict(content)))
+        replies, reasons = self._send(items)
+        got: dict[int, Any] = {}
+        want = (int(req.k), int(req.signature_dim))
+        for (c, _, _), msg in zip(items, replies):
+            if msg is None:
+                continue
+            where = f"client {c}'s query.signature reply"
+            sig = np.asarray(msg.content.array_records["arrays"].to_torch_state_dict()
+                             ["signatures"], dtype=np.float64)
+            if sig.shape != want:
+                reasons[c] = f"{where}: signatures of shape {sig.shape}, expected {want}"
+                continue
+            n = _metric(_first_metrics(msg), ("num-examples",), None, where)
+            got[c] = pr.EmbedReply(np.array([c]), sig[None], np.array([n]))
         return self._assemble(req, clients, got, reasons)
 
     def _subspace(self, req: pr.SubspaceRequest) -> pr.SubspaceReply:
