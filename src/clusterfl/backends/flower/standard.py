@@ -280,7 +280,7 @@ class StandardBackend(FlowerBackend):
         from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
         clients = np.asarray(req.clients, dtype=np.int64)
-        base = {"method": str(req.method), "signature-dim": int(req.signature_dim),
+        base: dict[str, Any] = {"method": str(req.method), "signature-dim": int(req.signature_dim),
                 "k": int(req.k), "latent": int(req.latent),
                 "finetune-epochs": int(req.finetune_epochs),
                 "finetune-lr": float(req.finetune_lr),
@@ -291,7 +291,8 @@ class StandardBackend(FlowerBackend):
                    ArrayRecord({"encoder": req.encoder.detach().cpu().contiguous()}))
         items = []
         for c in clients.tolist():
-            content = {"config": ConfigRecord({**base, "seed": client_seed(req.seed, c)})}
+            content: dict[str, Any] = {
+                "config": ConfigRecord({**base, "seed": client_seed(req.seed, c)})}
             if encoder is not None:
                 content["encoder"] = encoder
             items.append((int(c), "query.signature", RecordDict(content)))
