@@ -16,6 +16,8 @@ def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:
     loc = ".".join(str(p) for p in err.get("loc", ()))
     field = ".".join(p for p in (prefix, loc) if p)
     msg = err.get("msg", "invalid value")
+    if err.get("type") == "value_error":  # our validators' own words, without pydantic's tag
+        msg = str(msg).removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
         msg = "unknown field"
     elif "input" in err and err.get("type") != "missing":
