@@ -9,14 +9,14 @@ for a method without a device update).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 import numpy as np
 import torch
 
 from clusterfl import protocol as pr
-from clusterfl.backends.base import Backend, BackendConfig, as_index
-from clusterfl.backends.simulation import DeviceConfig
+from clusterfl.backends.base import BackendConfig, as_index
+from clusterfl.backends.simulation import DeviceBackend, DeviceConfig
 from clusterfl.data.federation import Federation
 from clusterfl.engine import reference as ref
 from clusterfl.engine.common import (
@@ -28,7 +28,7 @@ from clusterfl.engine.common import (
     per_sample_losses,
     responsibilities,
 )
-from clusterfl.engine.device import compute_scope, on, resolve_device, set_precision
+from clusterfl.engine.device import on
 from clusterfl.engine.schedule import batch_schedule, gradient_batches, mixture_seed
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import Predictor, client_seed, narrow
@@ -41,7 +41,7 @@ class SequentialConfig(DeviceConfig):
     name: Literal["sequential"] = "sequential"
 
 
-class SequentialBackend(Backend):
+class SequentialBackend(DeviceBackend):
     """Executes each request client by client with `clusterfl.engine.reference` (on
     `device`: "cpu" by default, "cuda", "cuda:N" or "auto", see `engine.device`)."""
 
@@ -50,10 +50,7 @@ class SequentialBackend(Backend):
 
     def __init__(self, federation: Federation, factory: ModelFactory, *, device: str = "cpu",
                  precision: str = "fp32") -> None:
-        super().__init__(federation, factory)
-        self.device = resolve_device(device)
-        self.precision = precision
-        set_precision(self.device, precision)
+        super().__init__(federation, factory, device, precision)
         self.module = factory.build().to(self.device)
         self.data = federation.to(self.device)  # the clients' data, on the device once
 
@@ -62,11 +59,6 @@ class SequentialBackend(Backend):
                     factory: ModelFactory) -> Self:
         return cls(federation, factory, device=getattr(config, "device", "auto"),
                    precision=getattr(config, "precision", "fp32"))
-
-    def execute(self, request: Any) -> Any:
-        """`Backend.execute` inside the precision's scope (bf16 autocast for "bf16-mixed")."""
-        with compute_scope(self.device, self.precision):
-            return super().execute(request)
 
     # -------------------------------------------------------------- helpers
     def _outputs(self, pred: Predictor, row: int, x: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,24 @@ class SimulationConfig(DeviceConfig):
         raise ValueError("allowed: a whole number >= 1 or 'auto'")
 
 
-class SimulationBackend(Backend):
+class DeviceBackend(Backend):
+    """An in-process backend that computes on `device` (`resolve_device`) under `precision`
+    (`set_precision` once; every request inside `compute_scope`): `simulation`, `sequential`."""
+
+    def __init__(self, federation: Federation, factory: ModelFactory, device: str = "cpu",
+                 precision: str = "fp32") -> None:
+        super().__init__(federation, factory)
+        self.device = resolve_device(device)
+        self.precision = precision
+        set_precision(self.device, precision)
+
+    def execute(self, request: Any) -> Any:
+        """`Backend.execute` inside the precision's scope (bf16 autocast for "bf16-mixed")."""
+        with compute_scope(self.device, self.precision):
+            return super().execute(request)
+
+
+class SimulationBackend(DeviceBackend):
     """Executes requests for many clients at once with the vectorized engine.
 
     Args:
@@ -126,12 +143,9 @@ class SimulationBackend(Backend):
         precision: str = "fp32",
         compact: bool | None = None,
     ) -> None:
-        super().__init__(federation, factory)
-        self.device = resolve_device(device)
+        super().__init__(federation, factory, device, precision)
         #: 8-bit inputs kept as uint8 codes on the device (`compact_inputs`); default: on a GPU
         self.compact = self.device.type == "cuda" if compact is None else bool(compact)
-        self.precision = precision
-        set_precision(self.device, precision)
         tune_allocator()  # large reply tensors reuse heap memory (see engine.allocator)
         self.module = factory.build().to(self.device)
         chunk = None if chunk_size in (None, "auto") else int(chunk_size)
@@ -145,11 +159,6 @@ class SimulationBackend(Backend):
         return cls(federation, factory, chunk_size=config.chunk_size,
                    device=getattr(config, "device", "auto"),
                    precision=getattr(config, "precision", "fp32"))
-
-    def execute(self, request: Any) -> Any:
-        """`Backend.execute` inside the precision's scope (bf16 autocast for "bf16-mixed")."""
-        with compute_scope(self.device, self.precision):
-            return super().execute(request)
 
     # -------------------------------------------------------------- helpers
     def _split(self, name: str, dtype: torch.dtype) -> SplitData:

@@ -254,24 +254,32 @@ class StandardBackend(FlowerBackend):
     def _gradient(self, req: pr.GradientRequest) -> pr.GradientReply:
         """Gradients at each client's model, one `"query.gradient"` per client
         (`add_gradient_query`); config `batch-size` (0: all its training data) and `seed`."""
-        clients = np.asarray(req.clients, dtype=np.int64)
         config = {"server-round": int(self.std.round), "seed": int(req.seed),
                   "batch-size": int(req.batch_size or 0)}
-        answers, reasons = self._ask_each(clients, "query.gradient", lambda i: req.models[
+        return self._vectors(req, "query.gradient", config, pr.GradientReply,
+                             ("loss", "train_loss"))
+
+    def _vectors(self, req: pr.TrainRequest | pr.GradientRequest, kind: str,
+                 config: dict[str, Any], reply: Callable[..., RE],
+                 loss_keys: tuple[str, ...]) -> RE:
+        """One `kind` message per client with its model and `config`; each answer's vector
+        (its one ArrayRecord: a trained model or a gradient), `num-examples` and loss (the
+        first of `loss_keys` it reports) as a `reply` (TrainReply or GradientReply)."""
+        clients = np.asarray(req.clients, dtype=np.int64)
+        answers, reasons = self._ask_each(clients, kind, lambda i: req.models[
             int(req.model_of_client[i])], config)
         got: dict[int, Any] = {}
         for c, msg in answers:
-            where = f"client {c}'s query.gradient reply"
-            grads = _returned(self.factory, msg, where, req.coords)
-            if isinstance(grads, str):
-                reasons[c] = grads
+            where = f"client {c}'s {kind} reply"
+            vector = _returned(self.factory, msg, where, req.coords)
+            if isinstance(vector, str):
+                reasons[c] = vector
                 continue
             m = _first_metrics(msg)
-            got[c] = pr.GradientReply(
-                np.array([c]), grads,
-                np.array([_metric(m, ("num-examples",), None, where)]),
-                np.array([_metric(m, ("loss", "train_loss"), math.nan, where)]))
-        return self._assemble(req, clients, got, reasons)
+            got[c] = reply(np.array([c]), vector,
+                           np.array([_metric(m, ("num-examples",), None, where)]),
+                           np.array([_metric(m, loss_keys, math.nan, where)]))
+        return cast(RE, self._assemble(cast(Any, req), clients, got, reasons))
 
     def _signature(self, req: pr.EmbedRequest) -> pr.EmbedReply:
         """FLT's and PCA+kM+HC's data signatures, one `"query.signature"` per client
@@ -347,23 +355,8 @@ class StandardBackend(FlowerBackend):
                 f"{'a frozen offset model' if req.offset is not None else 'a proximal center'} "
                 "the client would need beside its model; run this method with clusterfl's "
                 "own ClientApp (clusterfl flower run)")
-        clients = np.asarray(req.clients, dtype=np.int64)
-        answers, reasons = self._ask_each(clients, "train", lambda i: req.models[
-            int(req.model_of_client[i])], self._train_config(req))
-        got: dict[int, Any] = {}
-        for c, msg in answers:
-            where = f"client {c}'s train reply"
-            params = _returned(self.factory, msg, where, req.coords)
-            if isinstance(params, str):
-                reasons[c] = params
-                continue
-            metrics = _first_metrics(msg)
-            got[c] = pr.TrainReply(
-                np.array([c]), params,
-                np.array([_metric(metrics, ("num-examples",), None, where)]),
-                np.array([_metric(metrics, ("train_loss", "train-loss", "loss"), math.nan,
-                                  where)]))
-        return self._assemble(req, clients, got, reasons)
+        return self._vectors(req, "train", self._train_config(req), pr.TrainReply,
+                             ("train_loss", "train-loss", "loss"))
 
     def _losses(self, req: pr.LossRequest) -> pr.LossReply:
         if req.offset is not None:
