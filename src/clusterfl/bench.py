@@ -9,7 +9,9 @@ A suite is a folder of TOML files, one per scenario (`benchmarks/suite/*.toml`).
   name and non-default options, e.g. "IFCA (K=4)"), so a suite file gives no labels;
 - `[paper."<spec>"]`: the paper's numbers for that method (`accuracy`, `macro_f1`, `ari`,
   `mse`, in the paper's units: percent for accuracy and F1), and optionally `note`;
-- `[config]`: a complete run config (the tables of `clusterfl run`).
+- `[config]`: a complete run config (the tables of `clusterfl run`); options of its
+  `[config.algorithm]` table that a method has (e.g. `fraction`) apply to every method spec,
+  whose own options win, as in `clusterfl compare` (`merged_spec`).
 
 `run_suite` runs every (scenario, method, seed) into `RUNS/<scenario>/<method>/seed<N>/`
 (`<method>`: `run_folder_name`, e.g. `ifca_n_clusters=4`), skipping finished runs (their
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
-from clusterfl.compare import parse_algorithm_spec
+from clusterfl.compare import merged_spec, parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.jobs import RunTask, divergence_reason, execute
@@ -69,7 +71,8 @@ class Scenario:
         """The validated `[algorithm]` table of a method spec on this scenario."""
         if spec not in self._algorithms:
             base = load_config(self.config)
-            self._algorithms[spec] = base.with_algorithm(parse_algorithm_spec(spec)).algorithm
+            table = merged_spec(base, parse_algorithm_spec(spec))
+            self._algorithms[spec] = base.with_algorithm(table).algorithm
         return self._algorithms[spec]
 
     def label(self, spec: str) -> str:
@@ -189,7 +192,8 @@ def migrate_run_dirs(scenarios: Sequence[Scenario], out: Path,
 
 def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
     base = load_config(apply_overrides(scenario.config, [f"seed={seed}"]))
-    return base, [base.with_algorithm(parse_algorithm_spec(s)) for s in scenario.methods]
+    return base, [base.with_algorithm(merged_spec(base, parse_algorithm_spec(s)))
+                  for s in scenario.methods]
 
 
 def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:

@@ -302,3 +302,24 @@ def test_methods_filter_keeps_the_specs_of_the_named_algorithms(tmp_path: Path) 
     table = out.read_text().split("\n## Performance")[0]  # the scenario's part
     assert "0/2 runs finished" in table and "IFCA (K=2)" in table
     assert "| fedavg |" not in table.lower()
+
+
+def test_the_suite_configs_algorithm_table_is_merged_into_each_method(tmp_path: Path) -> None:
+    """A `[config.algorithm]` option every method has (`fraction`) applies to each method
+    spec, as in `compare`; a spec's own value wins; the runs are made with it."""
+    folder = _suite(tmp_path)
+    path = folder / "digits.toml"
+    path.write_text(path.read_text().replace('[config.algorithm]\nname = "fedavg"',
+                                             '[config.algorithm]\nname = "fedavg"\n'
+                                             'fraction = 0.5', 1)
+                    .replace('methods = ["fedavg", "ifca:n_clusters=2"]',
+                             'methods = ["fedavg", "ifca:n_clusters=2", '
+                             '"fedprox:fraction=1.0"]', 1))
+    (scenario,) = load_suite(folder)
+    assert scenario.algorithm("fedavg").fraction == 0.5
+    assert scenario.algorithm("ifca:n_clusters=2").fraction == 0.5
+    assert scenario.algorithm("fedprox:fraction=1.0").fraction == 1.0
+    quick = load_suite(folder, quick=True)
+    run_suite(quick, tmp_path / "runs", log=lambda _: None)
+    written = (run_dir(tmp_path / "runs", quick[0], "fedavg", 0) / "config.toml").read_text()
+    assert re.search(r"^fraction = 0\.5$", written, re.M)
