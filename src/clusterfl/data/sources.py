@@ -9,8 +9,9 @@ else `~/.cache/clusterfl`: `catalog.resolve_data_dir`)::
     ├── fashion_mnist/   (the same four file names)
     ├── cifar10/         cifar-10-python.tar.gz  or the extracted  cifar-10-batches-py/
     ├── cifar100/        cifar-100-python.tar.gz or the extracted  cifar-100-python/
-    └── emnist/          gzip.zip (NIST's archive, read as it is) or its files
-                         emnist-SPLIT-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
+    ├── emnist/          gzip.zip (NIST's archive, read as it is) or its files
+    │                    emnist-SPLIT-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
+    └── femnist/         LEAF's train/ and test/ JSON folders, or hf/ (`clusterfl.data.leaf`)
 
 CIFAR-100 has 100 fine labels and 20 coarse ones (`labels`, `data.labels`); EMNIST has six
 splits (`split`, `data.split`; `EMNIST_SPLITS` gives each one's classes). EMNIST images are
@@ -52,7 +53,7 @@ from clusterfl.data.federation import Task
 from clusterfl.data.integrity import check_known_files
 from clusterfl.errors import ConfigError, DataError
 
-IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist")
+IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist")
 SYNTHETIC_SOURCES = ("synthetic_regression",)
 SOURCE_NAMES = IMAGE_SOURCES + SYNTHETIC_SOURCES
 
@@ -124,6 +125,7 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         "cifar10": lambda r: _load_cifar10(r, origin, verify),
         "cifar100": lambda r: _load_cifar100(r, origin, verify, labels or "fine"),
         "emnist": lambda r: _load_emnist(r, origin, verify, split or "balanced"),
+        "femnist": lambda r: _load_femnist(r, origin),
         "synthetic_regression": lambda _root: _empty_regression_source(),
     }
     if name not in loaders:
@@ -132,6 +134,12 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         if value is not None and name != user:
             raise ConfigError(f"data.{field}", f"only for source {user}, not {name!r}")
     return loaders[name](root)
+
+
+def _load_femnist(root: Path, origin: str) -> Source:
+    from clusterfl.data.leaf import load_femnist  # imports this module
+
+    return load_femnist(root, origin)
 
 
 def standardize(source: Source, field: str = "data.standardize") -> Source:
