@@ -97,5 +97,23 @@ def write_femnist(root: Path, n_writers: int = 6, train: int = 8, test: int = 2,
     return folder
 
 
+def write_idx_set(root: Path, name: str, train: int = 60, test: int = 20,
+                  seed: int = 0) -> Path:
+    """NAME/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz: MNIST's layout (Fashion-MNIST's
+    too); the catalog's checksums will not match, so read them with verification off."""
+    from clusterfl.data.sources import IDX_FILES
+
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for part, n in (("train", train), ("test", test)):
+        arrays[f"y_{part}"] = _per_class(10, max(1, n // 10), rng)[:n].astype(np.uint8)
+        arrays[f"x_{part}"] = rng.integers(0, 256, (len(arrays[f"y_{part}"]), 28, 28))
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, fname in IDX_FILES.items():
+        (folder / fname).write_bytes(gzip.compress(idx_bytes(arrays[key]), compresslevel=1))
+    return folder
+
+
 WRITERS = {"emnist": write_emnist, "cifar10": write_cifar10, "cifar100": write_cifar100,
            "femnist": write_femnist}
