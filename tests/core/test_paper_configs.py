@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import clusterfl.data.sources
+from clusterfl.config import read_toml
+from clusterfl.experiment import Experiment
+from clusterfl.report.markdown import summary_rows
 from tests.paper_files import (
     write_cifar10,
     write_cifar100,
@@ -21,11 +26,6 @@ from tests.paper_files import (
     write_femnist,
     write_idx_set,
 )
-
-import clusterfl.data.sources
-from clusterfl.config import read_toml
-from clusterfl.experiment import Experiment
-from clusterfl.report.markdown import summary_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.paper_files import write_cifar100, write_emnist
 
 from clusterfl.cli import main
 from clusterfl.data.catalog import DATASETS
 from clusterfl.data.download import download
 from clusterfl.data.sources import load_source
 from clusterfl.errors import DataError
+from tests.paper_files import write_cifar100, write_emnist
 
 
 def test_cifar100_download_refuses_a_file_with_the_wrong_size_or_md5(tmp_path: Path) -> None:

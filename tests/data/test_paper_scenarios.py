@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.paper_files import write_emnist
 
 from clusterfl.data.paper_scenarios import structured_sets
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import load_source
 from clusterfl.errors import ConfigError
+from tests.paper_files import write_emnist
 
 
 def test_structured_femnist_follows_flt_appendix_c4(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_structured_femnist_follows_flt_appendix_c4(tmp_path: Path) -> None:
     sets = [c["classes"] for c in fed.meta["clusters"]]
     # ten disjoint label sets covering the 47 classes: nine of 5 and the last of 2
     assert [len(s) for s in sets] == [5] * 9 + [2]
-    assert sorted(sum(sets, [])) == list(range(47))
+    assert sorted(c for s in sets for c in s) == list(range(47))
     assert fed.clusters is not None and fed.clusters.tolist() == np.repeat(range(10), 4).tolist()
     for i in range(fed.n_clients):
         allowed = set(sets[fed.clusters[i]])

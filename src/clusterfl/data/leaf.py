@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.data.sources import Source
+from clusterfl.data.sources import READERS, Source
 from clusterfl.errors import DataError
 
 FEMNIST_CLASSES = 62
@@ -242,3 +242,6 @@ def _per_writer_test(writers: np.ndarray, fraction: float, seed: int) -> np.ndar
     mask = np.zeros(len(writers), dtype=bool)
     mask[order] = rank < quota[sorted_w]
     return mask
+
+
+READERS["femnist"] = load_femnist

@@ -1,5 +1,5 @@
-"""The scenarios of the papers' EMNIST / FEMNIST experiments (registered in
-`clusterfl.data.scenarios`):
+"""The scenarios of the papers' EMNIST / FEMNIST experiments, registered in
+`clusterfl.data.scenarios.SCENARIOS` when this module is imported (`clusterfl.data` does):
 
 | scenario             | paper                                  | true clusters          |
 |----------------------|----------------------------------------|------------------------|
@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from clusterfl.data.leaf import WriterSource
-from clusterfl.data.params import ScenarioParams
+from clusterfl.data.params import PowerLawParams, ScenarioParams
 from clusterfl.data.plans import (
     Part,
     Plan,
@@ -29,6 +29,7 @@ from clusterfl.data.plans import (
     source_pools,
     split_by_proportions,
 )
+from clusterfl.data.scenarios import SCENARIOS, ScenarioSpec, plan_power_law
 from clusterfl.data.sources import Source
 from clusterfl.errors import ConfigError
 
@@ -115,9 +116,6 @@ def structured_sets(n_classes: int, n_clusters: int, width: int,
 def plan_structured_femnist(source: Source, p: StructuredFemnistParams,
                             rng: np.random.Generator) -> Plan:
     """FLT Algorithm 4 with App. C.4's label sets (`power_law` with those sets)."""
-    from clusterfl.data.params import PowerLawParams
-    from clusterfl.data.scenarios import plan_power_law  # registers this module's planners
-
     sets = structured_sets(source.n_classes, p.n_clusters, p.classes_per_cluster, rng)
     params = PowerLawParams(n_clients=p.n_clients, n_clusters=p.n_clusters, class_sets=sets,
                             alpha=p.alpha, delta=p.delta)
@@ -168,3 +166,17 @@ def plan_dirichlet_rotation(source: Source, p: DirichletRotationParams,
     return Plan(train_pool, train, test_pool, test, clusters, info,
                 train_angles=per_row(angles, train), test_angles=per_row(angles, test),
                 extra={"n_samples": n})
+
+
+# ====================================================================== registration
+
+for _spec in (
+    ScenarioSpec("writers", WritersParams, plan_writers, "labels", "FLT §4.2 scenario 3; LEAF",
+                 "each FEMNIST writer one client, no true clusters"),
+    ScenarioSpec("structured_femnist", StructuredFemnistParams, plan_structured_femnist,
+                 "labels", "FLT §4.2 scenario 4, App. C.4",
+                 "EMNIST balanced: 10 label sets, power-law sizes"),
+    ScenarioSpec("dirichlet_rotation", DirichletRotationParams, plan_dirichlet_rotation,
+                 "images", "CFL-GP F.8", "label skew Dir(α) and one rotation per cluster"),
+):
+    SCENARIOS[_spec.name] = _spec

@@ -43,14 +43,6 @@ from pydantic import BaseModel, ValidationError
 from scipy.optimize import brentq
 
 from clusterfl.data.federation import Federation
-from clusterfl.data.paper_scenarios import (
-    DirichletRotationParams,
-    StructuredFemnistParams,
-    WritersParams,
-    plan_dirichlet_rotation,
-    plan_structured_femnist,
-    plan_writers,
-)
 from clusterfl.data.params import (
     ClusterDirichletParams,
     ClusterLabelsParams,
@@ -610,13 +602,8 @@ SCENARIOS: dict[str, ScenarioSpec] = dict([
           "CFL-GP §5.1, F.4", "y = x tan φ_k + noise"),
     _spec("label_shift_half", LabelShiftHalfParams, plan_label_shift_half, "labels",
           "CFL-GP F.7", "half the clients use y → (y+5) mod 10"),
-    # the papers' EMNIST / FEMNIST scenarios (`clusterfl.data.paper_scenarios`)
-    _spec("writers", WritersParams, plan_writers, "labels", "FLT §4.2 scenario 3; LEAF",
-          "each FEMNIST writer one client, no true clusters"),
-    _spec("structured_femnist", StructuredFemnistParams, plan_structured_femnist, "labels",
-          "FLT §4.2 scenario 4, App. C.4", "EMNIST balanced: 10 label sets, power-law sizes"),
-    _spec("dirichlet_rotation", DirichletRotationParams, plan_dirichlet_rotation, "images",
-          "CFL-GP F.8", "label skew Dir(α) and one rotation per cluster"),
+    # + writers, structured_femnist, dirichlet_rotation: `clusterfl.data.paper_scenarios`
+    # registers them when imported (`clusterfl.data` imports it)
 ])
 
 

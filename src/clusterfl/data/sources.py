@@ -81,6 +81,11 @@ DIGITS_TEST_FRACTION = 0.25
 DIGITS_SPLIT_SEED = 0
 
 
+READERS: dict[str, Callable[..., Source]] = {}
+"""Readers that live in modules of their own, `name → read(root, origin=...)`; they register
+here when imported (`clusterfl.data.leaf`: femnist; `clusterfl.data` imports them)."""
+
+
 @dataclass(frozen=True)
 class Source:
     """A dataset as tensors: images `[N, C, H, W]` float32 in [0, 1], labels int64.
@@ -125,8 +130,8 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         "cifar10": lambda r: _load_cifar10(r, origin, verify),
         "cifar100": lambda r: _load_cifar100(r, origin, verify, labels or "fine"),
         "emnist": lambda r: _load_emnist(r, origin, verify, split or "balanced"),
-        "femnist": lambda r: _load_femnist(r, origin),
         "synthetic_regression": lambda _root: _empty_regression_source(),
+        **{n: functools.partial(read, origin=origin) for n, read in READERS.items()},
     }
     if name not in loaders:
         raise ConfigError("source", f"unknown dataset {name!r}; allowed: {', '.join(SOURCE_NAMES)}")
@@ -134,12 +139,6 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         if value is not None and name != user:
             raise ConfigError(f"data.{field}", f"only for source {user}, not {name!r}")
     return loaders[name](root)
-
-
-def _load_femnist(root: Path, origin: str) -> Source:
-    from clusterfl.data.leaf import load_femnist  # imports this module
-
-    return load_femnist(root, origin)
 
 
 def standardize(source: Source, field: str = "data.standardize") -> Source:
