@@ -221,12 +221,17 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.action == "list":
         con.print(f"data directory: {root}")
         for name in sorted(DATASETS):
+            if not DATASETS[name].files:  # made, not downloaded (FEMNIST): its folder
+                there = (root / name).is_dir() and any((root / name).iterdir())
+                con.print(f"  {name:15s} {'present' if there else 'missing'} (not "
+                          f"downloadable: {DATASETS[name].how_to_get})")
+                continue
             status = verify(name, root)
             ok = all(s.ok for s in status)
             con.print(f"  {name:15s} {'present' if ok else 'missing or incomplete'}")
         con.print("  digits          built in (scikit-learn)")
         return 0
-    allowed = ", ".join(sorted(DATASETS))
+    allowed = ", ".join(sorted(n for n in DATASETS if DATASETS[n].files))
     if args.name is not None and args.name not in DATASETS:
         raise ClusterFLError(f"dataset: unknown {args.name!r}; allowed: {allowed}")
     if args.action == "download" and args.name is None:
@@ -237,7 +242,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     else:  # verify: the datasets that are there, not the ones a user never fetched
         names = [n for n in sorted(DATASETS)
                  if any((root / f.path).exists() for f in DATASETS[n].files)]
-        for n in sorted(set(DATASETS) - set(names)):
+        for n in sorted(n for n in set(DATASETS) - set(names) if DATASETS[n].files):
             con.print(f"{n}: not present in {root} (skipped; `clusterfl data download {n}` "
                       "fetches it)")
         if not names:

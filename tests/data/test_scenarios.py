@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from clusterfl.data import SCENARIOS, Federation, Source, load_source, make_federation
+from clusterfl.data.leaf import WriterSource
 from clusterfl.data.params import CFLGP_ANGLES
 from clusterfl.data.plans import Plan, group_sizes, proportional_counts
 from clusterfl.data.scenarios import plan_dirichlet, power_law_sizes, scenario_params
@@ -33,6 +35,10 @@ SMALL: dict[str, dict[str, Any]] = {  # parameters that fit digits (1,347 train 
     "label_shift_half": {},
     "cluster_partitioner": {"n_clients": 8, "partitioner": "dirichlet",
                             "options": {"alpha": 0.5, "min_partition_size": 5}},
+    # clusterfl.data.paper_scenarios (tests/data/test_paper_scenarios.py, test_femnist.py)
+    "writers": {"n_clients": 5},
+    "structured_femnist": {"n_clients": 12, "n_clusters": 3, "classes_per_cluster": 4},
+    "dirichlet_rotation": {"n_clients": 8, "n_samples": 600},
 }
 
 
@@ -42,6 +48,11 @@ def digits() -> Source:
 
 
 def _source_for(name: str, digits: Source) -> Source:
+    if name == "writers":  # the digits with 12 made-up writers (FEMNIST's kind of source)
+        return WriterSource(**{f.name: getattr(digits, f.name) for f in fields(digits)},
+                            train_writers=np.arange(len(digits.y_train)) % 12,
+                            test_writers=np.arange(len(digits.y_test)) % 12,
+                            writer_names=tuple(f"w{i}" for i in range(12)))
     return load_source("synthetic_regression") if name == "linear_regression" else digits
 
 

@@ -78,11 +78,13 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """A dataset's files and a line about its origin and license."""
+    """A dataset's files and a line about its origin and license. A dataset with no single
+    official file (FEMNIST) has no `files` and says in `how_to_get` what to make and where."""
 
     name: str
     description: str
     files: tuple[RemoteFile, ...] = ()
+    how_to_get: str = ""
 
 
 
@@ -157,6 +159,14 @@ DATASETS: dict[str, DatasetInfo] = {
         "EMNIST (Cohen et al. 2017, NIST), 28x28 handwritten characters, six splits in one "
         "archive (NIST publishes no checksum: the file is not checked)",
         (RemoteFile("emnist/gzip.zip", EMNIST_URL + "gzip.zip"),),
+    ),
+    "femnist": DatasetInfo(
+        "femnist",
+        "FEMNIST (LEAF, Caldas et al. 2018), EMNIST's 62 classes grouped by its ~3,550 writers",
+        how_to_get="no official file to download: make LEAF's JSON files (github.com/"
+        "TalwalkarLab/leaf, data/femnist: ./preprocess.sh -s niid --sf 1.0 -k 0 -t sample) and "
+        "copy data/train and data/test to DATA_DIR/femnist/, or save the Hugging Face dataset "
+        "flwrlabs/femnist to DATA_DIR/femnist/hf (save_to_disk)",
     ),
 }
 

@@ -185,8 +185,11 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
         DataError: network failure (URL and reason) or checksum mismatch (file, expected, got).
     """
     root = Path(data_dir) if data_dir is not None else default_data_dir()
+    info = dataset_info(name)
+    if info.how_to_get and not info.files:
+        raise DataError(f"{name}: {info.how_to_get.replace('DATA_DIR', str(root))}")
     fetched = []
-    for f in dataset_info(name).files:
+    for f in info.files:
         if check_file(f, root).ok:
             continue
         fetched.append(fetch_file(f, root, base_url, timeout, progress))

@@ -62,6 +62,8 @@ def is_per_client(source: str) -> bool | None:
 
 def default_scenario(source: str) -> str:
     """The scenario a config without `[scenario] name` gets for `source`."""
+    if source == "femnist":  # LEAF's writers, each one client
+        return "writers"
     if source in SOURCE_NAMES:
         return "rotation"
     return "iid" if source in POOLED_SOURCES else GIVEN

@@ -21,6 +21,7 @@ to train and test rows, so each client's test data follows its own training dist
 | `linear_regression` | CFL-GP §5.1, F.4                        | one slope angle each     |
 | `label_shift_half`  | CFL-GP F.7                              | shifted / not shifted    |
 | `cluster_partitioner` | Flower Datasets partitioners          | one angle each           |
+| `writers`, `structured_femnist`, `dirichlet_rotation`: `clusterfl.data.paper_scenarios` |
 
 Clients of a cluster are contiguous (client i of C belongs to cluster ⌊i·K/C⌋ for K clusters
 of near-equal size). Every client gets at least one training and one test sample, or a
@@ -601,6 +602,8 @@ SCENARIOS: dict[str, ScenarioSpec] = dict([
           "CFL-GP §5.1, F.4", "y = x tan φ_k + noise"),
     _spec("label_shift_half", LabelShiftHalfParams, plan_label_shift_half, "labels",
           "CFL-GP F.7", "half the clients use y → (y+5) mod 10"),
+    # + writers, structured_femnist, dirichlet_rotation: `clusterfl.data.paper_scenarios`
+    # registers them when imported (`clusterfl.data` imports it)
 ])
 
 

@@ -9,8 +9,9 @@ else `~/.cache/clusterfl`: `catalog.resolve_data_dir`)::
     ├── fashion_mnist/   (the same four file names)
     ├── cifar10/         cifar-10-python.tar.gz  or the extracted  cifar-10-batches-py/
     ├── cifar100/        cifar-100-python.tar.gz or the extracted  cifar-100-python/
-    └── emnist/          gzip.zip (NIST's archive, read as it is) or its files
-                         emnist-SPLIT-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
+    ├── emnist/          gzip.zip (NIST's archive, read as it is) or its files
+    │                    emnist-SPLIT-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
+    └── femnist/         LEAF's train/ and test/ JSON folders, or hf/ (`clusterfl.data.leaf`)
 
 CIFAR-100 has 100 fine labels and 20 coarse ones (`labels`, `data.labels`); EMNIST has six
 splits (`split`, `data.split`; `EMNIST_SPLITS` gives each one's classes). EMNIST images are
@@ -52,7 +53,7 @@ from clusterfl.data.federation import Task
 from clusterfl.data.integrity import check_known_files
 from clusterfl.errors import ConfigError, DataError
 
-IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist")
+IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist")
 SYNTHETIC_SOURCES = ("synthetic_regression",)
 SOURCE_NAMES = IMAGE_SOURCES + SYNTHETIC_SOURCES
 
@@ -78,6 +79,11 @@ EMNIST_ZIP = "gzip.zip"
 EMNIST_ZIP_FOLDER = "gzip"
 DIGITS_TEST_FRACTION = 0.25
 DIGITS_SPLIT_SEED = 0
+
+
+READERS: dict[str, Callable[..., Source]] = {}
+"""Readers that live in modules of their own, `name → read(root, origin=...)`; they register
+here when imported (`clusterfl.data.leaf`: femnist; `clusterfl.data` imports them)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,7 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         "cifar100": lambda r: _load_cifar100(r, origin, verify, labels or "fine"),
         "emnist": lambda r: _load_emnist(r, origin, verify, split or "balanced"),
         "synthetic_regression": lambda _root: _empty_regression_source(),
+        **{n: functools.partial(read, origin=origin) for n, read in READERS.items()},
     }
     if name not in loaders:
         raise ConfigError("source", f"unknown dataset {name!r}; allowed: {', '.join(SOURCE_NAMES)}")

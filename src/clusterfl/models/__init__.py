@@ -13,6 +13,7 @@ from torch import nn
 
 from clusterfl.config_util import parse, pick
 from clusterfl.errors import ConfigError
+from clusterfl.models.paper_nets import ValidCNN
 from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_flat
 from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression, ResNet18
 from clusterfl.plugins import describe, resolve
@@ -96,6 +97,25 @@ class ResNet18Config(ModelConfig):
         return groups
 
 
+class CFLCNNConfig(ModelConfig):
+    """CFL's CIFAR-10 / CFL-GP's EMNIST CNN (`paper_nets.ValidCNN`, the authors' code)."""
+
+    name: Literal["cfl_cnn"] = "cfl_cnn"
+    channels: tuple[int, int] = (6, 16)
+    hidden: tuple[int, ...] = Field((), description="hidden widths before the output layer")
+
+
+class CAMCNNConfig(CFLCNNConfig):
+    """CAM's CIFAR-10 CNN: LeNet-5 (`paper_nets.ValidCNN`; our choice, see there)."""
+
+    name: Literal["cam_cnn"] = "cam_cnn"  # type: ignore[assignment]
+    hidden: tuple[int, ...] = Field((120, 84), description="hidden widths (LeNet-5)")
+
+
+def _valid_cnn(c: CFLCNNConfig, shape: tuple[int, ...], out: int) -> nn.Module:
+    return ValidCNN(shape, out, c.channels, c.hidden)
+
+
 def _mlp(c: MLPConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return MLP(shape, out, list(c.hidden), c.dropout)
 
@@ -127,6 +147,8 @@ MODELS: dict[str, tuple[type[ModelConfig], Callable[[Any, tuple[int, ...], int],
     "linear": (LinearConfig, _linear),
     "conv_ae": (ConvAEConfig, _conv_ae),
     "resnet18": (ResNet18Config, _resnet18),
+    "cfl_cnn": (CFLCNNConfig, _valid_cnn),
+    "cam_cnn": (CAMCNNConfig, _valid_cnn),
 }
 
 

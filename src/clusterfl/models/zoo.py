@@ -98,6 +98,14 @@ class LeNet(nn.Module):
 
 
 class LeafCNN(nn.Module):
+    """LEAF's FEMNIST CNN (Caldas et al. 2018), which FLT (App. C.3) uses for FEMNIST.
+
+    LEAF: conv5-32 (same padding) → ReLU → pool2 → conv5-64 → ReLU → pool2 → 2048 → out;
+    6,603,710 parameters on 28×28 inputs with 62 classes. FLT's App. C.3 listing of it shows
+    one pooling, 63 channels and 3,459,582 parameters, which no reading of it reproduces; we
+    follow LEAF. `groups` > 0 adds GroupNorm (our option; off by default).
+    """
+
     def __init__(
         self, input_shape: tuple[int, ...], n_outputs: int, hidden: int = 2048, groups: int = 0
     ) -> None:

@@ -20,6 +20,8 @@ from clusterfl.report.history import load_config_text, run_label
 REPORT_FILE = "report.md"
 CONFIG_EXCERPT_LINES = 40
 MISSING = "—"
+NO_TRUTH = "n/a"
+"""The ARI cell of a run on data without true clusters: not applicable (never 0)."""
 
 FIGURE_CAPTIONS: dict[str, str] = {
     "accuracy": "Mean client accuracy per evaluated round; the band spans the 10–90% "
@@ -127,6 +129,9 @@ def summary_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[
     rows = []
     for summary in summaries:
         cells = [c.fmt(c.value(summary.final)) for c in columns]
+        if summary.federation is not None and summary.true_clusters is None:  # FEMNIST
+            cells = [NO_TRUTH if c.header in ("ARI", "placement ARI") else cell
+                     for c, cell in zip(columns, cells, strict=True)]
         rows.append([run_label(summary), *cells])
     return headers, rows
 
