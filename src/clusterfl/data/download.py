@@ -186,8 +186,11 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
     """
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     fetched = []
-    for f in dataset_info(name).files:
+    info = dataset_info(name)
+    for f in info.files:
         if check_file(f, root).ok:
             continue
+        if not f.url:
+            raise DataError(f"{name}: {root / f.path} has no download URL; {info.description}")
         fetched.append(fetch_file(f, root, base_url, timeout, progress))
     return fetched

@@ -13,12 +13,14 @@ from torch import nn
 
 from clusterfl.config_util import parse, pick
 from clusterfl.errors import ConfigError
+from clusterfl.models.lstm import LSTMLanguageModel
 from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_flat
 from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression, ResNet18
 from clusterfl.plugins import describe, resolve
 
 __all__ = [
-    "MLP", "ConvAE", "CustomModelConfig", "LeNet", "LeafCNN", "LinearRegression",
+    "MLP", "ConvAE", "CustomModelConfig", "LSTMLanguageModel", "LeNet", "LeafCNN",
+    "LinearRegression",
     "ModelConfig", "ModelFactory",
     "ParamLayout", "ResNet18", "ResNet18Config",
     "get_flat", "get_flat_grad", "model_config", "set_flat",
@@ -96,6 +98,19 @@ class ResNet18Config(ModelConfig):
         return groups
 
 
+class LSTMConfig(ModelConfig):
+    """The two-layer LSTM language model (`lstm.LSTMLanguageModel`; CFL Fig. 10, AG News)."""
+
+    name: Literal["lstm"] = "lstm"
+    embed: int = Field(128, ge=1, description="word embedding width")
+    hidden: int = Field(256, ge=1, description="units of each LSTM layer")
+    layers: int = Field(2, ge=1, description="stacked LSTM layers (the paper: 2)")
+
+
+def _lstm(c: LSTMConfig, shape: tuple[int, ...], out: int) -> nn.Module:
+    return LSTMLanguageModel(shape, out, c.embed, c.hidden, c.layers)
+
+
 def _mlp(c: MLPConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return MLP(shape, out, list(c.hidden), c.dropout)
 
@@ -127,6 +142,7 @@ MODELS: dict[str, tuple[type[ModelConfig], Callable[[Any, tuple[int, ...], int],
     "linear": (LinearConfig, _linear),
     "conv_ae": (ConvAEConfig, _conv_ae),
     "resnet18": (ResNet18Config, _resnet18),
+    "lstm": (LSTMConfig, _lstm),
 }
 
 
