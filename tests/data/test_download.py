@@ -123,7 +123,8 @@ def test_verify_statuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 def test_registry() -> None:
     assert verify("digits") == [] and download("digits") == []
     assert "digits" not in DATASETS
-    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "emnist"}
+    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "emnist",
+                             "ag_news"}
     with pytest.raises(ConfigError, match="allowed"):
         verify("imagenet")
     cifar = DATASETS["cifar10"].files[0]

@@ -141,3 +141,12 @@ def test_topic_articles_come_from_their_topic() -> None:
         succ.append(pairs)
     assert all(len({a for a, _ in s}) == len(s) for s in succ)  # deterministic successors
     assert len({frozenset(s) for s in succ}) == 4  # four different chains
+
+
+def test_ag_news_is_listed_and_download_says_where_to_get_it(tmp_path: Path) -> None:
+    from clusterfl.data import DATASETS, download
+
+    assert [f.path for f in DATASETS["ag_news"].files] == ["ag_news/train.csv",
+                                                           "ag_news/test.csv"]
+    with pytest.raises(DataError, match="ag_news: .*train.csv has no download URL; AG News"):
+        download("ag_news", tmp_path)
