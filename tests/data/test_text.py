@@ -148,5 +148,5 @@ def test_ag_news_is_listed_and_download_says_where_to_get_it(tmp_path: Path) -> 
 
     assert [f.path for f in DATASETS["ag_news"].files] == ["ag_news/train.csv",
                                                            "ag_news/test.csv"]
-    with pytest.raises(DataError, match="ag_news: .*train.csv has no download URL; AG News"):
+    with pytest.raises(DataError, match=r"ag_news: .*train\.csv has no download URL; AG News"):
         download("ag_news", tmp_path)

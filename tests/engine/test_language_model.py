@@ -53,22 +53,26 @@ def test_perplexity_and_token_accuracy_by_hand() -> None:
     assert summarize(reply)["perplexity"] == pytest.approx(math.exp((3 * 1.0 + 1 * 3.0) / 4))
 
 
-def _tiny(n_clients: int = 4) -> tuple:
+def _tiny(n_clients: int = 4, cell: str = "fused") -> tuple:
     src = _text_source(synthetic_topics(n_words=10, articles=12, length=12, seed=1))
     fed = make_federation(src, "topics", {"n_clients": n_clients, "seq_len": 6,
                                           "vocab_size": 14}, seed=0)
-    fac = ModelFactory(model_config({"name": "lstm", "embed": 5, "hidden": 7}),
+    fac = ModelFactory(model_config({"name": "lstm", "embed": 5, "hidden": 7, "cell": cell}),
                        fed.input_shape, fed.n_outputs)
     return fed, fac
 
 
-def test_engine_next_token_loss_equals_the_reference_loop() -> None:
+@pytest.mark.parametrize("cell,vmap", [("fused", False), ("written", True)])
+def test_engine_next_token_loss_equals_the_reference_loop(cell: str, vmap: bool) -> None:
+    """Both LSTM implementations: nn.LSTM through the generic kernel's loop over clients,
+    the written-out cells through vmap; each equal to the sequential reference."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        fed, fac = _tiny()
+        fed, fac = _tiny(cell=cell)
         sim, seq = SimulationBackend(fed, fac, 3), SequentialBackend(fed, fac)
-        assert isinstance(sim.engine.kernel, GenericKernel)
+        kernel = sim.engine.kernel
+        assert isinstance(kernel, GenericKernel) and kernel.use_vmap is vmap
         models = fac.init_many(2, 0)
         clients = np.arange(fed.n_clients)
         which = np.array([0, 1, 1, 0])
@@ -78,7 +82,7 @@ def test_engine_next_token_loss_equals_the_reference_loop() -> None:
             a, b = sim.train(req), seq.train(req)
             torch.testing.assert_close(a.params, b.params, rtol=1e-10, atol=1e-10)
             np.testing.assert_allclose(a.loss, b.loss, rtol=1e-10)
-        assert sim.engine.kernel.use_vmap  # vmap traced the LSTM's cell equations
+        assert kernel.use_vmap is vmap  # vmap traced the written-out cells: no fallback
         la = sim.losses(LossRequest(clients, models, "test"))
         lb = seq.losses(LossRequest(clients, models, "test"))
         np.testing.assert_allclose(la.loss, lb.loss, rtol=1e-10)
@@ -87,6 +91,8 @@ def test_engine_next_token_loss_equals_the_reference_loop() -> None:
         ea, eb = (b.evaluate(EvaluateRequest(clients, pred, "test")) for b in (sim, seq))
         np.testing.assert_allclose(ea.loss, eb.loss, rtol=1e-10)
         np.testing.assert_allclose(ea.extras["perplexity"], np.exp(eb.loss), rtol=1e-10)
+        np.testing.assert_allclose(ea.extras["perplexity"], eb.extras["perplexity"],
+                                   rtol=1e-10)
         np.testing.assert_allclose(ea.accuracy, eb.accuracy, rtol=1e-12)
     finally:
         torch.set_default_dtype(old)

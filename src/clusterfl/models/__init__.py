@@ -105,10 +105,13 @@ class LSTMConfig(ModelConfig):
     embed: int = Field(128, ge=1, description="word embedding width")
     hidden: int = Field(256, ge=1, description="units of each LSTM layer")
     layers: int = Field(2, ge=1, description="stacked LSTM layers (the paper: 2)")
+    cell: Literal["fused", "written"] = Field(
+        "fused", description="fused: nn.LSTM, clients looped (fastest on a CPU); written: "
+        "the cell equations written out, clients batched by vmap")
 
 
 def _lstm(c: LSTMConfig, shape: tuple[int, ...], out: int) -> nn.Module:
-    return LSTMLanguageModel(shape, out, c.embed, c.hidden, c.layers)
+    return LSTMLanguageModel(shape, out, c.embed, c.hidden, c.layers, c.cell)
 
 
 def _mlp(c: MLPConfig, shape: tuple[int, ...], out: int) -> nn.Module:

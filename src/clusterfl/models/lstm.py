@@ -12,12 +12,19 @@ hidden state to logits over the vocabulary at every position; the state starts a
 every sequence (each sequence is a window of a client's token stream, `clusterfl.data.text`).
 Defaults 128/256 for AG News; the tests use a few dozen units.
 
-The cell equations are written out (one matrix product of the whole sequence for the input
-projection, then a loop over the time steps with one product each) instead of `nn.LSTM`:
-`torch.func.vmap` traces these, so the simulation backend's generic kernel batches all
-clients of a chunk into one product per step. `nn.LSTM` also runs under vmap, but through
-PyTorch's slow per-sample fallback (no batching rule for its fused kernel). Measured on this
-machine's CPU (see docs/language_model.md).
+Two implementations of the same layers (`cell`):
+
+- "fused" (default): `nn.LSTM`, PyTorch's fused kernel. `torch.func.vmap` runs it only
+  through its slow per-sample fallback (no batching rule), so the module sets
+  `stack_with_vmap = False` and the simulation backend's generic kernel loops over the
+  clients, each client's batch through the fused kernel.
+- "written": the cell equations written out (the input projection of the whole sequence in
+  one product, then one product per time step), which vmap traces: the generic kernel then
+  trains all clients of a chunk with one batched product per step.
+
+On this machine's CPU "fused" with the loop over clients was the fastest at the AG News
+sizes (docs/language_model.md has the measurements); "written" is there for vmap, where
+batching many clients pays off (a GPU: not measured here).
 
 Input: `[B, T]` token ids (any dtype holding whole numbers); output: `[B, T, V]` logits.
 """
@@ -62,18 +69,25 @@ class LSTMLanguageModel(nn.Module):
     """Next-token logits `[B, T, V]` of token ids `[B, T]` (module docstring: sources)."""
 
     def __init__(self, input_shape: tuple[int, ...], n_outputs: int, embed: int = 128,
-                 hidden: int = 256, layers: int = 2) -> None:
+                 hidden: int = 256, layers: int = 2, cell: str = "fused") -> None:
         super().__init__()
         if len(input_shape) != 1:
             raise ValueError(f"an LSTM language model reads token sequences [T]; the data has "
                              f"inputs {tuple(input_shape)}")
+        if cell not in ("fused", "written"):
+            raise ValueError(f"cell must be 'fused' or 'written', got {cell!r}")
         self.embedding = nn.Embedding(n_outputs, embed)
-        sizes = [embed] + [hidden] * layers
-        self.layers = nn.ModuleList(LSTMCellLayer(a, b) for a, b in itertools.pairwise(sizes))
+        self.lstm: nn.Module
+        if cell == "fused":
+            self.lstm = nn.LSTM(embed, hidden, layers, batch_first=True)
+        else:
+            sizes = [embed] + [hidden] * layers
+            self.lstm = nn.Sequential(
+                *(LSTMCellLayer(a, b) for a, b in itertools.pairwise(sizes)))
+        #: read by the generic kernel: False makes it loop over clients instead of vmap
+        self.stack_with_vmap = cell == "written"
         self.out = nn.Linear(hidden, n_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embedding(x.long())
-        for layer in self.layers:
-            h = layer(h)
-        return self.out(h)
+        h = self.lstm(self.embedding(x.long()))
+        return self.out(h[0] if isinstance(h, tuple) else h)
