@@ -151,3 +151,24 @@ def test_cfl_finds_the_four_topics_and_beats_fedavg(tmp_path: Path) -> None:
     assert Vocab.load(tmp_path / "cfl" / "vocab.txt").words == tuple(fed.meta["vocab"])
     report = (tmp_path / "cfl" / "report.md").read_text()
     assert "perplexity ↓" in report
+
+
+def test_placement_uses_the_runs_vocabulary(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    """`clusterfl place` rebuilds the federation from the run's config: the same vocabulary
+    (deterministic) places; a vocabulary that no longer matches the run's `vocab.txt` is
+    refused in one line naming the file and the setting that reuses it."""
+    from clusterfl.cli import main
+
+    raw = _config("ifca", 2, n_clusters=4)
+    raw["checkpoint_every"] = 2
+    run = tmp_path / "run"
+    Experiment(load_config(raw), run).run(progress=False)
+    assert main(["place", str(run), "--clients", "0-1"]) == 0
+    vocab = Vocab.load(run / "vocab.txt")
+    Vocab((*vocab.words[:2], *reversed(vocab.words[2:]))).save(run / "vocab.txt")
+    capsys.readouterr()
+    assert main(["place", str(run), "--clients", "0-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vocab.txt: the run's vocabulary differs" in err
+    assert "scenario.vocab_file" in err

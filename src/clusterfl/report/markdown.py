@@ -31,7 +31,8 @@ FIGURE_CAPTIONS: dict[str, str] = {
     "cluster_sizes": "Clients per cluster per round (stacked); one band taking the whole "
     "height means the clustering collapsed.",
     "communication": "Cumulative floats sent between server and clients (log scale).",
-    "accuracy_compare": "Mean client accuracy per round, one line per method.",
+    "accuracy_compare": "Mean client accuracy per round, one line per method (MSE when every "
+    "run is a regression, perplexity, lower is better, when every run is a language model).",
     "ari_compare": "ARI against the true clusters and number of clusters per round.",
     "communication_compare": "Cumulative floats sent down and up per round (log scale).",
 }
