@@ -172,3 +172,12 @@ def test_placement_uses_the_runs_vocabulary(tmp_path: Path, capsys: pytest.Captu
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "vocab.txt: the run's vocabulary differs" in err
     assert "scenario.vocab_file" in err
+
+
+def test_sweep_reports_rank_language_models_by_perplexity_lower_first() -> None:
+    from clusterfl.sweep_report import primary
+
+    rows = [{"status": "done", "accuracy": 0.8, "perplexity": 3.7},
+            {"status": "done", "accuracy": 0.4, "perplexity": 13.1}]
+    assert primary(rows) == ("perplexity", "perplexity", 1.0, 2, False)  # lower is better
+    assert primary([{"status": "done", "accuracy": 0.8}])[0] == "accuracy"
