@@ -76,9 +76,12 @@ def test_engine_next_token_loss_equals_the_reference_loop(cell: str, vmap: bool)
         models = fac.init_many(2, 0)
         clients = np.arange(fed.n_clients)
         which = np.array([0, 1, 1, 0])
-        for setting in (LocalTraining(lr=0.5, batch_size=4),
-                        LocalTraining(optimizer="adam", lr=0.01, batch_size=3, epochs=2)):
-            req = TrainRequest(clients, models, which, setting, 7)
+        cam = Predictor(fac.init_many(2, 5), np.tile([0, 1], (len(clients), 1)), "sum_logits")
+        for setting, offset in ((LocalTraining(lr=0.5, batch_size=4), None),
+                                (LocalTraining(optimizer="adam", lr=0.01, batch_size=3,
+                                               epochs=2), None),
+                                (LocalTraining(lr=0.5, batch_size=4), cam)):  # CAM's logits
+            req = TrainRequest(clients, models, which, setting, 7, offset=offset)
             a, b = sim.train(req), seq.train(req)
             torch.testing.assert_close(a.params, b.params, rtol=1e-10, atol=1e-10)
             np.testing.assert_allclose(a.loss, b.loss, rtol=1e-10)
@@ -111,6 +114,7 @@ def _config(name: str, rounds: int, **algorithm: object) -> dict:
     ("fedavg", {}), ("cfl", {}), ("ifca", {"n_clusters": 4}), ("fesem", {"n_clusters": 4}),
     ("flhc", {"warmup_rounds": 1}), ("cfl_gp", {}), ("local", {}),
     ("fedprox", {}), ("fedem", {}), ("fedsoft", {}),
+    ("ifca_cam", {"n_clusters": 4, "warmup_rounds": 1}), ("fesem_cam", {"warmup_rounds": 1}),
 ])
 def test_every_method_runs_two_rounds_on_the_language_model_task(
         name: str, options: dict) -> None:

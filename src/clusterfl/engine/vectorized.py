@@ -373,7 +373,7 @@ class VectorizedEngine:
             off = None
             if offsets is not None:
                 off = offsets.index_select(0, lidx[:width, s].reshape(-1))
-                off = off.view(width, -1, offsets.shape[-1])
+                off = off.view(width, -1, *offsets.shape[1:])  # [N, O] or [N, T, V]
             views = [p[:width] for p in params]
             batch = StepBatch(x, y, weights[:width, s], off, task, gen)
             loss = self.kernel.train_step(views, batch, opt)
