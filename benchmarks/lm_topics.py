@@ -14,7 +14,7 @@ import torch
 
 from clusterfl.config import load_config
 from clusterfl.data.scenarios import make_federation
-from clusterfl.data.sources import _text_source
+from clusterfl.data.sources import text_source
 from clusterfl.data.text import synthetic_topics
 from clusterfl.experiment import Experiment
 
@@ -22,7 +22,7 @@ from clusterfl.experiment import Experiment
 def main(seed: int = 0) -> None:
     torch.set_num_threads(1)
     scenario = {"n_clients": 20, "seq_len": 10, "vocab_size": 50}
-    fed = make_federation(_text_source(synthetic_topics(articles=100)), "topics", scenario,
+    fed = make_federation(text_source(synthetic_topics(articles=100)), "topics", scenario,
                           seed=seed)
     for name in ("cfl", "fedavg"):
         raw = {"seed": seed, "rounds": 20, "eval_every": 20, "checkpoint_every": 0,

@@ -130,9 +130,9 @@ def test_topic_articles_come_from_their_topic() -> None:
     is that topic's σ_k, the same for every client of the topic."""
     corpus = synthetic_topics(n_words=12, articles=60, length=40, stay=1.0, seed=3)
     assert isinstance(corpus, TextCorpus)
-    from clusterfl.data.sources import _text_source
+    from clusterfl.data.sources import text_source
 
-    fed = make_federation(_text_source(corpus), "topics",
+    fed = make_federation(text_source(corpus), "topics",
                           {"n_clients": 4, "seq_len": 8, "vocab_size": 20}, seed=0)
     succ = []
     for i in range(4):

@@ -15,7 +15,7 @@ from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.config import load_config
 from clusterfl.data.scenarios import make_federation
-from clusterfl.data.sources import _text_source
+from clusterfl.data.sources import text_source
 from clusterfl.data.text import Vocab, synthetic_topics
 from clusterfl.engine.common import client_metrics
 from clusterfl.engine.generic import GenericKernel
@@ -54,7 +54,7 @@ def test_perplexity_and_token_accuracy_by_hand() -> None:
 
 
 def _tiny(n_clients: int = 4, cell: str = "fused") -> tuple:
-    src = _text_source(synthetic_topics(n_words=10, articles=12, length=12, seed=1))
+    src = text_source(synthetic_topics(n_words=10, articles=12, length=12, seed=1))
     fed = make_federation(src, "topics", {"n_clients": n_clients, "seq_len": 6,
                                           "vocab_size": 14}, seed=0)
     fac = ModelFactory(model_config({"name": "lstm", "embed": 5, "hidden": 7, "cell": cell}),
@@ -138,7 +138,7 @@ def test_cfl_finds_the_four_topics_and_beats_fedavg(tmp_path: Path) -> None:
     """The synthetic four-topic corpus, 20 clients (CFL Fig. 10's setting, tiny): CFL with
     its defaults separates the topics (ARI 1) and ends with a lower perplexity than FedAvg;
     the run keeps its vocabulary."""
-    src = _text_source(synthetic_topics(articles=100))
+    src = text_source(synthetic_topics(articles=100))
     raw = _config("cfl", 20)
     raw["scenario"].update(n_clients=20, seq_len=10, vocab_size=50)
     raw["model"].update(embed=16, hidden=24)

@@ -546,6 +546,8 @@ PlanFn = Callable[[Source, Any, np.random.Generator], Plan]
 def _no_plan(source: Source, params: Any, rng: np.random.Generator) -> Plan:
     """Scenario `topics` builds token sequences (`text.topic_federation`), not a row plan."""
     raise ConfigError("source", f"scenario 'topics' needs a text source, not {source.name!r}")
+
+
 Needs = Literal["labels", "images", "synthetic", "text"]
 
 

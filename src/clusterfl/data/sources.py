@@ -133,8 +133,8 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         "cifar100": lambda r: _load_cifar100(r, origin, verify, labels or "fine"),
         "emnist": lambda r: _load_emnist(r, origin, verify, split or "balanced"),
         "synthetic_regression": lambda _root: _empty_regression_source(),
-        "ag_news": lambda r: _text_source(_load_ag_news(r, origin)),
-        "synthetic_topics": lambda _root: _text_source(synthetic_topics()),
+        "ag_news": lambda r: text_source(_load_ag_news(r, origin)),
+        "synthetic_topics": lambda _root: text_source(synthetic_topics()),
     }
     if name not in loaders:
         raise ConfigError("source", f"unknown dataset {name!r}; allowed: {', '.join(SOURCE_NAMES)}")
@@ -211,8 +211,9 @@ def _as_source(
     )
 
 
-def _text_source(corpus: TextCorpus) -> Source:
-    """A text corpus as a `Source` (empty tensors; the articles in `text`)."""
+def text_source(corpus: TextCorpus) -> Source:
+    """A text corpus as a `Source` (empty tensors; the articles in `text`): pass one of
+    one's own (`text.synthetic_topics(...)` with other sizes) to `make_federation`."""
     empty = torch.zeros((0, 1), dtype=torch.int64)
     return Source(empty, empty[:, 0], empty, empty[:, 0], len(corpus.topic_names),
                   "language_model", corpus.name, corpus)
