@@ -230,6 +230,7 @@ def cmd_data(args: argparse.Namespace) -> int:
             ok = all(s.ok for s in status)
             con.print(f"  {name:15s} {'present' if ok else 'missing or incomplete'}")
         con.print("  digits          built in (scikit-learn)")
+        con.print("  synthetic_topics generated (four-topic text, docs/language_model.md)")
         return 0
     allowed = ", ".join(sorted(n for n in DATASETS if DATASETS[n].files))
     if args.name is not None and args.name not in DATASETS:

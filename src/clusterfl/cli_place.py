@@ -140,6 +140,18 @@ def cmd_place(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_vocabulary(run_dir: Path, words: list[str] | None) -> None:
+    """A language model's clients must be tokenized with the run's vocabulary (`vocab.txt`):
+    ClusterFLError when the federation rebuilt now has another one (the data changed)."""
+    from clusterfl.data.text import VOCAB_FILE, Vocab
+
+    saved = run_dir / VOCAB_FILE
+    if words is None or not saved.is_file() or Vocab.load(saved).words == tuple(words):
+        return
+    raise ClusterFLError(f"{saved}: the run's vocabulary differs from the one the data gives "
+                         f"now; place with it: --set 'scenario.vocab_file=\"{saved}\"'")
+
+
 def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
                   overrides: list[str], data_dir: str | None = None,
                   ) -> tuple[list[dict[str, Any]], str]:
@@ -167,6 +179,7 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
     exp = Experiment(config)  # the federation, the held-out split, the method
     alg = exp.algorithm
     full = exp.full_federation
+    _check_vocabulary(run_dir, full.meta.get("vocab"))
     ids = parse_clients(clients, full.n_clients)
     backend = build_backend(config, full, exp.factory)
     try:

@@ -37,6 +37,7 @@ from clusterfl.data import own
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
+from clusterfl.data.text import VOCAB_FILE, Vocab
 from clusterfl.errors import ConfigError
 from clusterfl.holdout import Holdout
 from clusterfl.models import ModelFactory
@@ -119,6 +120,10 @@ class Experiment:
         self.overwrite = overwrite
         full = federation if federation is not None else build_federation(config)
         self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
+        if full.task == "language_model" and self.algorithm.needs_real_inputs:
+            raise ConfigError("algorithm.name", f"{config.algorithm.name!r} clusters by "
+                              f"{self.algorithm.needs_real_inputs}; task 'language_model' has "
+                              "token ids: use fedavg, cfl, ifca, fesem, flhc, cfl_gp, ...")
         self.split = Holdout.split(config, self.algorithm, full)
         #: ids (in the whole federation) of the clients that train and of the held-out ones
         self.train_ids, self.holdout_ids = self.split.train_ids, self.split.ids
@@ -198,6 +203,9 @@ class Experiment:
                     ctx, self.algorithm, self.config)
                 self.recorder.load_state_dict(saved)
             files.start(dump_toml(self.config.to_dict()), history.records)
+            words = self.full_federation.meta.get("vocab")
+            if words is not None and self.out_dir is not None:  # a language model's
+                Vocab(tuple(words)).save(self.out_dir / VOCAB_FILE)
             tracking.call(self.callbacks, "on_run_start", self.config.to_dict(), self.out_dir,
                           start=start)
             try:

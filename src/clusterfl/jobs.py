@@ -77,7 +77,9 @@ class RunOutcome:
         if self.error is not None:
             return f"{self.task.what}: FAILED ({self.error})"
         acc, mse = self.final.get("accuracy"), self.final.get("mse")
-        shown = (f"accuracy {100 * acc:.1f}%" if acc is not None
+        ppl = self.final.get("perplexity")
+        shown = (f"perplexity {ppl:.2f}" if ppl is not None
+                 else f"accuracy {100 * acc:.1f}%" if acc is not None
                  else f"MSE {mse if mse is not None else float('nan'):.4g}")
         text = (f"{self.task.what}: {shown}, ARI {self.final.get('ari')}, "
                 f"{self.seconds:.0f} s" + (" (resumed)" if self.resumed else ""))

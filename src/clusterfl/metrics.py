@@ -29,7 +29,24 @@ def summarize(reply: EvaluateReply) -> dict[str, float | None]:
         "fairness_var": float(np.var(100 * acc[ok])) if ok.any() else None,
         "loss": _nanmean(reply.loss),
         "mse": _nanmean(reply.extras.get("mse", np.array([np.nan]))),
+        "perplexity": token_perplexity(reply),
     }
+
+
+def token_perplexity(reply: EvaluateReply) -> float | None:
+    """A language model's perplexity over all the clients' test tokens: exp of the mean
+    token loss, each client's mean loss weighted by its sequences (every sequence has the
+    same number of tokens, so this is the token-weighted mean). None for other tasks (no
+    `perplexity` extra) or when no client has a finite loss."""
+    if "perplexity" not in reply.extras:
+        return None
+    loss = np.asarray(reply.loss, dtype=float)
+    n = np.asarray(reply.n_samples, dtype=float)
+    ok = np.isfinite(loss) & (n > 0)
+    if not ok.any():
+        return None
+    mean = float((loss[ok] * n[ok]).sum() / n[ok].sum())
+    return math.exp(mean) if mean < 709.0 else math.inf
 
 
 def ari(true: np.ndarray | None, assignment: np.ndarray) -> float | None:

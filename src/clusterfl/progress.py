@@ -48,6 +48,8 @@ class Progress:
         info = f"acc {100 * m.accuracy:.1f}%" if m.accuracy is not None else ""
         if m.mse is not None:
             info = f"mse {m.mse:.4f}"
+        if m.perplexity is not None:
+            info = f"perplexity {m.perplexity:.2f}"
         info += f"  clusters {record.n_clusters}"
         self._bar.update(self._task, advance=1, info=info)
 

@@ -84,7 +84,7 @@ class Recorder:
 
     def _loss_scale(self) -> float | None:
         fed = self.federation
-        if fed.task == "classification":
+        if fed.task != "regression":  # cross-entropy over classes or a vocabulary
             return loss_scale(fed.task, fed.n_classes)
         return loss_scale(fed.task, fed.n_classes, float(fed.y_train.double().square().mean())
                           if fed.y_train.numel() else None)

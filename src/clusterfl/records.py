@@ -86,23 +86,30 @@ class RoundMetrics:
     """Variance of client accuracy in %²."""
     loss: float | None = None
     mse: float | None = None
+    perplexity: float | None = None
+    """A language model's perplexity over all clients' test tokens (lower is better;
+    `metrics.token_perplexity`); written only when known."""
 
-    KEYS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse")
+    KEYS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
+            "perplexity")
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "accuracy": self.accuracy, "accuracy_weighted": self.accuracy_weighted,
             "macro_f1": self.macro_f1, "fairness_var": self.fairness_var, "loss": self.loss,
             "mse": self.mse,
         }
+        if self.perplexity is not None:
+            d["perplexity"] = self.perplexity
+        return d
 
     @classmethod
     def from_json_dict(cls, d: Mapping[str, Any]) -> RoundMetrics:
-        _check_keys(d, cls.KEYS, (), "metrics")
+        _check_keys(d, cls.KEYS[:-1], ("perplexity",), "metrics")
         return cls(
             accuracy=d["accuracy"], accuracy_weighted=d["accuracy_weighted"],
             macro_f1=d["macro_f1"], fairness_var=d["fairness_var"], loss=d["loss"],
-            mse=d["mse"],
+            mse=d["mse"], perplexity=d.get("perplexity"),
         )
 
 

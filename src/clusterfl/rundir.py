@@ -38,6 +38,7 @@ RUN_FILES = _COMPARED | {
     "config.toml", HISTORY_FILE, SUMMARY_FILE, SUMMARY_FILE + ".tmp", "report.md", LOCK_FILE,
     "cfl_tree.pt", "flt_relatedness.npz",  # the `save_artifacts` of CFL and FLT
     "flower.json", "flower_final_state.pt",  # `deploy.server_app` after a Flower run
+    "vocab.txt",  # a language model's vocabulary (`data.text.Vocab`)
 }
 """The files a run (or a comparison: its figures) writes at the top of its folder."""
 RUN_SUBDIRS: dict[str, Callable[[str], bool]] = {

@@ -377,7 +377,8 @@ def run_sweep(
 
 
 # ---------------------------------------------------------------------------- results
-METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse", "ari",
+METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
+           "perplexity", "ari",
            "n_clusters", "rounds_to_ari1", "floats_down", "floats_up", "client_updates",
            "rejected", "participation", "placement_ari", "holdout_accuracy", "wall_time")
 """Columns of the tidy table after the run's identity: accuracy and F1 in 0..1 as in

@@ -26,7 +26,10 @@ ALPHA = 0.05
 
 
 def primary(rows: Sequence[dict[str, Any]]) -> tuple[str, str, float, int, bool]:
-    """The metric the comparisons use: (key, header, scale, digits, higher is better)."""
+    """The metric the comparisons use: (key, header, scale, digits, higher is better); a
+    language model's perplexity (lower is better) before its token accuracy."""
+    if any(r.get("perplexity") is not None for r in rows):
+        return "perplexity", "perplexity", 1.0, 2, False
     if any(r.get("accuracy") is not None for r in rows):
         return "accuracy", "accuracy (%)", 100.0, 1, True
     return "mse", "MSE", 1.0, 4, False

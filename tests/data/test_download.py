@@ -123,7 +123,8 @@ def test_verify_statuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 def test_registry() -> None:
     assert verify("digits") == [] and download("digits") == []
     assert "digits" not in DATASETS
-    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist"}
+    assert set(DATASETS) == {"mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
+                             "ag_news"}
     assert DATASETS["femnist"].files == () and "preprocess.sh" in DATASETS["femnist"].how_to_get
     with pytest.raises(ConfigError, match="allowed"):
         verify("imagenet")

@@ -92,7 +92,8 @@ def _same_data(a: Federation, b: Federation) -> bool:
 
 
 def test_every_design_row_is_registered() -> None:
-    assert set(SMALL) == set(SCENARIOS)
+    # `topics` builds token sequences, no row plan: tests/data/test_text.py covers it
+    assert set(SMALL) | {"topics"} == set(SCENARIOS)
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

@@ -47,6 +47,8 @@ def test_non_finite_and_exploding_losses_and_healthy_rounds():
     assert diagnose(1, RoundUpdates(uploaded=2, kept=1, losses=[1.0, 2.0],
                                     rejected=Counter({"norm": 1})), scale) is None
     assert loss_scale("regression", 1, 0.0) is None  # unknown scale: no "exploding" check
+    # a language model: a fresh model's token loss is about ln(vocabulary size)
+    assert loss_scale("language_model", 50, 300.0) == pytest.approx(math.log(50))
 
 
 # ------------------------------------------------------------------ a run

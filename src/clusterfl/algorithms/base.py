@@ -185,6 +185,9 @@ class Algorithm(ABC, Generic[C, S]):
     #: then runs it where the backend left the reply (state and request moved there, the new
     #: state back to the CPU). Others get their replies on the CPU, as from any backend.
     device_update: ClassVar[bool] = False
+    #: what a method needs of the clients' inputs that token sequences (task
+    #: "language_model") lack, e.g. "image signatures"; empty: it runs on every task
+    needs_real_inputs: ClassVar[str] = ""
     config: C
     state: S
 

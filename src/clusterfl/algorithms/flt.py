@@ -315,6 +315,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     """FLT (Jamali-Rad et al. 2022): one-off client relatedness, then (clustered) FedAvg."""
 
     name = "flt"
+    needs_real_inputs = "signatures of the clients' images (an encoder or PCA)"
     Config: ClassVar[type[_OneShotConfig]] = FLTConfig
     State = FLTState
 

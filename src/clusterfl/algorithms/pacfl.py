@@ -223,6 +223,7 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
     """PACFL: one-shot clustering by principal angles of client data subspaces."""
 
     name = "pacfl"
+    needs_real_inputs = "the subspaces of the clients' real-valued inputs"
     Config = PACFLConfig
     State = PACFLState
 

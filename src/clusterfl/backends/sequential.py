@@ -16,7 +16,7 @@ import torch
 
 from clusterfl import protocol as pr
 from clusterfl.backends.base import BackendConfig, as_index
-from clusterfl.backends.simulation import DeviceBackend, DeviceConfig
+from clusterfl.backends.simulation import DeviceBackend, DeviceConfig, task_extras
 from clusterfl.data.federation import Federation
 from clusterfl.engine import reference as ref
 from clusterfl.engine.common import (
@@ -128,7 +128,7 @@ class SequentialBackend(DeviceBackend):
                 if base is not None:
                     out = out + base
                 loss[i, j] = float(per_sample_loss(out, y, fed.task).mean())
-                if fed.task == "classification":
+                if fed.task != "regression":  # a language model: the share of tokens
                     acc[i, j] = float((out.argmax(-1) == y).double().mean())
         return pr.LossReply(clients.copy(), loss, acc)
 
@@ -200,15 +200,16 @@ class SequentialBackend(DeviceBackend):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
             out = self._outputs(pred, i, x)
             rows.append(client_metrics(out, y, fed.task, fed.n_classes))
-        return metrics_reply(clients, rows, np.diff(off)[clients])
+        return metrics_reply(clients, rows, np.diff(off)[clients], fed.task)
 
 
 def metrics_reply(clients: np.ndarray, rows: list[dict[str, float]],
-                  sizes: np.ndarray) -> pr.EvaluateReply:
-    col = {k: np.array([r[k] for r in rows]) for k in ("accuracy", "macro_f1", "loss", "mse")}
+                  sizes: np.ndarray, task: str = "classification") -> pr.EvaluateReply:
+    keys = ("accuracy", "macro_f1", "loss", "mse", "perplexity")
+    col = {k: np.array([r.get(k, np.nan) for r in rows], dtype=np.float64) for k in keys}
     return pr.EvaluateReply(
         np.asarray(clients, dtype=np.int64).copy(), col["accuracy"], col["macro_f1"],
-        col["loss"], sizes.copy(), {"mse": col["mse"]}
+        col["loss"], sizes.copy(), task_extras(col, task)
     )
 
 

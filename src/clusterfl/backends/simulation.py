@@ -166,7 +166,8 @@ class SimulationBackend(DeviceBackend):
         key = (name, dtype)
         if key not in self._splits:
             x, y, off = self.federation.split(name)
-            x = x.to(self.device, dtype).contiguous()
+            # token ids (a language model) stay integers: float16/bfloat16 would round them
+            x = x.to(self.device, dtype if x.is_floating_point() else None).contiguous()
             codes = compact_inputs(x, dtype) if self.compact else None
             y = y.to(self.device, dtype if self.federation.task == "regression" else None)
             self._splits[key] = (SplitData(x, y.contiguous(), off) if codes is None else
@@ -284,14 +285,17 @@ class SimulationBackend(DeviceBackend):
         if fed.task == "classification":  # cross-entropy of all K at once, no [total·K] copy
             picked = out.gather(-1, y.view(-1, 1, 1).expand(-1, k, 1)).squeeze(-1)
             per = torch.logsumexp(out, -1) - picked
+        elif fed.task == "language_model":  # each sequence's mean token loss
+            per = per_sample_losses(out, y, fed.task)
         else:
             flat = out.reshape(-1, out.shape[-1])
             per = per_sample_loss(flat, y.repeat_interleave(k, 0), fed.task)
             per = per.reshape(rows.total, k, -1).mean(-1)  # mean over outputs
         for j in range(k):
             loss[:, j] = mean_per_client(per[:, j], rows.size)
-        if fed.task == "classification":
+        if fed.task != "regression":  # a language model: the share of tokens right
             hit = (out.argmax(-1) == y.unsqueeze(1)).double()
+            hit = hit.reshape(*hit.shape[:2], -1).mean(-1)
             for j in range(k):
                 acc[:, j] = mean_per_client(hit[:, j], rows.size)
         return pr.LossReply(clients.copy(), loss, acc)
@@ -304,8 +308,16 @@ class SimulationBackend(DeviceBackend):
         m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes)
         return pr.EvaluateReply(
             clients.copy(), m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(),
-            {"mse": m["mse"]}
+            task_extras(m, fed.task)
         )
+
+
+def task_extras(m: dict[str, np.ndarray], task: str) -> dict[str, np.ndarray]:
+    """An evaluation reply's extras: the clients' MSE, and their perplexities for a language
+    model."""
+    if task == "language_model":
+        return {"mse": m["mse"], "perplexity": m["perplexity"]}
+    return {"mse": m["mse"]}
 
 
 def prox_centers(req: pr.TrainRequest) -> tuple[torch.Tensor | None, np.ndarray | None]:

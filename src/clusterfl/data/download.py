@@ -192,5 +192,7 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
     for f in info.files:
         if check_file(f, root).ok:
             continue
+        if not f.url:
+            raise DataError(f"{name}: {root / f.path} has no download URL; {info.description}")
         fetched.append(fetch_file(f, root, base_url, timeout, progress))
     return fetched

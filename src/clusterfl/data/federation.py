@@ -17,7 +17,8 @@ import torch
 
 from clusterfl.errors import DataError
 
-Task = Literal["classification", "regression"]
+Task = Literal["classification", "regression", "language_model"]
+TASKS: tuple[str, ...] = ("classification", "regression", "language_model")
 
 
 @dataclass
@@ -27,12 +28,15 @@ class Federation:
     Attributes:
         x_train: all clients' training inputs, `[N_train, *input_shape]`, float32.
         y_train: training targets, `[N_train]`; int64 class ids (classification) or float32.
+            A language model ("language_model", `clusterfl.data.text`) has int64 token ids
+            `[N, T]` as inputs and the next tokens `[N, T]` as targets.
         train_offsets: `[n_clients + 1]` int64; client i owns rows `train_offsets[i]:[i+1]`.
         x_test, y_test, test_offsets: the same for each client's own test data.
         clusters: `[n_clients]` true cluster id of each client, or None when the scenario
             defines no groups.
-        n_classes: number of classes (1 for regression: one output).
-        task: "classification" or "regression".
+        n_classes: number of classes (1 for regression: one output; the vocabulary size for
+            a language model).
+        task: "classification", "regression" or "language_model".
         name: a readable description, e.g. "digits/rotation".
         meta: scenario details (angles per cluster, label maps, class sets, ...), JSON-able.
     """
@@ -82,7 +86,7 @@ class Federation:
     @property
     def n_outputs(self) -> int:
         """Width of a model's output layer for this federation."""
-        return self.n_classes if self.task == "classification" else 1
+        return 1 if self.task == "regression" else self.n_classes
 
     @property
     def train_sizes(self) -> np.ndarray:
@@ -160,10 +164,8 @@ class Federation:
             raise ValueError("train and test offsets must describe the same number of clients")
         if self.clusters is not None and len(self.clusters) != self.n_clients:
             raise ValueError(f"clusters has {len(self.clusters)} ids for {self.n_clients} clients")
-        if self.task not in ("classification", "regression"):
-            raise ValueError(
-                f"task must be 'classification' or 'regression', got {self.task!r}"
-            )
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
 
     def describe(self) -> str:
         sizes = self.train_sizes

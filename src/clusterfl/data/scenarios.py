@@ -21,6 +21,7 @@ to train and test rows, so each client's test data follows its own training dist
 | `linear_regression` | CFL-GP §5.1, F.4                        | one slope angle each     |
 | `label_shift_half`  | CFL-GP F.7                              | shifted / not shifted    |
 | `cluster_partitioner` | Flower Datasets partitioners          | one angle each           |
+| `topics`            | CFL Fig. 10 (AG News, language model)   | one topic each           |
 | `writers`, `structured_femnist`, `dirichlet_rotation`: `clusterfl.data.paper_scenarios` |
 
 Clients of a cluster are contiguous (client i of C belongs to cluster ⌊i·K/C⌋ for K clusters
@@ -83,6 +84,7 @@ from clusterfl.data.plans import (
     split_by_proportions,
 )
 from clusterfl.data.sources import IMAGE_SOURCES, Source, load_source
+from clusterfl.data.text import TopicsParams, topic_federation
 from clusterfl.data.transforms import (
     distinct_permutations,
     shift_map,
@@ -540,7 +542,14 @@ def plan_linear_regression(source: Source, p: LinearRegressionParams,
 
 
 PlanFn = Callable[[Source, Any, np.random.Generator], Plan]
-Needs = Literal["labels", "images", "synthetic"]
+
+
+def _no_plan(source: Source, params: Any, rng: np.random.Generator) -> Plan:
+    """Scenario `topics` builds token sequences (`text.topic_federation`), not a row plan."""
+    raise ConfigError("source", f"scenario 'topics' needs a text source, not {source.name!r}")
+
+
+Needs = Literal["labels", "images", "synthetic", "text"]
 
 
 @dataclass(frozen=True)
@@ -559,6 +568,13 @@ class ScenarioSpec:
         """The federation of `source` under this scenario (ConfigError fields prefixed)."""
         check_source(self, source)
         try:
+            if self.needs == "text" and source.text is not None:  # token sequences, no plan
+                assert isinstance(params, TopicsParams)
+                federation = topic_federation(source.text, params, rng)
+                federation.meta.update(scenario=self.name, source=source.name,
+                                       reference=self.reference,
+                                       params=params.model_dump(mode="json"))
+                return federation
             plan = self.plan(source, params, rng)
             check_plan(plan)
         except ConfigError as exc:  # planners name bare fields; say where they live
@@ -602,6 +618,8 @@ SCENARIOS: dict[str, ScenarioSpec] = dict([
           "CFL-GP §5.1, F.4", "y = x tan φ_k + noise"),
     _spec("label_shift_half", LabelShiftHalfParams, plan_label_shift_half, "labels",
           "CFL-GP F.7", "half the clients use y → (y+5) mod 10"),
+    _spec("topics", TopicsParams, _no_plan, "text", "CFL Fig. 10",
+          "each client one topic's articles (language model)"),
     # + writers, structured_femnist, dirichlet_rotation: `clusterfl.data.paper_scenarios`
     # registers them when imported (`clusterfl.data` imports it)
 ])
@@ -651,6 +669,12 @@ def scenario_params(name: str, raw: dict[str, Any] | None = None,
 
 def check_source(spec: ScenarioSpec, source: Source) -> None:
     """ConfigError when the scenario cannot use this data (e.g. regression on images)."""
+    if spec.needs == "text" or source.text is not None:
+        if spec.needs != "text" or source.text is None:
+            raise ConfigError("source", f"scenario {spec.name!r} and source {source.name!r} "
+                              "do not fit: text sources (ag_news, synthetic_topics) go with "
+                              "scenario 'topics' only")
+        return
     if spec.needs == "synthetic":
         if source.name != "synthetic_regression":
             raise ConfigError("source", f"scenario {spec.name!r} generates its own data: use "

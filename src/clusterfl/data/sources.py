@@ -11,7 +11,11 @@ else `~/.cache/clusterfl`: `catalog.resolve_data_dir`)::
     ├── cifar100/        cifar-100-python.tar.gz or the extracted  cifar-100-python/
     ├── emnist/          gzip.zip (NIST's archive, read as it is) or its files
     │                    emnist-SPLIT-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
-    └── femnist/         LEAF's train/ and test/ JSON folders, or hf/ (`clusterfl.data.leaf`)
+    ├── femnist/         LEAF's train/ and test/ JSON folders, or hf/ (`clusterfl.data.leaf`)
+    └── ag_news/         train.csv  test.csv, or a Hugging Face save_to_disk copy
+
+`ag_news` and `synthetic_topics` are text (`clusterfl.data.text`): their `Source` holds the
+articles in `text` and empty tensors; scenario `topics` turns them into token sequences.
 
 CIFAR-100 has 100 fine labels and 20 coarse ones (`labels`, `data.labels`); EMNIST has six
 splits (`split`, `data.split`; `EMNIST_SPLITS` gives each one's classes). EMNIST images are
@@ -51,11 +55,13 @@ from clusterfl.data.catalog import DATASETS, resolve_data_dir, where_to_put
 from clusterfl.data.catalog import default_data_dir as default_data_dir  # re-exported
 from clusterfl.data.federation import Task
 from clusterfl.data.integrity import check_known_files
+from clusterfl.data.text import TextCorpus, read_ag_news, synthetic_topics
 from clusterfl.errors import ConfigError, DataError
 
 IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist")
 SYNTHETIC_SOURCES = ("synthetic_regression",)
-SOURCE_NAMES = IMAGE_SOURCES + SYNTHETIC_SOURCES
+TEXT_SOURCES = ("ag_news", "synthetic_topics")
+SOURCE_NAMES = IMAGE_SOURCES + SYNTHETIC_SOURCES + TEXT_SOURCES
 
 IDX_FILES = {
     "x_train": "train-images-idx3-ubyte.gz",
@@ -100,6 +106,8 @@ class Source:
     n_classes: int
     task: Task
     name: str
+    text: TextCorpus | None = None
+    """A text source's articles and topics (`ag_news`, `synthetic_topics`); else None."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -131,6 +139,8 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
         "cifar100": lambda r: _load_cifar100(r, origin, verify, labels or "fine"),
         "emnist": lambda r: _load_emnist(r, origin, verify, split or "balanced"),
         "synthetic_regression": lambda _root: _empty_regression_source(),
+        "ag_news": lambda r: text_source(_load_ag_news(r, origin)),
+        "synthetic_topics": lambda _root: text_source(synthetic_topics()),
         **{n: functools.partial(read, origin=origin) for n, read in READERS.items()},
     }
     if name not in loaders:
@@ -206,6 +216,23 @@ def _as_source(
         task="classification",
         name=name,
     )
+
+
+def text_source(corpus: TextCorpus) -> Source:
+    """A text corpus as a `Source` (empty tensors; the articles in `text`): pass one of
+    one's own (`text.synthetic_topics(...)` with other sizes) to `make_federation`."""
+    empty = torch.zeros((0, 1), dtype=torch.int64)
+    return Source(empty, empty[:, 0], empty, empty[:, 0], len(corpus.topic_names),
+                  "language_model", corpus.name, corpus)
+
+
+def _load_ag_news(root: Path, origin: str) -> TextCorpus:
+    folder = root / "ag_news"
+    if not (folder / "train.csv").is_file() and not (folder / "dataset_dict.json").is_file():
+        raise DataError(f"ag_news: not found in {folder} (train.csv and test.csv of "
+                        "ag_news_csv, Zhang et al. 2015, or a Hugging Face save_to_disk copy "
+                        f"of ag_news); {where_to_put('ag_news', root, origin).split(', or')[0]}")
+    return read_ag_news(folder)
 
 
 def _empty_regression_source() -> Source:

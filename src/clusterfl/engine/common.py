@@ -1,6 +1,15 @@
-"""Losses, output combination and per-client metrics shared by all engines."""
+"""Losses, output combination and per-client metrics shared by all engines.
+
+Language models (task "language_model"): outputs are `[N, T, V]` logits over the vocabulary
+at each of a sequence's T positions, targets `[N, T]` the next token ids; a sample's loss is
+its T tokens' cross-entropies (`[N, T]`, which the engines average per sequence: every
+sequence has T tokens, so the mean over sequences is the token-weighted mean), and a client's
+perplexity is exp of its mean token loss.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -10,9 +19,13 @@ from clusterfl.protocol import Combine
 
 
 def per_sample_loss(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
-    """Cross-entropy on logits (classification) or squared error (regression), per sample."""
+    """Cross-entropy on logits (classification) or squared error (regression), per sample;
+    a language model's cross-entropy per token, `[N, T]`."""
     if task == "regression":
         return (out.reshape(y.shape) - y) ** 2
+    if task == "language_model":
+        flat = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="none")
+        return flat.reshape(y.shape)
     return F.cross_entropy(out, y, reduction="none")
 
 
@@ -39,7 +52,7 @@ def _weighted_mean(stacked: torch.Tensor, weights: torch.Tensor | None) -> torch
         return stacked.mean(0)
     w = weights.to(stacked.device, stacked.dtype)
     w = w.t() if w.dim() == 2 else w[:, None].expand(-1, stacked.shape[1])
-    return (stacked * w.unsqueeze(-1)).sum(0)
+    return (stacked * w.reshape(*w.shape, *[1] * (stacked.dim() - 2))).sum(0)
 
 
 # ----------------------------------------------------------------------------- mixtures
@@ -124,8 +137,12 @@ def best_counts(losses: torch.Tensor, sizes: np.ndarray) -> np.ndarray:
 
 def per_sample_losses(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
     """`[r, K]` per-sample losses of K models' outputs `out` `[r, K, O]` on targets `y` `[r]`
-    (regression: the squared error averaged over the outputs)."""
+    (regression: the squared error averaged over the outputs; a language model's `[r, K, T,
+    V]` on `[r, T]`: the mean token cross-entropy of each sequence)."""
     r, k = out.shape[0], out.shape[1]
+    if task == "language_model":
+        picked = out.gather(-1, y[:, None, :, None].expand(-1, k, -1, 1)).squeeze(-1)
+        return (torch.logsumexp(out, -1) - picked).mean(-1)
     if task == "classification":
         picked = out.gather(-1, y.view(-1, 1, 1).expand(-1, k, 1)).squeeze(-1)
         return torch.logsumexp(out, -1) - picked
@@ -152,17 +169,31 @@ def macro_f1(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> float:
 def client_metrics(
     out: torch.Tensor, y: torch.Tensor, task: str, n_classes: int
 ) -> dict[str, float]:
-    """accuracy, macro_f1, loss (and mse for regression) of one client's predictions."""
+    """accuracy, macro_f1, loss, mse (regression) and perplexity (a language model: exp of
+    the mean token loss; accuracy is then the share of tokens predicted right, macro_f1 NaN)
+    of one client's predictions; the metrics a task does not have are NaN."""
+    nan = float("nan")
     if len(y) == 0:
-        nan = float("nan")
-        return {"accuracy": nan, "macro_f1": nan, "loss": nan, "mse": nan}
+        return {"accuracy": nan, "macro_f1": nan, "loss": nan, "mse": nan, "perplexity": nan}
     loss = float(per_sample_loss(out, y, task).mean())
     if task == "regression":
-        return {"accuracy": float("nan"), "macro_f1": float("nan"), "loss": loss, "mse": loss}
+        return {"accuracy": nan, "macro_f1": nan, "loss": loss, "mse": loss, "perplexity": nan}
     pred = out.argmax(-1)
+    accuracy = float((pred == y).double().mean())
+    if task == "language_model":
+        return {"accuracy": accuracy, "macro_f1": nan, "loss": loss, "mse": nan,
+                "perplexity": perplexity(loss)}
     return {
-        "accuracy": float((pred == y).double().mean()),
+        "accuracy": accuracy,
         "macro_f1": macro_f1(pred, y, n_classes),
         "loss": loss,
-        "mse": float("nan"),
+        "mse": nan,
+        "perplexity": nan,
     }
+
+
+def perplexity(mean_token_loss: float) -> float:
+    """exp of a mean token cross-entropy (nats); +inf past float range, NaN stays NaN."""
+    if math.isnan(mean_token_loss):
+        return math.nan
+    return math.exp(mean_token_loss) if mean_token_loss < 709.0 else math.inf

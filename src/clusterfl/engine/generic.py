@@ -2,8 +2,9 @@
 
 `functional_call` runs the module with each client's parameters; `vmap(grad(...))` gives all
 clients' gradients in one call. When vmap cannot trace the module (data-dependent control flow,
-in-place buffer updates such as BatchNorm's running statistics, ...), the kernel falls back to
-a loop over clients with plain autograd, on each client's real samples only (padding rows, of
+in-place buffer updates such as BatchNorm's running statistics, ...), or when the module says
+so (`stack_with_vmap = False`: `models.lstm`'s fused LSTM), the kernel falls back to a loop
+over clients with plain autograd, on each client's real samples only (padding rows, of
 weight 0, would skew batch statistics), and remembers that choice; a module that fails there
 too is a one-line `ClusterFLError` pointing at the sequential backend. Buffers (BatchNorm's
 running statistics) are the module's own, shared by all clients and never federated, as in
@@ -43,7 +44,9 @@ class GenericKernel(StackedKernel):
     def __init__(self, module: nn.Module, layout: ParamLayout) -> None:
         super().__init__(module, layout)
         self.names = layout.names
-        self.use_vmap = True
+        # a module may ask for the loop from the start (`stack_with_vmap = False`: vmap would
+        # run it through PyTorch's slow per-sample fallback, e.g. nn.LSTM)
+        self.use_vmap = bool(getattr(module, "stack_with_vmap", True))
 
     # ------------------------------------------------------------------ functional pieces
     def _apply(self, params: tuple[Tensor, ...], x: Tensor) -> Tensor:

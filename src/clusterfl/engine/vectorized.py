@@ -373,7 +373,7 @@ class VectorizedEngine:
             off = None
             if offsets is not None:
                 off = offsets.index_select(0, lidx[:width, s].reshape(-1))
-                off = off.view(width, -1, offsets.shape[-1])
+                off = off.view(width, -1, *offsets.shape[1:])  # [N, O] or [N, T, V]
             views = [p[:width] for p in params]
             batch = StepBatch(x, y, weights[:width, s], off, task, gen)
             loss = self.kernel.train_step(views, batch, opt)
@@ -446,12 +446,13 @@ class VectorizedEngine:
             probe = functional_call(
                 self.module, self.layout.views(models[0]), (data.decode(data.x[:1]),)
             ) if len(data.x) else torch.zeros(1, 1, dtype=models.dtype)
-            out = torch.zeros(0, probe.shape[-1], dtype=models.dtype, device=models.device)
+            out = torch.zeros(0, *probe.shape[1:], dtype=models.dtype, device=models.device)
         return out
 
     def _new_out(self, rows: Rows, like: Tensor) -> Tensor:
-        """`[total, O]` outputs, of the dtype and device of one piece `like` `[r, O]`."""
-        return torch.empty(rows.total, like.shape[-1], dtype=like.dtype, device=like.device)
+        """`[total, O]` outputs, of the dtype and device of one piece `like` `[r, O]` (a
+        language model's `[r, T, V]`: `[total, T, V]`)."""
+        return torch.empty(rows.total, *like.shape[1:], dtype=like.dtype, device=like.device)
 
     def _shared_outputs(
         self, data: SplitData, rows: Rows, params: Tensor, members: np.ndarray, out: Tensor | None
@@ -494,9 +495,9 @@ class VectorizedEngine:
                 gidx, lidx, valid = _pad_rows(rows, pick, local, models.device)
                 res = self.kernel.forward(params, data.decode(self.kernel.gather(data.x, gidx)))
                 if out is None:
-                    out = self._new_out(rows, res)
+                    out = self._new_out(rows, res[0])
                 mask = torch.from_numpy(valid.reshape(-1)).to(models.device)
-                out[lidx.reshape(-1)[mask]] = res.reshape(-1, res.shape[-1])[mask]
+                out[lidx.reshape(-1)[mask]] = res.reshape(-1, *res.shape[2:])[mask]
         return out
 
     @torch.no_grad()
@@ -562,17 +563,25 @@ def client_metrics_batched(
     nan = np.full(n, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         if len(y) == 0:
-            return {"accuracy": nan, "macro_f1": nan.copy(), "loss": nan.copy(), "mse": nan.copy()}
+            return {"accuracy": nan, "macro_f1": nan.copy(), "loss": nan.copy(), "mse": nan.copy(),
+                    "perplexity": nan.copy()}
         per = per_sample_loss(out, y, task)
         if per.dim() > 1:
             per = per.reshape(per.shape[0], -1).mean(1)
         total = segment_sum(per, sizes).cpu().numpy()
         loss = np.where(sizes > 0, total / np.maximum(sizes, 1), np.nan)
         if task == "regression":
-            return {"accuracy": nan, "macro_f1": nan.copy(), "loss": loss, "mse": loss.copy()}
+            return {"accuracy": nan, "macro_f1": nan.copy(), "loss": loss, "mse": loss.copy(),
+                    "perplexity": nan.copy()}
         pred = out.argmax(-1)
-        hit = segment_sum(pred == y, sizes).cpu().numpy()
+        right = pred == y
+        if right.dim() > 1:  # a language model: the share of each sequence's tokens
+            right = right.double().mean(-1)
+        hit = segment_sum(right, sizes).cpu().numpy()
         acc = np.where(sizes > 0, hit / np.maximum(sizes, 1), np.nan)
+        if task == "language_model":  # no macro-F1 over a vocabulary
+            return {"accuracy": acc, "macro_f1": nan, "loss": loss, "mse": nan.copy(),
+                    "perplexity": _exp(loss)}
         c = n_classes
         conf = torch.bincount(seg * c * c + y * c + pred, minlength=n * c * c).view(n, c, c)
         tp = torch.diagonal(conf, dim1=1, dim2=2).double()
@@ -582,7 +591,14 @@ def client_metrics_batched(
         f1 = torch.where(present, 2 * tp / denom.clamp_min(1), torch.zeros_like(tp))
         f1_mean = ((f1 * present).sum(1) / present.sum(1).clamp_min(1)).cpu().numpy()
         f1_mean = np.where(sizes > 0, f1_mean, np.nan)
-    return {"accuracy": acc, "macro_f1": f1_mean, "loss": loss, "mse": nan}
+    return {"accuracy": acc, "macro_f1": f1_mean, "loss": loss, "mse": nan,
+            "perplexity": nan.copy()}
+
+
+def _exp(loss: np.ndarray) -> np.ndarray:
+    """exp of mean token losses: the perplexities (+inf past float range, NaN stays)."""
+    with np.errstate(over="ignore"):
+        return np.exp(loss)
 
 
 def mean_per_client(values: Tensor, sizes: np.ndarray) -> np.ndarray:

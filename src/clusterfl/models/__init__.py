@@ -14,12 +14,14 @@ from torch import nn
 from clusterfl.config_util import parse, pick
 from clusterfl.errors import ConfigError
 from clusterfl.models.paper_nets import ValidCNN
+from clusterfl.models.lstm import LSTMLanguageModel
 from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_flat
 from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression, ResNet18
 from clusterfl.plugins import describe, resolve
 
 __all__ = [
-    "MLP", "ConvAE", "CustomModelConfig", "LeNet", "LeafCNN", "LinearRegression",
+    "MLP", "ConvAE", "CustomModelConfig", "LSTMLanguageModel", "LeNet", "LeafCNN",
+    "LinearRegression",
     "ModelConfig", "ModelFactory",
     "ParamLayout", "ResNet18", "ResNet18Config",
     "get_flat", "get_flat_grad", "model_config", "set_flat",
@@ -114,6 +116,20 @@ class CAMCNNConfig(CFLCNNConfig):
 
 def _valid_cnn(c: CFLCNNConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return ValidCNN(shape, out, c.channels, c.hidden)
+class LSTMConfig(ModelConfig):
+    """The two-layer LSTM language model (`lstm.LSTMLanguageModel`; CFL Fig. 10, AG News)."""
+
+    name: Literal["lstm"] = "lstm"
+    embed: int = Field(128, ge=1, description="word embedding width")
+    hidden: int = Field(256, ge=1, description="units of each LSTM layer")
+    layers: int = Field(2, ge=1, description="stacked LSTM layers (the paper: 2)")
+    cell: Literal["fused", "written"] = Field(
+        "fused", description="fused: nn.LSTM, clients looped (fastest on a CPU); written: "
+        "the cell equations written out, clients batched by vmap")
+
+
+def _lstm(c: LSTMConfig, shape: tuple[int, ...], out: int) -> nn.Module:
+    return LSTMLanguageModel(shape, out, c.embed, c.hidden, c.layers, c.cell)
 
 
 def _mlp(c: MLPConfig, shape: tuple[int, ...], out: int) -> nn.Module:
@@ -149,6 +165,7 @@ MODELS: dict[str, tuple[type[ModelConfig], Callable[[Any, tuple[int, ...], int],
     "resnet18": (ResNet18Config, _resnet18),
     "cfl_cnn": (CFLCNNConfig, _valid_cnn),
     "cam_cnn": (CAMCNNConfig, _valid_cnn),
+    "lstm": (LSTMConfig, _lstm),
 }
 
 

@@ -25,6 +25,7 @@ from clusterfl.report.history import (
     cluster_sizes_series,
     comm_series,
     final_client_accuracy,
+    is_language_model,
     is_regression,
     metric_series,
     n_clusters_series,
@@ -158,10 +159,14 @@ def plot_accuracy(history: Sequence[RoundRecord], path: str | Path, label: str =
     Regression runs (MSE and no accuracy) show the mean MSE instead.
     """
     fig, ax = _new_figure()
-    regression = is_regression(history)
-    (_draw_mse if regression else _draw_accuracy)(ax, history)
+    regression, lm = is_regression(history), is_language_model(history)
+    if lm:
+        _draw_perplexity(ax, history)
+    else:
+        (_draw_mse if regression else _draw_accuracy)(ax, history)
     ax.set_xlabel("round")
-    ax.set_title(_title(label, "mean client MSE" if regression else "client accuracy"))
+    ax.set_title(_title(label, "perplexity (lower is better)" if lm else
+                        "mean client MSE" if regression else "client accuracy"))
     if len(ax.get_legend_handles_labels()[0]) > 1:
         ax.legend(loc="best")
     return _save(fig, path)
@@ -191,6 +196,13 @@ def _draw_mse(ax: Axes, history: Sequence[RoundRecord]) -> None:
     rounds, mse = metric_series(history, "mse")
     ax.plot(rounds, mse, color="C0", marker=_marker(rounds.size), ms=3.5, label="mean MSE")
     ax.set_ylabel("MSE")
+
+
+def _draw_perplexity(ax: Axes, history: Sequence[RoundRecord]) -> None:
+    """A language model's perplexity over all clients' test tokens per evaluated round."""
+    rounds, ppl = metric_series(history, "perplexity")
+    ax.plot(rounds, ppl, color="C0", marker=_marker(rounds.size), ms=3.5, label="perplexity")
+    ax.set_ylabel("perplexity")
 
 
 def plot_ari(history: Sequence[RoundRecord], path: str | Path, label: str = "") -> Path:
@@ -487,17 +499,22 @@ def _run_legend(fig: Figure, ax: Axes, n_runs: int) -> None:
 
 
 def _compare_accuracy(runs: list[tuple[str, list[RoundRecord]]], path: Path) -> Path:
-    """Mean client accuracy (or MSE when every run is a regression) per run."""
+    """Mean client accuracy (or MSE when every run is a regression, perplexity when every
+    run is a language model) per run."""
     regression = all(is_regression(h) for _, h in runs)
-    name, scale = ("mse", 1.0) if regression else ("accuracy", 100.0)
+    lm = all(is_language_model(h) for _, h in runs)
+    name, scale = ("perplexity", 1.0) if lm else ("mse", 1.0) if regression else (
+        "accuracy", 100.0)
     fig, ax = _new_figure(width=8.0)
     for i, (label, history) in enumerate(runs):
         rounds, values = metric_series(history, name)
         if rounds.size:
             ax.plot(rounds, scale * values, **_run_style(i, len(runs), label))
     ax.set_xlabel("round")
-    ax.set_ylabel("MSE" if regression else "mean client accuracy (%)")
-    ax.set_title("Mean client MSE" if regression else "Mean client accuracy")
+    ax.set_ylabel("perplexity (lower is better)" if lm else "MSE" if regression
+                  else "mean client accuracy (%)")
+    ax.set_title("Perplexity" if lm else "Mean client MSE" if regression
+                 else "Mean client accuracy")
     _run_legend(fig, ax, len(runs))
     return _save(fig, path)
 

@@ -75,6 +75,11 @@ def is_regression(history: Sequence[RoundRecord]) -> bool:
     )
 
 
+def is_language_model(history: Sequence[RoundRecord]) -> bool:
+    """True when the run reports a perplexity (a language model; lower is better)."""
+    return metric_series(history, "perplexity")[0].size > 0
+
+
 def client_accuracy_matrix(history: Sequence[RoundRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(rounds, [R, N] per-client accuracy) over rounds where `client_accuracy` is present."""
     rows = [(r.round, r.client_accuracy) for r in history if r.client_accuracy]
@@ -173,6 +178,7 @@ __all__ = [
     "comm_series",
     "evaluated_rounds",
     "final_client_accuracy",
+    "is_language_model",
     "is_regression",
     "load_config_text",
     "metric_series",

@@ -25,14 +25,16 @@ NO_TRUTH = "n/a"
 
 FIGURE_CAPTIONS: dict[str, str] = {
     "accuracy": "Mean client accuracy per evaluated round; the band spans the 10–90% "
-    "quantiles of per-client accuracy (MSE for regression).",
+    "quantiles of per-client accuracy (MSE for regression; perplexity, lower is better, "
+    "for a language model).",
     "ari": "ARI of the cluster assignment against the true clusters, and the number of "
     "clusters, per round.",
     "client_accuracy": "Final accuracy of each client, sorted, coloured by true cluster.",
     "cluster_sizes": "Clients per cluster per round (stacked); one band taking the whole "
     "height means the clustering collapsed.",
     "communication": "Cumulative floats sent between server and clients (log scale).",
-    "accuracy_compare": "Mean client accuracy per round, one line per method.",
+    "accuracy_compare": "Mean client accuracy per round, one line per method (MSE when every "
+    "run is a regression, perplexity, lower is better, when every run is a language model).",
     "ari_compare": "ARI against the true clusters and number of clusters per round.",
     "communication_compare": "Cumulative floats sent down and up per round (log scale).",
 }
@@ -76,6 +78,8 @@ class Column(NamedTuple):
 # The columns of the summary table, read from a run's final metrics; the MSE column only
 # appears when some run is a regression, participation when some run sampled (`_columns`).
 MSE_COLUMN = Column("MSE", lambda f: _metrics(f).mse, _general)
+PERPLEXITY_COLUMN = Column("perplexity ↓", lambda f: _metrics(f).perplexity, _fixed(2))
+"""A language model's perplexity (lower is better); first, when some run has one."""
 PARTICIPATION_COLUMN = Column("participation (%)", lambda f: f.participation, _percent)
 COLUMNS: list[Column] = [
     Column("accuracy (%)", lambda f: _metrics(f).accuracy, _percent),
@@ -115,6 +119,8 @@ def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
     partial = any(_partial(s) for s in summaries)
     columns = [c for c in COLUMNS if (c is not MSE_COLUMN or regression)
                and (c is not PARTICIPATION_COLUMN or partial)]
+    if any(_metrics(s.final).perplexity is not None for s in summaries):
+        columns = [PERPLEXITY_COLUMN, *(c for c in columns if c.header != "macro-F1 (%)")]
     if any(s.holdout is not None or s.final.placement_ari is not None
            or s.final.holdout_accuracy is not None for s in summaries):
         at = next(i for i, c in enumerate(columns) if c.header == "ARI") + 1

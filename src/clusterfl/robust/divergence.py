@@ -62,9 +62,10 @@ class Divergence:
 
 
 def loss_scale(task: str, n_classes: int, mean_sq_target: float | None = None) -> float | None:
-    """What a fresh model's training loss is about: ln(C), or the mean squared target of a
-    regression (None when unknown: no "exploding" check)."""
-    if task == "classification":
+    """What a fresh model's training loss is about: ln(C) (a language model: ln of the
+    vocabulary size), or the mean squared target of a regression (None when unknown: no
+    "exploding" check)."""
+    if task in ("classification", "language_model"):
         return math.log(n_classes) if n_classes >= 2 else None
     if mean_sq_target is None or not math.isfinite(mean_sq_target) or mean_sq_target <= 0:
         return None

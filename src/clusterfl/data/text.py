@@ -1,0 +1,306 @@
+"""Text for language modelling: a word-level tokenizer and vocabulary, AG News readers, a
+synthetic four-topic corpus, and the federation of scenario `topics`.
+
+- `tokenize`: lowercase words (letters and digits, with an inner apostrophe: "don't"); AG
+  News' escapes ("#39;" for an apostrophe, "\\" for a line break, HTML entities) undone.
+- `Vocab`: `<unk>` (0), `<eos>` (1), then the most frequent words of the training split
+  (ties in alphabetical order), `size` entries at most; `save`/`load` one word per line
+  (`vocab.txt` in a run folder).
+- AG News (Zhang, Zhao & LeCun 2015, "Character-level convolutional networks for text
+  classification"): 120,000 training and 7,600 test articles of four topics (1 World, 2
+  Sports, 3 Business, 4 Sci/Tech). `DATA_DIR/ag_news/` holds either the usual CSV files
+  `train.csv` and `test.csv` (no header; class index 1–4, title, description) or the
+  Hugging Face dataset saved with `save_to_disk` (splits train/test, columns text, label
+  0–3), read with the `datasets` package.
+- `synthetic_topics`: four topics, each a first-order Markov chain over one shared
+  vocabulary of words "w000", "w001", ...: from word a the next word is σ_k(a) with
+  probability `stay`, else uniform (σ_k a random permutation per topic, drawn from `seed`).
+  No file needed: the tests' and demos' corpus.
+- `topic_federation` (scenario `topics`; CFL Fig. 10): client i holds articles of topic
+  ⌊i·K/C⌋ (the true cluster), an equal share of that topic's train and test articles. The
+  vocabulary is built from the clients' training articles only. Each client's articles,
+  each followed by `<eos>`, form one token stream cut into windows of `seq_len` + 1 tokens:
+  inputs the first `seq_len` tokens, targets the next ones (`[N, T]` both, int64).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from clusterfl.data.federation import Federation
+from clusterfl.data.params import ScenarioParams
+from clusterfl.errors import ConfigError, DataError
+
+UNK, EOS = "<unk>", "<eos>"
+VOCAB_FILE = "vocab.txt"
+"""The vocabulary a run of a language model keeps in its folder (one word per line)."""
+AG_NEWS_TOPICS = ("World", "Sports", "Business", "Sci/Tech")
+AG_NEWS_FILES = ("train.csv", "test.csv")
+AG_NEWS_SIZES = {"train": 120_000, "test": 7_600}
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+# ====================================================================== tokens
+def tokenize(text: str) -> list[str]:
+    """Lowercase words of `text` (AG News' `#39;` and `\\` escapes and HTML entities undone)."""
+    text = html.unescape(text.replace("#39;", "'").replace("\\", " ")).lower()
+    return _WORD.findall(text)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Words by id: `<unk>`, `<eos>`, then the training split's most frequent words."""
+
+    words: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.words[:2] != (UNK, EOS):
+            raise DataError(f"a vocabulary starts with {UNK} and {EOS}, not {self.words[:2]}")
+        object.__setattr__(self, "_ids", {w: i for i, w in enumerate(self.words)})
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @classmethod
+    def build(cls, texts: Iterable[str], size: int) -> Vocab:
+        """The `size` − 2 most frequent words of `texts` after `<unk>` and `<eos>` (ties:
+        alphabetical)."""
+        if size < 3:
+            raise ConfigError("vocab_size", f"must be at least 3 (<unk>, <eos> and a word), "
+                                            f"got {size}")
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(tokenize(text))
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return cls((UNK, EOS, *(w for w, _ in ranked[: size - 2])))
+
+    def ids(self, text: str) -> list[int]:
+        """Token ids of `text` followed by `<eos>` (unknown words: `<unk>`)."""
+        get = self._ids.get  # type: ignore[attr-defined]
+        return [get(w, 0) for w in tokenize(text)] + [1]
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text("\n".join(self.words) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        p = Path(path)
+        try:
+            words = tuple(p.read_text(encoding="utf-8").splitlines())
+        except OSError as exc:
+            raise DataError(f"{p}: cannot read the vocabulary ({exc.strerror})") from None
+        if len(words) < 3 or words[:2] != (UNK, EOS) or len(set(words)) != len(words):
+            raise DataError(f"{p}: not a vocabulary file (one word per line, {UNK} and {EOS} "
+                            "first, no repeats)")
+        return cls(words)
+
+
+def windows(ids: Sequence[int], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """A token stream cut into consecutive windows of `seq_len` + 1 tokens (the rest
+    dropped): inputs `[N, seq_len]` and their next tokens `[N, seq_len]`."""
+    a = np.asarray(ids, dtype=np.int64)
+    n = (len(a) - 1) // seq_len if len(a) > 1 else 0
+    x = a[: n * seq_len].reshape(n, seq_len)
+    y = a[1 : n * seq_len + 1].reshape(n, seq_len)
+    return x, y
+
+
+# ====================================================================== corpora
+@dataclass(frozen=True)
+class TextCorpus:
+    """Articles and their topics (0-based), train and test, and the topics' names."""
+
+    train_texts: tuple[str, ...]
+    train_topics: np.ndarray
+    test_texts: tuple[str, ...]
+    test_topics: np.ndarray
+    topic_names: tuple[str, ...]
+    name: str
+
+
+def read_ag_news(folder: Path) -> TextCorpus:
+    """AG News from `folder` (`DATA_DIR/ag_news`): the CSV files, else a `save_to_disk`
+    dataset. DataError naming the file for a missing, truncated or malformed one."""
+    if all((folder / f).is_file() for f in AG_NEWS_FILES):
+        train = read_ag_news_csv(folder / "train.csv")
+        test = read_ag_news_csv(folder / "test.csv")
+    elif (folder / "dataset_dict.json").is_file():
+        train, test = read_ag_news_hf(folder)
+    else:
+        raise DataError(f"AG News not found in {folder}: put train.csv and test.csv there "
+                        "(ag_news_csv of Zhang et al. 2015: class index, title, description) "
+                        "or a Hugging Face `save_to_disk` copy of ag_news (dataset_dict.json)")
+    return TextCorpus(train[0], train[1], test[0], test[1], AG_NEWS_TOPICS, "ag_news")
+
+
+def read_ag_news_csv(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
+    """(title + " " + description of every row, topic 0–3) of one AG News CSV file."""
+    texts, topics = [], []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for n, row in enumerate(csv.reader(f, strict=True), 1):
+                if len(row) != 3 or row[0].strip() not in ("1", "2", "3", "4"):
+                    shown = row[0][:20] if row else ""
+                    raise DataError(f"{path}: line {n} is not 'class index 1-4, title, "
+                                    f"description' ({len(row)} fields, class {shown!r}); "
+                                    "truncated or not AG News")
+                topics.append(int(row[0]) - 1)
+                texts.append(f"{row[1]} {row[2]}")
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not a readable AG News CSV file ({exc}); truncated or "
+                        "not AG News") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    if not texts:
+        raise DataError(f"{path}: no rows; AG News has 'class index, title, description' rows")
+    return tuple(texts), np.asarray(topics, dtype=np.int64)
+
+
+def read_ag_news_hf(folder: Path) -> tuple[tuple[tuple[str, ...], np.ndarray], ...]:
+    """(train, test) of a Hugging Face `save_to_disk` copy of ag_news (text, label 0–3)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("data.source", f"{folder} is a Hugging Face dataset: reading it "
+                          "needs the `datasets` package (pip install 'clusterfl[hf]'), or "
+                          "put AG News' train.csv and test.csv there instead") from None
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DataError(f"{folder}: not a readable save_to_disk dataset ({type(exc).__name__}"
+                        f": {first})") from None
+    out = []
+    for split in ("train", "test"):
+        if split not in loaded:
+            raise DataError(f"{folder}: the dataset has no {split!r} split (has "
+                            f"{', '.join(loaded)})")
+        part = loaded[split]
+        missing = [c for c in ("text", "label") if c not in part.column_names]
+        if missing:
+            raise DataError(f"{folder}/{split}: no column {missing[0]!r} (columns "
+                            f"{', '.join(part.column_names)}); AG News has text and label")
+        labels = np.asarray(part["label"], dtype=np.int64)
+        if len(labels) == 0 or labels.min() < 0 or labels.max() > 3:
+            raise DataError(f"{folder}/{split}: labels must be the topics 0-3")
+        out.append((tuple(str(t) for t in part["text"]), labels))
+    return out[0], out[1]
+
+
+def synthetic_topics(n_topics: int = 4, n_words: int = 40, articles: int = 400,
+                     length: int = 30, stay: float = 0.9, seed: int = 0,
+                     test_articles: int | None = None) -> TextCorpus:
+    """Four (or `n_topics`) topics as Markov chains over one vocabulary (module docstring):
+    `articles` training articles per topic (a quarter of that for testing unless
+    `test_articles`), each `length` words."""
+    rng = np.random.default_rng([seed, 39])
+    words = np.array([f"w{i:03d}" for i in range(n_words)])
+    perms = [rng.permutation(n_words) for _ in range(n_topics)]
+    n_test = max(1, articles // 4) if test_articles is None else test_articles
+
+    def article(k: int) -> str:
+        ids = np.empty(length, dtype=np.int64)
+        ids[0] = rng.integers(n_words)
+        jump = rng.random(length) >= stay
+        noise = rng.integers(n_words, size=length)
+        for t in range(1, length):
+            ids[t] = noise[t] if jump[t] else perms[k][ids[t - 1]]
+        return " ".join(words[ids])
+
+    parts = []
+    for count in (articles, n_test):
+        topics = np.repeat(np.arange(n_topics, dtype=np.int64), count)
+        parts.append((tuple(article(int(k)) for k in topics), topics))
+    names = tuple(f"topic {k}" for k in range(n_topics))
+    return TextCorpus(parts[0][0], parts[0][1], parts[1][0], parts[1][1], names,
+                      "synthetic_topics")
+
+
+# ====================================================================== the federation
+class TopicsParams(ScenarioParams):
+    """Scenario `topics` (CFL Fig. 10, AG News): each client holds one topic's articles."""
+
+    n_clients: int = Field(20, ge=1, description="number of clients (CFL: 20)")
+    seq_len: int = Field(35, ge=1, description="tokens per training sequence (T)")
+    vocab_size: int = Field(10_000, ge=3, description="words kept, <unk> and <eos> included")
+    vocab_file: str | None = Field(
+        None, description="a vocab.txt (a run folder's) to use instead of building one")
+    topics: list[int] | None = Field(
+        None, description="which topics (0-based) take part (default: all)")
+    n_train_per_client: int | None = Field(
+        None, ge=1, description="training articles per client (default: an equal share)")
+    n_test_per_client: int | None = Field(
+        None, ge=1, description="test articles per client (default: an equal share)")
+
+
+def _shares(pool: np.ndarray, parts: int, each: int | None, field: str,
+            rng: np.random.Generator) -> list[np.ndarray]:
+    """`parts` disjoint random shares of the article ids `pool` (`each` per part, or all)."""
+    pool = rng.permutation(pool)
+    size = len(pool) // parts if each is None else each
+    if size < 1 or size * parts > len(pool):
+        raise ConfigError(field, f"{parts} clients of one topic need {parts} x "
+                                 f"{max(size, 1)} articles; the topic has {len(pool)}")
+    return [pool[i * size : (i + 1) * size] for i in range(parts)]
+
+
+def topic_federation(corpus: TextCorpus, p: TopicsParams,
+                     rng: np.random.Generator) -> Federation:
+    """The federation of scenario `topics` (module docstring)."""
+    topics = list(range(len(corpus.topic_names))) if p.topics is None else list(p.topics)
+    bad = [k for k in topics if not 0 <= k < len(corpus.topic_names)]
+    if bad or not topics or len(set(topics)) != len(topics):
+        raise ConfigError("topics", f"{p.topics} must list distinct topics among 0.."
+                                    f"{len(corpus.topic_names) - 1} ({corpus.name})")
+    if p.n_clients < len(topics):
+        raise ConfigError("n_clients", f"{p.n_clients} clients cannot cover {len(topics)} "
+                                       "topics; give at least one client per topic")
+    clusters = np.arange(p.n_clients) * len(topics) // p.n_clients
+    shares: dict[str, list[np.ndarray]] = {"train": [], "test": []}
+    for split, each in (("train", p.n_train_per_client), ("test", p.n_test_per_client)):
+        labels = corpus.train_topics if split == "train" else corpus.test_topics
+        for c, k in enumerate(topics):
+            parts = int((clusters == c).sum())
+            field = f"n_{split}_per_client"
+            shares[split] += _shares(np.flatnonzero(labels == k), parts, each, field, rng)
+    train_ids = np.concatenate(shares["train"])
+    if p.vocab_file is not None:
+        vocab = Vocab.load(p.vocab_file)
+    else:
+        vocab = Vocab.build((corpus.train_texts[i] for i in train_ids), p.vocab_size)
+    cat: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
+    for split, texts in (("train", corpus.train_texts), ("test", corpus.test_texts)):
+        xs, ys = [], []
+        for i, share in enumerate(shares[split]):
+            stream = [t for a in share for t in vocab.ids(texts[a])]
+            x, y = windows(stream, p.seq_len)
+            if len(x) == 0:
+                raise ConfigError(f"n_{split}_per_client", f"client {i} has {len(stream)} "
+                                  f"{split} tokens, fewer than seq_len + 1 = {p.seq_len + 1}")
+            xs.append(x)
+            ys.append(y)
+        sizes = np.array([len(x) for x in xs], dtype=np.int64)
+        cat[split] = (torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
+                      np.concatenate([[0], np.cumsum(sizes)]))
+    meta = {"vocab": list(vocab.words), "topics": [corpus.topic_names[k] for k in topics],
+            "clusters": [{"topic": corpus.topic_names[k]} for k in topics]}
+    return Federation(*cat["train"], *cat["test"], clusters=clusters, n_classes=len(vocab),
+                      task="language_model", name=f"{corpus.name}/topics", meta=meta)
+
+
+__all__ = [
+    "AG_NEWS_TOPICS", "EOS", "UNK", "VOCAB_FILE", "TextCorpus", "TopicsParams", "Vocab",
+    "read_ag_news",
+    "read_ag_news_csv", "read_ag_news_hf", "synthetic_topics", "tokenize", "topic_federation",
+    "windows",
+]

@@ -1,0 +1,152 @@
+"""Text for language modelling: tokenizer and vocabulary on hand values, the AG News readers
+on files the tests write in the official formats, and the `topics` scenario."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clusterfl.data.scenarios import make_federation
+from clusterfl.data.sources import load_source
+from clusterfl.data.text import (
+    TextCorpus,
+    Vocab,
+    read_ag_news,
+    read_ag_news_csv,
+    synthetic_topics,
+    tokenize,
+    windows,
+)
+from clusterfl.errors import ConfigError, DataError
+
+
+def test_tokenize_lowercases_and_undoes_ag_news_escapes() -> None:
+    text = "Wall St. Bears Claw Back Into the Black (Reuters)\\Reuters - Short-sellers, " \
+           "Wall Street#39;s dwindling band &amp; co."
+    assert tokenize(text) == ["wall", "st", "bears", "claw", "back", "into", "the", "black",
+                              "reuters", "reuters", "short", "sellers", "wall", "street's",
+                              "dwindling", "band", "co"]
+
+
+def test_vocab_keeps_the_most_frequent_words_ties_alphabetical() -> None:
+    texts = ["b a c a", "c a d b", "e"]  # a:3, b:2, c:2, d:1, e:1
+    v = Vocab.build(texts, 5)
+    assert v.words == ("<unk>", "<eos>", "a", "b", "c")
+    assert v.ids("a d c") == [2, 0, 4, 1]  # d unknown, <eos> after the article
+    with pytest.raises(ConfigError, match="vocab_size"):
+        Vocab.build(texts, 2)
+
+
+def test_vocab_file_round_trip_and_bad_file(tmp_path: Path) -> None:
+    v = Vocab.build(["x y y"], 10)
+    v.save(tmp_path / "vocab.txt")
+    assert Vocab.load(tmp_path / "vocab.txt") == v
+    (tmp_path / "bad.txt").write_text("hello\nworld\n")
+    with pytest.raises(DataError, match=r"bad\.txt: not a vocabulary file"):
+        Vocab.load(tmp_path / "bad.txt")
+
+
+def test_windows_are_inputs_and_their_next_tokens() -> None:
+    x, y = windows([1, 2, 3, 4, 5, 6, 7, 8], 3)  # two windows of 3 + 1, the rest dropped
+    np.testing.assert_array_equal(x, [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(y, [[2, 3, 4], [5, 6, 7]])
+    assert windows([1, 2], 3)[0].shape == (0, 3)
+
+
+def _write_csv(path: Path, rows: list[tuple[str, str, str]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+
+
+ROWS = [("3", "Oil prices rise", "Crude climbed on Monday."),
+        ("2", "Team wins", "A late goal, again."),
+        ("1", "Talks resume", "Diplomats met in Geneva."),
+        ("4", "New chip", "A faster processor #39;s out.")]
+
+
+def test_ag_news_csv_reader_and_source(tmp_path: Path) -> None:
+    folder = tmp_path / "ag_news"
+    folder.mkdir()
+    _write_csv(folder / "train.csv", ROWS * 3)
+    _write_csv(folder / "test.csv", ROWS)
+    corpus = read_ag_news(folder)
+    assert corpus.train_topics.tolist() == [2, 1, 0, 3] * 3
+    assert corpus.test_texts[0] == "Oil prices rise Crude climbed on Monday."
+    src = load_source("ag_news", tmp_path)
+    assert src.task == "language_model" and src.text is not None and src.n_classes == 4
+
+
+def test_ag_news_csv_truncated_or_wrong_fails_in_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "train.csv"
+    _write_csv(good, ROWS)
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes(good.read_bytes()[:-25])  # ends inside the last quoted field
+    with pytest.raises(DataError, match=r"cut\.csv") as info:
+        read_ag_news_csv(cut)
+    assert "\n" not in str(info.value)
+    wrong = tmp_path / "wrong.csv"
+    _write_csv(wrong, [("label", "text", "more"), ("7", "a", "b")])
+    with pytest.raises(DataError, match=r"wrong\.csv: line 1 is not 'class index 1-4"):
+        read_ag_news_csv(wrong)
+    with pytest.raises(DataError, match="ag_news: not found"):
+        load_source("ag_news", tmp_path / "empty")
+
+
+def test_ag_news_hugging_face_copy_on_disk(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="the hf extra is not installed")
+    d = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": [f"{t} {d}" for _, t, d in ROWS],
+                                             "label": [int(c) - 1 for c, _, _ in ROWS]}),
+        "test": datasets.Dataset.from_dict({"text": ["a b"], "label": [3]}),
+    })
+    d.save_to_disk(str(tmp_path / "ag_news"))
+    corpus = read_ag_news(tmp_path / "ag_news")
+    assert corpus.train_topics.tolist() == [2, 1, 0, 3]
+    assert corpus.test_texts == ("a b",)
+
+
+def test_topics_scenario_gives_each_client_one_topic() -> None:
+    fed = make_federation("synthetic_topics", "topics",
+                          {"n_clients": 8, "seq_len": 10, "vocab_size": 30}, seed=1)
+    assert fed.task == "language_model" and fed.n_classes == 30 == len(fed.meta["vocab"])
+    assert fed.clusters.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert str(fed.x_train.dtype) == str(fed.y_train.dtype) == "torch.int64"
+    np.testing.assert_array_equal(fed.x_train[:, 1:], fed.y_train[:, :-1])  # shifted by one
+    again = make_federation("synthetic_topics", "topics",
+                            {"n_clients": 8, "seq_len": 10, "vocab_size": 30}, seed=1)
+    assert again.meta["vocab"] == fed.meta["vocab"]
+    assert bool((again.x_train == fed.x_train).all())
+    with pytest.raises(ConfigError, match="source"):
+        make_federation("digits", "topics", {})
+    with pytest.raises(ConfigError, match="topics"):
+        make_federation("synthetic_topics", "iid", {})
+
+
+def test_topic_articles_come_from_their_topic() -> None:
+    """Each client's tokens follow its topic's chain: the most frequent successor of a word
+    is that topic's σ_k, the same for every client of the topic."""
+    corpus = synthetic_topics(n_words=12, articles=60, length=40, stay=1.0, seed=3)
+    assert isinstance(corpus, TextCorpus)
+    from clusterfl.data.sources import text_source
+
+    fed = make_federation(text_source(corpus), "topics",
+                          {"n_clients": 4, "seq_len": 8, "vocab_size": 20}, seed=0)
+    succ = []
+    for i in range(4):
+        x, y = fed.client_train(i)
+        pairs = {(int(a), int(b)) for a, b in zip(x.reshape(-1), y.reshape(-1)) if b > 1 and a > 1}
+        succ.append(pairs)
+    assert all(len({a for a, _ in s}) == len(s) for s in succ)  # deterministic successors
+    assert len({frozenset(s) for s in succ}) == 4  # four different chains
+
+
+def test_ag_news_is_listed_and_download_says_where_to_get_it(tmp_path: Path) -> None:
+    from clusterfl.data import DATASETS, download
+
+    assert DATASETS["ag_news"].files == ()  # no direct official URL: made, not downloaded
+    with pytest.raises(DataError, match=r"ag_news: no direct official URL: put train\.csv and "
+                                        r"test\.csv .* in .*ag_news/"):
+        download("ag_news", tmp_path)

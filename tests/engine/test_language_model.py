@@ -1,0 +1,187 @@
+"""The language-modelling task: perplexity against hand computation, the simulation engine's
+next-token loss against the sequential reference, every method on the task, and CFL finding
+the four topics of the synthetic corpus with a lower perplexity than FedAvg."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.backends.simulation import SimulationBackend
+from clusterfl.config import load_config
+from clusterfl.data.scenarios import make_federation
+from clusterfl.data.sources import text_source
+from clusterfl.data.text import Vocab, synthetic_topics
+from clusterfl.engine.common import client_metrics
+from clusterfl.engine.generic import GenericKernel
+from clusterfl.errors import ConfigError
+from clusterfl.experiment import Experiment
+from clusterfl.metrics import summarize
+from clusterfl.models import ModelFactory, model_config
+from clusterfl.protocol import (
+    EvaluateReply,
+    EvaluateRequest,
+    LocalTraining,
+    LossRequest,
+    Predictor,
+    TrainRequest,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_perplexity_and_token_accuracy_by_hand() -> None:
+    # two sequences of two tokens over a vocabulary of 3; logits chosen so the
+    # probabilities are simple: softmax([ln 2, 0, 0]) = (1/2, 1/4, 1/4)
+    half = torch.tensor([math.log(2.0), 0.0, 0.0])
+    out = torch.stack([torch.stack([half, half.roll(1)]), torch.stack([half, half])])
+    y = torch.tensor([[0, 1], [2, 0]])
+    # token probabilities 1/2, 1/2, 1/4, 1/2: mean loss (3 ln 2 + ln 4) / 4 = 5/4 ln 2
+    m = client_metrics(out, y, "language_model", 3)
+    assert m["loss"] == pytest.approx(1.25 * math.log(2.0))
+    assert m["perplexity"] == pytest.approx(2 ** 1.25)
+    assert m["accuracy"] == pytest.approx(3 / 4)  # argmax right on 3 of 4 tokens
+    assert math.isnan(m["macro_f1"])
+    # the federation's perplexity: token-weighted over clients (3 and 1 sequences)
+    reply = EvaluateReply(np.arange(2), np.zeros(2), np.zeros(2), np.array([1.0, 3.0]),
+                          np.array([3, 1]), {"perplexity": np.exp([1.0, 3.0])})
+    assert summarize(reply)["perplexity"] == pytest.approx(math.exp((3 * 1.0 + 1 * 3.0) / 4))
+
+
+def _tiny(n_clients: int = 4, cell: str = "fused") -> tuple:
+    src = text_source(synthetic_topics(n_words=10, articles=12, length=12, seed=1))
+    fed = make_federation(src, "topics", {"n_clients": n_clients, "seq_len": 6,
+                                          "vocab_size": 14}, seed=0)
+    fac = ModelFactory(model_config({"name": "lstm", "embed": 5, "hidden": 7, "cell": cell}),
+                       fed.input_shape, fed.n_outputs)
+    return fed, fac
+
+
+@pytest.mark.parametrize("cell,vmap", [("fused", False), ("written", True)])
+def test_engine_next_token_loss_equals_the_reference_loop(cell: str, vmap: bool) -> None:
+    """Both LSTM implementations: nn.LSTM through the generic kernel's loop over clients,
+    the written-out cells through vmap; each equal to the sequential reference."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        fed, fac = _tiny(cell=cell)
+        sim, seq = SimulationBackend(fed, fac, 3), SequentialBackend(fed, fac)
+        kernel = sim.engine.kernel
+        assert isinstance(kernel, GenericKernel) and kernel.use_vmap is vmap
+        models = fac.init_many(2, 0)
+        clients = np.arange(fed.n_clients)
+        which = np.array([0, 1, 1, 0])
+        cam = Predictor(fac.init_many(2, 5), np.tile([0, 1], (len(clients), 1)), "sum_logits")
+        for setting, offset in ((LocalTraining(lr=0.5, batch_size=4), None),
+                                (LocalTraining(optimizer="adam", lr=0.01, batch_size=3,
+                                               epochs=2), None),
+                                (LocalTraining(lr=0.5, batch_size=4), cam)):  # CAM's logits
+            req = TrainRequest(clients, models, which, setting, 7, offset=offset)
+            a, b = sim.train(req), seq.train(req)
+            torch.testing.assert_close(a.params, b.params, rtol=1e-10, atol=1e-10)
+            np.testing.assert_allclose(a.loss, b.loss, rtol=1e-10)
+        assert kernel.use_vmap is vmap  # vmap traced the written-out cells: no fallback
+        la = sim.losses(LossRequest(clients, models, "test"))
+        lb = seq.losses(LossRequest(clients, models, "test"))
+        np.testing.assert_allclose(la.loss, lb.loss, rtol=1e-10)
+        np.testing.assert_allclose(la.accuracy, lb.accuracy, rtol=1e-12)
+        pred = Predictor(models, which[:, None])
+        ea, eb = (b.evaluate(EvaluateRequest(clients, pred, "test")) for b in (sim, seq))
+        np.testing.assert_allclose(ea.loss, eb.loss, rtol=1e-10)
+        np.testing.assert_allclose(ea.extras["perplexity"], np.exp(eb.loss), rtol=1e-10)
+        np.testing.assert_allclose(ea.extras["perplexity"], eb.extras["perplexity"],
+                                   rtol=1e-10)
+        np.testing.assert_allclose(ea.accuracy, eb.accuracy, rtol=1e-12)
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _config(name: str, rounds: int, **algorithm: object) -> dict:
+    return {"seed": 0, "rounds": rounds, "eval_every": rounds, "checkpoint_every": 0,
+            "data": {"source": "synthetic_topics"},
+            "scenario": {"name": "topics", "n_clients": 8, "seq_len": 6, "vocab_size": 14},
+            "model": {"name": "lstm", "embed": 5, "hidden": 7},
+            "train": {"optimizer": "adam", "lr": 0.01, "momentum": 0.0, "batch_size": 8},
+            "algorithm": {"name": name, **algorithm}, "output": {"progress": "off"}}
+
+
+@pytest.mark.parametrize("name,options", [
+    ("fedavg", {}), ("cfl", {}), ("ifca", {"n_clusters": 4}), ("fesem", {"n_clusters": 4}),
+    ("flhc", {"warmup_rounds": 1}), ("cfl_gp", {}), ("local", {}),
+    ("fedprox", {}), ("fedem", {}), ("fedsoft", {}),
+    ("ifca_cam", {"n_clusters": 4, "warmup_rounds": 1}), ("fesem_cam", {"warmup_rounds": 1}),
+])
+def test_every_method_runs_two_rounds_on_the_language_model_task(
+        name: str, options: dict) -> None:
+    fed, _ = _tiny(8)
+    c = load_config(_config(name, 2, **options))
+    h = Experiment(c, federation=fed).run(progress=False)
+    m = h.final.metrics
+    assert m is not None and m.perplexity is not None and 1.0 < m.perplexity < 1e3
+    assert len(h.records) == 2
+
+
+@pytest.mark.parametrize("name", ["flt", "pacfl", "pca_km_hc"])
+def test_methods_needing_real_inputs_refuse_in_one_line(name: str) -> None:
+    fed, _ = _tiny(8)
+    with pytest.raises(ConfigError, match=f"'{name}' clusters by .*language_model") as info:
+        Experiment(load_config(_config(name, 2)), federation=fed)
+    assert "\n" not in str(info.value)
+
+
+def test_cfl_finds_the_four_topics_and_beats_fedavg(tmp_path: Path) -> None:
+    """The synthetic four-topic corpus, 20 clients (CFL Fig. 10's setting, tiny): CFL with
+    its defaults separates the topics (ARI 1) and ends with a lower perplexity than FedAvg;
+    the run keeps its vocabulary."""
+    src = text_source(synthetic_topics(articles=100))
+    raw = _config("cfl", 20)
+    raw["scenario"].update(n_clients=20, seq_len=10, vocab_size=50)
+    raw["model"].update(embed=16, hidden=24)
+    raw["train"].update(batch_size=16)
+    params = {k: v for k, v in raw["scenario"].items() if k != "name"}
+    fed = make_federation(src, "topics", params, seed=0)
+    cfl = Experiment(load_config(raw), tmp_path / "cfl", federation=fed).run(progress=False)
+    raw["algorithm"] = {"name": "fedavg"}
+    fedavg = Experiment(load_config(raw), federation=fed).run(progress=False)
+    assert cfl.final.ari == 1.0 and cfl.final.n_clusters == 4
+    p_cfl = cfl.final.metrics.perplexity
+    p_avg = fedavg.final.metrics.perplexity
+    assert p_cfl is not None and p_avg is not None and p_cfl < 0.5 * p_avg
+    assert Vocab.load(tmp_path / "cfl" / "vocab.txt").words == tuple(fed.meta["vocab"])
+    report = (tmp_path / "cfl" / "report.md").read_text()
+    assert "perplexity ↓" in report
+
+
+def test_placement_uses_the_runs_vocabulary(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    """`clusterfl place` rebuilds the federation from the run's config: the same vocabulary
+    (deterministic) places; a vocabulary that no longer matches the run's `vocab.txt` is
+    refused in one line naming the file and the setting that reuses it."""
+    from clusterfl.cli import main
+
+    raw = _config("ifca", 2, n_clusters=4)
+    raw["checkpoint_every"] = 2
+    run = tmp_path / "run"
+    Experiment(load_config(raw), run).run(progress=False)
+    assert main(["place", str(run), "--clients", "0-1"]) == 0
+    vocab = Vocab.load(run / "vocab.txt")
+    Vocab((*vocab.words[:2], *reversed(vocab.words[2:]))).save(run / "vocab.txt")
+    capsys.readouterr()
+    assert main(["place", str(run), "--clients", "0-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vocab.txt: the run's vocabulary differs" in err
+    assert "scenario.vocab_file" in err
+
+
+def test_sweep_reports_rank_language_models_by_perplexity_lower_first() -> None:
+    from clusterfl.sweep_report import primary
+
+    rows = [{"status": "done", "accuracy": 0.8, "perplexity": 3.7},
+            {"status": "done", "accuracy": 0.4, "perplexity": 13.1}]
+    assert primary(rows) == ("perplexity", "perplexity", 1.0, 2, False)  # lower is better
+    assert primary([{"status": "done", "accuracy": 0.8}])[0] == "accuracy"
