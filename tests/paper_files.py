@@ -115,5 +115,23 @@ def write_idx_set(root: Path, name: str, train: int = 60, test: int = 20,
     return folder
 
 
+def write_ag_news(root: Path, per_topic: int = 12, test: int = 4, seed: int = 0) -> Path:
+    """ag_news/{train,test}.csv as the authors' ag_news_csv has them: no header, every field
+    quoted, "class index (1-4)","title","description"; each topic its own words."""
+    rng = np.random.default_rng(seed)
+    folder = root / "ag_news"
+    folder.mkdir(parents=True, exist_ok=True)
+    for part, n in (("train", per_topic), ("test", test)):
+        rows = []
+        for topic in range(4):
+            words = [f"t{topic}w{i}" for i in range(8)]
+            for _ in range(n):
+                title = " ".join(rng.choice(words, 4))
+                text = " ".join(rng.choice(words, 12)) + " \\ and more"
+                rows.append(f'"{topic + 1}","{title}","{text}"')
+        (folder / f"{part}.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
 WRITERS = {"emnist": write_emnist, "cifar10": write_cifar10, "cifar100": write_cifar100,
-           "femnist": write_femnist}
+           "femnist": write_femnist, "ag_news": write_ag_news}

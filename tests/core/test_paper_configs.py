@@ -20,6 +20,7 @@ from clusterfl.config import read_toml
 from clusterfl.experiment import Experiment
 from clusterfl.report.markdown import summary_rows
 from tests.paper_files import (
+    write_ag_news,
     write_cifar10,
     write_cifar100,
     write_emnist,
@@ -40,6 +41,7 @@ FILES = {
     "femnist": lambda root: write_femnist(root, n_writers=6, train=8, test=2),
     "fashion_mnist": lambda root: write_idx_set(root, "fashion_mnist"),
     "mnist": lambda root: write_idx_set(root, "mnist"),
+    "ag_news": lambda root: write_ag_news(root, per_topic=12, test=4),
 }
 """Data source → writer of its tiny official-format files (all are written once)."""
 
@@ -55,6 +57,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "cluster_labels": {"n_clients": 10, "samples_per_client": 10},
     "writers": {"n_clients": 4},
     "structured_femnist": {"n_clients": 20, "alpha": 1},
+    "topics": {"n_clients": 4, "seq_len": 5, "vocab_size": 50},
 }
 """Scenario → the sizes that fit the tiny files (the rest of the config as the paper has it)."""
 
@@ -93,6 +96,8 @@ def small(raw: dict[str, Any], data_dir: Path, out: Path) -> dict[str, Any]:
     raw["algorithm"] = algorithm
     if raw.get("model", {}).get("name") == "resnet18":
         raw["model"] = {**raw["model"], "width": 8}  # 11 M parameters are the GPU's job
+    if raw.get("model", {}).get("name") == "lstm":
+        raw["model"] = {**raw["model"], "embed": 8, "hidden": 8}
     return raw
 
 
@@ -101,7 +106,7 @@ def test_the_folder_has_the_papers_experiments() -> None:
     assert {"cfl_label_swap_cifar10", "cfl_label_permutation_cifar10",
             "cflgp_exp2_cifar10_resnet18", "cflgp_exp3_emnist", "cam_table1_cifar10",
             "cam_table2_cifar10", "flt_cifar10_enc2_cifar100", "flt_femnist_s3",
-            "flt_structured_femnist_s4"} <= names
+            "flt_structured_femnist_s4", "cfl_ag_news_lstm"} <= names
     for config in CONFIGS:  # every config says where it comes from and what was scaled
         head = config.read_text().splitlines()[0]
         assert head.startswith("# ") and "(" in head, config.name

@@ -48,7 +48,7 @@ LEAF_GET = ("make LEAF's files (github.com/TalwalkarLab/leaf, data/femnist: ./pr
 """What to fetch and where: FEMNIST has no single official file to download."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WriterSource(Source):
     """A `Source` whose every row has a writer: `train_writers[i]` / `test_writers[i]` index
     `writer_names`."""

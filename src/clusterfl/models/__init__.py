@@ -13,8 +13,8 @@ from torch import nn
 
 from clusterfl.config_util import parse, pick
 from clusterfl.errors import ConfigError
-from clusterfl.models.paper_nets import ValidCNN
 from clusterfl.models.lstm import LSTMLanguageModel
+from clusterfl.models.paper_nets import ValidCNN
 from clusterfl.models.params import ParamLayout, get_flat, get_flat_grad, set_flat
 from clusterfl.models.zoo import MLP, ConvAE, LeafCNN, LeNet, LinearRegression, ResNet18
 from clusterfl.plugins import describe, resolve
