@@ -2,6 +2,8 @@
 
 The deployment uses TLS (test CA, server certificate for 127.0.0.1) and SuperNode
 authentication (6 registered keys); a 7th SuperNode with an unregistered key must stay out.
+Besides clusterfl's own app, it runs a standard ClientApp driven by `ClusteredStrategy`
+(SuperNodes run whatever app a run submits).
 The SuperLink's SuperExec is ours (supervised): killing it must not stop the next run.
 
 One deployment serves all tests of this module (its node workers stay warm between runs).
@@ -134,6 +136,27 @@ def test_held_out_clients_are_placed_through_real_processes_as_in_process(deploy
     assert json.loads((out / "flower.json").read_text())["dropouts"] == []
 
 
+def test_a_standard_app_with_the_clustered_strategy_runs_over_tls(deployment, tmp_path):
+    """The ServerApp of docs/flower.md (`ClusteredStrategy`) with the standard ClientApp of
+    `standard_app.py` (no clusterfl on the clients) on this module's SuperLink: TLS, SuperNode
+    authentication, 6 SuperNodes whose partitions fall into 3 rotation groups. CFL-GP finds
+    the groups; `clusterfl report` reads the run folder. (The same app on Flower's simulation
+    engine: test_standard_deployment.py; all methods on both engines, 8 nodes in 4 groups:
+    benchmarks/flower_standard.)"""
+    from clusterfl.cli import main
+    from tests.flower.stdapp_dir import run_on
+
+    method = "cfl_gp:n_clusters=3:protocol=model"
+    results = run_on(deployment, method, 2, tmp_path / "runs", n=6, timeout=RUN_TIMEOUT,
+                     eval_every=2, groups=3, log=lambda m: None)
+    r = results[method]
+    assert r["ari"] == 1.0 and float(r["accuracy"]) > 0.9 and r["rounds"] == 2, r
+    run = tmp_path / "runs" / method.replace(":", "_")
+    report = json.loads((run / "flower.json").read_text())
+    assert report["dropouts"] == [] and len(report["nodes"]) == 6  # the intruder is no node
+    assert main(["report", str(run)]) == 0 and (run / "report.md").is_file()
+
+
 def test_killed_supernode_is_dropped_and_the_run_finishes(deployment):
     """Runs last: it kills SuperNode 5 after round 1 is recorded. It first kills the
     SuperLink's SuperExec: the run can start only if the deployment starts a new one."""
@@ -147,9 +170,11 @@ def test_killed_supernode_is_dropped_and_the_run_finishes(deployment):
         time.sleep(0.1)
     assert deployment.superexec_restarts == restarts + 1
     assert "starting a new one" in (deployment.work / "logs" / "supervisor.log").read_text()
-    # the timeout must exceed a healthy request's time on a loaded machine: the crash is
-    # detected by it (once: later requests do not wait for a node that missed a deadline)
-    raw = {**SHORT, "algorithm": IFCA, "backend": {"name": "flower", "timeout": 90.0}}
+    # the timeout must exceed a healthy request's time on a loaded machine (flower.json's
+    # message_seconds: MEASURED): the crash is detected by it (once:
+    # later requests do not wait for a node that missed a deadline), before the SuperLink's
+    # own detection (the node's heartbeat: 30 s, patience 2)
+    raw = {**SHORT, "algorithm": IFCA, "backend": {"name": "flower", "timeout": 30.0}}
     out, proc = _submit(deployment, raw, "run_kill")
     history = out / "history.jsonl"
     deadline = time.monotonic() + RUN_TIMEOUT
