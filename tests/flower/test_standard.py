@@ -226,8 +226,8 @@ def test_pca_km_hc_through_a_client_with_the_signature_helper_finds_the_groups()
 @pytest.mark.parametrize("method", ["ifca_cam", "fesem_cam", "fedsoft"])
 def test_cam_and_fedsoft_through_a_client_with_the_helpers_find_the_groups(
         method: str) -> None:
-    """(FedEM, a mixture of 4 components, reached ARI 0.36 here after 6 rounds, as far as it
-    gets in-process: it is compared with the in-process run below instead.)"""
+    """(FedEM, a mixture of 4 components, reached ARI 0.36 here after 6 rounds: it is
+    compared with the in-process run on digits below instead.)"""
     from clusterfl.flower.client import CAM_HANDLERS, MIXTURE_HANDLERS
     from tests.flower.extended_app import app as extended
 

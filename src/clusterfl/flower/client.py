@@ -29,6 +29,17 @@ Each helper registers one handler on the app and takes the app's own functions:
   gradients keyed by the parameters' names; `config["batch-size"]` (0: all the training
   data) and `config["seed"]` say which samples.
 
+- `add_cam_handlers(app, make_model, load_data)`: `"train.offset"`, `"query.offset_losses"`,
+  `"evaluate.predictor"` (`CAM_HANDLERS`), the client steps of IFCA-CAM and FeSEM-CAM.
+- `add_mixture_handlers(app, make_model, load_data)`: `"train.mixture"`, `"query.mixture"`,
+  `"query.best_counts"`, `"train.prox"`, `"evaluate.predictor"` (`MIXTURE_HANDLERS`), the
+  client steps of FedEM and FedSoft.
+  These two take the app's architecture (`make_model() -> nn.Module`) and data
+  (`load_data(context, split) -> (x, y)`) and compute with clusterfl's reference arithmetic
+  (`clusterfl.engine.reference`, `engine.common`, `engine.schedule`: numpy and torch only),
+  because their training needs the loss itself (an added frozen model's logits, per-sample
+  weights, a pull toward several models), which an app's `train` function does not expose.
+
 The strategy uses a handler when told the clients offer it (`ClusteredStrategy(...,
 extensions={"train.pick"})`); a method that needs a handler the strategy was not told of
 fails on its first such request with one line naming the helper.
