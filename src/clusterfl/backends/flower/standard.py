@@ -253,6 +253,11 @@ class StandardBackend(FlowerBackend):
         `add_mixture_handlers`)."""
         clients = np.asarray(req.clients, dtype=np.int64)
         kind = "train.offset" if req.offset is not None else "train.prox"
+        if req.offset is not None and (req.prox_models is not None or req.offset.combine
+                                       not in ("single", "sum_logits")):
+            raise ClusterFLError(f"the standard ClientApp's {kind!r} handler adds the offset's "
+                                 "logits and has no proximal mix; this "
+                                 f"{request_name(req)} needs clusterfl's own ClientApp")
         base = self._extended_config(req)
 
         def content(i: int, c: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
