@@ -1,8 +1,9 @@
 """The standard app of `standard_app.py` with clusterfl's client helpers added: IFCA's round
 in one `"train.pick"` message, the K losses in one `"query.losses"` message, PACFL's data
-subspace (`"query.subspace"`), PCA+kM+HC's and FLT's data signature (`"query.signature"`)
-and gradients (`"query.gradient"`: CFL-GP's gradient protocol,
-IFCA's gradient averaging). The helpers import only flwr, numpy and torch."""
+subspace (`"query.subspace"`), PCA+kM+HC's and FLT's data signature (`"query.signature"`),
+gradients (`"query.gradient"`: CFL-GP's gradient protocol, IFCA's gradient averaging), CAM's
+training against a frozen offset (`add_cam_handlers`) and FedEM's and FedSoft's mixture steps
+(`add_mixture_handlers`). The helpers import only flwr, numpy and torch."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from clusterfl.flower.client import (
+    add_cam_handlers,
     add_gradient_query,
     add_losses_query,
+    add_mixture_handlers,
     add_pick_train,
     add_signature_query,
     add_subspace_query,
@@ -56,3 +59,13 @@ def gradient_model(state: dict[str, torch.Tensor], config: Any, context: Context
 
 
 add_gradient_query(app, gradient_model)
+
+
+def load_data(context: Context, split: str):  # type: ignore[no-untyped-def]
+    x, y, xv, yv = std.load_data(int(context.node_config["partition-id"]),
+                                 std._groups(context))
+    return (x, y) if split == "train" else (xv, yv)
+
+
+add_cam_handlers(app, std.Net, load_data)
+add_mixture_handlers(app, std.Net, load_data)

@@ -11,6 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clusterfl.deploy.launch import LocalDeployment
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,6 +39,7 @@ min-nodes = 8
 eval-every = 1
 out-dir = ""
 report-cluster = true
+groups = 4
 """
 
 SERVER_APP = '''\
@@ -78,20 +83,13 @@ def write_app(folder: Path) -> Path:
 
 
 def run_engine(engine: str, methods: str, rounds: int, out: Path, n: int = 8,
-               timeout: float = 900.0, eval_every: int = 1,
+               timeout: float = 900.0, eval_every: int = 1, groups: int = 4,
                log: Callable[[str], None] = print) -> dict[str, dict[str, object]]:
     """Run the app's ServerApp with `methods` on `engine` ("simulation": Flower's simulation
     engine; "deployment": a SuperLink and n SuperNodes on loopback) through `flwr run`; each
     method's final ARI, accuracy, clusters, rounds and seconds per round."""
     from clusterfl.deploy.launch import local_deployment
-    from tests.flower.stdapp_dir import write_app
 
-    app = write_app(out / "app")
-    runs = out / engine
-    names = [m.replace(":", "_") for m in methods.split(",")]
-    config = (f'methods="{methods}" num-server-rounds={rounds} min-nodes={n} '
-              f'eval-every={eval_every} out-dir="{runs}"')
-    started = time.monotonic()
     with local_deployment(out / f"{engine}.flower") as dep:
         if engine == "simulation":
             dep.start_superlink(simulate=n)
@@ -99,19 +97,34 @@ def run_engine(engine: str, methods: str, rounds: int, out: Path, n: int = 8,
             dep.start_superlink()
             for i in range(n):
                 dep.start_supernode({"partition-id": i, "num-partitions": n})
-        proc = dep.flwr_run(None, None, app_dir=app, run_config=config)
-        last = runs / names[-1] / "summary.json"
-        while not last.exists():
-            if not proc.alive():
-                raise RuntimeError(f"{engine}: the Flower run stopped; logs in "
-                                   f"{out / (engine + '.flower') / 'logs'}")
-            if time.monotonic() - started > timeout:
-                raise RuntimeError(f"{engine}: no result within {timeout:g} s")
-            time.sleep(0.5)
-    results = {}
-    for method, name in zip(methods.split(","), names):
-        results[method] = run_result(runs / name, engine, method, log)
-    return results
+        return run_on(dep, methods, rounds, out / engine, n, timeout, eval_every, groups, log)
+
+
+def run_on(dep: LocalDeployment, methods: str, rounds: int, runs: Path, n: int,
+           timeout: float = 900.0, eval_every: int = 1, groups: int = 4,
+           log: Callable[[str], None] = print) -> dict[str, dict[str, object]]:
+    """`run_engine` on a deployment that runs already (its SuperNodes hold partitions
+    0..n-1, in `groups` groups); the run folders go to `runs`."""
+    app = write_app(runs.parent / "app")
+    names = [m.replace(":", "_") for m in methods.split(",")]
+    config = (f'methods="{methods}" num-server-rounds={rounds} min-nodes={n} '
+              f'eval-every={eval_every} out-dir="{runs}" groups={groups}')
+    started = time.monotonic()
+    proc = dep.flwr_run(None, None, app_dir=app, run_config=config)
+    last = runs / names[-1] / "flower.json"  # the strategy's last file
+    while not last.exists():
+        if not proc.alive():
+            raise RuntimeError(f"the Flower run stopped; logs in {dep.work / 'logs'}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"no result within {timeout:g} s; logs in {dep.work / 'logs'}")
+        time.sleep(0.2)
+    end = time.monotonic() + 10.0  # `flwr run --stream` returns when the run has finished
+    while proc.alive() and time.monotonic() < end:
+        time.sleep(0.1)
+    proc.stop()
+    engine = "simulation" if dep.federation_config else "deployment"
+    return {method: run_result(runs / name, engine, method, log)
+            for method, name in zip(methods.split(","), names)}
 
 
 def run_result(run: Path, engine: str, method: str, log: Callable[[str], None] = print

@@ -1,8 +1,9 @@
 """The 15-line ServerApp of docs/flower.md (`stdapp_dir.py`) with the standard ClientApp of
-`standard_app.py`, through real Flower processes and `flwr run`: on Flower's simulation
+`standard_app.py`, through real Flower processes and `flwr run` on Flower's simulation
 engine (a simulation SuperLink, a local simulation federation of 8 virtual SuperNodes on Ray
-actors) and on a loopback SuperLink with 8 SuperNode processes. The full matrix of methods on
-both engines, with the time per round, is `benchmarks/flower_standard/run.py`
+actors). The same app on a loopback SuperLink with TLS and SuperNode authentication runs on
+the shared deployment of `test_deployment.py`. The full matrix of methods on both engines,
+with the time per round, is `benchmarks/flower_standard/run.py`
 (benchmarks/flower_standard/RESULTS.md); these runs keep the suite's time in bounds."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ CLUSTERED = "fesem:n_clusters=4"
 
 
 def test_on_flowers_simulation_engine_the_strategies_find_the_groups(tmp_path: Path) -> None:
-    results = run_engine("simulation", f"fedavg,{CLUSTERED}", 6, tmp_path, timeout=420,
+    # 3 rounds: FeSEM has found the groups (ARI 1, 99 % on the in-process grid) and FedAvg's
+    # one model for four rotations is far behind (about 60 %)
+    results = run_engine("simulation", f"fedavg,{CLUSTERED}", 3, tmp_path, timeout=420,
                          log=lambda m: None)
     fedavg = results.pop("fedavg")
     for method, r in results.items():
@@ -28,11 +31,3 @@ def test_on_flowers_simulation_engine_the_strategies_find_the_groups(tmp_path: P
     assert main(["report", str(run), str(tmp_path / "simulation" / "fedavg"),
                  "--out", str(both)]) == 0
     assert "FeSEM" in (both / "report.md").read_text()
-
-
-def test_on_a_loopback_superlink_with_supernodes_the_strategies_find_the_groups(
-        tmp_path: Path) -> None:
-    results = run_engine("deployment", "cfl_gp:n_clusters=4:protocol=model", 4, tmp_path,
-                         timeout=420, eval_every=4, log=lambda m: None)
-    r = results["cfl_gp:n_clusters=4:protocol=model"]
-    assert r["ari"] == 1.0 and float(r["accuracy"]) > 0.9 and r["rounds"] == 4

@@ -126,18 +126,7 @@ class Process:
 
     def stop(self, grace: float = 3.0) -> None:
         """SIGTERM the process tree, SIGKILL what is left after `grace` seconds."""
-        pids = [self.pid, *descendants(self.pid), *self.extra_pids]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(p, sig)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(_exists(p) for p in pids):
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.popen.wait(timeout=0.1)
-                time.sleep(0.05)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=1.0)
+        stop_all([self], grace)
 
     def kill_now(self) -> None:
         """SIGKILL the process and its descendants at once (a crash, for dropout tests)."""
@@ -145,6 +134,26 @@ class Process:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
         self.popen.wait(timeout=5)
+
+
+def stop_all(procs: Sequence[Process], grace: float = 3.0) -> None:
+    """Stop several processes and their trees together: SIGTERM to all, SIGKILL to what is
+    left after `grace` seconds (one wait for all of them, not one per process)."""
+    trees = [(p, [p.pid, *descendants(p.pid), *p.extra_pids]) for p in procs]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for _, pids in trees:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_exists(pid) for _, pids in trees
+                                                  for pid in pids):
+            for p, _ in trees:
+                p.popen.poll()  # reap our own children as they exit
+            time.sleep(0.05)
+    for p, _ in trees:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.popen.wait(timeout=1.0)
 
 
 def _exists(pid: int) -> bool:
@@ -387,8 +396,7 @@ class LocalDeployment:
         with self._lock:
             procs = [*self.supernodes, *([self.superexec] if self.superexec else []),
                      *([self.superlink] if self.superlink else [])]
-        for p in procs:
-            p.stop()
+        stop_all(procs)
         kill_matching(str(self.worker_dir))
 
     def __enter__(self) -> LocalDeployment:

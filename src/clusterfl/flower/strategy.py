@@ -133,7 +133,7 @@ class ClusteredStrategy:
         self.true_clusters = dict(true_clusters) if true_clusters is not None else None
         self.log = log or (lambda line: print(line, flush=True))
         name = str(self.algorithm.get("name", ""))
-        if name not in DRIVABLE:
+        if name not in DRIVABLE and not self.extensions:
             from clusterfl.algorithms import ALGORITHMS
 
             if name not in ALGORITHMS:

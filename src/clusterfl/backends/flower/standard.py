@@ -30,11 +30,17 @@ unchanged above it, `clusterfl.flower.ClusteredStrategy`):
 Models a method keeps "on the device" (`models_held`, Local's and FeSEM's warm-up models) are
 sent with every message, from the server's copy: a standard client keeps nothing. Anything
 else (gradients, signatures, data subspaces, mixtures, a predictor of several models, a
-training offset) needs a handler the standard client does not have: the request fails on the
-spot with one line naming the `@app.query(...)` the client must add and the helper of
-`clusterfl.flower.client` that adds it. A client that offers `query.losses` (the helper
-`add_losses_query`) gets a `LossRequest` as one message with the K models instead of K
-evaluate messages (`StandardSession.extensions`).
+training offset, a proximal mix) needs a handler the standard client does not have unless it
+adds it with a helper of `clusterfl.flower.client` and the strategy is told
+(`StandardSession.extensions`): CAM's `train.offset` / `query.offset_losses` /
+`evaluate.predictor` (`add_cam_handlers`), FedEM's and FedSoft's `train.mixture` /
+`query.mixture` / `query.best_counts` / `train.prox` (`add_mixture_handlers`), ... Those
+messages carry the models as ArrayRecords `model-j`, `offset-j`, `prox-j`, the weights as
+config keys `weight-j` / `prox-weight-s`, and the client's number `client` (the seed of its
+batch order, as in-process). Otherwise the request fails on the spot with one line naming
+the handler the client must add and the helper that adds it. A client that offers
+`query.losses` (the helper `add_losses_query`) gets a `LossRequest` as one message with the
+K models instead of K evaluate messages (`StandardSession.extensions`).
 
 The parameters travel as the architecture's `state_dict` (`ArrayRecord`): parameter entries
 from the flat vector (`ParamLayout` order), buffers (BatchNorm statistics) from the model the
@@ -64,9 +70,13 @@ EXTENSIONS = {
     "GradientRequest": ("query.gradient", "add_gradient_query"),
     "EmbedRequest": ("query.signature", "add_signature_query"),
     "SubspaceRequest": ("query.subspace", "add_subspace_query"),
-    "MixtureTrainRequest": ("train.mixture", None),
-    "MixtureFitRequest": ("query.mixture", None),
-    "BestCountRequest": ("query.best_counts", None),
+    "MixtureTrainRequest": ("train.mixture", "add_mixture_handlers"),
+    "MixtureFitRequest": ("query.mixture", "add_mixture_handlers"),
+    "BestCountRequest": ("query.best_counts", "add_mixture_handlers"),
+    "offset training": ("train.offset", "add_cam_handlers"),
+    "offset losses": ("query.offset_losses", "add_cam_handlers"),
+    "proximal mix": ("train.prox", "add_mixture_handlers"),
+    "combined predictor": ("evaluate.predictor", "add_cam_handlers or add_mixture_handlers"),
 }
 """Requests a standard client cannot answer: the handler it would need, and the helper of
 `clusterfl.flower.client` that adds it (None: no helper yet, the method needs our ClientApp)."""
@@ -168,19 +178,199 @@ class StandardBackend(FlowerBackend):
         if isinstance(request, pr.GradientRequest) and "query.gradient" in self.std.extensions:
             return cast(RE, self._gradient(request))
         if isinstance(request, pr.TrainRequest):
+            if request.offset is not None or request.prox_models is not None:
+                self._need(request, "offset training" if request.offset is not None
+                           else "proximal mix")
+                return cast(RE, self._offset_train(request))
             return cast(RE, self._train(request))
+        if isinstance(request, pr.LossRequest) and request.offset is not None:
+            self._need(request, "offset losses")
+            return cast(RE, self._offset_losses(request))
+        if isinstance(request, pr.EvaluateRequest) and request.predictor.combine != "single":
+            self._need(request, "combined predictor")
+            return cast(RE, self._combined(request))
         if isinstance(request, pr.LossRequest):
             return cast(RE, self._losses(request))
         if isinstance(request, pr.EvaluateRequest):
             return cast(RE, self._evaluate(request))
-        handler, helper = EXTENSIONS.get(type(request).__name__, ("a handler of our own",
-                                                                  None))
+        if isinstance(request, pr.MixtureTrainRequest | pr.MixtureFitRequest
+                      | pr.BestCountRequest):
+            self._need(request, type(request).__name__)
+            return cast(RE, self._mixture(request))
+        self._refuse(request, type(request).__name__)
+        raise AssertionError  # unreachable: _refuse raises
+
+    def _need(self, request: Asks[Any], what: str) -> None:
+        """Raise the one-line error naming the handler `what` needs unless the clients offer
+        it (`EXTENSIONS`)."""
+        if EXTENSIONS.get(what, ("",))[0] not in self.std.extensions:
+            self._refuse(request, what)
+
+    def _refuse(self, request: Asks[Any], what: str) -> None:
+        handler, helper = EXTENSIONS.get(what, ("a handler of our own", None))
         fix = (f"add it with clusterfl.flower.client.{helper}(app, ...) and tell the strategy "
                f"(extensions={{{handler!r}}})" if helper else
                "no helper exists for it yet: run this method with clusterfl's own ClientApp "
                "(clusterfl flower run)")
         raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(request)}: "
                              f"the method needs the client's {handler!r} handler; {fix}")
+
+    # ------------------------------------------------------------------ CAM and mixtures
+    def _records(self, prefix: str, models: torch.Tensor) -> dict[str, Any]:
+        """`prefix-j` ArrayRecords of the rows of `models`."""
+        return {f"{prefix}-{j}": to_arrays(self.factory, self.std.template, m)
+                for j, m in enumerate(models)}
+
+    def _ask_rich(self, clients: np.ndarray, kind: str,
+                  content_of: Callable[[int, int], tuple[dict[str, torch.Tensor],
+                                                         dict[str, Any]]]
+                  ) -> tuple[list[tuple[int, Any]], dict[int, str]]:
+        """One `kind` message per client: `content_of(i, c)` gives the model stacks by prefix
+        (`model`, `offset`, `prox`: ArrayRecords `prefix-j`, `n-prefix` in the config) and
+        the config; the client number `client` goes with it (its batch schedule's)."""
+        from flwr.app import ConfigRecord, RecordDict
+
+        items = []
+        for i, c in enumerate(clients.tolist()):
+            stacks, config = content_of(i, int(c))
+            records: dict[str, Any] = {}
+            for prefix, models in stacks.items():
+                records.update(self._records(prefix, models))
+                config[f"n-{prefix}"] = int(models.shape[0])
+            records["config"] = ConfigRecord({**config, "client": int(c)})
+            items.append((int(c), kind, RecordDict(records)))
+        replies, reasons = self._send(items)
+        return [(c, msg) for (c, _, _), msg in zip(items, replies) if msg is not None], reasons
+
+    def _extended_config(self, req: pr.TrainRequest | pr.MixtureTrainRequest) -> dict[str, Any]:
+        tr = req.training
+        return {**self._train_config(cast(pr.TrainRequest, req)), "adam-beta1": tr.betas[0],
+                "adam-beta2": tr.betas[1], "adam-eps": tr.eps}
+
+    def _offset_train(self, req: pr.TrainRequest) -> pr.TrainReply:
+        """CAM's training against a frozen offset (`"train.offset"`) or FedSoft's proximal
+        mix (`"train.prox"`), one message per client (`add_cam_handlers`,
+        `add_mixture_handlers`)."""
+        clients = np.asarray(req.clients, dtype=np.int64)
+        kind = "train.offset" if req.offset is not None else "train.prox"
+        if req.offset is not None and (req.prox_models is not None or req.offset.combine
+                                       not in ("single", "sum_logits")):
+            raise ClusterFLError(f"the standard ClientApp's {kind!r} handler adds the offset's "
+                                 "logits and has no proximal mix; this "
+                                 f"{request_name(req)} needs clusterfl's own ClientApp")
+        base = self._extended_config(req)
+
+        def content(i: int, c: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            stacks = {"model": req.models[int(req.model_of_client[i])][None]}
+            config = dict(base)
+            if req.offset is not None:
+                stacks["offset"] = req.offset.models[torch.from_numpy(
+                    np.asarray(req.offset.members[i], dtype=np.int64))]
+            if req.prox_models is not None and req.prox_weights is not None:
+                stacks["prox"] = req.prox_models
+                config.update({f"prox-weight-{s}": float(w)
+                               for s, w in enumerate(np.asarray(req.prox_weights[i]))})
+            return stacks, config
+
+        answers, reasons = self._ask_rich(clients, kind, content)
+        got: dict[int, Any] = {}
+        for c, msg in answers:
+            where = f"client {c}'s {kind} reply"
+            vector = _returned(self.factory, msg, where, req.coords)
+            if isinstance(vector, str):
+                reasons[c] = vector
+                continue
+            m = _first_metrics(msg)
+            got[c] = pr.TrainReply(np.array([c]), vector,
+                                   np.array([_metric(m, ("num-examples",), None, where)]),
+                                   np.array([_metric(m, ("train_loss",), math.nan, where)]))
+        return self._assemble(req, clients, got, reasons)
+
+    def _offset_losses(self, req: pr.LossRequest) -> pr.LossReply:
+        """The K losses of model + frozen offset (`"query.offset_losses"`)."""
+        clients = np.asarray(req.clients, dtype=np.int64)
+        offset = cast(pr.Predictor, req.offset)
+        k = int(req.models.shape[0])
+        answers, reasons = self._ask_rich(clients, "query.offset_losses", lambda i, c: (
+            {"model": req.models, "offset": offset.models[torch.from_numpy(
+                np.asarray(offset.members[i], dtype=np.int64))]},
+            {"server-round": int(self.std.round), "split": req.split}))
+        got: dict[int, Any] = {}
+        for c, msg in answers:
+            m, where = _first_metrics(msg), f"client {c}'s query.offset_losses reply"
+            got[c] = pr.LossReply(
+                np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
+                                          for j in range(k)]]),
+                np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
+        return self._assemble(req, clients, got, reasons)
+
+    def _combined(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
+        """A predictor of several models (CAM's sum of logits, FedEM's mixture) evaluated by
+        `"evaluate.predictor"`."""
+        pred, clients = req.predictor, np.asarray(req.clients, dtype=np.int64)
+
+        def content(i: int, c: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            config: dict[str, Any] = {"server-round": int(self.std.round),
+                                      "split": req.split, "combine": pred.combine}
+            if pred.weights is not None:
+                config.update({f"weight-{j}": float(w)
+                               for j, w in enumerate(np.asarray(pred.weights[i]))})
+            return {"model": pred.models[torch.from_numpy(
+                np.asarray(pred.members[i], dtype=np.int64))]}, config
+
+        answers, reasons = self._ask_rich(clients, "evaluate.predictor", content)
+        return self._evaluated(req, clients, answers, reasons)
+
+    def _mixture(self, req: pr.MixtureTrainRequest | pr.MixtureFitRequest
+                 | pr.BestCountRequest) -> Any:
+        """FedEM's and FedSoft's client steps (`add_mixture_handlers`): `"train.mixture"`,
+        `"query.mixture"`, `"query.best_counts"`, one message per client with the K models."""
+        clients = np.asarray(req.clients, dtype=np.int64)
+        k = int(req.models.shape[0])
+        if isinstance(req, pr.MixtureTrainRequest):
+            kind, base = "train.mixture", self._extended_config(req)
+        elif isinstance(req, pr.MixtureFitRequest):
+            kind, base = "query.mixture", {"iterations": int(req.iterations),
+                                           "split": req.split}
+        else:
+            kind, base = "query.best_counts", {"split": req.split}
+        base["server-round"] = int(self.std.round)
+        weights = getattr(req, "weights", None)
+
+        def content(i: int, c: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+            config = dict(base)
+            if weights is not None:
+                config.update({f"weight-{j}": float(w)
+                               for j, w in enumerate(np.asarray(weights[i]))})
+            return {"model": req.models}, config
+
+        answers, reasons = self._ask_rich(clients, kind, content)
+        got: dict[int, Any] = {}
+        for c, msg in answers:
+            m, where = _first_metrics(msg), f"client {c}'s {kind} reply"
+            n = np.array([_metric(m, ("num-examples",), None, where)])
+            if isinstance(req, pr.BestCountRequest):
+                got[c] = pr.BestCountReply(np.array([c]), np.array(
+                    [[int(_metric(m, (f"count-{j}",), None, where)) for j in range(k)]],
+                    dtype=np.int64), n.astype(np.int64))
+                continue
+            pi = np.array([[_metric(m, (f"weight-{j}",), None, where) for j in range(k)]])
+            if isinstance(req, pr.MixtureFitRequest):
+                got[c] = pr.MixtureFitReply(np.array([c]), pi,
+                                            np.array([_metric(m, ("loss",), math.nan, where)]),
+                                            n)
+                continue
+            records = msg.content.array_records
+            missing = [f"model-{j}" for j in range(k) if f"model-{j}" not in records]
+            if missing:
+                reasons[c] = f"{where} lacks the ArrayRecords {missing}"
+                continue
+            params = torch.stack([from_arrays(self.factory, records[f"model-{j}"], where)
+                                  for j in range(k)])
+            got[c] = pr.MixtureTrainReply(np.array([c]), params[None], n,
+                                          np.array([_metric(m, ("train_loss",), math.nan,
+                                                            where)]), pi)
+        return self._assemble(cast(Any, req), clients, got, reasons)
 
     def _ask_each(self, clients: np.ndarray, kind: str,
                   model_of: Callable[[int], torch.Tensor], config: dict[str, Any]
@@ -349,19 +539,10 @@ class StandardBackend(FlowerBackend):
         return self._assemble(req, clients, got, reasons)
 
     def _train(self, req: pr.TrainRequest) -> pr.TrainReply:
-        if req.offset is not None or req.prox_models is not None:
-            raise ClusterFLError(
-                f"a standard ClientApp cannot answer the {request_name(req)}: it trains with "
-                f"{'a frozen offset model' if req.offset is not None else 'a proximal center'} "
-                "the client would need beside its model; run this method with clusterfl's "
-                "own ClientApp (clusterfl flower run)")
         return self._vectors(req, "train", self._train_config(req), pr.TrainReply,
                              ("train_loss", "train-loss", "loss"))
 
     def _losses(self, req: pr.LossRequest) -> pr.LossReply:
-        if req.offset is not None:
-            raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(req)}: "
-                                 "its losses need a frozen offset model beside each model")
         clients = np.asarray(req.clients, dtype=np.int64)
         k = int(req.models.shape[0])
         config: dict[str, Any] = {"server-round": int(self.std.round)}
@@ -408,13 +589,13 @@ class StandardBackend(FlowerBackend):
 
     def _evaluate(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
         pred = req.predictor
-        if pred.combine != "single":
-            raise ClusterFLError(f"a standard ClientApp cannot answer the {request_name(req)}: "
-                                 f"its predictor combines models ({pred.combine!r}); a standard "
-                                 "client evaluates one model")
         clients = np.asarray(req.clients, dtype=np.int64)
         answers, reasons = self._ask_each(clients, "evaluate", lambda i: pred.models[
             int(pred.members[i, 0])], {"server-round": int(self.std.round)})
+        return self._evaluated(req, clients, answers, reasons)
+
+    def _evaluated(self, req: pr.EvaluateRequest, clients: np.ndarray,
+                   answers: list[tuple[int, Any]], reasons: dict[int, str]) -> pr.EvaluateReply:
         got: dict[int, Any] = {}
         for c, msg in answers:
             where = f"client {c}'s evaluate reply"
