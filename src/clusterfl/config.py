@@ -54,9 +54,9 @@ from clusterfl.robust.config import (
 if TYPE_CHECKING:  # the backends are imported when a config is loaded (`load_config`)
     from clusterfl.backends.base import BackendConfig
 
-TOP_LEVEL = ("seed", "rounds", "eval_every", "eval_clients", "checkpoint_every", "data", "scenario", "model",
-             "train", "algorithm", "backend", "output", "validation", "faults", "adversary",
-             "privacy")
+TOP_LEVEL = ("seed", "rounds", "eval_every", "eval_clients", "checkpoint_every", "data",
+             "scenario", "model", "train", "algorithm", "backend", "output", "validation",
+             "faults", "adversary", "privacy")
 ROBUST_TABLES = ("validation", "faults", "adversary", "privacy")
 
 

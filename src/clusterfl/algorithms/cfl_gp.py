@@ -136,10 +136,10 @@ from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.cfl_gp_profile import (
-    ROW_CHUNK,
     Probe,
     ProbeAsk,
     count_asks,
+    model_gaps,
     profiled_clients,
     update_profile,
 )
@@ -167,8 +167,6 @@ from clusterfl.protocol import (
     TrainReply,
     TrainRequest,
     mean_finite,
-    narrow,
-    positions_of,
 )
 from clusterfl.records import RoundExtras
 
@@ -555,21 +553,12 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     def _vectors(self, request: GradientRequest | TrainRequest,
                  reply: GradientReply | TrainReply) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """The vectors (gradients or model gaps; d̂ wide with `coords`) and losses of the
-        clients that answered `request`, and who they are (in request order). The model
-        gaps θ' − θ_start are computed in the reply's own rows, `ROW_CHUNK` at a time (a
-        reply is read once; a second `[n, d]` table of gaps or of start models would double
-        the largest thing a round holds)."""
+        """The vectors (gradients or model gaps, `model_gaps`; d̂ wide with `coords`) and
+        losses of the clients that answered `request`, and who they are (in request order)."""
         if self.config.protocol == "gradient":
             return cast(GradientReply, reply).grads, reply.loss, reply.clients
-        params = cast(TrainReply, reply).params
-        which = np.asarray(request.model_of_client, dtype=np.int64)
-        which = which[positions_of(request, reply.clients)]
-        for a in range(0, len(which), ROW_CHUNK):  # θ_start narrowed to `coords` like the reply
-            start = narrow(request.models[torch.from_numpy(which[a : a + ROW_CHUNK])],
-                           request.coords)
-            params[a : a + ROW_CHUNK].sub_(start)
-        return params, reply.loss, reply.clients
+        gaps = model_gaps(cast(TrainRequest, request), cast(TrainReply, reply))
+        return gaps, reply.loss, reply.clients
 
     def _probe_plan(self, state: CFLGPState, ctx: Context, sampled: np.ndarray,
                     seed: int) -> tuple[int, list[ProbeAsk]]:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from clusterfl.engine.allocator import lazy_zeros
-from clusterfl.protocol import GradientRequest, TrainRequest
+from clusterfl.protocol import GradientRequest, TrainReply, TrainRequest, narrow, positions_of
 
 #: profile rows updated (or copied) at a time: bounds the temporaries of an update
 ROW_CHUNK = 128
@@ -77,9 +77,9 @@ def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.n
     else:
         out = lazy_zeros(tuple(features.shape), features.dtype)
         for k in range(features.shape[1]):
-            rows = np.flatnonzero(filled[:, k])
-            for a in range(0, len(rows), ROW_CHUNK):
-                idx = torch.from_numpy(rows[a : a + ROW_CHUNK])
+            cells = np.flatnonzero(filled[:, k])
+            for a in range(0, len(cells), ROW_CHUNK):
+                idx = torch.from_numpy(cells[a : a + ROW_CHUNK])
                 out[idx, k] = features[idx, k]
     for probe, beta in zip(probes, betas, strict=True):
         block = out[:, probe.block]
@@ -100,6 +100,20 @@ def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.n
     return out
 
 
+def model_gaps(request: TrainRequest, reply: TrainReply) -> torch.Tensor:
+    """The model gaps θ' − θ_start of the clients that answered (Alg. 4; narrowed to the
+    request's `coords` like the reply), computed in the reply's own rows, `ROW_CHUNK` at a
+    time: a reply is read once, and a second `[n, d]` table (of gaps, or of the start
+    models) would double the largest thing a round holds (1 GB at 10,000 MLP clients)."""
+    params = reply.params
+    which = np.asarray(request.model_of_client, dtype=np.int64)
+    which = which[positions_of(request, reply.clients)]
+    for a in range(0, len(which), ROW_CHUNK):
+        start = request.models[torch.from_numpy(which[a : a + ROW_CHUNK])]
+        params[a : a + ROW_CHUNK].sub_(narrow(start, request.coords))
+    return params
+
+
 def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.ndarray:
     """`asked` (`[C, K]` counts) after asking the clients `who` for `block`, for each
     `(block, who)` of `blocks` (a client is asked at most once per block and round)."""
@@ -109,4 +123,5 @@ def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.nd
     return out
 
 
-__all__ = ["Probe", "ProbeAsk", "count_asks", "profiled_clients", "update_profile"]
+__all__ = ["Probe", "ProbeAsk", "count_asks", "model_gaps", "profiled_clients",
+           "update_profile"]
