@@ -18,7 +18,7 @@ from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.metrics import summarize
-from clusterfl.protocol import EvaluateReply, present
+from clusterfl.protocol import EvaluateReply, Predictor, present
 from clusterfl.records import json_ready
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -145,3 +145,41 @@ def test_json_ready_of_long_number_lists_matches_the_element_rule():
     assert json_ready(np.array(floats)) == [0.5, None, 2.0, None]
     mixed = [1, 2.5, np.int64(3), True, None]
     assert json_ready(mixed) == [1, 2.5, 3, True, None]
+
+
+@pytest.mark.parametrize("kind", ["train", "losses", "evaluate"])
+def test_a_request_reads_only_the_rows_of_the_clients_it_lists(kind):
+    """The work of a request is that of its clients: every other client's data (here NaN,
+    which would poison any product it entered) is never read, so a sampled round's cost does
+    not grow with the clients that are not sampled."""
+    from clusterfl.backends.simulation import SimulationBackend
+    from clusterfl.models import ModelFactory, model_config
+    from clusterfl.protocol import EvaluateRequest, LocalTraining, LossRequest, TrainRequest
+
+    g = torch.Generator().manual_seed(0)
+    sizes = np.full(400, 3)
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    x = torch.rand(int(off[-1]), 5, generator=g)
+    y = torch.randint(0, 3, (int(off[-1]),), generator=g)
+    sampled = np.array([7, 100, 101, 399])
+    poisoned = x.clone()
+    keep = np.zeros(len(x), dtype=bool)
+    for c in sampled:
+        keep[off[c]:off[c + 1]] = True
+    poisoned[torch.from_numpy(~keep)] = float("nan")
+    clean = Federation(x, y, off, x.clone(), y.clone(), off, None, 3)
+    dirty = Federation(poisoned, y, off, poisoned.clone(), y.clone(), off, None, 3)
+    fac = ModelFactory(model_config({"name": "mlp", "hidden": [4]}), (5,), 3)
+    models = fac.init_many(2, 1)
+    which = np.array([0, 1, 0, 1])
+    requests = {
+        "train": TrainRequest(sampled, models, which, LocalTraining(lr=0.1, batch_size=2,
+                                                                    steps=3), seed=4),
+        "losses": LossRequest(sampled, models, split="train"),
+        "evaluate": EvaluateRequest(sampled, Predictor.single(models[:1], np.zeros(4, int))),
+    }
+    got = [SimulationBackend(fed, fac).execute(requests[kind]) for fed in (clean, dirty)]
+    fields = {"train": ["params", "loss"], "losses": ["loss"], "evaluate": ["accuracy", "loss"]}
+    for name in fields[kind]:
+        a, b = (torch.as_tensor(getattr(r, name)) for r in got)
+        assert bool(torch.isfinite(b).all()) and torch.equal(a, b)
