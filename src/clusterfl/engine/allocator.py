@@ -31,6 +31,8 @@ _MMAP_THRESHOLD = 1 << 28  # blocks up to 256 MiB come from the heap
 _TRIM_THRESHOLD = 1 << 31  # keep up to 2 GiB of free heap before returning it
 
 _done: bool | None = None
+_LINUX = sys.platform.startswith("linux")
+_MAP_NORESERVE = 0x4000  # Linux's value (the mmap module does not name it)
 
 
 def tune_allocator() -> bool:
@@ -95,8 +97,12 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> to
         n *= int(s)
     if n == 0:
         return torch.zeros(shape, dtype=dtype)
-    try:  # private: a page never written reads as the system's one zero page
-        buf = mmap.mmap(-1, n * item, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # private: a page never written reads as the system's one zero page; on Linux without a
+    # reservation of the whole size (MAP_NORESERVE), so a table larger than the memory can be
+    # mapped as long as what is written fits
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_NORESERVE if _LINUX else 0)
+    try:
+        buf = mmap.mmap(-1, n * item, flags=flags)
     except (OSError, ValueError, AttributeError, TypeError):  # no such map here
         return torch.zeros(shape, dtype=dtype)
     flat = torch.frombuffer(buf, dtype=dtype, count=n)  # shares `buf`, kept alive by it
