@@ -17,7 +17,8 @@ The points (`--points`):
   clients; a point that fails (memory, a method's limit) is reported with the reason.
 - `all`: both.
 
-Usage: python benchmarks/scaling.py [--points must|more|all] [--out benchmarks/scaling_results.md]
+Usage: python benchmarks/scaling.py [--points must|more|all] [--only LABEL] [--timeout S]
+                                   [--out benchmarks/scaling_results.md]
 Needs MNIST in $CLUSTERFL_DATA. Results are appended to the table as each point finishes.
 """
 
@@ -49,7 +50,7 @@ MORE = [
         ("FeSEM (K=4)", {"name": "fesem", "n_clusters": 4}),
         ("CFL", {"name": "cfl"}),
         ("CFL-GP (K=4)", {"name": "cfl_gp", "n_clusters": 4, "protocol": "model"}),
-        ("FL+HC", {"name": "flhc"}),
+        ("FL+HC (warm-up 3)", {"name": "flhc", "warmup_rounds": 3}),  # clusters in round 4
     )
     for n in (10_000, 100_000)
 ]
@@ -121,8 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--points", choices=("must", "more", "all"), default="must")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("scaling_results.md"))
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
+    ap.add_argument("--only", default="", help="the points whose method label starts so")
     args = ap.parse_args(argv)
     points = {"must": MUST, "more": MORE, "all": MUST + MORE}[args.points]
+    points = [p for p in points if p[0].startswith(args.only)]
     argv_used = sys.argv[1:] if argv is None else argv
     header = (
         "# Scaling: time per round and peak memory with 10,000 to 100,000 clients\n\n"

@@ -501,7 +501,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         if len(who) == c and np.array_equal(who, np.arange(c)):
             own = rows  # everyone answered, in order: no copy
         else:
-            own = torch.zeros(c, rows.shape[1], dtype=rows.dtype)
+            own = lazy_zeros((c, rows.shape[1]), rows.dtype)  # costs the rows written
             own[torch.from_numpy(who)] = rows
         down = np.zeros(c)
         down[ask.sampled] = 1.0
@@ -596,16 +596,18 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         how many extra models each client received, and the uplink count with the replies'
         floats added."""
         extra = np.zeros(len(own))
-        feats = self._to_features(state, own)
+        def feats(ids: np.ndarray) -> torch.Tensor:  # features of some clients' own vectors
+            return self._to_features(state, own.index_select(0, torch.from_numpy(ids)))
+
         if self.config.mode == "repo":
             got = np.flatnonzero(present)
-            return [Probe(0, ask.sampled, got, feats[torch.from_numpy(got)])], extra, uplink
+            return [Probe(0, ask.sampled, got, feats(got))], extra, uplink
         probes: list[Probe] = []
         rest = iter(replies)
         for p in ask.plan:
             mine = p.asked[(state.assign[p.asked] == p.block) & present[p.asked]]
             who: list[np.ndarray] = [mine]
-            rows: list[torch.Tensor] = [feats.index_select(0, torch.from_numpy(mine))]
+            rows: list[torch.Tensor] = [feats(mine)]
             if p.request is not None:
                 vectors, _, replied = self._vectors(p.request, next(rest))
                 uplink += p.request.unit_cost()[1] * len(replied)
