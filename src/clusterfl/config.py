@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
@@ -54,9 +54,9 @@ from clusterfl.robust.config import (
 if TYPE_CHECKING:  # the backends are imported when a config is loaded (`load_config`)
     from clusterfl.backends.base import BackendConfig
 
-TOP_LEVEL = ("seed", "rounds", "eval_every", "checkpoint_every", "data", "scenario", "model",
-             "train", "algorithm", "backend", "output", "validation", "faults", "adversary",
-             "privacy")
+TOP_LEVEL = ("seed", "rounds", "eval_every", "eval_clients", "checkpoint_every", "data",
+             "scenario", "model", "train", "algorithm", "backend", "output", "validation",
+             "faults", "adversary", "privacy")
 ROBUST_TABLES = ("validation", "faults", "adversary", "privacy")
 
 
@@ -69,7 +69,21 @@ class RunSettings(_Strict):
     seed: int = Field(0, ge=0)
     rounds: int = Field(50, ge=1, le=1_000_000)
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and the last)")
+    eval_clients: int | float | None = Field(
+        None, description="clients evaluated in the rounds before the last: a number >= 1 or "
+        "a fraction in (0, 1], drawn anew each evaluation (`Recorder.eval_sample`); all by "
+        "default, and always all in the last round")
     checkpoint_every: int = Field(10, ge=0, description="0 = no checkpoints")
+
+    @field_validator("eval_clients", mode="before")
+    @classmethod
+    def _eval_clients(cls, value: object) -> object:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                             and value >= 1):
+            return value
+        if isinstance(value, float) and 0.0 < value <= 1.0:
+            return value
+        raise ValueError("allowed: a whole number >= 1 or a fraction in (0, 1]")
 
 
 class DataConfig(_Strict):

@@ -17,18 +17,23 @@ from clusterfl.algorithms import Algorithm, Context, checked_assignment
 from clusterfl.backends import Backend
 from clusterfl.config import ROBUST_TABLES, Config
 from clusterfl.data.federation import Federation
-from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor
+from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor, subset
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary, json_ready
 from clusterfl.robust.adversary import benign_vs_adversarial
 from clusterfl.robust.divergence import Divergence, diagnose, loss_scale
 
 
-def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int) -> EvaluateReply:
-    """Every client evaluates its predictor; a client that did not answer (a dead Flower
-    node) gets NaN metrics in its row, so per-client series stay aligned with client ids
-    (the summary metrics skip NaN)."""
+def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int,
+                 clients: np.ndarray | None = None) -> EvaluateReply:
+    """Every client (or only `clients`, sorted ids: a sample) evaluates its predictor; a
+    client that did not answer (a dead Flower node) or was not asked gets NaN metrics in its
+    row, so per-client series stay aligned with client ids (the summary metrics skip NaN)."""
     everyone = np.arange(n_clients)
-    reply = backend.execute(EvaluateRequest(everyone, predictor))
+    if clients is None:
+        reply = backend.execute(EvaluateRequest(everyone, predictor))
+    else:
+        asked = np.asarray(clients, dtype=np.int64)
+        reply = backend.execute(EvaluateRequest(asked, subset(predictor, asked)))
     if len(reply.clients) == n_clients:
         return reply
 
@@ -125,6 +130,21 @@ class Recorder:
         return [f"clusterfl: warning: {w}" for w in out]
 
     # ------------------------------------------------------------------ records
+    def eval_sample(self, t: int) -> np.ndarray | None:
+        """The clients evaluated in round t (sorted ids), None for all: `eval_clients` of
+        them (a number, or a fraction of the clients, at least one) in a round before the
+        last; all in the last round. Drawn from a generator of the run's seed and the round
+        alone, so evaluating a sample changes nothing else in the run."""
+        run = self.config.run
+        want, n = run.eval_clients, self.federation.n_clients
+        if want is None or t >= run.rounds:
+            return None
+        k = int(want) if isinstance(want, int) else max(1, round(float(want) * n))
+        if k >= n:
+            return None
+        rng = np.random.default_rng([run.seed, 8807, t])
+        return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+
     def record(self, ctx: Context, t: int, extras: dict[str, Any], evaluate: bool,
                wall: float) -> RoundRecord:
         """Round t's record (JSON-ready); evaluates every client when `evaluate`."""
@@ -145,7 +165,7 @@ class Recorder:
                 rec.robust = events
         if evaluate:
             reply = evaluate_all(ctx.backend, self.algorithm.predictor(),
-                                 self.federation.n_clients)
+                                 self.federation.n_clients, self.eval_sample(t))
             rec.metrics = RoundMetrics(**metrics.summarize(reply))
             rec.client_accuracy = json_ready(reply.accuracy)
             rec.client_macro_f1 = json_ready(reply.macro_f1)

@@ -139,6 +139,7 @@ from clusterfl.algorithms.cfl_gp_profile import (
     Probe,
     ProbeAsk,
     count_asks,
+    model_gaps,
     profiled_clients,
     update_profile,
 )
@@ -154,6 +155,7 @@ from clusterfl.clustering.spectral import (
     largest_gap,
     spectral_clustering,
 )
+from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.errors import ConfigError
 from clusterfl.models import ParamLayout
 from clusterfl.protocol import (
@@ -165,7 +167,6 @@ from clusterfl.protocol import (
     TrainReply,
     TrainRequest,
     mean_finite,
-    start_models,
 )
 from clusterfl.records import RoundExtras
 
@@ -370,7 +371,8 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         else:
             assign = ctx.rng.permutation(np.arange(c) % k).astype(np.int64)
         self.state = CFLGPState(
-            models, assign, selected, torch.zeros(c, k, len(selected), dtype=torch.float32),
+            # lazily zero: the blocks nobody was asked for cost no memory (`lazy_zeros`)
+            models, assign, selected, lazy_zeros((c, k, len(selected)), torch.float32),
             # G_kᵀG_k per block (GᵀG is their sum), only when the Gram route is taken
             np.zeros((k, c, c) if use_gram else (0, c, c)), np.zeros(k, dtype=np.int64),
             asked=np.zeros((c, k), dtype=np.int64))
@@ -412,8 +414,9 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         """Client vectors in feature space: whole vectors (d wide) are subsampled at the
         feature index; replies already narrowed on the wire (d̂ wide) are taken as they are."""
         d, idx = state.models.shape[1], state.feature_index
-        if rows.shape[1] == d:
-            return rows[:, idx]
+        if rows.shape[1] == d:  # every coordinate: the rows themselves (no copy)
+            every = len(idx) == d and torch.equal(idx, torch.arange(d))
+            return rows if every else rows[:, idx]
         if rows.shape[1] != len(idx):
             raise ValueError(f"client vectors of width {rows.shape[1]}: expected "
                              f"{d} or {len(idx)}")
@@ -495,8 +498,11 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         # or rejected; the guard reports those)
         present = np.zeros(c, dtype=bool)
         present[who] = True
-        own = torch.zeros(c, rows.shape[1], dtype=rows.dtype)
-        own[torch.from_numpy(who)] = rows
+        if len(who) == c and np.array_equal(who, np.arange(c)):
+            own = rows  # everyone answered, in order: no copy
+        else:
+            own = lazy_zeros((c, rows.shape[1]), rows.dtype)  # costs the rows written
+            own[torch.from_numpy(who)] = rows
         down = np.zeros(c)
         down[ask.sampled] = 1.0
         new = replace(state, kbar=ask.kbar, asked=self._asked(state))
@@ -547,12 +553,12 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     def _vectors(self, request: GradientRequest | TrainRequest,
                  reply: GradientReply | TrainReply) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """The vectors (gradients or model gaps; d̂ wide with `coords`) and losses of the
-        clients that answered `request`, and who they are (in request order)."""
+        """The vectors (gradients or model gaps, `model_gaps`; d̂ wide with `coords`) and
+        losses of the clients that answered `request`, and who they are (in request order)."""
         if self.config.protocol == "gradient":
             return cast(GradientReply, reply).grads, reply.loss, reply.clients
-        start = start_models(request, reply.clients)  # narrowed to `coords` like the reply
-        return cast(TrainReply, reply).params - start, reply.loss, reply.clients
+        gaps = model_gaps(cast(TrainRequest, request), cast(TrainReply, reply))
+        return gaps, reply.loss, reply.clients
 
     def _probe_plan(self, state: CFLGPState, ctx: Context, sampled: np.ndarray,
                     seed: int) -> tuple[int, list[ProbeAsk]]:
@@ -590,23 +596,25 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         how many extra models each client received, and the uplink count with the replies'
         floats added."""
         extra = np.zeros(len(own))
-        feats = self._to_features(state, own)
+        def feats(ids: np.ndarray) -> torch.Tensor:  # features of some clients' own vectors
+            return self._to_features(state, own.index_select(0, torch.from_numpy(ids)))
+
         if self.config.mode == "repo":
             got = np.flatnonzero(present)
-            return [Probe(0, ask.sampled, got, feats[torch.from_numpy(got)])], extra, uplink
+            return [Probe(0, ask.sampled, got, feats(got))], extra, uplink
         probes: list[Probe] = []
         rest = iter(replies)
         for p in ask.plan:
             mine = p.asked[(state.assign[p.asked] == p.block) & present[p.asked]]
             who: list[np.ndarray] = [mine]
-            rows: list[torch.Tensor] = [feats[torch.from_numpy(mine)]]
+            rows: list[torch.Tensor] = [feats(mine)]
             if p.request is not None:
                 vectors, _, replied = self._vectors(p.request, next(rest))
                 uplink += p.request.unit_cost()[1] * len(replied)
                 who.append(np.asarray(replied, dtype=np.int64))
                 rows.append(self._to_features(state, vectors))
                 extra[p.request.clients] += 1.0
-            probes.append(Probe(p.block, p.asked, np.concatenate(who), torch.cat(rows)))
+            probes.append(Probe(p.block, p.asked, np.concatenate(who), tuple(rows)))
         return probes, extra, uplink
 
     def _asks(self, state: CFLGPState, clients: np.ndarray, kbar: int) -> np.ndarray:
@@ -637,7 +645,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         asked = count_asks(before, [(probe.block, probe.asked) for probe in probes])
         updates = state.block_updates + np.bincount([p.block for p in probes],
                                                     minlength=self.config.n_clusters)
-        features = update_profile(state.features, probes, betas)
+        features = update_profile(state.features, probes, betas, filled=before > 0)
         gram = state.block_gram
         if len(gram):
             gram = gram.copy()

@@ -14,19 +14,33 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clusterfl.protocol import GradientRequest, TrainRequest
+from clusterfl.engine.allocator import lazy_zeros
+from clusterfl.protocol import GradientRequest, TrainReply, TrainRequest, narrow, positions_of
+
+#: profile rows updated (or copied) at a time: bounds the temporaries of an update
+ROW_CHUNK = 128
 
 
 @dataclass
 class Probe:
     """One block's update in a clustering round (`CFLGP._probe`): the block, the clients
     asked for it (sorted), those that answered, and their features (one row each, in `who`
-    order)."""
+    order: one tensor, or consecutive pieces of it, so that they need not be copied into
+    one)."""
 
     block: int
     asked: np.ndarray
     who: np.ndarray
-    rows: torch.Tensor
+    rows: torch.Tensor | tuple[torch.Tensor, ...]
+
+    def pieces(self) -> list[tuple[int, torch.Tensor]]:
+        """`(start in who, rows)` of each piece of `rows`."""
+        parts = (self.rows,) if isinstance(self.rows, torch.Tensor) else self.rows
+        out, start = [], 0
+        for part in parts:
+            out.append((start, part))
+            start += len(part)
+        return out
 
 
 @dataclass(frozen=True)
@@ -46,25 +60,58 @@ def profiled_clients(asked: np.ndarray) -> np.ndarray:
     return np.asarray((ever | ~ever.any(axis=0)).all(axis=1))
 
 
-def update_profile(features: torch.Tensor, probes: list[Probe],
-                   betas: list[np.ndarray]) -> torch.Tensor:
+def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.ndarray],
+                   filled: np.ndarray | None = None) -> torch.Tensor:
     """Alg. 1 lines 8–9 on the `[C, K, d̂]` profile: for each probe, block k of every client c
     that answered becomes g_{c,k} := (1 − β_c) g_{c,k} + β_c v_c (v_c its row of the probe,
     β_c its entry of `betas`, one per client *asked*, in `probe.asked` order); a client asked
-    but silent keeps its block. Returns a new profile."""
-    out = features.clone()
+    but silent keeps its block. Returns a new profile.
+
+    `filled` (`[C, K]` bool, optional): the cells that may hold anything but zeros (those
+    asked before). The new profile is then a `lazy_zeros` table into which only those cells
+    are copied: cells nobody was asked for cost no memory in either profile. Without it, a
+    plain copy. The values are the same either way; rows are updated `ROW_CHUNK` at a time
+    (the same arithmetic, element by element)."""
+    if filled is None:
+        out = features.clone()
+    else:
+        out = lazy_zeros(tuple(features.shape), features.dtype)
+        for k in range(features.shape[1]):
+            cells = np.flatnonzero(filled[:, k])
+            for a in range(0, len(cells), ROW_CHUNK):
+                idx = torch.from_numpy(cells[a : a + ROW_CHUNK])
+                out[idx, k] = features[idx, k]
     for probe, beta in zip(probes, betas, strict=True):
         block = out[:, probe.block]
-        rows = torch.from_numpy(probe.who)
-        new = probe.rows.to(block.dtype)
-        if len(np.unique(beta)) == 1:  # one β (always with every client sampled)
-            one = float(beta[0])
-            block[rows] = (1.0 - one) * block[rows] + one * new
-        else:
-            w = torch.from_numpy(beta[np.searchsorted(probe.asked, probe.who)])[:, None]
-            block[rows] = ((1.0 - w).to(block.dtype) * block[rows]
-                           + w.to(block.dtype) * new)
+        uniform = len(np.unique(beta)) == 1  # one β (always with every client sampled)
+        where = np.searchsorted(probe.asked, probe.who)
+        for start, piece in probe.pieces():
+            for a in range(0, len(piece), ROW_CHUNK):
+                b = min(len(piece), a + ROW_CHUNK)
+                rows = torch.from_numpy(probe.who[start + a : start + b])
+                new = piece[a:b].to(block.dtype)
+                if uniform:
+                    one = float(beta[0])
+                    block[rows] = (1.0 - one) * block[rows] + one * new
+                else:
+                    w = torch.from_numpy(beta[where[start + a : start + b]])[:, None]
+                    block[rows] = ((1.0 - w).to(block.dtype) * block[rows]
+                                   + w.to(block.dtype) * new)
     return out
+
+
+def model_gaps(request: TrainRequest, reply: TrainReply) -> torch.Tensor:
+    """The model gaps θ' − θ_start of the clients that answered (Alg. 4; narrowed to the
+    request's `coords` like the reply), computed in the reply's own rows, `ROW_CHUNK` at a
+    time: a reply is read once, and a second `[n, d]` table (of gaps, or of the start
+    models) would double the largest thing a round holds (1 GB at 10,000 MLP clients)."""
+    params = reply.params
+    which = np.asarray(request.model_of_client, dtype=np.int64)
+    which = which[positions_of(request, reply.clients)]
+    for a in range(0, len(which), ROW_CHUNK):
+        start = request.models[torch.from_numpy(which[a : a + ROW_CHUNK])]
+        params[a : a + ROW_CHUNK].sub_(narrow(start, request.coords))
+    return params
 
 
 def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.ndarray:
@@ -76,4 +123,5 @@ def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.nd
     return out
 
 
-__all__ = ["Probe", "ProbeAsk", "count_asks", "profiled_clients", "update_profile"]
+__all__ = ["Probe", "ProbeAsk", "count_asks", "model_gaps", "profiled_clients",
+           "update_profile"]

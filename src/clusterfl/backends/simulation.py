@@ -162,16 +162,24 @@ class SimulationBackend(DeviceBackend):
 
     # -------------------------------------------------------------- helpers
     def _split(self, name: str, dtype: torch.dtype) -> SplitData:
-        """The split's data in `dtype` on the device (cast and moved once, cached)."""
+        """The split's data in `dtype` on the device (cast and moved once, cached). Inputs
+        the federation stores as uint8 codes (`Federation.x_scale`) stay codes, decoded per
+        batch, when they decode to `dtype` (float32); so do 8-bit inputs with `compact`."""
         key = (name, dtype)
         if key not in self._splits:
-            x, y, off = self.federation.split(name)
+            fed = self.federation
+            x, y, off = fed.stored(name)
+            y = y.to(self.device, dtype if fed.task == "regression" else None).contiguous()
+            if fed.x_scale is not None and dtype == torch.float32:
+                self._splits[key] = SplitData(x.to(self.device).contiguous(), y, off,
+                                              fed.x_scale, dtype)
+                return self._splits[key]
+            x = fed.decode(x)
             # token ids (a language model) stay integers: float16/bfloat16 would round them
             x = x.to(self.device, dtype if x.is_floating_point() else None).contiguous()
             codes = compact_inputs(x, dtype) if self.compact else None
-            y = y.to(self.device, dtype if self.federation.task == "regression" else None)
-            self._splits[key] = (SplitData(x, y.contiguous(), off) if codes is None else
-                                 SplitData(codes, y.contiguous(), off, 255.0, dtype))
+            self._splits[key] = (SplitData(x, y, off) if codes is None else
+                                 SplitData(codes, y, off, 255.0, dtype))
         return self._splits[key]
 
     def _rows(self, name: str, dtype: torch.dtype, clients: np.ndarray) -> tuple[SplitData, Rows]:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from clusterfl.data.codes import decode_codes
 from clusterfl.errors import DataError
 
 Task = Literal["classification", "regression", "language_model"]
@@ -26,7 +27,8 @@ class Federation:
     """Per-client train/test data of a simulated federation.
 
     Attributes:
-        x_train: all clients' training inputs, `[N_train, *input_shape]`, float32.
+        x_train: all clients' training inputs, `[N_train, *input_shape]`, float32; or,
+            with `x_scale` set, their uint8 codes (`inputs` and `client_train` decode them).
         y_train: training targets, `[N_train]`; int64 class ids (classification) or float32.
             A language model ("language_model", `clusterfl.data.text`) has int64 token ids
             `[N, T]` as inputs and the next tokens `[N, T]` as targets.
@@ -39,6 +41,11 @@ class Federation:
         task: "classification", "regression" or "language_model".
         name: a readable description, e.g. "digits/rotation".
         meta: scenario details (angles per cluster, label maps, class sets, ...), JSON-able.
+        x_scale: None (inputs stored as float32), or the scale of inputs stored as the uint8
+            codes they were read from: input = code / x_scale in float32, bit for bit
+            (`clusterfl.data.codes`; a quarter of the memory). The scenarios store 8-bit
+            images so whenever that is exact (not after a non-right-angle rotation or
+            standardization).
     """
 
     x_train: torch.Tensor
@@ -52,6 +59,7 @@ class Federation:
     task: Task = "classification"
     name: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    x_scale: float | None = None
 
     def __post_init__(self) -> None:
         self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
@@ -103,19 +111,31 @@ class Federation:
     # ------------------------------------------------------------------ access
     def client_train(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.train_offsets[i], self.train_offsets[i + 1]
-        return self.x_train[a:b], self.y_train[a:b]
+        return self.decode(self.x_train[a:b]), self.y_train[a:b]
 
     def client_test(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.test_offsets[i], self.test_offsets[i + 1]
-        return self.x_test[a:b], self.y_test[a:b]
+        return self.decode(self.x_test[a:b]), self.y_test[a:b]
 
-    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """`(x, y, offsets)` of split "train" or "test"."""
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Stored inputs (rows of `x_train` / `x_test`) as float32 inputs (a no-op without
+        `x_scale`)."""
+        return x if self.x_scale is None else decode_codes(x, torch.float32, self.x_scale)
+
+    def stored(self, name: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """`(x, y, offsets)` of split "train" or "test" as stored (uint8 codes with
+        `x_scale`); an engine that decodes per batch reads these."""
         if name == "train":
             return self.x_train, self.y_train, self.train_offsets
         if name == "test":
             return self.x_test, self.y_test, self.test_offsets
         raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """`(x, y, offsets)` of split "train" or "test", inputs as float32 (decoded whole
+        when stored as codes: `stored` reads them without the copy)."""
+        x, y, off = self.stored(name)
+        return self.decode(x), y, off
 
     def to(self, device: torch.device | str) -> Federation:
         """This federation with its inputs and targets on `device` (offsets, truth and meta
@@ -133,7 +153,7 @@ class Federation:
         idx = np.asarray(clients, dtype=np.int64)
         parts = {}
         for split in ("train", "test"):
-            x, y, off = self.split(split)
+            x, y, off = self.stored(split)
             rows = [np.arange(off[i], off[i + 1]) for i in idx]
             sizes = np.array([len(r) for r in rows], dtype=np.int64)
             cat = torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0, np.int64))
@@ -146,12 +166,13 @@ class Federation:
             *parts["train"], *parts["test"],
             clusters=None if self.clusters is None else self.clusters[idx],
             n_classes=self.n_classes, task=self.task, name=self.name, meta=dict(self.meta),
+            x_scale=self.x_scale,
         )
 
     def validate(self) -> None:
         """Check internal consistency; raises ValueError naming what is wrong."""
         for split in ("train", "test"):
-            x, y, off = self.split(split)
+            x, y, off = self.stored(split)
             if off.ndim != 1 or len(off) < 2 or off[0] != 0:
                 raise ValueError(f"{split}_offsets must start at 0 and list n_clients+1 bounds")
             if np.any(np.diff(off) < 0):
@@ -164,6 +185,9 @@ class Federation:
             raise ValueError("train and test offsets must describe the same number of clients")
         if self.clusters is not None and len(self.clusters) != self.n_clients:
             raise ValueError(f"clusters has {len(self.clusters)} ids for {self.n_clients} clients")
+        if self.x_scale is not None and (self.x_train.dtype != torch.uint8
+                                         or self.x_test.dtype != torch.uint8):
+            raise ValueError("inputs with x_scale must be uint8 codes")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
 

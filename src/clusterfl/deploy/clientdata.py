@@ -58,6 +58,7 @@ def sparse_federation(one: Federation, client_id: int, cluster: int | None = Non
     return Federation(
         one.x_train, one.y_train, offsets(len(one.x_train)), one.x_test, one.y_test,
         offsets(len(one.x_test)), clusters, one.n_classes, one.task, one.name, dict(one.meta),
+        x_scale=one.x_scale,
     )
 
 

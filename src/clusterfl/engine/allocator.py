@@ -8,6 +8,9 @@ as much as the gradient computation itself. Raising the mmap and trim thresholds
 glibc keep those blocks in the heap and hand them out again (22 ms, mostly the write).
 
 The price is that freed memory stays with the process instead of returning to the system.
+Blocks above 256 MiB (the reply of 10,000 MLP clients is 1 GB) still get their own map and
+go back on free: a heap that kept them would hold the largest round's tables for the rest
+of the run, and its holes would add up across rounds.
 Set `CLUSTERFL_MALLOC_TUNING=0` to leave the allocator alone. Other C libraries (musl,
 macOS) are left untouched.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import sys
 
@@ -23,10 +27,12 @@ import torch
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB come from the heap
+_MMAP_THRESHOLD = 1 << 28  # blocks up to 256 MiB come from the heap
 _TRIM_THRESHOLD = 1 << 31  # keep up to 2 GiB of free heap before returning it
 
 _done: bool | None = None
+_LINUX = sys.platform.startswith("linux")
+_MAP_NORESERVE = 0x4000  # Linux's value (the mmap module does not name it)
 
 
 def tune_allocator() -> bool:
@@ -73,3 +79,31 @@ def aligned_rows(n: int, d: int, dtype: torch.dtype,
     per_line = max(1, _ALIGN_BYTES // item)
     stride = -(-d // per_line) * per_line
     return torch.empty(n, stride, dtype=dtype)[:, :d]
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zero tensor whose memory the system provides only where it is written.
+
+    Backed by its own anonymous memory map (not the heap, whose reused blocks must be
+    cleared, and not madvised for huge pages, which would back whole 2 MiB runs at the
+    first write): the pages of a region never written are never resident. For a large
+    table most of which stays zero (CFL-GP's profile, whose blocks nobody was asked for):
+    it costs the memory of what was written, and reads the rest as zeros. On a system
+    without anonymous maps, a plain `torch.zeros`.
+    """
+    item = torch.empty((), dtype=dtype).element_size()
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # private: a page never written reads as the system's one zero page; on Linux without a
+    # reservation of the whole size (MAP_NORESERVE), so a table larger than the memory can be
+    # mapped as long as what is written fits
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (_MAP_NORESERVE if _LINUX else 0)
+    try:
+        buf = mmap.mmap(-1, n * item, flags=flags)
+    except (OSError, ValueError, AttributeError, TypeError):  # no such map here
+        return torch.zeros(shape, dtype=dtype)
+    flat = torch.frombuffer(buf, dtype=dtype, count=n)  # shares `buf`, kept alive by it
+    return flat.view(shape)

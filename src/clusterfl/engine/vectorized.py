@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from clusterfl.data.codes import compact_inputs, decode_codes
 from clusterfl.engine.allocator import aligned_rows
 from clusterfl.engine.common import combine, per_sample_loss, segment_sum
 from clusterfl.engine.device import fork_rng, generator
@@ -91,27 +92,6 @@ class SplitData:
     def decode(self, x: Tensor) -> Tensor:
         """Rows of `x` (gathered, sliced) as inputs in the compute dtype."""
         return x if self.scale is None else decode_codes(x, self.dtype, self.scale)
-
-
-def decode_codes(codes: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
-    """`codes / scale` in `dtype`, correctly rounded on every device: the divisor is a tensor
-    on the codes' device (CUDA divides by a Python number as a product with its reciprocal,
-    which differs from the division in the last bit for some codes)."""
-    return codes.to(dtype) / torch.full((), scale, dtype=dtype, device=codes.device)
-
-
-def compact_inputs(x: Tensor, dtype: torch.dtype, scale: float = 255.0) -> Tensor | None:
-    """`x` as uint8 codes when every value is exactly `code / scale` in `dtype` (so decoding
-    gives back the same bits); None otherwise (the inputs are kept as they are)."""
-    if not x.is_floating_point() or x.numel() == 0:
-        return None
-    codes = torch.round(x.to(dtype) * scale)
-    if bool(((codes < 0) | (codes > 255)).any()):
-        return None
-    packed = codes.to(torch.uint8)
-    if not torch.equal(decode_codes(packed, dtype, scale), x.to(dtype)):
-        return None
-    return packed
 
 
 @dataclass
@@ -610,6 +590,6 @@ def mean_per_client(values: Tensor, sizes: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "ROW_PIECE", "Rows", "SplitData", "VectorizedEngine", "client_metrics_batched",
-    "compact_inputs",
+    "compact_inputs", "decode_codes",
     "mean_per_client", "select_kernel",
 ]

@@ -94,10 +94,14 @@ def select(message: M, clients: np.ndarray | list[int]) -> M:
 
 
 def present(message: M, clients: np.ndarray | list[int]) -> M:
-    """`message` restricted to those of the client ids `clients` it lists (in that order)."""
+    """`message` restricted to those of the client ids `clients` it lists (in that order);
+    `message` itself when that is all of its rows in its own order (no copy of its rows)."""
     msg: Any = message
-    listed = {int(c) for c in np.asarray(msg.clients).tolist()}
+    order = np.asarray(msg.clients).tolist()
+    listed = {int(c) for c in order}
     keep = [int(c) for c in np.asarray(clients).tolist() if int(c) in listed]
+    if keep == [int(c) for c in order]:
+        return message
     return select(message, keep)
 
 
