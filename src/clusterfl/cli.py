@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clusterfl.cli_util import DIVERGED_EXIT, console
 from clusterfl.errors import ClusterFLError
@@ -217,6 +217,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     from clusterfl.data import DATASETS, default_data_dir, download, verify
 
     con = _console()
+    if args.action == "shard":
+        return _shard(args, con)
     root = Path(args.data_dir) if args.data_dir else default_data_dir()
     if args.action == "list":
         con.print(f"data directory: {root}")
@@ -258,6 +260,26 @@ def cmd_data(args: argparse.Namespace) -> int:
             bad += not s.ok
             con.print(f"{name}: {s}")
     return 1 if bad and args.action == "verify" else 0
+
+
+def _shard(args: argparse.Namespace, con: Any) -> int:
+    """`clusterfl data shard CONFIG --out DIR`: the config's federation, written once as
+    memory-mapped shards (`clusterfl.data.shards`)."""
+    from clusterfl.config import apply_overrides, load_config, read_toml
+    from clusterfl.data.shards import write_shards
+    from clusterfl.experiment import build_federation
+
+    if args.name is None or args.out is None:
+        raise ClusterFLError("data shard: expected `clusterfl data shard CONFIG.toml --out "
+                             "DIR` (the run config whose federation to write)")
+    config = load_config(apply_overrides(read_toml(args.name), _overrides(args)))
+    federation = build_federation(config)
+    out = write_shards(federation, args.out)
+    size = sum(f.stat().st_size for f in out.iterdir())
+    con.print(f"{federation.describe()}\nwritten to {out} ({size / 2**20:,.1f} MiB); run on it "
+              f"with [data] source = \"shards\", path = \"{out.resolve()}\" (and no "
+              "[scenario] table)", markup=False)
+    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -356,12 +378,18 @@ def build_parser() -> argparse.ArgumentParser:
     fail_on_divergence(d)
     d.set_defaults(func=cmd_demo)
 
-    data = sub.add_parser("data", help="list, verify or download datasets")
-    data.add_argument("action", choices=["list", "verify", "download"],
+    data = sub.add_parser("data", help="list, verify, download or shard datasets")
+    data.add_argument("action", choices=["list", "verify", "download", "shard"],
                       help="list: what is there; verify [NAME]: check the files of NAME, or "
-                      "of every dataset present; download NAME: fetch and check")
+                      "of every dataset present; download NAME: fetch and check; shard "
+                      "CONFIG --out DIR: write the config's federation once, to be read "
+                      "memory-mapped ([data] source = \"shards\", path = DIR)")
     data.add_argument("name", nargs="?",
-                      help="mnist, fashion_mnist, cifar10, cifar100 or emnist")
+                      help="mnist, fashion_mnist, cifar10, cifar100 or emnist (shard: a run "
+                      "config)")
+    data.add_argument("--out", help="shard: the folder to write (new or empty)")
+    data.add_argument("--set", action="append", metavar="KEY=VALUE",
+                      help="shard: override a config value")
     data.add_argument("--data-dir", help="data folder (default: $CLUSTERFL_DATA or cache)")
     data.add_argument("--base-url", help="mirror to download from instead of the official host")
     data.set_defaults(func=cmd_data)

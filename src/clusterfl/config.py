@@ -95,9 +95,11 @@ class DataConfig(_Strict):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     source: str = Field("digits", description="digits | mnist | fashion_mnist | cifar10 | "
-                        "cifar100 | emnist | synthetic_regression | npz | huggingface | python "
-                        "| an import path 'pkg.mod:load' | a clusterfl.datasets entry point")
+                        "cifar100 | emnist | synthetic_regression | npz | shards | huggingface "
+                        "| python | an import path 'pkg.mod:load' | a clusterfl.datasets entry "
+                        "point")
     path: str | None = Field(None, description="npz: the folder of per-client .npz files; "
+                             "shards: the folder `clusterfl data shard` wrote; "
                              "huggingface: a save_to_disk folder or parquet/arrow files")
     input: str | None = Field(None, description="huggingface: the input column (image)")
     label: str | None = Field(None, description="huggingface: the label column (label)")
@@ -270,14 +272,15 @@ def _check_data(data: DataConfig) -> None:
             raise ConfigError(f"data.{extra[0]}", f"unknown field; allowed fields here: "
                                                   f"{allowed} (a loader function named by "
                                                   "data.source takes any)")
-        own_keys = {"npz": ("path",), "huggingface": ("path", *_HF_KEYS), "python": ("name",),
+        own_keys = {"npz": ("path",), "shards": ("path",), "huggingface": ("path", *_HF_KEYS),
+                    "python": ("name",),
                     "cifar100": ("labels",), "emnist": ("split",)}
         for key in ("path", "name", *_HF_KEYS, "labels", "split"):
             if getattr(data, key) is not None and key not in own_keys.get(src, ()):
                 users = [s for s, keys in own_keys.items() if key in keys]
                 raise ConfigError(f"data.{key}", f"only for source {' / '.join(users)}, not "
                                                  f"{src!r}")
-        if src in ("npz", "huggingface") and not data.path:
+        if src in ("npz", "shards", "huggingface") and not data.path:
             raise ConfigError("data.path", f"required for source {src!r}")
         return
     loader_function(src)  # an import path or an entry point; ConfigError when unknown

@@ -10,6 +10,8 @@ a Hugging Face `datasets` dataset on disk, or a loader function named by the con
   optional `task` and `cluster`, the true cluster id); split into clients already;
 - `huggingface`: `path` = a `save_to_disk` folder, or parquet / arrow files (train / test
   by file name), columns `input` and `label`; one pool, split by `[scenario]` (default `iid`);
+- `shards`: `path` = a folder `clusterfl data shard` wrote (`clusterfl.data.shards`): a
+  federation built once, its arrays memory-mapped; split into clients already;
 - `python`: a federation built in Python (`Federation.from_clients`) and given to
   `Experiment(..., federation=...)`; split into clients already;
 - `"pkg.mod:load"` or a `clusterfl.datasets` entry point: a function; the `[data]` table's
@@ -36,11 +38,12 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from clusterfl.data.federation import Federation, Task, assemble_clients
+from clusterfl.data.shards import read_shards
 from clusterfl.data.sources import SOURCE_NAMES, Source, stratified_test_mask
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.plugins import describe, resolve
 
-PER_CLIENT_SOURCES = ("npz", "python")
+PER_CLIENT_SOURCES = ("npz", "python", "shards")
 """Sources whose clients are given (scenario `given`)."""
 POOLED_SOURCES = ("huggingface",)
 OWN_SOURCES = PER_CLIENT_SOURCES + POOLED_SOURCES
@@ -283,6 +286,8 @@ def load(data: Mapping[str, Any], seed: int) -> Federation | Source:
     source = str(data["source"])
     if source == "npz":
         return npz_folder(_need(data, "path"))
+    if source == "shards":
+        return read_shards(_need(data, "path"))
     if source == "python":
         raise ConfigError("data.source", "'python' is a federation built in Python "
                                          "(Federation.from_clients): pass it again, "
@@ -328,8 +333,9 @@ def build(data: Mapping[str, Any], scenario: str, params: dict[str, Any], seed: 
             raise ConfigError("data.standardize", "per-client data is used as given; "
                                                   "standardize it in the loader")
         for split in ("train", "test"):
-            x, _, offsets = loaded.split(split)
-            _finite(x, f"data.source {source!r} ({split})", offsets)
+            x, _, offsets = loaded.stored(split)
+            if source != "shards" and x.is_floating_point():  # shards: checked when built
+                _finite(x, f"data.source {source!r} ({split})", offsets)
         federation = loaded
     else:
         if scenario == GIVEN:
