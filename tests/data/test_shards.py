@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.crash import timing_free
 
 from clusterfl.cli import main
 from clusterfl.config import load_config
 from clusterfl.data.shards import read_shards, write_shards
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import Experiment, build_federation
+from tests.crash import timing_free
 
 BUILT = {
     "seed": 3, "rounds": 3, "eval_every": 1, "checkpoint_every": 0,
