@@ -23,10 +23,10 @@ both in `clusterfl.models.zoo`.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 from torch import nn
+
+from clusterfl.models.zoo import dense_head
 
 
 class ValidCNN(nn.Module):
@@ -44,13 +44,7 @@ class ValidCNN(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(c_in, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2))
-        sizes = [c2 * side_h * side_w, *hidden, n_outputs]
-        head: list[nn.Module] = []
-        for j, (a, b) in enumerate(itertools.pairwise(sizes)):
-            head.append(nn.Linear(a, b))
-            if j < len(sizes) - 2:
-                head.append(nn.ReLU())
-        self.classifier = nn.Sequential(*head)
+        self.classifier = dense_head([c2 * side_h * side_w, *hidden, n_outputs])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))

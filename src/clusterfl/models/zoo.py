@@ -53,6 +53,16 @@ def _norm(channels: int, groups: int) -> nn.Module:
     return nn.GroupNorm(min(groups, channels), channels) if groups > 0 else nn.Identity()
 
 
+def dense_head(sizes: list[int]) -> nn.Sequential:
+    """Linear layers of widths `sizes` (input, hidden..., outputs), ReLU between them."""
+    head: list[nn.Module] = []
+    for j, (a, b) in enumerate(itertools.pairwise(sizes)):
+        head.append(nn.Linear(a, b))
+        if j < len(sizes) - 2:
+            head.append(nn.ReLU())
+    return nn.Sequential(*head)
+
+
 class LeNet(nn.Module):
     """Two 5×5 convolutions, then fully-connected layers.
 
@@ -85,13 +95,7 @@ class LeNet(nn.Module):
 
         self.features = nn.Sequential(*block(c_in, c1), *block(c1, c2))
         flat = c2 * (h // 4) * (w // 4)
-        sizes = [flat, *hidden, n_outputs]
-        head: list[nn.Module] = []
-        for j, (a, b) in enumerate(itertools.pairwise(sizes)):
-            head.append(nn.Linear(a, b))
-            if j < len(sizes) - 2:
-                head.append(nn.ReLU())
-        self.classifier = nn.Sequential(*head)
+        self.classifier = dense_head([flat, *hidden, n_outputs])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))

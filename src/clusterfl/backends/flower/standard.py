@@ -273,17 +273,8 @@ class StandardBackend(FlowerBackend):
             return stacks, config
 
         answers, reasons = self._ask_rich(clients, kind, content)
-        got: dict[int, Any] = {}
-        for c, msg in answers:
-            where = f"client {c}'s {kind} reply"
-            vector = _returned(self.factory, msg, where, req.coords)
-            if isinstance(vector, str):
-                reasons[c] = vector
-                continue
-            m = _first_metrics(msg)
-            got[c] = pr.TrainReply(np.array([c]), vector,
-                                   np.array([_metric(m, ("num-examples",), None, where)]),
-                                   np.array([_metric(m, ("train_loss",), math.nan, where)]))
+        got = self._read_vectors(answers, reasons, kind, req.coords, pr.TrainReply,
+                                 ("train_loss",))
         return self._assemble(req, clients, got, reasons)
 
     def _offset_losses(self, req: pr.LossRequest) -> pr.LossReply:
@@ -458,10 +449,18 @@ class StandardBackend(FlowerBackend):
         clients = np.asarray(req.clients, dtype=np.int64)
         answers, reasons = self._ask_each(clients, kind, lambda i: req.models[
             int(req.model_of_client[i])], config)
+        got = self._read_vectors(answers, reasons, kind, req.coords, reply, loss_keys)
+        return cast(RE, self._assemble(cast(Any, req), clients, got, reasons))
+
+    def _read_vectors(self, answers: Any, reasons: dict[int, str], kind: str, coords: Any,
+                      reply: Callable[..., Any], loss_keys: tuple[str, ...]) -> dict[int, Any]:
+        """Each answer's vector (its one ArrayRecord), `num-examples` and loss (the first of
+        `loss_keys` it reports) as a one-client `reply`; an unusable answer's reason goes to
+        `reasons` instead."""
         got: dict[int, Any] = {}
         for c, msg in answers:
             where = f"client {c}'s {kind} reply"
-            vector = _returned(self.factory, msg, where, req.coords)
+            vector = _returned(self.factory, msg, where, coords)
             if isinstance(vector, str):
                 reasons[c] = vector
                 continue
@@ -469,7 +468,7 @@ class StandardBackend(FlowerBackend):
             got[c] = reply(np.array([c]), vector,
                            np.array([_metric(m, ("num-examples",), None, where)]),
                            np.array([_metric(m, loss_keys, math.nan, where)]))
-        return cast(RE, self._assemble(cast(Any, req), clients, got, reasons))
+        return got
 
     def _signature(self, req: pr.EmbedRequest) -> pr.EmbedReply:
         """FLT's and PCA+kM+HC's data signatures, one `"query.signature"` per client
