@@ -3,6 +3,8 @@ the first clustering's models, with hand-built inputs and hand-computed values."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -101,3 +103,45 @@ def test_first_kmeans_waits_for_half_the_clients():
     torch.testing.assert_close(got.params, torch.tensor([[1.0, 1.0], [3.0, 3.0]]))
     np.testing.assert_array_equal(got.n_samples, [10, 30])  # their sizes, not the reply's
     assert second.state.first is None and first.state.first is not None  # not in place
+
+
+def test_first_models_are_kept_for_the_clients_seen_only_and_match_a_full_table():
+    """Sampled rounds with repeats (1,000 clients, 30 a round): the gathered table has one
+    row per client seen, in id order, equal to a [n_clients, d] table written round by round
+    (a client sampled again replaces its row), so memory grows with the clients sampled.
+    A full table (checkpoints of earlier versions) is read by the rows marked seen."""
+    n, d = 1000, 3
+    alg = FeSEM(FeSEMConfig(n_clusters=2, first_clustering=0.9))
+    alg.train_sizes, alg.index = np.arange(1, n + 1), None
+    state = FeSEMState(START, np.full(n, -1, np.int64), None, None)
+    full, seen = torch.zeros(n, d), np.zeros(n, dtype=bool)
+    rng = np.random.default_rng(0)
+    for r in range(5):
+        clients = np.sort(rng.choice(n, size=30, replace=False))
+        if r:
+            clients[:5] = np.flatnonzero(seen)[:5]  # some sent before: replaced
+            clients = np.unique(clients)
+        params = torch.from_numpy(rng.normal(size=(len(clients), d)).astype(np.float32))
+        full[torch.from_numpy(clients)] = params
+        seen[clients] = True
+        ask = FeSEMAsk(TrainRequest(clients, torch.zeros(1, d),
+                                    np.zeros(len(clients), np.int64), LocalTraining(), 0),
+                       FIRST, clients=clients, parts=1, newcomers=False)
+        out = alg.update(state, r + 1, ask,
+                         TrainReply(clients, params, np.full(len(clients), 7),
+                                    np.full(len(clients), 0.5)))
+        assert out.then is None
+        state = out.state
+        assert state.first.shape == (seen.sum(), d)  # the clients seen, not all clients
+        np.testing.assert_array_equal(state.first_seen, seen)
+        torch.testing.assert_close(state.first, full[torch.from_numpy(np.flatnonzero(seen))],
+                                   rtol=0, atol=0)
+    # an earlier checkpoint's [n_clients, d] table gathers to the same rows
+    old = replace(state, first=full.clone())
+    clients = np.array([3, 999])
+    params = torch.ones(2, d)
+    ask = FeSEMAsk(TrainRequest(clients, full[:1], np.zeros(2, np.int64), LocalTraining(), 0),
+                   FIRST, clients=clients, parts=1, newcomers=False)
+    a = alg.update(old, 6, ask, TrainReply(clients, params, np.full(2, 7), np.full(2, 0.5)))
+    b = alg.update(state, 6, ask, TrainReply(clients, params, np.full(2, 7), np.full(2, 0.5)))
+    torch.testing.assert_close(a.state.first, b.state.first, rtol=0, atol=0)

@@ -183,3 +183,23 @@ def test_a_request_reads_only_the_rows_of_the_clients_it_lists(kind):
     for name in fields[kind]:
         a, b = (torch.as_tensor(getattr(r, name)) for r in got)
         assert bool(torch.isfinite(b).all()) and torch.equal(a, b)
+
+
+def test_local_keeps_a_model_for_the_clients_trained_only(tmp_path):
+    """Local with 2 of 20 clients a round for 3 rounds: its table holds the start and one row
+    per client that trained (not 20), and every client predicts with its own: the start
+    until it trains, then its last trained model (the round's replies, checked here)."""
+    exp = run(tmp_path, "local", rounds=3,
+              algorithm={"name": "local", "per_round": 2})
+    alg = exp.algorithm
+    state = alg.state
+    trained = np.flatnonzero(state.row_of > 0)
+    assert 2 <= len(trained) <= 6 and state.models.shape[0] == 1 + len(trained)
+    start = exp.factory.init(2)
+    pred = alg.predictor()
+    model = pred.models[torch.from_numpy(pred.members[:, 0])]  # each client's model
+    untrained = np.setdiff1d(np.arange(20), trained)
+    torch.testing.assert_close(model[torch.from_numpy(untrained)],
+                               start[None].expand(len(untrained), -1), rtol=0, atol=0)
+    assert not torch.equal(model[int(trained[0])], start)
+    assert len(np.unique(pred.members[trained, 0])) == len(trained)  # one model each

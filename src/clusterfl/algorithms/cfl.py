@@ -425,16 +425,17 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         assert work is not None
         got = self.clients.uploads(request, reply)
         n, who = state.n_clients, reply.clients
-        # one row per client id; `present` marks who answered (absent: dropped or rejected)
-        updates = torch.zeros(n, request.models.shape[1], dtype=got.dtype, device=got.device)
-        updates[torch.from_numpy(who).to(got.device)] = got
+        # `present` marks who answered (absent: dropped or rejected); `row` the row of `got`
+        # of each client id that did (no [n_clients, d] table: a round costs its replies)
+        row = np.full(n, -1, dtype=np.int64)
+        row[who] = np.arange(len(who))
         n_samples, losses = np.zeros(n), np.full(n, np.nan)
         n_samples[who], losses[who] = reply.n_samples, reply.loss
         present = np.zeros(n, dtype=bool)
         present[who] = True
         tree = state.tree.copy()
         leaves = tree.leaves()
-        views = [self._view(v, updates, n_samples, present, losses) for v in leaves]
+        views = [self._view(v, got, row, n_samples, present, losses) for v in leaves]
         rule = self.split_rule(work.seed)
         rule_state, views = rule.observe(state.rule, mean_finite(reply.loss), views)
         decisions = [rule.decide(v, rule_state, t) for v in views]
@@ -463,10 +464,12 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                         round=replace(work, extras=extras))
         return self._choose_best(state)
 
-    def _view(self, node: TreeNode, updates: torch.Tensor, n_samples: np.ndarray,
+    def _view(self, node: TreeNode, got: torch.Tensor, row: np.ndarray, n_samples: np.ndarray,
               present: np.ndarray, losses: np.ndarray) -> ClusterView:
+        """The split rule's view of `node`: its members that answered, with their updates
+        (`got`, client id → row of `got` in `row`)."""
         members = node.clients[present[node.clients]]
-        own = updates[torch.as_tensor(members, dtype=torch.long, device=updates.device)]
+        own = got[torch.as_tensor(row[members], dtype=torch.long, device=got.device)]
         weights = self._weights(n_samples[members]) if len(members) else np.zeros(0)
         loss = mean_finite(losses[members])
         return ClusterView.measure(node.id, len(node.clients), members, own, weights,

@@ -245,11 +245,32 @@ class FeSEMState:
     assign: np.ndarray  # [n_clients], cluster of each client (-1: never clustered)
     centers: torch.Tensor | None  # [K, d] once the first clustering ran
     local: torch.Tensor | None  # [n_clients, d], the warm-up's client models (None after)
-    #: [n_clients, d], models trained from Θ_0 kept for the first k-means while a sample
-    #: gathers them (`first_clustering`; None otherwise), and which rows hold one
+    #: models trained from Θ_0 kept for the first k-means while a sample gathers them
+    #: (`first_clustering`; None otherwise): one row per client that sent one, in the order
+    #: of their ids (`first_seen` marks them), so memory grows with the clients sampled
     first: torch.Tensor | None = field(default=None, kw_only=True)
     first_seen: np.ndarray | None = field(default=None, kw_only=True)
     pending: KMeansInput | None = field(default=None, kw_only=True)  # see `KMeansInput`
+
+
+def _gather_first(first: torch.Tensor | None, seen: np.ndarray | None, n: int,
+                  clients: np.ndarray, params: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """The models trained from Θ_0 gathered so far (`first`: one row per client marked in
+    `seen`, by id) with the round's (`clients`' rows of `params`; a client sent again
+    replaces its row): a new table of the rows of the clients seen, not of all clients.
+    A table of all clients' rows (checkpoints written before) is read by its marked rows."""
+    old = np.zeros(n, dtype=bool) if seen is None else seen
+    ids = np.flatnonzero(old)
+    new_seen = old.copy()
+    new_seen[clients] = True
+    rows = np.flatnonzero(new_seen)
+    table = torch.empty(len(rows), params.shape[1], dtype=params.dtype)
+    if first is not None and len(ids):
+        if first.shape[0] != len(ids):  # a [n_clients, d] table (earlier checkpoints)
+            first = first[torch.from_numpy(ids)]
+        table[torch.from_numpy(np.searchsorted(rows, ids))] = first
+    table[torch.from_numpy(np.searchsorted(rows, clients))] = params
+    return table, new_seen
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,19 +359,12 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         pending = KMeansInput(clients, params, n_samples, losses, warmup=0)
         if state.centers is None:
             n = len(state.assign)
-            if state.first is None or state.first_seen is None:
-                first = torch.zeros(n, params.shape[1], dtype=params.dtype)
-                seen = np.zeros(n, dtype=bool)
-            else:
-                first, seen = state.first.clone(), state.first_seen.copy()
-            first[torch.as_tensor(clients, dtype=torch.long)] = params
-            seen[clients] = True
+            first, seen = _gather_first(state.first, state.first_seen, n, clients, params)
             if seen.sum() < min(n, math.ceil(self.config.first_clustering * n)):
                 state = replace(state, first=first, first_seen=seen)
                 return Update(state, self._extras(state, losses, 0, None))
             rows = np.flatnonzero(seen)
-            pending = KMeansInput(rows, first[torch.from_numpy(rows)], self.train_sizes[rows],
-                                  losses, warmup=0)
+            pending = KMeansInput(rows, first, self.train_sizes[rows], losses, warmup=0)
             state = replace(state, first=None, first_seen=None)
         if not len(pending.clients):
             return Update(state, self._extras(state, losses, 0, None))
