@@ -74,12 +74,16 @@ def _spied_run(cfg: dict[str, Any]) -> tuple[Experiment, Any, list[dict[str, Any
     alg, seen = exp.algorithm, []
     real = alg.run_round
 
+    def own_models():  # each client's model (client order), however the rows are numbered
+        p = alg.predictor()
+        return p.models[torch.from_numpy(p.members[:, 0])].clone()
+
     def spy(ctx, t):
-        before, models = alg.assignment(), alg.predictor().models.clone()
+        before, models = alg.assignment(), own_models()
         out = real(ctx, t)
         seen.append({"t": t, "who": set(ctx.participants), "before": before,
                      "after": alg.assignment(), "models": models,
-                     "models_after": alg.predictor().models.clone()})
+                     "models_after": own_models()})
         return out
 
     alg.run_round = spy  # type: ignore[method-assign]
