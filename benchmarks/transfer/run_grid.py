@@ -5,11 +5,13 @@ that are given it, on the federations of `grid.toml`; one runner, one results ta
     python benchmarks/transfer/run_grid.py dev --version V [--fed NAME ...] [--method M ...]
                                                [--set METHOD:KEY=VALUE ...] [--jobs 2]
     python benchmarks/transfer/run_grid.py val --version V [--jobs 2]
+    python benchmarks/transfer/run_grid.py val2 --version V [--method M ...] [--jobs 2]
     python benchmarks/transfer/run_grid.py --table [--version V ...]  # markdown, for RESULTS.md
     python benchmarks/transfer/run_grid.py --grid                     # the grid, markdown
 
 `dev` runs the development half (any federation, method and setting, as often as wanted);
-`val` runs the whole validation half with every method's defaults, once per version: it refuses
+`val` (`val2`: the second validation half, drawn later by `draw_validation.py`) runs the whole
+validation half with every method's defaults, once per version: it refuses
 `--set`, a subset of federations, and a method that has validation rows of the version
 already; `--preset v0` runs the defaults from before issue 36 (written as settings of today's
 code, `PRESETS`), for the comparison. A version names the rules
@@ -188,8 +190,8 @@ def done_keys() -> set[tuple[str, str, str, tuple[str, ...]]]:
 
 
 def run(args: argparse.Namespace) -> None:
-    half = {"dev": "development", "val": "validation"}[args.half]
-    if half == "validation":
+    half = {"dev": "development", "val": "validation", "val2": "validation2"}[args.half]
+    if half.startswith("validation"):
         if args.set or args.fed:
             sys.exit("run_grid.py: error: a validation run takes no --set or --fed (a preset "
                      "of earlier defaults, --preset, and a subset of methods are allowed)")
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
                      "needs a committed rule version")
         wanted = set(args.method or METHODS)
         seen = {r["method"] for r in map(json.loads, TABLE.read_text().splitlines())
-                if r["version"] == args.version and r["half"] == "validation"} \
+                if r["version"] == args.version and r["half"] == half} \
             if TABLE.exists() else set()
         if wanted & seen:
             sys.exit(f"run_grid.py: error: version {args.version!r} has validation rows of "
@@ -246,7 +248,8 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("half", nargs="?", choices=["dev", "val"])
+    p.add_argument("half", nargs="?", choices=["dev", "val", "val2"],
+                   help="val2: the second validation half (draw_validation.py)")
     p.add_argument("--version", help="the rule version these runs belong to")
     p.add_argument("--fed", nargs="*", help="dev only: some federations of the half")
     p.add_argument("--method", nargs="*", help=f"dev only: some of {', '.join(METHODS)}")

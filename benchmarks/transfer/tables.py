@@ -64,7 +64,7 @@ VERSIONS = ("v0", "v1")
 def print_tables(table: Path, versions: list[str] | None = None) -> None:
     rows = [r for r in load(table) if not r["sets"]]
     for version in versions or VERSIONS:
-        for half in ("development", "validation"):
+        for half in ("development", "validation", "validation2"):
             mine = [r for r in rows if r["version"] == version and r["half"] == half]
             if mine:
                 print_half(version, half, mine, rows)
@@ -152,7 +152,7 @@ def by_k(rows: list[dict[str, Any]], fed: str) -> int:
 
 def print_grid(grid: dict[str, Any]) -> None:
     """The federations of grid.toml, one row each, by half."""
-    for half in ("development", "validation"):
+    for half in ("development", "validation", "validation2"):
         print(f"\n{half.capitalize()} half\n")
         print("| federation | pair | true K | data | scenario | clients | model | rounds | "
               "participation | seed |")
