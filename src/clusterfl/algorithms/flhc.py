@@ -102,7 +102,7 @@ def _cluster_clients(value: Any) -> Any:
     ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 2) or (
         isinstance(value, float) and 0.0 < value <= 1.0)
     if not ok:
-        raise ValueError(f"{value!r}; allowed: {CLUSTER_CLIENTS_ALLOWED}")
+        raise ValueError(f"allowed: {CLUSTER_CLIENTS_ALLOWED}")
     return value
 
 
