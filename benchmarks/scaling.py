@@ -14,7 +14,9 @@ The points (`--points`):
   (the time per round should not grow with the clients that are not sampled), and CFL-GP
   (K = 4, model averaging) at 10,000 clients, all participating.
 - `more`: FeSEM, CFL, CFL-GP and FL+HC with 1,000 sampled a round, at 10,000 and 100,000
-  clients; a point that fails (memory, a method's limit) is reported with the reason.
+  clients; a point that fails (memory, a method's limit) is reported with the reason. FL+HC
+  clusters 1,000 clients too (`cluster_clients`; the others are placed when first sampled
+  after its clustering round, round 4), and its rows note the times of rounds 4 and 5.
 - `all`: both.
 
 Usage: python benchmarks/scaling.py [--points must|more|all] [--only LABEL] [--timeout S]
@@ -50,7 +52,9 @@ MORE = [
         ("FeSEM (K=4)", {"name": "fesem", "n_clusters": 4}),
         ("CFL", {"name": "cfl"}),
         ("CFL-GP (K=4)", {"name": "cfl_gp", "n_clusters": 4, "protocol": "model"}),
-        ("FL+HC (warm-up 3)", {"name": "flhc", "warmup_rounds": 3}),  # clusters in round 4
+        # clusters in round 4, a sample of 1,000 as in the other rounds
+        ("FL+HC (warm-up 3, 1,000 clustered)",
+         {"name": "flhc", "warmup_rounds": 3, "cluster_clients": SAMPLED}),
     )
     for n in (10_000, 100_000)
 ]
@@ -103,8 +107,13 @@ def measure(method: dict, n_clients: int, per_round: int | None, timeout: float)
     out = json.loads(res.stdout.strip().splitlines()[-1])
     walls = out["walls"]
     steps = [walls[i] - walls[i - 1] for i in range(1, min(len(walls), ROUNDS - 1))]
-    return {"per_round": statistics.median(steps), "first": walls[0],
+    rounds = [walls[0]] + [walls[i] - walls[i - 1] for i in range(1, len(walls))]
+    return {"per_round": statistics.median(steps), "first": walls[0], "rounds": rounds,
             "peak_mib": out["peak_kib"] / 1024, "ari": out["ari"], "accuracy": out["accuracy"]}
+
+
+#: rounds whose own time a row's note gives (label prefix -> {round: what happens in it})
+ROUND_NOTES = {"FL+HC": {4: "clustering", 5: "placements, final evaluation"}}
 
 
 def row(label: str, n: int, per_round: int | None, r: dict) -> str:
@@ -113,8 +122,11 @@ def row(label: str, n: int, per_round: int | None, r: dict) -> str:
         return f"| {label} | {n:,} | {sampled} | – | – | – | – | – | failed: {r['error']} |"
     ari = "–" if r["ari"] is None else f"{r['ari']:.4f}"
     acc = "–" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
+    notes = next((v for k, v in ROUND_NOTES.items() if label.startswith(k)), {})
+    note = "; ".join(f"round {t} ({what}): {r['rounds'][t - 1]:.1f} s"
+                     for t, what in notes.items() if t <= len(r.get("rounds", [])))
     return (f"| {label} | {n:,} | {sampled} | {r['per_round']:.3f} | {r['first']:.1f} | "
-            f"{r['peak_mib']:,.0f} | {ari} | {acc} | |")
+            f"{r['peak_mib']:,.0f} | {ari} | {acc} | {note + ' ' if note else ''}|")
 
 
 def main(argv: list[str] | None = None) -> None:

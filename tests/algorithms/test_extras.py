@@ -31,7 +31,12 @@ from clusterfl.algorithms.ensemble import EnsembleExtras
 from clusterfl.algorithms.fedem import FedEMExtras
 from clusterfl.algorithms.fedsoft import FedSoftExtras
 from clusterfl.algorithms.fesem import FeSEMExtras, FeSEMKMeansExtras, KMeansExtras
-from clusterfl.algorithms.flhc import FLHCClusteringExtras, FLHCExtras
+from clusterfl.algorithms.flhc import (
+    FLHCClusteringExtras,
+    FLHCExtras,
+    FLHCPlacedExtras,
+    FLHCSampledClusteringExtras,
+)
 from clusterfl.algorithms.flt import FLTClusteringExtras, FLTExtras
 from clusterfl.algorithms.ifca import IFCAExtras
 from clusterfl.algorithms.pacfl import PACFLClusteringExtras, PACFLExtras
@@ -97,6 +102,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], list[type[RoundExtras]]]]
     # a warm-up round, the clustering round, a per-cluster round
     "flhc": ({"name": "flhc", "warmup_rounds": 1, "fraction": 0.5}, {},
              [FLHCExtras, FLHCClusteringExtras, FLHCExtras]),
+    # the same with a clustering of 4 clients, the others placed when next sampled
+    "flhc_sampled": ({"name": "flhc", "warmup_rounds": 1, "fraction": 0.5,
+                      "cluster_clients": 4}, {},
+                     [FLHCExtras, FLHCSampledClusteringExtras, FLHCPlacedExtras]),
 }
 
 # Classes that are parts of the above, never a round's whole extras.

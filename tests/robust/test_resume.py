@@ -33,6 +33,9 @@ ONE_SHOT = {"pca_km_hc": {"fraction": 1.0, "n_clusters": 2}}
 NOT_RESUMED_HERE = {"flt": "pretrains its encoder on another dataset"}
 CASES = [(m, s, True) for m, s in METHOD_SETTINGS.items()]
 CASES += [(m, s, False) for m, s in ONE_SHOT.items()]
+# FL+HC clustering a sample: the checkpoint of round 2 holds clients waiting for a placement
+CASES += [("flhc", {"warmup_rounds": 1, "per_round": 3, "cluster_clients": 4}, True)]
+IDS = [c[0] if "cluster_clients" not in c[1] else f"{c[0]}-sampled" for c in CASES]
 
 
 def test_every_expected_method_is_registered_and_resumed_here():
@@ -46,8 +49,7 @@ def _same_models(a: Experiment, b: Experiment) -> None:
     assert (pa.members == pb.members).all()
 
 
-@pytest.mark.parametrize(("method", "settings", "robust"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("method", "settings", "robust"), CASES, ids=IDS)
 def test_stopped_run_resumes_to_identical_results(method, settings, robust, tmp_path):
     cfg = config(rounds=5, eval_every=2, checkpoint_every=2,
                  algorithm={"name": method, **settings}, **(ROBUST if robust else {}))

@@ -25,15 +25,29 @@ Our choices (the paper's values could not be read; every one is an option):
 - `warmup_rounds` n = 10 FedAvg rounds (ours; one third-party version uses 20); the
   clustering happens in round n + 1. A run of at most n rounds would never cluster (FedAvg
   under FL+HC's name): `setup` refuses it, naming `warmup_rounds`.
-- Who takes part in the clustering round: every client, whatever the sampling (the paper
-  does not say; the one third-party version leaves unsampled clients as a TODO). The
-  clustering round costs N × (d down, d up) instead of the sampled share. Warm-up and
-  per-cluster rounds sample (`fraction` / `per_round`, `Context.sample_round`).
+- Who takes part in the clustering round (`cluster_clients`): by default ("all") every
+  client, whatever the sampling (the paper does not say; the one third-party version leaves
+  unsampled clients as a TODO). The clustering round then costs N × (d down, d up) instead of
+  the sampled share, and the server holds N updates and their pairwise distances: `setup`
+  refuses "all" when those alone (`clustering_round_bytes`) exceed the machine's physical
+  memory, naming `algorithm.cluster_clients`. Warm-up and per-cluster rounds sample
+  (`fraction` / `per_round`, `Context.sample_round`).
+- `cluster_clients` = a number M ≥ 2 or a fraction f in (0, 1] (ours, for cross-device
+  federations): the clustering round asks M (or max(1, round(f·N))) clients, drawn without
+  replacement from the run's generator (no draw when that is every client), and clusters
+  their updates only. Every other client, and every asked client that did not answer, has
+  no cluster yet (label -1, predicting with θ^n): in the first round after the clustering
+  that samples it, it is placed first, by the newcomer rule below (it trains from θ^n, its
+  update joins the cluster of the nearest mean clustering-round update; a second message
+  of that round, before the cluster training), then trains its cluster's model with the
+  others sampled. A client that does not answer its placement waits for its next sample.
+  The server keeps one label per client and K centroids, nothing per client of size d.
 - The clustering round is also the first round of per-cluster FedAvg: each cluster model
   becomes the sample-weighted mean of its members' models θ_k of that round (all of them
   started from θ^n, so this is FedAvg from θ^n inside each cluster).
 - A client absent from the clustering round (it dropped out, or its update was rejected) has
-  no update: it becomes its own cluster, whose model starts at θ^n. A fixed `n_clusters`
+  no update: with `cluster_clients` "all" it becomes its own cluster, whose model starts at
+  θ^n (with a sample it is placed later, above). A fixed `n_clusters`
   larger than the updates that arrived is lowered to their number.
 - The clustering is never repeated.
 - Placement of a newcomer (`placement`, not in the paper): it trains from θ^n, kept by the
@@ -44,17 +58,18 @@ Our choices (the paper's values could not be read; every one is an option):
   FedAvg places.
 
 The maths: `clusterfl.clustering.hierarchical` (`feature_linkage`, `flat_clusters`,
-`pairwise_distances`); aggregation: `clusterfl.clustering.aggregate`.
+`pairwise_distances`, `nearest_centroid`); aggregation: `clusterfl.clustering.aggregate`.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
@@ -67,12 +82,32 @@ from clusterfl.algorithms.oneshot import (
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
-from clusterfl.clustering.hierarchical import feature_linkage, pairwise_distances
+from clusterfl.clustering.hierarchical import (
+    feature_linkage,
+    nearest_centroid,
+    pairwise_distances,
+)
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
 HISTORY_MAX_CLIENTS = 200  # above this, the linkage is not written into the history
+CLUSTER_CLIENTS_ALLOWED = '"all", a number of clients >= 2, or a fraction in (0, 1]'
+
+
+def _cluster_clients(value: Any) -> Any:
+    """`cluster_clients`: "all" (any case), an integer ≥ 2 or a fraction in (0, 1]."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return "all"
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 2) or (
+        isinstance(value, float) and 0.0 < value <= 1.0)
+    if not ok:
+        raise ValueError(f"allowed: {CLUSTER_CLIENTS_ALLOWED}")
+    return value
+
+
+#: who takes part in the clustering round: "all", a number of clients, or a fraction
+ClusterClients = Annotated[Literal["all"] | int | float, BeforeValidator(_cluster_clients)]
 
 
 class FLHCConfig(SampledConfig):
@@ -93,6 +128,10 @@ class FLHCConfig(SampledConfig):
                                      "(threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
+    cluster_clients: ClusterClients = Field(
+        "all", description="clients asked in the clustering round: 'all' (the paper's), a "
+        "number >= 2 or a fraction in (0, 1] drawn at random; the others are placed by the "
+        "newcomer rule when first sampled after it")
 
     @model_validator(mode="after")
     def _consistent(self) -> FLHCConfig:
@@ -123,14 +162,41 @@ class FLHCClusteringExtras(FLHCExtras):
     linkage: list[list[float]] | None = None  # scipy linkage (None above HISTORY_MAX_CLIENTS)
 
 
+@dataclass(kw_only=True)
+class FLHCSampledClusteringExtras(FLHCClusteringExtras):
+    """The clustering round when it clusters a sample (`cluster_clients` not "all")."""
+
+    asked: int = 0  # clients asked for an update in the clustering round
+    unplaced: int = 0  # clients without a cluster after it (not asked, or no update)
+
+
+@dataclass(kw_only=True)
+class FLHCPlacedExtras(FLHCExtras):
+    """A round after a clustering of a sample: who was placed in it, who is still waiting."""
+
+    placed: int = 0  # sampled clients placed into a cluster at the start of this round
+    unplaced: int = 0  # clients without a cluster after the round
+
+
+@dataclass
+class FLHCRound:
+    """A round after a clustering of a sample, between its two messages: the round's sample
+    and how many of it were just placed (never in a checkpoint: a round ends without it)."""
+
+    sample: np.ndarray
+    placed: int = 0
+
+
 @dataclass
 class FLHCState:
     """What the FL+HC server keeps between rounds.
 
     `models`: `[1, d]` (the global model) during the warm-up, one row per cluster after.
-    `labels`: every client's cluster (-1 before the clustering). `rounds_done`: rounds run.
-    `anchor`: θ^n, the model of the clustering round; `centroids`: each cluster's mean
-    clustering-round update (both for placing newcomers; empty before the clustering).
+    `labels`: every client's cluster (-1 before the clustering, and after a clustering of a
+    sample for a client not placed yet). `rounds_done`: rounds run. `anchor`: θ^n, the model
+    of the clustering round; `centroids`: each cluster's mean clustering-round update (both
+    for placing newcomers and not yet clustered clients; empty before the clustering).
+    `round`: the work of a round in progress (None between rounds).
     """
 
     models: torch.Tensor
@@ -139,10 +205,35 @@ class FLHCState:
     clustered: bool = False
     anchor: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
     centroids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
+    round: FLHCRound | None = None
 
 
 #: the phase of the clustering round (n + 1)
 CLUSTERING = "clustering"
+#: after a clustering of a sample: not yet clustered sampled clients are placed first
+PLACE = "place"
+#: ... then the round's placed clients train their clusters' models
+TRAIN = "train"
+
+
+def clustering_round_bytes(n_clients: int, d: int, auto_cut: str, cut_by_default: bool) -> int:
+    """A lower bound on the memory of a clustering round of all `n_clients`: their float32
+    models (4·N·d B) and float64 updates (8·N·d), the linkage's condensed distances
+    (8·N(N−1)/2) and, for the silhouette cut, the `[N, N]` float64 distances, symmetrised
+    (3 · 8·N²: the matrix, its symmetric copy and the root's block)."""
+    n = int(n_clients)
+    total = 12 * n * int(d) + 4 * n * (n - 1)
+    if cut_by_default and auto_cut == "silhouette":
+        total += 24 * n * n
+    return total
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's physical memory (None where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
@@ -173,24 +264,66 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         check_k_fits(cfg.n_clusters or 1, n)
         self.state = FLHCState(models=ctx.factory.init(ctx.seed)[None].clone(),
                                labels=np.full(n, -1, dtype=np.int64))
+        if cfg.cluster_clients == "all":
+            self._check_fits(n, int(self.state.models.shape[1]))
 
-    def ask(self, state: FLHCState, t: int, phase: str, ctx: Context) -> Ask[TrainReply]:
+    def _check_fits(self, n: int, d: int) -> None:
+        """Refuse a clustering round of every client whose updates and distances alone
+        exceed the machine's physical memory (it would be killed, or swap for hours)."""
+        cfg, have = self.config, physical_memory_bytes()
+        need = clustering_round_bytes(n, d, cfg.auto_cut,
+                                      cfg.threshold is None and cfg.n_clusters is None)
+        if have is not None and need > have:
+            raise ConfigError("algorithm.cluster_clients", f"'all' clusters the updates of "
+                              f"all {n:,} clients at once, at least {need / 2**30:.1f} GiB, "
+                              f"more than this machine's {have / 2**30:.1f} GiB; allowed: "
+                              f"{CLUSTER_CLIENTS_ALLOWED} (e.g. the clients sampled a round)")
+
+    def _clustering_sample(self, ctx: Context) -> np.ndarray:
+        """The clients asked in the clustering round (`cluster_clients`, module docstring)."""
+        value, n = self.config.cluster_clients, ctx.n_clients
+        if value == "all":
+            return np.arange(n)
+        m = value if isinstance(value, int) else max(1, round(value * n))
+        if m >= n:
+            return np.arange(n)
+        return np.sort(ctx.rng.choice(n, size=m, replace=False))
+
+    def ask(self, state: FLHCState, t: int, phase: str,
+            ctx: Context) -> Ask[TrainReply] | Update[FLHCState]:
         """Warm-up and cluster rounds: the sampled clients train their (cluster's) model. The
-        clustering round: every client trains from θ^n."""
+        clustering round: every client (or `cluster_clients` of them) trains from θ^n. After
+        a clustering of a sample, a round whose sample holds clients not placed yet asks them
+        first (PLACE: they train from θ^n), then its placed clients train (TRAIN)."""
+        if phase == PLACE:
+            assert state.round is not None
+            waiting = state.round.sample[state.labels[state.round.sample] < 0]
+            return Ask(TrainRequest(waiting, state.anchor, np.zeros(len(waiting), np.int64),
+                                    ctx.training, ctx.next_seed()), PLACE)
+        if phase == TRAIN:
+            assert state.round is not None
+            clients = state.round.sample[state.labels[state.round.sample] >= 0]
+            return Ask(TrainRequest(clients, state.models, state.labels[clients],
+                                    ctx.training, ctx.next_seed()), TRAIN)
         if not state.clustered and state.rounds_done + 1 > self.config.warmup_rounds:
-            n = len(state.labels)
-            return Ask(TrainRequest(np.arange(n), state.models[:1].clone(),
-                                    np.zeros(n, np.int64), ctx.training, ctx.next_seed()),
-                       CLUSTERING)
+            clients = self._clustering_sample(ctx)
+            return Ask(TrainRequest(clients, state.models[:1].clone(),
+                                    np.zeros(len(clients), np.int64), ctx.training,
+                                    ctx.next_seed()), CLUSTERING)
         clients = ctx.sample_round(self.config)
+        if state.clustered and (state.labels[clients] < 0).any():  # only after a sample
+            return Update(replace(state, round=FLHCRound(clients)), then=PLACE)
         return Ask(TrainRequest(clients, state.models, np.maximum(state.labels[clients], 0),
                                 ctx.training, ctx.next_seed()))
 
     def update(self, state: FLHCState, t: int, ask: Ask[Any],
                reply: TrainReply) -> Update[FLHCState]:
-        state = replace(state, rounds_done=state.rounds_done + 1)
+        if ask.phase == PLACE:
+            return self._placed(state, reply)
+        work = state.round
+        state = replace(state, rounds_done=state.rounds_done + 1, round=None)
         if ask.phase == CLUSTERING:
-            return self._clustered(state, reply)
+            return self._clustered(state, ask, reply)
         loss = mean_finite(reply.loss)
         if not state.clustered:  # FedAvg warm-up
             if len(reply.clients):
@@ -199,18 +332,45 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         models = average_members(state.models, reply.params, state.labels[reply.clients],
                                  reply.n_samples)
         k = len(models)
-        return Update(replace(state, models=models), FLHCExtras(
-            train_loss=loss, n_clusters_found=k, cluster_sizes=cluster_sizes(state.labels, k)))
+        new = replace(state, models=models)
+        if self.config.cluster_clients == "all":
+            return Update(new, FLHCExtras(train_loss=loss, n_clusters_found=k,
+                                          cluster_sizes=cluster_sizes(state.labels, k)))
+        return Update(new, FLHCPlacedExtras(
+            train_loss=loss, n_clusters_found=k, cluster_sizes=cluster_sizes(state.labels, k),
+            placed=0 if work is None else work.placed,
+            unplaced=int(np.count_nonzero(state.labels < 0))))
 
-    def _clustered(self, state: FLHCState, reply: TrainReply) -> Update[FLHCState]:
+    def _placed(self, state: FLHCState, reply: TrainReply) -> Update[FLHCState]:
+        """PLACE: each answering client's update from θ^n joins the cluster of the nearest
+        centroid (`nearest_centroid`), as a newcomer's would (`placement`)."""
+        assert state.round is not None
+        labels = state.labels.copy()
+        if len(reply.clients):
+            updates = (reply.params - state.anchor).to(torch.float64).numpy()
+            labels[reply.clients] = nearest_centroid(updates, state.centroids.numpy(),
+                                                     self.config.metric)[0]
+        work = replace(state.round, placed=int(np.count_nonzero(labels[reply.clients] >= 0)))
+        return Update(replace(state, labels=labels, round=work), then=TRAIN)
+
+    def _clustered(self, state: FLHCState, ask: Ask[Any],
+                   reply: TrainReply) -> Update[FLHCState]:
         """The clustering round: the updates Δθ_k = θ_k − θ^n cut into clusters
-        (`flhc_clusters`), each cluster's model the mean of its members' θ_k."""
-        n = len(state.labels)
+        (`flhc_clusters`), each cluster's model the mean of its members' θ_k. Of all clients,
+        an absent one is its own cluster; of a sample, only the answering ones get a cluster
+        (the others: -1, placed later)."""
+        n, every = len(state.labels), self.config.cluster_clients == "all"
         anchor = state.models[:1].clone()
         good = np.asarray(reply.clients, dtype=np.int64)
         updates = (reply.params - anchor).to(torch.float64)
-        cut, z = flhc_clusters(updates.numpy(), n, good, self.config)
-        labels = cut.labels
+        m = n if every else len(good)
+        cut, z = flhc_clusters(updates.numpy(), m, good if every else np.arange(m),
+                               self.config)
+        if every:
+            labels = cut.labels
+        else:
+            labels = np.full(n, -1, dtype=np.int64)
+            labels[good] = cut.labels
         k = max(int(labels.max(initial=-1)) + 1, 1)
         models = average_members(anchor.repeat(k, 1), reply.params, labels[good],
                                  reply.n_samples)
@@ -219,11 +379,16 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
             centroids[int(c)] = updates[torch.from_numpy(labels[good] == c)].mean(0)
         new = replace(state, models=models, labels=labels, clustered=True, anchor=anchor,
                       centroids=centroids)
-        return Update(new, FLHCClusteringExtras(
+        asked = len(ask.request.clients)
+        common: dict[str, Any] = dict(
             train_loss=mean_finite(reply.loss), n_clusters_found=k,
-            cluster_sizes=cluster_sizes(labels, k), missing_updates=n - len(good),
+            cluster_sizes=cluster_sizes(labels, k), missing_updates=asked - len(good),
             silhouette=None if cut.silhouette is None else round(cut.silhouette, 6),
-            linkage=np.round(z, 6).tolist() if n <= HISTORY_MAX_CLIENTS else None))
+            linkage=np.round(z, 6).tolist() if m <= HISTORY_MAX_CLIENTS else None)
+        if every:
+            return Update(new, FLHCClusteringExtras(**common))
+        return Update(new, FLHCSampledClusteringExtras(
+            **common, asked=asked, unplaced=int(np.count_nonzero(labels < 0))))
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:
@@ -231,7 +396,14 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         return st.labels.copy() if st.clustered else np.zeros(len(st.labels), np.int64)
 
     def predictor(self) -> Predictor:
-        return Predictor.single(self.state.models, np.maximum(self.assignment(), 0))
+        """Each client on its cluster's model; after a clustering of a sample, a client not
+        placed yet on θ^n (an extra last row of the models)."""
+        st = self.state
+        if st.clustered and (st.labels < 0).any():
+            k = len(st.models)
+            return Predictor.single(torch.cat([st.models, st.anchor.to(st.models.dtype)]),
+                                    np.where(st.labels < 0, k, st.labels))
+        return Predictor.single(st.models, np.maximum(self.assignment(), 0))
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
         """Newcomers train from θ^n; each joins the cluster whose mean clustering-round
@@ -244,18 +416,16 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         reply = ctx.send(TrainRequest(clients, st.anchor, np.zeros(len(clients), np.int64),
                                       ctx.training, ctx.next_seed()))
         updates = (reply.params - st.anchor).to(torch.float64).numpy()
-        have = np.flatnonzero(~torch.isnan(st.centroids).any(1).numpy())
-        dist = pairwise_distances(updates, st.centroids[torch.from_numpy(have)].numpy(),
-                                  cfg.metric)
+        nearest, dist = nearest_centroid(updates, st.centroids.numpy(), cfg.metric)
         out = np.full(len(clients), -1, dtype=np.int64)
         details: list[dict[str, Any]] = [{"answered": False} for _ in clients]
         for row, c in enumerate(np.asarray(reply.clients).tolist()):
             i = int(np.flatnonzero(clients == c)[0])
-            j = int(np.argmin(dist[row]))
-            out[i] = int(have[j])
-            details[i] = {"answered": True, "distance": round(float(dist[row, j]), 6)}
+            out[i] = int(nearest[row])
+            details[i] = {"answered": True, "distance": round(float(dist[row]), 6)}
         return Placement.by_cluster(clients, out, st.models, details)
 
 
-__all__ = ["FLHC", "FLHCClusteringExtras", "FLHCConfig", "FLHCExtras", "FLHCState",
+__all__ = ["FLHC", "FLHCClusteringExtras", "FLHCConfig", "FLHCExtras", "FLHCPlacedExtras",
+           "FLHCRound", "FLHCSampledClusteringExtras", "FLHCState", "clustering_round_bytes",
            "flhc_clusters"]

@@ -32,6 +32,8 @@ fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' u
   largest-gap C (`auto_n_clusters`); numbered by first appearance in client order.
 - `linkage_to_clusters`: the linkage distance of new points to each flat cluster from their
   distances to its members ("average"/"weighted": mean, "complete": max, "single": min).
+- `nearest_centroid`: the cluster of new points by the nearest cluster mean under a metric
+  (FL+HC places the clients that were not clustered so).
 """
 
 from __future__ import annotations
@@ -274,6 +276,20 @@ def pairwise_distances(a: np.ndarray, b: np.ndarray, metric: Metric = "euclidean
                             _SCIPY_METRIC[metric]))
 
 
+def nearest_centroid(points: np.ndarray, centroids: np.ndarray,
+                     metric: Metric = "euclidean") -> tuple[np.ndarray, np.ndarray]:
+    """For each row of `points`, the nearest row of `centroids` (`[K, d]`) under `metric`
+    and its distance; a centroid row holding NaN (a cluster without a mean) is never chosen.
+    Ties go to the lower row. No centroid at all: row -1, distance NaN."""
+    c = np.asarray(centroids, dtype=np.float64)
+    have = np.flatnonzero(~np.isnan(c).any(axis=1)) if c.ndim == 2 else np.zeros(0, np.int64)
+    if not len(have):
+        return np.full(len(points), -1, np.int64), np.full(len(points), np.nan)
+    dist = pairwise_distances(points, c[have], metric)
+    best = np.argmin(dist, axis=1)
+    return have[best].astype(np.int64), dist[np.arange(len(dist)), best]
+
+
 def _first_appearance(raw: np.ndarray) -> np.ndarray:
     _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))
@@ -347,4 +363,5 @@ def connected_groups(related: np.ndarray) -> np.ndarray:
 __all__ = ["LINKAGES", "MIN_SILHOUETTE", "Linkage", "Metric", "SilhouetteCut",
            "auto_n_clusters", "connected_groups", "cut_tree",
            "distance_linkage", "feature_linkage", "flat_clusters", "linkage_to_clusters",
-           "pairwise_distances", "silhouette_cut", "ward_linkage", "ward_nearest"]
+           "nearest_centroid", "pairwise_distances", "silhouette_cut", "ward_linkage",
+           "ward_nearest"]
