@@ -14,7 +14,9 @@ from clusterfl.algorithms.base import FIRST, Context
 from clusterfl.algorithms.cfl_gp import CFLGP, CFLGPAsk, CFLGPConfig, CFLGPState
 from clusterfl.algorithms.cfl_gp_profile import (
     Probe,
+    Rows,
     count_asks,
+    feature_columns,
     profiled_clients,
     update_profile,
 )
@@ -53,6 +55,34 @@ def test_profile_update_with_a_beta_per_client():
     expected = _profile()
     expected[0, 1] = torch.tensor([0 * 3 + 1 * 8.0, 0 * 6 + 1 * 2.0])
     expected[2, 1] = torch.tensor([1 / 2 * 1 + 1 / 2 * 5, 1 / 2 * 1 + 1 / 2 * 9])  # [3, 5]
+    torch.testing.assert_close(out, expected)
+
+
+def test_feature_columns_of_whole_and_narrowed_vectors():
+    every, some = torch.arange(5), torch.tensor([1, 4])
+    assert feature_columns(5, 5, every) is None  # whole vectors, every coordinate kept
+    assert torch.equal(feature_columns(5, 5, some), some)  # whole vectors: subsampled
+    assert feature_columns(2, 5, some) is None  # narrowed on the wire: taken as they are
+    with pytest.raises(ValueError, match="width 3: expected 5 or 2"):
+        feature_columns(3, 5, some)
+
+
+def test_rows_read_some_clients_features_a_slice_at_a_time():
+    table = torch.arange(20.0).reshape(5, 4)  # client c's vector: 4c .. 4c + 3
+    rows = Rows(table, np.array([3, 0, 4]), torch.tensor([1, 3]))
+    assert len(rows) == 3
+    assert torch.equal(rows[0:2], torch.tensor([[13.0, 15.0], [1.0, 3.0]]))
+    assert torch.equal(rows[2:3], torch.tensor([[17.0, 19.0]]))
+    assert torch.equal(Rows(table, np.array([1]))[0:1], table[1:2])  # every column
+    # as a probe's piece: the profile gets the same values as from the copied rows
+    features = _profile()
+    piece = Rows(torch.tensor([[9.0, 4.0, 7.0], [0.0, 2.0, 5.0]]), np.array([1, 0]),
+                 torch.tensor([0, 2]))
+    out = update_profile(features, [Probe(1, np.array([0, 2]), np.array([2, 0]), piece)],
+                         [np.full(2, 0.5)])
+    expected = _profile()
+    expected[2, 1] = torch.tensor([0.5 * 1 + 0.5 * 0.0, 0.5 * 1 + 0.5 * 5.0])
+    expected[0, 1] = torch.tensor([0.5 * 3 + 0.5 * 9.0, 0.5 * 6 + 0.5 * 7.0])
     torch.testing.assert_close(out, expected)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from clusterfl.algorithms.cfl_gp_profile import Probe, update_profile
+from clusterfl.algorithms import cfl_gp_profile
+from clusterfl.algorithms.cfl_gp_profile import Probe, Rows, update_profile
 from clusterfl.config import load_config
 from clusterfl.data.federation import Federation
 from clusterfl.engine.allocator import lazy_zeros
@@ -124,6 +125,17 @@ def test_profile_update_copying_only_the_asked_cells_equals_a_full_copy():
     plain = update_profile(old, [Probe(0, asked, who, rows)], [beta])
     lean = update_profile(old, probes, [beta], filled=filled)
     assert torch.equal(lean, plain)  # the same values, bit for bit
+    # the second piece read from a wider table (every other column, rows in another order)
+    # a few rows at a time, not copied first
+    wide = torch.randn(30, 2 * d)
+    order = rng.permutation(30)[:17]
+    wide[torch.from_numpy(order), ::2] = rows[9:]
+    piece = Rows(wide, order, torch.arange(0, 2 * d, 2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cfl_gp_profile, "ROW_CHUNK", 4)
+        read = update_profile(old, [Probe(0, asked, who, (rows[:9], piece))], [beta],
+                              filled=filled)
+    assert torch.equal(read, plain)
     assert torch.equal(old, kept)  # a new profile: the given one is not modified
     assert not torch.equal(lean[:, 0], old[:, 0])  # block 0 was updated
     assert torch.equal(lean[:, 2], old[:, 2])  # block 2, asked before, copied as it was

@@ -138,12 +138,15 @@ from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.cfl_gp_profile import (
     Probe,
     ProbeAsk,
+    Rows,
     count_asks,
+    feature_columns,
     model_gaps,
     profiled_clients,
     update_profile,
 )
 from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
+from clusterfl.clustering.aggregate import step_clusters
 from clusterfl.clustering.hierarchical import MIN_SILHOUETTE
 from clusterfl.clustering.spectral import (
     GRAM_MAX_CLIENTS,
@@ -411,16 +414,10 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
 
     @staticmethod
     def _to_features(state: CFLGPState, rows: torch.Tensor) -> torch.Tensor:
-        """Client vectors in feature space: whole vectors (d wide) are subsampled at the
-        feature index; replies already narrowed on the wire (d̂ wide) are taken as they are."""
-        d, idx = state.models.shape[1], state.feature_index
-        if rows.shape[1] == d:  # every coordinate: the rows themselves (no copy)
-            every = len(idx) == d and torch.equal(idx, torch.arange(d))
-            return rows if every else rows[:, idx]
-        if rows.shape[1] != len(idx):
-            raise ValueError(f"client vectors of width {rows.shape[1]}: expected "
-                             f"{d} or {len(idx)}")
-        return rows
+        """Client vectors in feature space (`feature_columns`; the rows themselves, no copy,
+        when the features are every coordinate)."""
+        cols = feature_columns(rows.shape[1], state.models.shape[1], state.feature_index)
+        return rows if cols is None else rows[:, cols]
 
     def _initial_models(self, ctx: Context) -> torch.Tensor:
         k, seed = self.config.n_clusters, ctx.next_seed()
@@ -507,13 +504,18 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         down[ask.sampled] = 1.0
         new = replace(state, kbar=ask.kbar, asked=self._asked(state))
         new_assign, beta, spectrum = state.assign, 0.0, None
+        # the paper's step uses the clusters S^(t) the round started with: taken first, its
+        # copies are not held beside the new profile ("repo": the round's new ones, below)
+        models = (None if cfg.mode == "repo"
+                  else self._update_models(state.models, own, state.assign, present))
         if ask.clustering:
             probes, probed, uplink = self._probe(state, own, present, ask, replies[1:], uplink)
             down += probed
             new, beta = self._profile_step(new, t, probes)
             new_assign, spectrum, estimate = self._cluster(new, ask)
             new = replace(new, estimate=estimate)
-        update_with = new_assign if cfg.mode == "repo" else state.assign
+        if models is None:
+            models = self._update_models(state.models, own, new_assign, present)
         changed = int((new_assign != state.assign).sum())
         last_change = t if ask.clustering and changed else state.last_change
         stopped = state.stopped_at
@@ -523,9 +525,8 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         n, was = float(down.sum()), state.counts  # a model down, a vector up, a gradient each
         counts = CFLGPCounts(was.models_down + n, was.vectors_up + n, was.gradients + n, uplink,
                              was.rounds + 1.0)
-        new = replace(new, models=self._update_models(state.models, own, update_with, present),
-                      assign=np.asarray(new_assign, dtype=np.int64), last_change=last_change,
-                      stopped_at=stopped, counts=counts)
+        new = replace(new, models=models, assign=np.asarray(new_assign, dtype=np.int64),
+                      last_change=last_change, stopped_at=stopped, counts=counts)
         extras = self._extras(new, mean_finite(loss), ask.clustering, changed)
         if spectrum is None:
             return Update(new, extras)
@@ -596,8 +597,9 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         how many extra models each client received, and the uplink count with the replies'
         floats added."""
         extra = np.zeros(len(own))
-        def feats(ids: np.ndarray) -> torch.Tensor:  # features of some clients' own vectors
-            return self._to_features(state, own.index_select(0, torch.from_numpy(ids)))
+        cols = feature_columns(own.shape[1], state.models.shape[1], state.feature_index)
+        def feats(ids: np.ndarray) -> Rows:  # features of some clients' own vectors, not copied
+            return Rows(own, ids, cols)
 
         if self.config.mode == "repo":
             got = np.flatnonzero(present)
@@ -607,7 +609,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         for p in ask.plan:
             mine = p.asked[(state.assign[p.asked] == p.block) & present[p.asked]]
             who: list[np.ndarray] = [mine]
-            rows: list[torch.Tensor] = [feats(mine)]
+            rows: list[torch.Tensor | Rows] = [feats(mine)]
             if p.request is not None:
                 vectors, _, replied = self._vectors(p.request, next(rest))
                 uplink += p.request.unit_cost()[1] * len(replied)
@@ -714,24 +716,12 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     def _update_models(self, models: torch.Tensor, own: torch.Tensor, groups: np.ndarray,
                        present: np.ndarray) -> torch.Tensor:
         """Alg. 1 line 4 (θ_k −= γ agg ∇) or Alg. 4 line 5 (θ_k += mean Δθ), then the shared
-        coordinates from all clients (those that answered). Returns new models."""
+        coordinates from all clients (those that answered): `step_clusters`, whose copies
+        of the clusters' rows sit in their own map (`lazy_zeros`), given back when done."""
         cfg = self.config
-        sign, scale = (-1.0, self.server_lr) if cfg.protocol == "gradient" else (1.0, 1.0)
-        out = models.clone()
-        shared_base = None if self.shared is None else out[0, self.shared].clone()
-        for k in range(cfg.n_clusters):
-            members = np.flatnonzero((groups == k) & present)
-            if len(members):
-                out[k] += sign * scale * self._aggregate(own[torch.from_numpy(members)])
-        if self.shared is not None and shared_base is not None and present.any():
-            rows = own[torch.from_numpy(np.flatnonzero(present))][:, self.shared]
-            out[:, self.shared] = shared_base + sign * scale * self._aggregate(rows)
-        return out
-
-    def _aggregate(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.config.gradient_aggregation == "sum":
-            return rows.sum(0)
-        return rows.mean(0)
+        step = -self.server_lr if cfg.protocol == "gradient" else 1.0
+        return step_clusters(models, own, groups, present, step, cfg.gradient_aggregation,
+                             self.shared, table=lazy_zeros)
 
     # ------------------------------------------------------------------ costs (Tables 5–6)
     def _extras(self, st: CFLGPState, loss: float | None, clustering: bool,

@@ -21,22 +21,54 @@ from clusterfl.protocol import GradientRequest, TrainReply, TrainRequest, narrow
 ROW_CHUNK = 128
 
 
+def feature_columns(width: int, d: int, feature_index: torch.Tensor) -> torch.Tensor | None:
+    """The columns of `width`-wide client vectors that are the features: whole vectors
+    (`width` = d) are subsampled at the feature index (None when it is every coordinate);
+    replies already narrowed on the wire (d̂ wide) are the features as they are (None)."""
+    if width == d:
+        every = len(feature_index) == d and torch.equal(feature_index, torch.arange(d))
+        return None if every else feature_index
+    if width != len(feature_index):
+        raise ValueError(f"client vectors of width {width}: expected {d} or "
+                         f"{len(feature_index)}")
+    return None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows `index` of `table` at `columns` (None: every column), read a slice at a time: the
+    features of some clients' vectors without a copy of all of them (`rows[a:b]` copies those
+    rows only; the values are those of `table[index][:, columns]`)."""
+
+    table: torch.Tensor
+    index: np.ndarray
+    columns: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, part: slice) -> torch.Tensor:
+        rows = self.table.index_select(0, torch.from_numpy(self.index[part]))
+        return rows if self.columns is None else rows[:, self.columns]
+
+
 @dataclass
 class Probe:
     """One block's update in a clustering round (`CFLGP._probe`): the block, the clients
     asked for it (sorted), those that answered, and their features (one row each, in `who`
     order: one tensor, or consecutive pieces of it, so that they need not be copied into
-    one)."""
+    one; a piece may be `Rows` of a larger table, read `ROW_CHUNK` rows at a time)."""
 
     block: int
     asked: np.ndarray
     who: np.ndarray
-    rows: torch.Tensor | tuple[torch.Tensor, ...]
+    rows: torch.Tensor | Rows | tuple[torch.Tensor | Rows, ...]
 
-    def pieces(self) -> list[tuple[int, torch.Tensor]]:
+    def pieces(self) -> list[tuple[int, torch.Tensor | Rows]]:
         """`(start in who, rows)` of each piece of `rows`."""
-        parts = (self.rows,) if isinstance(self.rows, torch.Tensor) else self.rows
-        out, start = [], 0
+        parts = self.rows if isinstance(self.rows, tuple) else (self.rows,)
+        out: list[tuple[int, torch.Tensor | Rows]] = []
+        start = 0
         for part in parts:
             out.append((start, part))
             start += len(part)
@@ -123,5 +155,5 @@ def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.nd
     return out
 
 
-__all__ = ["Probe", "ProbeAsk", "count_asks", "model_gaps", "profiled_clients",
-           "update_profile"]
+__all__ = ["Probe", "ProbeAsk", "Rows", "count_asks", "feature_columns", "model_gaps",
+           "profiled_clients", "update_profile"]
