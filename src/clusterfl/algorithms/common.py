@@ -176,15 +176,15 @@ class ClientModels:
         """The table with the models of `clients` replaced by `params` (row j: client j's),
         each client that trained for the first time given a new row; written in place."""
         clients = np.asarray(clients, dtype=np.int64)
-        row_of = self.rows().copy()
-        first = row_of[clients] == 0 if self.row_of is not None else np.zeros(0, bool)
-        new = np.unique(clients[first]) if len(first) else np.zeros(0, np.int64)
-        used = len(self.models)
-        row_of[new] = used + np.arange(len(new))
+        used, row_of = len(self.models), self.rows().copy()
+        new = np.zeros(0, dtype=np.int64)
+        if self.row_of is not None:  # (a table of every client's has a row for each)
+            new = np.unique(clients[row_of[clients] == 0])  # trained for the first time
+            row_of[new] = used + np.arange(len(new))
         room = self._room(used + len(new), len(row_of) + 1)
         models = room[:used + len(new)]
         models[torch.from_numpy(row_of[clients])] = params.to(models.dtype)
-        out = ClientModels(models, row_of)
+        out = ClientModels(models, None if self.row_of is None else row_of)
         object.__setattr__(out, "_spare", room)
         return out
 

@@ -227,7 +227,7 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
         st = self.state
         if self.config.predict_with == "cluster":
             return Predictor.single(st.models, np.maximum(self.assignment(), 0))
-        return Predictor.single(*st.personal.members())
+        return Predictor.single(*st.personal.members(), own=True)
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
         """Each client estimates its importance weights over the frozen cluster models (one
