@@ -13,8 +13,10 @@ The points (`--points`):
 - `must`: FedAvg and IFCA (K = 4) at 10,000 and 100,000 clients with 1,000 sampled a round
   (the time per round should not grow with the clients that are not sampled), and CFL-GP
   (K = 4, model averaging) at 10,000 clients, all participating.
-- `more`: FeSEM, CFL, CFL-GP and FL+HC with 1,000 sampled a round, at 10,000 and 100,000
-  clients; a point that fails (memory, a method's limit) is reported with the reason.
+- `more`: FeSEM, CFL, CFL-GP, FL+HC and FedSoft (K = 4; its importance estimation asking
+  every client, the default, and only the round's sample, `estimate_among = "sampled"`)
+  with 1,000 sampled a round, at 10,000 and 100,000 clients; a point that fails (memory, a
+  method's limit) is reported with the reason.
 - `all`: both.
 
 Usage: python benchmarks/scaling.py [--points must|more|all] [--only LABEL] [--timeout S]
@@ -51,6 +53,9 @@ MORE = [
         ("CFL", {"name": "cfl"}),
         ("CFL-GP (K=4)", {"name": "cfl_gp", "n_clusters": 4, "protocol": "model"}),
         ("FL+HC (warm-up 3)", {"name": "flhc", "warmup_rounds": 3}),  # clusters in round 4
+        ("FedSoft (K=4)", {"name": "fedsoft", "n_clusters": 4}),
+        ("FedSoft (K=4, estimates sampled)", {"name": "fedsoft", "n_clusters": 4,
+                                              "estimate_among": "sampled"}),
     )
     for n in (10_000, 100_000)
 ]

@@ -16,7 +16,7 @@ import torch
 
 from clusterfl.algorithms.base import Ask
 from clusterfl.algorithms.common import ClientModels
-from clusterfl.algorithms.fedsoft import ESTIMATE, FedSoft
+from clusterfl.algorithms.fedsoft import ESTIMATE, FedSoft, FedSoftConfig
 from clusterfl.algorithms.fesem import KMEANS, WARMUP, FeSEM, FeSEMConfig, FeSEMState
 from clusterfl.data.federation import Federation
 from clusterfl.engine import allocator
@@ -189,6 +189,20 @@ def test_fedsoft_estimation_among_the_sample_trains_the_same(tmp_path):
     assert sb.pool is None  # nothing of the round kept between rounds
     down = [exp.history.records[-1].floats_down for exp in (a, b)]  # type: ignore[attr-defined]
     assert down[1] < down[0]  # 4 clients a round receive the cluster models, not 20
+
+
+def test_fedsoft_reads_a_checkpoint_of_before_with_every_clients_model():
+    """A checkpoint of before holds a [n_clients, d] tensor of personal models: read as a
+    table of every client's (row i client i's), predicted client by client (`own`)."""
+    dense = torch.arange(15, dtype=torch.float32).reshape(5, 3)
+    alg = FedSoft(FedSoftConfig(name="fedsoft", n_clusters=2))
+    alg.load_state_dict({"models": torch.zeros(2, 3), "personal": dense.clone(),
+                         "importance": np.full((5, 2), 0.5), "estimated": np.zeros(5, bool)})
+    assert alg.state.personal.row_of is None and alg.state.pool is None
+    torch.testing.assert_close(alg.state.personal.of(np.arange(5)), dense, rtol=0, atol=0)
+    pred = alg.predictor()
+    assert pred.own and pred.members[:, 0].tolist() == [0, 1, 2, 3, 4]
+    torch.testing.assert_close(pred.models, dense, rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- FeSEM
