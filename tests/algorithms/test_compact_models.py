@@ -20,7 +20,7 @@ from clusterfl.algorithms.fedsoft import ESTIMATE, FedSoft, FedSoftConfig
 from clusterfl.algorithms.fesem import KMEANS, WARMUP, FeSEM, FeSEMConfig, FeSEMState
 from clusterfl.data.federation import Federation
 from clusterfl.engine import allocator
-from clusterfl.engine.allocator import disk_room, disk_rows, drop_resident
+from clusterfl.engine.allocator import disk_room, disk_rows, disk_write, drop_resident
 from clusterfl.experiment import Experiment
 from clusterfl.protocol import LocalTraining, TrainReply, TrainRequest
 from clusterfl.state import restore, snapshot
@@ -269,6 +269,26 @@ def test_disk_rows_keep_exact_values_out_of_memory_and_go_with_the_table():
     del table, room
     gc.collect()
     assert start not in allocator._DISK_MAPS
+
+
+def test_disk_write_puts_the_same_bytes_as_an_indexed_write():
+    """Rows written through the file (scattered, repeated over rounds, half precision too)
+    read back as `table[rows] = values` would have put them; on any other tensor it is
+    that indexed write."""
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        table, dense = disk_rows(50, 33, dtype), torch.zeros(50, 33, dtype=dtype)
+        plain = torch.zeros(50, 33, dtype=dtype)
+        for rows in ([3, 40, 7], [40, 0], list(range(10, 30))):
+            values = torch.randn(len(rows), 33, generator=gen).to(dtype)
+            idx = np.array(rows)
+            disk_write(table, idx, values)
+            disk_write(plain, idx, values)
+            dense[torch.from_numpy(idx)] = values
+        drop_resident(table)
+        assert torch.equal(table, dense) and torch.equal(plain, dense)
+    with pytest.raises(IndexError):
+        disk_write(disk_rows(4, 2), np.array([4]), torch.ones(1, 2))
 
 
 def test_lazy_rows_take_no_memory_for_rows_not_written():

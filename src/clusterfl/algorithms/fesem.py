@@ -97,7 +97,7 @@ from clusterfl.algorithms.common import (
 )
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
-from clusterfl.engine.allocator import disk_room, disk_rows, drop_resident
+from clusterfl.engine.allocator import disk_room, disk_rows, disk_write, drop_resident
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
 from clusterfl.protocol import (
@@ -280,18 +280,18 @@ def _gather_first(first: torch.Tensor | None, row: np.ndarray | None, n: int,
     room = disk_room(first)
     if room is None or len(room) < used + len(new):
         room = disk_rows(n, params.shape[1], params.dtype)
-        for a in range(0, used, _CHUNK):  # a checkpoint's table (or a larger federation)
+        for a in range(0, used, _CHUNK):  # a checkpoint's table
             assert first is not None
-            room[a:min(used, a + _CHUNK)] = first[a:a + _CHUNK]
-            drop_resident(room)
+            b = min(used, a + _CHUNK)
+            disk_write(room, np.arange(a, b), first[a:b])
     table = room[:used + len(new)]
-    table[torch.from_numpy(row[clients])] = params
-    drop_resident(table)
+    disk_write(table, row[clients], params)
+    drop_resident(table)  # what the system mapped in, if anything
     return table, row
 
 
-#: rows copied into a `disk_rows` table at a time (then given back): 100 MB of MLP rows
-_CHUNK = 4096
+#: rows written into a `disk_rows` table at a time: 100 MB of MLP rows
+_CHUNK = 1024
 
 
 def is_sorted(clients: np.ndarray) -> bool:
@@ -402,10 +402,10 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
             local = disk_rows(n, state.start.shape[0], state.start.dtype)
             absent = np.setdiff1d(np.arange(n), reply.clients)
             for a in range(0, len(absent), _CHUNK):
-                local[torch.from_numpy(absent[a:a + _CHUNK])] = state.start
-                drop_resident(local)
-        local[torch.from_numpy(reply.clients)] = reply.params
-        drop_resident(local)
+                part = absent[a:a + _CHUNK]
+                disk_write(local, part, state.start[None].expand(len(part), -1))
+        disk_write(local, reply.clients, reply.params)
+        drop_resident(local)  # the pages the round's request read
         loss = mean_finite(reply.loss)
         if t < self.config.warmup_rounds:
             return Update(replace(state, local=local), self._extras(state, [loss], 1, None))
