@@ -13,10 +13,12 @@ The points (`--points`):
 - `must`: FedAvg and IFCA (K = 4) at 10,000 and 100,000 clients with 1,000 sampled a round
   (the time per round should not grow with the clients that are not sampled), and CFL-GP
   (K = 4, model averaging) at 10,000 clients, all participating.
-- `more`: FeSEM, CFL, CFL-GP and FL+HC with 1,000 sampled a round, at 10,000 and 100,000
-  clients; a point that fails (memory, a method's limit) is reported with the reason. FL+HC
-  clusters 1,000 clients too (`cluster_clients`; the others are placed when first sampled
-  after its clustering round, round 4), and its rows note the times of rounds 4 and 5.
+- `more`: FeSEM, CFL, CFL-GP, FL+HC and FedSoft (K = 4; its importance estimation asking
+  every client, the default, and only the round's sample, `estimate_among = "sampled"`)
+  with 1,000 sampled a round, at 10,000 and 100,000 clients; a point that fails (memory, a
+  method's limit) is reported with the reason. FL+HC clusters 1,000 clients too
+  (`cluster_clients`; the others are placed when first sampled after its clustering round,
+  round 4), and its rows note the times of rounds 4 and 5.
 - `all`: both.
 
 Usage: python benchmarks/scaling.py [--points must|more|all] [--only LABEL] [--timeout S]
@@ -55,6 +57,9 @@ MORE = [
         # clusters in round 4, a sample of 1,000 as in the other rounds
         ("FL+HC (warm-up 3, 1,000 clustered)",
          {"name": "flhc", "warmup_rounds": 3, "cluster_clients": SAMPLED}),
+        ("FedSoft (K=4)", {"name": "fedsoft", "n_clusters": 4}),
+        ("FedSoft (K=4, estimates sampled)", {"name": "fedsoft", "n_clusters": 4,
+                                              "estimate_among": "sampled"}),
     )
     for n in (10_000, 100_000)
 ]

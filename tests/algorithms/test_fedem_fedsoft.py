@@ -109,7 +109,7 @@ def test_fedsoft_one_round_by_hand(backend: str) -> None:
     ctx, fac, fed = toy(backend)
     alg = FedSoft(FedSoftConfig(name="fedsoft", n_clusters=2, mu=MU, sigma=1e-4))
     alg.setup(ctx)
-    centers, personal = alg.state.models.clone(), alg.state.personal.clone()
+    centers, personal = alg.state.models.clone(), alg.state.personal.of(np.arange(2))
     alg.run_round(ctx, 1)
 
     trained, u = [], []
@@ -128,7 +128,8 @@ def test_fedsoft_one_round_by_hand(backend: str) -> None:
         grad = torch.cat([gw.reshape(-1), gb]) + MU * prox
         trained.append(flat - LR * grad)
     np.testing.assert_allclose(alg.state.importance, torch.stack(u).numpy())
-    torch.testing.assert_close(alg.state.personal, torch.stack(trained), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(alg.state.personal.of(np.arange(2)), torch.stack(trained),
+                               rtol=1e-5, atol=1e-6)
     expect = torch.zeros_like(centers)
     for s in range(2):  # c_s = Σ_k v_sk w_k, v_sk ∝ u_ks n_k
         v = torch.tensor([float(u[c][s]) * SIZES[c] for c in range(2)])

@@ -17,8 +17,11 @@ from clusterfl.algorithms.fesem import (
     FeSEMConfig,
     FeSEMState,
     cluster_step,
+    first_models,
 )
+from clusterfl.engine.allocator import disk_room
 from clusterfl.protocol import LocalTraining, TrainReply, TrainRequest
+from clusterfl.state import snapshot
 
 #: four client models on a line, the second counting three samples
 PARAMS = torch.tensor([[0.0, 0.0], [2.0, 0.0], [10.0, 0.0], [14.0, 0.0]])
@@ -94,7 +97,7 @@ def test_first_kmeans_waits_for_half_the_clients():
 
     first = round_(state, 2, [3.0, 3.0])
     assert first.then is None and first.state.pending is None
-    assert first.state.first_seen.tolist() == [False, False, True, False]
+    assert first.state.first_row.tolist() == [-1, -1, 0, -1]  # its row, the first
     assert first.extras.train_loss == 0.5 and (first.state.assign == -1).all()
     second = round_(first.state, 0, [1.0, 1.0])
     assert second.then == KMEANS
@@ -107,15 +110,18 @@ def test_first_kmeans_waits_for_half_the_clients():
 
 def test_first_models_are_kept_for_the_clients_seen_only_and_match_a_full_table():
     """Sampled rounds with repeats (1,000 clients, 30 a round): the gathered table has one
-    row per client seen, in id order, equal to a [n_clients, d] table written round by round
-    (a client sampled again replaces its row), so memory grows with the clients sampled.
-    A full table (checkpoints of earlier versions) is read by the rows marked seen."""
+    row per client seen (in the order they first sent one), in a file-backed table written
+    in place, and holds exactly what a [n_clients, d] table written round by round holds (a
+    client sampled again replaces its row), so it grows with the clients sampled. The first
+    k-means reads them back in id order. A checkpoint of before (the rows in id order marked
+    by `first_seen`, or a table of every client's) gathers to the same models."""
     n, d = 1000, 3
     alg = FeSEM(FeSEMConfig(n_clusters=2, first_clustering=0.9))
     alg.train_sizes, alg.index = np.arange(1, n + 1), None
     state = FeSEMState(START, np.full(n, -1, np.int64), None, None)
     full, seen = torch.zeros(n, d), np.zeros(n, dtype=bool)
     rng = np.random.default_rng(0)
+    order: list[int] = []  # clients in the order they first sent a model
     for r in range(5):
         clients = np.sort(rng.choice(n, size=30, replace=False))
         if r:
@@ -123,25 +129,63 @@ def test_first_models_are_kept_for_the_clients_seen_only_and_match_a_full_table(
             clients = np.unique(clients)
         params = torch.from_numpy(rng.normal(size=(len(clients), d)).astype(np.float32))
         full[torch.from_numpy(clients)] = params
+        order += [int(c) for c in clients if not seen[c]]
         seen[clients] = True
         ask = FeSEMAsk(TrainRequest(clients, torch.zeros(1, d),
                                     np.zeros(len(clients), np.int64), LocalTraining(), 0),
                        FIRST, clients=clients, parts=1, newcomers=False)
+        before = state.first
         out = alg.update(state, r + 1, ask,
                          TrainReply(clients, params, np.full(len(clients), 7),
                                     np.full(len(clients), 0.5)))
         assert out.then is None
         state = out.state
         assert state.first.shape == (seen.sum(), d)  # the clients seen, not all clients
-        np.testing.assert_array_equal(state.first_seen, seen)
-        torch.testing.assert_close(state.first, full[torch.from_numpy(np.flatnonzero(seen))],
-                                   rtol=0, atol=0)
-    # an earlier checkpoint's [n_clients, d] table gathers to the same rows
-    old = replace(state, first=full.clone())
-    clients = np.array([3, 999])
-    params = torch.ones(2, d)
+        assert disk_room(state.first) is not None  # in the file-backed table
+        if before is not None:  # the same table, grown: written in place
+            assert state.first.data_ptr() == before.data_ptr()
+        np.testing.assert_array_equal(state.first_row >= 0, seen)
+        np.testing.assert_array_equal(state.first_row[order], np.arange(len(order)))
+        torch.testing.assert_close(state.first, full[torch.tensor(order)], rtol=0, atol=0)
+        ids, models = first_models(state.first, state.first_row)
+        np.testing.assert_array_equal(ids, np.flatnonzero(seen))
+        torch.testing.assert_close(models, full[torch.from_numpy(ids)], rtol=0, atol=0)
+    # checkpoints of before: the seen rows in id order, or a [n_clients, d] table
+    clients, params = np.array([3, 999]), torch.ones(2, d)
     ask = FeSEMAsk(TrainRequest(clients, full[:1], np.zeros(2, np.int64), LocalTraining(), 0),
                    FIRST, clients=clients, parts=1, newcomers=False)
-    a = alg.update(old, 6, ask, TrainReply(clients, params, np.full(2, 7), np.full(2, 0.5)))
-    b = alg.update(state, 6, ask, TrainReply(clients, params, np.full(2, 7), np.full(2, 0.5)))
-    torch.testing.assert_close(a.state.first, b.state.first, rtol=0, atol=0)
+    reply = TrainReply(clients, params, np.full(2, 7), np.full(2, 0.5))
+    expect = full.clone()
+    expect[torch.from_numpy(clients)] = params
+    seen[clients] = True
+    for table in (full[torch.from_numpy(np.flatnonzero(state.first_row >= 0))], full.clone()):
+        old = {**snapshot(replace(state, first=None, first_row=None)), "first": table,
+               "first_seen": state.first_row >= 0}
+        alg.load_state_dict(old)
+        got = alg.update(alg.state, 6, ask, reply).state
+        ids, models = first_models(got.first, got.first_row)
+        np.testing.assert_array_equal(ids, np.flatnonzero(seen))
+        torch.testing.assert_close(models, expect[torch.from_numpy(ids)], rtol=0, atol=0)
+
+
+def test_the_first_kmeans_gets_the_gathered_models_in_id_order():
+    """Two rounds of 2 of 4 clients (first_clustering 1.0): the k-means phase gets the four
+    models in id order (as the table of every client's would give them), the file-backed
+    table is dropped from the state."""
+    alg = FeSEM(FeSEMConfig(n_clusters=2, first_clustering=1.0))
+    alg.train_sizes, alg.index = np.array([10, 20, 30, 40]), None
+    state = FeSEMState(START, np.full(4, -1, np.int64), None, None)
+    models = {3: [3.0, 0.5], 1: [1.0, 0.5], 0: [0.0, 1.5], 2: [2.0, 2.5]}
+    for clients in ([1, 3], [0, 2]):
+        ids = np.array(clients)
+        ask = FeSEMAsk(TrainRequest(ids, START[None], np.zeros(2, np.int64), LocalTraining(),
+                                    0), FIRST, clients=ids, parts=1, newcomers=False)
+        out = alg.update(state, 1, ask, TrainReply(ids, torch.tensor([models[c] for c in
+                                                                      clients]),
+                                                   np.full(2, 7), np.full(2, 0.5)))
+        state = out.state
+    assert out.then == KMEANS and state.first is None and state.first_row is None
+    np.testing.assert_array_equal(state.pending.clients, [0, 1, 2, 3])
+    torch.testing.assert_close(state.pending.params,
+                               torch.tensor([models[c] for c in range(4)]), rtol=0, atol=0)
+    np.testing.assert_array_equal(state.pending.n_samples, [10, 20, 30, 40])

@@ -95,3 +95,29 @@ def test_sigkilled_cfl_run_with_dropouts_resumes_identically(tmp_path):
     assert [RoundRecord.from_json_dict(x).round for x in lines] == list(range(1, 17))
     want = json.loads(json.dumps([r.to_json_dict() for r in ref.records]))
     assert timing_free(lines) == timing_free(want)
+
+
+#: the per-client tables kept compactly (issue 41) across a checkpoint: FeSEM's models
+#: gathered for its first k-means (file-backed) and its warm-up's table, FedSoft's and
+#: Local's tables of the clients trained
+COMPACT = {
+    "fesem-gathering": ("fesem", {"n_clusters": 2, "per_round": 2, "first_clustering": 1.0}),
+    "fesem-warmup": ("fesem", {"n_clusters": 2, "warmup_rounds": 5, "fraction": 0.5}),
+    "fedsoft-sampled": ("fedsoft", {"n_clusters": 2, "per_round": 2}),
+    "fedsoft-estimates-sampled": ("fedsoft", {"n_clusters": 2, "per_round": 2,
+                                              "estimate_among": "sampled"}),
+    "local-sampled": ("local", {"per_round": 2}),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPACT))
+def test_compact_tables_resume_to_identical_results(case, tmp_path):
+    method, settings = COMPACT[case]
+    cfg = config(rounds=5, eval_every=2, checkpoint_every=2,
+                 algorithm={"name": method, **settings})
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref")
+    ref_h = ref.run(progress=False)
+    resumed, h = crash_then_resume(cfg, tmp_path / "cut", 4)
+    assert timing_free(h.summary) == timing_free(ref_h.summary)
+    assert timing_free(h.records) == timing_free(ref_h.records)
+    _same_models(resumed, ref)

@@ -211,7 +211,9 @@ class Algorithm(ABC, Generic[C, S]):
     def update(self, state: S, t: int, ask: Ask[Any], reply: Any) -> Update[S]:
         """The new state after `reply` (the typed reply of `ask.request`; only the clients
         that answered are in it), and the next phase or the round's extras. No I/O; the
-        given `state` is not modified (a new one is returned)."""
+        given `state` is not modified (a new one is returned), except a per-client table
+        written in place in the rows that change (`common.ClientModels`, FeSEM's file-backed
+        tables): the driver keeps only the returned state."""
 
     def run_round(self, ctx: Context, t: int) -> RoundExtras:
         """One communication round: ask, send, update, phase after phase (the same driver for

@@ -1,6 +1,7 @@
 """What the methods share besides the driver (`clusterfl.algorithms.base`): the config bases
 (`AlgorithmConfig`, `SampledConfig`), the `Placement` of clients that did not train, the
-common extras (`LossExtras`, `KClusterExtras`) and small helpers."""
+common extras (`LossExtras`, `KClusterExtras`), the compact table of per-client models
+(`ClientModels`) and small helpers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -17,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from clusterfl.engine.allocator import lazy_rows
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor
 from clusterfl.records import RoundExtras
@@ -132,3 +135,83 @@ def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") ->
     if k > n_clients:
         raise ConfigError(field, f"K = {k} cluster models need at least {k} clients, the "
                                  f"federation has {n_clients}; allowed: 1..{n_clients}")
+
+
+@dataclass
+class ClientModels:
+    """A model per client, kept so that memory grows with the clients that trained (Local's
+    and FedSoft's personal models): row 0 of `models` is the common start, the model of
+    every client that has not trained yet; each client that trained has a row of its own,
+    numbered in the order they first trained.
+
+    `put` writes the rows of the clients that trained **in place**: only the rows that
+    change are written, the table is not copied. The rows live in room for every client
+    made once (`engine.allocator.lazy_rows`: memory only for the rows written) and `models`
+    is the view of the rows in use, so a checkpoint (`state.snapshot`) copies those only.
+    Because of the writes in place, a state holding a `ClientModels` is not kept by its
+    method once `put` made the next one (`Algorithm.update`). A table read from a
+    checkpoint is copied into new room at its first `put`.
+    """
+
+    #: row 0 the common start, then one row per client trained (`[1 + trained, d]`)
+    models: torch.Tensor
+    #: `[n_clients]`, client i's row of `models` (None: row i, a table of every client's,
+    #: as Local's checkpoints of before)
+    row_of: np.ndarray | None = None
+
+    @classmethod
+    def start(cls, model: torch.Tensor, n_clients: int) -> ClientModels:
+        """Every client at the one start `model` (`[d]`)."""
+        return cls(model[None].clone(), np.zeros(n_clients, dtype=np.int64))
+
+    def rows(self) -> np.ndarray:
+        """Client i's row of `models`, for every client."""
+        return np.arange(len(self.models)) if self.row_of is None else self.row_of
+
+    def of(self, clients: np.ndarray) -> torch.Tensor:
+        """The models of `clients` (`[len(clients), d]`, a copy)."""
+        return self.models[torch.from_numpy(self.rows()[np.asarray(clients, np.int64)])]
+
+    def put(self, clients: np.ndarray, params: torch.Tensor) -> ClientModels:
+        """The table with the models of `clients` replaced by `params` (row j: client j's),
+        each client that trained for the first time given a new row; written in place."""
+        clients = np.asarray(clients, dtype=np.int64)
+        used, row_of = len(self.models), self.rows().copy()
+        new = np.zeros(0, dtype=np.int64)
+        if self.row_of is not None:  # (a table of every client's has a row for each)
+            new = np.unique(clients[row_of[clients] == 0])  # trained for the first time
+            row_of[new] = used + np.arange(len(new))
+        room = self._room(used + len(new), len(row_of) + 1)
+        models = room[:used + len(new)]
+        models[torch.from_numpy(row_of[clients])] = params.to(models.dtype)
+        out = ClientModels(models, None if self.row_of is None else row_of)
+        object.__setattr__(out, "_spare", room)
+        return out
+
+    def _room(self, rows: int, most: int) -> torch.Tensor:
+        """A `[≥ rows, d]` buffer whose first rows are `models`: this table's own when it
+        has the room, else new room (for `most` rows: every client and the start, taken
+        from the system only where written; where none can be had, twice the rows needed)
+        with `models` copied in. A table of every client's (`row_of` None) is copied."""
+        spare: torch.Tensor | None = getattr(self, "_spare", None)
+        if (spare is not None and len(spare) >= rows
+                and spare.data_ptr() == self.models.data_ptr()):
+            return spare
+        if self.row_of is None:  # a table of every client's: no row is added
+            return self.models.clone()
+        room = lazy_rows(max(most, rows), self.models.shape[1], self.models.dtype)
+        if room is None:
+            room = self.models.new_empty(max(rows, 2 * len(self.models)),
+                                         self.models.shape[1])
+        room[:len(self.models)] = self.models
+        return room
+
+    def members(self) -> tuple[torch.Tensor, np.ndarray]:
+        """The rows in use (the start only while a client has not trained), numbered in row
+        order, and each client's number: what a predictor of every client's own model needs
+        (no copy when every row is in use)."""
+        used, model_of = np.unique(self.rows(), return_inverse=True)
+        models = self.models
+        if len(used) < len(models):
+            models = models[torch.from_numpy(used)]
+        return models, model_of.astype(np.int64)

@@ -32,8 +32,16 @@ Our choices and the authors' code's departures:
   personalised models start from one shared model of its own (seed+S), as the code's
   `client_init_model`. u starts uniform (1/S) until a client's first estimate.
 - Importance estimation asks all clients (the code), whatever the round's sample; clients
-  that did not answer keep their last u. Losses are those of the models in evaluation mode on
-  the client's training data; ties go to the lower cluster index.
+  that did not answer keep their last u. `estimate_among = "sampled"` (ours, for a
+  federation too large to ask everyone each estimation round) asks only the round's sample:
+  the others keep their last u (uniform 1/S before their first estimate). With τ = 1 (the
+  default) every client that trains has just been estimated either way and the rule draws
+  the same sample, so the training, the cluster models and the personal models are the
+  same; what changes is the u of the clients not sampled, hence `assignment()` (its ARI and
+  `cluster_sizes`), `predict_with = "cluster"` and the booked communication. With τ > 1 a
+  client first sampled in a round without estimation trains with uniform u. Losses are
+  those of the models in evaluation mode on the client's training data; ties go to the
+  lower cluster index.
 - The local optimiser is the run's [train] setting (the code uses Adam with a constant
   learning rate, and keeps each client's Adam state across rounds: here the optimiser state
   starts afresh at each participation, as for every method), λ = `mu` (the code: 0.1 for
@@ -48,7 +56,9 @@ Our choices and the authors' code's departures:
   S counts; a selected client then trains against the models it already holds (no second
   download: `prox_held`, as IFCA's training after its loss request), in other rounds it
   receives them (S·d); it sends its w_k (d). The personalised model stays on the device
-  between rounds (not booked, like Local; the simulated server keeps it for the device).
+  between rounds (not booked, like Local; the simulated server keeps it for the device,
+  as Local's models: `ClientModels`, the shared start and a row per client that trained,
+  written in place, so that memory grows with the clients trained).
 - Clients absent from a reply (dropped, rejected by the guard) keep their w_k and u and are
   left out of that round's averages; a cluster nobody trained for keeps its model.
 """
@@ -63,7 +73,7 @@ import torch
 from pydantic import Field
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
-from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
+from clusterfl.algorithms.common import ClientModels, Placement, SampledConfig, check_k_fits
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.protocol import (
     BestCountReply,
@@ -95,6 +105,9 @@ class FedSoftConfig(SampledConfig):
     predict_with: Literal["personal", "cluster"] = Field(
         "personal", description="each client predicts with its personalised model (paper) "
         "or with the cluster model of its largest importance weight")
+    estimate_among: Literal["all", "sampled"] = Field(
+        "all", description="the clients an estimation round asks for their least-loss "
+        "counts: all of them (the authors' code) or only the round's sample")
 
 
 @dataclass(kw_only=True)
@@ -111,9 +124,14 @@ class FedSoftExtras(RoundExtras):
 @dataclass
 class FedSoftState:
     models: torch.Tensor  # [S, d], the cluster models c_1..c_S
-    personal: torch.Tensor  # [n_clients, d], the personalised models w_k (on the devices)
+    #: the personalised models w_k (on the devices): the shared start and a row per client
+    #: that trained (`ClientModels`)
+    personal: ClientModels
     importance: np.ndarray  # [n_clients, S], u_ks
     estimated: np.ndarray  # [n_clients] bool, the client reported an estimate
+    #: `estimate_among = "sampled"`: the round's sample, drawn for its estimation and
+    #: trained after it (None between rounds, so in checkpoints)
+    pool: np.ndarray | None = field(default=None, kw_only=True)
 
 
 #: the phases of a round: the importance estimation (every τ rounds), the training
@@ -140,26 +158,35 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
         check_k_fits(s, ctx.n_clients)
         shared = ctx.factory.init(ctx.seed + s)
         self.state = FedSoftState(
-            ctx.factory.init_many(s, ctx.seed), shared[None].repeat(ctx.n_clients, 1),
+            ctx.factory.init_many(s, ctx.seed), ClientModels.start(shared, ctx.n_clients),
             np.full((ctx.n_clients, s), 1.0 / s), np.zeros(ctx.n_clients, dtype=bool))
+
+    def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoints of before held a `[n_clients, d]` table of personal models."""
+        if isinstance(state.get("personal"), torch.Tensor):
+            state = {**state, "personal": {"models": state["personal"], "row_of": None}}
+        return state
 
     # ------------------------------------------------------------------ rounds
     def _estimating(self, t: int) -> bool:
         return (t - 1) % self.config.estimation_interval == 0
 
     def ask(self, state: FedSoftState, t: int, phase: str, ctx: Context) -> Ask[Any]:
-        """An estimation round first asks every client for its least-loss counts; then the
-        round's sample, the selected clients (`per_cluster`), the proximal training."""
+        """An estimation round first asks every client (`estimate_among = "sampled"`: the
+        round's sample) for its least-loss counts; then the round's sample, the selected
+        clients (`per_cluster`), the proximal training."""
         cfg = self.config
         if phase == FIRST and self._estimating(t):
-            return Ask(BestCountRequest(np.arange(ctx.n_clients), state.models), ESTIMATE)
-        pool = ctx.sample_round(cfg)
+            among = (ctx.sample_round(cfg) if cfg.estimate_among == "sampled"
+                     else np.arange(ctx.n_clients))
+            return Ask(BestCountRequest(among, state.models), ESTIMATE)
+        pool = state.pool if state.pool is not None else ctx.sample_round(cfg)
         selected, chosen = select_clients(ctx.rng, pool, state.importance[pool],
                                           np.asarray(ctx.train_sizes, dtype=np.float64)[pool],
                                           cfg.per_cluster)
         training = replace(ctx.training, mu=float(cfg.mu))
         return SelectionAsk(TrainRequest(
-            selected, state.personal[torch.from_numpy(selected)], np.arange(len(selected)),
+            selected, state.personal.of(selected), np.arange(len(selected)),
             training, ctx.next_seed(), models_held=True, prox_models=state.models,
             prox_weights=state.importance[selected], prox_held=self._estimating(t)), TRAIN,
             chosen=chosen)
@@ -168,6 +195,8 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
                reply: Any) -> Update[FedSoftState]:
         if ask.phase == ESTIMATE:  # u_ks = (samples c_s fits best) / n_k, zeros → σ
             counts: BestCountReply = reply
+            if self.config.estimate_among == "sampled":  # the round trains this sample
+                state = replace(state, pool=np.asarray(ask.request.clients))
             if len(counts.clients):
                 importance, estimated = state.importance.copy(), state.estimated.copy()
                 importance[counts.clients] = importance_weights(
@@ -178,12 +207,13 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
         assert isinstance(ask, SelectionAsk)
         trained: TrainReply = reply
         got = trained.clients
+        if state.pool is not None:
+            state = replace(state, pool=None)
         if len(got):
-            personal = state.personal.clone()
-            personal[torch.from_numpy(got)] = trained.params
-            state = replace(state, personal=personal, models=aggregate_clusters(
-                state.models, trained.params, state.importance[got], trained.n_samples,
-                got, ask.chosen))
+            state = replace(state, personal=state.personal.put(got, trained.params),
+                            models=aggregate_clusters(
+                                state.models, trained.params, state.importance[got],
+                                trained.n_samples, got, ask.chosen))
         return Update(state, FedSoftExtras(
             train_loss=mean_finite(trained.loss),
             cluster_sizes=cluster_sizes(_argmax(state), self.config.n_clusters),
@@ -197,7 +227,7 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
         st = self.state
         if self.config.predict_with == "cluster":
             return Predictor.single(st.models, np.maximum(self.assignment(), 0))
-        return Predictor.single(st.personal, np.arange(len(st.personal), dtype=np.int64))
+        return Predictor.single(*st.personal.members(), own=True)
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
         """Each client estimates its importance weights over the frozen cluster models (one

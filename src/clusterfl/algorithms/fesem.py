@@ -52,6 +52,14 @@ Choices the papers leave open, and ours:
   uses every client, and in the last warm-up round every client uploads its model for the
   first clustering, so that every client starts clustered (a round record then counts all
   clients as participants).
+- Memory (ours, exact): the models gathered for the first k-means (`first`) and the
+  warm-up's client models (`local`) are kept in a temporary file mapped into memory
+  (`engine.allocator.disk_rows`: the bytes written, read back as they were, their pages
+  given back to the system after each round), so they hold no memory between rounds; the
+  first k-means reads the gathered models into memory (in id order, as before), the
+  warm-up's requests and its k-means read the table. A round writes only the rows of the
+  clients that answered. A checkpoint copies the table into memory (as a tensor), and a
+  resumed run writes it to a new file at its next round.
 - Clients absent from a reply (dropped out, or rejected by the guard — NaN/Inf parameters,
   absurd norms; `clusterfl.robust`) keep their previous cluster and are left out of k-means.
 
@@ -89,6 +97,7 @@ from clusterfl.algorithms.common import (
 )
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
+from clusterfl.engine.allocator import disk_room, disk_rows, disk_write, drop_resident
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
 from clusterfl.protocol import (
@@ -244,33 +253,57 @@ class FeSEMState:
     start: torch.Tensor  # [d], Θ_0, the common start before clustering
     assign: np.ndarray  # [n_clients], cluster of each client (-1: never clustered)
     centers: torch.Tensor | None  # [K, d] once the first clustering ran
-    local: torch.Tensor | None  # [n_clients, d], the warm-up's client models (None after)
+    #: [n_clients, d], the warm-up's client models (a `disk_rows` table, written in place;
+    #: None before the first warm-up round's reply and after the warm-up)
+    local: torch.Tensor | None
     #: models trained from Θ_0 kept for the first k-means while a sample gathers them
     #: (`first_clustering`; None otherwise): one row per client that sent one, in the order
-    #: of their ids (`first_seen` marks them), so memory grows with the clients sampled
+    #: they first sent one (a `disk_rows` table, written in place), so the file grows with
+    #: the clients sampled and memory not at all
     first: torch.Tensor | None = field(default=None, kw_only=True)
-    first_seen: np.ndarray | None = field(default=None, kw_only=True)
+    #: [n_clients], each client's row of `first` (-1: none sent yet)
+    first_row: np.ndarray | None = field(default=None, kw_only=True)
     pending: KMeansInput | None = field(default=None, kw_only=True)  # see `KMeansInput`
 
 
-def _gather_first(first: torch.Tensor | None, seen: np.ndarray | None, n: int,
+def _gather_first(first: torch.Tensor | None, row: np.ndarray | None, n: int,
                   clients: np.ndarray, params: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
-    """The models trained from Θ_0 gathered so far (`first`: one row per client marked in
-    `seen`, by id) with the round's (`clients`' rows of `params`; a client sent again
-    replaces its row): a new table of the rows of the clients seen, not of all clients.
-    A table of all clients' rows (checkpoints written before) is read by its marked rows."""
-    old = np.zeros(n, dtype=bool) if seen is None else seen
-    ids = np.flatnonzero(old)
-    new_seen = old.copy()
-    new_seen[clients] = True
-    rows = np.flatnonzero(new_seen)
-    table = torch.empty(len(rows), params.shape[1], dtype=params.dtype)
-    if first is not None and len(ids):
-        if first.shape[0] != len(ids):  # a [n_clients, d] table (earlier checkpoints)
-            first = first[torch.from_numpy(ids)]
-        table[torch.from_numpy(np.searchsorted(rows, ids))] = first
-    table[torch.from_numpy(np.searchsorted(rows, clients))] = params
-    return table, new_seen
+    """The models trained from Θ_0 gathered so far (`first`, client i's in row `row[i]`)
+    with the round's (`clients`' rows of `params`; a client sent again has its row
+    rewritten): rows of the clients seen, in the order they first sent one, in a
+    `disk_rows` table written in place (only the round's rows), its pages then given back.
+    A table of another kind (read from a checkpoint) is first copied into a new file."""
+    row = np.full(n, -1, dtype=np.int64) if row is None else row.copy()
+    used = 0 if first is None else len(first)
+    new = clients[row[clients] < 0]
+    row[new] = used + np.arange(len(new))
+    room = disk_room(first)
+    if room is None or len(room) < used + len(new):
+        room = disk_rows(n, params.shape[1], params.dtype)
+        for a in range(0, used, _CHUNK):  # a checkpoint's table
+            assert first is not None
+            b = min(used, a + _CHUNK)
+            disk_write(room, np.arange(a, b), first[a:b])
+    table = room[:used + len(new)]
+    disk_write(table, row[clients], params)
+    drop_resident(table)  # what the system mapped in, if anything
+    return table, row
+
+
+#: rows written into a `disk_rows` table at a time: 100 MB of MLP rows
+_CHUNK = 1024
+
+
+def is_sorted(clients: np.ndarray) -> bool:
+    """Ids in increasing order, none twice (a round's sample, as drawn)."""
+    return bool(np.all(np.diff(clients) > 0))
+
+
+def first_models(first: torch.Tensor, row: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+    """The clients that sent a model trained from Θ_0, by id, and their models (in memory,
+    in that order): the first k-means' input."""
+    ids = np.flatnonzero(row >= 0)
+    return ids, first[torch.from_numpy(row[ids])]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,6 +336,21 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         self.index = layer_index(ctx.factory, self.config.kmeans_layers)
         self.train_sizes = np.asarray(ctx.train_sizes)  # the first k-means' weights
 
+    def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoints of before kept the gathered models in id order, marked by
+        `first_seen` (a table of every client's, earlier still): to rows and `first_row`."""
+        if "first_seen" not in state:
+            return state
+        out = {k: v for k, v in state.items() if k != "first_seen"}
+        seen, first = state["first_seen"], state.get("first")
+        if seen is not None:
+            seen = np.asarray(seen, dtype=bool)
+            if first is not None and first.shape[0] != np.count_nonzero(seen):
+                first = first[torch.from_numpy(seen)]
+            out["first_row"] = np.where(seen, np.cumsum(seen) - 1, -1).astype(np.int64)
+            out["first"] = first
+        return out
+
     # ------------------------------------------------------------------ rounds
     def ask(self, state: FeSEMState, t: int, phase: str,
             ctx: Context) -> Ask[Any] | Update[FeSEMState]:
@@ -314,7 +362,8 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
             return self._kmeans(state, ctx.next_seed())
         if t <= self.config.warmup_rounds:
             clients = np.arange(ctx.n_clients)
-            return Ask(TrainRequest(clients, self._local(state), clients, ctx.training,
+            models, rows = self._local(state)
+            return Ask(TrainRequest(clients, models, rows, ctx.training,
                                     ctx.next_seed(), models_held=True,
                                     keep_local=t != self.config.warmup_rounds), WARMUP)
         clients = ctx.sample_round(self.config)
@@ -332,17 +381,31 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         return self._gather(state, trained.clients, trained.params, trained.n_samples,
                             [mean_finite(trained.loss)])
 
-    def _local(self, state: FeSEMState) -> torch.Tensor:
-        """The warm-up's client models (Θ_0 for everybody before the first round)."""
+    @staticmethod
+    def _local(state: FeSEMState) -> tuple[torch.Tensor, np.ndarray]:
+        """The warm-up's client models and each client's row (Θ_0 for everybody before the
+        first round: one row)."""
         n = len(state.assign)
-        return state.local if state.local is not None else state.start[None].repeat(n, 1)
+        if state.local is None:
+            return state.start[None], np.zeros(n, dtype=np.int64)
+        return state.local, np.arange(n)
 
     def _warm_update(self, state: FeSEMState, t: int,
                      reply: TrainReply) -> Update[FeSEMState]:
-        """Keep the returned local models (absent clients keep theirs); the last warm-up
-        round hands every client's model to the first k-means."""
-        local = self._local(state).clone()
-        local[torch.from_numpy(reply.clients)] = reply.params
+        """Keep the returned local models (absent clients keep theirs), written in place
+        into the warm-up's table (a `disk_rows` table made at the first reply, the clients
+        absent from it at Θ_0); the last warm-up round hands every client's model to the
+        first k-means."""
+        local = state.local
+        if local is None:
+            n = len(state.assign)
+            local = disk_rows(n, state.start.shape[0], state.start.dtype)
+            absent = np.setdiff1d(np.arange(n), reply.clients)
+            for a in range(0, len(absent), _CHUNK):
+                part = absent[a:a + _CHUNK]
+                disk_write(local, part, state.start[None].expand(len(part), -1))
+        disk_write(local, reply.clients, reply.params)
+        drop_resident(local)  # the pages the round's request read
         loss = mean_finite(reply.loss)
         if t < self.config.warmup_rounds:
             return Update(replace(state, local=local), self._extras(state, [loss], 1, None))
@@ -359,13 +422,19 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         pending = KMeansInput(clients, params, n_samples, losses, warmup=0)
         if state.centers is None:
             n = len(state.assign)
-            first, seen = _gather_first(state.first, state.first_seen, n, clients, params)
-            if seen.sum() < min(n, math.ceil(self.config.first_clustering * n)):
-                state = replace(state, first=first, first_seen=seen)
+            need = min(n, math.ceil(self.config.first_clustering * n))
+            if state.first is None and len(clients) >= need and is_sorted(clients):
+                # the round's models alone start the clustering: they are the table
+                pending = KMeansInput(clients, params, self.train_sizes[clients], losses,
+                                      warmup=0)
+                return Update(replace(state, pending=pending), then=KMEANS)
+            first, row = _gather_first(state.first, state.first_row, n, clients, params)
+            if np.count_nonzero(row >= 0) < need:
+                state = replace(state, first=first, first_row=row)
                 return Update(state, self._extras(state, losses, 0, None))
-            rows = np.flatnonzero(seen)
-            pending = KMeansInput(rows, first, self.train_sizes[rows], losses, warmup=0)
-            state = replace(state, first=None, first_seen=None)
+            ids, models = first_models(first, row)
+            pending = KMeansInput(ids, models, self.train_sizes[ids], losses, warmup=0)
+            state = replace(state, first=None, first_row=None)
         if not len(pending.clients):
             return Update(state, self._extras(state, losses, 0, None))
         return Update(replace(state, pending=pending), then=KMEANS)

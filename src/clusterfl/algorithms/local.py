@@ -6,7 +6,8 @@ simulation the server holds them for the devices, to continue and to evaluate th
 Sampling (our choice, `SampledConfig`): each round the sampled clients (`fraction` or
 `per_round`; all by default) train their own model; the others keep theirs unchanged, as a
 client that is offline would. The server's table holds the start model and one row per
-client that has trained (`LocalState.row_of`), so its memory grows with the clients sampled.
+client that has trained (`ClientModels`, shared with FedSoft), so its memory grows with the
+clients sampled; a round writes the rows of the clients that trained, in place.
 
 Placing a client that did not train (`placement`): it trains alone, from the same initial model
 as every client (`factory.init(ctx.seed)`: the placing context must carry the run's seed, as
@@ -19,14 +20,19 @@ with its own model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import torch
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
-from clusterfl.algorithms.common import LossExtras, Placement, SampledConfig, answered
+from clusterfl.algorithms.common import (
+    ClientModels,
+    LossExtras,
+    Placement,
+    SampledConfig,
+    answered,
+)
 from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 
 
@@ -35,17 +41,9 @@ class LocalConfig(SampledConfig):
     display: ClassVar[str] = "Local"
 
 
-@dataclass
-class LocalState:
-    #: the models: row 0 the common start (of every client not trained yet), then one row
-    #: per client trained, in the order they first trained (memory grows with those)
-    models: torch.Tensor
-    #: [n_clients], client i's row of `models` (None: row i, a table of every client's)
-    row_of: np.ndarray | None = None
-
-    def rows(self) -> np.ndarray:
-        """Client i's row of `models`, for every client."""
-        return np.arange(len(self.models)) if self.row_of is None else self.row_of
+#: Local's state is its clients' models (`ClientModels`: the start model and a row per client
+#: that trained, written in place; the same layout, `models` and `row_of`, as before)
+LocalState = ClientModels
 
 
 class Local(Algorithm[LocalConfig, LocalState]):
@@ -54,8 +52,7 @@ class Local(Algorithm[LocalConfig, LocalState]):
     State = LocalState
 
     def setup(self, ctx: Context) -> None:
-        init = ctx.factory.init(ctx.seed)
-        self.state = LocalState(init[None].clone(), np.zeros(ctx.n_clients, dtype=np.int64))
+        self.state = ClientModels.start(ctx.factory.init(ctx.seed), ctx.n_clients)
 
     def ask(self, state: LocalState, t: int, phase: str, ctx: Context) -> Ask[TrainReply]:
         """The sampled clients train their own models (row i of `models` is client i's)."""
@@ -66,13 +63,8 @@ class Local(Algorithm[LocalConfig, LocalState]):
     def update(self, state: LocalState, t: int, ask: Ask[Any],
                reply: TrainReply) -> Update[LocalState]:
         """Each answering client's model becomes its trained one; the others keep theirs."""
-        row_of = state.rows().copy()
-        new = np.unique(reply.clients[row_of[reply.clients] == 0])  # first trained now
-        row_of[new] = len(state.models) + np.arange(len(new))
-        grown = state.models.new_empty(len(new), state.models.shape[1])
-        models = torch.cat([state.models, grown])
-        models[torch.from_numpy(row_of[reply.clients])] = reply.params
-        return Update(LocalState(models, row_of), LossExtras(train_loss=mean_finite(reply.loss)))
+        return Update(state.put(reply.clients, reply.params),
+                      LossExtras(train_loss=mean_finite(reply.loss)))
 
     def assignment(self) -> np.ndarray:
         return np.arange(len(self.state.rows()), dtype=np.int64)
@@ -83,11 +75,7 @@ class Local(Algorithm[LocalConfig, LocalState]):
     def predictor(self) -> Predictor:
         """Each client's own model: the rows in use (the start only while a client has not
         trained), numbered in row order."""
-        used, model_of = np.unique(self.state.rows(), return_inverse=True)
-        models = self.state.models
-        if len(used) < len(models):
-            models = models[torch.from_numpy(used)]
-        return Predictor.single(models, model_of.astype(np.int64))
+        return Predictor.single(*self.state.members())
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
         """The newcomer trains alone for T rounds' worth of local training (module doc)."""

@@ -410,13 +410,16 @@ class VectorizedEngine:
     # ------------------------------------------------------------------ outputs
     @torch.no_grad()
     def model_outputs(
-        self, data: SplitData, rows: Rows, models: Tensor, which: np.ndarray
+        self, data: SplitData, rows: Rows, models: Tensor, which: np.ndarray,
+        own: bool = False,
     ) -> Tensor:
-        """Outputs (evaluation mode) of model `which[i]` on all rows of client i: `[total, O]`."""
+        """Outputs (evaluation mode) of model `which[i]` on all rows of client i: `[total, O]`.
+        A model shared by many clients runs over all their rows at once, unless `own`
+        (`Predictor.own`): every client then runs its own stacked copy."""
         which = np.asarray(which, np.int64)
         out: Tensor | None = None
         uniq = np.unique(which)
-        if len(uniq) * 4 <= len(which):
+        if not own and len(uniq) * 4 <= len(which):
             for k in uniq:
                 members = np.nonzero(which == k)[0]
                 out = self._shared_outputs(data, rows, models[int(k)], members, out)
@@ -507,7 +510,7 @@ class VectorizedEngine:
         """Combined outputs of `pred` (row i of `members` for client i) on its rows."""
         members = np.asarray(pred.members, np.int64)
         outs = [
-            self.model_outputs(data, rows, pred.models, members[:, j])
+            self.model_outputs(data, rows, pred.models, members[:, j], pred.own)
             for j in range(members.shape[1])
         ]
         weights = None

@@ -67,16 +67,25 @@ class Predictor:
       mean Σ_j weights[i, j] · softmax(member j) (FedEM's mixture prediction, Σ_m π_m h_m).
     - "mean_outputs": the members' raw outputs are averaged (with `weights`: weighted), the
       mixture's mean for regression (FedEM on a regression task).
+
+    `own`: each client has a model of its own, though clients that have not trained yet
+    share one row (FedSoft's personal models, `ClientModels`): an engine evaluates every
+    client with its own stacked copy, as for a table of every client's model, also where
+    most clients share a row (a model shared by many clients is otherwise run over all
+    their rows at once, which can differ in the last bits).
     """
 
     models: torch.Tensor
     members: np.ndarray = field(metadata=PER_CLIENT)
     combine: Combine = "single"
     weights: np.ndarray | None = field(default=None, metadata=PER_CLIENT)
+    own: bool = False
 
     @staticmethod
-    def single(models: torch.Tensor, model_of_client: np.ndarray) -> Predictor:
-        return Predictor(models, np.asarray(model_of_client, np.int64)[:, None], "single")
+    def single(models: torch.Tensor, model_of_client: np.ndarray,
+               own: bool = False) -> Predictor:
+        return Predictor(models, np.asarray(model_of_client, np.int64)[:, None], "single",
+                         own=own)
 
 
 def reply_width(models: torch.Tensor, coords: np.ndarray | None) -> int:
