@@ -22,8 +22,10 @@ The points (`--points`):
 - `all`: both.
 
 Usage: python benchmarks/scaling.py [--points must|more|all] [--only LABEL] [--timeout S]
-                                   [--out benchmarks/scaling_results.md]
-Needs MNIST in $CLUSTERFL_DATA. Results are appended to the table as each point finishes.
+                                   [--out benchmarks/scaling_latest.md]
+Needs MNIST in $CLUSTERFL_DATA. `--out` gets a new table (its header, then one row as each
+point finishes); a file that is not an output of this script is never overwritten (the
+measured tables, with their commands and notes, are kept in `scaling_results.md`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import sys
 from pathlib import Path
 
 ROUNDS = 5
+MARK = "<!-- written by benchmarks/scaling.py: each run rewrites this file -->"
 BASE = 10_000  # clients of the untiled federation (MNIST's 10,000 test images, one each)
 SAMPLED = 1_000
 
@@ -137,15 +140,19 @@ def row(label: str, n: int, per_round: int | None, r: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", choices=("must", "more", "all"), default="must")
-    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("scaling_results.md"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("scaling_latest.md"))
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
     ap.add_argument("--only", default="", help="the points whose method label starts so")
     args = ap.parse_args(argv)
     points = {"must": MUST, "more": MORE, "all": MUST + MORE}[args.points]
     points = [p for p in points if p[0].startswith(args.only)]
     argv_used = sys.argv[1:] if argv is None else argv
+    if args.out.exists() and args.out.stat().st_size and \
+            not args.out.read_text().startswith(MARK):
+        sys.exit(f"scaling.py: error: --out {args.out} is not an output of this script (it "
+                 "would be overwritten); give --out a new file")
     header = (
-        "# Scaling: time per round and peak memory with 10,000 to 100,000 clients\n\n"
+        MARK + "\n# Scaling: time per round and peak memory with 10,000 to 100,000 clients\n\n"
         f"- date: {dt.datetime.now().isoformat(timespec='seconds')}\n"
         f"- command: `python benchmarks/scaling.py {' '.join(argv_used)}`\n"
         f"- threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; rotated "
