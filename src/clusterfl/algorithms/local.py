@@ -74,8 +74,11 @@ class Local(Algorithm[LocalConfig, LocalState]):
 
     def predictor(self) -> Predictor:
         """Each client's own model: the rows in use (the start only while a client has not
-        trained), numbered in row order."""
-        return Predictor.single(*self.state.members())
+        trained), numbered in row order; each client evaluated with its own stacked copy
+        (`Predictor.own`), as with the table of every client's model Local kept before
+        (the start, shared by the clients not trained yet, would otherwise be run over all
+        their rows at once, which can differ in the last bits)."""
+        return Predictor.single(*self.state.members(), own=True)
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:
         """The newcomer trains alone for T rounds' worth of local training (module doc)."""
