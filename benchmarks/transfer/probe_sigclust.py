@@ -1,14 +1,14 @@
 """A development probe (issue 36): would a SigClust-style test (Liu, Hayes, Nobel & Marron 2008:
 is a cluster one Gaussian cloud?) tell CFL's correct splits from its noise splits?
 
-For every split CFL's auto rule made in the runs of one version (`runs/<version>/*/cfl`: the
-split events keep the members' cosine matrix), it computes the cut's cluster index CI (within-side
-over total sum of squares of the members' unit update vectors, from the Gram matrix = the
-cosines) and its p-value against a Gaussian null with the same spectrum: n points drawn from
-N(0, diag(λ)) with λ the eigenvalues of the centred Gram matrix, their best 2-means CI (every
-bipartition for n ≤ 14; 20 Lloyd restarts and at most 99 draws above), p = (1 + #{null CI ≤
-CI}) / (1 + draws). A
-split is "correct" when no true cluster has members on both sides.
+For every split CFL's auto rule made in the runs of one version (`runs/<version>/*/cfl` of the
+development and first validation halves; the split events keep the members' cosine matrix),
+it computes the cut's cluster index CI (within-side over total sum of squares of the members'
+unit update vectors, from the Gram matrix = the cosines) and its p-value against a Gaussian
+null with the same spectrum: n points drawn from N(0, diag(λ)) with λ the eigenvalues of the
+centred Gram matrix, their best 2-means CI (every bipartition for n ≤ 14; 20 Lloyd restarts
+and at most 99 draws above), p = (1 + #{null CI ≤ CI}) / (1 + draws). A split is "correct"
+when no true cluster has members on both sides.
 
     python benchmarks/transfer/probe_sigclust.py --version v1 [--draws 499]
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -82,11 +83,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--version", default="v1")
     p.add_argument("--draws", type=int, default=499)
+    p.add_argument("--halves", nargs="*", default=["development", "validation"],
+                   help="the grid's halves to read (default: the two that rules were "
+                   "developed or judged on; a half kept for judging a later rule stays unread)")
     args = p.parse_args()
+    grid = tomllib.loads((HERE / "grid.toml").read_text())["federation"]
     rng = np.random.default_rng(0)
     print("| split | federation | round | sides | shuffle p | CI | Gaussian-null p |")
     print("|---|---|---|---|---|---|---|")
     for run in sorted((HERE / "runs" / args.version).glob("*/cfl")):
+        if grid.get(run.parent.name, {}).get("half") not in args.halves:
+            continue
         truth = json.loads((run / "summary.json").read_text())["true_clusters"]
         for line in (run / "history.jsonl").read_text().splitlines():
             record = json.loads(line)
