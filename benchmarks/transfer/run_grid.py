@@ -192,9 +192,10 @@ def done_keys() -> set[tuple[str, str, str, tuple[str, ...]]]:
 def run(args: argparse.Namespace) -> None:
     half = {"dev": "development", "val": "validation", "val2": "validation2"}[args.half]
     if half.startswith("validation"):
-        if args.set or args.fed:
-            sys.exit("run_grid.py: error: a validation run takes no --set or --fed (a preset "
-                     "of earlier defaults, --preset, and a subset of methods are allowed)")
+        if args.set or args.fed or args.seen:
+            sys.exit("run_grid.py: error: a validation run takes no --set, --fed or --seen (a "
+                     "preset of earlier defaults, --preset, and a subset of methods are "
+                     "allowed)")
         if src_dirty():
             sys.exit("run_grid.py: error: src/ has uncommitted changes; a validation run "
                      "needs a committed rule version")
@@ -206,10 +207,12 @@ def run(args: argparse.Namespace) -> None:
             sys.exit(f"run_grid.py: error: version {args.version!r} has validation rows of "
                      f"{', '.join(sorted(wanted & seen))} already; a change makes a new "
                      "version")
-    names = [n for n, f in GRID["federation"].items() if f["half"] == half]
+    halves = [half] if half != "development" else [half, *(args.seen or [])]
+    names = [n for n, f in GRID["federation"].items() if f["half"] in halves]
     for n in args.fed or []:
         if n not in names:
-            sys.exit(f"run_grid.py: error: --fed {n!r} is not in the {half} half; allowed: "
+            sys.exit(f"run_grid.py: error: --fed {n!r} is not in the {' / '.join(halves)} "
+                     "half; allowed: "
                      + ", ".join(names))
     names = args.fed or names
     methods = args.method or list(METHODS)
@@ -254,6 +257,9 @@ def main() -> None:
     p.add_argument("--fed", nargs="*", help="dev only: some federations of the half")
     p.add_argument("--method", nargs="*", help=f"dev only: some of {', '.join(METHODS)}")
     p.add_argument("--set", nargs="*", default=[], help="dev only: METHOD:KEY=VALUE")
+    p.add_argument("--seen", nargs="*", choices=["validation", "validation2"],
+                   help="dev only: also these validation halves, whose runs of an earlier "
+                   "version have been seen (development material for a later version)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="earlier defaults, as settings")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--table", action="store_true", help="print the markdown tables")
