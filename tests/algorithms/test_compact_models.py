@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.tiny import blobs
 
 from clusterfl.algorithms.base import Ask
 from clusterfl.algorithms.common import ClientModels
 from clusterfl.algorithms.fedsoft import ESTIMATE, FedSoft, FedSoftConfig
 from clusterfl.algorithms.fesem import KMEANS, WARMUP, FeSEM, FeSEMConfig, FeSEMState
-from clusterfl.data.federation import Federation
 from clusterfl.engine import allocator
 from clusterfl.engine.allocator import disk_room, disk_rows, disk_write, drop_resident
 from clusterfl.experiment import Experiment
@@ -74,20 +74,6 @@ def test_a_table_of_every_clients_model_is_written_by_client():
 
 
 # ----------------------------------------------------------------------------- federations
-def blobs(n_clients: int = 20, seed: int = 0) -> Federation:
-    """Two groups of clients with opposite labelling rules."""
-    rng = np.random.default_rng(seed)
-    clients, truth = [], []
-    for i in range(n_clients):
-        x = rng.normal(size=(30, 4)).astype(np.float32)
-        y = (x[:, 0] > 0).astype(np.int64)
-        if i % 2:
-            y = 1 - y
-        clients.append((x[:20], y[:20], x[20:], y[20:]))
-        truth.append(i % 2)
-    return Federation.from_clients(clients, clusters=truth, n_classes=2)
-
-
 def experiment(tmp_path: Path, tag: str, algorithm: dict[str, Any],
                rounds: int = 4) -> Experiment:
     cfg = {"seed": 2, "rounds": rounds, "eval_every": 1, "checkpoint_every": 0,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.tiny import blobs
 
 from clusterfl.algorithms import cfl_gp_profile
 from clusterfl.algorithms.cfl_gp_profile import Probe, Rows, update_profile
@@ -23,20 +24,6 @@ from clusterfl.protocol import EvaluateReply, Predictor, present
 from clusterfl.records import json_ready
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def blobs(n_clients: int = 20, seed: int = 0) -> Federation:
-    """Two groups of clients with opposite labelling rules (a clustering to find)."""
-    rng = np.random.default_rng(seed)
-    clients, truth = [], []
-    for i in range(n_clients):
-        x = rng.normal(size=(30, 4)).astype(np.float32)
-        y = (x[:, 0] > 0).astype(np.int64)
-        if i % 2:
-            y = 1 - y
-        clients.append((x[:20], y[:20], x[20:], y[20:]))
-        truth.append(i % 2)
-    return Federation.from_clients(clients, clusters=truth, n_classes=2)
 
 
 def run(tmp_path: Path, tag: str, **top: object) -> Experiment:
