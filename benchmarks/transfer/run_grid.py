@@ -176,6 +176,23 @@ def run_one(version: str, half: str, name: str, method: str, sets: list[str],
     return row
 
 
+def keep(version: str) -> int:
+    """Copy each run folder's config.toml and summary.json of `version` into
+    `results/runs/<version>` (kept in git; the folders are not), paths under the checkout
+    written relative to it (no path of one machine in the repository). Returns the files."""
+    n = 0
+    for folder in sorted((RUNS / version).glob("*/*")):
+        for name in ("config.toml", "summary.json"):
+            src = folder / name
+            if not src.exists():
+                continue
+            dest = HERE / "results" / "runs" / folder.relative_to(RUNS) / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(src.read_text().replace(f"{ROOT}/", ""))
+            n += 1
+    return n
+
+
 def finite_mean(values: list[float | None] | None) -> float | None:
     """The mean of the finite values, None when there is none (a regression has no accuracy)."""
     xs = [float(v) for v in values or [] if v is not None and math.isfinite(float(v))]
@@ -264,11 +281,18 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--table", action="store_true", help="print the markdown tables")
     p.add_argument("--grid", action="store_true", help="print the grid as a markdown table")
+    p.add_argument("--keep", action="store_true", help="with --version: copy its runs' "
+                   "config.toml and summary.json into results/runs (for git)")
     args = p.parse_args()
     if args.grid:
         from tables import print_grid
 
         print_grid(GRID)
+        return
+    if args.keep:
+        if not args.version:
+            p.error("--keep needs --version")
+        print(f"{keep(args.version)} files kept in results/runs/{args.version}")
         return
     if args.table:
         from tables import print_tables  # benchmarks/transfer/tables.py

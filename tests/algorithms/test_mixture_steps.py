@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from clusterfl.algorithms.base import Ask
+from clusterfl.algorithms.common import ClientModels
 from clusterfl.algorithms.fedem import (
     FedEM,
     FedEMConfig,
@@ -145,7 +146,8 @@ def test_fedsoft_selection_draws_by_v_and_only_among_nonzero_shares() -> None:
 
 def test_fedsoft_estimation_then_training_update() -> None:
     alg = FedSoft(FedSoftConfig(n_clusters=2, sigma=0.01))
-    state = FedSoftState(MODELS.clone(), torch.zeros(3, 1, dtype=torch.float64),
+    state = FedSoftState(MODELS.clone(),
+                         ClientModels.start(torch.zeros(1, dtype=torch.float64), 3),
                          np.full((3, 2), 0.5), np.zeros(3, dtype=bool))
     counts = BestCountReply(np.array([0, 2]), np.array([[3, 1], [0, 2]]), np.array([4, 2]))
     est = alg.update(state, 1, Ask(BestCountRequest(np.arange(3), MODELS), ESTIMATE), counts)
@@ -155,15 +157,19 @@ def test_fedsoft_estimation_then_training_update() -> None:
     assert (state.importance == 0.5).all() and not state.estimated.any()  # not modified
 
     selected = np.array([0, 1, 2])
-    request = TrainRequest(selected, est.state.personal, selected, LocalTraining(), 0)
+    request = TrainRequest(selected, est.state.personal.of(selected), selected, LocalTraining(),
+                           0)
     reply = TrainReply(np.array([0, 2]), torch.tensor([[1.0], [3.0]], dtype=torch.float64),
                        np.array([4, 2]), np.array([1.0, 2.0]))
     out = alg.update(est.state, 1, SelectionAsk(request, TRAIN, chosen=None), reply)
     assert out.then is None and isinstance(out.extras, FedSoftExtras)
-    assert out.state.personal[:, 0].tolist() == [1.0, 0.0, 3.0]  # client 1 did not answer
+    # client 1 did not answer: it keeps the start; 0 and 2 got rows of their own
+    assert out.state.personal.of(np.arange(3))[:, 0].tolist() == [1.0, 0.0, 3.0]
+    assert len(out.state.personal.models) == 3
     v0, v1 = np.array([3 / 4 * 4, 0.01 * 2]), np.array([1 / 4 * 4, 1.0 * 2])
     want = [[(v0[0] * 1 + v0[1] * 3) / v0.sum()], [(v1[0] * 1 + v1[1] * 3) / v1.sum()]]
     torch.testing.assert_close(out.state.models, torch.tensor(want, dtype=torch.float64))
     assert out.extras.selected == 3 and out.extras.estimated == 1
     assert out.extras.cluster_sizes == [1, 1]  # client 0 → 0, client 2 → 1, client 1 none
-    assert est.state.personal.abs().sum() == 0  # the state given to update did not move
+    # the rows the state given to update reads did not move
+    assert est.state.personal.of(np.arange(3)).abs().sum() == 0
