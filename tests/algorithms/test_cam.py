@@ -9,6 +9,7 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 from tests.core.conftest import blob_federation
+from tests.tiny import tiny_config
 
 from clusterfl.algorithms.base import Context
 from clusterfl.algorithms.cam import (
@@ -196,3 +197,23 @@ def test_bad_cam_config_values_name_the_field(table, field):
     with pytest.raises(ConfigError) as err:
         load_config({"algorithm": table})
     assert err.value.field.startswith(field)
+
+
+@pytest.mark.parametrize(("method", "clusters_in_last"), [
+    ("ifca_cam", False), ("fesem_cam", True), ("fesem", True), ("flhc", False)])
+def test_a_warmup_that_leaves_no_round_to_cluster_is_refused(method, clusters_in_last):
+    """IFCA-CAM's default warm-up (30) in a run of 30 rounds left every client unassigned
+    (found on the transfer grid's second validation half); FL+HC likewise (issue 35). FeSEM
+    and FeSEM-CAM cluster at the end of their last warm-up round, so a warm-up as long as the
+    run still clusters once; one round more is refused, naming the field."""
+    rounds = 3
+    most = rounds if clusters_in_last else rounds - 1
+    algo = {"name": method, "n_clusters": 2}
+    with pytest.raises(ConfigError) as err:
+        Experiment.from_config(tiny_config(rounds=rounds, algorithm={
+            **algo, "warmup_rounds": most + 1})).run(progress=False)
+    assert err.value.field == "algorithm.warmup_rounds"
+    assert f"allowed: 0..{most}," in str(err.value) and "\n" not in str(err.value)
+    hist = Experiment.from_config(tiny_config(rounds=rounds, algorithm={
+        **algo, "warmup_rounds": most})).run(progress=False)
+    assert min(hist.records[-1].assignment) >= 0  # every client has a cluster at the end

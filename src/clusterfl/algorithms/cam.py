@@ -73,6 +73,7 @@ from clusterfl.algorithms.common import (
     SampledConfig,
     answered,
     check_k_fits,
+    check_warmup_leaves_rounds,
 )
 from clusterfl.algorithms.fesem import (
     KMEANS,
@@ -219,6 +220,7 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters
         check_k_fits(k, ctx.n_clients)
+        check_warmup_leaves_rounds(self.config.warmup_rounds, ctx.rounds, "FedAvg on Θ_g")
         self.state = IFCACAMState(ctx.factory.init(ctx.seed),
                                   ctx.factory.init_many(k, ctx.seed + 1),
                                   np.full(ctx.n_clients, -1, dtype=np.int64))

@@ -130,6 +130,19 @@ class KClusterExtras(RoundExtras):
     warmup: int = 0  # 1 in a warm-up round (before the clustering starts), else 0
 
 
+def check_warmup_leaves_rounds(warmup: int, rounds: int | None, alone: str,
+                               clusters_in_last: bool = False) -> None:
+    """A warm-up of `warmup` rounds must leave the run of `rounds` (None: unknown, not
+    checked) a round that clusters (the last warm-up round itself where `clusters_in_last`,
+    as FeSEM's first k-means ends it); otherwise the run would be `alone` under the method's
+    name: a `ConfigError` naming `algorithm.warmup_rounds`."""
+    most = None if rounds is None else rounds - (0 if clusters_in_last else 1)
+    if most is not None and warmup > most:
+        raise ConfigError("algorithm.warmup_rounds", f"{warmup} warm-up rounds leave no round "
+                          f"to cluster in a run of {rounds} rounds (it would be {alone}); "
+                          f"allowed: 0..{most}, or more rounds")
+
+
 def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") -> None:
     """K cluster models need at least K clients: a `ConfigError` naming `field` otherwise."""
     if k > n_clients:

@@ -94,6 +94,7 @@ from clusterfl.algorithms.common import (
     SampledConfig,
     answered,
     check_k_fits,
+    check_warmup_leaves_rounds,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
@@ -331,6 +332,8 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
 
     def setup(self, ctx: Context) -> None:
         check_k_fits(self.config.n_clusters, ctx.n_clients)
+        check_warmup_leaves_rounds(self.config.warmup_rounds, ctx.rounds, "local training only",
+                                   clusters_in_last=True)
         self.state = FeSEMState(ctx.factory.init(ctx.seed),
                                 np.full(ctx.n_clients, -1, dtype=np.int64), None, None)
         self.index = layer_index(ctx.factory, self.config.kmeans_layers)

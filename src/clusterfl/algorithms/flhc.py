@@ -72,7 +72,12 @@ import torch
 from pydantic import BeforeValidator, Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
-from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
+from clusterfl.algorithms.common import (
+    Placement,
+    SampledConfig,
+    check_k_fits,
+    check_warmup_leaves_rounds,
+)
 from clusterfl.algorithms.oneshot import (
     AutoCut,
     Cut,
@@ -257,10 +262,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
 
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients
-        if ctx.rounds is not None and cfg.warmup_rounds >= ctx.rounds:
-            raise ConfigError("algorithm.warmup_rounds", f"{cfg.warmup_rounds} warm-up rounds "
-                              f"leave no round to cluster in a run of {ctx.rounds} rounds (it "
-                              f"would be FedAvg); allowed: 0..{ctx.rounds - 1}, or more rounds")
+        check_warmup_leaves_rounds(cfg.warmup_rounds, ctx.rounds, "FedAvg")
         check_k_fits(cfg.n_clusters or 1, n)
         self.state = FLHCState(models=ctx.factory.init(ctx.seed)[None].clone(),
                                labels=np.full(n, -1, dtype=np.int64))
