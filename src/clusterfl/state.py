@@ -7,6 +7,12 @@ them, reading the field types (nested dataclasses, `list[...]`, `dict[..., ...]`
 from its annotations. Nothing method-specific is written by hand, and a checkpoint holds no
 pickled class of ours, so code can move without breaking old checkpoints of the same layout.
 
+A large tensor most of whose rows (along its last dimension) are zero — CFL-GP's profile,
+of which a run fills the blocks it asks for — is kept as its nonzero rows and their indices
+(`SPARSE_MIN_BYTES`), not copied whole; `restore` writes them into a table made by the
+caller's `zeros` (the algorithms pass `lazy_zeros`, so only those rows take memory). Zero
+rows read back as zeros, so this is exact.
+
 `write_checkpoint` / `read_checkpoint` are the checkpoint file: written whole or not at all (a
 temporary file, flushed to disk, renamed over the old one), and read back with a one-line
 error for a full disk, a file-size limit, and an empty, truncated or foreign file.
@@ -20,6 +26,9 @@ import io
 import os
 import types
 import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,11 +39,20 @@ from clusterfl.errors import ClusterFLError
 
 T = TypeVar("T")
 
+#: a CPU tensor of at least this many bytes, most of whose rows (last dimension) are zero, is
+#: checkpointed as its nonzero rows (module docstring)
+SPARSE_MIN_BYTES = 64 * 2**20
+#: rows read at a time while looking for the nonzero ones (the pages of rows never written
+#: are not made resident)
+SCAN_ROWS = 128
+_SPARSE = "__nonzero_rows__"
+_ZEROS: ContextVar[Callable[..., torch.Tensor]] = ContextVar("zeros", default=torch.zeros)
+
 
 def snapshot(value: Any) -> Any:
     """A deep, plain copy of `value` (see the module docstring)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return _tensor_copy(value.detach())
     if isinstance(value, np.ndarray):
         return value.copy()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -50,8 +68,48 @@ def snapshot(value: Any) -> Any:
     raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}")
 
 
-def restore(cls: type[T], data: dict[str, Any]) -> T:
-    """The `cls` dataclass rebuilt from `snapshot(...)` output (values copied)."""
+def _tensor_copy(t: torch.Tensor) -> Any:
+    """A copy of `t`, or, for a large CPU tensor most of whose rows are zero, its nonzero
+    rows: `{_SPARSE: True, shape, dtype, rows (flat indices), values}`."""
+    if t.device.type != "cpu" or t.ndim < 2 or not t.is_contiguous() \
+            or t.numel() * t.element_size() < SPARSE_MIN_BYTES:
+        return t.clone()
+    flat = t.view(-1, t.shape[-1])
+    rows = torch.cat([torch.nonzero(flat[a:a + SCAN_ROWS].ne(0).any(1)).flatten() + a
+                      for a in range(0, len(flat), SCAN_ROWS)])
+    if 2 * len(rows) > len(flat):
+        return t.clone()
+    return {_SPARSE: True, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+            "rows": rows, "values": flat[rows]}
+
+
+def _from_rows(value: dict[str, Any]) -> torch.Tensor:
+    """The tensor of `_tensor_copy`'s nonzero rows, in a table made by `restore`'s `zeros`."""
+    shape = tuple(int(n) for n in value["shape"])
+    out = _ZEROS.get()(shape, dtype=getattr(torch, value["dtype"]))
+    out.view(-1, shape[-1])[value["rows"]] = value["values"].to(out.dtype)
+    return out
+
+
+@contextmanager
+def _zeros_of(zeros: Callable[..., torch.Tensor] | None) -> Iterator[None]:
+    token = None if zeros is None else _ZEROS.set(zeros)
+    try:
+        yield
+    finally:
+        if token is not None:
+            _ZEROS.reset(token)
+
+
+def restore(cls: type[T], data: dict[str, Any],
+            zeros: Callable[..., torch.Tensor] | None = None) -> T:
+    """The `cls` dataclass rebuilt from `snapshot(...)` output (values copied); a tensor kept
+    as its nonzero rows is written into `zeros(shape, dtype=...)` (default `torch.zeros`)."""
+    with _zeros_of(zeros):
+        return _restore_dataclass(cls, data)
+
+
+def _restore_dataclass(cls: type[T], data: dict[str, Any]) -> T:
     hints = typing.get_type_hints(cls)
     kwargs = {f.name: _restore(hints[f.name], data[f.name])
               for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # cls: a dataclass
@@ -67,6 +125,8 @@ def restore(cls: type[T], data: dict[str, Any]) -> T:
 def _restore(hint: Any, value: Any) -> Any:
     if value is None:
         return None
+    if isinstance(value, dict) and value.get(_SPARSE) is True:
+        return _from_rows(value)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -87,7 +147,7 @@ def _restore(hint: Any, value: Any) -> Any:
         key, item = typing.get_args(hint) or (Any, Any)
         return {_restore(key, k): _restore(item, v) for k, v in value.items()}
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return restore(hint, value)
+        return _restore_dataclass(hint, value)
     if hint is torch.Tensor:
         return value.clone()
     if hint is np.ndarray:

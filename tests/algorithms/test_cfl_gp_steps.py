@@ -17,12 +17,9 @@ from clusterfl.algorithms.cfl_gp_profile import (
     Rows,
     count_asks,
     feature_columns,
-    loaded_profile,
     profiled_clients,
-    stored_profile,
     update_profile,
 )
-from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.models import ModelFactory, model_config
 from clusterfl.protocol import GradientReply, GradientRequest, LocalTraining, StepsReply
 
@@ -175,49 +172,3 @@ def test_a_silent_client_keeps_its_feature_and_is_left_out_of_the_step():
     assert torch.count_nonzero(new.features[2]) == 0  # kept its (empty) feature
     np.testing.assert_array_equal(new.asked[:, 0], [1, 1, 1, 1])  # it was asked all the same
     assert new.counts.uplink_floats_compressed == (3 + 2) * 2  # what was received
-
-
-def test_a_checkpoint_keeps_the_blocks_written_and_loads_them_back_exactly():
-    # C = 3, K = 2, d̂ = 4: blocks (client 0, block 1) and (2, 0) written, (1, 1) written
-    # with zeros (the same as never written); flat index c·K + k
-    features = lazy_zeros((3, 2, 4), torch.float32)
-    features[0, 1] = torch.tensor([1.0, -2.0, 0.0, 0.5])
-    features[2, 0] = torch.tensor([0.0, 0.0, 3.0, 0.0])
-    features[1, 1] = 0.0
-    stored = stored_profile(features)
-    assert stored["shape"] == [3, 2, 4]
-    assert stored["blocks"].tolist() == [1, 4]
-    torch.testing.assert_close(stored["values"], torch.tensor(
-        [[1.0, -2.0, 0.0, 0.5], [0.0, 0.0, 3.0, 0.0]]), rtol=0, atol=0)
-    back = loaded_profile(stored)
-    assert back.dtype == torch.float32 and torch.equal(back, features)
-    dense = torch.arange(24, dtype=torch.float32).view(3, 2, 4)  # a checkpoint of before
-    assert loaded_profile(dense) is dense
-
-
-CHECKPOINT_MEMORY = """
-import resource, torch
-from clusterfl.algorithms.cfl_gp_profile import loaded_profile, stored_profile
-from clusterfl.engine.allocator import lazy_zeros
-features = lazy_zeros((50_000, 4, 500), torch.float32)  # 400 MB if it were all there
-features[::100, 2] = 1.5                                # 500 blocks written: 1 MB
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-stored = stored_profile(features)
-back = loaded_profile(stored)
-assert torch.equal(back[::100, 2], features[::100, 2]) and len(stored["blocks"]) == 500
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
-"""
-
-
-def test_a_checkpoint_of_a_large_mostly_unwritten_profile_costs_what_was_written():
-    """A 400 MB profile of which 1 MB was written: writing and reading its checkpoint form
-    raises the process's peak memory by far less than the table (a copy of the whole table,
-    as `snapshot` made, would add 400 MB)."""
-    import os
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", CHECKPOINT_MEMORY], capture_output=True,
-                         text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    grown_mib = int(out.stdout.strip().splitlines()[-1])
-    assert grown_mib < 60, f"the checkpoint form grew the peak by {grown_mib} MiB"

@@ -27,6 +27,7 @@ import numpy as np
 
 from clusterfl.algorithms.common import AlgorithmConfig, Placement, SampledConfig
 from clusterfl.backends.base import Backend
+from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.engine.transfer import device_of, move, to_cpu
 from clusterfl.errors import ClusterFLError
 from clusterfl.models import ModelFactory
@@ -261,7 +262,8 @@ class Algorithm(ABC, Generic[C, S]):
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = restore(type(self).State, self.migrate_state(state))
+        # a large tensor kept as its nonzero rows comes back in a lazily zero table
+        self.state = restore(type(self).State, self.migrate_state(state), zeros=lazy_zeros)
 
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written by an earlier layout of `State`, in today's layout (a method

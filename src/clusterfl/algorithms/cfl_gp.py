@@ -141,10 +141,8 @@ from clusterfl.algorithms.cfl_gp_profile import (
     Rows,
     count_asks,
     feature_columns,
-    loaded_profile,
     model_gaps,
     profiled_clients,
-    stored_profile,
     update_profile,
 )
 from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
@@ -174,7 +172,6 @@ from clusterfl.protocol import (
     mean_finite,
 )
 from clusterfl.records import RoundExtras
-from clusterfl.state import snapshot
 
 DEFAULT_STABLE_ROUNDS = 20
 """T/10 for the paper's T = 200, used when the context does not say how many rounds run."""
@@ -745,15 +742,6 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         )
 
     # ------------------------------------------------------------------ interface
-    def state_dict(self) -> dict[str, Any]:
-        """The state's copy, the profile as the blocks written (`stored_profile`)."""
-        return {**snapshot(replace(self.state, features=torch.zeros(0))),
-                "features": stored_profile(self.state.features)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict({**state, "features": torch.zeros(0)})
-        self.state = replace(self.state, features=loaded_profile(state["features"]))
-
     def assignment(self) -> np.ndarray:
         return self.state.assign.copy()
 

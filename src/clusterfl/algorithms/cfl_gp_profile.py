@@ -146,35 +146,6 @@ def model_gaps(request: TrainRequest, reply: TrainReply) -> torch.Tensor:
     return params
 
 
-def stored_profile(features: torch.Tensor) -> dict[str, object]:
-    """The profile as a checkpoint keeps it: its shape, the flat indices (c·K + k) of the
-    blocks holding a nonzero value, and those blocks (`[n, d̂]`), not the whole table. A
-    block never written is zero (`lazy_zeros`), so this is exact, and a checkpoint costs the
-    blocks written (one of K per client in most runs), not 4·C·K·d̂ bytes. Read ROW_CHUNK
-    blocks at a time: the pages of blocks never written are not made resident."""
-    c, k, width = features.shape
-    flat = features.reshape(c * k, width)
-    kept = [torch.nonzero(flat[a:a + ROW_CHUNK].ne(0).any(1)).flatten() + a
-            for a in range(0, c * k, ROW_CHUNK)]
-    blocks = torch.cat(kept) if kept else torch.zeros(0, dtype=torch.int64)
-    return {"shape": [c, k, width], "blocks": blocks, "values": flat[blocks].clone()}
-
-
-def loaded_profile(stored: object) -> torch.Tensor:
-    """The profile of a checkpoint: `stored_profile`'s form written into a `lazy_zeros`
-    table (only the blocks kept take memory), or a whole table (checkpoints of before) as
-    it is."""
-    if isinstance(stored, torch.Tensor):
-        return stored
-    assert isinstance(stored, dict)
-    c, k, width = (int(v) for v in stored["shape"])
-    features = lazy_zeros((c, k, width), torch.float32)
-    values = stored["values"]
-    assert isinstance(values, torch.Tensor)
-    features.view(c * k, width)[stored["blocks"]] = values.to(features.dtype)
-    return features
-
-
 def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.ndarray:
     """`asked` (`[C, K]` counts) after asking the clients `who` for `block`, for each
     `(block, who)` of `blocks` (a client is asked at most once per block and round)."""
@@ -184,5 +155,5 @@ def count_asks(asked: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> np.nd
     return out
 
 
-__all__ = ["Probe", "ProbeAsk", "Rows", "count_asks", "feature_columns", "loaded_profile",
-           "model_gaps", "profiled_clients", "stored_profile", "update_profile"]
+__all__ = ["Probe", "ProbeAsk", "Rows", "count_asks", "feature_columns", "model_gaps",
+           "profiled_clients", "update_profile"]
