@@ -18,16 +18,13 @@ from clusterfl.data.shards import read_shards, write_shards
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import Experiment, build_federation
 from tests.crash import timing_free
+from tests.tiny import tiny_config
 
-BUILT = {
-    "seed": 3, "rounds": 3, "eval_every": 1, "checkpoint_every": 0,
-    "data": {"source": "digits"},
-    "scenario": {"name": "rotation", "n_clients": 8, "angles": [0.0, 180.0]},
-    "model": {"name": "mlp", "hidden": [8]},
-    "train": {"lr": 0.2, "batch_size": 8, "steps": 3},
-    "algorithm": {"name": "ifca", "n_clusters": 2, "fraction": 0.5},
-    "output": {"figures": False, "progress": "off"},
-}
+BUILT = tiny_config(
+    rounds=3, n_clients=8, hidden=8, seed=3,
+    scenario={"name": "rotation", "n_clients": 8, "angles": [0.0, 180.0]},
+    train={"lr": 0.2, "batch_size": 8, "steps": 3},
+    algorithm={"name": "ifca", "n_clusters": 2, "fraction": 0.5})
 
 
 def _on_shards(folder: Path) -> dict:

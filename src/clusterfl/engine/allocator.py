@@ -50,13 +50,9 @@ def tune_allocator() -> bool:
         "linux"
     ):
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:  # no C library, or not glibc
         return False
     ok = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) == 1
     ok = mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1 and ok
