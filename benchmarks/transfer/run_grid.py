@@ -6,6 +6,7 @@ that are given it, on the federations of `grid.toml`; one runner, one results ta
                                                [--set METHOD:KEY=VALUE ...] [--jobs 2]
     python benchmarks/transfer/run_grid.py val --version V [--jobs 2]
     python benchmarks/transfer/run_grid.py val2 --version V [--method M ...] [--jobs 2]
+                                               (val3, val4, ...: the later halves, alike)
     python benchmarks/transfer/run_grid.py --table [--version V ...]  # markdown, for RESULTS.md
     python benchmarks/transfer/run_grid.py --grid                     # the grid, markdown
 
@@ -84,6 +85,9 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "cfl_gp": ["algorithm.k_min_silhouette=-1"],
     },
 }
+VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
+                     if f["half"].startswith("validation")})
+"""`val`, `val2`, ...: the validation halves of grid.toml, by the run command's name."""
 K_FIELD = {"fedsoft": "n_clusters", "ifca": "n_clusters", "fesem": "n_clusters",
            "ifca_cam": "n_clusters", "flhc": "n_clusters", "pacfl": "n_clusters",
            "pca_km_hc": "n_clusters"}
@@ -207,7 +211,7 @@ def done_keys() -> set[tuple[str, str, str, tuple[str, ...]]]:
 
 
 def run(args: argparse.Namespace) -> None:
-    half = {"dev": "development", "val": "validation", "val2": "validation2"}[args.half]
+    half = "development" if args.half == "dev" else "validation" + args.half[3:]
     if half.startswith("validation"):
         if args.set or args.fed or args.seen:
             sys.exit("run_grid.py: error: a validation run takes no --set, --fed or --seen (a "
@@ -268,13 +272,15 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("half", nargs="?", choices=["dev", "val", "val2"],
-                   help="val2: the second validation half (draw_validation.py)")
+    p.add_argument("half", nargs="?", choices=["dev", *VAL_HALVES],
+                   help="valN: the validation half validationN (val2 on: drawn later by "
+                   "draw_validation.py)")
     p.add_argument("--version", help="the rule version these runs belong to")
     p.add_argument("--fed", nargs="*", help="dev only: some federations of the half")
     p.add_argument("--method", nargs="*", help=f"dev only: some of {', '.join(METHODS)}")
     p.add_argument("--set", nargs="*", default=[], help="dev only: METHOD:KEY=VALUE")
-    p.add_argument("--seen", nargs="*", choices=["validation", "validation2"],
+    p.add_argument("--seen", nargs="*",
+                   choices=["validation" + h[3:] for h in VAL_HALVES],
                    help="dev only: also these validation halves, whose runs of an earlier "
                    "version have been seen (development material for a later version)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="earlier defaults, as settings")

@@ -58,13 +58,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 #: the versions of the rules the tables show (the dev-only variants of RESULTS.md's history
 #: ran with --set and are summed up there)
-VERSIONS = ("v0", "v1")
+VERSIONS = ("v0", "v1", "v2")
+HALVES = ("development", "validation", "validation2", "validation3", "validation4")
 
 
 def print_tables(table: Path, versions: list[str] | None = None) -> None:
     rows = [r for r in load(table) if not r["sets"]]
     for version in versions or VERSIONS:
-        for half in ("development", "validation", "validation2"):
+        for half in HALVES:
             mine = [r for r in rows if r["version"] == version and r["half"] == half]
             if mine:
                 print_half(version, half, mine, rows)
@@ -152,7 +153,9 @@ def by_k(rows: list[dict[str, Any]], fed: str) -> int:
 
 def print_grid(grid: dict[str, Any]) -> None:
     """The federations of grid.toml, one row each, by half."""
-    for half in ("development", "validation", "validation2"):
+    for half in HALVES:
+        if not any(f["half"] == half for f in grid["federation"].values()):
+            continue
         print(f"\n{half.capitalize()} half\n")
         print("| federation | pair | true K | data | scenario | clients | model | rounds | "
               "participation | seed |")
