@@ -71,12 +71,13 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "fedsoft_k": ({"name": "fedsoft"}, "given"),
     "cam_k": ({"name": "ifca_cam"}, "given"),
 }
-# The defaults before issue 36, written as settings of today's code (each is still an option):
-# `--preset v0` runs them, on either half, as the version "v0".
+# Earlier defaults, written as settings of today's code (each is still an option): `--preset
+# v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1.
+V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0"]
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
-                "algorithm.auto.test_every=false"],
+                "algorithm.auto.test_every=false", *V1_CFL],
         "flhc": ["algorithm.auto_cut=gap"],
         "flhc_k": [], "pacfl_k": [], "pca_km_hc_k": [],
         "pacfl": ["algorithm.threshold=3.5"],
@@ -84,6 +85,9 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "flt": ["algorithm.auto_clusters=gap"],
         "cfl_gp": ["algorithm.k_min_silhouette=-1"],
     },
+    # v1's CFL rule where v2 changed it (progress against the first round's loss, no contrast
+    # bound); the other methods' rules are the same in v1 and v2
+    "v1": {"cfl": V1_CFL},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

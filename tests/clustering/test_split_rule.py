@@ -112,16 +112,37 @@ def test_two_groups_pass_every_condition():
     assert [refusal for refusal, holds in CONDITIONS if not holds(v, RULE)] == []
 
 
-def test_progressed():
+def test_progressed_against_a_uniform_guess():
+    # the default reference: ln C, the cross-entropy of a uniform guess over C outputs
+    ten = AutoRule(n_outputs=10)
     v = measured(TWO_GROUPS, first_loss=2.0)
-    assert not progressed(_with(v, loss=1.95), RULE)  # 1.95 ≥ (1 - 0.05) × 2.0 = 1.9
-    assert progressed(_with(v, loss=1.8), RULE)
-    assert progressed(_with(v, loss=float("nan")), RULE)  # no loss reported
-    assert progressed(_with(v, loss=5.0, first_loss=None), RULE)  # no first loss
-    assert progressed(_with(v, loss=5.0, first_loss=-1.0), RULE)  # not a positive one
-    assert not progressed(_with(v, loss=5.0), RULE)
-    assert progressed(_with(v, loss=5.0), rule(progress=0.0))  # off
-    assert not progressed(_with(v, loss=1.8), rule(progress=0.2))  # 1.8 ≥ 0.8 × 2.0 = 1.6
+    assert not progressed(_with(v, loss=2.2), ten)  # 2.2 ≥ 0.95 × ln 10 = 2.187
+    assert progressed(_with(v, loss=2.18), ten)
+    assert not progressed(_with(v, loss=0.66), AutoRule(n_outputs=2))  # ≥ 0.95 ln 2 = 0.658
+    assert progressed(_with(v, loss=0.65), AutoRule(n_outputs=2))
+    assert progressed(_with(v, loss=float("nan")), ten)  # no loss reported
+    # one output (a regression's MSE has no plateau of a uniform guess), or C not known
+    assert progressed(_with(v, loss=1e6), AutoRule(n_outputs=1))
+    assert progressed(_with(v, loss=1e6), RULE)
+    assert progressed(_with(v, loss=5.0), AutoRule(options=AutoRuleConfig(progress=0.0),
+                                                   n_outputs=10))  # off
+    assert ten.reason(Refusal.NO_PROGRESS) == "no progress: loss ≥ 0.95 × ln 10"
+
+
+def test_progressed_against_the_first_round():  # rule v1's reference
+    first = AutoRuleConfig(progress_from="first")
+    r = AutoRule(options=first, n_outputs=10)  # C plays no part
+    v = measured(TWO_GROUPS, first_loss=2.0)
+    assert not progressed(_with(v, loss=1.95), r)  # 1.95 ≥ (1 - 0.05) × 2.0 = 1.9
+    assert progressed(_with(v, loss=1.8), r)
+    assert progressed(_with(v, loss=float("nan")), r)  # no loss reported
+    assert progressed(_with(v, loss=5.0, first_loss=None), r)  # no first loss
+    assert progressed(_with(v, loss=5.0, first_loss=-1.0), r)  # not a positive one
+    assert not progressed(_with(v, loss=5.0), r)
+    assert progressed(_with(v, loss=5.0), rule(progress=0.0, progress_from="first"))  # off
+    # 1.8 ≥ 0.8 × 2.0 = 1.6
+    assert not progressed(_with(v, loss=1.8), rule(progress=0.2, progress_from="first"))
+    assert r.reason(Refusal.NO_PROGRESS) == "no progress: loss ≥ 0.95 × first round's"
 
 
 def test_stationary():
@@ -196,7 +217,9 @@ def test_contrasting():
     # sides of 2 with within 1, 1 and cross c: D² = 2/2 + 2/2 - 2c, contrast = D² / 1 - 1
     v = by_hand(SIM, [0, 1], [2, 3], cohesion=Cohesion(1.0, 1.0, 0.2, 2, 2))
     assert v.cohesion.contrast == pytest.approx((2 - 2 * 0.2) / (1 / 2 + 1 / 2) - 1)  # 0.6
-    assert contrasting(v, RULE)  # off
+    assert contrasting(v, rule(contrast_min=0.0))  # off
+    assert contrasting(v, RULE)  # the default 0.5 < 0.6
+    assert not contrasting(_with(v, cohesion=Cohesion(1.0, 1.0, 0.3, 2, 2)), RULE)  # 0.4
     assert not contrasting(v, rule(contrast_min=1.0))
     opposed = _with(v, cohesion=Cohesion(1.0, 1.0, -0.3, 2, 2))  # contrast 1.6
     assert contrasting(opposed, rule(contrast_min=1.0))
@@ -292,6 +315,15 @@ def test_rounds_that_say_nothing_keep_the_streak():
     root = measured(TWO_GROUPS, node=0, formed=None)
     d = RULE.decide(root, kept, t=4)
     assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None and d.p_value >= 0.2
+    # a cut whose sides are not apart beyond noise (contrast 0.4 ≤ contrast_min 0.5, the
+    # default; computed in test_contrasting), every other condition passing: no evidence
+    # either way, as a failed shuffle test (rule v2; v1 reset the streak)
+    weak = _with(measured(TWO_GROUPS, formed=-1.0, node=2),
+                 cohesion=Cohesion(1.0, 1.0, 0.3, 2, 2))
+    two = RuleState(nodes={2: AutoNodeState(2, [[0, 1], [2, 3]])})
+    d = rule(test_every=False).decide(weak, two, t=4)
+    assert d.refusal is Refusal.NO_CONTRAST and d.node is None
+    assert rule(test_every=False, contrast_min=0.3).decide(weak, two, t=4).splits
 
 
 def test_a_pair_needs_twice_the_patience():
@@ -339,10 +371,12 @@ def test_epsilon_rule():
 
 def test_refusals_read_back_from_their_text():
     for member in Refusal:
-        text = member.text(bar=0.95, share=0.25, streak=2, need=3)
+        text = member.text(bar=0.95, share=0.25, streak=2, need=3, reference="ln 10")
         assert Refusal.read(text)[0] is member
     assert Refusal.read("patience 2/3") == (Refusal.PATIENCE, {"streak": "2", "need": "3"})
-    assert RULE.reason(Refusal.NO_PROGRESS) == "no progress: loss ≥ 0.95 × first round's"
+    # a history of rule v1 reads back as the same refusal
+    assert Refusal.read("no progress: loss ≥ 0.95 × first round's") == (
+        Refusal.NO_PROGRESS, {"bar": "0.95", "reference": "first round's"})
     with pytest.raises(ValueError, match="not a CFL refusal"):
         Refusal.read("because")
 
