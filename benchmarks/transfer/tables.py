@@ -74,9 +74,10 @@ def print_tables(table: Path, versions: list[str] | None = None) -> None:
 def print_half(version: str, half: str, rows: list[dict[str, Any]],
                everything: list[dict[str, Any]]) -> None:
     """One half of one version. FedAvg and the methods given K do not depend on the rules of
-    issue 36: where this version did not run them, the table takes v1's runs."""
-    by = {(r["federation"], r["method"]): r for r in everything
-          if r["version"] == "v1" and r["half"] == half}
+    issue 36: where this version did not run them, the table takes v1's runs, or v2's (v1 ran
+    only CFL on validation3 and validation4)."""
+    by = {(r["federation"], r["method"]): r for v in ("v2", "v1") for r in everything
+          if r["version"] == v and r["half"] == half and r["method"] not in AUTO}
     by.update({(r["federation"], r["method"]): r for r in rows})
     feds = sorted({r["federation"] for r in rows}, key=lambda f: (by_k(rows, f), f))
     print(f"\n### Version {version}, {half} half ({len(feds)} federations)\n")
