@@ -30,8 +30,11 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 
+# the tests in TEST_WORKERS processes (pytest-xdist), one thread each
+TEST_WORKERS ?= 2
+
 test: $(DEV_STAMP) lint
-	$(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n $(TEST_WORKERS)
 
 # The reproduction suite (about 2 hours on 2 cores; resumable: run it again to continue).
 # Needs MNIST and Fashion-MNIST in $$CLUSTERFL_DATA (see `clusterfl data`).
