@@ -288,10 +288,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
     device_update = True
 
     _devices: ClientSide | None = None
-    _n_outputs = 0  # the model's outputs (the auto rule's progress reference ln C)
 
     def setup(self, ctx: Context) -> None:
-        self._n_outputs = ctx.factory.n_outputs
+        self._n_outputs = ctx.factory.n_outputs  # the auto rule's progress reference, ln C
         base = ctx.factory.init(ctx.seed)
         self.state = CFLState(
             ctx.n_clients, ParameterTree.new(ctx.n_clients, torch.zeros_like(base)),
@@ -328,9 +327,8 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         if c.split_rule == "epsilon":
             return EpsilonRule(eps1=c.eps1, eps2=c.eps2, gamma_max=c.gamma_max,
                                warmup_rounds=c.warmup_rounds, min_split_size=c.min_split_size)
-        return AutoRule(options=c.auto, seed=seed, gamma_max=c.gamma_max,
-                        warmup_rounds=c.warmup_rounds, min_split_size=c.min_split_size,
-                        n_outputs=self._n_outputs)
+        return AutoRule(options=c.auto, seed=seed, gamma_max=c.gamma_max, n_outputs=self._n_outputs,
+                        warmup_rounds=c.warmup_rounds, min_split_size=c.min_split_size)
 
     def _training(self, ctx: Context, t: int) -> LocalTraining:
         if self.config.lr_decay == 1.0:
