@@ -586,3 +586,38 @@ def test_cli_place(label_swap_run, capsys):
 
     with pytest.raises(ClusterFLError, match="ids must be"):
         parse_clients("9", 5)
+
+
+def _regressions(**auto: object) -> dict[str, Any]:
+    """CFL-GP's four clusters of linear regressions: the transfer grid's linreg4_synth_2
+    (seed 1607, 8 of its 50 rounds), on which rule v1 never split."""
+    return {"seed": 1607, "rounds": 8, "eval_every": 8, "checkpoint_every": 0,
+            "data": {"source": "synthetic_regression"},
+            "scenario": {"name": "linear_regression", "n_clients": 20, "n_clusters": 4,
+                         "delta_phi": 30.0, "samples_per_client": 100,
+                         "test_samples_per_client": 100},
+            "model": {"name": "linear"},
+            "train": {"optimizer": "sgd", "lr": 0.1, "batch_size": 10, "epochs": 1},
+            "algorithm": {"name": "cfl", "auto": auto},
+            "output": {"figures": False, "progress": "off"}}
+
+
+def test_the_progress_reference_of_rule_v2_lets_conflicting_regressions_split():
+    """Issue 36, rule v2: on this federation the joint loss of the conflicting regressions
+    never falls 5 % below the first round's, so v1's reference refuses every round; against
+    ln C (v2; one output: no plateau, no condition) CFL splits them. The method hands the
+    rule its model's outputs."""
+    v1 = Experiment.from_config(_regressions(progress_from="first")).run(progress=False)
+    assert all(r.n_clusters == 1 for r in v1.records)
+    assert {why for r in v1.records for why in r.extras["refused"]} == \
+        {"no progress: loss ≥ 0.95 × first round's"}
+    exp = Experiment.from_config(_regressions())
+    v2 = exp.run(progress=False)
+    assert exp.algorithm.split_rule(0).n_outputs == 1  # type: ignore[attr-defined]
+    assert v2.records[-1].n_clusters >= 2 and v2.records[-1].ari > 0.3
+    assert not any(why and why.startswith("no progress") for r in v2.records
+                   for why in r.extras["refused"])
+    # a classifier's reference is ln C for its C classes (the built-in digits: 10)
+    digits = Experiment.from_config(tiny_rotation([0, 180]))
+    digits.run(progress=False)
+    assert digits.algorithm.split_rule(0).n_outputs == 10  # type: ignore[attr-defined]
