@@ -26,9 +26,7 @@ import io
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,7 +44,8 @@ SPARSE_MIN_BYTES = 64 * 2**20
 #: are not made resident)
 SCAN_ROWS = 128
 _SPARSE = "__nonzero_rows__"
-_ZEROS: ContextVar[Callable[..., torch.Tensor]] = ContextVar("zeros", default=torch.zeros)
+Zeros = Callable[..., torch.Tensor]
+"""`zeros(shape, dtype=...)`: the table a tensor kept as its nonzero rows is restored into."""
 
 
 def snapshot(value: Any) -> Any:
@@ -83,35 +82,20 @@ def _tensor_copy(t: torch.Tensor) -> Any:
             "rows": rows, "values": flat[rows]}
 
 
-def _from_rows(value: dict[str, Any]) -> torch.Tensor:
-    """The tensor of `_tensor_copy`'s nonzero rows, in a table made by `restore`'s `zeros`."""
+def _from_rows(value: dict[str, Any], zeros: Zeros) -> torch.Tensor:
+    """The tensor of `_tensor_copy`'s nonzero rows, in a table made by `zeros`."""
     shape = tuple(int(n) for n in value["shape"])
-    out = _ZEROS.get()(shape, dtype=getattr(torch, value["dtype"]))
+    out = zeros(shape, dtype=getattr(torch, value["dtype"]))
     out.view(-1, shape[-1])[value["rows"]] = value["values"].to(out.dtype)
     return out
 
 
-@contextmanager
-def _zeros_of(zeros: Callable[..., torch.Tensor] | None) -> Iterator[None]:
-    token = None if zeros is None else _ZEROS.set(zeros)
-    try:
-        yield
-    finally:
-        if token is not None:
-            _ZEROS.reset(token)
-
-
-def restore(cls: type[T], data: dict[str, Any],
-            zeros: Callable[..., torch.Tensor] | None = None) -> T:
+def restore(cls: type[T], data: dict[str, Any], zeros: Zeros | None = None) -> T:
     """The `cls` dataclass rebuilt from `snapshot(...)` output (values copied); a tensor kept
     as its nonzero rows is written into `zeros(shape, dtype=...)` (default `torch.zeros`)."""
-    with _zeros_of(zeros):
-        return _restore_dataclass(cls, data)
-
-
-def _restore_dataclass(cls: type[T], data: dict[str, Any]) -> T:
+    zeros = zeros or torch.zeros
     hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _restore(hints[f.name], data[f.name])
+    kwargs = {f.name: _restore(hints[f.name], data[f.name], zeros)
               for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # cls: a dataclass
               if f.init and f.name in data}
     missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]  # as above
@@ -122,32 +106,32 @@ def _restore_dataclass(cls: type[T], data: dict[str, Any]) -> T:
     return cls(**kwargs)
 
 
-def _restore(hint: Any, value: Any) -> Any:
+def _restore(hint: Any, value: Any, zeros: Zeros) -> Any:
     if value is None:
         return None
     if isinstance(value, dict) and value.get(_SPARSE) is True:
-        return _from_rows(value)
+        return _from_rows(value, zeros)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
         for option in options:
             if _fits(option, value):
-                return _restore(option, value)
-        return _restore(options[0], value)
+                return _restore(option, value, zeros)
+        return _restore(options[0], value, zeros)
     if origin is list:
         (item,) = typing.get_args(hint) or (Any,)
-        return [_restore(item, v) for v in value]
+        return [_restore(item, v, zeros) for v in value]
     if origin is tuple:
         args = typing.get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_restore(args[0], v) for v in value)
-        return tuple(_restore(a, v) for a, v in zip(args, value, strict=True)) if args \
+            return tuple(_restore(args[0], v, zeros) for v in value)
+        return tuple(_restore(a, v, zeros) for a, v in zip(args, value, strict=True)) if args \
             else tuple(value)
     if origin is dict:
         key, item = typing.get_args(hint) or (Any, Any)
-        return {_restore(key, k): _restore(item, v) for k, v in value.items()}
+        return {_restore(key, k, zeros): _restore(item, v, zeros) for k, v in value.items()}
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _restore_dataclass(hint, value)
+        return restore(hint, value, zeros)
     if hint is torch.Tensor:
         return value.clone()
     if hint is np.ndarray:
