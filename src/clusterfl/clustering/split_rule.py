@@ -445,10 +445,7 @@ def progressed(v: ClusterView, r: AutoRule) -> bool:
     round's loss (rule v1). Passes when off (`progress = 0`), without a usable loss or
     reference (none reported; a model with one output, a regression, whose loss has no
     such plateau; C unknown)."""
-    if r.options.progress_from == "first":
-        reference = v.first_loss
-    else:
-        reference = math.log(r.n_outputs) if r.n_outputs > 1 else None
+    reference, _ = r.progress_reference(v.first_loss)
     if r.options.progress == 0 or reference is None or not reference > 0 or \
             math.isnan(v.loss):
         return True
@@ -654,11 +651,18 @@ class AutoRule(SplitRule):
             return v
         return centred_cut(v)
 
-    def reason(self, refusal: Refusal) -> str:
-        reference = "first round's" if self.options.progress_from == "first" else \
+    def progress_reference(self, first_loss: float | None) -> tuple[float | None, str]:
+        """The progress condition's reference loss (None: none) and its name in the history:
+        ln C (`progress_from = "uniform"`; none for one output or C unknown) or the first
+        round's loss."""
+        if self.options.progress_from == "first":
+            return first_loss, "first round's"
+        return (math.log(self.n_outputs) if self.n_outputs > 1 else None), \
             f"ln {self.n_outputs}"
+
+    def reason(self, refusal: Refusal) -> str:
         return refusal.text(bar=1 - self.options.progress, share=PAIR_NORM,
-                            reference=reference)
+                            reference=self.progress_reference(None)[1])
 
     def test(self, v: ClusterView, state: RuleState, t: int) -> Decision:
         c = self.options
