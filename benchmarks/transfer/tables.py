@@ -59,13 +59,17 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 #: the versions of the rules the tables show (the dev-only variants of RESULTS.md's history
 #: ran with --set and are summed up there)
 VERSIONS = ("v0", "v1", "v2")
-HALVES = ("development", "validation", "validation2", "validation3", "validation4")
+
+
+def halves(names: list[str]) -> list[str]:
+    """The distinct halves among `names`: development, then validation, validation2, ..."""
+    return sorted(set(names), key=lambda h: (h != "development", len(h), h))
 
 
 def print_tables(table: Path, versions: list[str] | None = None) -> None:
     rows = [r for r in load(table) if not r["sets"]]
     for version in versions or VERSIONS:
-        for half in HALVES:
+        for half in halves([r["half"] for r in rows]):
             mine = [r for r in rows if r["version"] == version and r["half"] == half]
             if mine:
                 print_half(version, half, mine, rows)
@@ -154,9 +158,7 @@ def by_k(rows: list[dict[str, Any]], fed: str) -> int:
 
 def print_grid(grid: dict[str, Any]) -> None:
     """The federations of grid.toml, one row each, by half."""
-    for half in HALVES:
-        if not any(f["half"] == half for f in grid["federation"].values()):
-            continue
+    for half in halves([f["half"] for f in grid["federation"].values()]):
         print(f"\n{half.capitalize()} half\n")
         print("| federation | pair | true K | data | scenario | clients | model | rounds | "
               "participation | seed |")
