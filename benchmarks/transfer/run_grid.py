@@ -72,8 +72,11 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
     "cam_k": ({"name": "ifca_cam"}, "given"),
 }
 # Earlier defaults, written as settings of today's code (each is still an option): `--preset
-# v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1.
-V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0"]
+# v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1,
+# `--preset v2` those of v2 (CFL's rule is the only one that changed after v1).
+V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0",
+          "algorithm.auto.significance=0.05"]
+V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05"]
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
@@ -85,9 +88,11 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "flt": ["algorithm.auto_clusters=gap"],
         "cfl_gp": ["algorithm.k_min_silhouette=-1"],
     },
-    # v1's CFL rule where v2 changed it (progress against the first round's loss, no contrast
-    # bound); the other methods' rules are the same in v1 and v2
+    # v1's CFL rule where v2 and v3 changed it (progress against the first round's loss, no
+    # contrast bound, the test at 0.05); the other methods' rules are the same in v1-v3
     "v1": {"cfl": V1_CFL},
+    # v2's CFL rule where v3 changed it (the contrast bound 0.5, the test at 0.05)
+    "v2": {"cfl": V2_CFL},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})
