@@ -217,9 +217,10 @@ def test_contrasting():
     # sides of 2 with within 1, 1 and cross c: D² = 2/2 + 2/2 - 2c, contrast = D² / 1 - 1
     v = by_hand(SIM, [0, 1], [2, 3], cohesion=Cohesion(1.0, 1.0, 0.2, 2, 2))
     assert v.cohesion.contrast == pytest.approx((2 - 2 * 0.2) / (1 / 2 + 1 / 2) - 1)  # 0.6
-    assert contrasting(v, rule(contrast_min=0.0))  # off
-    assert contrasting(v, RULE)  # the default 0.5 < 0.6
-    assert not contrasting(_with(v, cohesion=Cohesion(1.0, 1.0, 0.3, 2, 2)), RULE)  # 0.4
+    assert contrasting(v, rule(contrast_min=0.0)) and contrasting(v, RULE)  # off, the default
+    assert contrasting(v, rule(contrast_min=0.5))  # rule v2's bound: 0.5 < 0.6
+    weak = _with(v, cohesion=Cohesion(1.0, 1.0, 0.3, 2, 2))  # contrast 0.4
+    assert contrasting(weak, RULE) and not contrasting(weak, rule(contrast_min=0.5))
     assert not contrasting(v, rule(contrast_min=1.0))
     opposed = _with(v, cohesion=Cohesion(1.0, 1.0, -0.3, 2, 2))  # contrast 1.6
     assert contrasting(opposed, rule(contrast_min=1.0))
@@ -266,7 +267,10 @@ def test_shuffle_test_at_every_cluster_or_the_root_only():
     root = measured(rows, node=0, formed=None)
     strict = rule(null_draws=99)
     assert shuffle_test(root, strict, t=5) == pytest.approx(1 / 100)
-    assert not significant(0.2, RULE) and significant(0.01, RULE)
+    # the default level 0.01 (rule v3; v2: 0.05): p must be below it
+    assert not significant(0.2, RULE) and not significant(0.03, RULE)
+    assert significant(0.009, RULE) and not significant(0.01, RULE)
+    assert significant(0.03, rule(significance=0.05))
     assert significant(float("nan"), RULE)  # not tested: passes
     below = _with(root, formed=0.3, node=4)  # not the root: tested by default (issue 36)
     assert shuffle_test(below, strict, t=5) == pytest.approx(1 / 100)
@@ -315,15 +319,16 @@ def test_rounds_that_say_nothing_keep_the_streak():
     root = measured(TWO_GROUPS, node=0, formed=None)
     d = RULE.decide(root, kept, t=4)
     assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None and d.p_value >= 0.2
-    # a cut whose sides are not apart beyond noise (contrast 0.4 ≤ contrast_min 0.5, the
+    # a cut whose sides are not apart beyond noise (contrast 0.4 ≤ contrast_min 0.5, rule v2's
     # default; computed in test_contrasting), every other condition passing: no evidence
-    # either way, as a failed shuffle test (rule v2; v1 reset the streak)
+    # either way, as a failed shuffle test (rule v2; v1 reset the streak; v3: no bound)
     weak = _with(measured(TWO_GROUPS, formed=-1.0, node=2),
                  cohesion=Cohesion(1.0, 1.0, 0.3, 2, 2))
     two = RuleState(nodes={2: AutoNodeState(2, [[0, 1], [2, 3]])})
-    d = rule(test_every=False).decide(weak, two, t=4)
+    d = rule(test_every=False, contrast_min=0.5).decide(weak, two, t=4)
     assert d.refusal is Refusal.NO_CONTRAST and d.node is None
     assert rule(test_every=False, contrast_min=0.3).decide(weak, two, t=4).splits
+    assert rule(test_every=False).decide(weak, two, t=4).splits  # v3's default: no bound
 
 
 def test_a_pair_needs_twice_the_patience():

@@ -27,10 +27,15 @@ from tests.flower.standard_app import app as standard_app
 N = 8
 NET = "tests.flower.standard_app:Net"
 TRUTH = {100 + i: i % GROUPS for i in range(N)}
+# 8 nodes in 4 groups of 2: the root's cut into two pairs of groups has a shuffle p of
+# 0.02-0.04 in every round (measured), below rule v2's level 0.05 but not v3's default 0.01
+# (docs/cfl.md, condition 8: so few clients cannot show the cut beyond noise at 0.01). These
+# tests check the Flower wiring, so CFL runs with v2's level here.
+CFL = "cfl:auto.significance=0.05"
 ROUNDS = {"cfl": 14, "flhc": 14}  # CFL splits one group at a time (ARI 1 from round 11),
 # FL+HC clusters after its 10 warm-up rounds; the others: 6
 CLUSTERED = {
-    "cfl": "cfl",
+    "cfl": CFL,
     "flhc": "flhc",
     "ifca": "ifca:n_clusters=4:warmup_rounds=2",
     "fesem": "fesem:n_clusters=4",
@@ -75,7 +80,7 @@ def cfl_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[str], P
             grid.nodes.update({100 + i: {"partition-id": i, "groups": GROUPS, "worker": "none"}
                                for i in range(N, N + 4)})
 
-    result = _strategy("cfl", true_clusters=TRUTH, out_dir=out, log=log).start(
+    result = _strategy(CFL, true_clusters=TRUTH, out_dir=out, log=log).start(
         grid, ROUNDS["cfl"])
     return result, [x for x in lines if x.startswith("flower: round")], out
 
