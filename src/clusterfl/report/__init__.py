@@ -10,6 +10,7 @@ A run directory is read as typed records (`clusterfl.records`): `read_history(ru
 one `RoundRecord` per round, `read_summary(run_dir)` the `RunSummary`.
 """
 
+from clusterfl.records import RunDirError, read_history, read_summary
 from clusterfl.report.figures import (
     human_units,
     plot_accuracy,
@@ -23,7 +24,6 @@ from clusterfl.report.figures import (
     plot_series,
 )
 from clusterfl.report.history import (
-    RunDirError,
     accuracy_series,
     ari_series,
     client_accuracy_matrix,
@@ -38,8 +38,6 @@ from clusterfl.report.history import (
     load_config_text,
     metric_series,
     n_clusters_series,
-    read_history,
-    read_summary,
     run_label,
     split_rounds,
 )

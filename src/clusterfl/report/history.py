@@ -1,7 +1,7 @@
 """Numpy series of a run's records (`clusterfl.records.RoundRecord`) for figures and tables.
 
 The records and the summary are read by `clusterfl.records.read_history` and
-`read_summary` (re-exported here); the helpers below turn them into arrays.
+`read_summary` (re-exported by `clusterfl.report`); the helpers below turn them into arrays.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import numpy as np
 from clusterfl.records import (
     RoundMetrics,
     RoundRecord,
-    RunDirError,
     RunSummary,
-    read_history,
-    read_summary,
 )
 
 CONFIG_FILE = "config.toml"
@@ -165,26 +162,3 @@ def final_client_accuracy(
         return None
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
-
-__all__ = [
-    "CONFIG_FILE",
-    "RunDirError",
-    "accuracy_series",
-    "ari_series",
-    "client_accuracy_matrix",
-    "client_accuracy_quantiles",
-    "cluster_size_matrix",
-    "cluster_sizes_series",
-    "comm_series",
-    "evaluated_rounds",
-    "final_client_accuracy",
-    "is_language_model",
-    "is_regression",
-    "load_config_text",
-    "metric_series",
-    "n_clusters_series",
-    "read_history",
-    "read_summary",
-    "run_label",
-    "split_rounds",
-]
