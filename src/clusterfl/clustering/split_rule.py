@@ -101,8 +101,8 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
     ("contrasting: contrast > contrast_min; with the shuffle test the evidence of a round (a "
      "round failing either neither counts nor resets the streak)", "0, off (v3; v2: 0.5)",
      "v2's bound tuned on 42 seen grid federations; off since v3",
-     "with the test at 0.01, 70 seen grid federations found the same true K with and "
-     "without the bound (44 of 60): v3 keeps the simpler rule"),
+     "with the test at 0.01, 70 seen grid federations: the true K in the same 44 of 60 "
+     "with and without the bound: v3 keeps the simpler rule"),
     ("pair_norms_large: both norms > PAIR_NORM · peak", "0.25",
      "derived: the paper's ε2 = 2.5 ε1, ε1 = max_t ‖Δθ_c‖ / 10",
      "0.1 split a converging congruent pair; 0.4 kept incongruent ones"),
