@@ -36,7 +36,6 @@ from clusterfl.clustering.split_rule import (
     sides_large_enough,
     significant,
     stationary,
-    trimmed_cut,
 )
 
 SQ5 = math.sqrt(5)
@@ -399,36 +398,3 @@ def test_meet_of_candidate_bipartitions():
     assert meet([[0, 1, 2, 3, 9], [4, 5, 6, 7]], [[0, 1, 4, 5, 8], [2, 3, 6, 7]], 2) == \
         [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
     assert meet(blocks, [[0, 1, 2, 4], [5, 6]], 2) is None  # 4 | 5 6: one of block 2 alone
-
-
-# two groups, A = (2, 1, 0) twice and B = (2, -1, 0) twice, and one client O = (0, 0.5, 10)
-# out of line with both: every cut of Algorithm 1, raw or centred, sets O alone
-OUT_OF_LINE = [[2.0, 1.0, 0.0], [2.0, 1.0, 0.0], [2.0, -1.0, 0.0], [2.0, -1.0, 0.0],
-               [0.0, 0.5, 10.0]]
-
-
-def test_the_candidate_cuts_of_the_cut_option():
-    v = measured(OUT_OF_LINE)
-    # raw: cos(A, B) = (4 - 1) / 5 > cos(A, O) = 0.5 / (√5 √100.25) > cos(B, O) < 0
-    assert v.split.first.tolist() == [0, 1, 2, 3] and v.split.second.tolist() == [4]
-    assert rule(cut="raw")._candidate(v).split.second.tolist() == [4]
-    # centred on the mean (8, 0.5, 10) / 5 = (1.6, 0.1, 2): A - m = (0.4, 0.9, -2),
-    # B - m = (0.4, -1.1, -2), O - m = (-1.6, 0.4, 8); O's cosines with A and B are negative,
-    # A's with B (0.16 - 0.99 + 4) / √(4.97 · 5.37) > 0: O is still alone
-    for cut in ("centred", "fallback"):
-        found = rule(cut=cut)._candidate(v)
-        assert found.split.first.tolist() == [0, 1, 2, 3] and found.split.second.tolist() == [4]
-    # trim: O set aside, the rest cut A A | B B (centred cosines 1 within, 0.61 across); O joins
-    # the side it is closer to: cos(A - m, O - m) = (-0.64 + 0.36 - 16) / √(4.97 · 66.72)
-    # > cos(B - m, O - m) = (-0.64 - 0.44 - 16) / √(5.37 · 66.72)
-    assert (-0.64 + 0.36 - 16) / math.sqrt(4.97 * 66.72) > \
-        (-0.64 - 0.44 - 16) / math.sqrt(5.37 * 66.72)
-    trimmed = rule(cut="trim")._candidate(v)
-    assert trimmed.split.first.tolist() == [0, 1, 4] and trimmed.split.second.tolist() == [2, 3]
-    # the conditions read the raw cosines of that cut: α_cross^max = cos(A, B) = 3 / 5
-    assert trimmed.split.max_cross == pytest.approx(3 / 5)
-    raw_o = 0.5 / math.sqrt(5 * 100.25)  # cos(A, O); cos(B, O) = -raw_o
-    assert trimmed.cohesion.within_first == pytest.approx((1 + raw_o + raw_o) / 3)
-    assert trimmed.cohesion.cross == pytest.approx((4 * 3 / 5 - 2 * raw_o) / 6)
-    # where too few would remain once the small side is set aside, the candidate stays
-    assert trimmed_cut(measured(OUT_OF_LINE[2:]), 2).split.second.tolist() == [2]

@@ -171,14 +171,11 @@ class AutoRuleConfig(BaseModel):
     test_every: bool = Field(
         True, description="the significance test for every cluster (default since issue 36, "
         "instead of nesting); false: the root only")
-    cut: Literal["raw", "centred", "fallback", "trim"] = Field(
+    cut: Literal["raw", "centred", "fallback"] = Field(
         "fallback", description="the candidate bipartition: Algorithm 1 on the clients' update "
         "cosines ('raw', the paper), on the cosines of the updates minus the cluster's "
         "mean update ('centred'), or the raw cut unless a side is below min_side, then the "
-        "centred one ('fallback'); 'trim': as 'fallback', and where the centred cut still "
-        "leaves a side below min_side, that side's clients are set aside, Algorithm 1 cuts "
-        "the others, and each set-aside client joins the side it is closer to on average; "
-        "the conditions read the raw cosines either way")
+        "centred one ('fallback'); the conditions read the raw cosines either way")
 
 
 class Refusal(Enum):
@@ -610,38 +607,6 @@ def centred_cut(v: ClusterView) -> ClusterView:
     return replace(v, split=split, cohesion=cohesion(raw, split.first, split.second))
 
 
-def trimmed_cut(v: ClusterView, min_side: int) -> ClusterView:
-    """`v` whose candidate leaves a side below `min_side`, with the cut of its other clients:
-    on the centred cosines (`centred_cut`), the clients of a side below `min_side` are set
-    aside and Algorithm 1 cuts the rest, again until both sides are large enough (`v`
-    unchanged once fewer than 2 · min_side would remain); each set-aside client then joins
-    the side whose clients it is closer to on average. A side too small to become a cluster
-    does not choose the cut: the best cut among the others does."""
-    if v.similarity is None or len(v.members) < 2 * min_side or min_side < 2:
-        return v
-    rest = v.updates.to(torch.float64) - v.mean.to(torch.float64)
-    sim = pairwise_cosine(rest)
-    keep, aside = np.arange(len(v.members)), np.zeros(0, dtype=np.int64)
-    while True:
-        found = bipartition(sim[np.ix_(keep, keep)], "optimal")
-        small = [side for side in (found.first, found.second) if len(side) < min_side]
-        if not small:
-            break
-        drop = keep[np.concatenate(small)]
-        if len(keep) - len(drop) < 2 * min_side:
-            return v
-        aside, keep = np.concatenate([aside, drop]), np.setdiff1d(keep, drop)
-    sides = [keep[found.first], keep[found.second]]
-    closer = sim[np.ix_(aside, sides[0])].mean(axis=1) >= sim[np.ix_(aside, sides[1])].mean(axis=1)
-    first = np.sort(np.concatenate([sides[0], aside[closer]]))
-    second = np.sort(np.concatenate([sides[1], aside[~closer]]))
-    if first[0] > second[0]:
-        first, second = second, first
-    raw = v.similarity
-    split = Bipartition(first, second, float(raw[np.ix_(first, second)].max()))
-    return replace(v, split=split, cohesion=cohesion(raw, first, second))
-
-
 def finite(x: float) -> float | None:
     """A float for the history (JSON has no NaN): None when undefined."""
     return None if math.isnan(x) else float(x)
@@ -682,14 +647,10 @@ class AutoRule(SplitRule):
         cut = self.options.cut
         if cut == "raw" or v.split is None or v.pair:
             return v
-        small = min(len(v.split.first), len(v.split.second)) < self.options.min_side
-        if cut in ("fallback", "trim") and not small:
+        if cut == "fallback" and min(len(v.split.first), len(v.split.second)) >= \
+                self.options.min_side:
             return v
-        found = centred_cut(v)
-        if cut == "trim" and found.split is not None and \
-                min(len(found.split.first), len(found.split.second)) < self.options.min_side:
-            return trimmed_cut(v, self.options.min_side)
-        return found
+        return centred_cut(v)
 
     def progress_reference(self, first_loss: float | None) -> tuple[float | None, str]:
         """The progress condition's reference loss (None: none) and its name in the history:
