@@ -12,8 +12,15 @@ from tests.crash import crash_then_resume
 
 from clusterfl.algorithms import ALGORITHMS
 from clusterfl.algorithms.base import Context
-from clusterfl.algorithms.flhc import FLHC, FLHCClusteringExtras, FLHCConfig, FLHCState
+from clusterfl.algorithms.flhc import (
+    FLHC,
+    FLHCClusteringExtras,
+    FLHCConfig,
+    FLHCState,
+    flhc_clusters,
+)
 from clusterfl.backends.sequential import SequentialBackend
+from clusterfl.clustering.hierarchical import MIN_SILHOUETTE
 from clusterfl.config import load_config
 from clusterfl.data.scenarios import make_federation
 from clusterfl.errors import ConfigError
@@ -203,3 +210,31 @@ def test_warmup_rounds_at_least_the_runs_rounds_never_clusters_is_a_config_error
         "name": "flhc", "warmup_rounds": 2}}).run(progress=False)
     assert [r.extras["warmup"] for r in hist.records] == [1, 1, 0]
     assert hist.records[-1].extras["n_clusters_found"] >= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_structure_test_against_the_silhouette_bound(seed):
+    """Hand-built updates Δθ = common direction (norm 3) + group direction (norm 1) + noise.
+    Two groups of six with noise of norm 1.4: the best silhouette is below 0.25, so the bound
+    alone (significance 0, rule v1) keeps one cluster; the shuffle test of their cosines sees
+    the groups and the silhouette cut finds them. One group whose clients differ only in
+    their update norms (×0.5 to ×2): Ward on Euclidean distances cuts by norm past the bound,
+    the test keeps one cluster."""
+    rng = np.random.default_rng(seed)
+    d = 400
+    common = rng.normal(size=d)
+    common *= 3 / np.linalg.norm(common)
+    group = rng.normal(size=(2, d))
+    group /= np.linalg.norm(group, axis=1, keepdims=True)
+    two = np.array([common + group[i // 6] + 1.4 * rng.normal(size=d) / np.sqrt(d)
+                    for i in range(12)])
+    test, bound = FLHCConfig(), FLHCConfig(significance=0.0)
+    found, _ = flhc_clusters(two, 12, np.arange(12), test)
+    assert found.labels.tolist() == [0] * 6 + [1] * 6
+    assert found.silhouette < MIN_SILHOUETTE
+    assert flhc_clusters(two, 12, np.arange(12), bound)[0].labels.tolist() == [0] * 12
+    scale = np.linspace(0.5, 2.0, 10)[rng.permutation(10)]
+    one = np.array([s * (common + 0.3 * rng.normal(size=d) / np.sqrt(d)) for s in scale])
+    by_norm, _ = flhc_clusters(one, 10, np.arange(10), bound)
+    assert by_norm.silhouette >= MIN_SILHOUETTE and by_norm.labels.max() >= 1
+    assert flhc_clusters(one, 10, np.arange(10), test)[0].labels.tolist() == [0] * 10

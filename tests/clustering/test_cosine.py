@@ -28,6 +28,7 @@ from clusterfl.clustering.cosine import (
     shuffle_pvalue,
     single_linkage_labels,
     stationarity_ratio,
+    structure_pvalue,
 )
 
 
@@ -349,3 +350,17 @@ def test_shuffle_pvalue_of_four_clients_cannot_fall_below_a_fifth():
     assert p == pytest.approx(0.2, abs=0.03)
     with pytest.raises(ValueError, match="3 clients"):
         shuffle_pvalue(np.eye(2), 0.0, 10, np.random.default_rng(0))
+
+
+def test_structure_pvalue_is_the_shuffle_test_of_algorithm_1s_cut():
+    """FL+HC's structure test: the same draws as `shuffle_pvalue` of the contrast of the cut
+    Algorithm 1 finds; two groups reach the smallest value."""
+    rng = np.random.default_rng(9)
+    for sizes in ([7], [3, 4], [5, 5, 2]):
+        sim = pairwise_cosine(groups(sizes, 0.8, 100, rng))
+        cut = optimal_bipartition(sim)
+        contrast = cohesion(sim, cut.first, cut.second).contrast
+        assert structure_pvalue(sim, 49, np.random.default_rng(3)) == \
+            shuffle_pvalue(sim, contrast, 49, np.random.default_rng(3))
+    sim = pairwise_cosine(groups([5, 5], 1.0, 200, rng))
+    assert structure_pvalue(sim, 99, rng) == pytest.approx(1 / 100)

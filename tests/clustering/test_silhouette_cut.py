@@ -128,3 +128,26 @@ def test_below_the_top_no_client_is_cut_off_alone() -> None:
     x[0] += 3.0  # far from its group, still much nearer to it than to the other
     cut = silhouette_cut(feature_linkage(x), pairwise_distances(x, x))
     assert cut.labels.tolist() == [0] * 6 + [1] * 6
+
+
+def test_a_structure_test_decides_instead_of_the_bound() -> None:
+    """`structured(leaves, score)` replaces `score >= min_silhouette`: it is asked about the
+    whole tree first (every leaf, the best score of the first level), then about each part."""
+    x = blobs(np.random.default_rng(3), [4, 4, 4], 1.0)
+    z, d = feature_linkage(x), pairwise_distances(x, x)
+    found = silhouette_cut(z, d)
+    asked: list[tuple[list[int], float]] = []
+
+    def never(leaves: np.ndarray, score: float) -> bool:
+        asked.append((sorted(leaves.tolist()), score))
+        return False
+
+    assert silhouette_cut(z, d, structured=never).n_clusters == 1
+    assert asked == [(list(range(12)), found.scores[found.best])]
+    # iid points, whose best cut is far below the bound, are cut when the test says so; the
+    # parts, asked in turn, are cut again until parts of two or three are left
+    y = np.random.default_rng(5).normal(size=(12, 50))
+    zy, dy = feature_linkage(y), pairwise_distances(y, y)
+    assert silhouette_cut(zy, dy).n_clusters == 1
+    always = silhouette_cut(zy, dy, structured=lambda leaves, score: len(leaves) >= 4)
+    assert always.n_clusters > 1 and np.bincount(always.labels).max() <= 3

@@ -32,11 +32,12 @@ TRUTH = {100 + i: i % GROUPS for i in range(N)}
 # (docs/cfl.md, condition 8: so few clients cannot show the cut beyond noise at 0.01). These
 # tests check the Flower wiring, so CFL runs with v2's level here.
 CFL = "cfl:auto.significance=0.05"
+FLHC = "flhc:significance=0.05"  # FL+HC's structure test (rule v2) at the same level, alike
 ROUNDS = {"cfl": 14, "flhc": 14}  # CFL splits one group at a time (ARI 1 from round 11),
 # FL+HC clusters after its 10 warm-up rounds; the others: 6
 CLUSTERED = {
     "cfl": CFL,
-    "flhc": "flhc",
+    "flhc": FLHC,
     "ifca": "ifca:n_clusters=4:warmup_rounds=2",
     "fesem": "fesem:n_clusters=4",
     "cfl_gp": "cfl_gp:n_clusters=4:protocol=model",

@@ -16,12 +16,17 @@ Our choices (the paper's values could not be read; every one is an option):
   (default) / average / complete / single, the options the paper studies as we recall it;
   Ward needs the Euclidean metric. Updates are flattened over all layers.
 - The cut: a distance `threshold` (the paper's rule), or a fixed `n_clusters`, or, with
-  neither (the default), `auto_cut`: the cut whose clusters have the highest mean silhouette
-  under `metric` (`silhouette_cut`), and one cluster when that silhouette is below
-  `min_silhouette` (0.25); or `"gap"`, the largest gap between consecutive merge heights
-  (`auto_n_clusters`), which always cuts somewhere, iid federations included. A raw
-  threshold depends on the model, the learning rate and the local work, and the paper's
-  recommended value is not known. Evidence for the default: docs/transfer.md.
+  neither (the default), `auto_cut`: the divisive silhouette cut (`silhouette_cut`): a
+  cluster is cut into the subtrees of highest mean silhouette under `metric` if it shows
+  structure, and each part examined again. Whether a cluster of at least `TEST_MIN` clients
+  shows structure is a test (rule v2, issue 36): Algorithm 1's cut of its members' update
+  cosines is beyond `NULL_DRAWS` shuffles of those cosines at level `significance` (0.01;
+  `structure_pvalue`, CFL's shuffle test); a smaller cluster, or any with `significance = 0`
+  (rule v1), needs a silhouette of `min_silhouette` (0.25). Or `"gap"`, the largest gap
+  between consecutive merge heights (`auto_n_clusters`), which always cuts somewhere, iid
+  federations included. A raw threshold depends on the model, the learning rate and the
+  local work, and the paper's recommended value is not known. Evidence for the defaults:
+  docs/transfer.md.
 - `warmup_rounds` n = 10 FedAvg rounds (ours; one third-party version uses 20); the
   clustering happens in round n + 1. A run of at most n rounds would never cluster (FedAvg
   under FL+HC's name): `setup` refuses it, naming `warmup_rounds`.
@@ -87,6 +92,7 @@ from clusterfl.algorithms.oneshot import (
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
+from clusterfl.clustering.cosine import pairwise_cosine, structure_pvalue
 from clusterfl.clustering.hierarchical import (
     feature_linkage,
     nearest_centroid,
@@ -97,6 +103,10 @@ from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
 HISTORY_MAX_CLIENTS = 200  # above this, the linkage is not written into the history
+TEST_MIN = 5
+"""The structure test needs this many clients in a cluster (CFL's `SHUFFLE_MIN`: with four a
+2 | 2 cut's p-value is never below 0.2); a smaller cluster is cut only past `min_silhouette`."""
+NULL_DRAWS = 999  # shuffled matrices of the structure test (the smallest p-value: 0.001)
 CLUSTER_CLIENTS_ALLOWED = '"all", a number of clients >= 2, or a fraction in (0, 1]'
 
 
@@ -133,6 +143,15 @@ class FLHCConfig(SampledConfig):
                                      "(threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
+    significance: float = Field(
+        0.01, ge=0.0, lt=1.0, description="auto_cut 'silhouette': a cluster of at least 5 "
+        "clients is cut (into its best-silhouette cut) only if Algorithm 1's cut of its "
+        "members' update cosines is beyond shuffled cosines at this level (CFL's shuffle "
+        "test), whatever its silhouette; smaller clusters, or all with 0 (rule v1), need "
+        "min_silhouette")
+    test_every: bool = Field(
+        True, description="the structure test (significance) for every cluster the cut "
+        "examines; false: for the whole federation only, min_silhouette below it")
     cluster_clients: ClusterClients = Field(
         "all", description="clients asked in the clustering round: 'all' (the paper's), a "
         "number >= 2 or a fraction in (0, 1] drawn at random; the others are placed by the "
@@ -249,8 +268,20 @@ def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
     z = feature_linkage(updates, cfg.metric, cfg.linkage)
     distances = pairwise_distances(updates, updates, cfg.metric) \
         if cfg.auto_cut == "silhouette" else None
+    structured = None
+    if distances is not None and cfg.significance > 0:
+        sim = pairwise_cosine(updates)
+
+        def structured(leaves: np.ndarray, score: float) -> bool:
+            """A cluster shows groups: its cosines' shuffle test (module docstring); below
+            TEST_MIN clients the silhouette bound. The shuffles are seeded by the members."""
+            if len(leaves) < TEST_MIN or (not cfg.test_every and len(leaves) < len(sim)):
+                return score >= cfg.min_silhouette
+            rng = np.random.default_rng(np.sort(leaves))
+            return structure_pvalue(sim[np.ix_(leaves, leaves)], NULL_DRAWS,
+                                    rng) < cfg.significance
     return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters,
-                       cfg.auto_cut, distances, cfg.min_silhouette), z
+                       cfg.auto_cut, distances, cfg.min_silhouette, structured), z
 
 
 class FLHC(Algorithm[FLHCConfig, FLHCState]):

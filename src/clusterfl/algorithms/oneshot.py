@@ -10,6 +10,7 @@ extras).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -84,11 +85,13 @@ class Cut:
 def cut_clients(z: np.ndarray, n: int, good: np.ndarray, threshold: float | None,
                 n_clusters: int | None, max_clusters: int | None,
                 auto_cut: AutoCut = "gap", distances: np.ndarray | None = None,
-                min_silhouette: float = MIN_SILHOUETTE) -> Cut:
+                min_silhouette: float = MIN_SILHOUETTE,
+                structured: Callable[[np.ndarray, float], bool] | None = None) -> Cut:
     """The cluster of each of `n` clients: the clients `good` (in linkage `z`'s order) cut
     at `threshold`, into `n_clusters` (lowered to the clients that answered), or else by
     `auto_cut`: the silhouette cut under `distances` (`[len(good)]²`, `silhouette_cut`) or
-    the largest gap (`flat_clusters`); every other client its own cluster."""
+    the largest gap (`flat_clusters`), with `structured` deciding instead of the bound
+    `min_silhouette` (`silhouette_cut`); every other client its own cluster."""
     good = np.asarray(good, dtype=np.int64)
     k = None if n_clusters is None else max(1, min(n_clusters, len(good)))
     labels = np.full(n, -1, dtype=np.int64)
@@ -96,7 +99,7 @@ def cut_clients(z: np.ndarray, n: int, good: np.ndarray, threshold: float | None
     if threshold is None and k is None and auto_cut == "silhouette":
         if distances is None:
             raise ValueError("auto_cut 'silhouette' needs the clients' distances")
-        cut = silhouette_cut(z, distances, max_clusters, min_silhouette)
+        cut = silhouette_cut(z, distances, max_clusters, min_silhouette, structured)
         labels[good] = cut.labels
         if cut.scores:
             score, best = max(cut.scores.values()), cut.best

@@ -335,6 +335,13 @@ def shuffle_pvalue(sim: np.ndarray, observed: float, draws: int,
     return (1 + hits) / (1 + draws)
 
 
+def structure_pvalue(sim: np.ndarray, draws: int, rng: np.random.Generator) -> float:
+    """Whether clients show groups at all: the `shuffle_pvalue` of the contrast of
+    Algorithm 1's cut (`optimal_bipartition`) of their similarities `sim` (n ≥ 3)."""
+    split = optimal_bipartition(sim)
+    return shuffle_pvalue(sim, cohesion(sim, split.first, split.second).contrast, draws, rng)
+
+
 def _block_cohesion(sim: np.ndarray, second: np.ndarray) -> Cohesion:
     """`cohesion` of the bipartition (not `second`, `second`) of a symmetric matrix with unit
     diagonal, from its block sums (no index copies: the shuffle test's inner loop)."""

@@ -39,7 +39,7 @@ fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' u
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,7 +154,9 @@ def _best_cut(node: object, d: np.ndarray, top: int,
 
 
 def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | None = None,
-                   min_silhouette: float = MIN_SILHOUETTE) -> SilhouetteCut:
+                   min_silhouette: float = MIN_SILHOUETTE,
+                   structured: Callable[[np.ndarray, float], bool] | None = None
+                   ) -> SilhouetteCut:
     """Divisive silhouette cut of linkage `z` under the leaves' `distances` (`[M, M]`, the
     distances the clustering used). Top-down from the whole tree: a cluster is cut into the C
     subtrees (C = 2..its clients − 1) whose mean silhouette, on its own members' distances, is
@@ -163,6 +165,8 @@ def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | Non
     cluster whose best cut stays below the bound (no substantial structure), or of fewer
     than three clients, is kept. A hierarchy of groups is therefore followed down to its
     finest level that still shows structure (the widest split need not be the last).
+    `structured(leaves, score)`, when given, decides instead of the bound whether a cluster
+    (its leaves, the positions in `distances`) whose best cut scores `score` shows structure.
     `max_clusters` bounds the total. Scale-free: silhouettes are ratios of distances. The
     scores returned are those of the whole tree (the first level)."""
     from scipy.cluster.hierarchy import to_tree
@@ -182,7 +186,9 @@ def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | Non
         node = todo.pop(0)
         room = limit - len(final) - len(todo)  # clusters this node may become
         scores, c = (first, best) if node is root else _best_cut(node, d, room, 2)
-        if c < 2 or room < 2 or scores[c] < min_silhouette:
+        if c < 2 or room < 2 or not (
+                scores[c] >= min_silhouette if structured is None
+                else structured(np.asarray(node.pre_order()), scores[c])):
             final.append(node)
             continue
         todo += next(parts for parts in _cuts(node) if len(parts) == c)
