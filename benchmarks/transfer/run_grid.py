@@ -73,10 +73,12 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
 }
 # Earlier defaults, written as settings of today's code (each is still an option): `--preset
 # v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1,
-# `--preset v2` those of v2 (CFL's rule is the only one that changed after v1).
+# `--preset v2` those of v2, `--preset v3` those of v3 (CFL's rule changed in v2 and v3,
+# FL+HC's in v4, no other method's after v1).
 V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0",
           "algorithm.auto.significance=0.05"]
 V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05"]
+V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
@@ -89,10 +91,13 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "cfl_gp": ["algorithm.k_min_silhouette=-1"],
     },
     # v1's CFL rule where v2 and v3 changed it (progress against the first round's loss, no
-    # contrast bound, the test at 0.05); the other methods' rules are the same in v1-v3
-    "v1": {"cfl": V1_CFL},
+    # contrast bound, the test at 0.05); FL+HC's bound, which v4 replaced by a test; the
+    # other methods' rules are the same in v1-v4
+    "v1": {"cfl": V1_CFL, "flhc": V1_FLHC},
     # v2's CFL rule where v3 changed it (the contrast bound 0.5, the test at 0.05)
-    "v2": {"cfl": V2_CFL},
+    "v2": {"cfl": V2_CFL, "flhc": V1_FLHC},
+    # v3: CFL as today, FL+HC's rule v1
+    "v3": {"flhc": V1_FLHC},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

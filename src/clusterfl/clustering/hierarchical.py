@@ -94,7 +94,8 @@ MIN_SILHOUETTE = 0.25
 Groups in Data*, ch. 2) read a best mean silhouette of 0.25 or less as "no substantial
 structure has been found". Below it, the clients stay one cluster. Evidence (the transfer
 grid's development half; 0.5, their "reasonable structure", kept most true groups of FL+HC
-together): docs/transfer.md."""
+together): docs/transfer.md. FL+HC's rule v2 asks a shuffle test instead for clusters of five
+clients or more (`silhouette_cut`'s `structured`, `clusterfl.algorithms.flhc`)."""
 
 
 @dataclass(frozen=True)
