@@ -156,7 +156,8 @@ def main() -> None:
              "before any run on it)\n"]
     for number in range(1, 15):
         name, table = kind(r, number)
-        name = f"{name}_{args.half[-1]}" if not args.half[-1].isalpha() else name
+        tail = args.half[len("validation"):]  # "" for the first half, "2" ... "10" ...
+        name = f"{name}_{tail}" if tail else name
         while True:
             fseed = r.randint(1000, 9999)
             if fseed not in used:
