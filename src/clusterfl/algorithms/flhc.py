@@ -107,6 +107,11 @@ TEST_MIN = 5
 """The structure test needs this many clients in a cluster (CFL's `SHUFFLE_MIN`: with four a
 2 | 2 cut's p-value is never below 0.2); a smaller cluster is cut only past `min_silhouette`."""
 NULL_DRAWS = 999  # shuffled matrices of the structure test (the smallest p-value: 0.001)
+SIGNIFICANCE_HELP = (
+    "auto_cut 'silhouette': a cluster of at least 5 clients is cut (into its best-silhouette "
+    "cut) only if Algorithm 1's cut of its members' update cosines is beyond shuffled cosines "
+    "at this level (CFL's shuffle test), whatever its silhouette; smaller clusters, or all "
+    "with 0 (rule v1), need min_silhouette")
 CLUSTER_CLIENTS_ALLOWED = '"all", a number of clients >= 2, or a fraction in (0, 1]'
 
 
@@ -143,12 +148,7 @@ class FLHCConfig(SampledConfig):
                                      "(threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
-    significance: float = Field(
-        0.01, ge=0.0, lt=1.0, description="auto_cut 'silhouette': a cluster of at least 5 "
-        "clients is cut (into its best-silhouette cut) only if Algorithm 1's cut of its "
-        "members' update cosines is beyond shuffled cosines at this level (CFL's shuffle "
-        "test), whatever its silhouette; smaller clusters, or all with 0 (rule v1), need "
-        "min_silhouette")
+    significance: float = Field(0.01, ge=0.0, lt=1.0, description=SIGNIFICANCE_HELP)
     test_every: bool = Field(
         True, description="the structure test (significance) for every cluster the cut "
         "examines; false: for the whole federation only, min_silhouette below it")
