@@ -18,9 +18,9 @@ Our choices (the paper's values could not be read; every one is an option):
 - The cut: a distance `threshold` (the paper's rule), or a fixed `n_clusters`, or, with
   neither (the default), `auto_cut`: the divisive silhouette cut (`silhouette_cut`): a
   cluster is cut into the subtrees of highest mean silhouette under `metric` if it shows
-  structure, and each part examined again. Whether a cluster of at least `TEST_MIN` clients
+  structure, and each part examined again. Whether a cluster of at least `SHUFFLE_MIN` clients
   shows structure is a test (rule v2, issue 36): Algorithm 1's cut of its members' update
-  cosines is beyond `NULL_DRAWS` shuffles of those cosines at level `significance` (0.01;
+  cosines is beyond `SHUFFLE_DRAWS` shuffles of those cosines at level `significance` (0.01;
   `structure_pvalue`, CFL's shuffle test); a smaller cluster, or any with `significance = 0`
   (rule v1), needs a silhouette of `min_silhouette` (0.25). Or `"gap"`, the largest gap
   between consecutive merge heights (`auto_n_clusters`), which always cuts somewhere, iid
@@ -92,7 +92,12 @@ from clusterfl.algorithms.oneshot import (
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
-from clusterfl.clustering.cosine import pairwise_cosine, structure_pvalue
+from clusterfl.clustering.cosine import (
+    SHUFFLE_DRAWS,
+    SHUFFLE_MIN,
+    pairwise_cosine,
+    structure_pvalue,
+)
 from clusterfl.clustering.hierarchical import (
     feature_linkage,
     nearest_centroid,
@@ -103,10 +108,6 @@ from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
 
 HISTORY_MAX_CLIENTS = 200  # above this, the linkage is not written into the history
-TEST_MIN = 5
-"""The structure test needs this many clients in a cluster (CFL's `SHUFFLE_MIN`: with four a
-2 | 2 cut's p-value is never below 0.2); a smaller cluster is cut only past `min_silhouette`."""
-NULL_DRAWS = 999  # shuffled matrices of the structure test (the smallest p-value: 0.001)
 SIGNIFICANCE_HELP = (
     "auto_cut 'silhouette': a cluster of at least 5 clients is cut (into its best-silhouette "
     "cut) only if Algorithm 1's cut of its members' update cosines is beyond shuffled cosines "
@@ -274,11 +275,11 @@ def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
 
         def structured(leaves: np.ndarray, score: float) -> bool:
             """A cluster shows groups: its cosines' shuffle test (module docstring); below
-            TEST_MIN clients the silhouette bound. The shuffles are seeded by the members."""
-            if len(leaves) < TEST_MIN or (not cfg.test_every and len(leaves) < len(sim)):
+            SHUFFLE_MIN clients the silhouette bound. The shuffles are seeded by the members."""
+            if len(leaves) < SHUFFLE_MIN or (not cfg.test_every and len(leaves) < len(sim)):
                 return score >= cfg.min_silhouette
             rng = np.random.default_rng(np.sort(leaves))
-            return structure_pvalue(sim[np.ix_(leaves, leaves)], NULL_DRAWS,
+            return structure_pvalue(sim[np.ix_(leaves, leaves)], SHUFFLE_DRAWS,
                                     rng) < cfg.significance
     return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters,
                        cfg.auto_cut, distances, cfg.min_silhouette, structured), z

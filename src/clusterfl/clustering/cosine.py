@@ -300,6 +300,14 @@ def _single_linkage_side(sym: np.ndarray) -> np.ndarray:
     return side
 
 
+SHUFFLE_MIN = 5
+"""The fewest clients whose shuffle test can pass: with four (six cosines) a 2 | 2 cut is the
+best of three ways to place its two within cosines, so its p-value is never below 0.2."""
+
+SHUFFLE_DRAWS = 999
+"""Shuffled matrices of a shuffle test by default (the smallest p-value is 1 / 1000)."""
+
+
 def shuffle_pvalue(sim: np.ndarray, observed: float, draws: int,
                    rng: np.random.Generator) -> float:
     """Permutation p-value of a bipartition's contrast `observed` on the similarity matrix

@@ -181,15 +181,14 @@ def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | Non
     np.fill_diagonal(d, 0.0)
     root = to_tree(np.asarray(z, dtype=np.float64))
     first, best = _best_cut(root, d, limit)
+    shows = structured or (lambda leaves, score: score >= min_silhouette)
     final: list[object] = []
     todo = [root]
     while todo:
         node = todo.pop(0)
         room = limit - len(final) - len(todo)  # clusters this node may become
         scores, c = (first, best) if node is root else _best_cut(node, d, room, 2)
-        if c < 2 or room < 2 or not (
-                scores[c] >= min_silhouette if structured is None
-                else structured(np.asarray(node.pre_order()), scores[c])):
+        if c < 2 or room < 2 or not shows(np.asarray(node.pre_order()), scores[c]):
             final.append(node)
             continue
         todo += next(parts for parts in _cuts(node) if len(parts) == c)

@@ -43,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
+    SHUFFLE_DRAWS,
+    SHUFFLE_MIN,
     Bipartition,
     BipartitionMethod,
     Cohesion,
@@ -163,8 +165,8 @@ class AutoRuleConfig(BaseModel):
         "fraction of null_draws shuffles; a round that fails this neither counts for patience "
         "nor resets it (0 = off)")
     null_draws: int = Field(
-        999, ge=19, description="shuffled matrices of the significance test (the smallest "
-        "p-value is 1 / (1 + null_draws))")
+        SHUFFLE_DRAWS, ge=19, description="shuffled matrices of the significance test (the "
+        "smallest p-value is 1 / (1 + null_draws))")
     patience: int = Field(
         3, ge=1, description="... in this many consecutive rounds of the cluster, with "
         "bipartitions that are all unions of the same blocks of >= min_side clients")
@@ -476,12 +478,6 @@ def cohesive(v: ClusterView, r: AutoRule) -> bool:
     no side's clients may disagree on average."""
     assert v.cohesion is not None
     return within_max(v.cohesion) > -v.cohesion.cross and within_min(v.cohesion) > 0
-
-
-SHUFFLE_MIN = 5
-"""Below the root, the shuffle test needs this many answering clients: with four (six
-cosines) a 2 | 2 cut is the best of three ways to place its two within cosines, so its
-p-value is never below 0.2 and the test could never pass. There, `nested` decides instead."""
 
 
 def nested(v: ClusterView, r: AutoRule) -> bool:
