@@ -73,11 +73,13 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
 }
 # Earlier defaults, written as settings of today's code (each is still an option): `--preset
 # v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1,
-# `--preset v2` those of v2, `--preset v3` those of v3 (CFL's rule changed in v2 and v3,
-# FL+HC's in v4, no other method's after v1).
+# `--preset v2` those of v2, `--preset v3` those of v3, `--preset v4` those of v4 (CFL's rule
+# changed in v2, v3 and v5, FL+HC's in v4, no other method's after v1).
 V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0",
-          "algorithm.auto.significance=0.05"]
-V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05"]
+          "algorithm.auto.significance=0.05", "algorithm.auto.significance_sampled=0.05"]
+V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05",
+          "algorithm.auto.significance_sampled=0.05"]
+V3_CFL = ["algorithm.auto.significance=0.01"]  # v3, v4: one level, sampled or not
 V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
@@ -96,8 +98,10 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "v1": {"cfl": V1_CFL, "flhc": V1_FLHC},
     # v2's CFL rule where v3 changed it (the contrast bound 0.5, the test at 0.05)
     "v2": {"cfl": V2_CFL, "flhc": V1_FLHC},
-    # v3: CFL as today, FL+HC's rule v1
-    "v3": {"flhc": V1_FLHC},
+    # v3: CFL's one level 0.01, FL+HC's rule v1
+    "v3": {"cfl": V3_CFL, "flhc": V1_FLHC},
+    # v4: CFL's one level 0.01 (v5: 0.002 where every client of the cluster answered)
+    "v4": {"cfl": V3_CFL},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

@@ -420,10 +420,11 @@ def test_flat_auto_options_of_older_configs_move_into_the_sub_table():
     assert CFLConfig(auto={"patience": 4, "min_side": 3}, patience=6).auto.model_dump() == \
         {**AutoRuleConfig().model_dump(), "patience": 6, "min_side": 3}
     assert CFLConfig(auto={"separation": 0.3}).auto.separation == 0.3
-    # every one of the nine older flat options still loads (and the three of issue 36)
+    # every one of the nine older flat options still loads (and those of issue 36)
     flat = {"stationarity_max": 0.6, "separation": 0.4, "min_side": 3, "contrast_min": 1.0,
             "progress": 0.1, "progress_from": "first", "nesting": False, "significance": 0.01,
-            "null_draws": 99, "patience": 4, "test_every": False, "cut": "raw"}
+            "significance_sampled": 0.02, "null_draws": 99, "patience": 4, "test_every": False,
+            "cut": "raw"}
     assert set(flat) == set(AutoRuleConfig.model_fields)
     cfg = load_config({"algorithm": {"name": "cfl", **flat}, "output": {"progress": "off"}})
     assert cfg.algorithm.auto.model_dump() == flat  # type: ignore[attr-defined]

@@ -267,10 +267,14 @@ def test_shuffle_test_at_every_cluster_or_the_root_only():
     root = measured(rows, node=0, formed=None)
     strict = rule(null_draws=99)
     assert shuffle_test(root, strict, t=5) == pytest.approx(1 / 100)
-    # the default level 0.01 (rule v3; v2: 0.05): p must be below it
+    # the default levels (rule v5): 0.002 when every client of the cluster answered, 0.01
+    # when some did not (v3, v4: 0.01 both; v2: 0.05): p must be below it
     assert not significant(0.2, RULE) and not significant(0.03, RULE)
-    assert significant(0.009, RULE) and not significant(0.01, RULE)
+    assert significant(0.001, RULE) and not significant(0.002, RULE)
+    assert not significant(0.005, RULE) and significant(0.005, RULE, sampled=True)
+    assert significant(0.009, RULE, sampled=True) and not significant(0.01, RULE, sampled=True)
     assert significant(0.03, rule(significance=0.05))
+    assert significant(0.03, rule(significance_sampled=0.05), sampled=True)
     assert significant(float("nan"), RULE)  # not tested: passes
     below = _with(root, formed=0.3, node=4)  # not the root: tested by default (issue 36)
     assert shuffle_test(below, strict, t=5) == pytest.approx(1 / 100)
@@ -329,6 +333,23 @@ def test_rounds_that_say_nothing_keep_the_streak():
     assert d.refusal is Refusal.NO_CONTRAST and d.node is None
     assert rule(test_every=False, contrast_min=0.3).decide(weak, two, t=4).splits
     assert rule(test_every=False).decide(weak, two, t=4).splits  # v3's default: no bound
+
+
+def test_the_sampled_level_applies_when_some_clients_did_not_answer():
+    """Two blocks of four have p = 1 / 100 against 99 shuffles (above): not below the level of
+    a round in which all eight clients of the cluster answered, below that of a round in
+    which they are eight of ten (two did not answer)."""
+    rows = [[2.0, 1.0]] * 4 + [[-2.0, 1.0]] * 4
+    r = rule(null_draws=99, significance=0.005, significance_sampled=0.05)
+    everyone = measured(rows, node=0, formed=None)
+    d = r.decide(everyone, RuleState(), t=5)
+    assert d.refusal is Refusal.NOT_SIGNIFICANT and d.p_value == pytest.approx(0.01)
+    eight_of_ten = measured(rows, node=0, formed=None, size=10)
+    d = r.decide(eight_of_ten, RuleState(), t=5)
+    assert d.reason == "patience 1/3" and d.p_value == pytest.approx(0.01)
+    assert d.node is not None and d.node.candidate == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="significance_sampled"):
+        AutoRuleConfig(significance_sampled=0)
 
 
 def test_a_pair_needs_twice_the_patience():
