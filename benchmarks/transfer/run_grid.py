@@ -73,14 +73,15 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
 }
 # Earlier defaults, written as settings of today's code (each is still an option): `--preset
 # v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1,
-# `--preset v2` those of v2, `--preset v3` those of v3, `--preset v4` those of v4 (CFL's rule
-# changed in v2, v3 and v5, FL+HC's in v4, no other method's after v1).
+# `--preset v2` those of v2, and so on to `--preset v5` (CFL's rule changed in v2, v3 and v5,
+# FL+HC's in v4 and v6, no other method's after v1).
 V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0",
           "algorithm.auto.significance=0.05", "algorithm.auto.significance_sampled=0.05"]
 V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05",
           "algorithm.auto.significance_sampled=0.05"]
 V3_CFL = ["algorithm.auto.significance=0.01"]  # v3, v4: one level, sampled or not
 V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
+V2_FLHC = ["algorithm.significance=0.01"]  # FL+HC's rule v2: the test at 0.01
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
@@ -100,8 +101,11 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "v2": {"cfl": V2_CFL, "flhc": V1_FLHC},
     # v3: CFL's one level 0.01, FL+HC's rule v1
     "v3": {"cfl": V3_CFL, "flhc": V1_FLHC},
-    # v4: CFL's one level 0.01 (v5: 0.002 where every client of the cluster answered)
-    "v4": {"cfl": V3_CFL},
+    # v4: CFL's one level 0.01 (v5: 0.002 where every client of the cluster answered),
+    # FL+HC's rule v2
+    "v4": {"cfl": V3_CFL, "flhc": V2_FLHC},
+    # v5: FL+HC's rule v2 (v6: its test at 0.002)
+    "v5": {"flhc": V2_FLHC},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

@@ -20,13 +20,13 @@ Our choices (the paper's values could not be read; every one is an option):
   cluster is cut into the subtrees of highest mean silhouette under `metric` if it shows
   structure, and each part examined again. Whether a cluster of at least `SHUFFLE_MIN` clients
   shows structure is a test (rule v2, issue 36): Algorithm 1's cut of its members' update
-  cosines is beyond `SHUFFLE_DRAWS` shuffles of those cosines at level `significance` (0.01;
-  `structure_pvalue`, CFL's shuffle test); a smaller cluster, or any with `significance = 0`
-  (rule v1), needs a silhouette of `min_silhouette` (0.25). Or `"gap"`, the largest gap
-  between consecutive merge heights (`auto_n_clusters`), which always cuts somewhere, iid
-  federations included. A raw threshold depends on the model, the learning rate and the
-  local work, and the paper's recommended value is not known. Evidence for the defaults:
-  docs/transfer.md.
+  cosines is beyond `SHUFFLE_DRAWS` shuffles of those cosines at level `significance` (0.002
+  since rule v3, 0.01 in v2; `structure_pvalue`, CFL's shuffle test); a smaller cluster, or
+  any with `significance = 0` (rule v1), needs a silhouette of `min_silhouette` (0.25). Or
+  `"gap"`, the largest gap between consecutive merge heights (`auto_n_clusters`), which
+  always cuts somewhere, iid federations included. A raw threshold depends on the model, the
+  learning rate and the local work, and the paper's recommended value is not known.
+  Evidence for the defaults: docs/transfer.md.
 - `warmup_rounds` n = 10 FedAvg rounds (ours; one third-party version uses 20); the
   clustering happens in round n + 1. A run of at most n rounds would never cluster (FedAvg
   under FL+HC's name): `setup` refuses it, naming `warmup_rounds`.
@@ -149,7 +149,7 @@ class FLHCConfig(SampledConfig):
                                      "(threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
-    significance: float = Field(0.01, ge=0.0, lt=1.0, description=SIGNIFICANCE_HELP)
+    significance: float = Field(0.002, ge=0.0, lt=1.0, description=SIGNIFICANCE_HELP)
     test_every: bool = Field(
         True, description="the structure test (significance) for every cluster the cut "
         "examines; false: for the whole federation only, min_silhouette below it")
