@@ -58,7 +58,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 #: the versions of the rules the tables show (the dev-only variants of RESULTS.md's history
 #: ran with --set and are summed up there)
-VERSIONS = ("v0", "v1", "v2", "v3", "v4")
+VERSIONS = ("v0", "v1", "v2", "v3", "v4", "v5", "v6")
 
 
 def halves(names: list[str]) -> list[str]:
@@ -78,10 +78,10 @@ def print_tables(table: Path, versions: list[str] | None = None) -> None:
 def print_half(version: str, half: str, rows: list[dict[str, Any]],
                everything: list[dict[str, Any]]) -> None:
     """One half of one version. FedAvg and the methods given K do not depend on the rules of
-    issue 36: where this version did not run them, the table takes v1's runs, or v2's, v3's
-    or v4's (v1 ran only CFL on validation3 to validation6, v2 only CFL on validation5 and
-    validation6)."""
-    by = {(r["federation"], r["method"]): r for v in ("v4", "v3", "v2", "v1")
+    issue 36: where this version did not run them, the table takes another version's runs
+    of the same half (v1 ran only CFL on validation3 to validation6, v2 only CFL on
+    validation5 and validation6, v4 only CFL on validation9 and validation10)."""
+    by = {(r["federation"], r["method"]): r for v in ("v6", "v5", "v4", "v3", "v2", "v1")
           for r in everything
           if r["version"] == v and r["half"] == half and r["method"] not in AUTO}
     by.update({(r["federation"], r["method"]): r for r in rows})
