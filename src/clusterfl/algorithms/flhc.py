@@ -109,10 +109,10 @@ from clusterfl.records import RoundExtras
 
 HISTORY_MAX_CLIENTS = 200  # above this, the linkage is not written into the history
 SIGNIFICANCE_HELP = (
-    "auto_cut 'silhouette': a cluster of at least 5 clients is cut (into its best-silhouette "
-    "cut) only if Algorithm 1's cut of its members' update cosines is beyond shuffled cosines "
-    "at this level (CFL's shuffle test), whatever its silhouette; smaller clusters, or all "
-    "with 0 (rule v1), need min_silhouette")
+    f"auto_cut 'silhouette': a cluster of at least {SHUFFLE_MIN} clients is cut (into its "
+    "best-silhouette cut) only if Algorithm 1's cut of its members' update cosines is beyond "
+    "shuffled cosines at this level (CFL's shuffle test), whatever its silhouette; smaller "
+    "clusters, or all with 0 (rule v1), need min_silhouette")
 CLUSTER_CLIENTS_ALLOWED = '"all", a number of clients >= 2, or a fraction in (0, 1]'
 
 

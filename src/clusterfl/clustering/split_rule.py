@@ -296,6 +296,11 @@ class ClusterView:
         rule lets a side hold a single client."""
         return self.size == 2 and len(self.members) == 2
 
+    @property
+    def sampled(self) -> bool:
+        """Some of the cluster's clients did not answer this round (a sample, a dropout)."""
+        return len(self.members) < self.size
+
     @staticmethod
     def measure(node: int, size: int, members: np.ndarray, updates: torch.Tensor,
                 weights: np.ndarray, method: BipartitionMethod = "optimal",
@@ -692,7 +697,7 @@ class AutoRule(SplitRule):
         if not contrasting(v, self):
             return self.refuse(Refusal.NO_CONTRAST)
         p = shuffle_test(v, self, t)
-        if not significant(p, self, len(v.members) < v.size):
+        if not significant(p, self, v.sampled):
             return self.refuse(Refusal.NOT_SIGNIFICANT, p_value=p)
         sides = [v.members[v.split.first].tolist(), v.members[v.split.second].tolist()]
         blocks = meet(mine.candidate, sides, c.min_side)
