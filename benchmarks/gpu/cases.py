@@ -17,7 +17,9 @@ on the device, the new model back to the CPU) on a synthetic federation with the
                 samples
 
 Local training: SGD, lr 0.05, batch 50, one epoch. Our engine: the `simulation` backend with
-`chunk_size = "auto"` (as many clients at once as the free memory holds); the loop: the
+`chunk_size = "auto"` (as many clients at once as the free memory holds; the LeNet's
+convolutions as unfolded products on CUDA, `--kernel cnn-grouped` for the grouped
+convolution instead); the loop: the
 `sequential` backend on the same device. Seconds per round: the median of `--rounds` rounds
 after one warm-up round (CUDA kernel loading, caches); the loop (much slower) is timed on
 `--loop-rounds` rounds after its warm-up.
@@ -156,7 +158,10 @@ def measure(name: str, case: tuple, args: argparse.Namespace) -> dict[str, Any]:
     row: dict[str, Any] = {"case": name, "model": model["name"], "clients": clients,
                            "samples_per_client": per, "input": list(shape), "kind": kind,
                            "parameters": factory.size}
-    engine = SimulationBackend(fed, factory, device=args.device, precision=args.precision)
+    kernel = args.kernel if args.kernel != "auto" and model["name"] == "lenet" else "auto"
+    engine = SimulationBackend(fed, factory, device=args.device, precision=args.precision,
+                               kernel=kernel)
+    row["kernel"] = kernel
     row["engine"] = time_rounds(engine, fed, factory, kind, args.rounds,
                                 name in args.profile.split(","))
     row["engine_clients_per_chunk"] = engine.engine._chunk_len(
@@ -206,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated case names")
     p.add_argument("--profile", default="", help="comma-separated cases to profile one more "
                    "round of (torch.profiler tables on the screen)")
+    p.add_argument("--kernel", default="auto", help="the LeNet case's engine kernel: auto, "
+                   "cnn-grouped or cnn-im2col (auto: im2col on CUDA, grouped on the CPU)")
     p.add_argument("--no-baselines", action="store_true", help="time our engine only")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--loop-rounds", type=int, default=1)
@@ -222,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = {k: v for k, v in cases.items() if k in args.only.split(",")}
     started = time.perf_counter()
     args.deadline = started + args.budget_s
-    info = {"device": args.device, "precision": args.precision,
+    info = {"device": args.device, "precision": args.precision, "kernel": args.kernel,
             "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                             else platform.machine()),
             "torch": torch.__version__, "cuda": torch.version.cuda,

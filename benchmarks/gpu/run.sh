@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Issue 37's GPU check in one go (about 3 minutes on an H200): the GPU tests, then cases (a)-(e).
+# Issue 37's GPU check in one go (about 4 minutes on an H200): the GPU tests, cases (a)-(e),
+# then the LeNet case with the grouped convolution (against the default unfolded products)
+# and the profiles of both, and the tf32 and bf16-mixed timings.
 # From the checkout root:  bash benchmarks/gpu/run.sh [WHEELS_DIR] [OUT_DIR]
 # WHEELS_DIR holds CPython 3.12 manylinux wheels of what the machine lacks (pydantic,
 # pydantic-core, annotated-types, typing-inspection, tomli-w); they are installed into a
@@ -15,8 +17,17 @@ if compgen -G "$wheels/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="$site:src:." PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" || true
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine/test_device.py \
+cases="python3 benchmarks/gpu/cases.py --device cuda"
+timeout 180 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu tests/engine/test_device.py \
   tests/engine/test_precision.py -k "cuda or gpu or resumes or chunks or bf16" \
   2>&1 | tee "$out/tests.log" | tail -3
-timeout 200 python3 benchmarks/gpu/cases.py --device cuda --budget-s 120 \
-  --out "$out/cases_cuda.json" 2>&1 | tee "$out/cases.log"
+timeout 170 $cases --budget-s 100 --out "$out/cases_fp32.json" 2>&1 | tee "$out/cases.log"
+{
+  timeout 50 $cases --only b-cnn --kernel cnn-grouped --no-baselines --profile b-cnn \
+    --out "$out/cases_grouped.json"
+  timeout 40 $cases --only b-cnn --no-baselines --profile b-cnn
+  timeout 70 $cases --precision tf32 --only a-mlp,b-cnn,c-resnet18,e-fedavg-10k \
+    --no-baselines --out "$out/cases_tf32.json"
+  timeout 50 $cases --precision bf16-mixed --only b-cnn,c-resnet18 --no-baselines \
+    --out "$out/cases_bf16.json"
+} 2>&1 | tee "$out/extra.log" | grep -E "s/round|FAILED|Error"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from tests.engine.test_equivalence import (
+    CNN_MODELS,
     FILLED,
     MODELS,
     SIZES,
@@ -31,6 +32,7 @@ from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.cli import main
 from clusterfl.config import dump_toml, load_config
 from clusterfl.engine.device import on, resolve_device
+from clusterfl.engine.stacked_cnn import CNNKernel
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment, build_backend
 from clusterfl.protocol import EvaluateRequest, GradientRequest, LossRequest, Predictor
@@ -212,6 +214,24 @@ def test_cuda_gradients_losses_and_metrics_match_the_cpu(name: str) -> None:
         close(b.losses(loss).loss, cpu.losses(loss).loss, torch.float32)
         ev = EvaluateRequest(np.arange(n), Predictor.single(models, which), "test")
         close(b.evaluate(ev).loss, cpu.evaluate(ev).loss, torch.float32)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", CNN_MODELS)
+def test_cuda_cnns_convolve_by_unfolded_products_like_the_grouped_convolution(name: str
+                                                                               ) -> None:
+    """On CUDA "auto" convolves by unfolded products (im2col); the grouped convolution on the
+    same GPU trains to the same parameters (float32, 1e-5), and both are deterministic."""
+    fac, _, gpu, _ = _backends(name, "cuda")
+    assert isinstance(gpu.engine.kernel, CNNKernel) and gpu.engine.kernel.im2col(gpu.device)
+    grouped = SimulationBackend(gpu.federation, fac, 4, device="cuda", kernel="cnn-grouped")
+    assert not grouped.engine.kernel.im2col(gpu.device)
+    req = train_request(fac, name, "momentum_wd", len(FILLED))
+    got, want = gpu.train(req), grouped.train(req)
+    close(got.params, want.params, torch.float32)
+    close(got.loss, want.loss, torch.float32)
+    assert torch.equal(gpu.train(req).params, got.params)
+    assert torch.equal(grouped.train(req).params, want.params)
 
 
 @needs_cuda

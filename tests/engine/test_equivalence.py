@@ -192,6 +192,42 @@ def test_generic_path_matches_on_builtin_models(dtype: torch.dtype) -> None:
     close(sim.train(req).params, seq.train(req).params, dtype)
 
 
+CNN_MODELS = [name for name, spec in MODELS.items() if spec[3] is CNNKernel]
+
+
+@pytest.mark.parametrize("setting", ["sgd", "adam_prox_steps", "offset"])
+@pytest.mark.parametrize("name", CNN_MODELS)
+def test_im2col_convolutions_match_reference(name: str, setting: str,
+                                             dtype: torch.dtype) -> None:
+    """The unfolded-product convolutions (CUDA's default, forced here on the CPU) give the
+    reference's training, gradients and outputs; on the CPU "cnn" stays grouped."""
+    sizes = FILLED if setting == "offset" else SIZES
+    fed, fac, seq, sim = setup(name, sizes, kernel="cnn-im2col")
+    kernel = sim.engine.kernel
+    assert isinstance(kernel, CNNKernel) and kernel.im2col(torch.device("cpu"))
+    assert not setup(name, sizes)[3].engine.kernel.im2col(torch.device("cpu"))
+    req = train_request(fac, name, setting, fed.n_clients)
+    a, b = sim.train(req), seq.train(req)
+    close(a.params, b.params, dtype)
+    close(a.loss, b.loss, dtype)
+    grad = GradientRequest(np.arange(fed.n_clients), req.models, req.model_of_client, 8, seed=5)
+    close(sim.gradient(grad).grads, seq.gradient(grad).grads, dtype)
+
+
+def test_im2col_chunks_count_the_unfolded_patches() -> None:
+    """GPU chunk sizes count each convolution's patches and their gradient under im2col:
+    LeNet (5×5 kernels, padding 2) on 3×32×32 unfolds 3·5·5·32·32 + 6·5·5·16·16 floats per
+    sample, twice."""
+    fed = make_federation((3, 32, 32), "classification", [4, 4])
+    fac = ModelFactory(model_config({"name": "lenet"}), (3, 32, 32), fed.n_outputs)
+    grouped, unfolded = (SimulationBackend(fed, fac, kernel=k).engine
+                         for k in ("cnn-grouped", "cnn-im2col"))
+    extra = 2 * (3 * 25 * 32 * 32 + 6 * 25 * 16 * 16)
+    bits = torch.finfo(torch.float64).bits // 8
+    assert (unfolded.sample_bytes(torch.float64) - grouped.sample_bytes(torch.float64)
+            == extra * bits)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("batch", [8, None])
 @pytest.mark.parametrize("name", list(MODELS))

@@ -122,7 +122,8 @@ class SimulationBackend(DeviceBackend):
             optimizer state or batches would exceed the engine's budget); None or "auto": 64
             on the CPU, on a GPU as many as its free memory holds (`VectorizedEngine`).
         kernel: "auto" (fast paths for the built-in models, `torch.func` otherwise), or
-            "mlp" / "cnn" / "generic" to force one.
+            "mlp" / "cnn" / "generic" to force one; "cnn-grouped" / "cnn-im2col" also force
+            how the CNN kernel convolves (`engine.stacked_cnn`).
         device: "cpu" (default), "cuda", "cuda:N" or "auto" (`engine.device`).
         precision: "fp32" or "tf32" (CUDA products).
         compact: keep inputs that are 8-bit values (images read from bytes) as uint8 on the

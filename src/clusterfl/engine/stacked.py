@@ -352,6 +352,11 @@ class StackedKernel(ABC):
         self.shapes = [e.shape for e in layout.entries]
         self.ws = Workspace()
 
+    def workspace_floats(self, module: nn.Module, inputs: Tensor, output: Tensor) -> int:
+        """Floats per sample that the kernel holds for leaf `module` (called on `inputs`,
+        giving `output`) beyond its output: none here (GPU chunk sizes, `sample_bytes`)."""
+        return 0
+
     def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
         """Inputs `[a, B, *input_shape]` of the samples `idx` (`[a, B]` rows of `x_all`)."""
         a, b = idx.shape

@@ -1,4 +1,4 @@
-"""Stacked small CNNs (`LeNet`, `LeafCNN`, with or without GroupNorm) as grouped convolutions.
+"""Stacked small CNNs (`LeNet`, `LeafCNN`, with or without GroupNorm) as one convolution.
 
 The `a` clients become the groups of one convolution: the minibatches are laid side by side
 along the channel axis (`[B, a·C, H, W]`) and the stacked kernels form the weight
@@ -6,6 +6,16 @@ along the channel axis (`[B, a·C, H, W]`) and the stacked kernels form the weig
 a·G groups on the stacked channels. The convolutional part uses autograd (its parameters are
 tiny); the fully connected head, which holds almost all parameters, is the hand-written
 `DenseStack` with the update fused into the backward products.
+
+Two ways to compute the stacked convolution (`CNNKernel.conv`): "grouped", the one `conv2d`
+with `groups=a` above (every CPU result was computed so), and "im2col": the patches of all
+clients' inputs unfolded once (`F.unfold`, `[B, a·C·k·k, L]`) and multiplied by each
+client's kernel matrix `[O, C·k·k]` in one batched matrix product, whose result `[B, a, O, L]`
+is already the stacked channel layout. On a GPU, grouped convolutions with a few channels
+per group under deterministic algorithms (`engine.device.set_precision`) run far below the
+card's speed; the unfolded product is plain cuBLAS work and its backward (`col2im`) is
+deterministic too, at the price of the unfolded patches in memory (`workspace_floats`).
+"auto" (default): "im2col" on CUDA, "grouped" elsewhere.
 
 Under "bf16-mixed" the convolutions (forward and, through autograd, backward) run in
 bfloat16 by autocast itself; the features enter the dense head's mixed path, whose bfloat16
@@ -133,43 +143,87 @@ def _head(classifier: nn.Sequential, layout: ParamLayout, prefix: str) -> list:
     return dense_layers(layout, linears, relu, drop)
 
 
+#: the ways of computing the stacked convolutions (see the module docstring)
+CONVS = ("auto", "grouped", "im2col")
+
+
+def _conv_im2col(h: Tensor, weight: Tensor, bias: Tensor | None, op: ConvOp, a: int) -> Tensor:
+    """The stacked convolution of `h` (`[B, a·C, H, W]`) with the `a` clients' kernels
+    (`weight` `[a, O, C, kh, kw]`, `bias` `[a, O]`) as one batched product over the unfolded
+    patches; returns `[B, a·O, H', W']` like the grouped `conv2d`."""
+    b, _, rows, cols = h.shape
+    o, c, kh, kw = weight.shape[1:]
+    k = c * kh * kw
+    patches = F.unfold(h, (kh, kw), op.dilation, op.padding, op.stride)  # [B, a·k, L]
+    out = torch.matmul(weight.reshape(a, o, k), patches.view(b, a, k, -1))  # [B, a, O, L]
+    if bias is not None:
+        out = out + bias.reshape(a, o, 1)
+    (sr, sc), (pr, pc), (dr, dc) = op.stride, op.padding, op.dilation
+    rows = (rows + 2 * pr - dr * (kh - 1) - 1) // sr + 1
+    cols = (cols + 2 * pc - dc * (kw - 1) - 1) // sc + 1
+    return out.view(b, a * o, rows, cols)
+
+
 class CNNKernel(StackedKernel):
-    """Grouped-convolution features plus a fused dense head, for `LeNet` and `LeafCNN`."""
+    """Stacked-convolution features plus a fused dense head, for `LeNet` and `LeafCNN`.
+
+    `conv`: "grouped", "im2col" or "auto" (im2col on CUDA; see the module docstring).
+    """
 
     name = "cnn"
     max_samples = 4096
     channels_last = True
 
-    def __init__(self, module: nn.Module, layout: ParamLayout) -> None:
+    def __init__(self, module: nn.Module, layout: ParamLayout, conv: str = "auto") -> None:
         super().__init__(module, layout)
         if not isinstance(module, LeNet | LeafCNN):
             raise TypeError(f"CNNKernel does not handle {type(module).__name__}")
+        if conv not in CONVS:
+            raise ValueError(f"unknown conv {conv!r}; allowed: {', '.join(CONVS)}")
+        self.conv = conv
         self.ops = _feature_ops(module.features, layout, "features")
         self.dense = DenseStack(_head(module.classifier, layout, "classifier"), self.ws)
         self.conv_params = sorted(
             {i for op in self.ops for i in (op.weight, op.bias) if i is not None}
         )
 
+    def im2col(self, device: torch.device) -> bool:
+        """Whether the convolutions on `device` are unfolded products (else grouped)."""
+        return self.conv == "im2col" or (self.conv == "auto" and device.type == "cuda")
+
+    def workspace_floats(self, module: nn.Module, inputs: Tensor, output: Tensor) -> int:
+        """Floats per sample beyond the layers' outputs: under im2col, a convolution's
+        unfolded patches and their gradient (`C·kh·kw` per output position, twice)."""
+        if not isinstance(module, nn.Conv2d) or not self.im2col(inputs.device):
+            return 0
+        kh, kw = module.kernel_size
+        return 2 * inputs.shape[1] * kh * kw * output.shape[-2] * output.shape[-1]
+
     def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
-        """Samples laid out for grouped convolution: `[B, a·C, H, W]` (sample-major)."""
+        """Samples laid out for stacked convolution: `[B, a·C, H, W]` (sample-major)."""
         a, b = idx.shape
         c, h, w = x_all.shape[1:]
         out = self.ws.get("gather", (b * a, c, h, w), x_all.dtype, x_all.device)
         torch.index_select(x_all, 0, idx.t().reshape(-1), out=out)
         x = out.view(b, a * c, h, w)
-        if self.channels_last:
+        if self.channels_last and not self.im2col(x.device):
             x = x.contiguous(memory_format=torch.channels_last)
         return x
 
     def _features(self, params: list[Tensor], x: Tensor, a: int) -> Tensor:
-        """Grouped feature extractor: `[B, a·C, H, W]` → `[a, B, F]`."""
+        """Stacked feature extractor: `[B, a·C, H, W]` → `[a, B, F]`."""
         h = x
+        unfold = self.im2col(x.device)
         for op in self.ops:
             if op.kind == "conv":
                 assert op.weight is not None
                 wt = params[op.weight]
+                bias = None if op.bias is None else params[op.bias]
+                if unfold:
+                    h = _conv_im2col(h, wt, bias, op, a)
+                    continue
                 wt = wt.reshape(a * wt.shape[1], *wt.shape[2:])
-                bias = None if op.bias is None else params[op.bias].reshape(-1)
+                bias = None if bias is None else bias.reshape(-1)
                 h = F.conv2d(h, wt, bias, op.stride, op.padding, op.dilation, groups=a)
             elif op.kind == "gn":
                 assert op.weight is not None and op.bias is not None
@@ -203,7 +257,7 @@ class CNNKernel(StackedKernel):
     def forward_one(self, params: list[Tensor], x: Tensor) -> Tensor:
         """Outputs `[B, O]` of one model (unstacked parameters) on plain rows `[B, C, H, W]`."""
         stacked = [p.unsqueeze(0) for p in params]
-        if self.channels_last:
+        if self.channels_last and not self.im2col(x.device):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.forward(stacked, x)[0]
 

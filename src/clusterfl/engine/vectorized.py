@@ -61,14 +61,16 @@ SHARED_ROWS = 4 * ROW_PIECE
 def select_kernel(module: nn.Module, layout: ParamLayout, kind: str = "auto") -> StackedKernel:
     """The fastest kernel for `module`: "auto" picks a fast path for the built-in models.
 
-    `kind` may force "mlp", "cnn" or "generic" (tests, benchmarks).
+    `kind` may force "mlp", "cnn" or "generic" (tests, benchmarks), and the CNN kernel's
+    convolutions with "cnn-grouped" or "cnn-im2col" ("cnn": grouped on the CPU, im2col on
+    CUDA; `stacked_cnn`).
     """
     if kind == "generic":
         return GenericKernel(module, layout)
     if kind in ("auto", "mlp") and type(module) in (MLP, LinearRegression):
         return MLPKernel(module, layout)
-    if kind in ("auto", "cnn") and type(module) in (LeNet, LeafCNN):
-        return CNNKernel(module, layout)
+    if kind in ("auto", "cnn", "cnn-grouped", "cnn-im2col") and type(module) in (LeNet, LeafCNN):
+        return CNNKernel(module, layout, kind[4:] if kind.startswith("cnn-") else "auto")
     if kind != "auto":
         raise ValueError(f"kernel {kind!r} does not handle {type(module).__name__}")
     return GenericKernel(module, layout)
@@ -217,13 +219,16 @@ class VectorizedEngine:
 
     def sample_bytes(self, dtype: torch.dtype) -> int:
         """Bytes one training sample needs on the device: its input and every layer's output,
-        each kept for the backward pass and matched by a gradient (×`ACTIVATION_COPIES`)."""
+        each kept for the backward pass and matched by a gradient (×`ACTIVATION_COPIES`),
+        and what the kernel holds beyond them (`StackedKernel.workspace_floats`)."""
         if self._sample_bytes is None:
-            floats = [0]
+            floats, extra = [0], [0]
 
-            def count(_m: nn.Module, _i: object, out: object) -> None:
+            def count(m: nn.Module, inputs: tuple, out: object) -> None:
                 if isinstance(out, torch.Tensor):
                     floats[0] += out[0].numel()
+                    if inputs and isinstance(inputs[0], torch.Tensor):
+                        extra[0] += self.kernel.workspace_floats(m, inputs[0], out)
 
             leaves = [m for m in self.module.modules() if not list(m.children())]
             hooks = [m.register_forward_hook(count) for m in leaves]
@@ -235,7 +240,8 @@ class VectorizedEngine:
             finally:
                 for h in hooks:
                     h.remove()
-            self._sample_bytes = ACTIVATION_COPIES * (floats[0] + int(np.prod(shape)))
+            self._sample_bytes = (ACTIVATION_COPIES * (floats[0] + int(np.prod(shape)))
+                                  + extra[0])
         return max(1, self._sample_bytes * torch.finfo(dtype).bits // 8)
 
     def _targets(self, data: SplitData, idx: Tensor) -> Tensor:
