@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                             else platform.machine()),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "command": " ".join(Path(a).name if Path(a).is_absolute() else a
+                                for a in [sys.argv[0], *sys.argv[1:]]),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     print(json.dumps(info), flush=True)
     rows = []

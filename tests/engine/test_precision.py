@@ -68,7 +68,7 @@ BF16_FLOOR = 5e-4
 SIZES = [13, 30, 5, 22, 9]
 #: kernel name → model of `test_equivalence.MODELS` (plus an MLP with dropout)
 KERNELS = {"mlp": "mlp", "mlp_dropout": "mlp", "lenet": "lenet", "lenet_gn": "lenet_gn",
-           "generic": "custom"}
+           "lenet_im2col": "lenet", "lenet_gn_im2col": "lenet_gn", "generic": "custom"}
 SGD = LocalTraining(lr=0.05, momentum=0.9, weight_decay=1e-3, batch_size=8)
 ADAM = LocalTraining(optimizer="adam", lr=0.01, eps=1e-4, batch_size=8, mu=0.1)
 
@@ -92,7 +92,8 @@ def _setup(kernel: str, device: str = "cpu") -> Setup:
     make = TinyFactory if kernel == "generic" else ModelFactory
     fac = make(model_config(cfg), shape, fed.n_outputs)
     dev = torch.device(device)
-    engine = VectorizedEngine(fac.build().to(dev), fac.layout, "auto", 4, input_shape=shape)
+    forced = "cnn-im2col" if kernel.endswith("_im2col") else "auto"  # CUDA's way, on the CPU
+    engine = VectorizedEngine(fac.build().to(dev), fac.layout, forced, 4, input_shape=shape)
     assert type(engine.kernel) is kind
     x, y, off = fed.split("train")
     data = SplitData(x.to(dev).contiguous(), y.to(dev).contiguous(), off)

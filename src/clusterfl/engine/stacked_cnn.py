@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clusterfl.engine.device import low_precision
 from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch, loss_and_grad
 from clusterfl.engine.stacked_mlp import DenseStack, dense_layers
 from clusterfl.models.params import ParamLayout
@@ -154,10 +155,13 @@ def _conv_im2col(h: Tensor, weight: Tensor, bias: Tensor | None, op: ConvOp, a: 
     b, _, rows, cols = h.shape
     o, c, kh, kw = weight.shape[1:]
     k = c * kh * kw
+    low = low_precision(h)
+    if low is not None:  # unfold the low-precision values: autocast would copy the patches
+        h = h.to(low)
     patches = F.unfold(h, (kh, kw), op.dilation, op.padding, op.stride)  # [B, a·k, L]
     out = torch.matmul(weight.reshape(a, o, k), patches.view(b, a, k, -1))  # [B, a, O, L]
-    if bias is not None:
-        out = out + bias.reshape(a, o, 1)
+    if bias is not None:  # in the products' dtype, as the grouped conv2d adds it
+        out = out + bias.reshape(a, o, 1).to(out.dtype)
     (sr, sc), (pr, pc), (dr, dc) = op.stride, op.padding, op.dilation
     rows = (rows + 2 * pr - dr * (kh - 1) - 1) // sr + 1
     cols = (cols + 2 * pc - dc * (kw - 1) - 1) // sc + 1
