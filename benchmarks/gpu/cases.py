@@ -18,8 +18,8 @@ on the device, the new model back to the CPU) on a synthetic federation with the
 
 Local training: SGD, lr 0.05, batch 50, one epoch. Our engine: the `simulation` backend with
 `chunk_size = "auto"` (as many clients at once as the free memory holds; the LeNet's
-convolutions as unfolded products on CUDA, `--kernel cnn-grouped` for the grouped
-convolution instead); the loop: the
+convolutions as unfolded products on CUDA in fp32 and tf32, grouped under bf16-mixed;
+`--kernel cnn-grouped` or `cnn-im2col` forces one); the loop: the
 `sequential` backend on the same device. Seconds per round: the median of `--rounds` rounds
 after one warm-up round (CUDA kernel loading, caches); the loop (much slower) is timed on
 `--loop-rounds` rounds after its warm-up.
@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="", help="comma-separated cases to profile one more "
                    "round of (torch.profiler tables on the screen)")
     p.add_argument("--kernel", default="auto", help="the LeNet case's engine kernel: auto, "
-                   "cnn-grouped or cnn-im2col (auto: im2col on CUDA, grouped on the CPU)")
+                   "cnn-grouped or cnn-im2col (auto: im2col on CUDA in fp32 and tf32, grouped on "
+                   "the CPU and under bf16-mixed)")
     p.add_argument("--no-baselines", action="store_true", help="time our engine only")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--loop-rounds", type=int, default=1)

@@ -214,6 +214,22 @@ def test_im2col_convolutions_match_reference(name: str, setting: str,
     close(sim.gradient(grad).grads, seq.gradient(grad).grads, dtype)
 
 
+def test_auto_unfolds_on_cuda_outside_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measured choice (`stacked_cnn`): unfolded products on CUDA in float32 and TF32,
+    the grouped convolution on the CPU and under bfloat16 autocast; forcing wins."""
+    fac = setup("lenet")[1]
+    module = fac.build()
+    auto, grouped, unfolded = (CNNKernel(module, fac.layout, c)
+                               for c in ("auto", "grouped", "im2col"))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert auto.im2col(cuda) and not auto.im2col(cpu)
+    assert unfolded.im2col(cpu) and not grouped.im2col(cuda)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True)
+    assert not auto.im2col(cuda) and unfolded.im2col(cuda)
+    with pytest.raises(ValueError, match="allowed: auto, grouped, im2col"):
+        CNNKernel(module, fac.layout, "winograd")
+
+
 def test_im2col_chunks_count_the_unfolded_patches() -> None:
     """GPU chunk sizes count each convolution's patches and their gradient under im2col:
     LeNet (5×5 kernels, padding 2) on 3×32×32 unfolds 3·5·5·32·32 + 6·5·5·16·16 floats per

@@ -62,8 +62,8 @@ def select_kernel(module: nn.Module, layout: ParamLayout, kind: str = "auto") ->
     """The fastest kernel for `module`: "auto" picks a fast path for the built-in models.
 
     `kind` may force "mlp", "cnn" or "generic" (tests, benchmarks), and the CNN kernel's
-    convolutions with "cnn-grouped" or "cnn-im2col" ("cnn": grouped on the CPU, im2col on
-    CUDA; `stacked_cnn`).
+    convolutions with "cnn-grouped" or "cnn-im2col" ("cnn": `CNNKernel`'s own choice by
+    device and precision; `stacked_cnn`).
     """
     if kind == "generic":
         return GenericKernel(module, layout)
