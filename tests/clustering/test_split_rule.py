@@ -419,20 +419,3 @@ def test_meet_of_candidate_bipartitions():
     assert meet([[0, 1, 2, 3, 9], [4, 5, 6, 7]], [[0, 1, 4, 5, 8], [2, 3, 6, 7]], 2) == \
         [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
     assert meet(blocks, [[0, 1, 2, 4], [5, 6]], 2) is None  # 4 | 5 6: one of block 2 alone
-
-
-def test_meet_lets_up_to_strays_clients_leave_the_candidate():
-    blocks = [[0, 1, 2, 3], [4, 5, 6, 7]]
-    # client 3 crosses over: with one stray allowed it leaves the candidate, the rest agrees
-    assert meet(blocks, [[0, 1, 2], [3, 4, 5, 6, 7]], 2, strays=1) == [[0, 1, 2], [4, 5, 6, 7]]
-    # two clients cross (3 and 4), one from each block: two strays needed
-    assert meet(blocks, [[0, 1, 2, 4], [3, 5, 6, 7]], 2, strays=1) is None
-    assert meet(blocks, [[0, 1, 2, 4], [3, 5, 6, 7]], 2, strays=2) == [[0, 1, 2], [5, 6, 7]]
-    # parts of equal size: both leave (which side is the block's is unknown)
-    assert meet([[0, 1], [2, 3, 4, 5]], [[0, 2, 3, 4, 5], [1]], 2, strays=2) == [[2, 3, 4, 5]]
-    # a stray of an earlier round rejoins as a new block of its own side
-    again = meet([[0, 1, 2], [4, 5, 6, 7]], [[0, 1, 2, 3], [4, 5, 6, 7]], 2, strays=1)
-    assert again == [[0, 1, 2], [4, 5, 6, 7], [3]]
-    # a refinement into parts of min_side or more needs no stray
-    assert meet(blocks, [[0, 1, 4, 5], [2, 3, 6, 7]], 2, strays=0) == \
-        [[0, 1], [2, 3], [4, 5], [6, 7]]

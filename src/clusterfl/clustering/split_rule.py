@@ -179,11 +179,6 @@ class AutoRuleConfig(BaseModel):
     patience: int = Field(
         3, ge=1, description="... in this many consecutive rounds of the cluster, with "
         "bipartitions that are all unions of the same blocks of >= min_side clients")
-    stray: float = Field(
-        0.0, ge=0.0, lt=0.5, description="... where up to this share of the cluster's answering "
-        "clients (at least one; 0 = none) may leave their block of the earlier rounds' cuts in "
-        "a round without restarting the streak: they leave the candidate, as a client that did "
-        "not answer does")
     test_every: bool = Field(
         True, description="the significance test for every cluster (default since issue 36, "
         "instead of nesting); false: the root only")
@@ -584,15 +579,12 @@ def significant(p_value: float, r: AutoRule, sampled: bool = False) -> bool:
 
 
 def meet(blocks: list[list[int]] | None, sides: list[list[int]],
-         min_side: int, strays: int = 0) -> list[list[int]] | None:
+         min_side: int) -> list[list[int]] | None:
     """The earlier candidate `blocks` refined by this round's bipartition `sides`, or None when
     the two disagree (the streak starts again).
 
     They disagree when the cut goes through an earlier block and leaves fewer than `min_side`
-    of that block's clients (of those that answered this round) on one side, unless those
-    clients, over all blocks, are at most `strays`: then they leave the candidate (their side
-    is unknown, as for a client that did not answer; both parts where they are equal) and the
-    rest agrees. A block the cut
+    of that block's clients (of those that answered this round) on one side. A block the cut
     goes through is replaced by its two answering parts (its members that did not answer are
     dropped from the candidate: their side is unknown); a block the cut does not go through
     stays whole, including members that did not answer (a sample or a dropout says nothing
@@ -603,19 +595,13 @@ def meet(blocks: list[list[int]] | None, sides: list[list[int]],
         return None
     here = [set(side) for side in sides]
     seen = {c for b in blocks for c in b}
-    out, left = [], 0
+    out = []
     for b in blocks:
         parts = [[c for c in b if c in side] for side in here]
         if all(parts):  # the cut goes through this block
-            small = min(len(p) for p in parts)
-            if small >= min_side:
-                out.extend(parts)
-                continue
-            stay = [q for q in parts if len(q) > small]
-            left += sum(len(q) for q in parts) - sum(len(q) for q in stay)
-            if left > strays:
+            if min(len(p) for p in parts) < min_side:
                 return None
-            out.extend(stay)
+            out.extend(parts)
         else:
             out.append(list(b))
     out.extend(new for new in ([c for c in side if c not in seen] for side in sides) if new)
@@ -714,8 +700,7 @@ class AutoRule(SplitRule):
         if not significant(p, self, v.sampled):
             return self.refuse(Refusal.NOT_SIGNIFICANT, p_value=p)
         sides = [v.members[v.split.first].tolist(), v.members[v.split.second].tolist()]
-        allowed = max(1, math.floor(c.stray * len(v.members))) if c.stray > 0 else 0
-        blocks = meet(mine.candidate, sides, c.min_side, allowed)
+        blocks = meet(mine.candidate, sides, c.min_side)
         streak = 1 if blocks is None else mine.streak + 1
         need = c.patience * (PAIR_PATIENCE if v.pair else 1)
         if streak < need:
