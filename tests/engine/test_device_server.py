@@ -28,7 +28,7 @@ from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig, FedAvgState
 from clusterfl.backends.simulation import SimulationBackend, SimulationConfig
 from clusterfl.checkpoint import comparable
 from clusterfl.config import load_config
-from clusterfl.engine.transfer import device_of, move, to_cpu
+from clusterfl.engine.transfer import STAYS, device_of, move, to_cpu
 from clusterfl.engine.vectorized import CPU_CHUNK, compact_inputs
 from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory, model_config
@@ -75,6 +75,55 @@ def test_move_takes_every_tensor_inside_to_the_device_and_back() -> None:
     assert there.counts is value.counts  # numpy stays as it is
     assert value.inner.a.device.type == "cpu"  # the original is not changed
     assert to_cpu(value) is value
+
+
+@dataclass
+class _WithTable:
+    model: torch.Tensor
+    table: torch.Tensor = dataclasses.field(metadata=STAYS)
+
+
+def test_move_leaves_a_field_declared_stays_where_it_is() -> None:
+    value = _WithTable(torch.ones(2), torch.zeros(3, 2))
+    there = move(value, META)
+    assert there.model.device == META
+    assert there.table is value.table  # the host table is not copied to the device
+    left = _WithTable(torch.ones(2), torch.zeros(3, 2, device=META))
+    assert to_cpu(left).table is left.table  # nor back: it stays where it was put
+
+
+def test_the_host_tables_of_fesem_and_cfl_gp_are_what_move_leaves() -> None:
+    """FeSEM's file-backed tables and CFL-GP's profile stay in host memory when their update
+    runs on a GPU; FeSEM's k-means input stays where the replies are until its phase."""
+    from clusterfl.algorithms.cam import FeSEMCAM
+    from clusterfl.algorithms.cfl_gp import CFLGP, CFLGPState
+    from clusterfl.algorithms.fesem import FeSEM, FeSEMState, KMeansInput
+
+    def stays(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls) if f.metadata.get("stays")}
+
+    assert stays(FeSEMState) == {"local", "first"}
+    assert stays(KMeansInput) == {"params"}
+    assert stays(CFLGPState) == {"features"}
+    assert FeSEM.device_update and FeSEMCAM.device_update and CFLGP.device_update
+    table = torch.zeros(4, 3)
+    state = FeSEMState(torch.ones(3), np.zeros(4, dtype=np.int64), torch.ones(2, 3), table,
+                       pending=KMeansInput(np.arange(2), torch.ones(2, 3), np.ones(2), [None],
+                                           0))
+    there = move(state, META)
+    assert there.start.is_meta and there.centers.is_meta and there.local is table
+    assert there.pending.params is state.pending.params
+
+
+def test_the_gram_matrix_on_a_named_device_is_the_same_on_the_cpu() -> None:
+    from clusterfl.clustering.spectral import gram_matrix
+
+    x = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    want = (x.double() @ x.double().T).numpy()
+    for got in (gram_matrix(x, chunk=16), gram_matrix(x, chunk=16, device=torch.device("cpu"))):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.array_equal(gram_matrix(x, chunk=16),
+                          gram_matrix(x, chunk=16, device=torch.device("cpu")))
 
 
 def test_move_returns_the_same_object_when_nothing_moves() -> None:

@@ -6,7 +6,8 @@ never silently. On a GPU they check, on tiny federations:
   (`sequential`) on CUDA ends (models to 1e-5, same assignment), and within rounding of the
   CPU run (same assignment, accuracy within 0.02);
 - the server's state stays on the CPU between steps (device-independent checkpoints), and a
-  method with a device update gets its replies on the GPU;
+  method with a device update gets its replies on the GPU; FeSEM's k-means runs there and
+  CFL-GP's model step too, their per-client tables staying in host memory;
 - a run cut on the GPU resumes on the CPU, and the other way round, and ends where a run
   that never stopped ends (same assignment; accuracy within rounding);
 - chunks by free memory: "auto" stacks more than the CPU's 64 clients when memory allows,
@@ -71,7 +72,7 @@ def test_every_method_on_cuda_matches_the_cuda_reference_and_the_cpu(method: str
 
 
 @needs_cuda
-@pytest.mark.parametrize("method", ["fedavg", "ifca"])
+@pytest.mark.parametrize("method", ["fedavg", "ifca", "cfl", "fesem", "fesem_cam", "cfl_gp"])
 def test_a_device_update_gets_its_replies_on_the_gpu(method: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from clusterfl.algorithms import ALGORITHMS
@@ -91,6 +92,54 @@ def test_a_device_update_gets_its_replies_on_the_gpu(method: str, tmp_path: Path
     monkeypatch.setattr(cls, "update", spy)
     _run(method, tmp_path, "simulation", device="cuda")
     assert "cuda" in seen
+
+
+@needs_cuda
+def test_fesem_clusters_on_the_gpu_and_keeps_its_tables_in_host_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The k-means of the rounds after the warm-up runs where the replies are (its input
+    stays on the GPU between the round's phases); the warm-up's table is in host memory,
+    and the state comes back to the CPU."""
+    import clusterfl.algorithms.fesem as fesem
+
+    seen: list[str] = []
+    real = fesem.cluster_step
+
+    def spy(cfg: Any, index: Any, assign: Any, centers: Any, start: Any, clients: Any,
+            params: torch.Tensor, *rest: Any) -> Any:
+        seen.append(params.device.type)
+        out = real(cfg, index, assign, centers, start, clients, params, *rest)
+        assert out[1].device == params.device  # the centers are computed there
+        return out
+
+    monkeypatch.setattr(fesem, "cluster_step", spy)
+    exp = _run("fesem", tmp_path, "simulation", device="cuda")
+    assert seen[0] == "cpu" and set(seen[1:]) == {"cuda"}  # the warm-up's table, then replies
+    st = exp.algorithm.state
+    assert st.centers.device.type == "cpu" and st.pending is None
+
+
+@needs_cuda
+def test_cfl_gp_keeps_its_profile_in_host_memory_and_steps_its_models_on_the_gpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import clusterfl.algorithms.cfl_gp as cfl_gp
+
+    seen: list[tuple[str, str]] = []
+    real = cfl_gp.update_profile
+
+    def spy(features: torch.Tensor, probes: Any, *rest: Any) -> torch.Tensor:
+        piece = probes[0].pieces()[0][1]
+        rows = piece.table if hasattr(piece, "table") else piece
+        seen.append((features.device.type, rows.device.type))
+        out = real(features, probes, *rest)
+        assert out.device.type == "cpu"
+        return out
+
+    monkeypatch.setattr(cfl_gp, "update_profile", spy)
+    exp = _run("cfl_gp", tmp_path, "simulation", device="cuda")
+    assert seen and set(seen) == {("cpu", "cuda")}
+    assert exp.algorithm.state.features.device.type == "cpu"
+    assert exp.algorithm.state.models.device.type == "cpu"
 
 
 @needs_cuda

@@ -159,6 +159,7 @@ from clusterfl.clustering.spectral import (
     spectral_clustering,
 )
 from clusterfl.engine.allocator import lazy_zeros
+from clusterfl.engine.transfer import STAYS
 from clusterfl.errors import ConfigError
 from clusterfl.models import ParamLayout
 from clusterfl.protocol import (
@@ -330,7 +331,9 @@ class CFLGPState:
     models: torch.Tensor  # [K, d], θ_1..θ_K
     assign: np.ndarray  # [C] int64, each client's cluster S^(t)
     feature_index: torch.Tensor  # [d̂] int64, the coordinates the features keep (E.1/E.2)
-    features: torch.Tensor  # [C, K, d̂] float32, the gradient profile, block k = g_{·,k}
+    #: [C, K, d̂] float32, the gradient profile, block k = g_{·,k}; in host memory (a lazily
+    #: zero table) also on a GPU, where a step moves only the rows it touches (`STAYS`)
+    features: torch.Tensor = field(metadata=STAYS)
     block_gram: np.ndarray  # [K, C, C] G_kᵀG_k per block; [0, C, C] off the Gram route
     block_updates: np.ndarray  # [K] int64, clustering rounds that probed each block
     kbar: int = -1  # k̄, the model broadcast in the last clustering round
@@ -350,6 +353,9 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     Config = CFLGPConfig
     State = CFLGPState
     uses_planned_rounds = True  # T/10 unchanged rounds stop the clustering (stable_rounds)
+    #: on a GPU the model step and the Gram matrices run there; the profile stays in host
+    #: memory and receives the rows of the clients asked (`update_profile`)
+    device_update = True
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
@@ -408,9 +414,9 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         """`coords` of the clustering-only requests: the feature index (App. E.1/E.2), or
         None when the features are every coordinate (the reply is then the whole vector)."""
         d, idx = state.models.shape[1], state.feature_index
-        if len(idx) == d and torch.equal(idx, torch.arange(d)):
+        if len(idx) == d and torch.equal(idx, torch.arange(d, device=idx.device)):
             return None
-        return idx.numpy().astype(np.int64)
+        return idx.cpu().numpy().astype(np.int64)
 
     @staticmethod
     def _to_features(state: CFLGPState, rows: torch.Tensor) -> torch.Tensor:
@@ -497,8 +503,10 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         if len(who) == c and np.array_equal(who, np.arange(c)):
             own = rows  # everyone answered, in order: no copy
         else:
-            own = lazy_zeros((c, rows.shape[1]), rows.dtype)  # costs the rows written
-            own[torch.from_numpy(who)] = rows
+            # costs the rows written (on a GPU: a table there, the size of an all-reply)
+            own = (lazy_zeros((c, rows.shape[1]), rows.dtype) if rows.device.type == "cpu"
+                   else rows.new_zeros((c, rows.shape[1])))
+            own[torch.from_numpy(who).to(rows.device)] = rows
         down = np.zeros(c)
         down[ask.sampled] = 1.0
         new = replace(state, kbar=ask.kbar, asked=self._asked(state))
@@ -651,7 +659,8 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         if len(gram):
             gram = gram.copy()
             for probe in probes:  # only the blocks asked changed
-                gram[probe.block] = gram_matrix(features[:, probe.block])
+                gram[probe.block] = gram_matrix(features[:, probe.block],
+                                                device=state.models.device)
         new = replace(state, features=features, asked=asked, block_updates=updates,
                       block_gram=gram)
         every = np.concatenate(betas)  # a clustering round asks for k̄ at least

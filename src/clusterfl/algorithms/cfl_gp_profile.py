@@ -26,7 +26,8 @@ def feature_columns(width: int, d: int, feature_index: torch.Tensor) -> torch.Te
     (`width` = d) are subsampled at the feature index (None when it is every coordinate);
     replies already narrowed on the wire (d̂ wide) are the features as they are (None)."""
     if width == d:
-        every = len(feature_index) == d and torch.equal(feature_index, torch.arange(d))
+        every = len(feature_index) == d and torch.equal(
+            feature_index, torch.arange(d, device=feature_index.device))
         return None if every else feature_index
     if width != len(feature_index):
         raise ValueError(f"client vectors of width {width}: expected {d} or "
@@ -48,7 +49,8 @@ class Rows:
         return len(self.index)
 
     def __getitem__(self, part: slice) -> torch.Tensor:
-        rows = self.table.index_select(0, torch.from_numpy(self.index[part]))
+        rows = self.table.index_select(0, torch.from_numpy(self.index[part]).to(
+            self.table.device))
         return rows if self.columns is None else rows[:, self.columns]
 
 
@@ -97,7 +99,8 @@ def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.n
     """Alg. 1 lines 8–9 on the `[C, K, d̂]` profile: for each probe, block k of every client c
     that answered becomes g_{c,k} := (1 − β_c) g_{c,k} + β_c v_c (v_c its row of the probe,
     β_c its entry of `betas`, one per client *asked*, in `probe.asked` order); a client asked
-    but silent keeps its block. Returns a new profile.
+    but silent keeps its block. Returns a new profile, on the device of `features` (the host,
+    where the rows of a GPU's replies come `ROW_CHUNK` at a time).
 
     `filled` (`[C, K]` bool, optional): the cells that may hold anything but zeros (those
     asked before). The new profile is then a `lazy_zeros` table into which only those cells
@@ -121,7 +124,7 @@ def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.n
             for a in range(0, len(piece), ROW_CHUNK):
                 b = min(len(piece), a + ROW_CHUNK)
                 rows = torch.from_numpy(probe.who[start + a : start + b])
-                new = piece[a:b].to(block.dtype)
+                new = piece[a:b].to(block.device, block.dtype)  # a GPU's rows: to the host
                 if uniform:
                     one = float(beta[0])
                     block[rows] = (1.0 - one) * block[rows] + one * new

@@ -99,6 +99,7 @@ from clusterfl.algorithms.common import (
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
 from clusterfl.engine.allocator import disk_room, disk_rows, disk_write, drop_resident
+from clusterfl.engine.transfer import STAYS
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
 from clusterfl.protocol import (
@@ -180,7 +181,7 @@ def layer_index(factory: ModelFactory, spec: LayerSpec) -> torch.Tensor | None:
 
 
 def _select(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    return x if index is None else x[:, index]
+    return x if index is None else x[:, index.to(x.device)]
 
 
 def reseed_empty(
@@ -218,8 +219,11 @@ def cluster_step(
     without members keeps its value, Θ_0 at the first clustering) and the step's extras.
     `centers` None: the first clustering, `kmeans_restarts` k-means++ starts drawn from
     `seed`; otherwise Lloyd from the current centers, so cluster ids stay stable. Then, with
-    `empty_centers = "reseed"`, `reseed_empty`."""
+    `empty_centers = "reseed"`, `reseed_empty`. It runs where `params` are (a GPU's replies
+    stay there; `centers` and `start` join them) and returns the centers there."""
     x, w = _select(params, index), np.asarray(n_samples)
+    start = start.to(params.device)
+    centers = None if centers is None else centers.to(params.device)
     if centers is None:
         res = kmeans(x, min(cfg.n_clusters, len(x)), np.random.default_rng(seed), w,
                      n_init=cfg.kmeans_restarts, max_iter=cfg.kmeans_iters)
@@ -243,7 +247,7 @@ class KMeansInput:
     the round's replies to its k-means only, so None between rounds (and in checkpoints)."""
 
     clients: np.ndarray  # whose models, row by row
-    params: torch.Tensor  # [n, d]
+    params: torch.Tensor = field(metadata=STAYS)  # [n, d], where the replies left them
     n_samples: np.ndarray  # the k-means weights
     losses: list[float | None]  # the round's mean training loss(es), for its extras
     warmup: int  # 1 in the last warm-up round
@@ -256,12 +260,12 @@ class FeSEMState:
     centers: torch.Tensor | None  # [K, d] once the first clustering ran
     #: [n_clients, d], the warm-up's client models (a `disk_rows` table, written in place;
     #: None before the first warm-up round's reply and after the warm-up)
-    local: torch.Tensor | None
+    local: torch.Tensor | None = field(metadata=STAYS)  # in host memory (`STAYS`)
     #: models trained from Θ_0 kept for the first k-means while a sample gathers them
     #: (`first_clustering`; None otherwise): one row per client that sent one, in the order
     #: they first sent one (a `disk_rows` table, written in place), so the file grows with
     #: the clients sampled and memory not at all
-    first: torch.Tensor | None = field(default=None, kw_only=True)
+    first: torch.Tensor | None = field(default=None, kw_only=True, metadata=STAYS)
     #: [n_clients], each client's row of `first` (-1: none sent yet)
     first_row: np.ndarray | None = field(default=None, kw_only=True)
     pending: KMeansInput | None = field(default=None, kw_only=True)  # see `KMeansInput`
@@ -329,6 +333,9 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
     name = "fesem"
     Config = FeSEMConfig
     State: ClassVar[type] = FeSEMState  # FeSEM-CAM's State extends it
+    #: on a GPU the round's models stay there for its k-means (`KMeansInput.params`); the
+    #: host tables (`local`, `first`) receive only the rows of the clients that answered
+    device_update = True
 
     def setup(self, ctx: Context) -> None:
         check_k_fits(self.config.n_clusters, ctx.n_clients)
@@ -443,12 +450,14 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         return Update(replace(state, pending=pending), then=KMEANS)
 
     def _kmeans(self, state: FeSEMState, seed: int) -> Update[FeSEMState]:
-        """The k-means phase: `cluster_step` on the round's models, then the round's extras."""
+        """The k-means phase: `cluster_step` on the round's models (where the replies left
+        them: on a GPU, there), then the round's extras; the centers come back to the host."""
         got = state.pending
         assert got is not None
         assign, centers, km = cluster_step(self.config, self.index, state.assign, state.centers,
                                            state.start, got.clients, got.params, got.n_samples,
                                            seed)
+        centers = centers.to(state.start.device)
         new = replace(state, assign=assign, centers=centers, pending=None)
         return Update(new, self._extras(new, got.losses, got.warmup, km))
 

@@ -20,7 +20,9 @@ clusters left without members (FeSEM's `empty_centers = "reseed"`), the farthest
 own centers first, as scikit-learn relocates the empty clusters of its Lloyd iterations.
 
 Distances are computed from explicit differences (no ||x||² − 2x·c + ||c||² expansion), so
-they stay accurate for long float32 parameter vectors.
+they stay accurate for long float32 parameter vectors. Everything runs on the device of the
+points (a GPU's round of models stays there; centers given elsewhere are used there); only
+labels and scalars come back to the host, as numpy arrays and floats.
 """
 
 from __future__ import annotations
@@ -59,17 +61,17 @@ def squared_distances(x: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
 
 def nearest(x: torch.Tensor, centers: torch.Tensor) -> np.ndarray:
     """Index of the nearest center of every row (ties: the lowest index)."""
-    return torch.argmin(squared_distances(x, centers), dim=1).numpy().astype(np.int64)
+    return torch.argmin(squared_distances(x, centers), dim=1).cpu().numpy().astype(np.int64)
 
 
 def weighted_centroids(
     x: torch.Tensor, labels: np.ndarray, weights: np.ndarray, previous: torch.Tensor
 ) -> torch.Tensor:
     """`[K, p]`: row k the weighted mean of the points labelled k; `previous[k]` if none."""
-    out = previous.clone()
-    w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=x.dtype)
+    out = previous.to(x.device, copy=True)
+    w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=x.dtype, device=x.device)
     for k in np.unique(labels):
-        sel = torch.from_numpy(labels == k)
+        sel = torch.from_numpy(labels == k).to(x.device)
         wk = w[sel]
         out[int(k)] = (wk[:, None] * x[sel]).sum(0) / wk.sum()
     return out
@@ -78,8 +80,14 @@ def weighted_centroids(
 def inertia(x: torch.Tensor, labels: np.ndarray, centers: torch.Tensor,
             weights: np.ndarray) -> float:
     """Σ_i w_i ||x_i − centers[labels_i]||² (the weighted k-means objective, Eq. 10)."""
-    d = ((x - centers[torch.from_numpy(labels)]) ** 2).sum(dim=1).double()
-    return float((torch.as_tensor(np.asarray(weights, dtype=np.float64)) * d).sum())
+    d = ((x - centers[_on(labels, x)]) ** 2).sum(dim=1).double()
+    return float((torch.as_tensor(np.asarray(weights, dtype=np.float64), device=x.device)
+                  * d).sum())
+
+
+def _on(index: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """`index` as a tensor on the device of `x`."""
+    return torch.from_numpy(np.asarray(index)).to(x.device)
 
 
 def _check_weights(x: torch.Tensor, weights: np.ndarray | None) -> np.ndarray:
@@ -103,7 +111,7 @@ def lloyd(
     if max_iter < 1:
         raise ValueError("max_iter must be >= 1")
     w = _check_weights(x, weights)
-    centers = init.to(x.dtype).clone()
+    centers = init.to(x.device, x.dtype, copy=True)
     labels = nearest(x, centers)
     converged, n_iter = False, 0
     for n_iter in range(1, max_iter + 1):  # noqa: B007 - n_iter is reported
@@ -126,7 +134,7 @@ def farthest_movable(
     chosen rows to new clusters never empties one. Ties: the lower row first.
     """
     left = np.asarray(sizes, dtype=np.int64).copy()
-    d2 = ((x - centers[torch.from_numpy(labels)]) ** 2).sum(dim=1).double().numpy()
+    d2 = ((x - centers[_on(labels, x)]) ** 2).sum(dim=1).double().cpu().numpy()
     chosen: list[int] = []
     for i in np.argsort(-d2, kind="stable"):
         if len(chosen) == count:
@@ -151,14 +159,14 @@ def kmeans_plus_plus(
     w = _check_weights(x, weights)
     first = int(rng.choice(len(x), p=w / w.sum()))
     chosen = [first]
-    d2 = ((x - x[first]) ** 2).sum(dim=1).double().numpy()
+    d2 = ((x - x[first]) ** 2).sum(dim=1).double().cpu().numpy()
     for _ in range(1, k):
         score = w * d2
         p = score / score.sum() if score.sum() > 0 else w / w.sum()
         nxt = int(rng.choice(len(x), p=p))
         chosen.append(nxt)
-        d2 = np.minimum(d2, ((x - x[nxt]) ** 2).sum(dim=1).double().numpy())
-    return x[torch.tensor(chosen)].clone()
+        d2 = np.minimum(d2, ((x - x[nxt]) ** 2).sum(dim=1).double().cpu().numpy())
+    return x[_on(np.asarray(chosen, dtype=np.int64), x)].clone()
 
 
 def kmeans(

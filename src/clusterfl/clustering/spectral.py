@@ -77,16 +77,19 @@ def _as_rows(rows: torch.Tensor | np.ndarray) -> torch.Tensor:
     return t.reshape(t.shape[0], -1)
 
 
-def gram_matrix(rows: torch.Tensor | np.ndarray, chunk: int = _CHUNK) -> np.ndarray:
+def gram_matrix(rows: torch.Tensor | np.ndarray, chunk: int = _CHUNK,
+                device: torch.device | None = None) -> np.ndarray:
     """GᵀG (C×C, float64) for client-major rows `[C, D]`, accumulated in column blocks so a
-    float32 profile never has to be copied whole into float64."""
+    float32 profile never has to be copied whole into float64. With `device` (a GPU) the
+    products run there, each column block moved once; only the C×C result comes back."""
     x = _as_rows(rows)
     c, d = x.shape
-    out = torch.zeros(c, c, dtype=torch.float64)
+    where = x.device if device is None else device
+    out = torch.zeros(c, c, dtype=torch.float64, device=where)
     for start in range(0, d, chunk):
-        block = x[:, start : start + chunk].to(torch.float64)
+        block = x[:, start : start + chunk].to(where, torch.float64)
         out += block @ block.T
-    return out.numpy()
+    return out.cpu().numpy()
 
 
 def project_gram(gram: np.ndarray, n_components: int) -> Projection:

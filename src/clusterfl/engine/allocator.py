@@ -165,15 +165,16 @@ def _forget(start: int, fh: Any) -> None:
 
 
 def disk_write(table: torch.Tensor, rows: np.ndarray, values: torch.Tensor) -> None:
-    """`table[rows] = values`. Into a `disk_rows` table (or a view that starts where it
-    starts) the rows are written through its file (`pwrite`): the same bytes, without
-    faulting the map's pages into this process (several times faster than writing through
-    the map, and nothing to give back)."""
+    """`table[rows] = values` (`table` in host memory, `values` on any device). Into a
+    `disk_rows` table (or a view that starts where it starts) the rows are written through
+    its file (`pwrite`): the same bytes, without faulting the map's pages into this process
+    (several times faster than writing through the map, and nothing to give back)."""
     rows = np.asarray(rows, dtype=np.int64)
+    values = values.cpu()  # a GPU's rows (the table is in host memory): copied once
     start = table.untyped_storage().data_ptr()
     entry = _DISK_MAPS.get(start)
     if (entry is None or table.data_ptr() != start or not table.is_contiguous()
-            or values.device.type != "cpu" or len(rows) != len(values)):
+            or len(rows) != len(values)):
         table[torch.from_numpy(rows)] = values.to(table.dtype)
         return
     if len(rows) and (rows.min() < 0 or rows.max() >= len(table)):

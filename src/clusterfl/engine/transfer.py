@@ -6,7 +6,10 @@ device_update`) runs its `update` there: the state and the request go to the dev
 state comes back to the CPU, where the server keeps it between steps (checkpoints stay
 device-independent). `move` walks the containers such values are made of; everything that is
 not a tensor (numpy arrays, numbers, strings) is kept as it is, and a value with nothing to
-move is returned itself, not copied.
+move is returned itself, not copied. A dataclass field declared with `metadata=STAYS` is never
+moved: a per-client table kept in host memory (FeSEM's file-backed models, CFL-GP's lazily
+zero profile: a step moves only the rows it touches), or a round's input that stays where the
+reply left it until the round's next phase (FeSEM's k-means input).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import torch
 
 T = TypeVar("T")
 CPU = torch.device("cpu")
+#: the metadata of a dataclass field that `move` leaves where it is (module doc)
+STAYS: dict[str, bool] = {"stays": True}
 
 
 def move(value: T, device: torch.device) -> T:
@@ -33,7 +38,7 @@ def _move(value: Any, device: torch.device) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changed = {}
         for f in dataclasses.fields(value):
-            if not f.init:
+            if not f.init or f.metadata.get("stays"):
                 continue
             old = getattr(value, f.name)
             new = _move(old, device)
@@ -77,4 +82,4 @@ def to_cpu(value: T) -> T:
     return move(value, CPU)
 
 
-__all__ = ["CPU", "device_of", "move", "to_cpu"]
+__all__ = ["CPU", "STAYS", "device_of", "move", "to_cpu"]
