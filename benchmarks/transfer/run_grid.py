@@ -73,8 +73,8 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
 }
 # Earlier defaults, written as settings of today's code (each is still an option): `--preset
 # v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1,
-# `--preset v2` those of v2, and so on to `--preset v5` (CFL's rule changed in v2, v3 and v5,
-# FL+HC's in v4 and v6, no other method's after v1).
+# `--preset v2` those of v2, and so on to `--preset v6` (CFL's rule changed in v2, v3, v5 and
+# v7, FL+HC's in v4 and v6, no other method's after v1).
 V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0",
           "algorithm.auto.significance=0.05", "algorithm.auto.significance_sampled=0.05"]
 V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05",
@@ -106,6 +106,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "v4": {"cfl": V3_CFL, "flhc": V2_FLHC},
     # v5: FL+HC's rule v2 (v6: its test at 0.002)
     "v5": {"flhc": V2_FLHC},
+    # v6: CFL's rule v5, with the progress condition (v7: off, CFL's rule v6)
+    "v6": {"cfl": ["algorithm.auto.progress=0.05"]},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

@@ -608,11 +608,12 @@ def test_the_progress_reference_of_rule_v2_lets_conflicting_regressions_split():
     never falls 5 % below the first round's, so v1's reference refuses every round; against
     ln C (v2; one output: no plateau, no condition) CFL splits them. The method hands the
     rule its model's outputs."""
-    v1 = Experiment.from_config(_regressions(progress_from="first")).run(progress=False)
+    v1 = Experiment.from_config(_regressions(progress=0.05, progress_from="first")).run(
+        progress=False)
     assert all(r.n_clusters == 1 for r in v1.records)
     assert {why for r in v1.records for why in r.extras["refused"]} == \
         {"no progress: loss ≥ 0.95 × first round's"}
-    exp = Experiment.from_config(_regressions())
+    exp = Experiment.from_config(_regressions(progress=0.05))
     v2 = exp.run(progress=False)
     assert exp.algorithm.split_rule(0).n_outputs == 1  # type: ignore[attr-defined]
     assert v2.records[-1].n_clusters >= 2 and v2.records[-1].ari > 0.3

@@ -112,25 +112,34 @@ def test_two_groups_pass_every_condition():
     assert [refusal for refusal, holds in CONDITIONS if not holds(v, RULE)] == []
 
 
+def test_progress_is_off_by_default_since_rule_v6():
+    v = measured(TWO_GROUPS, first_loss=2.0)
+    assert AutoRuleConfig().progress == 0.0
+    assert progressed(_with(v, loss=5.0), AutoRule(n_outputs=10))  # a loss above ln 10
+    assert progressed(_with(v, loss=5.0), AutoRule(options=AutoRuleConfig(
+        progress_from="first"), n_outputs=10))
+
+
 def test_progressed_against_a_uniform_guess():
-    # the default reference: ln C, the cross-entropy of a uniform guess over C outputs
-    ten = AutoRule(n_outputs=10)
+    # rules v2-v5: ln C, the cross-entropy of a uniform guess over C outputs, with 5 %
+    five = AutoRuleConfig(progress=0.05)
+    ten = AutoRule(options=five, n_outputs=10)
     v = measured(TWO_GROUPS, first_loss=2.0)
     assert not progressed(_with(v, loss=2.2), ten)  # 2.2 ≥ 0.95 × ln 10 = 2.187
     assert progressed(_with(v, loss=2.18), ten)
-    assert not progressed(_with(v, loss=0.66), AutoRule(n_outputs=2))  # ≥ 0.95 ln 2 = 0.658
-    assert progressed(_with(v, loss=0.65), AutoRule(n_outputs=2))
+    assert not progressed(_with(v, loss=0.66), AutoRule(options=five, n_outputs=2))  # ≥ 0.658
+    assert progressed(_with(v, loss=0.65), AutoRule(options=five, n_outputs=2))
     assert progressed(_with(v, loss=float("nan")), ten)  # no loss reported
     # one output (a regression's MSE has no plateau of a uniform guess), or C not known
-    assert progressed(_with(v, loss=1e6), AutoRule(n_outputs=1))
-    assert progressed(_with(v, loss=1e6), RULE)
+    assert progressed(_with(v, loss=1e6), AutoRule(options=five, n_outputs=1))
+    assert progressed(_with(v, loss=1e6), AutoRule(options=five))
     assert progressed(_with(v, loss=5.0), AutoRule(options=AutoRuleConfig(progress=0.0),
                                                    n_outputs=10))  # off
     assert ten.reason(Refusal.NO_PROGRESS) == "no progress: loss ≥ 0.95 × ln 10"
 
 
 def test_progressed_against_the_first_round():  # rule v1's reference
-    first = AutoRuleConfig(progress_from="first")
+    first = AutoRuleConfig(progress=0.05, progress_from="first")
     r = AutoRule(options=first, n_outputs=10)  # C plays no part
     v = measured(TWO_GROUPS, first_loss=2.0)
     assert not progressed(_with(v, loss=1.95), r)  # 1.95 ≥ (1 - 0.05) × 2.0 = 1.9
