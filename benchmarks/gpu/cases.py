@@ -16,6 +16,15 @@ on the device, the new model back to the CPU) on a synthetic federation with the
   (e) fedavg-1k / fedavg-10k  FedAvg rounds of the MLP at 1,000 and 10,000 clients x 60
                 samples
 
+Server steps on the device (not among the issue's cases; run by name, `--only`): whole rounds
+of methods whose update runs where the replies are, timed like the others:
+
+  (f) fesem-1k  FeSEM, K = 4, MLP, 1,000 clients x 60 samples: training from the centers, then
+                Lloyd's k-means on the 1,000 models (on the GPU: distances and centers there)
+  (g) cflgp-200 CFL-GP, K = 4, a clustering update every round (period 1), MLP, 200 clients
+                x 60 samples: gradients at the K models, the model step and the blocks' Gram
+                matrices on the GPU, the [200, 4, 159,010] profile in host memory
+
 Local training: SGD, lr 0.05, batch 50, one epoch. Our engine: the `simulation` backend with
 `chunk_size = "auto"` (as many clients at once as the free memory holds; the LeNet's
 convolutions as unfolded products on CUDA in fp32 and tf32, grouped under bf16-mixed;
@@ -55,12 +64,20 @@ CASES: dict[str, tuple[dict, int, int, tuple[int, ...], str, bool, bool]] = {
     "e-fedavg-1k": (MLP, 1000, 60, (1, 28, 28), "fedavg", True, False),
     "e-fedavg-10k": (MLP, 10000, 60, (1, 28, 28), "fedavg", False, False),
 }
+SERVER: dict[str, tuple[dict, int, int, tuple[int, ...], str, bool, bool]] = {
+    # FeSEM's 2-thread CPU round takes 10.4 s here (k-means over 1,000 × 159,010): no CPU
+    # baseline inside the GPU call's time
+    "f-fesem-1k": (MLP, 1000, 60, (1, 28, 28), "fesem", True, False),
+    "g-cflgp-200": (MLP, 200, 60, (1, 28, 28), "cfl_gp", True, True),
+}
 QUICK: dict[str, tuple[dict, int, int, tuple[int, ...], str, bool, bool]] = {
     "a-mlp": (MLP, 8, 60, (1, 28, 28), "fedavg", True, True),
     "b-cnn": (CNN, 6, 50, (3, 32, 32), "fedavg", True, True),
     "c-resnet18": ({"name": "resnet18", "width": 8}, 3, 20, (3, 32, 32), "fedavg", True, False),
     "d-ifca-losses": (MLP, 20, 60, (1, 28, 28), "losses", True, False),
     "e-fedavg-1k": (MLP, 50, 20, (1, 28, 28), "fedavg", True, False),
+    "f-fesem-1k": (MLP, 40, 20, (1, 28, 28), "fesem", True, True),
+    "g-cflgp-200": (MLP, 12, 20, (1, 28, 28), "cfl_gp", True, True),
 }
 
 
@@ -89,14 +106,21 @@ def time_rounds(backend: Any, fed: Any, factory: Any, kind: str, rounds: int,
                 profile: bool = False) -> dict[str, Any]:
     """One warm-up round, then `rounds` timed ones: median seconds, peak GPU MiB."""
     from clusterfl.algorithms.base import Context
+    from clusterfl.algorithms.cfl_gp import CFLGP, CFLGPConfig
     from clusterfl.algorithms.fedavg import FedAvg, FedAvgConfig
+    from clusterfl.algorithms.fesem import FeSEM, FeSEMConfig
     from clusterfl.protocol import LocalTraining, LossRequest
 
     device = backend.device
     training = LocalTraining(lr=0.05, batch_size=50, epochs=1)
     ctx = Context(backend, factory, training, fed.n_clients, fed.train_sizes,
-                  np.random.default_rng(0), 0)
-    method = FedAvg(FedAvgConfig())
+                  np.random.default_rng(0), 0, rounds=rounds + 3)
+    method: Any = FedAvg(FedAvgConfig())
+    if kind == "fesem":
+        method = FeSEM(FeSEMConfig(n_clusters=4, warmup_rounds=0))
+    elif kind == "cfl_gp":
+        method = CFLGP(CFLGPConfig(n_clusters=4, period=1))
+    first = 0 if kind in ("fedavg", "losses") else 1  # (a)-(e) as they were measured
     method.setup(ctx)
     models = factory.init_many(4, seed=1)
     everyone = np.arange(fed.n_clients)
@@ -105,7 +129,7 @@ def time_rounds(backend: Any, fed: Any, factory: Any, kind: str, rounds: int,
         if kind == "losses":
             ctx.send(LossRequest(everyone, models, "train", None))
         else:
-            method.run_round(ctx, t)
+            method.run_round(ctx, first + t)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -144,6 +168,10 @@ def time_rounds(backend: Any, fed: Any, factory: Any, kind: str, rounds: int,
     if kind == "fedavg":
         out["model_checksum"] = float(method.state.model.double().abs().sum())
         out["state_on"] = str(method.state.model.device)
+    elif kind in ("fesem", "cfl_gp"):
+        out["clusters"] = len(np.unique(method.assignment()))
+        models = method.state.centers if kind == "fesem" else method.state.models
+        out["state_on"] = str(models.device)
     return out
 
 
@@ -208,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="fp32", help="fp32, tf32 or bf16-mixed")
     p.add_argument("--out", default="", help="JSON results (default: print only)")
     p.add_argument("--quick", action="store_true", help="tiny federations (a check)")
-    p.add_argument("--only", default="", help="comma-separated case names")
+    p.add_argument("--only", default="", help="comma-separated case names (the server-step "
+                   "cases f-fesem-1k and g-cflgp-200 run only when named here)")
     p.add_argument("--profile", default="", help="comma-separated cases to profile one more "
                    "round of (torch.profiler tables on the screen)")
     p.add_argument("--kernel", default="auto", help="the LeNet case's engine kernel: auto, "
@@ -226,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = resolve_device(args.device)
     cases = QUICK if args.quick else CASES
-    if args.only:
-        cases = {k: v for k, v in cases.items() if k in args.only.split(",")}
+    if args.only:  # the issue's cases and the server-step ones, by name
+        every = QUICK if args.quick else {**CASES, **SERVER}
+        cases = {k: v for k, v in every.items() if k in args.only.split(",")}
     started = time.perf_counter()
     args.deadline = started + args.budget_s
     info = {"device": args.device, "precision": args.precision, "kernel": args.kernel,

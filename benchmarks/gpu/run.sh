@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 37's GPU check in one go (about 4 minutes on an H200): the GPU tests, cases (a)-(e),
+# Issue 37's GPU check in one go (about 5 minutes on an H200): the GPU tests, cases (a)-(e),
 # then the LeNet case with the grouped convolution (against the default unfolded products)
-# and the profiles of both, and the tf32 and bf16-mixed timings.
+# and the profiles of both, the tf32 and bf16-mixed timings, and the server-step cases (f)
+# FeSEM and (g) CFL-GP.
 # From the checkout root:  bash benchmarks/gpu/run.sh [WHEELS_DIR] [OUT_DIR]
 # WHEELS_DIR holds CPython 3.12 manylinux wheels of what the machine lacks (pydantic,
 # pydantic-core, annotated-types, typing-inspection, tomli-w); they are installed into a
@@ -30,4 +31,5 @@ timeout 170 $cases --budget-s 100 --out "$out/cases_fp32.json" 2>&1 | tee "$out/
     --no-baselines --out "$out/cases_tf32.json"
   timeout 50 $cases --precision bf16-mixed --only b-cnn,c-resnet18 --no-baselines \
     --out "$out/cases_bf16.json"
+  timeout 60 $cases --only f-fesem-1k,g-cflgp-200 --out "$out/cases_server.json"
 } 2>&1 | tee "$out/extra.log" | grep -E "s/round|FAILED|Error"
