@@ -504,8 +504,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
             own = rows  # everyone answered, in order: no copy
         else:
             # costs the rows written (on a GPU: a table there, the size of an all-reply)
-            own = (lazy_zeros((c, rows.shape[1]), rows.dtype) if rows.device.type == "cpu"
-                   else rows.new_zeros((c, rows.shape[1])))
+            own = lazy_zeros((c, rows.shape[1]), rows.dtype, device=rows.device)
             own[torch.from_numpy(who).to(rows.device)] = rows
         down = np.zeros(c)
         down[ask.sampled] = 1.0

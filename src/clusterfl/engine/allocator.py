@@ -82,7 +82,8 @@ def aligned_rows(n: int, d: int, dtype: torch.dtype,
     return torch.empty(n, stride, dtype=dtype)[:, :d]
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+               device: torch.device | None = None) -> torch.Tensor:
     """A zero tensor whose memory the system provides only where it is written.
 
     Backed by its own anonymous memory map (not the heap, whose reused blocks must be
@@ -90,8 +91,11 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> to
     first write): the pages of a region never written are never resident. For a large
     table most of which stays zero (CFL-GP's profile, whose blocks nobody was asked for):
     it costs the memory of what was written, and reads the rest as zeros. On a system
-    without anonymous maps, a plain `torch.zeros`.
+    without anonymous maps, a plain `torch.zeros`; on a `device` other than the CPU (a GPU's
+    memory has no such pages) too, there.
     """
+    if device is not None and device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
     if math.prod(int(s) for s in shape) == 0:
         return torch.zeros(shape, dtype=dtype)
     # private: a page never written reads as the system's one zero page; on Linux without a
