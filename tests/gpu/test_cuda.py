@@ -127,11 +127,11 @@ def test_cfl_gp_keeps_its_profile_in_host_memory_and_steps_its_models_on_the_gpu
     seen: list[tuple[str, str]] = []
     real = cfl_gp.update_profile
 
-    def spy(features: torch.Tensor, probes: Any, *rest: Any) -> torch.Tensor:
+    def spy(features: torch.Tensor, probes: Any, *rest: Any, **kw: Any) -> torch.Tensor:
         piece = probes[0].pieces()[0][1]
         rows = piece.table if hasattr(piece, "table") else piece
         seen.append((features.device.type, rows.device.type))
-        out = real(features, probes, *rest)
+        out = real(features, probes, *rest, **kw)
         assert out.device.type == "cpu"
         return out
 
