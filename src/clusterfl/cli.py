@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterfl.cli_util import DIVERGED_EXIT, console
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,6 +117,16 @@ def _load(args: argparse.Namespace):
     return load_config(apply_overrides(read_toml(args.config), _overrides(args)))
 
 
+def _spec_hint(exc: ConfigError, flag: str) -> ConfigError:
+    """A comparison's unknown `algorithm.*` field, with where a method's own options go: the
+    shared [algorithm] table only has what its base method has."""
+    if exc.field.startswith("algorithm.") and exc.message.startswith("unknown field"):
+        return ConfigError(exc.field, f"{exc.message} (the shared [algorithm] table; a "
+                           f"method's own options go in its spec, e.g. {flag} "
+                           "cfl:auto.separation=0.9)")
+    return exc
+
+
 def _warn(lines: list[str]) -> None:
     for line in lines:
         print(f"clusterfl: warning: {line}", file=sys.stderr)
@@ -133,7 +143,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                    ("--retry-failed", args.retry_failed)) if on]
     if extra:
         raise ClusterFLError(f"{', '.join(extra)}: only with --seeds (several runs per method)")
-    config = _load(args)
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        raise _spec_hint(exc, "--algorithms") from None
     folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
     results = run_comparison(config, specs, out, progress=_progress(args),
@@ -200,7 +213,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo = resources.files("clusterfl") / "configs" / "demo.toml"
     with resources.as_file(demo) as path:
         raw = apply_overrides(read_toml(path), list(args.set or []))
-    config = load_config(raw)
+    try:
+        config = load_config(raw)
+    except ConfigError as exc:
+        raise _spec_hint(exc, "--methods") from None
     out = Path(args.out)
     con = _console()
     con.print(f"[bold]clusterfl demo[/]: digits, rotation scenario, "

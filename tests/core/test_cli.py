@@ -98,6 +98,23 @@ def test_compare_refuses_no_method_or_one_twice(tmp_path: Path, algorithms: str,
     assert not (tmp_path / "out").exists()  # refused before any run
 
 
+def test_a_methods_own_option_set_on_the_shared_table_points_to_its_spec(tmp_path: Path,
+                                                                           capsys) -> None:
+    """`--set algorithm.auto.…` on a comparison whose shared [algorithm] table is FedAvg's:
+    one line naming the field, FedAvg's fields, and where a method's own options go."""
+    for argv, flag in (
+            (["demo", "--methods", "cfl"], "--methods"),
+            (["compare", _write(tmp_path / "c.toml"), "--algorithms", "cfl"], "--algorithms")):
+        rc = main([*argv, "--out", str(tmp_path / "out"), "--set",
+                   "algorithm.auto.separation=0.9"])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1, lines
+        assert lines[0].startswith("clusterfl: error: algorithm.auto: unknown field; allowed "
+                                   "fields here: fraction, name, per_round")
+        assert f"go in its spec, e.g. {flag} cfl:auto.separation=0.9" in lines[0]
+        assert not (tmp_path / "out").exists()
+
+
 def test_compare_names_runs_by_one_scheme_and_shows_their_options(tmp_path: Path,
                                                                  capsys) -> None:
     out = tmp_path / "cmp"
