@@ -142,3 +142,38 @@ def test_silhouette_estimate_says_one_cluster_below_the_bound() -> None:
     assert estimate_n_clusters(flat, 6, seed=1, min_silhouette=0.25)[0] == 1
     groups = np.concatenate([rng.normal(c, 0.3, (10, 5)) for c in (0.0, 6.0, -6.0)])
     assert estimate_n_clusters(groups, 6, seed=1, min_silhouette=0.25)[0] == 3
+
+
+def test_gram_cosines_are_the_rows_cosines() -> None:
+    """Against the brute-force cosines of the rows; a zero row is 0 with the others."""
+    from clusterfl.clustering.spectral import gram_cosines
+
+    rows = np.random.default_rng(3).normal(size=(7, 11))
+    rows[4] = 0.0
+    cos = gram_cosines(rows @ rows.T)
+    for i in range(7):
+        for j in range(7):
+            if i == j:
+                want = 1.0
+            elif 4 in (i, j):
+                want = 0.0
+            else:
+                want = rows[i] @ rows[j] / np.linalg.norm(rows[i]) / np.linalg.norm(rows[j])
+            assert cos[i, j] == pytest.approx(want, abs=1e-12)
+
+
+def test_structure_p_tells_groups_from_one_distribution() -> None:
+    """The shuffle test on cosines: profiles of three groups (each a direction of its own
+    beside a common one) give the smallest p of 999 shuffles; profiles of one distribution
+    (the common direction plus noise) a p far above CFL's 0.002; four clients: no test."""
+    from clusterfl.clustering.spectral import gram_cosines, structure_p
+
+    rng = np.random.default_rng(5)
+    common = rng.normal(size=400)
+    groups = np.concatenate([common + 2.0 * rng.normal(size=400) + rng.normal(size=(6, 400))
+                             for _ in range(3)])
+    assert structure_p(gram_cosines(groups @ groups.T), seed=0) == pytest.approx(1 / 1000)
+    pvals = [structure_p(gram_cosines(x @ x.T), seed=s) for s, x in enumerate(
+        [common + np.random.default_rng(10 + s).normal(size=(18, 400)) for s in range(5)])]
+    assert sum(p > 0.002 for p in pvals) == 5, pvals
+    assert structure_p(gram_cosines(groups[:4] @ groups[:4].T), seed=0) is None

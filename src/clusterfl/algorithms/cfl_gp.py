@@ -145,6 +145,13 @@ from clusterfl.algorithms.cfl_gp_profile import (
     profiled_clients,
     update_profile,
 )
+from clusterfl.algorithms.cfl_gp_records import (
+    CFLGPClusteringExtras,
+    CFLGPCounts,
+    CFLGPEstimateExtras,
+    CFLGPExtras,
+    KEstimate,
+)
 from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
 from clusterfl.clustering.aggregate import step_clusters
 from clusterfl.clustering.hierarchical import MIN_SILHOUETTE
@@ -154,9 +161,11 @@ from clusterfl.clustering.spectral import (
     SvdMethod,
     estimate_n_clusters,
     gap_ranking,
+    gram_cosines,
     gram_matrix,
     largest_gap,
     spectral_clustering,
+    structure_p,
 )
 from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.engine.transfer import STAYS
@@ -172,7 +181,6 @@ from clusterfl.protocol import (
     TrainRequest,
     mean_finite,
 )
-from clusterfl.records import RoundExtras
 
 DEFAULT_STABLE_ROUNDS = 20
 """T/10 for the paper's T = 200, used when the context does not say how many rounds run."""
@@ -223,6 +231,9 @@ class CFLGPConfig(SampledConfig):
         MIN_SILHOUETTE, ge=-1.0, le=1.0, description="silhouette estimate: 1 cluster when the "
         "best silhouette is below this (Kaufman & Rousseeuw's 0.25; -1: the paper's argmax, "
         "never 1)")
+    k_significance: float = Field(
+        0.002, ge=0.0, lt=1.0, description="the estimate is 1 unless the shuffle test of the "
+        "profile's cosines (CFL's and FL+HC's, at their level) is below this; 0: off")
 
     @model_validator(mode="after")
     def _consistent(self) -> CFLGPConfig:
@@ -240,66 +251,6 @@ def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) ->
         return layout.index(prefixes)
     except KeyError as exc:
         raise ConfigError(field, str(exc.args[0])) from None
-
-
-@dataclass
-class CFLGPCounts:
-    """Tables 5–6, run totals over all clients (the extras report them per client and
-    period of P rounds)."""
-
-    models_down: float = 0.0  # models received
-    vectors_up: float = 0.0  # vectors sent
-    gradients: float = 0.0  # gradients (trainings) computed
-    uplink_floats_compressed: float = 0.0  # uplink floats of the replies received
-    rounds: float = 0.0  # rounds counted
-
-
-@dataclass
-class KEstimate:
-    """The Appendix-G estimate of the last clustering update (None: not yet, or off)."""
-
-    k_estimate: int | None = None
-    spectral_gap_s: int | None = None
-
-
-@dataclass(kw_only=True)
-class CFLGPExtras(RoundExtras):
-    """CFL-GP's per-round extras in a round without a clustering update."""
-
-    train_loss: float | None = None  # mean loss of the answering clients at their model
-    clustering: bool = False  # whether this round updated the gradient profile and the clustering
-    broadcast_model: int = -1  # k̄ broadcast for the profile (-1: no clustering)
-    assignment_changes: int = 0  # clients whose cluster changed this round
-    clustering_stopped_at: int | None = None  # round the clustering stopped (None: still on)
-    k_estimate: int | None = None  # Appendix-G estimate of K (None: not yet, or off)
-    spectral_gap_s: int | None = None  # s of that estimate: the largest singular gap
-    models_down_per_client_period: float = 0.0  # models received per client and period
-    vectors_up_per_client_period: float = 0.0  # vectors sent per client and period
-    gradients_per_client_period: float = 0.0  # gradients/trainings per client and period
-    feature_dim: int = 0  # d̂, the coordinates a feature keeps (App. E.1/E.2)
-    uplink_floats_compressed: float = 0.0  # uplink floats of the replies received
-
-
-@dataclass(kw_only=True)
-class CFLGPClusteringExtras(CFLGPExtras):
-    """CFL-GP's extras in a clustering round (with `estimate_k` off; see
-    `CFLGPEstimateExtras`)."""
-
-    beta: float = 0.0  # β of this round's running mean of block k̄ (Alg. 1 line 9)
-    #: leading singular values of the gradient profile (at most 64)
-    singular_values: list[float] = field(default_factory=list)
-    #: positions s (1-based) of the three largest gaps σ_s − σ_{s+1}, largest first
-    largest_gaps_after: list[int] = field(default_factory=list)
-    #: every client's projected feature Ûᵀg_c, its first K coordinates
-    projected_features: list[list[float]] = field(default_factory=list)
-
-
-@dataclass(kw_only=True)
-class CFLGPEstimateExtras(CFLGPClusteringExtras):
-    """CFL-GP's extras in a clustering round with the Appendix-G estimate on (`estimate_k`)."""
-
-    #: the estimate's criterion (silhouette or gap statistic) per candidate k
-    k_scores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -695,7 +646,8 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         scores, estimate = None, state.estimate
         if cfg.estimate_k:
             assert ask.estimate_seed is not None
-            scores, estimate = self._estimate(res.projection.features, sv, ask.estimate_seed)
+            scores, estimate = self._estimate(res.projection.features, sv, ask.estimate_seed,
+                                              gram)
         spectrum = _Spectrum(
             singular_values=sv[:MAX_SPECTRUM].tolist(),
             largest_gaps_after=gap_ranking(sv[:MAX_SPECTRUM]),
@@ -709,16 +661,20 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         new[idx[take]] = res.assignment[take]
         return new, spectrum, estimate
 
-    def _estimate(self, feats: np.ndarray, sv: np.ndarray,
-                  seed: int) -> tuple[dict[str, float], KEstimate]:
-        """Appendix G: its criterion's value per k, and the estimate (kept in the state)."""
+    def _estimate(self, feats: np.ndarray, sv: np.ndarray, seed: int,
+                  gram: np.ndarray | None) -> tuple[dict[str, float], KEstimate]:
+        """Appendix G: its criterion's value per k, and the estimate (kept in the state); 1
+        when the profile's cosines (from `gram`, else the projections) show no groups."""
         cfg = self.config
         s = largest_gap(sv, max_s=feats.shape[1])
         k_hi = min(cfg.k_max, len(feats) - 1)
         k, scores = estimate_n_clusters(feats[:, :s], k_hi, seed, cfg.k_criterion,
                                         cfg.kmeans_n_init, cfg.k_min_silhouette)
+        p = None if cfg.k_significance == 0 else structure_p(
+            gram_cosines(feats @ feats.T if gram is None else gram), seed)
+        k = 1 if p is not None and p >= cfg.k_significance else k
         return ({str(key): float(v) for key, v in scores.items()},
-                KEstimate(k_estimate=int(k), spectral_gap_s=int(s)))
+                KEstimate(k_estimate=int(k), spectral_gap_s=int(s), structure_p=p))
 
     def _update_models(self, models: torch.Tensor, own: torch.Tensor, groups: np.ndarray,
                        present: np.ndarray) -> torch.Tensor:
@@ -741,7 +697,7 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
             train_loss=loss, clustering=clustering,
             broadcast_model=st.kbar if clustering else -1, assignment_changes=changed,
             clustering_stopped_at=st.stopped_at, k_estimate=st.estimate.k_estimate,
-            spectral_gap_s=st.estimate.spectral_gap_s,
+            spectral_gap_s=st.estimate.spectral_gap_s, k_structure_p=st.estimate.structure_p,
             models_down_per_client_period=st.counts.models_down / n * p,
             vectors_up_per_client_period=st.counts.vectors_up / n * p,
             gradients_per_client_period=st.counts.gradients / n * p,

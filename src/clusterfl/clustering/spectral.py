@@ -38,6 +38,8 @@ from sklearn.metrics import silhouette_score
 from sklearn.utils.extmath import randomized_svd
 from threadpoolctl import threadpool_limits
 
+from clusterfl.clustering.cosine import SHUFFLE_DRAWS, SHUFFLE_MIN, structure_pvalue
+
 SvdMethod = Literal["auto", "gram", "randomized"]
 KCriterion = Literal["silhouette", "gap"]
 
@@ -253,6 +255,29 @@ def gap_statistic(
     return k_hi, gaps, sks
 
 
+def gram_cosines(gram: np.ndarray) -> np.ndarray:
+    """The cosine similarities of the rows whose Gram matrix is `gram` (a zero row: 0 with
+    every other, 1 with itself)."""
+    g = np.asarray(gram, dtype=np.float64)
+    norms = np.sqrt(np.clip(np.diag(g), 0.0, None))
+    safe = np.where(norms > 0, norms, 1.0)
+    cos = np.clip(g / safe[:, None] / safe[None, :], -1.0, 1.0)
+    cos[norms == 0] = 0.0
+    cos[:, norms == 0] = 0.0
+    np.fill_diagonal(cos, 1.0)
+    return cos
+
+
+def structure_p(similarity: np.ndarray, seed: int) -> float | None:
+    """Whether clients show groups at all: the shuffle test of CFL's split rule and FL+HC's
+    cut (`structure_pvalue`, `SHUFFLE_DRAWS` shuffles seeded by `seed`) on their cosine
+    `similarity`; None below `SHUFFLE_MIN` clients (too few cosines to shuffle)."""
+    if len(similarity) < SHUFFLE_MIN:
+        return None
+    return structure_pvalue(np.asarray(similarity, dtype=np.float64), SHUFFLE_DRAWS,
+                            np.random.default_rng(int(seed)))
+
+
 def estimate_n_clusters(
     features: np.ndarray, k_max: int, seed: int, criterion: KCriterion = "silhouette",
     n_init: int = 10, min_silhouette: float = -1.0,
@@ -275,8 +300,8 @@ def estimate_n_clusters(
 
 __all__ = [
     "GRAM_MAX_CLIENTS", "KCriterion", "Projection", "SpectralResult", "SvdMethod",
-    "estimate_n_clusters", "gap_ranking", "gap_statistic", "gram_matrix", "kmeans_inertia",
+    "estimate_n_clusters", "gap_ranking", "gap_statistic", "gram_cosines", "gram_matrix",
+    "kmeans_inertia",
     "kmeans_labels", "largest_gap", "match_labels", "project", "project_gram",
-    "silhouette_scores",
-    "spectral_clustering",
+    "silhouette_scores", "spectral_clustering", "structure_p",
 ]
