@@ -167,38 +167,45 @@ class StandardBackend(FlowerBackend):
     def execute(self, request: Asks[RE]) -> RE:
         if len(np.asarray(request.clients)) == 0:
             return request.empty_reply()
-        if isinstance(request, Steps):
-            if "train.pick" in self.std.extensions and _is_pick_train(request):
-                return cast(RE, self._pick_train(request))
-            return cast(RE, run_steps(self.execute, request))
-        if isinstance(request, pr.SubspaceRequest) and "query.subspace" in self.std.extensions:
-            return cast(RE, self._subspace(request))
-        if isinstance(request, pr.EmbedRequest) and "query.signature" in self.std.extensions:
-            return cast(RE, self._signature(request))
-        if isinstance(request, pr.GradientRequest) and "query.gradient" in self.std.extensions:
-            return cast(RE, self._gradient(request))
-        if isinstance(request, pr.TrainRequest):
-            if request.offset is not None or request.prox_models is not None:
-                self._need(request, "offset training" if request.offset is not None
-                           else "proximal mix")
-                return cast(RE, self._offset_train(request))
-            return cast(RE, self._train(request))
-        if isinstance(request, pr.LossRequest) and request.offset is not None:
-            self._need(request, "offset losses")
-            return cast(RE, self._offset_losses(request))
-        if isinstance(request, pr.EvaluateRequest) and request.predictor.combine != "single":
-            self._need(request, "combined predictor")
-            return cast(RE, self._combined(request))
-        if isinstance(request, pr.LossRequest):
-            return cast(RE, self._losses(request))
-        if isinstance(request, pr.EvaluateRequest):
-            return cast(RE, self._evaluate(request))
-        if isinstance(request, pr.MixtureTrainRequest | pr.MixtureFitRequest
-                      | pr.BestCountRequest):
-            self._need(request, type(request).__name__)
-            return cast(RE, self._mixture(request))
-        self._refuse(request, type(request).__name__)
-        raise AssertionError  # unreachable: _refuse raises
+        route = next((_ROUTES[c] for c in type(request).__mro__ if c in _ROUTES), None)
+        if route is None:
+            self._refuse(request, type(request).__name__)
+        return cast(RE, getattr(self, cast(str, route))(request))
+
+    # each route: the standard message(s) one request type becomes (`_ROUTES`)
+    def _route_steps(self, req: Steps) -> Any:
+        if "train.pick" in self.std.extensions and _is_pick_train(req):
+            return self._pick_train(req)
+        return run_steps(self.execute, req)
+
+    def _route_train(self, req: pr.TrainRequest) -> Any:
+        if req.offset is None and req.prox_models is None:
+            return self._train(req)
+        self._need(req, "offset training" if req.offset is not None else "proximal mix")
+        return self._offset_train(req)
+
+    def _route_losses(self, req: pr.LossRequest) -> Any:
+        if req.offset is None:
+            return self._losses(req)
+        self._need(req, "offset losses")
+        return self._offset_losses(req)
+
+    def _route_evaluate(self, req: pr.EvaluateRequest) -> Any:
+        if req.predictor.combine == "single":
+            return self._evaluate(req)
+        self._need(req, "combined predictor")
+        return self._combined(req)
+
+    def _route_query(self, req: Any) -> Any:
+        """A query only an extension answers (`_QUERIES`: its handler and our method)."""
+        handler, method = _QUERIES[type(req).__name__]
+        if handler not in self.std.extensions:
+            self._refuse(req, type(req).__name__)
+        return getattr(self, method)(req)
+
+    def _route_mixture(self, req: Any) -> Any:
+        self._need(req, type(req).__name__)
+        return self._mixture(req)
 
     def _need(self, request: Asks[Any], what: str) -> None:
         """Raise the one-line error naming the handler `what` needs unless the clients offer
@@ -318,13 +325,14 @@ class StandardBackend(FlowerBackend):
         `"query.mixture"`, `"query.best_counts"`, one message per client with the K models."""
         clients = np.asarray(req.clients, dtype=np.int64)
         k = int(req.models.shape[0])
-        if isinstance(req, pr.MixtureTrainRequest):
-            kind, base = "train.mixture", self._extended_config(req)
-        elif isinstance(req, pr.MixtureFitRequest):
-            kind, base = "query.mixture", {"iterations": int(req.iterations),
-                                           "split": req.split}
+        kind = _MIXTURE_KINDS[type(req).__name__]
+        if kind == "train.mixture":
+            base = self._extended_config(cast(pr.MixtureTrainRequest, req))
+        elif kind == "query.mixture":
+            fit = cast(pr.MixtureFitRequest, req)
+            base = {"iterations": int(fit.iterations), "split": fit.split}
         else:
-            kind, base = "query.best_counts", {"split": req.split}
+            base = {"split": cast(pr.BestCountRequest, req).split}
         base["server-round"] = int(self.std.round)
         weights = getattr(req, "weights", None)
 
@@ -340,13 +348,13 @@ class StandardBackend(FlowerBackend):
         for c, msg in answers:
             m, where = _first_metrics(msg), f"client {c}'s {kind} reply"
             n = np.array([_metric(m, ("num-examples",), None, where)])
-            if isinstance(req, pr.BestCountRequest):
+            if kind == "query.best_counts":
                 got[c] = pr.BestCountReply(np.array([c]), np.array(
                     [[int(_metric(m, (f"count-{j}",), None, where)) for j in range(k)]],
                     dtype=np.int64), n.astype(np.int64))
                 continue
             pi = np.array([[_metric(m, (f"weight-{j}",), None, where) for j in range(k)]])
-            if isinstance(req, pr.MixtureFitRequest):
+            if kind == "query.mixture":
                 got[c] = pr.MixtureFitReply(np.array([c]), pi,
                                             np.array([_metric(m, ("loss",), math.nan, where)]),
                                             n)
@@ -608,14 +616,32 @@ class StandardBackend(FlowerBackend):
         return self._assemble(req, clients, got, reasons)
 
 
+_ROUTES: dict[type, str] = {
+    Steps: "_route_steps", pr.TrainRequest: "_route_train", pr.LossRequest: "_route_losses",
+    pr.EvaluateRequest: "_route_evaluate", pr.SubspaceRequest: "_route_query",
+    pr.EmbedRequest: "_route_query", pr.GradientRequest: "_route_query",
+    pr.MixtureTrainRequest: "_route_mixture", pr.MixtureFitRequest: "_route_mixture",
+    pr.BestCountRequest: "_route_mixture"}
+"""Which route of `StandardBackend` each request type takes (a subclass: its base's)."""
+_QUERIES: dict[str, tuple[str, str]] = {
+    "SubspaceRequest": ("query.subspace", "_subspace"),
+    "EmbedRequest": ("query.signature", "_signature"),
+    "GradientRequest": ("query.gradient", "_gradient")}
+"""The queries only an extension answers: the client handler each needs, our method."""
+_MIXTURE_KINDS = {"MixtureTrainRequest": "train.mixture", "MixtureFitRequest": "query.mixture",
+                  "BestCountRequest": "query.best_counts"}
+"""The message kind of FedEM's and FedSoft's client steps (`add_mixture_handlers`)."""
+
+
 def _is_pick_train(req: Steps) -> bool:
     """IFCA's shape: the K losses, then training of the least-loss model (one `Pick`)."""
     if len(req.steps) != 2 or len(req.picks) != 1:
         return False
-    loss, train = req.steps
+    if tuple(_ROUTES.get(type(s)) for s in req.steps) != ("_route_losses", "_route_train"):
+        return False
+    loss, train = cast(pr.LossRequest, req.steps[0]), cast(pr.TrainRequest, req.steps[1])
     p = req.picks[0]
-    return (isinstance(loss, pr.LossRequest) and isinstance(train, pr.TrainRequest)
-            and (p.step, p.source, p.into) == (1, 0, "model") and loss.offset is None
+    return ((p.step, p.source, p.into) == (1, 0, "model") and loss.offset is None
             and train.offset is None and train.prox_models is None
             and np.array_equal(np.asarray(loss.clients), np.asarray(train.clients))
             and torch.equal(loss.models, train.models))
