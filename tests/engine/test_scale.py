@@ -128,6 +128,40 @@ def test_profile_update_copying_only_the_asked_cells_equals_a_full_copy():
     assert torch.equal(lean[:, 2], old[:, 2])  # block 2, asked before, copied as it was
 
 
+@pytest.mark.parametrize("answers", ["everyone", "a run", "shuffled", "gaps"])
+@pytest.mark.parametrize("uniform", [True, False])
+@pytest.mark.parametrize("fill", ["none", "some", "all"])
+def test_profile_update_equals_the_per_client_rule_bit_for_bit(answers: str, uniform: bool,
+                                                                fill: str) -> None:
+    """g_{c,k} := (1 − β_c) g_{c,k} + β_c v_c for each client that answered, the others
+    unchanged, against a loop over the clients in float32, bit for bit: consecutive answers
+    are updated in place through slices, the others by index, 4 rows at a time."""
+    rng = np.random.default_rng(["everyone", "a run", "shuffled", "gaps"].index(answers))
+    c, k, d = 23, 3, 17
+    old = torch.randn(c, k, d)
+    filled = {"none": None, "all": np.ones((c, k), dtype=bool),
+              "some": rng.random((c, k)) < 0.6}[fill]
+    if filled is not None:
+        old[torch.from_numpy(~filled)] = 0.0  # cells never asked hold zeros
+    asked = {"everyone": np.arange(c), "a run": np.arange(5, 19)}.get(
+        answers, np.sort(rng.choice(c, 15, replace=False)))
+    who = {"everyone": asked, "a run": asked, "shuffled": rng.permutation(asked),
+           "gaps": asked[::2]}[answers]
+    rows = torch.randn(len(who), d)
+    beta = np.full(len(asked), 0.3) if uniform else rng.choice([1.0, 0.5, 1 / 3, 0.25],
+                                                                len(asked))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cfl_gp_profile, "ROW_CHUNK", 4)
+        got = update_profile(old, [Probe(1, asked, who, (rows[:6], rows[6:]))], [beta],
+                             filled=filled)
+    want = old.clone()
+    for j, client in enumerate(who):
+        b = float(beta[np.searchsorted(asked, client)])
+        keep, take = (torch.tensor(x, dtype=torch.float32) for x in (1.0 - b, b))
+        want[client, 1] = keep * old[client, 1] + take * rows[j]
+    assert torch.equal(got, want)
+
+
 def test_present_returns_the_reply_itself_when_everyone_answered_in_order():
     reply = EvaluateReply(np.array([3, 5, 9]), np.ones(3), np.ones(3), np.ones(3),
                           np.ones(3, np.int64))

@@ -114,8 +114,13 @@ def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.n
         for k in range(features.shape[1]):
             cells = np.flatnonzero(filled[:, k])
             for a in range(0, len(cells), ROW_CHUNK):
-                idx = torch.from_numpy(cells[a : a + ROW_CHUNK])
-                out[idx, k] = features[idx, k]
+                part = cells[a : a + ROW_CHUNK]
+                span = _span(part)
+                if span is not None:  # consecutive rows: a slice, no index copies
+                    out[span, k] = features[span, k]
+                else:
+                    idx = torch.from_numpy(part)
+                    out[idx, k] = features[idx, k]
     for probe, beta in zip(probes, betas, strict=True):
         block = out[:, probe.block]
         uniform = len(np.unique(beta)) == 1  # one β (always with every client sampled)
@@ -123,16 +128,31 @@ def update_profile(features: torch.Tensor, probes: list[Probe], betas: list[np.n
         for start, piece in probe.pieces():
             for a in range(0, len(piece), ROW_CHUNK):
                 b = min(len(piece), a + ROW_CHUNK)
-                rows = torch.from_numpy(probe.who[start + a : start + b])
+                who = probe.who[start + a : start + b]
                 new = piece[a:b].to(block.device, block.dtype)  # a GPU's rows: to the host
+                keep: float | torch.Tensor
+                take: float | torch.Tensor
                 if uniform:
-                    one = float(beta[0])
-                    block[rows] = (1.0 - one) * block[rows] + one * new
+                    keep, take = 1.0 - float(beta[0]), float(beta[0])
                 else:
                     w = torch.from_numpy(beta[where[start + a : start + b]])[:, None]
-                    block[rows] = ((1.0 - w).to(block.dtype) * block[rows]
-                                   + w.to(block.dtype) * new)
+                    keep, take = (1.0 - w).to(block.dtype), w.to(block.dtype)
+                span = _span(who)
+                if span is not None:  # in place on the new table's rows (the same values)
+                    block[span].mul_(keep).add_(take * new)
+                else:
+                    rows = torch.from_numpy(who)
+                    block[rows] = keep * block[rows] + take * new
     return out
+
+
+def _span(rows: np.ndarray) -> slice | None:
+    """`rows` as a slice when they are consecutive and increasing (one answer in client
+    order: every client of a round that asks everyone), else None."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 \
+            and (len(rows) == 1 or bool((np.diff(rows) == 1).all())):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return None
 
 
 def model_gaps(request: TrainRequest, reply: TrainReply) -> torch.Tensor:
