@@ -259,3 +259,48 @@ def test_resume_compares_configs_without_where_they_compute() -> None:
     assert comparable(old) == comparable(base)
     lr = load_config(tiny_config(train={"lr": 0.2, "batch_size": 16, "steps": 2})).to_dict()
     assert comparable(lr) != comparable(base)  # what it computes still counts
+
+
+def test_fedem_and_fedsoft_server_steps_stay_on_the_device_of_the_replies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedEM's and FedSoft's updates run where the replies are (`device_update`): their
+    averages built on the device of the trained models (here torch's shape-only "meta"
+    device, which refuses any mix of devices, as CUDA does), FedSoft's personal models in
+    host memory (`STAYS`: `put` brings the rows there)."""
+    from clusterfl.algorithms.base import Ask
+    from clusterfl.algorithms.common import ClientModels
+    from clusterfl.algorithms.fedem import FedEM, FedEMConfig, FedEMState, aggregate_components
+    from clusterfl.algorithms.fedsoft import FedSoft, FedSoftState, aggregate_clusters
+    from clusterfl.protocol import LocalTraining, MixtureTrainReply, MixtureTrainRequest
+
+    assert FedEM.device_update and FedSoft.device_update
+    einsum = torch.einsum  # on "meta" a CPU operand passes einsum silently: checked here
+
+    def one_device(equation: str, *ops: torch.Tensor) -> torch.Tensor:
+        assert len({o.device for o in ops}) == 1, [o.device for o in ops]
+        return einsum(equation, *ops)
+
+    monkeypatch.setattr(torch, "einsum", one_device)
+    assert {f.name for f in dataclasses.fields(FedSoftState) if f.metadata.get("stays")} == {
+        "personal"}
+    models = torch.ones(2, 3, device=META)
+    params = torch.ones(2, 2, 3, device=META)  # two clients' two components
+    for sizes in (None, np.array([1.0, 3.0, 4.0])):
+        assert aggregate_components(models, params, np.array([1, 3]), np.array([0, 1]),
+                                    sizes).is_meta
+    rows = torch.ones(2, 3, device=META)
+    for chosen in (None, [np.array([0]), np.array([1])]):
+        assert aggregate_clusters(models, rows, np.full((2, 2), 0.5), np.array([1, 3]),
+                                  np.array([0, 1]), chosen).is_meta
+    alg = FedEM(FedEMConfig(n_components=2))
+    state = FedEMState(torch.ones(2, 3), np.full((3, 2), 0.5), np.zeros(3, dtype=bool))
+    reply = MixtureTrainReply(np.array([0, 1]), params, np.array([1, 3]), np.ones(2),
+                              np.full((2, 2), 0.5))
+    ask = Ask(MixtureTrainRequest(np.array([0, 1]), state.models, state.weights[:2],
+                                  LocalTraining(), 0))
+    out = alg.update(move(state, META), 1, move(ask, META), reply)
+    assert out.state.models.is_meta and out.state.trained.tolist() == [True, True, False]
+    personal = ClientModels.start(torch.zeros(3), 3)
+    new = personal.put(np.array([2]), torch.ones(1, 3, dtype=torch.float64))
+    assert new.models.device.type == "cpu" and new.models.dtype == torch.float32
+    assert torch.equal(new.members()[0][new.rows()[2]], torch.ones(3))

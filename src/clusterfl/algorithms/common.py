@@ -196,7 +196,7 @@ class ClientModels:
             row_of[new] = used + np.arange(len(new))
         room = self._room(used + len(new), len(row_of) + 1)
         models = room[:used + len(new)]
-        models[torch.from_numpy(row_of[clients])] = params.to(models.dtype)
+        models[torch.from_numpy(row_of[clients])] = params.to(models.device, models.dtype)
         out = ClientModels(models, None if self.row_of is None else row_of)
         object.__setattr__(out, "_spare", room)
         return out

@@ -112,6 +112,7 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
     name = "fedem"
     Config = FedEMConfig
     State = FedEMState
+    device_update = True  # the components' weighted means where the backend left the models
 
     def setup(self, ctx: Context) -> None:
         m = self.config.n_components
@@ -187,10 +188,10 @@ def aggregate_components(models: torch.Tensor, params: torch.Tensor, n_samples: 
     p_t = n_t / n over all clients."""
     if sizes is not None:
         p = torch.as_tensor(sizes[got] / sizes.sum(), dtype=params.dtype)
-        rest = 1.0 - float(p.sum())
-        return torch.einsum("n,nmd->md", p, params) + rest * models
+        rest = 1.0 - float(p.sum())  # on the host: no wait for the device
+        return torch.einsum("n,nmd->md", p.to(params.device), params) + rest * models
     w = np.asarray(n_samples, dtype=np.float64)
-    p = torch.as_tensor(w / w.sum(), dtype=params.dtype)
+    p = torch.as_tensor(w / w.sum(), dtype=params.dtype, device=params.device)
     return torch.einsum("n,nmd->md", p, params)
 
 

@@ -75,6 +75,7 @@ from pydantic import Field
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import ClientModels, Placement, SampledConfig, check_k_fits
 from clusterfl.clustering.aggregate import cluster_sizes
+from clusterfl.engine.transfer import STAYS
 from clusterfl.protocol import (
     BestCountReply,
     BestCountRequest,
@@ -126,7 +127,7 @@ class FedSoftState:
     models: torch.Tensor  # [S, d], the cluster models c_1..c_S
     #: the personalised models w_k (on the devices): the shared start and a row per client
     #: that trained (`ClientModels`)
-    personal: ClientModels
+    personal: ClientModels = field(metadata=STAYS)  # in host memory: `put` brings rows there
     importance: np.ndarray  # [n_clients, S], u_ks
     estimated: np.ndarray  # [n_clients] bool, the client reported an estimate
     #: `estimate_among = "sampled"`: the round's sample, drawn for its estimation and
@@ -152,6 +153,7 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
     name = "fedsoft"
     Config = FedSoftConfig
     State = FedSoftState
+    device_update = True  # the cluster models where the backend left the personal models
 
     def setup(self, ctx: Context) -> None:
         s = self.config.n_clusters
@@ -284,7 +286,8 @@ def aggregate_clusters(models: torch.Tensor, params: torch.Tensor, importance: n
         else:
             w = np.isin(got, chosen[s]).astype(np.float64)
         if w.sum() > 0:
-            out[s] = torch.mv(params.t(), torch.as_tensor(w / w.sum(), dtype=params.dtype))
+            out[s] = torch.mv(params.t(), torch.as_tensor(w / w.sum(), dtype=params.dtype,
+                                                          device=params.device))
     return out
 
 
