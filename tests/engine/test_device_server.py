@@ -304,3 +304,14 @@ def test_fedem_and_fedsoft_server_steps_stay_on_the_device_of_the_replies(
     new = personal.put(np.array([2]), torch.ones(1, 3, dtype=torch.float64))
     assert new.models.device.type == "cpu" and new.models.dtype == torch.float32
     assert torch.equal(new.members()[0][new.rows()[2]], torch.ones(3))
+
+
+def test_ifca_cams_cluster_step_runs_on_the_device_of_the_replies() -> None:
+    """IFCA-CAM's Eq. 6 (its default cluster step) with the trained parts on a device (torch's
+    "meta" device, which refuses a CPU operand as CUDA does): built there, shares included."""
+    from clusterfl.algorithms.cam import IFCACAM, eq6_update
+
+    assert IFCACAM.device_update
+    out = eq6_update(torch.ones(3, 4, device=META), torch.ones(5, 4, device=META),
+                     np.array([0, 2, 2, 0, 1]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert out.is_meta and out.shape == (3, 4)

@@ -150,8 +150,9 @@ def eq6_update(models: torch.Tensor, params: torch.Tensor, groups: np.ndarray,
         return out
     for k in np.unique(groups):
         sel = groups == k
-        share = torch.as_tensor(w[sel] / total, dtype=params.dtype)
-        delta = params[torch.from_numpy(sel)] - models[int(k)]
+        share = torch.as_tensor(w[sel] / total, dtype=params.dtype, device=params.device)
+        rows = torch.from_numpy(np.flatnonzero(sel)).to(params.device)
+        delta = params[rows] - models[int(k)]
         out[int(k)] = models[int(k)] + (share[:, None] * delta).sum(0)
     return out
 
@@ -216,6 +217,7 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
     name = "ifca_cam"
     Config = IFCACAMConfig
     State = IFCACAMState
+    device_update = True  # Eq. 6 / the members' means and Eq. 9 where the replies are
 
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters
