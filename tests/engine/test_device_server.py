@@ -300,6 +300,11 @@ def test_fedem_and_fedsoft_server_steps_stay_on_the_device_of_the_replies(
                                   LocalTraining(), 0))
     out = alg.update(move(state, META), 1, move(ask, META), reply)
     assert out.state.models.is_meta and out.state.trained.tolist() == [True, True, False]
+    from clusterfl.algorithms.fedsoft import TRAIN, SelectionAsk
+    from clusterfl.protocol import TrainRequest
+
+    request = TrainRequest(np.arange(2), torch.ones(2, 3), np.arange(2), LocalTraining(), 0)
+    assert move(SelectionAsk(request, TRAIN), META).request is request  # personal rows stay
     personal = ClientModels.start(torch.zeros(3), 3)
     new = personal.put(np.array([2]), torch.ones(1, 3, dtype=torch.float64))
     assert new.models.device.type == "cpu" and new.models.dtype == torch.float32

@@ -77,6 +77,7 @@ from clusterfl.algorithms.common import ClientModels, Placement, SampledConfig, 
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.engine.transfer import STAYS
 from clusterfl.protocol import (
+    Asks,
     BestCountReply,
     BestCountRequest,
     Predictor,
@@ -141,8 +142,11 @@ ESTIMATE, TRAIN = "estimate", "train"
 
 @dataclass(frozen=True)
 class SelectionAsk(Ask[TrainReply]):
-    """The training request and, per cluster, the clients selected for it (None: none)."""
+    """The training request and, per cluster, the clients selected for it (None: none). The
+    request (its personal models, `[n, d]`) stays on the host when the update runs on a
+    device: the update reads only its clients."""
 
+    request: Asks[TrainReply] = field(metadata=STAYS)
     chosen: list[np.ndarray] | None = None
 
 
