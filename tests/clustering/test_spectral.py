@@ -145,7 +145,8 @@ def test_silhouette_estimate_says_one_cluster_below_the_bound() -> None:
 
 
 def test_gram_cosines_are_the_rows_cosines() -> None:
-    """Against the brute-force cosines of the rows; a zero row is 0 with the others."""
+    """Against the brute-force cosines of the rows (a zero row is 0 with the others), and of
+    the rows minus their mean (`centred`)."""
     from clusterfl.clustering.spectral import gram_cosines
 
     rows = np.random.default_rng(3).normal(size=(7, 11))
@@ -160,6 +161,10 @@ def test_gram_cosines_are_the_rows_cosines() -> None:
             else:
                 want = rows[i] @ rows[j] / np.linalg.norm(rows[i]) / np.linalg.norm(rows[j])
             assert cos[i, j] == pytest.approx(want, abs=1e-12)
+    centred = rows - rows.mean(0)
+    unit = centred / np.linalg.norm(centred, axis=1, keepdims=True)
+    np.testing.assert_allclose(gram_cosines(rows @ rows.T, centred=True), unit @ unit.T,
+                               atol=1e-12)
 
 
 def test_structure_p_tells_groups_from_one_distribution() -> None:

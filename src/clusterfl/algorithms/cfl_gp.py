@@ -233,7 +233,7 @@ class CFLGPConfig(SampledConfig):
         "never 1)")
     k_significance: float = Field(
         0.002, ge=0.0, lt=1.0, description="the estimate is 1 unless the shuffle test of the "
-        "profile's cosines (CFL's and FL+HC's, at their level) is below this; 0: off")
+        "centred profile's cosines (CFL's and FL+HC's, at their level) is below this; 0: off")
 
     @model_validator(mode="after")
     def _consistent(self) -> CFLGPConfig:
@@ -664,14 +664,15 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     def _estimate(self, feats: np.ndarray, sv: np.ndarray, seed: int,
                   gram: np.ndarray | None) -> tuple[dict[str, float], KEstimate]:
         """Appendix G: its criterion's value per k, and the estimate (kept in the state); 1
-        when the profile's cosines (from `gram`, else the projections) show no groups."""
+        when the cosines of the profile rows minus their mean (from `gram`, else from the
+        projections) show no groups."""
         cfg = self.config
         s = largest_gap(sv, max_s=feats.shape[1])
         k_hi = min(cfg.k_max, len(feats) - 1)
         k, scores = estimate_n_clusters(feats[:, :s], k_hi, seed, cfg.k_criterion,
                                         cfg.kmeans_n_init, cfg.k_min_silhouette)
         p = None if cfg.k_significance == 0 else structure_p(
-            gram_cosines(feats @ feats.T if gram is None else gram), seed)
+            gram_cosines(feats @ feats.T if gram is None else gram, centred=True), seed)
         k = 1 if p is not None and p >= cfg.k_significance else k
         return ({str(key): float(v) for key, v in scores.items()},
                 KEstimate(k_estimate=int(k), spectral_gap_s=int(s), structure_p=p))

@@ -255,10 +255,13 @@ def gap_statistic(
     return k_hi, gaps, sks
 
 
-def gram_cosines(gram: np.ndarray) -> np.ndarray:
+def gram_cosines(gram: np.ndarray, centred: bool = False) -> np.ndarray:
     """The cosine similarities of the rows whose Gram matrix is `gram` (a zero row: 0 with
-    every other, 1 with itself)."""
+    every other, 1 with itself); `centred`: of the rows minus their mean (H G H, H = I − 11ᵀ/n),
+    so that a direction all rows share does not make every pair alike."""
     g = np.asarray(gram, dtype=np.float64)
+    if centred:
+        g = g - g.mean(0, keepdims=True) - g.mean(1, keepdims=True) + g.mean()
     norms = np.sqrt(np.clip(np.diag(g), 0.0, None))
     safe = np.where(norms > 0, norms, 1.0)
     cos = np.clip(g / safe[:, None] / safe[None, :], -1.0, 1.0)
