@@ -232,8 +232,9 @@ class CFLGPConfig(SampledConfig):
         "best silhouette is below this (Kaufman & Rousseeuw's 0.25; -1: the paper's argmax, "
         "never 1)")
     k_significance: float = Field(
-        0.002, ge=0.0, lt=1.0, description="the estimate is 1 unless the shuffle test of the "
-        "centred profile's cosines (CFL's and FL+HC's, at their level) is below this; 0: off")
+        0.0, ge=0.0, lt=1.0, description="0 = off (the default); else the estimate is 1 unless "
+        "the shuffle test of the centred profile's cosines (CFL's and FL+HC's) is below this "
+        "(docs/transfer.md: iid found, small groups lost)")
 
     @model_validator(mode="after")
     def _consistent(self) -> CFLGPConfig:
