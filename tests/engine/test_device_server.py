@@ -320,3 +320,20 @@ def test_ifca_cams_cluster_step_runs_on_the_device_of_the_replies() -> None:
     out = eq6_update(torch.ones(3, 4, device=META), torch.ones(5, 4, device=META),
                      np.array([0, 2, 2, 0, 1]), np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
     assert out.is_meta and out.shape == (3, 4)
+
+
+def test_the_one_shot_methods_update_on_the_device_and_relatedness_averages_there() -> None:
+    """FL+HC, PACFL, FLT and PCA+kM+HC run their per-cluster rounds where the replies are
+    (their one clustering reads the host: FL+HC moves its updates there, the others'
+    signatures come on the CPU); FLT's Case I average Ω · W̄ is built on the snapshot's
+    device (torch's "meta" device, which refuses a CPU operand as CUDA does)."""
+    from clusterfl.algorithms.flhc import FLHC
+    from clusterfl.algorithms.flt import FLT, PCAKMHC
+    from clusterfl.algorithms.pacfl import PACFL
+    from clusterfl.clustering.relatedness import relatedness_average
+
+    assert FLHC.device_update and PACFL.device_update and FLT.device_update
+    assert PCAKMHC.device_update
+    weights = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    out = relatedness_average(torch.ones(3, 4, device=META), weights)
+    assert out.is_meta and out.shape == (3, 4)

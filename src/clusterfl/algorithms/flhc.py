@@ -291,6 +291,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
     name = "flhc"
     Config = FLHCConfig
     State = FLHCState
+    device_update = True  # per-cluster means on the device; the one clustering on the host
 
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients
@@ -381,8 +382,8 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         assert state.round is not None
         labels = state.labels.copy()
         if len(reply.clients):
-            updates = (reply.params - state.anchor).to(torch.float64).numpy()
-            labels[reply.clients] = nearest_centroid(updates, state.centroids.numpy(),
+            updates = (reply.params - state.anchor).to(torch.float64).cpu().numpy()
+            labels[reply.clients] = nearest_centroid(updates, state.centroids.cpu().numpy(),
                                                      self.config.metric)[0]
         work = replace(state.round, placed=int(np.count_nonzero(labels[reply.clients] >= 0)))
         return Update(replace(state, labels=labels, round=work), then=TRAIN)
@@ -398,8 +399,8 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         good = np.asarray(reply.clients, dtype=np.int64)
         updates = (reply.params - anchor).to(torch.float64)
         m = n if every else len(good)
-        cut, z = flhc_clusters(updates.numpy(), m, good if every else np.arange(m),
-                               self.config)
+        cut, z = flhc_clusters(updates.cpu().numpy(), m, good if every else np.arange(m),
+                               self.config)  # the one clustering: on the host
         if every:
             labels = cut.labels
         else:
@@ -408,9 +409,11 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         k = max(int(labels.max(initial=-1)) + 1, 1)
         models = average_members(anchor.repeat(k, 1), reply.params, labels[good],
                                  reply.n_samples)
-        centroids = torch.full((k, anchor.shape[1]), float("nan"), dtype=torch.float64)
+        centroids = torch.full((k, anchor.shape[1]), float("nan"), dtype=torch.float64,
+                               device=updates.device)
         for c in np.unique(labels[good]):  # a cluster of absent clients has no centroid
-            centroids[int(c)] = updates[torch.from_numpy(labels[good] == c)].mean(0)
+            rows = torch.from_numpy(np.flatnonzero(labels[good] == c)).to(updates.device)
+            centroids[int(c)] = updates[rows].mean(0)
         new = replace(state, models=models, labels=labels, clustered=True, anchor=anchor,
                       centroids=centroids)
         asked = len(ask.request.clients)

@@ -318,6 +318,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     needs_real_inputs = "signatures of the clients' images (an encoder or PCA)"
     Config: ClassVar[type[_OneShotConfig]] = FLTConfig
     State = FLTState
+    device_update = True  # the clusters' averages on the device (signatures come on the CPU)
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:
@@ -448,8 +449,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         trained: TrainReply = reply
         if self.config.aggregation == "relatedness":  # Case I: every model ← Ω · snapshot
             snapshot = state.models.clone()
-            snapshot[torch.from_numpy(np.asarray(trained.clients, dtype=np.int64))] = \
-                trained.params
+            rows = torch.from_numpy(np.asarray(trained.clients, dtype=np.int64))
+            snapshot[rows.to(snapshot.device)] = trained.params
             models = relatedness_average(snapshot, relatedness_weights(state.relatedness,
                                                                        state.sizes))
         else:  # Case II: FedAvg inside each cluster (without participants: kept)

@@ -226,6 +226,7 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
     needs_real_inputs = "the subspaces of the clients' real-valued inputs"
     Config = PACFLConfig
     State = PACFLState
+    device_update = True  # per-cluster means on the device (the subspaces come on the CPU)
 
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients

@@ -114,8 +114,9 @@ def relatedness_average(snapshot: torch.Tensor, weights: np.ndarray) -> torch.Te
     """
     uniq, inverse = np.unique(np.asarray(weights, dtype=np.float64), axis=0,
                               return_inverse=True)
-    omega = torch.as_tensor(uniq, dtype=snapshot.dtype)
-    return (omega @ snapshot)[torch.from_numpy(np.asarray(inverse).reshape(-1))]
+    omega = torch.as_tensor(uniq, dtype=snapshot.dtype, device=snapshot.device)
+    rows = torch.from_numpy(np.asarray(inverse).reshape(-1)).to(snapshot.device)
+    return (omega @ snapshot)[rows]
 
 
 def umap_embed(points: np.ndarray, seed: int, n_neighbors: int = 15,
