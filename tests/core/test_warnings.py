@@ -15,6 +15,10 @@ def test_client_rejected_every_round_is_reported(tmp_path, capsys):
     cfg = {**SMALL, "rounds": 5, "adversary": {"kind": "scale", "clients": [2], "scale": 1e6}}
     history = Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
     assert [r.rejected for r in history.records] == [1] * 5
+    printed = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(printed) == 1 and printed[0].startswith(  # once, on the console
+        f"clusterfl: warning: client 2's reply was rejected in each of the {ALWAYS_REJECTED} "
+        "rounds")
     summary = read_summary(tmp_path)
     assert summary.warnings is not None and len(summary.warnings) == 1
     assert summary.warnings[0].startswith(f"client 2's reply was rejected in each of the "
