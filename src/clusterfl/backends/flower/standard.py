@@ -167,7 +167,7 @@ class StandardBackend(FlowerBackend):
     def execute(self, request: Asks[RE]) -> RE:
         if len(np.asarray(request.clients)) == 0:
             return request.empty_reply()
-        route = next((_ROUTES[c] for c in type(request).__mro__ if c in _ROUTES), None)
+        route = _of_type(_ROUTES, request)
         if route is None:
             self._refuse(request, type(request).__name__)
         return cast(RE, getattr(self, cast(str, route))(request))
@@ -198,7 +198,7 @@ class StandardBackend(FlowerBackend):
 
     def _route_query(self, req: Any) -> Any:
         """A query only an extension answers (`_QUERIES`: its handler and our method)."""
-        handler, method = _QUERIES[type(req).__name__]
+        handler, method = cast(tuple[str, str], _of_type(_QUERIES, req))
         if handler not in self.std.extensions:
             self._refuse(req, type(req).__name__)
         return getattr(self, method)(req)
@@ -325,7 +325,7 @@ class StandardBackend(FlowerBackend):
         `"query.mixture"`, `"query.best_counts"`, one message per client with the K models."""
         clients = np.asarray(req.clients, dtype=np.int64)
         k = int(req.models.shape[0])
-        kind = _MIXTURE_KINDS[type(req).__name__]
+        kind = cast(str, _of_type(_MIXTURE_KINDS, req))
         if kind == "train.mixture":
             base = self._extended_config(cast(pr.MixtureTrainRequest, req))
         elif kind == "query.mixture":
@@ -616,6 +616,12 @@ class StandardBackend(FlowerBackend):
         return self._assemble(req, clients, got, reasons)
 
 
+def _of_type(table: dict[type, Any], value: Any) -> Any:
+    """`table`'s entry for `value`'s type, or for the nearest base class that has one (a
+    request type of one's own built on ours takes its route); None without one."""
+    return next((table[c] for c in type(value).__mro__ if c in table), None)
+
+
 _ROUTES: dict[type, str] = {
     Steps: "_route_steps", pr.TrainRequest: "_route_train", pr.LossRequest: "_route_losses",
     pr.EvaluateRequest: "_route_evaluate", pr.SubspaceRequest: "_route_query",
@@ -623,13 +629,14 @@ _ROUTES: dict[type, str] = {
     pr.MixtureTrainRequest: "_route_mixture", pr.MixtureFitRequest: "_route_mixture",
     pr.BestCountRequest: "_route_mixture"}
 """Which route of `StandardBackend` each request type takes (a subclass: its base's)."""
-_QUERIES: dict[str, tuple[str, str]] = {
-    "SubspaceRequest": ("query.subspace", "_subspace"),
-    "EmbedRequest": ("query.signature", "_signature"),
-    "GradientRequest": ("query.gradient", "_gradient")}
+_QUERIES: dict[type, tuple[str, str]] = {
+    pr.SubspaceRequest: ("query.subspace", "_subspace"),
+    pr.EmbedRequest: ("query.signature", "_signature"),
+    pr.GradientRequest: ("query.gradient", "_gradient")}
 """The queries only an extension answers: the client handler each needs, our method."""
-_MIXTURE_KINDS = {"MixtureTrainRequest": "train.mixture", "MixtureFitRequest": "query.mixture",
-                  "BestCountRequest": "query.best_counts"}
+_MIXTURE_KINDS: dict[type, str] = {
+    pr.MixtureTrainRequest: "train.mixture", pr.MixtureFitRequest: "query.mixture",
+    pr.BestCountRequest: "query.best_counts"}
 """The message kind of FedEM's and FedSoft's client steps (`add_mixture_handlers`)."""
 
 
@@ -637,7 +644,7 @@ def _is_pick_train(req: Steps) -> bool:
     """IFCA's shape: the K losses, then training of the least-loss model (one `Pick`)."""
     if len(req.steps) != 2 or len(req.picks) != 1:
         return False
-    if tuple(_ROUTES.get(type(s)) for s in req.steps) != ("_route_losses", "_route_train"):
+    if tuple(_of_type(_ROUTES, s) for s in req.steps) != ("_route_losses", "_route_train"):
         return False
     loss, train = cast(pr.LossRequest, req.steps[0]), cast(pr.TrainRequest, req.steps[1])
     p = req.picks[0]
