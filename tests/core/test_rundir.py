@@ -205,6 +205,28 @@ def test_bench_refuses_locked_folder(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [LOCK_FILE]
 
 
+def test_cli_bench_and_sweep_refuse_a_folder_another_process_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`clusterfl bench` and `clusterfl sweep` from the command line, into a folder a live
+    process holds: exit 2, one line naming that process, nothing written there."""
+    from tests.core.test_bench import _suite
+    from tests.core.test_sweep import _write
+
+    runs, out = tmp_path / "runs", tmp_path / "sw"
+    sweep = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0], "grid": {"train.lr": [0.1]}})
+    commands = {runs: ["bench", "--quick", "--suite", str(_suite(tmp_path)), "--runs",
+                       str(runs), "--results", str(tmp_path / "R.md")],
+                out: ["sweep", str(sweep), "--out", str(out), "--quiet"]}
+    for folder, argv in commands.items():
+        with held_elsewhere(folder) as pid:
+            capsys.readouterr()
+            assert main(argv) == 2, argv[0]
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"process {pid}" in err, err
+        assert [p.name for p in folder.iterdir()] == [LOCK_FILE], argv[0]
+    assert not (tmp_path / "R.md").exists()
+
+
 # ------------------------------------------------------------------ export-partitions
 
 
