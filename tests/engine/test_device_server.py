@@ -337,3 +337,31 @@ def test_the_one_shot_methods_update_on_the_device_and_relatedness_averages_ther
     weights = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
     out = relatedness_average(torch.ones(3, 4, device=META), weights)
     assert out.is_meta and out.shape == (3, 4)
+
+
+def test_fedavg_plus_averages_its_k_models_on_the_device_and_local_on_the_host() -> None:
+    """FedAvg+ and FedProx+ build their K weighted means where the replies are (torch's "meta"
+    device, which refuses a CPU operand as CUDA does); Local's update only copies the trained
+    models into its host table, so its replies come to the CPU (no `device_update`)."""
+    from clusterfl.algorithms.ensemble import (
+        EnsembleState,
+        FedAvgPlus,
+        FedAvgPlusConfig,
+        FedProxPlus,
+    )
+    from clusterfl.algorithms.local import Local
+    from clusterfl.protocol import LocalTraining, Steps, StepsReply
+
+    assert FedAvgPlus.device_update and FedProxPlus.device_update and not Local.device_update
+    alg = FedAvgPlus(FedAvgPlusConfig(n_models=2))
+    state = EnsembleState(torch.zeros(2, 3), 4)
+    parts = [TrainReply(np.array([0, 2]), torch.ones(2, 3, device=META), np.array([1, 3]),
+                        np.ones(2)),
+             TrainReply(np.array([], dtype=np.int64), torch.ones(0, 3, device=META),
+                        np.zeros(0), np.zeros(0))]
+    requests = [TrainRequest(np.array([0, 2]), state.models[k : k + 1], np.zeros(2, np.int64),
+                             LocalTraining(), k) for k in range(2)]
+    ask = Ask(Steps.of(*requests))
+    out = alg.update(move(state, META), 1, move(ask, META), StepsReply(np.array([0, 2]), parts))
+    assert out.state.models.is_meta and out.state.models.shape == (2, 3)
+    assert out.extras.train_loss == [1.0, None]

@@ -72,9 +72,9 @@ def test_every_method_on_cuda_matches_the_cuda_reference_and_the_cpu(method: str
 
 
 @needs_cuda
-@pytest.mark.parametrize("method", ["fedavg", "ifca", "cfl", "fesem", "fesem_cam", "cfl_gp",
-                                    "fedem", "fedsoft", "ifca_cam", "flhc", "pacfl",
-                                    "pca_km_hc"])
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedavg_plus", "fedprox_plus", "ifca",
+                                    "cfl", "fesem", "fesem_cam", "cfl_gp", "fedem", "fedsoft",
+                                    "ifca_cam", "flhc", "pacfl", "pca_km_hc"])
 def test_a_device_update_gets_its_replies_on_the_gpu(method: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from clusterfl.algorithms import ALGORITHMS

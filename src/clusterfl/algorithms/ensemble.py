@@ -15,6 +15,9 @@ sampled for several models trains each of them in turn, exactly as the separate 
 Clients absent from a reply (dropped out, or rejected by the guard, e.g. NaN/Inf parameters)
 are left out of the averages.
 
+On a GPU the K weighted means are built where the backend left the trained models
+(`device_update`); the K models come back to the CPU between rounds.
+
 Placing a client that did not train (`placement`): cluster 0 and the K-model ensemble, as
 every client (nothing is sent).
 """
@@ -70,6 +73,7 @@ class FedAvgPlus(Algorithm[FedAvgPlusConfig, EnsembleState]):
     name = "fedavg_plus"
     Config = FedAvgPlusConfig
     State = EnsembleState
+    device_update = True  # the K weighted means where the backend left the models
 
     def setup(self, ctx: Context) -> None:
         self.state = EnsembleState(ctx.factory.init_many(self.config.n_models, ctx.seed),

@@ -9,6 +9,10 @@ client that is offline would. The server's table holds the start model and one r
 client that has trained (`ClientModels`, shared with FedSoft), so its memory grows with the
 clients sampled; a round writes the rows of the clients that trained, in place.
 
+On a GPU the trained models come back to the CPU with the reply (no `device_update`): the
+update only copies them into the table, which lives in host memory, so a step on the device
+would still end in the same one copy.
+
 Placing a client that did not train (`placement`): it trains alone, from the same initial model
 as every client (`factory.init(ctx.seed)`: the placing context must carry the run's seed, as
 the experiment's and `clusterfl place`'s do), with the budget a trained client got over a
