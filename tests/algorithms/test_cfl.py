@@ -424,7 +424,7 @@ def test_flat_auto_options_of_older_configs_move_into_the_sub_table():
     flat = {"stationarity_max": 0.6, "separation": 0.4, "min_side": 3, "contrast_min": 1.0,
             "progress": 0.1, "progress_from": "first", "nesting": False, "significance": 0.01,
             "significance_sampled": 0.02, "null_draws": 99, "patience": 4, "test_every": False,
-            "cut": "raw"}
+            "cut": "raw", "sampled_evidence": "each"}
     assert set(flat) == set(AutoRuleConfig.model_fields)
     cfg = load_config({"algorithm": {"name": "cfl", **flat}, "output": {"progress": "off"}})
     assert cfg.algorithm.auto.model_dump() == flat  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from clusterfl.clustering.split_rule import (
     RuleState,
     apart,
     cohesive,
+    combined_pvalue,
     contrasting,
     gamma_accepts,
     meet,
@@ -35,6 +36,7 @@ from clusterfl.clustering.split_rule import (
     shuffle_test,
     sides_large_enough,
     significant,
+    significant_together,
     stationary,
 )
 
@@ -315,7 +317,7 @@ def test_patience_counts_consistent_cuts_and_a_failure_resets_it():
     kept = RuleState(nodes={2: AutoNodeState(2, [[0, 1], [2, 3]], mean)})
     d = RULE.decide(_with(v, stationarity=0.9), kept, t=3)
     assert d.refusal is Refusal.NOT_STATIONARY and d.reason == "not stationary"
-    assert d.node == AutoNodeState(0, None, mean)
+    assert d.node == AutoNodeState(0, None, mean, [])
     # a cut through an earlier block that leaves one client a side restarts it at 1
     crossed = RuleState(nodes={2: AutoNodeState(2, [[0, 2], [1, 3]])})
     d = RULE.decide(v, crossed, t=3)
@@ -359,6 +361,55 @@ def test_the_sampled_level_applies_when_some_clients_did_not_answer():
     assert d.node is not None and d.node.candidate == [[0, 1, 2, 3], [4, 5, 6, 7]]
     with pytest.raises(ValueError, match="significance_sampled"):
         AutoRuleConfig(significance_sampled=0)
+
+
+def test_fishers_combination_against_the_chi_square_tail():
+    """−2 Σ ln p_i against χ² with 2m degrees of freedom, whose tail for even degrees is
+    e^(−x/2) Σ_(k<m) (x/2)^k / k!: three p-values of 0.025 give x = 6 ln 40 = 22.13."""
+    x = -2 * 3 * math.log(0.025)
+    tail = math.exp(-x / 2) * (1 + x / 2 + (x / 2) ** 2 / 2)
+    assert combined_pvalue([0.025] * 3) == pytest.approx(tail, rel=1e-9)
+    assert tail == pytest.approx(1.1453e-3, rel=1e-3)  # each alone fails 0.01, together pass
+    assert combined_pvalue([0.3]) == pytest.approx(0.3)  # one p-value is itself
+    assert math.isnan(combined_pvalue([]))
+    # the window: the last `patience` tested rounds (3): an old weak round drops out
+    assert significant_together([0.9, 0.025, 0.025, 0.025], RULE)
+    assert not significant_together([0.025, 0.025, 0.9], RULE)  # 2·(2 ln 40 − ln 0.9) = 14.97
+    assert significant_together([], RULE)  # nothing tested: passes, as one untested round
+
+
+def test_sampled_rounds_count_and_split_on_their_combined_evidence():
+    """Two blocks of four among ten clients, eight answering: p = 1 / 100 each round against
+    99 shuffles (above). At significance_sampled 0.005 no round passes alone, so rule v6
+    ('each') never counts one; rule v7 ('combined') counts each, and three together give
+    Fisher's 1.10e-4 (x = 6 ln 100), below 0.005: the cluster splits in the third round."""
+    rows = [[2.0, 1.0]] * 4 + [[-2.0, 1.0]] * 4
+    sampled = measured(rows, node=0, formed=None, size=10)
+    x = 6 * math.log(100)
+    together = math.exp(-x / 2) * (1 + x / 2 + (x / 2) ** 2 / 2)
+    assert together == pytest.approx(1.1025e-4, rel=1e-3)
+    each = rule(null_draws=99, significance_sampled=0.005, sampled_evidence="each")
+    d = each.decide(sampled, RuleState(), t=1)
+    assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None
+    r = rule(null_draws=99, significance_sampled=0.005, sampled_evidence="combined")
+    state = RuleState()
+    for t in (1, 2):
+        d = r.decide(sampled, state, t=t)
+        assert d.reason == f"patience {t}/3" and d.node is not None
+        assert d.node.evidence == pytest.approx([0.01] * t)
+        state = RuleState(nodes={0: d.node})
+    assert r.decide(sampled, state, t=3).splits
+    # the same three rounds where 1.10e-4 is not below the level: refused, streak kept
+    strict = rule(null_draws=99, significance_sampled=1e-4, sampled_evidence="combined")
+    d = strict.decide(sampled, state, t=3)
+    assert d.refusal is Refusal.NOT_SIGNIFICANT_TOGETHER and d.node is not None
+    assert d.node.streak == 3 and d.node.evidence == pytest.approx([0.01] * 3)
+    assert d.reason == "cuts of the streak not beyond shuffled cosines together"
+    # every client answering: the round's own level (0.002) decides, as under rule v6
+    everyone = measured(rows, node=0, formed=None)
+    for option in ("combined", "each"):
+        d = rule(null_draws=99, sampled_evidence=option).decide(everyone, state, t=3)
+        assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None
 
 
 def test_a_pair_needs_twice_the_patience():

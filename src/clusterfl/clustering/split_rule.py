@@ -41,6 +41,7 @@ from typing import Literal, TypedDict
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from scipy.stats import combine_pvalues
 
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
@@ -176,6 +177,13 @@ class AutoRuleConfig(BaseModel):
         0.01, gt=0.0, lt=1.0, description="the level instead of significance in a round in "
         "which some of the cluster's clients did not answer (a sample, a dropout): the rounds "
         "of a streak then test different clients (significance = 0 turns both off)")
+    sampled_evidence: Literal["combined", "each"] = Field(
+        "each", description="in a round in which some of the cluster's clients did not "
+        "answer: 'combined' (rule v7), the round counts for patience whatever its p-value, "
+        "and the split needs Fisher's combination of the p-values of the streak's last "
+        "patience tested rounds below significance_sampled (each round tests another "
+        "sample); 'each' (rules v5, v6), each such round needs p < significance_sampled "
+        "to count")
     null_draws: int = Field(
         SHUFFLE_DRAWS, ge=19, description="shuffled matrices of the significance test (the "
         "smallest p-value is 1 / (1 + null_draws))")
@@ -213,6 +221,7 @@ class Refusal(Enum):
     PAIR_NORMS = "pair: client updates below {share:g} × peak"
     PAIR_DRIFTING = "pair: cluster still drifting"
     NOT_SIGNIFICANT = "cut not beyond shuffled cosines"
+    NOT_SIGNIFICANT_TOGETHER = "cuts of the streak not beyond shuffled cosines together"
     PATIENCE = "patience {streak}/{need}"
 
     def text(self, **values: float | str) -> str:
@@ -355,6 +364,8 @@ class AutoNodeState:
     streak: int = 0  # consecutive rounds its test passed with consistent bipartitions ...
     candidate: list[list[int]] | None = None  # ... the blocks all those cuts are unions of
     last_mean: torch.Tensor | None = None  # its mean update of the last round it had members
+    #: the shuffle p-values of the streak's tested rounds (the last `patience`; rule v7)
+    evidence: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -581,6 +592,22 @@ def significant(p_value: float, r: AutoRule, sampled: bool = False) -> bool:
                                              c.significance)
 
 
+def combined_pvalue(p_values: Sequence[float]) -> float:
+    """Fisher's combination of independent p-values (−2 Σ ln p against χ² with 2m degrees of
+    freedom; `scipy.stats.combine_pvalues`); NaN for none."""
+    if not p_values:
+        return math.nan
+    return float(combine_pvalues(p_values, method="fisher").pvalue)
+
+
+def significant_together(p_values: Sequence[float], r: AutoRule) -> bool:
+    """The streak's last `patience` tested cuts, each on another sample of the cluster's
+    clients, are beyond their shuffled cosines together: Fisher's combination of their
+    p-values is below `significance_sampled` (none tested: passes, as one untested round)."""
+    p = combined_pvalue(p_values[-r.options.patience:])
+    return math.isnan(p) or p < r.options.significance_sampled
+
+
 def meet(blocks: list[list[int]] | None, sides: list[list[int]],
          min_side: int) -> list[list[int]] | None:
     """The earlier candidate `blocks` refined by this round's bipartition `sides`, or None when
@@ -694,22 +721,29 @@ class AutoRule(SplitRule):
         mine = state.nodes.get(v.node, AutoNodeState())
         for refusal, holds in CONDITIONS:
             if not holds(v, self):
-                return self.refuse(refusal, node=replace(mine, streak=0, candidate=None))
+                return self.refuse(refusal, node=replace(mine, streak=0, candidate=None,
+                                                         evidence=[]))
         # the evidence that the cut is beyond noise: a round without it (a weak contrast, a
         # shuffle p-value not small) neither counts nor resets the streak
         if not contrasting(v, self):
             return self.refuse(Refusal.NO_CONTRAST)
         p = shuffle_test(v, self, t)
-        if not significant(p, self, v.sampled):
+        together = v.sampled and c.sampled_evidence == "combined"
+        if not together and not significant(p, self, v.sampled):
             return self.refuse(Refusal.NOT_SIGNIFICANT, p_value=p)
         sides = [v.members[v.split.first].tolist(), v.members[v.split.second].tolist()]
         blocks = meet(mine.candidate, sides, c.min_side)
         streak = 1 if blocks is None else mine.streak + 1
         need = c.patience * (PAIR_PATIENCE if v.pair else 1)
+        tested = [] if math.isnan(p) else [p]
+        evidence = (tested if blocks is None else mine.evidence + tested)[-c.patience:]
+        kept = replace(mine, streak=streak, candidate=sides if blocks is None else blocks,
+                       evidence=evidence)
         if streak < need:
-            kept = replace(mine, streak=streak, candidate=sides if blocks is None else blocks)
             return Decision(Refusal.PATIENCE, Refusal.PATIENCE.text(streak=streak, need=need),
                             p_value=p, node=kept)
+        if together and not significant_together(evidence, self):
+            return self.refuse(Refusal.NOT_SIGNIFICANT_TOGETHER, p_value=p, node=kept)
         event = base_event(v, True)
         event["stationarity"] = v.stationarity
         event["within"] = [v.cohesion.within_first, v.cohesion.within_second]
@@ -720,5 +754,5 @@ class AutoRule(SplitRule):
 
 __all__ = ["CONDITIONS", "PAIR_NORM", "PAIR_PATIENCE", "SHUFFLE_MIN", "AutoNodeState", "AutoRule",
            "AutoRuleConfig", "CFLSplitEvent", "ClusterView", "Decision", "EpsilonRule",
-           "Refusal", "RuleState", "SplitRule", "apart", "finite", "meet", "shuffle_test",
-           "significant"]
+           "Refusal", "RuleState", "SplitRule", "apart", "combined_pvalue", "finite", "meet",
+           "shuffle_test", "significant", "significant_together"]
