@@ -108,6 +108,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "v5": {"flhc": V2_FLHC},
     # v6: CFL's rule v5, with the progress condition (v7: off, CFL's rule v6)
     "v6": {"cfl": ["algorithm.auto.progress=0.05"]},
+    # v7: CFL's rule v6, each sampled round at its own level (v8: combined, CFL's rule v7)
+    "v7": {"cfl": ["algorithm.auto.sampled_evidence=each"]},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})
