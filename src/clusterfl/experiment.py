@@ -18,6 +18,7 @@ checkpoint, so a resumed run ends with exactly the results of an uninterrupted o
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,10 @@ class Experiment:
                     self.holdout = self.place_holdout(inner)
             finally:
                 inner.close()
+            stalled = self.recorder.stalled(history.records)
+            if stalled is not None:
+                self.recorder.warnings.append(stalled)
+                print(f"clusterfl: warning: {stalled}", file=sys.stderr, flush=True)
             history.summary = self.recorder.summary(history.records, ctx, self.holdout)
             self._write_outputs(history, files)
             tracking.call(self.callbacks, "on_run_end", history.summary, self.out_dir)

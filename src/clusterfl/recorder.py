@@ -8,6 +8,7 @@ It keeps the run's first diverged round, which the checkpoint stores (`state_dic
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,11 @@ def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int,
 
 ALWAYS_REJECTED = 3
 """Rounds of rejected replies, none accepted, after which a client is reported."""
+
+STALLED = 0.01
+"""A classifier (or language model) whose final mean test loss is still within this share of
+ln C, the loss of a uniform guess over its C outputs, has not learned: `Recorder.stalled`
+warns (a warning, not a rule: the run's results stand)."""
 
 
 class Recorder:
@@ -128,6 +134,26 @@ class Recorder:
                            "its data")
         self.warnings.extend(out)
         return [f"clusterfl: warning: {w}" for w in out]
+
+    def stalled(self, records: list[RoundRecord]) -> str | None:
+        """The end-of-run warning for models that did not learn (`STALLED`), else None: a
+        run can end at a uniform guess without diverging (too small a learning rate, too
+        little local work, or one gradient step a round for a few rounds), and would do so
+        silently."""
+        fed = self.federation
+        last = next((r for r in reversed(records) if r.metrics is not None), None)
+        scale = None if fed.task == "regression" else loss_scale(fed.task, fed.n_classes)
+        if last is None or last.metrics is None or scale is None or \
+                self.divergence is not None:  # a diverged run has had its own warning
+            return None
+        loss = last.metrics.loss
+        if loss is None or not math.isfinite(loss) or loss < (1 - STALLED) * scale:
+            return None
+        what = "classes" if fed.task == "classification" else "tokens of the vocabulary"
+        return (f"the models did not learn: the final mean test loss {loss:.4f} (round "
+                f"{last.round}) is not {STALLED:.0%} below ln {fed.n_classes} = {scale:.4f}, "
+                f"the loss of a uniform guess over the {fed.n_classes} {what}; check "
+                "train.lr, the local work (train.epochs or train.steps) and run.rounds")
 
     # ------------------------------------------------------------------ records
     def eval_sample(self, t: int) -> np.ndarray | None:

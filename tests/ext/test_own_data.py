@@ -75,7 +75,7 @@ def test_compare_runs_methods_on_a_federation_given_in_python(tmp_path):
     assert [h.summary.federation for _, h in results] == ["blobs", "blobs"]
     assert results[1][1].final.ari == 1.0
     report = (tmp_path / "report.md").read_text()
-    assert "Federation: `blobs`" in report and "Warning" not in report
+    assert "Federation: `blobs`" in report and "**Warning:**" not in report  # one federation
 
 
 def test_an_npz_folder_is_the_federation_it_was_exported_from(tmp_path, capsys):
