@@ -142,7 +142,7 @@ class Recorder:
         silently."""
         fed = self.federation
         last = next((r for r in reversed(records) if r.metrics is not None), None)
-        scale = None if fed.task == "regression" else loss_scale(fed.task, fed.n_classes)
+        scale = loss_scale(fed.task, fed.n_classes)  # None for a regression: no uniform guess
         if last is None or last.metrics is None or scale is None or \
                 self.divergence is not None:  # a diverged run has had its own warning
             return None
