@@ -202,3 +202,23 @@ def test_an_assignment_of_the_wrong_length_fails_naming_the_method(ids):
 def test_a_right_assignment_passes_unchanged():
     got = checked_assignment(_Fixed([0, 1, -1, 1]), 4)
     assert got.dtype == np.int64 and got.tolist() == [0, 1, -1, 1]
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ({"name": "mlp", "hidden": [0]}, "model.hidden.0"),
+    ({"name": "mlp", "hidden": [64, -5]}, "model.hidden.1"),
+    ({"name": "lenet", "channels": [0, 16]}, "model.channels.0"),
+    ({"name": "lenet", "hidden": [120, 0]}, "model.hidden.1"),
+    ({"name": "cfl_cnn", "channels": [6, -1]}, "model.channels.1"),
+    ({"name": "cam_cnn", "hidden": [0]}, "model.hidden.0"),
+])
+def test_a_built_in_model_with_a_zero_or_negative_width_fails_naming_the_width(model, field):
+    # hidden = [0] trained a constant model silently (exit 0); [-5] ended in torch's traceback
+    with pytest.raises(ConfigError) as err:
+        load_config({"data": {"source": "digits"}, "model": model})
+    assert err.value.field == field and "greater than or equal to 1" in err.value.message
+
+
+def test_an_empty_hidden_list_still_builds_a_one_layer_model():
+    config = load_config({"data": {"source": "digits"}, "model": {"name": "mlp", "hidden": []}})
+    assert config.model.hidden == []

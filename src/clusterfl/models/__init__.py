@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 
+Width = Annotated[int, Field(ge=1)]
+"""A layer's width or channel count: a zero or negative one would build an empty or no layer."""
+
+
 class ModelConfig(BaseModel):
     """Settings of one architecture (`[model]`); each architecture adds its fields."""
 
@@ -45,14 +49,14 @@ class CustomModelConfig(ModelConfig):
 
 class MLPConfig(ModelConfig):
     name: Literal["mlp"] = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [200])
+    hidden: list[Width] = Field(default_factory=lambda: [200])
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class LeNetConfig(ModelConfig):
     name: Literal["lenet"] = "lenet"
-    channels: tuple[int, int] = (6, 16)
-    hidden: tuple[int, ...] = Field(
+    channels: tuple[Width, Width] = (6, 16)
+    hidden: tuple[Width, ...] = Field(
         (120, 84), description="hidden widths of the fully-connected head; [] for one layer")
     groups: int = Field(0, ge=0, description="GroupNorm groups; 0 = no normalization")
     downsample: Literal["maxpool", "stride"] = Field(
@@ -103,19 +107,21 @@ class CFLCNNConfig(ModelConfig):
     """CFL's CIFAR-10 / CFL-GP's EMNIST CNN (`paper_nets.ValidCNN`, the authors' code)."""
 
     name: Literal["cfl_cnn"] = "cfl_cnn"
-    channels: tuple[int, int] = (6, 16)
-    hidden: tuple[int, ...] = Field((), description="hidden widths before the output layer")
+    channels: tuple[Width, Width] = (6, 16)
+    hidden: tuple[Width, ...] = Field((), description="hidden widths before the output layer")
 
 
 class CAMCNNConfig(CFLCNNConfig):
     """CAM's CIFAR-10 CNN: LeNet-5 (`paper_nets.ValidCNN`; our choice, see there)."""
 
     name: Literal["cam_cnn"] = "cam_cnn"  # type: ignore[assignment]
-    hidden: tuple[int, ...] = Field((120, 84), description="hidden widths (LeNet-5)")
+    hidden: tuple[Width, ...] = Field((120, 84), description="hidden widths (LeNet-5)")
 
 
 def _valid_cnn(c: CFLCNNConfig, shape: tuple[int, ...], out: int) -> nn.Module:
     return ValidCNN(shape, out, c.channels, c.hidden)
+
+
 class LSTMConfig(ModelConfig):
     """The two-layer LSTM language model (`lstm.LSTMLanguageModel`; CFL Fig. 10, AG News)."""
 
