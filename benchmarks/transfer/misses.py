@@ -8,7 +8,9 @@ rotation, Dirichlet inside the clusters, n-class, label swap, ...):
 - "given K reaches it": the federations on which at least one method given the true K
   (IFCA, FeSEM, FedSoft, IFCA-CAM, FL+HC, PACFL or PCA+kM+HC with K) ends at ARI ≥ 0.99, so
   the runs' data and budget let a method see the groups;
-- "an automatic method finds it": at least one of the methods that choose K finds the true K.
+- "an automatic method finds it": at least one of the methods that choose K finds the true K;
+- each miss with FedAvg's accuracy on the same federation: where FedAvg itself stays near a
+  uniform guess, the budget left the models unlearned and no method's clusters mean much.
 
     python benchmarks/transfer/misses.py [--version v7] [--method cfl]
         [--halves validation15 ... validation20] [--out FILE]
@@ -63,9 +65,11 @@ def tabulate(rows: list[dict[str, Any]], method: str) -> tuple[list[str], list[s
             c["reached_missed"] += bool(given) and max(given) >= REACHED and found != k
         if found != k:
             best = max(given) if given else None
+            base = (by.get("fedavg") or {}).get("accuracy")
             misses.append(f"| {fed} | {half} | {k} | {found} | {own['ari']:.2f} | "
                           f"{'–' if best is None else f'{best:.2f}'} | "
-                          f"{', '.join(a for a in autos) or '–'} |")
+                          f"{', '.join(a for a in autos) or '–'} | "
+                          f"{'–' if base is None else f'{100 * base:.1f} %'} |")
     table = ["| family | federations | true K found | too few | too many | given K reaches "
              "it | missed though given K reaches it | an automatic method finds it |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -75,7 +79,7 @@ def tabulate(rows: list[dict[str, Any]], method: str) -> tuple[list[str], list[s
         table.append(f"| {name} | {c['n']} | {c['found']} | {c['under']} | {c['over']} | "
                      f"{c['reached']} | {c['reached_missed']} | {c['auto']} |")
     head = ["| federation | half | true K | K found | ARI | best ARI given K | automatic "
-            "methods that find it |", "|---|---|---:|---:|---:|---:|---|"]
+            "methods that find it | FedAvg's accuracy |", "|---|---|---:|---:|---:|---:|---|---:|"]
     return table, head + misses
 
 
