@@ -18,9 +18,10 @@ def misses(monkeypatch: pytest.MonkeyPatch):
 
 
 def _row(fed: str, method: str, k: int, found: int, ari: float, half: str = "validation9",
-         sets: list[str] | None = None) -> dict:
+         sets: list[str] | None = None, accuracy: float | None = None) -> dict:
     return {"version": "v7", "half": half, "federation": fed, "method": method, "k_true": k,
-            "k_found": found, "ari": ari, "sets": sets or [], "error": None}
+            "k_found": found, "ari": ari, "sets": sets or [], "error": None,
+            "accuracy": accuracy}
 
 
 def test_families_drop_k_data_set_and_seed(misses) -> None:
@@ -38,6 +39,7 @@ def test_counts_by_family_and_the_list_of_misses(misses) -> None:
         # rotation, 4 groups: CFL 3 of 4; IFCA given K reaches ARI 1, FL+HC finds K
         _row("rot4_mnist_9", "cfl", 4, 3, 0.7), _row("rot4_mnist_9", "ifca_k", 4, 4, 1.0),
         _row("rot4_mnist_9", "flhc", 4, 4, 1.0),
+        _row("rot4_mnist_9", "fedavg", 4, 1, 0.0, accuracy=0.1964),
         # rotation, 2 groups: found
         _row("rot2_fmnist_9", "cfl", 2, 2, 1.0), _row("rot2_fmnist_9", "ifca_k", 2, 2, 0.98),
         # n-class: 5 of 3, nobody reaches it given K, no automatic method finds it
@@ -54,6 +56,6 @@ def test_counts_by_family_and_the_list_of_misses(misses) -> None:
     assert by["nclass"] == "| nclass | 1 | 0 | 0 | 1 | 0 | 0 | 0 |"
     assert by["**all**"] == "| **all** | 3 | 1 | 1 | 1 | 1 | 1 | 2 |"
     assert listed[2:] == [
-        "| nclass3_mnist_9 | validation9 | 3 | 5 | 0.50 | 0.60 | – |",
-        "| rot4_mnist_9 | validation9 | 4 | 3 | 0.70 | 1.00 | flhc |",
+        "| nclass3_mnist_9 | validation9 | 3 | 5 | 0.50 | 0.60 | – | – |",
+        "| rot4_mnist_9 | validation9 | 4 | 3 | 0.70 | 1.00 | flhc | 19.6 % |",
     ]
