@@ -128,6 +128,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         raise ClusterFLError(f"{run_dir}: no such run directory")
     if not (run_dir / "config.toml").is_file():
         raise ClusterFLError(f"{run_dir}: no config.toml; not a run directory")
+    if args.json:
+        check_json_target(Path(args.json))
     saved, origin = load_state(run_dir)
     rows, label = place_clients(run_dir, saved, args.clients, list(args.set or []),
                                 args.data_dir)
@@ -135,9 +137,26 @@ def cmd_place(args: argparse.Namespace) -> int:
     con.print(f"{label}: state from {origin}")
     con.print(placement_table(rows, label))
     if args.json:
-        Path(args.json).write_text(json.dumps(json_ready(rows), indent=2))
+        try:
+            Path(args.json).write_text(json.dumps(json_ready(rows), indent=2))
+        except OSError as err:
+            raise ClusterFLError(f"--json: cannot write {args.json}: "
+                                 f"{err.strerror or err}") from None
         con.print(f"placements written to {args.json}")
     return 0
+
+
+def check_json_target(path: Path) -> None:
+    """Before any placement is computed: `--json` names a file in an existing folder."""
+    try:
+        folder, parent = path.is_dir(), path.parent.is_dir()
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise ClusterFLError(f"--json: cannot write {path}: {err.strerror or err}") from None
+    if folder:
+        raise ClusterFLError(f"--json: {path} is a folder; give the name of a file to write")
+    if not parent:
+        raise ClusterFLError(f"--json: the folder {path.parent} does not exist; create it or "
+                             "give a file in an existing folder")
 
 
 def _check_vocabulary(run_dir: Path, words: list[str] | None) -> None:

@@ -93,3 +93,19 @@ def test_place_refuses_a_changed_model_and_folders_that_are_not_runs(ifca_run, t
     (tmp_path / "empty").mkdir()
     assert main(["place", str(tmp_path / "empty")]) == 2
     assert "no config.toml; not a run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["folder", "missing_parent", "name_too_long"])
+def test_a_json_target_that_cannot_be_written_is_one_line_naming_json(ifca_run, tmp_path,
+                                                                      capsys, where):
+    # before: the placement was computed and printed, then "error: Is a directory: p1"
+    target = {"folder": tmp_path, "missing_parent": tmp_path / "no" / "such" / "p.json",
+              "name_too_long": tmp_path / ("x" * 300 + ".json")}[where]  # fails as root too
+    rc = main(["place", str(ifca_run), "--clients", "0", "--json", str(target)])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("clusterfl: error: --json: ")
+    assert str(target if where != "missing_parent" else target.parent) in lines[0]
+    if where == "name_too_long":  # the OS's reason, in one line
+        assert "File name too long" in lines[0]
+    assert captured.out.strip() == ""  # refused before any placement was computed or printed
