@@ -190,13 +190,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from clusterfl.rundir import FolderLock, check_report_out
 
     dirs = [Path(d) for d in args.dirs]
-    out = dirs[0] if len(dirs) == 1 else Path(args.out or "runs/report")
-    if len(dirs) > 1:
+    own = len(dirs) == 1 and args.out is None  # one run, no --out: its own report.md
+    out = dirs[0] if own else Path(args.out or "runs/report")
+    if not own:
         check_report_out(out, dirs)  # never into a run folder
         out.mkdir(parents=True, exist_ok=True)
     with FolderLock(out) if out.is_dir() else contextlib.nullcontext():
-        path = (write_run_report(out) if len(dirs) == 1
-                else write_comparison_report(dirs, out))
+        path = write_run_report(out) if own else write_comparison_report(dirs, out)
     if len(dirs) > 1:
         _warn(comparison_warnings(dirs))
     _console().print(f"report: {path}")
@@ -379,8 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="(re)write the report of run directories")
     rep.add_argument("dirs", nargs="+")
-    rep.add_argument("--out", help="output folder when comparing several runs (default "
-                     "runs/report; never a run's folder)")
+    rep.add_argument("--out", help="output folder of a report comparing the runs (default "
+                     "runs/report; never a run's folder); one run without --out: its own "
+                     "report.md is rewritten")
     rep.set_defaults(func=cmd_report)
 
     d = sub.add_parser("demo", help="the built-in demo (no files needed)")

@@ -288,6 +288,25 @@ def test_report_out_refuses_a_run_folder(tmp_path: Path, capsys: pytest.CaptureF
         check_report_out(a / "inside", [b])  # a folder inside a run is the run's too
 
 
+def test_report_of_one_run_honours_out_and_otherwise_rewrites_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report RUN --out DIR` wrote RUN/report.md and ignored --out, silently (exit 0)."""
+    path = tmp_path / "one.toml"
+    path.write_text(dump_toml(TINY))
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "--quiet"]) == 0
+    (run / "report.md").write_text("the run's own report")
+    assert main(["report", str(run), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (run / "report.md").read_text() == "the run's own report"  # untouched
+    text = (tmp_path / "elsewhere" / "report.md").read_text()
+    assert text.startswith("# Comparison of 1 run\n") and "run/report.md" in text
+    assert main(["report", str(run), "--out", str(run)]) == 2  # never into the run itself
+    assert "is a run folder" in capsys.readouterr().err
+    assert main(["report", str(run)]) == 0  # without --out: the run's own report, rewritten
+    assert (run / "report.md").read_text().startswith("# ")
+    assert (run / "report.md").read_text() != "the run's own report"
+
+
 def test_a_run_failing_before_it_writes_leaves_no_empty_folder(tmp_path, capsys):
     # the backend is built after the folder is claimed: an error there (here a device that
     # is not there) must not leave the new folder behind, nor touch a folder that existed

@@ -328,8 +328,9 @@ def write_comparison_report(
     figures = plot_comparison(run_dirs, out_dir, labels)
     federations = sorted({_known(s.federation) for s in summaries})
     warnings = _differences([Path(d) for d in run_dirs], summaries)
+    runs = f"{len(summaries)} run" + ("s" if len(summaries) != 1 else "")
     parts = [
-        f"# Comparison of {len(summaries)} runs\n\nFederation: "
+        f"# Comparison of {runs}\n\nFederation: "
         + ", ".join(f"`{f}`" for f in federations) + ".\n",
         "".join(f"> **Warning:** {w}\n>\n" for w in warnings).removesuffix(">\n"),
         _divergence_note(summaries),
