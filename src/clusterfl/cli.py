@@ -222,8 +222,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     con.print(f"[bold]clusterfl demo[/]: digits, rotation scenario, "
               f"{config.scenario.model_dump().get('n_clients')} clients; "
               f"methods: {', '.join(args.methods)}")
-    results = run_comparison(config, args.methods, out, progress=_progress(args),
-                             overwrite=args.overwrite, hint=OVERWRITE_HINT)
+    try:
+        results = run_comparison(config, args.methods, out, progress=_progress(args),
+                                 overwrite=args.overwrite, hint=OVERWRITE_HINT)
+    except ConfigError as exc:  # the specs are the demo's --methods, not compare's flag
+        if exc.field != "--algorithms":
+            raise
+        raise ConfigError("--methods", exc.message.replace("--algorithms", "--methods")) \
+            from None
     con.print(summary_table([h.summary for _, h in results]))
     con.print(f"report with figures: {out / 'report.md'}")
     return _diverged([h.summary for _, h in results], args)

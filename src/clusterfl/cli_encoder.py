@@ -52,8 +52,8 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("epochs", "latent", "batch_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}", "must be ≥ 1")
-    if args.lr <= 0:
-        raise ConfigError("--lr", "must be > 0")
+    if not 0 < args.lr < float("inf"):  # nan and inf too
+        raise ConfigError("--lr", f"must be a finite number > 0, got {args.lr}")
     if args.max_samples is not None and args.max_samples < 1:
         raise ConfigError("--max-samples", "must be ≥ 1")
 

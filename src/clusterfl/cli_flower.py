@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterfl.errors import ClusterFLError, require
+from clusterfl.errors import ClusterFLError, ConfigError, require
 
 if TYPE_CHECKING:
     from clusterfl.records import RunSummary
@@ -125,6 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.mode == "ray":  # the simulation SuperLink (a subprocess) imports it
         require("ray", "ray", load=False)
     require("flower", "flwr", load=False)
+    if not args.timeout > 0:  # nan too; inf waits without a limit
+        raise ConfigError("--timeout", f"must be a number of seconds > 0, got {args.timeout}")
     raw = _raw(args.config, args.set)
     if args.mode == "submit":
         return _submit(args.config, list(args.set or []), args.out, args.superlink)

@@ -293,6 +293,11 @@ def test_encoder_cli_trains_and_shows(tmp_path, capsys):
     bad = parser.parse_args(["encoder", "train", "--source", "digits", "--epochs", "0"])
     with pytest.raises(ConfigError, match="--epochs"):
         bad.func(bad)
+    for lr in ("nan", "inf", "-1", "0"):  # nan ended in torch's "Invalid learning rate"
+        bad = parser.parse_args(["encoder", "train", "--source", "digits", "--lr", lr])
+        with pytest.raises(ConfigError, match="--lr") as err:
+            bad.func(bad)
+        assert err.value.message == f"must be a finite number > 0, got {float(lr)}"
 
 
 def test_config_errors_name_the_field():

@@ -151,6 +151,21 @@ def test_demo_methods_get_distinct_safe_folder_names() -> None:
     assert [f for f, _ in quoted] == ["cfl_gp_n_clusters=4_protocol=model"]
 
 
+@pytest.mark.parametrize(("methods", "message"), [
+    ("", "--methods: no method given"),
+    ("nope", "--methods: unknown value 'nope'"),
+    ("ifca:n_clusters", "--methods: 'n_clusters' in 'ifca:n_clusters' has no value"),
+])
+def test_a_bad_demo_method_names_the_demos_own_flag(tmp_path: Path, capsys, methods: str,
+                                                     message: str) -> None:
+    # before: the error named `--algorithms`, compare's flag, which the demo does not have
+    out = tmp_path / "demo"
+    assert main(["demo", "--methods", methods, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {message}")
+    assert "--algorithms" not in err[0] and not out.exists()
+
+
 # --------------------------------------------------------------------------- report
 
 

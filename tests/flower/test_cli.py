@@ -61,6 +61,19 @@ def test_run_validates_the_config_first(tmp_path):
         args.func(args)
 
 
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan"])
+def test_a_timeout_that_is_not_a_positive_number_fails_before_flower_starts(tmp_path,
+                                                                            timeout):
+    # before: a SuperLink and 20 SuperNodes started, then "did not finish within -5 s"
+    out = tmp_path / "out"
+    args = _parse(["flower", "run", _config(tmp_path), "--mode", "local", "--out", str(out),
+                   "--timeout", timeout])
+    with pytest.raises(ConfigError, match="--timeout") as err:
+        args.func(args)
+    assert err.value.message == f"must be a number of seconds > 0, got {float(timeout)}"
+    assert not out.exists()
+
+
 def test_run_into_a_used_folder_needs_overwrite(tmp_path, monkeypatch):
     """The run folder is checked before Flower starts; --overwrite empties it first."""
     out = tmp_path / "out"
