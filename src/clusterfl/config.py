@@ -49,6 +49,7 @@ from clusterfl.robust.config import (
     FaultsConfig,
     PrivacyConfig,
     ValidationConfig,
+    check_robust,
 )
 
 if TYPE_CHECKING:  # the backends are imported when a config is loaded (`load_config`)
@@ -250,6 +251,7 @@ def load_config(raw: dict[str, Any]) -> Config:
               parse(FaultsConfig, raw.get("faults"), "faults"),
               parse(AdversaryConfig, raw.get("adversary"), "adversary"),
               parse(PrivacyConfig, raw.get("privacy"), "privacy"))
+    check_robust(run.rounds, *robust)
     return Config(run, data, scenario, str(scen_name), model, train, algorithm, backend, output,
                   *robust)
 

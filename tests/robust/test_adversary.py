@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from clusterfl.clustering.aggregate import weighted_mean
+from clusterfl.config import load_config
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.protocol import TrainRequest
@@ -96,3 +97,30 @@ def test_run_reports_attackers_and_benign_accuracy():
     # local models of label flippers are wrong on their (clean) test data
     assert acc[exp.adversaries].max() < acc[benign].min()
     assert rob["isolated"] == 1.0  # local: every client is its own cluster
+
+
+@pytest.mark.parametrize(("table", "field", "words"), [
+    # each of these ran to exit 0 with no attacker at all
+    ({"kind": "none", "fraction": 1.0}, "adversary.fraction", "kind = 'none'"),
+    ({"kind": "none", "clients": [2]}, "adversary.clients", "kind = 'none'"),
+    ({"kind": "none", "scale": 5.0}, "adversary.scale", "kind = 'none'"),
+    ({"kind": "sign_flip"}, "adversary.fraction", "attacks nobody"),
+    ({"kind": "label_flip", "fraction": 0.25, "scale": 3.0}, "adversary.scale",
+     "label_flip has no strength"),
+])
+def test_an_adversary_table_that_would_do_nothing_fails_naming_the_setting(table, field, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(config(adversary=table))
+    assert err.value.field == field and words in err.value.message
+
+
+def test_a_fraction_that_rounds_to_no_attacker_fails_naming_it():
+    with pytest.raises(ConfigError) as err:  # 0.02 of 8 clients: round(0.16) = 0
+        choose_adversaries(AdversaryConfig(kind="scale", fraction=0.02), 8, 0)
+    assert err.value.field == "adversary.fraction" and "above 0.0625" in err.value.message
+    assert len(choose_adversaries(AdversaryConfig(kind="scale", fraction=0.07), 8, 0)) == 1
+    # a valid table loads, and so does the table every run writes back (kind "none")
+    assert load_config(config(adversary={"kind": "scale", "fraction": 0.25})).adversary.kind \
+        == "scale"
+    assert load_config(config(adversary={"kind": "none", "fraction": 0.0,
+                                         "clients": []})).adversary.kind == "none"

@@ -41,6 +41,10 @@ def choose_adversaries(config: AdversaryConfig, n_clients: int, seed: int) -> np
                               f"has clients 0..{n_clients - 1}")
         return np.unique(np.asarray(config.clients, dtype=np.int64))
     k = round(config.fraction * n_clients)
+    if k == 0:
+        raise ConfigError("adversary.fraction", f"{config.fraction} of {n_clients} clients is no "
+                          f"attacker (it rounds to 0); use a fraction above "
+                          f"{0.5 / n_clients:.3g}, or list the attackers in adversary.clients")
     rng = np.random.default_rng([seed, _ADVERSARY_STREAM])
     return np.sort(rng.choice(n_clients, size=k, replace=False)).astype(np.int64)
 

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from clusterfl.errors import ConfigError
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # no bound is None, not inf
@@ -98,6 +100,27 @@ class AdversaryConfig(_Strict):
         return 10.0 if self.kind == "scale" else 1.0
 
 
+def check_adversary(adversary: AdversaryConfig) -> None:
+    """An `[adversary]` table of a run config whose settings would do nothing fails in one
+    line naming the setting: options beside `kind = "none"`, a kind that attacks nobody, a
+    strength for label flipping (which has none)."""
+    if adversary.kind == "none":
+        for name, given in (("fraction", adversary.fraction > 0),
+                            ("clients", bool(adversary.clients)),
+                            ("scale", adversary.scale is not None)):
+            if given:
+                raise ConfigError(f"adversary.{name}", "set while adversary.kind = 'none' (no "
+                                  "attack); choose a kind (label_flip, sign_flip, scale, "
+                                  f"random) or leave {name} out")
+    elif adversary.fraction == 0 and not adversary.clients:
+        raise ConfigError("adversary.fraction", f"adversary.kind = {adversary.kind!r} attacks "
+                          "nobody; set a fraction > 0 or list the attackers in "
+                          "adversary.clients")
+    if adversary.kind == "label_flip" and adversary.scale is not None:
+        raise ConfigError("adversary.scale", "label_flip has no strength (labels y → C−1−y); "
+                          "leave scale out, or use sign_flip, scale or random")
+
+
 class PrivacyConfig(_Strict):
     """Client-level differential privacy (see `clusterfl.robust.privacy`)."""
 
@@ -119,5 +142,48 @@ class PrivacyConfig(_Strict):
         return self
 
 
+def _changed(table: BaseModel, *names: str) -> list[str]:
+    """Those of `names` whose value in `table` differs from the field's default."""
+    fields = type(table).model_fields
+    return [n for n in names
+            if getattr(table, n) != fields[n].get_default(call_default_factory=True)]
+
+
+def check_robust(rounds: int, validation: ValidationConfig, faults: FaultsConfig,
+                 adversary: AdversaryConfig, privacy: PrivacyConfig) -> None:
+    """The robustness tables of a run config, checked together: a setting that would change
+    nothing (its switch is off, or what it applies to is absent) fails in one line naming
+    it, instead of running as if it were not there (issue 35). Defaults never fail, so every
+    run's written-back `config.toml` loads again."""
+    check_adversary(adversary)
+    if not validation.enabled:
+        for name in _changed(validation, "max_norm", "median_multiple",
+                             "min_replies_for_median"):
+            raise ConfigError(f"validation.{name}", "set while validation.enabled = false "
+                              "(replies pass unchecked); enable validation or leave it out")
+    if faults.drop_rounds and not faults.drop_clients:
+        raise ConfigError("faults.drop_rounds", "set without faults.drop_clients (nobody "
+                          "drops out); list the clients, or use faults.dropout")
+    late = [r for r in faults.drop_rounds if r > rounds]
+    if late:
+        raise ConfigError("faults.drop_rounds", f"rounds {late} come after the run's last "
+                          f"round (rounds = {rounds}); allowed: 1..{rounds}")
+    if faults.stragglers == 0 and _changed(faults, "straggler_work"):
+        raise ConfigError("faults.straggler_work", "set while faults.stragglers = 0 (no "
+                          "client straggles); set stragglers > 0 or leave it out")
+    if privacy.clip is None:
+        for name in _changed(privacy, "noise", "delta"):
+            raise ConfigError(f"privacy.{name}", "set while privacy.clip is not set (privacy "
+                              "is off); set privacy.clip or leave it out")
+    elif privacy.noise_multiplier == 0:
+        if privacy.noise == "local":
+            raise ConfigError("privacy.noise", "'local' with noise_multiplier = 0 adds no "
+                              "noise; set noise_multiplier > 0 or leave noise out")
+        if _changed(privacy, "delta"):
+            raise ConfigError("privacy.delta", "no (ε, δ) is reported without noise "
+                              "(noise_multiplier = 0); set noise_multiplier > 0 or leave "
+                              "delta out")
+
+
 __all__ = ["AdversaryConfig", "AttackKind", "FaultsConfig", "PrivacyConfig",
-           "ValidationConfig"]
+           "ValidationConfig", "check_adversary", "check_robust"]

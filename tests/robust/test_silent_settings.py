@@ -1,0 +1,52 @@
+"""Issue 35, "Settings that do nothing, silently", in the robustness tables: each of these
+configs ran to exit 0 as if the setting were not there. Now each fails in one line naming
+it; the defaults, and the tables every run writes back, still load."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterfl.config import dump_toml, load_config
+from clusterfl.errors import ConfigError
+
+from .conftest import config
+
+
+@pytest.mark.parametrize(("tables", "field", "words"), [
+    ({"faults": {"drop_rounds": [1]}}, "faults.drop_rounds", "without faults.drop_clients"),
+    ({"faults": {"drop_clients": [1], "drop_rounds": [2, 50]}}, "faults.drop_rounds",
+     "rounds [50] come after the run's last round"),
+    ({"faults": {"straggler_work": 0.1}}, "faults.straggler_work", "stragglers = 0"),
+    ({"validation": {"enabled": False, "max_norm": 1.0}}, "validation.max_norm",
+     "validation.enabled = false"),
+    ({"validation": {"enabled": False, "median_multiple": 10.0}},
+     "validation.median_multiple", "validation.enabled = false"),
+    ({"privacy": {"noise": "local"}}, "privacy.noise", "privacy.clip is not set"),
+    ({"privacy": {"delta": 1e-3}}, "privacy.delta", "privacy.clip is not set"),
+    ({"privacy": {"clip": 1.0, "noise": "local"}}, "privacy.noise", "adds no noise"),
+    ({"privacy": {"clip": 1.0, "delta": 1e-3}}, "privacy.delta", "no (ε, δ) is reported"),
+])
+def test_a_robustness_setting_that_would_do_nothing_fails_naming_it(tables, field, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(config(**tables))
+    assert err.value.field == field and words in err.value.message
+
+
+@pytest.mark.parametrize("tables", [
+    {},  # the defaults
+    {"faults": {"drop_clients": [1], "drop_rounds": [1]}},
+    {"faults": {"stragglers": 0.2, "straggler_work": 0.1}},
+    {"validation": {"enabled": False}},
+    {"privacy": {"clip": 1.0, "noise_multiplier": 0.5, "noise": "local", "delta": 1e-3}},
+    {"privacy": {"clip": 1.0}},
+])
+def test_settings_that_act_and_the_written_back_tables_load(tables):
+    loaded = load_config(config(**tables))
+    again = load_config(_toml_roundtrip(loaded.to_dict()))  # what a run writes back
+    assert again.to_dict() == loaded.to_dict()
+
+
+def _toml_roundtrip(raw: dict) -> dict:
+    import tomllib
+
+    return tomllib.loads(dump_toml(raw))
