@@ -123,3 +123,40 @@ def test_a_run_with_a_batch_of_three_million_equals_one_with_the_largest_client(
     a, b = histories
     assert [r.metrics.accuracy for r in a.records] == [r.metrics.accuracy for r in b.records]
     assert a.records[-1].extras == b.records[-1].extras
+
+
+@pytest.mark.parametrize(("algorithm", "words"), [
+    # each loaded and ran with the option doing nothing (exit 0)
+    ({"name": "cfl", "split_rule": "epsilon", "auto": {"patience": 5}},
+     "auto.patience applies to split_rule = 'auto' only"),
+    ({"name": "cfl", "eps1": 0.2, "auto": {"significance": 0.01}},  # eps1 selects epsilon
+     "auto.significance applies to split_rule = 'auto' only"),
+    ({"name": "flhc", "n_clusters": 3, "significance": 0.01},
+     "significance applies to the automatic cut only; with n_clusters set"),
+    ({"name": "flhc", "threshold": 2.0, "min_silhouette": 0.5},
+     "min_silhouette applies to the automatic cut only; with threshold set"),
+    ({"name": "pacfl", "threshold": 10.0, "auto_cut": "gap"},
+     "auto_cut applies to the automatic cut only; with threshold set"),
+    ({"name": "pacfl", "n_clusters": 2, "max_clusters": 5},
+     "max_clusters applies to the automatic cut only; with n_clusters set"),
+])
+def test_an_option_of_the_rule_not_in_use_fails_in_one_line(algorithm, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config(algorithm=algorithm))
+    assert err.value.field == "algorithm" and words in err.value.message
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "cfl", "split_rule": "epsilon", "eps1": 0.2},
+    {"name": "cfl", "auto": {"patience": 5}},
+    {"name": "flhc", "n_clusters": 3},
+    {"name": "flhc", "significance": 0.01, "min_silhouette": 0.3},
+    {"name": "pacfl", "threshold": 3.5},
+    {"name": "pacfl", "n_clusters": 2},
+])
+def test_the_options_of_the_rule_in_use_load_and_round_trip(algorithm):
+    import tomllib
+
+    loaded = load_config(tiny_config(algorithm=algorithm))
+    again = load_config(tomllib.loads(dump_toml(loaded.to_dict())))  # a run's config.toml
+    assert again.to_dict() == loaded.to_dict()
