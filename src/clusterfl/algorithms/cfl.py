@@ -167,28 +167,28 @@ class CFLConfig(SampledConfig):
     @classmethod
     def _read_older_layouts(cls, data: Any) -> Any:
         """The auto rule's options flat in `[algorithm]` (older configs) or as `auto.<option>`
-        (a compare spec) move into `[algorithm.auto]` (`--set algorithm.patience=5` on a run's
-        config.toml). eps1/eps2 alone select the epsilon rule; either rule's options away from
-        their defaults beside the other rule are an error (they would do nothing)."""
+        (a compare spec) move into `[algorithm.auto]`, over the same option there (`--set
+        algorithm.patience=5` on a run's config.toml). eps1/eps2 without a split rule select
+        the epsilon rule; other values than the defaults with "auto" are an error."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
         moved = {k: data.pop(k) for k in AUTO_OPTIONS if k in data}
         moved.update({k[len("auto."):]: data.pop(k) for k in list(data)
                       if isinstance(k, str) and k.startswith("auto.")})
-        table = data.get("auto") or {}
-        table = table.model_dump() if isinstance(table, AutoRuleConfig) else table
-        if moved and isinstance(table, dict):
-            data["auto"] = table = {**table, **moved}
-        fields, eps = AutoRuleConfig.model_fields, bool({"eps1", "eps2"} & set(data))
-        changed = [k for k, v in (table.items() if isinstance(table, dict) else ())
-                   if k in fields and v != fields[k].get_default()]
-        if data.get("split_rule", "epsilon" if eps else "auto") == "epsilon" and changed:
-            raise ValueError(f"auto.{changed[0]} applies to split_rule = 'auto' only; drop it")
-        if not eps or "split_rule" not in data:  # eps1/eps2 alone select the epsilon rule
-            return {**data, "split_rule": "epsilon"} if eps else data
-        if data["split_rule"] == "auto" and (data.get("eps1", .4), data.get("eps2", 1.6)) != \
-                (.4, 1.6):
+        if moved:
+            table = data.get("auto", {})
+            if isinstance(table, AutoRuleConfig):
+                table = table.model_dump()
+            if isinstance(table, dict):
+                data["auto"] = {**table, **moved}
+        if not ({"eps1", "eps2"} & set(data)):
+            return data
+        if "split_rule" not in data:
+            return {**data, "split_rule": "epsilon"}
+        default = {"eps1": 0.4, "eps2": 1.6}
+        if data["split_rule"] == "auto" and any(
+                k in data and data[k] != v for k, v in default.items()):
             raise ValueError("eps1/eps2 apply to split_rule = 'epsilon' only; drop them or set "
                              "split_rule = 'epsilon'")
         return data

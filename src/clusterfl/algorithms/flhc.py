@@ -88,7 +88,6 @@ from clusterfl.algorithms.oneshot import (
     Cut,
     Threshold,
     auto_cut_field,
-    check_cut_options,
     cut_clients,
     min_silhouette_field,
 )
@@ -166,8 +165,6 @@ class FLHCConfig(SampledConfig):
                              "allowed with other metrics: average, complete, single")
         if self.threshold is not None and self.n_clusters is not None:
             raise ValueError("set algorithm.threshold or algorithm.n_clusters, not both")
-        check_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette", "significance",
-                                 "test_every"))
         return self
 
 

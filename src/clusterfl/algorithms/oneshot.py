@@ -66,21 +66,6 @@ def auto_cut_field() -> Any:
                  "which always cuts)")
 
 
-def check_cut_options(config: Any, names: tuple[str, ...]) -> None:
-    """ValueError naming the first option of the automatic cut in `names` that `config` sets
-    away from its default while a `threshold` or `n_clusters` decides the cut instead (the
-    option would do nothing, silently)."""
-    fixed = "threshold" if config.threshold is not None else \
-        "n_clusters" if config.n_clusters is not None else None
-    if fixed is None:
-        return
-    fields = type(config).model_fields
-    for name in names:
-        if getattr(config, name) != fields[name].get_default(call_default_factory=True):
-            raise ValueError(f"{name} applies to the automatic cut only; with {fixed} set it "
-                             f"does nothing: drop {name} or {fixed}")
-
-
 def min_silhouette_field() -> Any:
     """The `min_silhouette` setting (`MIN_SILHOUETTE`, Kaufman & Rousseeuw's bound)."""
     return Field(MIN_SILHOUETTE, ge=-1.0, le=1.0, description="mean silhouette a cut needs "

@@ -76,7 +76,6 @@ from clusterfl.algorithms.oneshot import (
     OneOffAsk,
     Threshold,
     auto_cut_field,
-    check_cut_options,
     cut_clients,
     dump_cut,
     min_silhouette_field,
@@ -128,7 +127,6 @@ class PACFLConfig(SampledConfig):
         if self.n_clusters is not None and "threshold" in self.model_fields_set \
                 and self.threshold is not None:
             raise ValueError("set algorithm.threshold or algorithm.n_clusters, not both")
-        check_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette"))
         return self
 
     @model_serializer(mode="wrap")
