@@ -102,3 +102,24 @@ def test_each_backend_validates_its_own_table_and_builds_from_it():
     seq_cfg = load_config({"backend": {"name": "sequential", "chunk_size": 3}})
     assert type(seq_cfg.backend) is SequentialConfig
     assert type(build_backend(seq_cfg, fed, factory)) is SequentialBackend
+
+
+def test_every_committed_run_config_loads_again():
+    """Issue 35, "configs round-trip": the config.toml of every run folder kept in git, many
+    written by earlier versions with the defaults of their time (FL+HC given K with
+    `significance = 0.01` beside `n_clusters`, for one), loads with today's checks. A check
+    that refuses a setting doing nothing must not refuse what an earlier version wrote back."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(["git", "ls-files", "*config.toml"], cwd=root, check=True,
+                            capture_output=True, text=True).stdout.split()
+    assert len(listed) > 1000  # the transfer grid's kept runs, the benchmarks' configs
+    failed = []
+    for name in listed:
+        try:
+            load_config(read_toml(root / name))
+        except ConfigError as exc:
+            failed.append(f"{name}: {exc}")
+    assert not failed, f"{len(failed)} of {len(listed)}: {failed[:3]}"
