@@ -100,18 +100,22 @@ class AdversaryConfig(_Strict):
         return 10.0 if self.kind == "scale" else 1.0
 
 
+def _changed(table: BaseModel, *names: str) -> list[str]:
+    """Those of `names` whose value in `table` differs from the field's default."""
+    fields = type(table).model_fields
+    return [n for n in names
+            if getattr(table, n) != fields[n].get_default(call_default_factory=True)]
+
+
 def check_adversary(adversary: AdversaryConfig) -> None:
     """An `[adversary]` table of a run config whose settings would do nothing fails in one
     line naming the setting: options beside `kind = "none"`, a kind that attacks nobody, a
     strength for label flipping (which has none)."""
     if adversary.kind == "none":
-        for name, given in (("fraction", adversary.fraction > 0),
-                            ("clients", bool(adversary.clients)),
-                            ("scale", adversary.scale is not None)):
-            if given:
-                raise ConfigError(f"adversary.{name}", "set while adversary.kind = 'none' (no "
-                                  "attack); choose a kind (label_flip, sign_flip, scale, "
-                                  f"random) or leave {name} out")
+        for name in _changed(adversary, "fraction", "clients", "scale"):
+            raise ConfigError(f"adversary.{name}", "set while adversary.kind = 'none' (no "
+                              "attack); choose a kind (label_flip, sign_flip, scale, "
+                              f"random) or leave {name} out")
     elif adversary.fraction == 0 and not adversary.clients:
         raise ConfigError("adversary.fraction", f"adversary.kind = {adversary.kind!r} attacks "
                           "nobody; set a fraction > 0 or list the attackers in "
@@ -140,13 +144,6 @@ class PrivacyConfig(_Strict):
         if self.noise_multiplier > 0 and self.clip is None:
             raise ValueError("noise_multiplier > 0 needs clip (the noise is σ·clip)")
         return self
-
-
-def _changed(table: BaseModel, *names: str) -> list[str]:
-    """Those of `names` whose value in `table` differs from the field's default."""
-    fields = type(table).model_fields
-    return [n for n in names
-            if getattr(table, n) != fields[n].get_default(call_default_factory=True)]
 
 
 def check_robust(rounds: int, validation: ValidationConfig, faults: FaultsConfig,
