@@ -203,6 +203,10 @@ class Experiment:
                 start, elapsed, history.records, saved = self.checkpoints.load(
                     ctx, self.algorithm, self.config)
                 self.recorder.load_state_dict(saved)
+            for line in self.config.algorithm.ignored_settings():  # the run goes on
+                print(f"clusterfl: warning: {line}", file=sys.stderr, flush=True)
+                if line not in self.recorder.warnings:
+                    self.recorder.warnings.append(line)
             files.start(dump_toml(self.config.to_dict()), history.records)
             words = self.full_federation.meta.get("vocab")
             if words is not None and self.out_dir is not None:  # a language model's

@@ -13,7 +13,7 @@ import pytest
 
 from clusterfl.cli import main
 from clusterfl.compare import comparison_configs, parse_algorithm_spec, run_comparison
-from clusterfl.config import dump_toml, load_config
+from clusterfl.config import dump_toml, load_config, read_toml
 from clusterfl.engine.schedule import MAX_PADDING, batch_schedule
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
@@ -123,3 +123,50 @@ def test_a_run_with_a_batch_of_three_million_equals_one_with_the_largest_client(
     a, b = histories
     assert [r.metrics.accuracy for r in a.records] == [r.metrics.accuracy for r in b.records]
     assert a.records[-1].extras == b.records[-1].extras
+
+
+@pytest.mark.parametrize(("algorithm", "words"), [
+    # each ran with the option doing nothing, exit 0 and no word said (issue 35)
+    ({"name": "cfl", "split_rule": "epsilon", "auto": {"patience": 5}},
+     "algorithm.auto.patience = 5 does nothing: split_rule = 'epsilon'"),
+    ({"name": "cfl", "eps1": 0.2, "auto": {"significance": 0.01}},  # eps1 selects epsilon
+     "algorithm.auto.significance = 0.01 does nothing: split_rule = 'epsilon'"),
+    ({"name": "flhc", "n_clusters": 2, "significance": 0.01, "warmup_rounds": 1},
+     "algorithm.significance = 0.01 does nothing: algorithm.n_clusters = 2 fixes the cut"),
+    ({"name": "flhc", "threshold": 2.0, "min_silhouette": 0.5, "warmup_rounds": 1},
+     "algorithm.min_silhouette = 0.5 does nothing: algorithm.threshold = 2.0 fixes the cut"),
+    ({"name": "pacfl", "threshold": 10.0, "auto_cut": "gap"},
+     "algorithm.auto_cut = 'gap' does nothing: algorithm.threshold = 10.0 fixes the cut"),
+    ({"name": "pacfl", "n_clusters": 2, "max_clusters": 5},
+     "algorithm.max_clusters = 5 does nothing: algorithm.n_clusters = 2 fixes the cut"),
+])
+def test_an_option_of_the_rule_not_in_use_is_a_warning_on_the_console_and_in_the_report(
+        tmp_path: Path, capsys, algorithm, words):
+    """Not an error: run folders written with such a table (FL+HC given K under grid v4, with
+    that version's significance = 0.01) must load again to be placed or resumed."""
+    from clusterfl.records import read_summary
+    from clusterfl.report import write_run_report
+
+    config = load_config(tiny_config(rounds=2, algorithm=algorithm))
+    out = tmp_path / "run"
+    Experiment(config, out_dir=out).run(progress=False)
+    console = [ln for ln in capsys.readouterr().err.splitlines() if "does nothing" in ln]
+    assert len(console) == 1 and console[0].startswith(f"clusterfl: warning: {words}")
+    summary = read_summary(out)
+    assert summary.warnings is not None and summary.warnings[0].startswith(words)
+    write_run_report(out)
+    assert words in (out / "report.md").read_text()
+    again = load_config(read_toml(out / "config.toml"))  # the run's config loads again
+    assert again.algorithm.ignored_settings() == config.algorithm.ignored_settings()
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "cfl", "split_rule": "epsilon", "eps1": 0.2},
+    {"name": "cfl", "auto": {"patience": 5}},
+    {"name": "flhc", "n_clusters": 3},
+    {"name": "flhc", "significance": 0.01, "min_silhouette": 0.3},
+    {"name": "pacfl", "threshold": 3.5},
+    {"name": "pacfl", "n_clusters": 2},
+])
+def test_the_options_of_the_rule_in_use_give_no_warning(algorithm):
+    assert load_config(tiny_config(algorithm=algorithm)).algorithm.ignored_settings() == []

@@ -88,7 +88,7 @@ from clusterfl.algorithms.cfl_tree import (
     TreeWalk,
     Walk,
 )
-from clusterfl.algorithms.common import Placement, SampledConfig
+from clusterfl.algorithms.common import Placement, SampledConfig, changed_options
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import separation_gap
 from clusterfl.clustering.split_rule import (
@@ -166,32 +166,32 @@ class CFLConfig(SampledConfig):
     @model_validator(mode="before")
     @classmethod
     def _read_older_layouts(cls, data: Any) -> Any:
-        """The auto rule's options flat in `[algorithm]` (older configs) or as `auto.<option>`
-        (a compare spec) move into `[algorithm.auto]`, over the same option there (`--set
-        algorithm.patience=5` on a run's config.toml). eps1/eps2 without a split rule select
-        the epsilon rule; other values than the defaults with "auto" are an error."""
+        """The auto rule's options flat in `[algorithm]` (older configs, `--set`) or as
+        `auto.<option>` (a compare spec) move into `[algorithm.auto]`, over the same option
+        there. eps1/eps2 alone select the epsilon rule; away from defaults beside "auto": error."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
         moved = {k: data.pop(k) for k in AUTO_OPTIONS if k in data}
         moved.update({k[len("auto."):]: data.pop(k) for k in list(data)
                       if isinstance(k, str) and k.startswith("auto.")})
-        if moved:
-            table = data.get("auto", {})
-            if isinstance(table, AutoRuleConfig):
-                table = table.model_dump()
-            if isinstance(table, dict):
-                data["auto"] = {**table, **moved}
-        if not ({"eps1", "eps2"} & set(data)):
-            return data
-        if "split_rule" not in data:
-            return {**data, "split_rule": "epsilon"}
-        default = {"eps1": 0.4, "eps2": 1.6}
-        if data["split_rule"] == "auto" and any(
-                k in data and data[k] != v for k, v in default.items()):
+        table = data.get("auto") or {}
+        table = table.model_dump() if isinstance(table, AutoRuleConfig) else table
+        if moved and isinstance(table, dict):
+            data["auto"] = {**table, **moved}
+        eps = bool({"eps1", "eps2"} & set(data))
+        if not eps or "split_rule" not in data:  # eps1/eps2 alone select the epsilon rule
+            return {**data, "split_rule": "epsilon"} if eps else data
+        if data["split_rule"] == "auto" and (data.get("eps1", .4), data.get("eps2", 1.6)) != \
+                (.4, 1.6):
             raise ValueError("eps1/eps2 apply to split_rule = 'epsilon' only; drop them or set "
                              "split_rule = 'epsilon'")
         return data
+
+    def ignored_settings(self) -> list[str]:
+        return [f"algorithm.auto.{o} does nothing: split_rule = 'epsilon' reads no "
+                "[algorithm.auto] option" for o in changed_options(self.auto)
+                ] if self.split_rule == "epsilon" else []
 
 
 @dataclass(kw_only=True)

@@ -35,6 +35,19 @@ class AlgorithmConfig(BaseModel):
     locations: ClassVar[frozenset[str]] = frozenset()
     name: str
 
+    def ignored_settings(self) -> list[str]:
+        """One line for each option set away from its default that the chosen variant never
+        reads (the run goes on; `Experiment` warns on the console and in the report)."""
+        return []
+
+
+def changed_options(model: BaseModel, names: tuple[str, ...] | None = None) -> list[str]:
+    """`name = value` for each option of `model` (all, or those in `names`) away from its
+    default."""
+    fields = type(model).model_fields
+    return [f"{k} = {getattr(model, k)!r}" for k in (names or tuple(fields))
+            if getattr(model, k) != fields[k].get_default(call_default_factory=True)]
+
 
 class SampledConfig(AlgorithmConfig):
     """A method that trains a sample of the clients each round: `fraction` of them (at least

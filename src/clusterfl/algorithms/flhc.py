@@ -89,6 +89,7 @@ from clusterfl.algorithms.oneshot import (
     Threshold,
     auto_cut_field,
     cut_clients,
+    ignored_cut_options,
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
@@ -166,6 +167,10 @@ class FLHCConfig(SampledConfig):
         if self.threshold is not None and self.n_clusters is not None:
             raise ValueError("set algorithm.threshold or algorithm.n_clusters, not both")
         return self
+
+    def ignored_settings(self) -> list[str]:
+        return ignored_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette",
+                                          "significance", "test_every"))
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field
 
 from clusterfl.algorithms.base import Ask
+from clusterfl.algorithms.common import changed_options
 from clusterfl.clustering.hierarchical import MIN_SILHOUETTE, flat_clusters, silhouette_cut
 from clusterfl.protocol import RE
 
@@ -64,6 +65,18 @@ def auto_cut_field() -> Any:
                  "is set: 'silhouette' (the cut of highest mean silhouette, one cluster when "
                  "it is below min_silhouette) or 'gap' (the largest gap of merge heights, "
                  "which always cuts)")
+
+
+def ignored_cut_options(config: Any, names: tuple[str, ...]) -> list[str]:
+    """The options of the automatic cut among `names` that `config` sets away from their
+    defaults while `threshold` or `n_clusters` decides the cut instead (they do nothing)."""
+    fixed = "threshold" if config.threshold is not None else \
+        "n_clusters" if config.n_clusters is not None else None
+    if fixed is None:
+        return []
+    return [f"algorithm.{o} does nothing: algorithm.{fixed} = {getattr(config, fixed)!r} "
+            "fixes the cut (the option applies to the automatic cut only)"
+            for o in changed_options(config, names)]
 
 
 def min_silhouette_field() -> Any:

@@ -78,6 +78,7 @@ from clusterfl.algorithms.oneshot import (
     auto_cut_field,
     cut_clients,
     dump_cut,
+    ignored_cut_options,
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
@@ -128,6 +129,9 @@ class PACFLConfig(SampledConfig):
                 and self.threshold is not None:
             raise ValueError("set algorithm.threshold or algorithm.n_clusters, not both")
         return self
+
+    def ignored_settings(self) -> list[str]:
+        return ignored_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette"))
 
     @model_serializer(mode="wrap")
     def _dump_one_rule(self, handler: SerializerFunctionWrapHandler) -> Any:
