@@ -187,14 +187,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     import contextlib
 
     from clusterfl.report import comparison_warnings, write_comparison_report, write_run_report
-    from clusterfl.rundir import FolderLock, check_report_out
+    from clusterfl.rundir import FolderLock, check_report_out, make_folder
 
     dirs = [Path(d) for d in args.dirs]
     own = len(dirs) == 1 and args.out is None  # one run, no --out: its own report.md
     out = dirs[0] if own else Path(args.out or "runs/report")
     if not own:
         check_report_out(out, dirs)  # never into a run folder
-        out.mkdir(parents=True, exist_ok=True)
+        make_folder(out)
     with FolderLock(out) if out.is_dir() else contextlib.nullcontext():
         path = write_run_report(out) if own else write_comparison_report(dirs, out)
     if len(dirs) > 1:
@@ -242,6 +242,9 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.action == "shard":
         return _shard(args, con)
     root = Path(args.data_dir) if args.data_dir else default_data_dir()
+    if root.exists() and not root.is_dir():
+        source = "--data-dir" if args.data_dir else "$CLUSTERFL_DATA"
+        raise ConfigError(source, f"{root} is a file, not a data folder")
     if args.action == "list":
         con.print(f"data directory: {root}")
         for name in sorted(DATASETS):

@@ -58,11 +58,37 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--max-samples", "must be ≥ 1")
 
 
+def _check_out(path: Path) -> None:
+    """Before any training: `--out` must be a new file or an encoder file (replaced), in a
+    folder that exists or can be made; anything else there is never overwritten."""
+    from clusterfl import encoders
+    from clusterfl.errors import ClusterFLError, ConfigError
+
+    if path.is_dir():
+        raise ConfigError("--out", f"{path} is a folder; give the encoder file's path")
+    if path.exists():
+        try:
+            encoders.load(path)
+        except ClusterFLError:
+            raise ConfigError("--out", f"{path} exists and is not an encoder file; it is not "
+                              "overwritten: choose another path") from None
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError("--out", f"{above} is a file, not a folder: {path} cannot be made")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot create the folder of {path} "
+                          f"({exc.strerror or exc})") from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Pretrain and save; prints the file, its checksum and the final loss."""
     from clusterfl import encoders
 
     _check(args)
+    if args.out:
+        _check_out(Path(args.out).expanduser())
     t0 = time.perf_counter()
 
     def report(epoch: int, loss: float) -> None:

@@ -82,7 +82,8 @@ def parse_clients(spec: str | None, n_clients: int) -> np.ndarray:
                                  "0,3,8-11") from None
     bad = [c for c in out if not 0 <= c < n_clients]
     if bad or not out:
-        raise ClusterFLError(f"--clients: ids must be in 0..{n_clients - 1} (got {spec!r})")
+        got = f"{bad[0]} in {spec!r}" if bad else f"no id in {spec!r}"
+        raise ClusterFLError(f"--clients: ids must be in 0..{n_clients - 1} (got {got})")
     return np.array(sorted(set(out)), dtype=np.int64)
 
 

@@ -125,6 +125,19 @@ class FolderLock:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def make_folder(path: Path, flag: str = "--out") -> None:
+    """`path` created with its parents (or already a folder); a path that cannot be one (a
+    file in the way, no permission, a read-only or full disk) is one line naming the output
+    folder."""
+    if path.exists() and not path.is_dir():
+        raise ClusterFLError(f"{flag}: {path} is a file, not a folder; choose another one")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClusterFLError(f"{flag}: cannot create the output folder {path} "
+                             f"({exc.strerror or exc}); choose another one") from None
+
+
 def locking(argument: str) -> Callable[[F], F]:
     """Decorate a function that writes into the folder passed as `argument`: it runs holding
     that folder's lock (the folder is created first)."""
@@ -134,7 +147,7 @@ def locking(argument: str) -> Callable[[F], F]:
         @functools.wraps(func)
         def locked(*args: Any, **kwargs: Any) -> Any:
             folder = Path(signature.bind(*args, **kwargs).arguments[argument])
-            folder.mkdir(parents=True, exist_ok=True)
+            make_folder(folder)
             with FolderLock(folder):
                 return func(*args, **kwargs)
         return locked  # type: ignore[return-value]  # same signature as func
@@ -268,7 +281,7 @@ class RunDir:
             return
         _check_folder(self.path, resume, overwrite)
         created = not self.path.exists()
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path)
         try:
             with FolderLock(self.path):
                 _claim(self.path, resume, overwrite, hint)
@@ -321,7 +334,7 @@ def export_folder(path: str | Path) -> Iterator[int]:
     folder holding anything else is refused, naming that file."""
     path = Path(path)
     _check_folder(path, False, False)
-    path.mkdir(parents=True, exist_ok=True)
+    make_folder(path, "out_dir")
     with FolderLock(path):
         old = sorted(p for p in path.iterdir() if p.name != LOCK_FILE)
         bad = next((p for p in old if p.is_symlink() or not p.is_file()

@@ -332,9 +332,9 @@ def run_sweep(
     those of this call and those kept from before (not retried)."""
     from clusterfl.bench import prepare_run
     from clusterfl.jobs import RunTask, execute
-    from clusterfl.rundir import FolderLock, claim_run_dir
+    from clusterfl.rundir import FolderLock, claim_run_dir, make_folder
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     with FolderLock(out):
         state = _state(out)
         failed: dict[str, Any] = state["failed"]

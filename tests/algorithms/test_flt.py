@@ -5,6 +5,7 @@ server math (A, Ã, Ω, Ward, the automatic C) is tested in tests/clustering/.""
 import argparse
 import json
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -298,6 +299,37 @@ def test_encoder_cli_trains_and_shows(tmp_path, capsys):
         with pytest.raises(ConfigError, match="--lr") as err:
             bad.func(bad)
         assert err.value.message == f"must be a finite number > 0, got {float(lr)}"
+
+
+def test_encoder_train_never_overwrites_what_is_not_an_encoder_and_checks_out_first(
+        tmp_path, monkeypatch):
+    """`--out notes.txt` replaced the file with an encoder; `--out FILE/e.pt` trained, then
+    ended in "File exists"."""
+    parser = argparse.ArgumentParser()
+    cli_encoder.add_parser(parser.add_subparsers(dest="command"))
+    trained = []
+    real = encoders.pretrain
+    monkeypatch.setattr(encoders, "pretrain", lambda *a: trained.append(1) or real(*a))
+
+    def train(out: Path) -> None:
+        args = parser.parse_args(["encoder", "train", "--source", "digits", "--epochs", "1",
+                                  "--latent", "8", "--max-samples", "100", "--out", str(out),
+                                  "--quiet"])
+        args.func(args)
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    cases = [(notes, "exists and is not an encoder file; it is not overwritten"),
+             (tmp_path, "is a folder; give the encoder file's path"),
+             (notes / "e.pt", "notes.txt is a file, not a folder")]
+    for out, words in cases:
+        with pytest.raises(ConfigError) as err:
+            train(out)
+        assert err.value.field == "--out" and words in err.value.message
+    assert notes.read_text() == "mine" and trained == []  # refused before any training
+    train(tmp_path / "new" / "e.pt")  # a new folder is made
+    train(tmp_path / "new" / "e.pt")  # and an encoder file is replaced
+    assert encoders.load(tmp_path / "new" / "e.pt").source == "digits" and trained == [1, 1]
 
 
 def test_config_errors_name_the_field():

@@ -68,8 +68,10 @@ def test_place_a_trained_client_agrees_with_its_cluster_in_the_run(ifca_run, tmp
 @pytest.mark.parametrize(("spec", "message"), [
     ("3,x", "--clients: cannot read 'x'; use ids and ranges, e.g. 0,3,8-11"),
     ("5-2", "--clients: cannot read '5-2'"),
-    ("12", "--clients: ids must be in 0..11 (got '12')"),
-    (",", "--clients: ids must be in 0..11"),
+    ("12", "--clients: ids must be in 0..11 (got 12 in '12')"),
+    ("0,3-13", "--clients: ids must be in 0..11 (got 12 in '0,3-13')"),
+    (",", "--clients: ids must be in 0..11 (got no id in ',')"),
+    ("", "--clients: ids must be in 0..11 (got no id in '')"),
 ])
 def test_bad_clients_is_one_line(ifca_run, capsys, spec, message):
     assert main(["place", str(ifca_run), "--clients", spec]) == 2

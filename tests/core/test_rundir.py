@@ -321,3 +321,41 @@ def test_a_run_failing_before_it_writes_leaves_no_empty_folder(tmp_path, capsys)
     kept.mkdir()
     assert main(["run", str(cfg), "--out", str(kept)]) == 2
     assert kept.is_dir()
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An output path below a file ended in "Not a directory: x/run" or "File exists: x"
+    (`sweep --out FILE`), a bare OS message naming no option."""
+    path = tmp_path / "one.toml"
+    path.write_text(dump_toml(TINY))
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(dump_toml({"sweep": {"methods": ["fedavg"], "seeds": [0]},
+                                "config": TINY}))
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine")
+    below = str(blocker / "x")
+    for argv, words in [
+            (["run", str(path), "--out", below, "--quiet"],
+             f"--out: cannot create the output folder {below} (Not a directory)"),
+            (["compare", str(path), "--algorithms", "fedavg", "--out", below, "--quiet"],
+             f"--out: cannot create the output folder {below} (Not a directory)"),
+            (["sweep", str(sweep), "--out", str(blocker), "--quiet"],
+             f"--out: {blocker} is a file, not a folder"),
+            (["sweep", str(sweep), "--out", below, "--quiet"],
+             f"--out: cannot create the output folder {below} (Not a directory)"),
+            (["report", str(run), "--out", below],
+             f"--out: cannot create the output folder {below} (Not a directory)"),
+            (["report", str(run), "--out", str(blocker)],
+             f"--out: {blocker} is a file, not a folder"),
+            (["flower", "export-partitions", str(path), below],
+             f"out_dir: cannot create the output folder {below} (Not a directory)"),
+            (["data", "shard", str(path), "--out", below],
+             f"--out: cannot create a folder beside {below} (Not a directory)")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {words}"), (argv, err)
+    assert blocker.read_text() == "mine"

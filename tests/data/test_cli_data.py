@@ -65,3 +65,24 @@ def test_data_dir_before_the_subcommand(only_mnist: Path,
     assert f"the data folder {only_mnist} is data.data_dir" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--data-dir", str(only_mnist), "data", "verify", "--data-dir", "elsewhere"])
+
+
+def test_a_data_folder_that_is_a_file_is_one_line_naming_where_it_came_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`data list` listed every dataset as missing; `data download` ended in "Not a
+    directory: .../mnist"."""
+    fetched: list[str] = []
+    monkeypatch.setattr(clusterfl.data, "download", lambda name, *a, **k: fetched.append(name))
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for argv, source in [(["data", "list", "--data-dir", str(afile)], "--data-dir"),
+                         (["data", "download", "mnist", "--data-dir", str(afile)], "--data-dir"),
+                         (["--data-dir", str(afile), "data", "verify"], "--data-dir")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"clusterfl: error: {source}: {afile} is a file, not a data folder"]
+    monkeypatch.setenv("CLUSTERFL_DATA", str(afile))
+    assert main(["data", "list"]) == 2
+    assert capsys.readouterr().err.startswith("clusterfl: error: $CLUSTERFL_DATA: ")
+    assert fetched == [] and afile.read_text() == "mine"

@@ -55,7 +55,11 @@ def write_shards(federation: Federation, folder: str | Path) -> Path:
                                        "(nothing is overwritten)")
     tmp = out.with_name(out.name + ".writing")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot create a folder beside {out} "
+                          f"({exc.strerror or exc}); choose another one") from None
     arrays: dict[str, dict[str, Any]] = {}
     for name in ARRAYS:
         a = getattr(federation, name).numpy()
