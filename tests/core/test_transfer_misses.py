@@ -59,3 +59,22 @@ def test_counts_by_family_and_the_list_of_misses(misses) -> None:
         "| nclass3_mnist_9 | validation9 | 3 | 5 | 0.50 | 0.60 | – | – |",
         "| rot4_mnist_9 | validation9 | 4 | 3 | 0.70 | 1.00 | flhc | 19.6 % |",
     ]
+
+
+def test_refusals_after_the_last_split_counted_by_hand(misses, tmp_path: Path) -> None:
+    import json
+
+    rounds = [  # K by round and what the history says was refused
+        (1, ["patience 1/3 (root)"]), (1, ["patience 2/3"]), (2, []),
+        (2, ["side below min_side", "cut not beyond shuffled cosines (p = 0.2)"]),
+        (2, ["side below min_side", "patience 1/3"]), (2, ["side below min_side"])]
+    history = tmp_path / "history.jsonl"
+    history.write_text("".join(json.dumps({"extras": {"n_clusters": k, "refused": why}}) + "\n"
+                               for k, why in rounds))
+    # the last split in round 3; after it 3 × min_side, 1 × shuffle, 1 × patience of 5
+    assert misses.refusals(history) == ("3 | side below min_side 60 %, cut not beyond "
+                                        "shuffled cosines 20 %, patience 20 %")
+    history.write_text("".join(json.dumps({"extras": {"n_clusters": 1, "refused": why}}) + "\n"
+                               for _, why in rounds))  # never split: every round counts
+    assert misses.refusals(history) == ("– | patience 43 %, side below min_side 43 %, cut not "
+                                        "beyond shuffled cosines 14 %")  # 3, 3, 1 of 7
