@@ -203,7 +203,7 @@ class Experiment:
                 start, elapsed, history.records, saved = self.checkpoints.load(
                     ctx, self.algorithm, self.config)
                 self.recorder.load_state_dict(saved)
-            for line in self.config.algorithm.ignored_settings():  # the run goes on
+            for line in [*self.config.algorithm.ignored_settings(), *self._data_warnings()]:
                 print(f"clusterfl: warning: {line}", file=sys.stderr, flush=True)
                 if line not in self.recorder.warnings:
                     self.recorder.warnings.append(line)
@@ -228,6 +228,15 @@ class Experiment:
             self._write_outputs(history, files)
             tracking.call(self.callbacks, "on_run_end", history.summary, self.out_dir)
         return history
+
+    def _data_warnings(self) -> list[str]:
+        """What the run's data leaves out, said before round 1 (the run goes on)."""
+        empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
+        if not empty:
+            return []
+        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+        return [f"{len(empty)} client(s) have no test samples ({empty[:5]}{more}): the test "
+                "metrics leave them out (their accuracy is none in history.jsonl)"]
 
     def _loop(self, ctx: Context, history: History, start: int, elapsed: float,
               files: RunDir, show: bool) -> None:

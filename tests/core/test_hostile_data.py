@@ -108,6 +108,30 @@ def test_a_string_cluster_id_is_refused_naming_the_file(tmp_path):
         _load(folder)
 
 
+def test_a_negative_cluster_id_is_refused_naming_the_client(tmp_path):
+    """Accepted before: ARI then counted the -1 clients a group of their own."""
+    folder = _folder(tmp_path)
+    _change(folder / "client_0002.npz", cluster=-1)
+    with pytest.raises(DataError, match=r"client 2 has the true cluster id -1; ids are 0, 1"):
+        _load(folder)
+
+
+def test_a_client_without_test_samples_is_a_warning_on_the_console_and_in_the_summary(
+        tmp_path, capsys):
+    """It trained and was left out of every test metric without a word."""
+    folder = _folder(tmp_path)
+    _change(folder / "client_0001.npz", x_test=np.zeros((0, 2), np.float32),
+            y_test=np.zeros(0, np.int64))
+    exp = Experiment.from_config({**BASE, "data": {"source": "npz", "path": str(folder)}},
+                                 out_dir=tmp_path / "run")
+    history = exp.run(progress=False)
+    words = "1 client(s) have no test samples ([1]): the test metrics leave them out"
+    assert f"clusterfl: warning: {words}" in capsys.readouterr().err
+    assert history.summary is not None and history.summary.warnings is not None
+    assert history.summary.warnings[0].startswith(words)
+    assert history.records[-1].client_accuracy[1] is None
+
+
 def test_a_clean_npz_folder_still_loads_as_exported(tmp_path):
     fed = blob_federation(n_clients=4, per_client=12)
     export_partitions(fed, tmp_path / "p")

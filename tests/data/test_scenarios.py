@@ -413,6 +413,13 @@ def test_incompatible_sources(digits: Source) -> None:
     ("rotation", {"layout": "diagonal"}, "scenario.layout", "'split' or 'cflgp'"),
     ("rotation", {"angles": "tilted"}, "scenario.angles", "ifca, cflgp"),
     ("rotation", {"angles": []}, "scenario.angles", "at least one angle"),
+    # two clusters of one distribution, each accepted silently (a "true K" nobody can find)
+    ("rotation", {"angles": [0, 90, 0]}, "scenario.angles", "0 and 0 are the same rotation"),
+    ("rotation", {"angles": [0, 360]}, "scenario.angles", "0 and 360 are the same rotation"),
+    ("rotation", {"angles": [90, -270]}, "scenario.angles", "90 and -270 are the same"),
+    ("cluster_partitioner", {"angles": [0, 0]}, "scenario.angles", "the same rotation"),
+    ("rotation_mixture", {"angles": [180, -180]}, "scenario.angles",
+     "180 and -180 are the same rotation: the three groups would share one distribution"),
     ("iid", {"n_clients": 0}, "scenario.n_clients", "greater than or equal to 1"),
     ("rotation_mixture", {"kappa": 1.5}, "scenario.kappa", "less than or equal to 1"),
 ])
@@ -421,6 +428,41 @@ def test_scenario_params_errors(name: str, raw: dict, field: str, text: str) -> 
         scenario_params(name, raw)
     assert err.value.field == field
     assert text in err.value.message
+
+
+@pytest.mark.parametrize(("name", "raw", "text"), [
+    ("label_swap", {"n_clusters": 2, "pairs": [[1, 2], [1, 2]]}, "the swap [1, 2] is given twice"),
+    ("label_swap", {"n_clusters": 3, "pairs": [[1, 2], [3, 4], [2, 1]]},
+     "the swap [2, 1] is given twice"),
+])
+def test_a_label_swap_given_twice_is_refused(digits: Source, name: str, raw: dict,
+                                             text: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, name, raw, seed=0)
+    assert err.value.field == "scenario.pairs" and text in err.value.message
+    distinct = make_federation(digits, name, {**raw, "pairs": [[1, 2], [3, 4], [5, 6]][
+        :raw["n_clusters"]]}, seed=0)
+    assert len(np.unique(distinct.clusters)) == raw["n_clusters"]
+
+
+@pytest.mark.parametrize("name", ["cluster_labels", "power_law"])
+def test_a_label_set_given_twice_is_refused(digits: Source, name: str) -> None:
+    raw = {"n_clients": 8, "n_clusters": 2, "class_sets": [[0, 1], [1, 0]]}
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, name, raw, seed=0)
+    assert err.value.field == "scenario.class_sets"
+    assert "the label set [0, 1] is given twice" in err.value.message
+    fed = make_federation(digits, name, {**raw, "class_sets": [[0, 1], [1, 2]]}, seed=0)
+    assert len(np.unique(fed.clusters)) == 2
+
+
+def test_regression_angles_given_twice_are_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        make_federation("synthetic_regression", "linear_regression",
+                        {"n_clusters": 3, "angles": [10, 10, -10]}, seed=0)
+    assert err.value.field == "scenario.angles" and "lists an angle twice" in err.value.message
+    assert make_federation("synthetic_regression", "linear_regression",
+                           {"n_clusters": 3, "angles": [10, 0, -10]}, seed=0).clusters.max() == 2
 
 
 def test_unknown_scenario_and_prefix(digits: Source) -> None:

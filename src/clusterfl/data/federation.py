@@ -358,5 +358,9 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
     n = len(splits["train"])
     if truth is not None and truth.shape != (n,):
         raise DataError(f"{name}: clusters has {truth.size} ids for {n} clients")
+    if truth is not None and truth.size and truth.min() < 0:  # ARI would count it a group
+        i = int(np.argmin(truth))
+        raise DataError(f"{name}: client {i} has the true cluster id {int(truth[i])}; ids "
+                        "are 0, 1, ... (leave every cluster id out when they are not known)")
     return Federation(*cat["train"], *cat["test"], clusters=truth, n_classes=int(n_classes),
                       task=task, name=name, meta={"data": data})

@@ -109,6 +109,12 @@ class RotationParams(_RotationLayoutParams):
     def _nonempty(cls, value: list[float]) -> list[float]:
         if not value:
             raise ValueError("needs at least one angle")
+        seen: dict[float, float] = {}
+        for a in value:  # two groups at one rotation would be one distribution, two labels
+            if a % 360 in seen:
+                raise ValueError(f"{seen[a % 360]:g} and {a:g} are the same rotation: list "
+                                 "each angle once (one angle per cluster)")
+            seen[a % 360] = a
         return value
 
     @model_validator(mode="after")
@@ -131,6 +137,14 @@ class RotationMixtureParams(_RotationLayoutParams):
     n_clients: int = Field(12, ge=3)
     kappa: float = Field(0.5, ge=0.0, le=1.0, description="probability of the first angle")
     angles: tuple[float, float] = (0.0, 180.0)
+
+    @field_validator("angles")
+    @classmethod
+    def _two(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] % 360 == value[1] % 360:
+            raise ValueError(f"{value[0]:g} and {value[1]:g} are the same rotation: the three "
+                             "groups would share one distribution")
+        return value
 
 
 class ClusterPartitionerParams(RotationParams):

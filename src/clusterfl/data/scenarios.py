@@ -135,6 +135,10 @@ def plan_label_swap(source: Source, p: LabelSwapParams, rng: np.random.Generator
             raise ConfigError("pairs", f"give one pair per cluster ({p.n_clusters}), "
                                        f"got {len(p.pairs)}")
         pairs = [tuple(pair) for pair in p.pairs]
+        twice = [q for i, q in enumerate(pairs) if set(q) in map(set, pairs[:i])]
+        if twice:  # two clusters with one swap: one distribution under two labels
+            raise ConfigError("pairs", f"the swap {list(twice[0])} is given twice: give each "
+                                       "cluster its own pair")
     else:
         if 2 * p.n_clusters > k:
             raise ConfigError("n_clusters", f"{p.n_clusters} disjoint label pairs need "
@@ -399,7 +403,12 @@ def _label_sets(p: _LabelSetParams, n_classes: int, rng: np.random.Generator) ->
             if not s or len(set(s)) != len(s) or min(s) < 0 or max(s) >= n_classes:
                 raise ConfigError("class_sets", f"{s} is not a set of distinct labels in "
                                                 f"0..{n_classes - 1}")
-        return [sorted(s) for s in p.class_sets]
+        sets = [sorted(s) for s in p.class_sets]
+        twice = next((s for i, s in enumerate(sets) if s in sets[:i]), None)
+        if twice is not None:  # two clusters of one distribution
+            raise ConfigError("class_sets", f"the label set {twice} is given twice: give "
+                                            "each cluster its own set")
+        return sets
     disjoint = p.label_sets == "disjoint"
     width = p.classes_per_cluster or (2 if disjoint else 3)
     step = width if disjoint else width - 1
@@ -507,6 +516,8 @@ def regression_angles(p: LinearRegressionParams) -> list[float]:
         if len(p.angles) != p.n_clusters:
             raise ConfigError("angles", f"give one angle per cluster ({p.n_clusters})")
         angles = [float(a) for a in p.angles]
+        if len(set(angles)) < len(angles):  # two clusters on one line
+            raise ConfigError("angles", f"{angles} lists an angle twice: one per cluster")
     else:
         angles = [((p.n_clusters - 1) / 2 - k) * p.delta_phi for k in range(p.n_clusters)]
     if any(abs(a) >= 90 for a in angles):
