@@ -236,7 +236,7 @@ class Experiment:
             return []
         more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
         return [f"{len(empty)} client(s) have no test samples ({empty[:5]}{more}): the test "
-                "metrics leave them out (their accuracy is none in history.jsonl)"]
+                "metrics leave them out (their accuracy is null in history.jsonl)"]
 
     def _loop(self, ctx: Context, history: History, start: int, elapsed: float,
               files: RunDir, show: bool) -> None:
