@@ -187,7 +187,16 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
         path = cached_path(spec, latent, epochs, seed, encoder_dir or default_encoder_dir(data_dir))
         if path.is_file():
             enc = load(path)
-        else:
+        else:  # before minutes of pretraining: the data is there and has the right shape
+            try:
+                shape = tuple(load_source(spec, data_dir).x_train.shape[1:])
+            except DataError as exc:
+                raise ConfigError(field_name, f"{spec!r}, the dataset the encoder is "
+                                  f"pretrained on, cannot be read: {exc}") from None
+            if shape != tuple(input_shape):
+                raise ConfigError(field_name, f"{spec!r} has inputs {shape}, this federation "
+                                  f"{tuple(input_shape)}: pretrain on a dataset of that shape "
+                                  f"(e.g. its own), or give an encoder file or {RANDOM!r}")
             enc = pretrain(spec, epochs, latent, seed, data_dir)
             save(enc, path)
     if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:

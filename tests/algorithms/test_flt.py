@@ -332,6 +332,24 @@ def test_encoder_train_never_overwrites_what_is_not_an_encoder_and_checks_out_fi
     assert encoders.load(tmp_path / "new" / "e.pt").source == "digits" and trained == [1, 1]
 
 
+def test_a_pretraining_dataset_of_another_shape_or_missing_fails_before_pretraining(
+        tmp_path, monkeypatch):
+    """FLT's default encoder (Fashion-MNIST) on the 8×8 digits pretrained for 30 epochs and
+    only then refused the shape; without the data the error did not say why FLT read it."""
+    monkeypatch.setattr(encoders, "pretrain", lambda *a, **k: pytest.fail("pretrained"))
+    with pytest.raises(ConfigError) as err:
+        encoders.resolve("digits", (1, 28, 28), 8, 1, 0, tmp_path / "enc")
+    assert err.value.field == "algorithm.encoder"
+    assert err.value.message.startswith("'digits' has inputs (1, 8, 8), this federation "
+                                        "(1, 28, 28): pretrain on a dataset of that shape")
+    with pytest.raises(ConfigError) as err:
+        encoders.resolve("mnist", (1, 28, 28), 8, 1, 0, tmp_path / "enc",
+                         data_dir=tmp_path / "no_data")
+    assert err.value.field == "algorithm.encoder"
+    assert err.value.message.startswith("'mnist', the dataset the encoder is pretrained on, "
+                                        "cannot be read: ")
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="threshold"):
         load_config(config({"name": "flt", "threshold": None}))
