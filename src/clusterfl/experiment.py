@@ -147,12 +147,17 @@ class Experiment:
 
     @classmethod
     def from_config(
-        cls, source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+        cls, source: str | Path | dict[str, Any],
+        overrides: str | list[str] | tuple[str, ...] = (),
         out_dir: str | Path | None = None, federation: Federation | None = None,
         overwrite: bool = False, callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> Experiment:
+        if not isinstance(source, dict | str | Path):
+            raise TypeError(f"source: a TOML file's path or a dict of tables, not "
+                            f"{type(source).__name__}")
         raw = source if isinstance(source, dict) else read_toml(source)
-        return cls(load_config(apply_overrides(raw, list(overrides))), out_dir, federation,
+        listed = [overrides] if isinstance(overrides, str) else list(overrides)  # one "k=v"
+        return cls(load_config(apply_overrides(raw, listed)), out_dir, federation,
                    overwrite, callbacks)
 
     def _callbacks(self, given: list[Any]) -> list[Any]:

@@ -170,3 +170,15 @@ def test_an_option_of_the_rule_not_in_use_is_a_warning_on_the_console_and_in_the
 ])
 def test_the_options_of_the_rule_in_use_give_no_warning(algorithm):
     assert load_config(tiny_config(algorithm=algorithm)).algorithm.ignored_settings() == []
+
+
+def test_from_config_takes_one_override_as_a_string_and_names_a_wrong_source():
+    """`overrides="rounds=3"` was read character by character ("--set: expected key=value,
+    got 'r'"); a list as the source ended in os.fspath's TypeError."""
+    one = Experiment.from_config(tiny_config(rounds=2), overrides="rounds=3")
+    assert one.config.run.rounds == 3
+    assert Experiment.from_config(tiny_config(rounds=2), overrides=["rounds=3"]).config.run \
+        .rounds == 3
+    with pytest.raises(TypeError, match="source: a TOML file's path or a dict of tables, not "
+                                        "list"):
+        Experiment.from_config(["rounds", 2])  # type: ignore[arg-type]
