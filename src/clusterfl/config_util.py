@@ -25,11 +25,23 @@ def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:
     return field, msg
 
 
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The (sub)model whose fields an error at `loc` + one more part is about: `auto.nope`
+    of CFL's config is about `[algorithm.auto]`'s fields, not `[algorithm]`'s."""
+    for part in loc:
+        info = model.model_fields.get(str(part))
+        sub = None if info is None else info.annotation
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            break
+        model = sub
+    return model
+
+
 def validation_error(exc: ValidationError, prefix: str, model: type[BaseModel]) -> ConfigError:
     errors = exc.errors()
     field, msg = _describe(errors[0], prefix)
     if errors[0].get("type") == "extra_forbidden":
-        allowed = ", ".join(sorted(model.model_fields))
+        allowed = ", ".join(sorted(_model_at(model, errors[0].get("loc", ())[:-1]).model_fields))
         msg = f"unknown field; allowed fields here: {allowed}"
     more = [": ".join(_describe(e, prefix)) for e in errors[1:]]
     if more:

@@ -123,3 +123,19 @@ def test_every_committed_run_config_loads_again():
         except ConfigError as exc:
             failed.append(f"{name}: {exc}")
     assert not failed, f"{len(failed)} of {len(listed)}: {failed[:3]}"
+
+
+def test_an_unknown_option_in_a_nested_table_lists_that_tables_fields():
+    """`algorithm.auto.nope` listed `[algorithm]`'s fields (aggregation, auto, ...) as the
+    ones allowed "here"."""
+    from clusterfl.clustering.split_rule import AutoRuleConfig
+    from tests.tiny import tiny_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config(algorithm={"name": "cfl", "auto": {"nope": 1}}))
+    assert err.value.field == "algorithm.auto.nope"
+    assert err.value.message == ("unknown field; allowed fields here: "
+                                 + ", ".join(sorted(AutoRuleConfig.model_fields)))
+    with pytest.raises(ConfigError) as err:  # one level up: [algorithm]'s own fields
+        load_config(tiny_config(algorithm={"name": "cfl", "nope": 1}))
+    assert "allowed fields here: aggregation, auto, bipartition" in err.value.message

@@ -359,3 +359,19 @@ def test_an_output_folder_that_cannot_be_made_is_one_line_naming_it(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {words}"), (argv, err)
     assert blocker.read_text() == "mine"
+
+
+def test_a_run_listed_twice_in_report_is_one_line(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`report RUN RUN` wrote a comparison of the run with itself, exit 0."""
+    path = tmp_path / "one.toml"
+    path.write_text(dump_toml(TINY))
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "--quiet"]) == 0
+    capsys.readouterr()
+    for again in (str(run), f"{run}/", str(tmp_path / "." / "run")):
+        assert main(["report", str(run), again, "--out", str(tmp_path / "cmp")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"clusterfl: error: report: {Path(again)} is listed twice; list each "
+                       "run once"]
+    assert not (tmp_path / "cmp").exists()

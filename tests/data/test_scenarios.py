@@ -465,6 +465,12 @@ def test_regression_angles_given_twice_are_refused() -> None:
                            {"n_clusters": 3, "angles": [10, 0, -10]}, seed=0).clusters.max() == 2
 
 
+def test_a_validators_own_words_come_without_pydantics_tag() -> None:
+    with pytest.raises(ConfigError) as err:
+        scenario_params("rotation", {"angles": [0, 0]})
+    assert err.value.message.startswith("0 and 0 are the same rotation")  # no "Value error, "
+
+
 def test_unknown_scenario_and_prefix(digits: Source) -> None:
     with pytest.raises(ConfigError, match="allowed: iid, label_swap") as err:
         scenario_params("spiral", {})

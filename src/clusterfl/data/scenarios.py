@@ -654,7 +654,8 @@ def _validation_message(exc: ValidationError, model: type[BaseModel], prefix: st
         message = (f"unknown parameter of scenario {scenario!r}; allowed: "
                    f"{', '.join(model.model_fields)}")
     else:
-        message = f"{first['msg']} (got {first.get('input')!r})"
+        message = f"{str(first['msg']).removeprefix('Value error, ')} " \
+                  f"(got {first.get('input')!r})"
     if len(errors) > 1:
         message += f" [and {len(errors) - 1} more problem(s)]"
     return ConfigError(where, message)
