@@ -190,10 +190,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from clusterfl.rundir import FolderLock, check_report_out, make_folder
 
     dirs = [Path(d) for d in args.dirs]
-    twice = next((d for i, d in enumerate(dirs) if d.resolve() in
-                  {e.resolve() for e in dirs[:i]}), None)
-    if twice is not None:  # its row and curves would be compared with themselves
-        raise ClusterFLError(f"report: {twice} is listed twice; list each run once")
+    seen: set[Path] = set()
+    for d in dirs:  # a run listed twice would be compared with itself
+        if d.resolve() in seen:
+            raise ClusterFLError(f"report: {d} is listed twice; list each run once")
+        seen.add(d.resolve())
     own = len(dirs) == 1 and args.out is None  # one run, no --out: its own report.md
     out = dirs[0] if own else Path(args.out or "runs/report")
     if not own:

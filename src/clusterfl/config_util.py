@@ -25,6 +25,14 @@ def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:
     return field, msg
 
 
+def changed_fields(table: BaseModel, *names: str) -> list[str]:
+    """Those of `names` (all of `table`'s fields when none is given) whose value in `table`
+    differs from the field's default: the settings a user wrote that change something."""
+    fields = type(table).model_fields
+    return [n for n in (names or tuple(fields))
+            if getattr(table, n) != fields[n].get_default(call_default_factory=True)]
+
+
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
     """The (sub)model whose fields an error at `loc` + one more part is about: `auto.nope`
     of CFL's config is about `[algorithm.auto]`'s fields, not `[algorithm]`'s."""

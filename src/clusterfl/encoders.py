@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from clusterfl.data.catalog import default_data_dir
-from clusterfl.data.sources import load_source
+from clusterfl.data.sources import Source, load_source
 from clusterfl.engine.signatures import build_conv_ae, train_autoencoder
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.models.params import get_flat
@@ -92,7 +92,8 @@ def cached_path(source: str, latent: int, epochs: int, seed: int,
 def pretrain(source: str, epochs: int, latent: int = 128, seed: int = 0,
              data_dir: str | Path | None = None, batch_size: int = 64, lr: float = 1e-3,
              max_samples: int | None = None,
-             on_epoch: Callable[[int, float], None] | None = None) -> EncoderFile:
+             on_epoch: Callable[[int, float], None] | None = None,
+             loaded: Source | None = None) -> EncoderFile:
     """Train a ConvAE on the training images of dataset `source` (labels unused).
 
     Args:
@@ -103,10 +104,11 @@ def pretrain(source: str, epochs: int, latent: int = 128, seed: int = 0,
         data_dir: where the dataset lives (default `$CLUSTERFL_DATA` or the cache).
         max_samples: use only the first this many training images (quick runs).
         on_epoch: called with (epoch, mean loss) after each epoch (progress).
+        loaded: `source` already read (`resolve` checks it first), so it is not read again.
     """
     if epochs < 1:
         raise ConfigError("epochs", f"must be ≥ 1, got {epochs}")
-    src = load_source(source, data_dir)
+    src = loaded if loaded is not None else load_source(source, data_dir)
     if src.task != "classification" or src.x_train.dim() != 4:
         raise ConfigError("source", f"{source!r} is not an image dataset")
     x = src.x_train if max_samples is None else src.x_train[:max_samples]
@@ -189,15 +191,16 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
             enc = load(path)
         else:  # before minutes of pretraining: the data is there and has the right shape
             try:
-                shape = tuple(load_source(spec, data_dir).x_train.shape[1:])
+                src = load_source(spec, data_dir)
             except DataError as exc:
                 raise ConfigError(field_name, f"{spec!r}, the dataset the encoder is "
                                   f"pretrained on, cannot be read: {exc}") from None
+            shape = tuple(src.x_train.shape[1:])
             if shape != tuple(input_shape):
                 raise ConfigError(field_name, f"{spec!r} has inputs {shape}, this federation "
                                   f"{tuple(input_shape)}: pretrain on a dataset of that shape "
                                   f"(e.g. its own), or give an encoder file or {RANDOM!r}")
-            enc = pretrain(spec, epochs, latent, seed, data_dir)
+            enc = pretrain(spec, epochs, latent, seed, data_dir, loaded=src)
             save(enc, path)
     if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:
         raise ConfigError(field_name, f"the encoder was trained on inputs {enc.input_shape} with "

@@ -88,7 +88,7 @@ from clusterfl.algorithms.cfl_tree import (
     TreeWalk,
     Walk,
 )
-from clusterfl.algorithms.common import Placement, SampledConfig, changed_options
+from clusterfl.algorithms.common import Placement, SampledConfig
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import separation_gap
 from clusterfl.clustering.split_rule import (
@@ -104,6 +104,7 @@ from clusterfl.clustering.split_rule import (
     apart,
     finite,
 )
+from clusterfl.config_util import changed_fields
 from clusterfl.protocol import (
     LocalTraining,
     LossReply,
@@ -166,9 +167,8 @@ class CFLConfig(SampledConfig):
     @model_validator(mode="before")
     @classmethod
     def _read_older_layouts(cls, data: Any) -> Any:
-        """The auto rule's options flat in `[algorithm]` (older configs, `--set`) or as
-        `auto.<option>` (a compare spec) move into `[algorithm.auto]`, over the same option
-        there. eps1/eps2 alone select the epsilon rule; away from defaults beside "auto": error."""
+        """Auto-rule options flat in `[algorithm]` (old configs) or as `auto.<option>` (specs)
+        move into `[algorithm.auto]`; eps1/eps2 alone select "epsilon", beside "auto": error."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -189,8 +189,8 @@ class CFLConfig(SampledConfig):
         return data
 
     def ignored_settings(self) -> list[str]:
-        return [f"algorithm.auto.{o} does nothing: split_rule = 'epsilon' reads no "
-                "[algorithm.auto] option" for o in changed_options(self.auto)
+        return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: split_rule = "
+                "'epsilon' reads no [algorithm.auto] option" for o in changed_fields(self.auto)
                 ] if self.split_rule == "epsilon" else []
 
 

@@ -41,14 +41,6 @@ class AlgorithmConfig(BaseModel):
         return []
 
 
-def changed_options(model: BaseModel, names: tuple[str, ...] | None = None) -> list[str]:
-    """`name = value` for each option of `model` (all, or those in `names`) away from its
-    default."""
-    fields = type(model).model_fields
-    return [f"{k} = {getattr(model, k)!r}" for k in (names or tuple(fields))
-            if getattr(model, k) != fields[k].get_default(call_default_factory=True)]
-
-
 class SampledConfig(AlgorithmConfig):
     """A method that trains a sample of the clients each round: `fraction` of them (at least
     one), or a fixed number `per_round`. One meaning in every method (`Context.sample_round`);

@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BeforeValidator, Field
 
 from clusterfl.algorithms.base import Ask
-from clusterfl.algorithms.common import changed_options
 from clusterfl.clustering.hierarchical import MIN_SILHOUETTE, flat_clusters, silhouette_cut
+from clusterfl.config_util import changed_fields
 from clusterfl.protocol import RE
 
 
@@ -74,9 +74,9 @@ def ignored_cut_options(config: Any, names: tuple[str, ...]) -> list[str]:
         "n_clusters" if config.n_clusters is not None else None
     if fixed is None:
         return []
-    return [f"algorithm.{o} does nothing: algorithm.{fixed} = {getattr(config, fixed)!r} "
-            "fixes the cut (the option applies to the automatic cut only)"
-            for o in changed_options(config, names)]
+    return [f"algorithm.{o} = {getattr(config, o)!r} does nothing: algorithm.{fixed} = "
+            f"{getattr(config, fixed)!r} fixes the cut (the option applies to the automatic "
+            "cut only)" for o in changed_fields(config, *names)]
 
 
 def min_silhouette_field() -> Any:

@@ -106,7 +106,7 @@ class RotationParams(_RotationLayoutParams):
 
     @field_validator("angles")
     @classmethod
-    def _nonempty(cls, value: list[float]) -> list[float]:
+    def _distinct_angles(cls, value: list[float]) -> list[float]:
         if not value:
             raise ValueError("needs at least one angle")
         seen: dict[float, float] = {}

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from clusterfl.config_util import changed_fields
 from clusterfl.errors import ConfigError
 
 
@@ -100,19 +101,12 @@ class AdversaryConfig(_Strict):
         return 10.0 if self.kind == "scale" else 1.0
 
 
-def _changed(table: BaseModel, *names: str) -> list[str]:
-    """Those of `names` whose value in `table` differs from the field's default."""
-    fields = type(table).model_fields
-    return [n for n in names
-            if getattr(table, n) != fields[n].get_default(call_default_factory=True)]
-
-
 def check_adversary(adversary: AdversaryConfig) -> None:
     """An `[adversary]` table of a run config whose settings would do nothing fails in one
     line naming the setting: options beside `kind = "none"`, a kind that attacks nobody, a
     strength for label flipping (which has none)."""
     if adversary.kind == "none":
-        for name in _changed(adversary, "fraction", "clients", "scale"):
+        for name in changed_fields(adversary, "fraction", "clients", "scale"):
             raise ConfigError(f"adversary.{name}", "set while adversary.kind = 'none' (no "
                               "attack); choose a kind (label_flip, sign_flip, scale, "
                               f"random) or leave {name} out")
@@ -154,7 +148,7 @@ def check_robust(rounds: int, validation: ValidationConfig, faults: FaultsConfig
     run's written-back `config.toml` loads again."""
     check_adversary(adversary)
     if not validation.enabled:
-        for name in _changed(validation, "max_norm", "median_multiple",
+        for name in changed_fields(validation, "max_norm", "median_multiple",
                              "min_replies_for_median"):
             raise ConfigError(f"validation.{name}", "set while validation.enabled = false "
                               "(replies pass unchecked); enable validation or leave it out")
@@ -165,18 +159,18 @@ def check_robust(rounds: int, validation: ValidationConfig, faults: FaultsConfig
     if late:
         raise ConfigError("faults.drop_rounds", f"rounds {late} come after the run's last "
                           f"round (rounds = {rounds}); allowed: 1..{rounds}")
-    if faults.stragglers == 0 and _changed(faults, "straggler_work"):
+    if faults.stragglers == 0 and changed_fields(faults, "straggler_work"):
         raise ConfigError("faults.straggler_work", "set while faults.stragglers = 0 (no "
                           "client straggles); set stragglers > 0 or leave it out")
     if privacy.clip is None:
-        for name in _changed(privacy, "noise", "delta"):
+        for name in changed_fields(privacy, "noise", "delta"):
             raise ConfigError(f"privacy.{name}", "set while privacy.clip is not set (privacy "
                               "is off); set privacy.clip or leave it out")
     elif privacy.noise_multiplier == 0:
         if privacy.noise == "local":
             raise ConfigError("privacy.noise", "'local' with noise_multiplier = 0 adds no "
                               "noise; set noise_multiplier > 0 or leave noise out")
-        if _changed(privacy, "delta"):
+        if changed_fields(privacy, "delta"):
             raise ConfigError("privacy.delta", "no (ε, δ) is reported without noise "
                               "(noise_multiplier = 0); set noise_multiplier > 0 or leave "
                               "delta out")
