@@ -415,6 +415,12 @@ def overview_table(scenarios: Sequence[Scenario], out: Path) -> str:
     return "\n".join(lines)
 
 
+def finished_runs(scenarios: Sequence[Scenario], runs: Path) -> int:
+    """How many of the scenarios' runs under `runs` have finished (their `summary.json`)."""
+    return sum((run_dir(runs, sc, spec, seed) / SUMMARY_FILE).is_file()
+               for sc in scenarios for spec in sc.methods for seed in sc.seeds)
+
+
 def write_results(
     scenarios: Sequence[Scenario], runs: Path, results: Path, command: str,
     preamble: str = "", sections: Sequence[str] = (), log: Callable[[str], None] = print,

@@ -69,11 +69,13 @@ class Checkpoints:
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()
-        if comparable(saved) != comparable(now):
+        differ = first_difference(comparable(saved), comparable(now))
+        if differ is not None:
+            key, then, later = differ
             raise ClusterFLError(
-                f"--resume: the checkpoint in {path.parent} was made with another config; "
-                "use the same config (see its config.toml) or a new --out"
-            )
+                f"--resume: the checkpoint in {path.parent} was made with another config "
+                f"({key}: {then!r} then, {later!r} now); use the same config (see its "
+                "config.toml) or a new --out")
         continued = saved.get("rounds") != now["rounds"]
         if continued:
             _check_continuation(path.parent, algorithm, config, int(state["round"]),
@@ -104,12 +106,29 @@ WHERE = ("device", "precision", "chunk_size")
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """A config as `--resume` compares it: without `rounds` (a run may be continued) and
-    without the backend's `WHERE` settings."""
-    out = {**config, "rounds": None}
+    """A config as `--resume` compares it: without `rounds` (a run may be continued), the
+    backend's `WHERE` settings, `checkpoint_every` and the `[output]` table (figures,
+    progress, trackers): none changes a result, and a run stopped by a failing callback
+    resumes without it."""
+    out = {**config, "rounds": None, "checkpoint_every": None, "output": None}
     if isinstance(out.get("backend"), dict):
         out["backend"] = {k: v for k, v in out["backend"].items() if k not in WHERE}
     return out
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any],
+                     prefix: str = "") -> tuple[str, Any, Any] | None:
+    """The first dotted key (in sorted order) whose values differ in `a` and `b`, with both
+    values (None: missing); None when the two are equal."""
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            inner = first_difference(x, y, f"{prefix}{key}.")
+            if inner is not None:
+                return inner
+        elif x != y:
+            return f"{prefix}{key}", x, y
+    return None
 
 
 def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clusterfl.cli_util import DIVERGED_EXIT, console
+from clusterfl.config_util import MAX_SEED
 from clusterfl.errors import ClusterFLError, ConfigError
 
 if TYPE_CHECKING:
@@ -164,9 +165,10 @@ def _seed_list(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers ≥ 0, e.g. 0,1,2; got {text!r}") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+    if (not seeds or min(seeds) < 0 or max(seeds) > MAX_SEED
+            or len(set(seeds)) != len(seeds)):
         raise argparse.ArgumentTypeError(
-            f"expected distinct comma-separated integers ≥ 0, e.g. 0,1,2; got {text!r}")
+            f"expected distinct comma-separated integers in 0..2**63-1, e.g. 0,1,2; got {text!r}")
     return seeds
 
 
@@ -418,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("name", nargs="?",
                       help="mnist, fashion_mnist, cifar10, cifar100 or emnist (shard: a run "
                       "config)")
-    data.add_argument("--out", help="shard: the folder to write (new or empty)")
+    data.add_argument("--out", help="shard: the folder to write (new, empty, or an earlier "
+                      "shard, which is replaced)")
     data.add_argument("--set", action="append", metavar="KEY=VALUE",
                       help="shard: override a config value")
     data.add_argument("--data-dir", help="data folder (default: $CLUSTERFL_DATA or cache)")

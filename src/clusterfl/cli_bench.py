@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clusterfl.errors import ClusterFLError
+
 SUITE = Path("benchmarks/suite")
 
 
@@ -50,7 +52,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from clusterfl.bench import BenchError, load_suite, run_suite, write_results
+    from clusterfl.bench import (
+        BenchError,
+        finished_runs,
+        load_suite,
+        migrate_run_dirs,
+        run_suite,
+        write_results,
+    )
 
     if args.data_dir:
         os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
@@ -65,7 +74,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for s in scenarios:
             s.config = apply_overrides(s.config, [f'backend.device="{args.device}"'])
     failed: BenchError | None = None
-    if not args.report_only:
+    if args.report_only:
+        migrate_run_dirs(scenarios, runs, log=lambda m: print(m, flush=True))
+        if not finished_runs(scenarios, runs):
+            raise ClusterFLError(f"--report-only: {runs} holds no finished run of these "
+                                 f"scenarios, so {results} is not written; give the suite's "
+                                 "run folder with --runs")
+    else:
         try:
             run_suite(scenarios, runs, log=lambda m: print(m, flush=True), jobs=args.jobs,
                       fail_on_divergence=args.fail_on_divergence, ray=args.ray,

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clusterfl.errors import ClusterFLError
+
 
 def add_run_options(q: argparse.ArgumentParser) -> None:
     """Where the runs go, shared by `sweep`, `compare --seeds` and `bench`."""
@@ -47,10 +49,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="run again the runs that failed before (they are skipped otherwise)")
     s.add_argument("--overwrite", action="store_true",
                    help="start every run afresh (removes only clusterfl's files of each run)")
-    s.add_argument("--plan", action="store_true",
-                   help="list the runs and whether each is done, without running anything")
-    s.add_argument("--report-only", action="store_true",
-                   help="write the table and report from the finished runs, running nothing")
+    nothing = s.add_mutually_exclusive_group()
+    nothing.add_argument("--plan", action="store_true",
+                         help="list the runs and whether each is done, without running anything")
+    nothing.add_argument("--report-only", action="store_true",
+                         help="write the table and report from the finished runs, running "
+                         "nothing")
     s.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     s.add_argument("--device", help="auto, cpu, cuda or cuda:N for every run "
                    "(sets backend.device)")
@@ -88,6 +92,14 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
 
         require("ray", "ray")  # before any folder is touched
     runs = sweep.plan(out)  # every config validated before anything runs
+    idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
+    moot = [f for f in ("overwrite", "retry_failed") if getattr(args, f, False)]
+    if idle and moot:
+        raise ClusterFLError(f"--{moot[0].replace('_', '-')}: says how to run, and "
+                             f"--{idle.replace('_', '-')} runs nothing; give one of the two")
+    if idle == "report_only" and not any((r.target / SUMMARY_FILE).is_file() for r in runs):
+        raise ClusterFLError(f"--report-only: {out} holds no finished run of this sweep; run "
+                             "it first (without --report-only), or give its folder with --out")
     con = console()
     if getattr(args, "plan", False):
         done = sum((r.target / SUMMARY_FILE).is_file() for r in runs)

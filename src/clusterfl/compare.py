@@ -104,10 +104,12 @@ def run_comparison(
     with RunDir(out).claimed(overwrite=overwrite, hint=hint):
         if federation is None:
             federation = build_federation(config)
+        # every method checked (its settings against the federation) before the first runs
+        experiments = [(out / folder, Experiment(cfg, out / folder, federation))
+                       for folder, cfg in runs]
         results, run_dirs = [], []
-        for folder, cfg in runs:
-            run_dir = out / folder
-            history = Experiment(cfg, run_dir, federation).run(progress=progress)
+        for (run_dir, experiment), (folder, _) in zip(experiments, runs, strict=True):
+            history = experiment.run(progress=progress)
             results.append((history.summary.label or folder, history))
             run_dirs.append(run_dir)
         write_comparison_report(run_dirs, out)

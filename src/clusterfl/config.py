@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
-from clusterfl.config_util import parse, pick
+from clusterfl.config_util import MAX_SEED, Settings, parse, pick
 from clusterfl.data.own import (
     GIVEN,
     OWN_SOURCES,
@@ -61,13 +61,13 @@ TOP_LEVEL = ("seed", "rounds", "eval_every", "eval_clients", "checkpoint_every",
 ROBUST_TABLES = ("validation", "faults", "adversary", "privacy")
 
 
-class _Strict(BaseModel):
+class _Strict(Settings):
     # inf and nan are never meaningful settings (`lr = inf` would train to NaN)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class RunSettings(_Strict):
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     rounds: int = Field(50, ge=1, le=1_000_000)
     eval_every: int = Field(1, ge=1, description="evaluate every N rounds (and the last)")
     eval_clients: int | float | None = Field(

@@ -2,14 +2,52 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 from clusterfl.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_SEED = 2**63 - 1
+"""The largest seed: what a TOML integer and torch's generator hold."""
+
+
+def _holds_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_holds_bool(v) for v in value)
+    return False
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits true/false anywhere (bool, a Literal of one, Any, a
+    nested settings table, which checks its own fields)."""
+    if annotation is bool or annotation is Any or annotation is object:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in args)
+    return any(_takes_bool(a) for a in args)
+
+
+class Settings(BaseModel):
+    """Base of every settings table: `true`/`false` where a number (or list of numbers) is
+    expected is refused (pydantic reads them as 1 and 0, so `rounds = true` ran one round)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _holds_bool(value) and not _takes_bool(field.annotation):
+            raise ValueError("expected a number (or text), not true/false")
+        return value
 
 
 def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,8 +152,13 @@ def load(path: str | Path) -> EncoderFile:
                           int(raw.get("batch_size", 64)), float(raw.get("lr", 1e-3)),
                           [float(v) for v in raw.get("losses", [])])
         expected = str(raw["sha256"])
-    except Exception as exc:
-        raise DataError(f"{path} is not a clusterfl encoder file ({exc})") from None
+    except Exception as exc:  # one line: torch's own message runs over ten
+        why = ("not a file torch.save wrote" if not zipfile.is_zipfile(path)
+               else f"no {exc} entry" if isinstance(exc, KeyError)
+               else "a torch file holding objects an encoder file has not (a checkpoint?)"
+               if "Weights only load failed" in str(exc)
+               else (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+        raise DataError(f"{path} is not a clusterfl encoder file ({why})") from None
     if enc.sha256 != expected:
         raise DataError(f"{path}: parameter checksum mismatch (file corrupted); "
                         "train the encoder again with `clusterfl encoder train`")
@@ -169,6 +175,25 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
     "none" (an untrained ConvAE initialised with `seed`). The encoder must fit `input_shape`
     and `latent`, else a ConfigError names `field_name`.
     """
+    enc = _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
+                   train=True)
+    assert enc is not None  # trained when missing
+    return enc
+
+
+def check(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
+          encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
+          field_name: str = "algorithm.encoder") -> None:
+    """Everything `resolve` checks (the file, the dataset and their shapes), without the
+    minutes of pretraining: a run, or each run of a comparison, fails before its first round."""
+    _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
+             train=False)
+
+
+def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
+             encoder_dir: str | Path | None, data_dir: str | Path | None, field_name: str,
+             train: bool) -> EncoderFile | None:
+    """`resolve`; without `train`, None where it would pretrain."""
     if spec == RANDOM:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -200,6 +225,8 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
                 raise ConfigError(field_name, f"{spec!r} has inputs {shape}, this federation "
                                   f"{tuple(input_shape)}: pretrain on a dataset of that shape "
                                   f"(e.g. its own), or give an encoder file or {RANDOM!r}")
+            if not train:
+                return None
             enc = pretrain(spec, epochs, latent, seed, data_dir, loaded=src)
             save(enc, path)
     if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:
@@ -218,6 +245,6 @@ def describe(enc: EncoderFile) -> dict[str, Any]:
 
 
 __all__ = [
-    "EncoderFile", "cached_path", "default_encoder_dir", "describe", "load", "params_sha256",
-    "pretrain", "resolve", "save",
+    "EncoderFile", "cached_path", "check", "default_encoder_dir", "describe", "load",
+    "params_sha256", "pretrain", "resolve", "save",
 ]

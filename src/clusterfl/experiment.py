@@ -139,6 +139,9 @@ class Experiment:
         _check_fault_clients(config, self.federation.n_clients)
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
+        #: what the method will not do as its settings ask (said when the run starts)
+        self.method_warnings = self.algorithm.check(tuple(fed.input_shape), fed.n_clients,
+                                                    config.run.rounds)
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)
@@ -208,7 +211,8 @@ class Experiment:
                 start, elapsed, history.records, saved = self.checkpoints.load(
                     ctx, self.algorithm, self.config)
                 self.recorder.load_state_dict(saved)
-            for line in [*self.config.algorithm.ignored_settings(), *self._data_warnings()]:
+            for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
+                         *self._data_warnings()]:
                 print(f"clusterfl: warning: {line}", file=sys.stderr, flush=True)
                 if line not in self.recorder.warnings:
                     self.recorder.warnings.append(line)

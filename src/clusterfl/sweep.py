@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config, dump_toml, load_config
+from clusterfl.config_util import MAX_SEED
 from clusterfl.errors import ClusterFLError, ConfigError
 
 STATE_FILE = "sweep-state.json"
@@ -266,8 +267,8 @@ def load_sweep(path: str | Path) -> Sweep:
             sweep["seeds"] = grid.pop(alias)
     seeds = sweep.get("seeds", [base.get("seed", 0)])
     if not isinstance(seeds, list) or not seeds or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        raise ConfigError("sweep.seeds", "expected a non-empty list of integers ≥ 0")
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
+        raise ConfigError("sweep.seeds", "expected a non-empty list of integers in 0..2**63-1")
     if len(set(seeds)) != len(seeds):
         raise ConfigError("sweep.seeds", f"a seed is listed twice: {seeds}")
     for key, values in grid.items():

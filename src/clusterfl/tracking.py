@@ -14,7 +14,8 @@ Callbacks are given to `Experiment(..., callbacks=[...])`, or named in the confi
 `[output] callbacks = ["mypkg.track:MyTracker"]` (import paths of classes or functions, each
 called with no arguments to make the callback). `[output] tensorboard = true` adds
 `TensorBoardCallback`, writing under `RUN_DIR/tensorboard`. A callback that raises stops
-the run (a tracker that fails is not ignored silently).
+the run (a tracker that fails is not ignored silently) with one line naming the callback, the
+hook, the round, the exception and where it was raised (`CallbackError`, chained to it).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from clusterfl.errors import ConfigError, require
+from clusterfl.errors import ClusterFLError, ConfigError, require
 from clusterfl.plugins import describe, load_object
 from clusterfl.records import RoundMetrics, RoundRecord, RunSummary
 
@@ -128,16 +129,31 @@ def check_callback(callback: Any, field: str = "callbacks") -> None:
                                  f"methods {', '.join(HOOKS)}")
 
 
+class CallbackError(ClusterFLError):
+    """A callback raised: the run stops (`call`)."""
+
+
 def call(callbacks: list[Any], hook: str, *args: Any, **kwargs: Any) -> None:
-    """Call `hook` on every callback that has it."""
+    """Call `hook` on every callback that has it; one that raises becomes a `CallbackError`."""
     for cb in callbacks:
         fn = getattr(cb, hook, None)
-        if callable(fn):
-            if hook == "on_run_start" and "start" in kwargs \
-                    and not _takes(fn, "start"):
+        if not callable(fn):
+            continue
+        try:
+            if hook == "on_run_start" and "start" in kwargs and not _takes(fn, "start"):
                 fn(*args)
             else:
                 fn(*args, **kwargs)
+        except Exception as exc:
+            import traceback
+
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            when = (f" in round {args[0].round}" if hook == "on_round_end"
+                    and isinstance(args[0], RoundRecord) else "")
+            raise CallbackError(
+                f"callback {describe(type(cb))}: {hook}{when} raised {type(exc).__name__}: "
+                f"{exc} ({Path(frame.filename).name}:{frame.lineno}); the run stopped (with "
+                "checkpoints, --resume continues it from the last one)") from exc
 
 
 def _takes(fn: Any, name: str) -> bool:

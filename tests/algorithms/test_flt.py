@@ -357,10 +357,9 @@ def test_config_errors_name_the_field():
         load_config(config({"name": "flt", "distance": "mean"}))
     with pytest.raises(ConfigError, match=r"algorithm\.k"):
         load_config(config({"name": "pca_km_hc", "k": 0}))
-    exp = Experiment.from_config(config({**FAST_FLT, "encoder": "imagenet"}),
-                                 federation=prototypes_federation())
-    with pytest.raises(ConfigError, match=r"algorithm\.encoder.*allowed"):
-        exp.run(progress=False)
+    with pytest.raises(ConfigError, match=r"algorithm\.encoder.*allowed"):  # before a run
+        Experiment.from_config(config({**FAST_FLT, "encoder": "imagenet"}),
+                               federation=prototypes_federation())
 
 
 def test_large_federations_keep_matrices_out_of_the_history(tmp_path, monkeypatch):
@@ -389,3 +388,22 @@ def test_config_without_threshold_loads_again_without_one():
     again = load_config(tomllib.loads(text))
     assert again.algorithm.threshold is None  # type: ignore[attr-defined]
     assert again.algorithm.model_dump() == cfg.algorithm.model_dump()
+
+
+def test_a_file_that_is_not_an_encoder_is_one_line(tmp_path, capsys):
+    """`encoder show config.toml` printed torch's weights-only message of a dozen lines."""
+    from clusterfl.cli import main
+
+    text, empty, ckpt, other = (tmp_path / n for n in ("c.toml", "e.pt", "state.pt", "o.pt"))
+    text.write_text("rounds = 3\n")
+    empty.write_bytes(b"")
+    torch.save({"round": 3, "rng": np.random.default_rng(0)}, ckpt)  # objects beyond tensors
+    torch.save({"a": torch.zeros(2)}, other)
+    for path, why in ((text, "not a file torch.save wrote"), (empty, "not a file torch.save "
+                      "wrote"), (ckpt, "a torch file holding objects an encoder file has not"),
+                      (other, "no 'params' entry")):
+        with pytest.raises(DataError, match=f"is not a clusterfl encoder file \\({why}"):
+            encoders.load(path)
+        assert main(["encoder", "show", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0], err

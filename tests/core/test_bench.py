@@ -170,13 +170,19 @@ def test_bad_suite_files_name_the_problem(tmp_path: Path) -> None:
         load_suite(_suite(tmp_path), only=["nope"])
 
 
-def test_cli_bench_report_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_bench_report_only_without_finished_runs_keeps_the_results_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A `--runs` folder without the suite's runs replaced the results file (by default the
+    committed benchmarks/RESULTS.md) with a table of dashes, exit 0."""
     suite = _suite(tmp_path)
     out = tmp_path / "R.md"
+    out.write_text("earlier results\n")
     rc = main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
                "--results", str(out), "--report-only"])
-    assert rc == 0 and out.is_file()
-    assert "0/4 runs finished" in out.read_text()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--report-only: " in err[0] and \
+        "holds no finished run of these scenarios" in err[0]
+    assert out.read_text() == "earlier results\n"
 
 
 def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
@@ -296,11 +302,14 @@ def test_methods_filter_keeps_the_specs_of_the_named_algorithms(tmp_path: Path) 
         ["fedavg", "ifca:n_clusters=2"]
     with pytest.raises(ConfigError, match=r"--methods.*\['fedem'\].*\['fedavg', 'ifca'\]"):
         load_suite(suite, methods=["fedem"])
-    out = tmp_path / "R.md"
-    assert main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
+    out, runs = tmp_path / "R.md", tmp_path / "runs"
+    (one,) = load_suite(suite, methods=["ifca"])
+    one.seeds = [0]
+    run_suite([one], runs, log=lambda m: None)  # one of its two runs
+    assert main(["bench", "--suite", str(suite), "--runs", str(runs),
                  "--results", str(out), "--methods", "ifca", "--report-only"]) == 0
     table = out.read_text().split("\n## Performance")[0]  # the scenario's part
-    assert "0/2 runs finished" in table and "IFCA (K=2)" in table
+    assert "1/2 runs finished" in table and "IFCA (K=2)" in table
     assert "| fedavg |" not in table.lower()
 
 

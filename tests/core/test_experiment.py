@@ -93,8 +93,37 @@ def test_resume_refuses_other_config_or_missing_checkpoint(tmp_path):
         Experiment.from_config(SMALL, out_dir=tmp_path).run(resume=True, progress=False)
     cfg = {**SMALL, "checkpoint_every": 2, "rounds": 4}
     Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
-    with pytest.raises(ClusterFLError, match="another config"):
+    with pytest.raises(ClusterFLError, match=r"another config \(seed: 3 then, 9 now\)"):
         Experiment.from_config({**cfg, "seed": 9}, out_dir=tmp_path).run(resume=True)
+    with pytest.raises(ClusterFLError, match=r"\(train\.lr: 0\.1 then, 0\.2 now\)"):
+        Experiment.from_config({**cfg, "train": {**cfg["train"], "lr": 0.2}},
+                               out_dir=tmp_path).run(resume=True)
+
+
+def test_a_callback_that_raises_stops_the_run_in_one_line_and_it_resumes_without_it(
+        tmp_path):
+    """A tracker raising ended the CLI in a bare traceback; the run could then not resume
+    without it (the changed `[output]` table was "another config")."""
+    from clusterfl.tracking import CallbackError
+
+    class Boom:
+        def on_round_end(self, record):
+            if record.round == 3:
+                raise RuntimeError("tracker unreachable")
+
+    cfg = {**SMALL, "checkpoint_every": 2, "rounds": 5}
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref").run(progress=False)
+    with pytest.raises(CallbackError) as err:
+        Experiment.from_config(cfg, out_dir=tmp_path / "run", callbacks=[Boom()]).run(
+            progress=False)
+    assert ".Boom: on_round_end in round 3 raised RuntimeError: tracker unreachable " \
+           "(test_experiment.py:" in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value.__cause__, RuntimeError)
+    other_output = {**cfg, "checkpoint_every": 1, "output": {"figures": True, "progress": "off"}}
+    resumed = Experiment.from_config(other_output, out_dir=tmp_path / "run").run(
+        resume=True, progress=False)
+    assert _strip(resumed.records) == _strip(ref.records)
+    assert (tmp_path / "run" / "figures").is_dir()
 
 
 def test_cli_errors_are_one_clear_line(tmp_path):

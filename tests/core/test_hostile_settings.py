@@ -182,3 +182,122 @@ def test_from_config_takes_one_override_as_a_string_and_names_a_wrong_source():
     with pytest.raises(TypeError, match="source: a TOML file's path or a dict of tables, not "
                                         "list"):
         Experiment.from_config(["rounds", 2])  # type: ignore[arg-type]
+
+
+def test_a_seed_beyond_64_bits_is_one_line_naming_seed(tmp_path: Path, capsys):
+    """`--set seed=99999999999999999999` ended in torch's "Overflow when unpacking long long"
+    traceback; `compare --seeds` and a sweep's seeds ran until the first such run."""
+    from clusterfl.config_util import MAX_SEED
+    from clusterfl.sweep import load_sweep
+
+    assert load_config(tiny_config(seed=MAX_SEED)).run.seed == MAX_SEED  # the largest is fine
+    (tmp_path / "c.toml").write_text(dump_toml(tiny_config()))
+    rc = main(["run", str(tmp_path / "c.toml"), "--set", f"seed={MAX_SEED + 1}",
+               "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("clusterfl: error: seed: ")
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg", "--seeds",
+              f"0,{MAX_SEED + 1}", "--out", str(tmp_path / "s")])
+    assert stop.value.code == 2 and "0..2**63-1" in capsys.readouterr().err
+    (tmp_path / "sweep.toml").write_text(f'[sweep]\nconfig = "c.toml"\nmethods = ["fedavg"]\n'
+                                         f'seeds = [0, {MAX_SEED}1]\n')
+    with pytest.raises(ConfigError, match=r"0\.\.2\*\*63-1") as err:  # tomllib reads any int
+        load_sweep(tmp_path / "sweep.toml")
+    assert err.value.field == "sweep.seeds"
+    with pytest.raises(ConfigError, match=r"algorithm\.encoder_seed"):
+        load_config(tiny_config(algorithm={"name": "flt", "encoder_seed": MAX_SEED + 1}))
+
+
+def test_compare_checks_every_method_before_the_first_run(tmp_path: Path, monkeypatch):
+    """FLT whose pretraining dataset cannot be read, listed after three other methods, failed
+    only after their runs (tens of seconds, or hours on a real federation)."""
+    from clusterfl import encoders
+
+    monkeypatch.setenv("CLUSTERFL_DATA", str(tmp_path / "nodata"))
+    pretrained: list[str] = []
+    monkeypatch.setattr(encoders, "pretrain", lambda *a, **k: pretrained.append("yes"))
+    config = load_config(tiny_config(rounds=2))
+    with pytest.raises(ConfigError, match="'fashion_mnist', the dataset the encoder is "
+                                          "pretrained on, cannot be read") as err:
+        run_comparison(config, ["fedavg", "ifca:n_clusters=2", "cfl", "flt"], tmp_path / "cmp",
+                       progress=False)
+    assert err.value.field == "algorithm.encoder" and pretrained == []
+    assert not any((tmp_path / "cmp").glob("*/history.jsonl"))  # no method ran
+    # an encoder that can be made without data (`none`) passes the check and runs
+    results = run_comparison(config, ["fedavg", "flt:encoder=none"], tmp_path / "ok",
+                             progress=False)
+    assert [len(h.records) for _, h in results] == [2, 2]
+
+
+def test_cfl_settings_that_can_never_split_are_refused_before_the_run(tmp_path: Path):
+    """A warm-up as long as the run, or a min_split_size above the federation's clients, ran
+    to the end as FedAvg under CFL's name, exit 0."""
+    with pytest.raises(ConfigError, match=r"5 warm-up rounds leave no round to cluster in a "
+                                          r"run of 3 rounds .*allowed: 0..2") as err:
+        Experiment(load_config(tiny_config(rounds=3, algorithm={"name": "cfl",
+                                                                "warmup_rounds": 5})))
+    assert err.value.field == "algorithm.warmup_rounds"
+    with pytest.raises(ConfigError, match=r"no cluster of the 4 clients could split; allowed: "
+                                          r"2\.\.4") as err:
+        Experiment(load_config(tiny_config(algorithm={"name": "cfl", "min_split_size": 5})))
+    assert err.value.field == "algorithm.min_split_size"
+    Experiment(load_config(tiny_config(rounds=3, algorithm={"name": "cfl", "warmup_rounds": 2,
+                                                            "min_split_size": 4})))
+
+
+@pytest.mark.parametrize("algorithm, answering, need", [
+    ({"name": "cfl", "per_round": 3}, 3, 4),  # the auto rule: 2 · min_side
+    ({"name": "cfl", "fraction": 0.05}, 1, 4),
+    ({"name": "cfl", "fraction": 0.1, "auto": {"min_side": 3}}, 2, 6),
+    ({"name": "cfl", "fraction": 0.05, "split_rule": "epsilon"}, 1, 2),
+])
+def test_cfl_sampling_too_few_clients_to_ever_split_is_a_warning(tmp_path: Path, capsys,
+                                                                 algorithm, answering, need):
+    from clusterfl.records import read_summary
+
+    config = load_config(tiny_config(rounds=2, n_clients=20, algorithm=algorithm))
+    out = tmp_path / "run"
+    history = Experiment(config, out_dir=out).run(progress=False)
+    words = (f"{answering} of 20 clients answer a round, and a cluster splits only when at "
+             f"least {need} of its clients answer in the same round: the run will never split")
+    assert words in capsys.readouterr().err
+    assert any(words in w for w in read_summary(out).warnings or [])
+    assert all(r.participants == answering for r in history.records)
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "cfl", "per_round": 4}, {"name": "cfl", "fraction": 0.1, "split_rule": "epsilon"},
+    {"name": "cfl"},
+])
+def test_cfl_sampling_enough_clients_gives_no_warning(algorithm):
+    exp = Experiment(load_config(tiny_config(n_clients=20, algorithm=algorithm)))
+    assert exp.method_warnings == []
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("rounds", True, "rounds"),  # ran one round
+    ("train", {"lr": True}, "train.lr"),  # trained at lr 1.0
+    ("model", {"name": "mlp", "hidden": [True]}, "model.hidden"),  # a layer of width 1
+    ("algorithm", {"name": "ifca", "n_clusters": True}, "algorithm.n_clusters"),
+    ("algorithm", {"name": "cfl", "auto": {"patience": True}}, "algorithm.auto.patience"),
+    ("scenario", {"name": "rotation", "n_clients": 4, "angles": [0, True]}, "scenario.angles"),
+    ("faults", {"dropout": False}, "faults.dropout"),
+    ("backend", {"name": "sequential", "device": "cpu", "precision": "fp32"}, None),
+])
+def test_true_or_false_where_a_number_is_expected_is_refused(key, value, field):
+    """pydantic reads true as 1 and false as 0: `rounds = true` ran one round, exit 0."""
+    config = tiny_config(**{key: value})
+    if field is None:  # no number given a boolean: loads
+        load_config(config)
+        return
+    with pytest.raises(ConfigError, match=r"expected a number .*not true/false") as err:
+        load_config(config)
+    assert err.value.field == field
+
+
+def test_true_and_false_still_set_the_switches():
+    config = load_config(tiny_config(output={"figures": True, "progress": "off"},
+                                     algorithm={"name": "cfl", "privacy": True}))
+    assert config.output.figures is True and config.algorithm.privacy is True

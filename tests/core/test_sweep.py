@@ -72,7 +72,7 @@ def test_a_grid_key_of_the_algorithm_applies_to_the_methods_that_have_it(tmp_pat
     ({"methods": ["fedavg"], "seeds": [0], "rounds": 3}, "sweep.rounds", "allowed"),
     ({"methods": [], "seeds": [0]}, "sweep.methods", "non-empty list"),
     ({"methods": ["fedavg"], "seeds": [0, 0]}, "sweep.seeds", "listed twice"),
-    ({"methods": ["fedavg"], "seeds": [-1]}, "sweep.seeds", "integers ≥ 0"),
+    ({"methods": ["fedavg"], "seeds": [-1]}, "sweep.seeds", "integers in 0..2**63-1"),
     ({"methods": ["fedavg"], "grid": {"train.lr": 0.1}}, "sweep.grid.train.lr",
      "non-empty list"),
     ({"methods": ["fedavg"], "seeds": [0], "grid": {"seeds": [1, 2]}}, "sweep.grid.seeds",
@@ -116,6 +116,29 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["compare", str(config), "--algorithms", "fedavg", "--seeds", "0,x"])
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_flags_that_run_nothing_refuse_flags_about_running(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--plan --report-only` planned silently, `--report-only --retry-failed` retried
+    nothing, and `--report-only` on a folder without runs ended in "No such file or
+    directory: …/results.csv"."""
+    path = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0]})
+    out = str(tmp_path / "none")
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", str(path), "--plan", "--report-only", "--out", out])
+    assert stop.value.code == 2 and "not allowed with argument --plan" in \
+        capsys.readouterr().err
+    for flags, words in ((["--report-only", "--retry-failed"], "--retry-failed: says how to "
+                          "run, and --report-only runs nothing"),
+                         (["--plan", "--overwrite"], "--overwrite: says how to run, and "
+                          "--plan runs nothing"),
+                         (["--report-only"], f"--report-only: {out} holds no finished run of "
+                          "this sweep")):
+        assert main(["sweep", str(path), *flags, "--out", out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "none").exists()
 
 
 def _sweep(tmp_path: Path, lrs: list[float]) -> Path:

@@ -195,6 +195,14 @@ class Algorithm(ABC, Generic[C, S]):
     def __init__(self, config: C) -> None:
         self.config = config
 
+    def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        """The settings against the run before any round (`Experiment`, so every method of
+        a comparison before the first runs): a ConfigError for what cannot run (FLT: an
+        encoder that does not fit, a pretraining dataset that cannot be read), one line for
+        each setting the run will go on without obeying (CFL: too few clients a round to
+        ever split). Nothing by default."""
+        return []
+
     @abstractmethod
     def setup(self, ctx: Context) -> None:
         """Create the initial state (models, assignments) in `self.state`."""

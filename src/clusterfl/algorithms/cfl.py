@@ -3,69 +3,55 @@
 Implements Algorithm 5 (CFL with weight updates and optional privacy permutation P), with the
 split test of Algorithm 3 and the parameter tree of Section IV-C / Algorithm 4:
 
-- every round all clients train from their cluster's model (Alg. 5 lines 5-8, eq. (1)) and
-  return their weight update Δθ_i; the server averages them per cluster (Alg. 5 line 13;
-  weighted by |D_i| as in eq. (2) / Alg. 2 line 7 by default, unweighted as in Alg. 5 line 13
-  and the authors' code with `aggregation = "mean"`);
+- every round all clients train from their cluster's model (Alg. 5 lines 5-8, eq. (1));
+  the server averages their updates Δθ_i per cluster (weighted by |D_i|, eq. (2), by
+  default; unweighted, Alg. 5 line 13 and the authors' code, with `aggregation = "mean"`);
 - a cluster is split when its split rule says so (Alg. 5 lines 14-18,
   `clusterfl.clustering.split_rule`): its clients are bipartitioned on the cosine similarity
   of their updates (eq. (40); Alg. 1, `clusterfl.clustering.cosine`). With
   `split_rule = "epsilon"` this is the paper's test, ‖Δθ_c‖ < ε1 (eq. (30)) and
   max_i ‖Δθ_i‖ > ε2 (eq. (31)), and the split is accepted only if
   sqrt((1 − α_cross^max)/2) > γ_max (eq. (36), Alg. 5 line 18);
-- the parameter tree (Section IV-C, properties 1-5; `clusterfl.algorithms.cfl_tree`) keeps,
-  for every cluster ever formed, its clients, its model (frozen at the round it splits: the
-  stationary solution θ*_v) and, on the edge from its parent, the pre-split updates Δ_e of
-  its clients (eq. (43)). `CFL.walk` (and `placement` / `place`, the interface every method
-  has) walks new clients down that tree (Algorithm 4);
+- the parameter tree (Section IV-C; `clusterfl.algorithms.cfl_tree`) keeps for every
+  cluster ever formed its clients, its model (frozen when it splits: θ*_v) and on the edge
+  from its parent its clients' pre-split updates Δ_e (eq. (43)); `CFL.walk` (`placement`,
+  `place`) walks new clients down it (Algorithm 4);
 - privacy (Section IV-B, eq. (41)-(42), Alg. 5 lines 3, 7, 8): with `privacy = true` the
   clients permute their updates with a permutation P the server never learns (`ClientSide`);
-  cosine similarities and norms are unchanged, so the clustering is the same.
+  cosines and norms, hence the clustering, are unchanged. The server keeps every model as
+  D_c = P(θ_c − θ_0), its displacement from the public initial model θ_0; clients rebuild
+  θ_c = θ_0 + P⁻¹ D_c (with P = identity, plain FL).
 
-A round, as ask → update: the round's sample (`ask` of the first phase), Algorithm 4 for the
-sampled clients that missed their cluster's split (phase "walk", one inner node a message),
-the training of every sampled client placed in a leaf (phase "train": the split tests and
-splits happen in its update), then with `keep_best` one loss query per leaf (phase "best").
+A round, as ask → update: the sample (first phase), Algorithm 4 for sampled clients that
+missed their cluster's split ("walk", an inner node a message), the training of every sampled
+client in a leaf ("train": its update tests and splits), with `keep_best` a loss query per
+leaf ("best").
 
 Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §5), we do:
 
-- The split rule. The paper gives no values for ε1, ε2, only the rule of thumb
-  ε1 ≈ max_t ‖Δθ_c‖ / 10, ε2 ∈ [ε1, 10 ε1] (Section V-B); the defaults 0.4, 1.6 are the
-  authors' code values (setting eps1/eps2 without split_rule selects this rule). The default,
-  `split_rule = "auto"`, is ours: the paper's quantities with no scale-dependent threshold;
-  its conditions, constants and evidence are the table of `clusterfl.clustering.split_rule`
-  (options `[algorithm.auto]`; docs/cfl.md tells how it came to be).
-- Client sampling (`fraction` or `per_round`, `SampledConfig`; Alg. 5 trains every client
-  every round): clients not sampled are treated as absent from the round (below), so the
-  averages, the split test and the updates cached on new tree edges are the sampled
-  members'. With `fraction = 1` (the default) nothing is drawn.
-- γ_max = 0 by default: the paper leaves it to the user; the authors' code has no γ test
-  (equivalent to γ_max = 0, which accepts any split with α_cross^max < 1).
-- `warmup_rounds` = 0 and `min_split_size` = 2 by default (Alg. 5 has neither); the authors'
-  code splits only after round 20 (`warmup_rounds = 20`) and only clusters of more than two
-  clients (`min_split_size = 3`).
+- The split rule. The paper gives no ε1, ε2, only ε1 ≈ max_t ‖Δθ_c‖ / 10, ε2 ∈ [ε1, 10 ε1]
+  (Section V-B); 0.4 and 1.6 are the authors' code's. The default, `split_rule = "auto"`, is
+  ours: the paper's quantities without a scale-dependent threshold (its conditions and their
+  evidence: the table of `clusterfl.clustering.split_rule`; its history: docs/cfl.md).
+- Client sampling (`fraction` or `per_round`; Alg. 5 trains every client every round):
+  clients not sampled are absent from the round (below). `fraction = 1` (default) draws none.
+- γ_max = 0 by default (the paper leaves it open; the authors' code has no γ test).
+- `warmup_rounds` = 0, `min_split_size` = 2 (Alg. 5 has neither; the authors' code: 20, 3).
 - `bipartition = "optimal"` (Alg. 1, the paper) or `"complete"` (complete linkage, the code).
-- `lr_decay` (default 1, none): the code multiplies the learning rate by 0.99 every round.
-  The code also keeps each client's momentum buffer across rounds; the protocol has no
-  persistent client optimiser state, so that is not offered.
-- In the round a cluster splits, each of the two new clusters applies the mean update of its
-  own members to the parent's model (what the authors' code does; Alg. 5 does not say which
-  update the new clusters start from). The pre-split updates cached on the tree edges are
-  exactly these updates, computed from the parent's model, as eq. (43) asks.
-- The server keeps every model as its displacement from the public initial model θ_0
-  (D_c = P(θ_c − θ_0)); clients rebuild θ_c = θ_0 + P⁻¹ D_c. With P = identity this is plain
-  FL; with a secret P the server only ever holds permuted sums of permuted updates.
+- `lr_decay` (default 1, none): the code's is 0.99 a round. The code also keeps each
+  client's momentum buffer across rounds: not offered (no client optimiser state persists).
+- When a cluster splits, each new cluster applies its own members' mean update to the
+  parent's model (the authors' code; Alg. 5 does not say); these are the updates cached on
+  the new edges, from the parent's model, as eq. (43) asks.
 - `keep_best` (Section II-B, "CFL never does worse than FL"): each client predicts with the
-  model on its tree path (root = FL solution, …, its leaf) that is most accurate on its own
-  data. The protocol has no validation split: `"train"` judges on the client's training data,
-  `"test"` on its test data (optimistic: the same data accuracy is reported on).
+  model of its tree path (root … leaf) most accurate on its `"train"` or `"test"` data (the
+  protocol has no validation split; "test" is optimistic).
 - A cluster of one client is never split; a zero update has similarity 0 to all others.
-- Clients absent from a round's reply (not sampled, dropped out, or rejected by the guard of
-  `clusterfl.robust`) are left out of that round's averages and split test. A client absent
-  when its cluster splits waits at that (now inner) node, predicting with its frozen model,
-  and is placed by Algorithm 4 in the next round it answers, before it trains.
-- Everything the server keeps (tree, waiting clients, keep_best choices, the split rule's
-  state, the devices' θ_0 and secret seed) is one `CFLState`: checkpoints and `cfl_tree.pt`.
+- Clients absent from a round (not sampled, dropped out, rejected by `clusterfl.robust`)
+  are left out of its averages and split test. One absent when its cluster splits waits at
+  that inner node (predicting with its frozen model) until Algorithm 4 places it, in the
+  next round it answers, before it trains.
+- All the server keeps is one `CFLState` (checkpoints, `cfl_tree.pt`).
 """
 
 from __future__ import annotations
@@ -88,7 +74,12 @@ from clusterfl.algorithms.cfl_tree import (
     TreeWalk,
     Walk,
 )
-from clusterfl.algorithms.common import Placement, SampledConfig
+from clusterfl.algorithms.common import (
+    Placement,
+    SampledConfig,
+    check_warmup_leaves_rounds,
+    too_few_per_round,
+)
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import separation_gap
 from clusterfl.clustering.split_rule import (
@@ -105,6 +96,7 @@ from clusterfl.clustering.split_rule import (
     finite,
 )
 from clusterfl.config_util import changed_fields
+from clusterfl.errors import ConfigError
 from clusterfl.protocol import (
     LocalTraining,
     LossReply,
@@ -296,6 +288,15 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             ctx.n_clients, ParameterTree.new(ctx.n_clients, torch.zeros_like(base)),
             DeviceStorage(base, self.config.privacy, ctx.next_seed()))
 
+    def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        cfg = self.config
+        check_warmup_leaves_rounds(cfg.warmup_rounds, rounds, "FedAvg")
+        if cfg.min_split_size > n_clients:
+            raise ConfigError("algorithm.min_split_size", f"no cluster of the {n_clients} "
+                              f"clients could split; allowed: 2..{n_clients}")
+        return too_few_per_round(cfg, n_clients, 2 * cfg.auto.min_side
+                                 if cfg.split_rule == "auto" else 2)
+
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written before the split rule had its own state (the auto rule's
         `streak`, `candidate`, `last_mean`, `peak`, `first_loss` in `CFLState`)."""
@@ -335,6 +336,15 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             return ctx.training
         return replace(ctx.training, lr=ctx.training.lr * self.config.lr_decay ** (t - 1))
 
+    def _walk_request(self, ctx: Context, tree: ParameterTree, walk: Walk,
+                      node: int) -> TrainRequest:
+        """Algorithm 4 at inner node `node`: the clients there train from θ*_node, at the
+        learning rate of the round it split."""
+        rows, v = walk.rows(node), tree.nodes[node]
+        return self.clients.train_request(walk.clients[rows], v.model[None],
+                                          np.zeros(len(rows), np.int64),
+                                          self._training(ctx, v.split_round or 1), ctx.next_seed())
+
     def _weights(self, n_samples: np.ndarray) -> np.ndarray:
         if self.config.aggregation == "mean":
             return np.ones(len(n_samples))
@@ -361,12 +371,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         if phase == WALK:
             assert work.walk is not None
             node, _ = cast(tuple[int, list[int]], work.walk.next(tree))
-            rows = work.walk.rows(node)
-            request = self.clients.train_request(
-                work.walk.clients[rows], tree.nodes[node].model[None],
-                np.zeros(len(rows), np.int64),
-                self._training(ctx, tree.nodes[node].split_round or 1), ctx.next_seed())
-            return Ask(request, WALK)
+            return Ask(self._walk_request(ctx, tree, work.walk, node), WALK)
         if phase == TRAIN:
             leaves = tree.leaves()
             row = {v.id: k for k, v in enumerate(leaves)}
@@ -492,12 +497,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         c = v.cohesion
         sides = None if c is None else (c.within_first - c.cross, c.within_second - c.cross)
         ids = tree.split(node.id, groups, models, upd, t, sides)
-        event = test.copy()
-        event["children"] = list(ids)
-        event["groups"] = [g.tolist() for g in groups]
-        event["members"] = v.members.tolist()
-        event["similarity"] = np.round(v.similarity, 5).tolist()
-        return event
+        return CFLSplitEvent(**test, children=list(ids), groups=[g.tolist() for g in groups],
+                             members=v.members.tolist(),
+                             similarity=np.round(v.similarity, 5).tolist())
 
     @staticmethod
     def _extras(views: list[ClusterView], gaps: list[float | None],
@@ -603,13 +605,10 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         tree, walk = self.tree, Walk.start(ids, np.zeros(len(ids), dtype=np.int64))
         while (step := walk.next(tree)) is not None:
             node, rest = step
-            rows = walk.rows(node)
-            request = self.clients.train_request(
-                ids[rows], tree.nodes[node].model[None], np.zeros(len(rows), np.int64),
-                self._training(ctx, tree.nodes[node].split_round or 1), ctx.next_seed())
+            request = self._walk_request(ctx, tree, walk, node)
             reply = ctx.send(request)
-            walk = walk.advance(tree, node, rest, rows, self.clients.uploads(request, reply),
-                                reply.clients)
+            walk = walk.advance(tree, node, rest, walk.rows(node),
+                                self.clients.uploads(request, reply), reply.clients)
         return walk.result()
 
     def placement(self, ctx: Context, clients: np.ndarray) -> Placement:

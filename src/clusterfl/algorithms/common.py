@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -19,13 +18,14 @@ from pydantic import (
     model_validator,
 )
 
+from clusterfl.config_util import Settings
 from clusterfl.engine.allocator import lazy_rows
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor
 from clusterfl.records import RoundExtras
 
 
-class AlgorithmConfig(BaseModel):
+class AlgorithmConfig(Settings):
     """Settings shared by convention (each method adds its own fields)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -65,6 +65,17 @@ class SampledConfig(AlgorithmConfig):
         if self.per_round is not None and isinstance(data, dict):
             data.pop("fraction", None)
         return data
+
+    def per_round_count(self, n_clients: int) -> int:
+        """How many of `n_clients` answer a round when none drops out (`Context.sample_round`)."""
+        if self.per_round is not None:
+            return min(self.per_round, n_clients)
+        return n_clients if self.fraction >= 1.0 else max(1, round(self.fraction * n_clients))
+
+    def sampling_setting(self) -> str:
+        """The sampling rule as written: `algorithm.per_round = 3` or `algorithm.fraction = 0.1`."""
+        return (f"algorithm.per_round = {self.per_round}" if self.per_round is not None
+                else f"algorithm.fraction = {self.fraction:g}")
 
     def expected_fraction(self, n_clients: int) -> float:
         """The share of the `n_clients` sampled each round (privacy accounting, reports)."""
@@ -146,6 +157,15 @@ def check_warmup_leaves_rounds(warmup: int, rounds: int | None, alone: str,
         raise ConfigError("algorithm.warmup_rounds", f"{warmup} warm-up rounds leave no round "
                           f"to cluster in a run of {rounds} rounds (it would be {alone}); "
                           f"allowed: 0..{most}, or more rounds")
+
+
+def too_few_per_round(config: SampledConfig, n_clients: int, need: int) -> list[str]:
+    """The warning when the sampling rule gives a round fewer clients than the `need` of one
+    cluster that must answer in the same round for it to split (CFL); else none."""
+    k = config.per_round_count(n_clients)
+    return [f"{config.sampling_setting()}: {k} of {n_clients} clients answer a round, and a "
+            f"cluster splits only when at least {need} of its clients answer in the same "
+            "round: the run will never split (it is FedAvg)"] if k < min(need, n_clients) else []
 
 
 def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") -> None:

@@ -126,6 +126,7 @@ from clusterfl.clustering.relatedness import (
     umap_embed,
     umap_embed_new,
 )
+from clusterfl.config_util import MAX_SEED
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import (
     EmbedReply,
@@ -200,7 +201,7 @@ class FLTConfig(_OneShotConfig):
         "fashion_mnist", description="encoder file (.pt), a dataset to pretrain on (cached), "
         "or 'none' (untrained)")
     pretrain_epochs: int = Field(30, ge=1, description="epochs when the encoder is pretrained")
-    encoder_seed: int = Field(0, ge=0, description="seed of the pretrained encoder")
+    encoder_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the pretrained encoder")
     encoder_dir: str | None = Field(None, description="encoder cache (default <data>/encoders)")
     data_dir: str | None = Field(None, description="where the pretraining dataset lives")
     latent: int = Field(128, ge=1, description="e, the encoder's code size")
@@ -321,6 +322,15 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     device_update = True  # the clusters' averages on the device (signatures come on the CPU)
 
     # ------------------------------------------------------------------ setup
+    def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        cfg = self.config
+        if isinstance(cfg, FLTConfig):
+            from clusterfl import encoders
+
+            encoders.check(cfg.encoder, tuple(input_shape), cfg.latent, cfg.pretrain_epochs,
+                           cfg.encoder_seed, cfg.encoder_dir, cfg.data_dir)
+        return []
+
     def setup(self, ctx: Context) -> None:
         self.sizes = np.asarray(ctx.train_sizes)  # Case I's p_m, kept for placement
         self.state = FLTState(ctx.factory.init(ctx.seed)[None].clone(),

@@ -12,9 +12,10 @@ from typing import Any, ClassVar, Self, cast
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from clusterfl import protocol as pr
+from clusterfl.config_util import Settings
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
@@ -30,7 +31,7 @@ from clusterfl.protocol import (
 )
 
 
-class BackendConfig(BaseModel):
+class BackendConfig(Settings):
     """Settings every backend accepts (each backend adds its own fields)."""
 
     model_config = ConfigDict(extra="forbid")

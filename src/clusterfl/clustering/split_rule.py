@@ -40,7 +40,7 @@ from typing import Literal, TypedDict
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from scipy.stats import combine_pvalues
 
 from clusterfl.clustering.aggregate import weighted_mean
@@ -59,6 +59,7 @@ from clusterfl.clustering.cosine import (
     shuffle_pvalue,
     stationarity_ratio,
 )
+from clusterfl.config_util import Settings
 
 PAIR_PATIENCE = 2
 """A cluster of two clients needs this many times `patience` rounds (its 1 | 1 cut is the same
@@ -141,7 +142,7 @@ TABLE: tuple[tuple[str, str, str, str], ...] = (
 the within-side and cross mean cosines of the candidate bipartition."""
 
 
-class AutoRuleConfig(BaseModel):
+class AutoRuleConfig(Settings):
     """`[algorithm.auto]`: the options of CFL's auto split rule (module docstring, docs/cfl.md)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

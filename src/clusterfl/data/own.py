@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from clusterfl.config_util import Settings
 from clusterfl.data.federation import Federation, Task, assemble_clients
 from clusterfl.data.shards import read_shards
 from clusterfl.data.sources import SOURCE_NAMES, Source, stratified_test_mask
@@ -309,7 +310,7 @@ def _need(data: Mapping[str, Any], key: str) -> str:
 DATA_KEYS = ("source", "data_dir", "standardize", "verify")
 
 
-class GivenParams(BaseModel):
+class GivenParams(Settings):
     """Scenario `given`: the clients as the data gives them (no parameters)."""
 
     model_config = ConfigDict(extra="forbid")

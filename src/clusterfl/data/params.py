@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from clusterfl.config_util import Settings
 
 IFCA_ANGLES: tuple[float, ...] = (0.0, 90.0, 180.0, 270.0)
 """The four rotations of IFCA (Ghosh et al. 2020), also CFL-GP Appendix F.5.1 (Fig. 13)."""
@@ -24,7 +26,7 @@ ROTATION_PRESETS: dict[str, tuple[float, ...]] = {"ifca": IFCA_ANGLES, "cflgp": 
 # ====================================================================== parameters
 
 
-class ScenarioParams(BaseModel):
+class ScenarioParams(Settings):
     """Fields shared by every scenario."""
 
     model_config = ConfigDict(extra="forbid")

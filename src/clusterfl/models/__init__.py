@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 
-from clusterfl.config_util import parse, pick
+from clusterfl.config_util import Settings, parse, pick
 from clusterfl.errors import ConfigError
 from clusterfl.models.lstm import LSTMLanguageModel
 from clusterfl.models.paper_nets import ValidCNN
@@ -32,7 +32,7 @@ Width = Annotated[int, Field(ge=1)]
 """A layer's width or channel count: a zero or negative one would build an empty or no layer."""
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(Settings):
     """Settings of one architecture (`[model]`); each architecture adds its fields."""
 
     model_config = ConfigDict(extra="forbid")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from clusterfl.config_util import changed_fields
+from clusterfl.config_util import Settings, changed_fields
 from clusterfl.errors import ConfigError
 
 
-class _Strict(BaseModel):
+class _Strict(Settings):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # no bound is None, not inf
 
 
