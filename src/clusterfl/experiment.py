@@ -41,7 +41,7 @@ from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardiz
 from clusterfl.data.text import VOCAB_FILE, Vocab
 from clusterfl.errors import ConfigError
 from clusterfl.holdout import Holdout
-from clusterfl.models import ModelFactory
+from clusterfl.models import MODELS, ModelFactory
 from clusterfl.progress import Progress, want_progress
 from clusterfl.recorder import Recorder, evaluate_all
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary
@@ -121,6 +121,15 @@ class Experiment:
         self.overwrite = overwrite
         full = federation if federation is not None else build_federation(config)
         self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
+        if config.model.name == "conv_ae":
+            raise ConfigError("model.name", "'conv_ae' is FLT's autoencoder (it outputs an "
+                              "image, not a prediction): no run trains it; FLT's encoder is "
+                              "algorithm.encoder (`clusterfl encoder train`)")
+        if full.task == "language_model" and config.model.name in MODELS \
+                and config.model.name != "lstm":
+            raise ConfigError("model.name", f"{config.model.name!r} reads real-valued inputs; "
+                              "task 'language_model' has token ids: use 'lstm' (or a model "
+                              "of one's own that embeds them)")
         if full.task == "language_model" and self.algorithm.needs_real_inputs:
             raise ConfigError("algorithm.name", f"{config.algorithm.name!r} clusters by "
                               f"{self.algorithm.needs_real_inputs}; task 'language_model' has "

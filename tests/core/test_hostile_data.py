@@ -91,6 +91,19 @@ def test_clients_disagreeing_on_n_classes_are_refused(tmp_path):
         _load(folder)
 
 
+def test_a_misnamed_or_mixed_task_is_named(tmp_path):
+    """`task = "segmentation"` in one file read "the files disagree on or misname the task"."""
+    folder = _folder(tmp_path)
+    _change(folder / "client_0002.npz", task="segmentation")
+    with pytest.raises(DataError, match="task 'segmentation' in a file is not a task; "
+                                        "allowed: classification, regression"):
+        _load(folder)
+    _change(folder / "client_0002.npz", task="regression")
+    with pytest.raises(DataError, match=r"disagree on the task \['classification', "
+                                        r"'regression'\]"):
+        _load(folder)
+
+
 def test_string_labels_are_refused_naming_the_file(tmp_path):
     folder = _folder(tmp_path)
     with np.load(folder / "client_0000.npz") as z:

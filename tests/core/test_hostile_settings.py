@@ -301,3 +301,20 @@ def test_true_and_false_still_set_the_switches():
     config = load_config(tiny_config(output={"figures": True, "progress": "off"},
                                      algorithm={"name": "cfl", "privacy": True}))
     assert config.output.figures is True and config.algorithm.privacy is True
+
+
+@pytest.mark.parametrize("config, words", [
+    (tiny_config(model={"name": "lstm", "hidden": 8}),  # ValueError traceback
+     "'lstm': an LSTM language model reads token sequences [T]; the data has inputs (1, 8, 8)"),
+    (tiny_config(model={"name": "cfl_cnn"}), "'cfl_cnn': images of 8x8 are too small"),
+    (tiny_config(model={"name": "conv_ae"}), "'conv_ae' is FLT's autoencoder"),  # traceback
+    ({**tiny_config(model={"name": "mlp", "hidden": [8]}), "data": {"source":  # dtype
+      "synthetic_topics"}, "scenario": {"name": "topics", "n_clients": 8, "seq_len": 6,
+                                        "vocab_size": 20}},
+     "'mlp' reads real-valued inputs; task 'language_model' has token ids: use 'lstm'"),
+])
+def test_a_model_that_cannot_take_the_federation_is_one_line_naming_model_name(config, words):
+    with pytest.raises(ConfigError) as err:
+        Experiment(load_config(config))
+    assert err.value.field == "model.name" and words in err.value.message
+    assert "\n" not in str(err.value)

@@ -15,6 +15,7 @@ from clusterfl.backends.sequential import SequentialBackend
 from clusterfl.backends.simulation import SimulationBackend
 from clusterfl.data.federation import Federation
 from clusterfl.engine.generic import GenericKernel
+from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.models import ModelFactory, model_config
 
@@ -54,8 +55,9 @@ def test_counts_match_the_sources() -> None:
 
 
 def test_too_small_images_are_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="too small for two valid 5x5"):
+    with pytest.raises(ConfigError, match="too small for two valid 5x5") as err:
         ModelFactory(model_config({"name": "cfl_cnn"}), (1, 8, 8), 10)
+    assert err.value.field == "model.name"
 
 
 @pytest.mark.parametrize(("name", "shape"), [("cfl_cnn", (3, 32, 32)), ("cam_cnn", (1, 28, 28))])

@@ -36,6 +36,21 @@ def test_choose_adversaries():
     assert err.value.field == "adversary.clients"
 
 
+@pytest.mark.parametrize("adversary, field", [
+    ({"kind": "label_flip", "fraction": 1.0}, "adversary.fraction"),
+    ({"kind": "sign_flip", "fraction": 0.95}, "adversary.fraction"),  # 7.6 of 8 rounds to 8
+    ({"kind": "scale", "clients": list(range(8))}, "adversary.clients"),
+])
+def test_no_honest_client_left_is_refused(adversary, field):
+    """Every client attacking ran, exit 0, with numpy's "Mean of empty slice" warnings and
+    metrics of no honest client."""
+    with pytest.raises(ConfigError, match="all 8 clients would attack, leaving no honest "
+                                          "client") as err:
+        choose_adversaries(AdversaryConfig(**adversary), 8, seed=0)
+    assert err.value.field == field
+    assert len(choose_adversaries(AdversaryConfig(kind="scale", fraction=0.9), 8, 0)) == 7
+
+
 def test_flip_labels_touches_only_the_attackers_training_labels(digits):
     out = flip_labels(digits, np.array([2, 6]))
     off = digits.train_offsets

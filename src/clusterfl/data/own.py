@@ -111,8 +111,12 @@ def npz_folder(path: str | Path, field: str = "data.path") -> Federation:
         raise DataError(f"{folder}: client ids must be 0..N-1, one file each; missing {gaps}")
     rows = [by_id[c][1] for c in ids]
     tasks = {str(d.get("task", "classification")) for d in rows}
-    if len(tasks) != 1 or not tasks <= {"classification", "regression"}:
-        raise DataError(f"{folder}: the files disagree on or misname the task {sorted(tasks)}")
+    if not tasks <= {"classification", "regression"}:
+        raise DataError(f"{folder}: task {sorted(tasks - {'classification', 'regression'})[0]!r}"
+                        " in a file is not a task; allowed: classification, regression")
+    if len(tasks) != 1:
+        raise DataError(f"{folder}: the files disagree on the task {sorted(tasks)}; every "
+                        "file must give the same one")
     task: Task = "regression" if tasks == {"regression"} else "classification"
     with_cluster = [c for c in ids if "cluster" in by_id[c][1]]
     if with_cluster and len(with_cluster) != len(ids):

@@ -275,7 +275,10 @@ class ModelFactory:
         if self.config.name not in MODELS:  # from outside the package (`CustomModelConfig`)
             return build_custom(self.config, tuple(self.input_shape), self.n_outputs)
         _, make = MODELS[self.config.name]
-        return make(self.config, tuple(self.input_shape), self.n_outputs)
+        try:
+            return make(self.config, tuple(self.input_shape), self.n_outputs)
+        except ValueError as exc:  # a built-in that cannot take this federation's inputs
+            raise ConfigError("model.name", f"{self.config.name!r}: {exc}") from None
 
     def init(self, seed: int) -> torch.Tensor:
         """Flat initial parameters from PyTorch's default initialisation under `seed`."""

@@ -39,14 +39,25 @@ def choose_adversaries(config: AdversaryConfig, n_clients: int, seed: int) -> np
         if bad:
             raise ConfigError("adversary.clients", f"ids {bad} do not exist; the federation "
                               f"has clients 0..{n_clients - 1}")
-        return np.unique(np.asarray(config.clients, dtype=np.int64))
+        ids = np.unique(np.asarray(config.clients, dtype=np.int64))
+        _some_honest(len(ids), n_clients, "adversary.clients")
+        return ids
     k = round(config.fraction * n_clients)
     if k == 0:
         raise ConfigError("adversary.fraction", f"{config.fraction} of {n_clients} clients is no "
                           f"attacker (it rounds to 0); use a fraction above "
                           f"{0.5 / n_clients:.3g}, or list the attackers in adversary.clients")
+    _some_honest(k, n_clients, "adversary.fraction")
     rng = np.random.default_rng([seed, _ADVERSARY_STREAM])
     return np.sort(rng.choice(n_clients, size=k, replace=False)).astype(np.int64)
+
+
+def _some_honest(attackers: int, n_clients: int, field: str) -> None:
+    """The honest clients are what a robust run is measured on: at least one must be left."""
+    if attackers >= n_clients:
+        raise ConfigError(field, f"all {n_clients} clients would attack, leaving no honest "
+                          "client to learn from or to measure; allowed: fewer attackers than "
+                          "clients")
 
 
 def flip_labels(federation: Federation, clients: np.ndarray) -> Federation:
