@@ -49,12 +49,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="run again the runs that failed before (they are skipped otherwise)")
     s.add_argument("--overwrite", action="store_true",
                    help="start every run afresh (removes only clusterfl's files of each run)")
-    nothing = s.add_mutually_exclusive_group()
-    nothing.add_argument("--plan", action="store_true",
-                         help="list the runs and whether each is done, without running anything")
-    nothing.add_argument("--report-only", action="store_true",
-                         help="write the table and report from the finished runs, running "
-                         "nothing")
+    nothing = s.add_mutually_exclusive_group()  # the two that run nothing
+    for flag, text in (("--plan", "list the runs and whether each is done, without running "
+                                  "anything"),
+                       ("--report-only", "write the table and report from the finished runs, "
+                                         "running nothing")):
+        nothing.add_argument(flag, action="store_true", help=text)
     s.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     s.add_argument("--device", help="auto, cpu, cuda or cuda:N for every run "
                    "(sets backend.device)")
