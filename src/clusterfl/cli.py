@@ -134,7 +134,7 @@ def _warn(lines: list[str]) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from clusterfl.compare import comparison_configs, run_comparison
+    from clusterfl.compare import comparison_configs, run_comparison, unused_options
     from clusterfl.report import comparison_warnings, summary_table
 
     specs = args.algorithms.split(",")
@@ -149,6 +149,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise _spec_hint(exc, "--algorithms") from None
     folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
+    _warn(unused_options(config, specs))
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
     results = run_comparison(config, specs, out, progress=_progress(args),
                              overwrite=args.overwrite, hint=OVERWRITE_HINT)
@@ -376,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--algorithms", required=True,
                    help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1; "
                    "each is merged into the config's [algorithm] table: its options that a "
-                   "method has (e.g. fraction) apply to that method, the spec's win")
+                   "method has (e.g. fraction) apply to that method, the spec's win; one "
+                   "that no method has is named in a warning")
     c.add_argument("--out", help="output folder (default runs/compare-<config name>)")
     c.add_argument("--overwrite", action="store_true",
                    help="remove the files of an earlier comparison in --out first (a folder "

@@ -92,6 +92,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
 
         require("ray", "ray")  # before any folder is touched
     runs = sweep.plan(out)  # every config validated before anything runs
+    _warn_unused(sweep)
     idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
     moot = [f for f in ("overwrite", "retry_failed") if getattr(args, f, False)]
     if idle and moot:
@@ -135,3 +136,17 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     if diverged and getattr(args, "fail_on_divergence", False):
         return DIVERGED_EXIT
     return 0
+
+
+def _warn_unused(sweep: Any) -> None:
+    """The base config's `[algorithm]` options that none of the sweep's methods has."""
+    from clusterfl.compare import unused_options
+    from clusterfl.config import load_config
+    from clusterfl.errors import ConfigError
+
+    try:
+        base = load_config(sweep.base)
+    except ConfigError:  # valid only with the grid's values: each cell was checked by plan
+        return
+    for line in unused_options(base, sweep.methods):
+        print(f"clusterfl: warning: {line}", file=sys.stderr)

@@ -55,6 +55,19 @@ def merged_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
     return {**{k: table[k] for k in sorted(written) if k in own and k in table}, **spec}
 
 
+def unused_options(config: Config, specs: list[str]) -> list[str]:
+    """One line per option written in the config's `[algorithm]` table that none of the
+    compared methods has: `merged_spec` leaves it out of every run (said, not silent)."""
+    from clusterfl.algorithms import algorithm_class
+
+    names = [parse_algorithm_spec(s)["name"] for s in specs if s.strip()]
+    fields = [algorithm_class(n, "--algorithms").Config.model_fields for n in names]
+    return [f"algorithm.{k} in the config is an option of none of the compared methods "
+            f"({', '.join(names)}): no run uses it"
+            for k in sorted(config.algorithm.model_fields_set - {"name"})
+            if not any(k in f for f in fields)]
+
+
 def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Config]]:
     """(run folder name, config) of each method spec, merged into the config's `[algorithm]`
     table (`merged_spec`); raises ConfigError (`--algorithms`) when no method is given or two

@@ -140,6 +140,12 @@ class Sweep:
             if option != key and not any(option in opts for _, _, opts in specs):
                 raise ConfigError(f"sweep.grid.{key}", f"no method of the sweep has option "
                                   f"{option!r}; methods: {', '.join(self.methods)}")
+            if option != key and all(option in parsed for _, parsed, opts in specs
+                                     if option in opts):  # the specs' own values win
+                raise ConfigError(f"sweep.grid.{key}", f"every method with option {option!r} "
+                                  f"sets it in its spec ({', '.join(self.methods)}), so the "
+                                  "grid's values would apply to none; drop it from the spec "
+                                  "or from the grid")
         runs: dict[tuple[int, int], list[Run]] = {}
         for c, cell in enumerate(self.cells()):
             raw = copy.deepcopy(self.base)

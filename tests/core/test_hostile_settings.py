@@ -318,3 +318,24 @@ def test_a_model_that_cannot_take_the_federation_is_one_line_naming_model_name(c
         Experiment(load_config(config))
     assert err.value.field == "model.name" and words in err.value.message
     assert "\n" not in str(err.value)
+
+
+def test_a_config_option_none_of_the_compared_methods_has_is_a_warning(tmp_path: Path,
+                                                                      capsys):
+    """`n_clusters = 2` in the config's [algorithm] table, compared as fedavg and cfl: left
+    out of every run without a word."""
+    from clusterfl.compare import unused_options
+
+    raw = tiny_config(rounds=1, algorithm={"name": "ifca", "n_clusters": 2, "fraction": 0.5})
+    config = load_config(raw)
+    words = ("algorithm.n_clusters in the config is an option of none of the compared methods "
+             "(fedavg, cfl): no run uses it")
+    assert unused_options(config, ["fedavg", "cfl"]) == [words]
+    assert unused_options(config, ["fedavg", "ifca:n_clusters=3"]) == []  # IFCA has it
+    (tmp_path / "c.toml").write_text(dump_toml(raw))
+    assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg,cfl", "--out",
+                 str(tmp_path / "o"), "--quiet"]) == 0
+    assert f"clusterfl: warning: {words}" in capsys.readouterr().err.splitlines()
+    assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg,cfl", "--seeds",
+                 "0", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert f"clusterfl: warning: {words}" in capsys.readouterr().err.splitlines()

@@ -81,6 +81,9 @@ def test_a_grid_key_of_the_algorithm_applies_to_the_methods_that_have_it(tmp_pat
      "sweep.grid.algorithm.name", "sweep.methods"),
     ({"methods": ["fedavg"], "grid": {"algorithm.n_clusters": [2]}},
      "sweep.grid.algorithm.n_clusters", "no method of the sweep has option"),
+    ({"methods": ["fedavg", "ifca:n_clusters=4"], "grid": {"algorithm.n_clusters": [2, 3]}},
+     "sweep.grid.algorithm.n_clusters",  # both cells ran IFCA with K=4, under their K's names
+     "every method with option 'n_clusters' sets it in its spec"),
     ({"methods": ["fedavg"], "config": "nowhere.toml"}, "sweep.config", "not found"),
 ])
 def test_a_bad_sweep_file_names_its_field(tmp_path: Path, sweep: dict, field: str, words: str
