@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         fail_on_divergence(q)
 
     r = sub.add_parser("run", help="run one method from a TOML config")
-    r.add_argument("config")
+    r.add_argument("config", help="the run config (TOML)")
     r.add_argument("--out", help="run directory (default runs/<config name>); it holds one "
                                  "run: reusing it needs --resume or --overwrite")
     again = r.add_mutually_exclusive_group()
@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("compare", help="several methods on the same federation")
-    c.add_argument("config")
+    c.add_argument("config", help="the run config (TOML) whose federation every method gets")
     c.add_argument("--algorithms", required=True,
                    help="comma-separated; parameters with ':', e.g. fedavg,fedprox:mu=0.1; "
                    "each is merged into the config's [algorithm] table: its options that a "
@@ -396,20 +396,24 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
 
     rep = sub.add_parser("report", help="(re)write the report of run directories")
-    rep.add_argument("dirs", nargs="+")
+    rep.add_argument("dirs", nargs="+", help="run directories (one: its own report; several: "
+                     "a report comparing them)")
     rep.add_argument("--out", help="output folder of a report comparing the runs (default "
                      "runs/report; never a run's folder); one run without --out: its own "
                      "report.md is rewritten")
     rep.set_defaults(func=cmd_report)
 
     d = sub.add_parser("demo", help="the built-in demo (no files needed)")
-    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     d.add_argument("--overwrite", action="store_true",
                    help="replace an earlier demo in --out (only the files clusterfl "
                    "wrote; a folder holding anything else is refused)")
-    d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS)
-    d.add_argument("--set", action="append", metavar="KEY=VALUE")
-    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--methods", type=lambda s: s.split(","), default=DEMO_METHODS,
+                   help="comma-separated method specs as for compare --algorithms "
+                   f"(default {','.join(DEMO_METHODS)})")
+    d.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="change the demo's config, e.g. rounds=10")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
     fail_on_divergence(d)
     d.set_defaults(func=cmd_demo)
 
@@ -437,8 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
         "default filled in and --set applied, as TOML. `show` may be left out.")
     cfg.add_argument("action", nargs="?", metavar="show", help="the only action (optional)")
     cfg.add_argument("config", nargs="?", help="a run config (default: the built-in defaults)")
-    cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
-    cfg.add_argument("--data-dir")
+    cfg.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a config value (as run takes it)")
+    cfg.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     cfg.set_defaults(func=cmd_config)
 
     from clusterfl import cli_bench, cli_encoder, cli_flower, cli_place, cli_sweep

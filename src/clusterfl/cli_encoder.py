@@ -34,14 +34,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--out", help="encoder file to write (default: the FLT encoder cache)")
     t.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     t.add_argument("--latent", type=int, default=128, help="code size e (default 128)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=int, default=64)
+    t.add_argument("--seed", type=int, default=0, help="initialisation and batch order "
+                   "(default 0; FLT's encoder_seed)")
+    t.add_argument("--batch-size", type=int, default=64, help="default 64")
     t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     t.add_argument("--max-samples", type=int, help="use only the first N training images")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines")
     t.set_defaults(func=cmd_train)
     s = sub.add_parser("show", help="print an encoder file's metadata (checks its SHA-256)")
-    s.add_argument("path")
+    s.add_argument("path", help="an encoder file (.pt)")
     s.set_defaults(func=cmd_show)
     return p
 

@@ -57,9 +57,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     e = sub.add_parser("export-partitions", help="write each client's data to its own file")
-    e.add_argument("config")
-    e.add_argument("out_dir")
-    e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.add_argument("config", help="the run config whose federation is written")
+    e.add_argument("out_dir", help="the folder of the client files (new, empty, or an earlier "
+                   "export, which is replaced)")
+    e.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value")
     e.set_defaults(func=cmd_export)
 
     c = sub.add_parser("certs", help="test TLS certificates and SuperNode auth keys")
