@@ -15,6 +15,7 @@ import torch
 
 from clusterfl.algorithms import Algorithm, Context
 from clusterfl.config import Config
+from clusterfl.config_util import flatten
 from clusterfl.errors import ClusterFLError
 from clusterfl.records import RoundRecord
 from clusterfl.state import read_checkpoint, write_checkpoint
@@ -69,9 +70,8 @@ class Checkpoints:
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()
-        differ = first_difference(comparable(saved), comparable(now))
-        if differ is not None:
-            key, then, later = differ
+        if comparable(saved) != comparable(now):
+            key, then, later = first_difference(comparable(saved), comparable(now))
             raise ClusterFLError(
                 f"--resume: the checkpoint in {path.parent} was made with another config "
                 f"({key}: {then!r} then, {later!r} now); use the same config (see its "
@@ -116,19 +116,12 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def first_difference(a: dict[str, Any], b: dict[str, Any],
-                     prefix: str = "") -> tuple[str, Any, Any] | None:
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, Any]:
     """The first dotted key (in sorted order) whose values differ in `a` and `b`, with both
-    values (None: missing); None when the two are equal."""
-    for key in sorted(set(a) | set(b)):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            inner = first_difference(x, y, f"{prefix}{key}.")
-            if inner is not None:
-                return inner
-        elif x != y:
-            return f"{prefix}{key}", x, y
-    return None
+    values (None: missing); ("the tables", a, b) when only an empty table differs."""
+    fa, fb = flatten(a), flatten(b)
+    key = next((k for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)), None)
+    return ("the tables", a, b) if key is None else (key, fa.get(key), fb.get(key))
 
 
 def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,

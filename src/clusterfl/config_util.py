@@ -16,6 +16,17 @@ MAX_SEED = 2**63 - 1
 """The largest seed: what a TOML integer and torch's generator hold."""
 
 
+def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested table as `dotted.key: value` (the form of `--set` and of a sweep's grid)."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _holds_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return True

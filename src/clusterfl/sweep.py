@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config, dump_toml, load_config
-from clusterfl.config_util import MAX_SEED
+from clusterfl.config_util import MAX_SEED, flatten
 from clusterfl.errors import ClusterFLError, ConfigError
 
 STATE_FILE = "sweep-state.json"
@@ -196,17 +196,6 @@ def _set(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     node[parts[-1]] = copy.deepcopy(value)
 
 
-def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in over.items():
@@ -264,7 +253,7 @@ def load_sweep(path: str | Path) -> Sweep:
     grid_raw = sweep.get("grid", {})
     if not isinstance(grid_raw, dict):
         raise ConfigError("sweep.grid", "expected a table of key = [values]")
-    grid = _flatten(grid_raw)
+    grid = flatten(grid_raw)
     for alias in ("seeds", "seed"):  # the seeds may be written among the grid's keys
         if alias in grid:
             if "seeds" in sweep:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from rich.table import Table
 
+from clusterfl.config_util import flatten
 from clusterfl.records import FinalMetrics, RoundMetrics, RunSummary, read_history, read_summary
 from clusterfl.report.figures import human_units, plot_comparison, plot_run
 from clusterfl.report.history import load_config_text, run_label
@@ -362,15 +363,6 @@ def _config(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def _flat(table: Any, prefix: str) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        return {prefix: table}
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        out.update(_flat(value, f"{prefix}.{key}"))
-    return out
-
-
 def run_setup(run_dir: Path, summary: RunSummary) -> tuple[dict[str, Any], dict[str, Any]]:
     """(federation, budget) of a run as flat `field: value` dicts.
 
@@ -384,12 +376,12 @@ def run_setup(run_dir: Path, summary: RunSummary) -> tuple[dict[str, Any], dict[
         fed["seed"] = config["seed"]
     for name in FEDERATION_TABLES:
         if name in config:
-            fed.update(_flat(config[name], name))
+            fed.update(flatten({name: config[name]}))
     fed.pop("data.data_dir", None)
     budget: dict[str, Any] = {"rounds": summary.rounds}
     for name in BUDGET_TABLES:
         if name in config:
-            budget.update(_flat(config[name], name))
+            budget.update(flatten({name: config[name]}))
     return fed, budget
 
 
