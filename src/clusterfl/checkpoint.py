@@ -117,10 +117,14 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, Any]:
-    """The first dotted key (in sorted order) whose values differ in `a` and `b`, with both
-    values (None: missing); ("the tables", a, b) when only an empty table differs."""
+    """The first dotted key whose values differ in `a` and `b`, with both values (None:
+    missing): a table's `name` (the method, the data source, the model...) before its other
+    keys, which depend on it, and otherwise in sorted order; ("the tables", a, b) when only an
+    empty table differs."""
     fa, fb = flatten(a), flatten(b)
-    key = next((k for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)), None)
+    order = sorted(fa.keys() | fb.keys(), key=lambda k: (k.rsplit(".", 1)[-1] not in
+                                                         ("name", "source"), k))
+    key = next((k for k in order if fa.get(k) != fb.get(k)), None)
     return ("the tables", a, b) if key is None else (key, fa.get(key), fb.get(key))
 
 

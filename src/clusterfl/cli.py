@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,9 +68,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     exp = Experiment(config, out)
     try:
         history = exp.run(resume=args.resume, progress=_progress(args))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         print(_interrupted(args, out, exp), file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130
     con = _console()
     con.print(summary_table([history.summary]))
     written = [n for n in ("summary.json", "history.jsonl", "report.md", "figures/")
@@ -161,15 +162,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _seed_list(text: str) -> list[int]:
+    """'0,1,2', '0-4' or '0-2,10' (ranges inclusive, at most 10,000 seeds)."""
+    allowed = ("distinct comma-separated integers or ranges in 0..2**63-1, e.g. 0,1,2 or "
+               f"0-4; got {text!r}")
+    seeds: list[int] = []
     try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            a, dash, b = part.partition("-")
+            first, last = int(a), int(b) if dash else int(a)
+            if last < first or last - first >= 10_000 or len(seeds) > 10_000:
+                raise ValueError
+            seeds.extend(range(first, last + 1))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers ≥ 0, e.g. 0,1,2; got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {allowed}") from None
     if (not seeds or min(seeds) < 0 or max(seeds) > MAX_SEED
             or len(set(seeds)) != len(seeds)):
-        raise argparse.ArgumentTypeError(
-            f"expected distinct comma-separated integers in 0..2**63-1, e.g. 0,1,2; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {allowed}")
     return seeds
 
 
@@ -384,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove the files of an earlier comparison in --out first (a folder "
                    "holding anything else is refused)")
     c.add_argument("--seeds", type=_seed_list, metavar="0,1,2",
-                   help="run every method on each seed (OUT/<method>/seed<N>; resumable, as a "
+                   help="run every method on each seed, given as 0,1,2 or a range 0-4 "
+                   "(OUT/<method>/seed<N>; resumable, as a "
                    "sweep) and write mean ± std, 95 %% intervals and paired comparisons "
                    "(results.csv, report.md)")
     from clusterfl.cli_sweep import add_run_options
@@ -467,17 +478,47 @@ def main(argv: list[str] | None = None) -> int:
             args.data_dir = folder
         else:  # a command without its own option (flower, report, ...): as $CLUSTERFL_DATA
             os.environ["CLUSTERFL_DATA"] = folder
+    previous = _stop_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except ClusterFLError as exc:
         print(f"clusterfl: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("clusterfl: stopped (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("clusterfl: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:
         print(f"clusterfl: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a `kill`, a job scheduler's stop, `timeout`), raised where the command is, so
+    that it stops as after Ctrl-C: the run keeps its checkpoint and frees its folder, and
+    the processes it started (Flower's SuperLink and SuperNodes, sweep workers) are stopped
+    instead of left running."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stop_on_sigterm() -> Any:
+    """Install `_raise_terminated` for SIGTERM while a command runs (main thread, and only
+    over the default handler: an embedding program's own stays); the handler it replaced,
+    or None."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 if __name__ == "__main__":

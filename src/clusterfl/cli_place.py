@@ -158,6 +158,36 @@ def check_json_target(path: Path) -> None:
     if not parent:
         raise ClusterFLError(f"--json: the folder {path.parent} does not exist; create it or "
                              "give a file in an existing folder")
+    if path.exists() and not _is_placements(path):
+        raise ClusterFLError(f"--json: {path} exists and is not a placements file (what "
+                             "`place --json` writes); it is not overwritten: give a new name")
+
+
+def _is_placements(path: Path) -> bool:
+    """The file holds what `place --json` writes: a JSON list of objects with `client` and
+    `cluster` (an earlier placement, which may be replaced)."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rows, list) and all(
+        isinstance(r, dict) and "client" in r and "cluster" in r for r in rows)
+
+
+def _check_model_fits(was: dict[str, Any], exp: Any) -> None:
+    """A federation changed by `--set` must give the run's model what it was trained on: the
+    same input shape and number of outputs (ClusterFLError naming both otherwise)."""
+    from clusterfl.config import load_config
+    from clusterfl.experiment import build_federation
+
+    now = exp.full_federation
+    then = build_federation(load_config(was))
+    if tuple(then.input_shape) != tuple(now.input_shape) or then.n_outputs != now.n_outputs:
+        raise ClusterFLError(
+            f"--set: the run's model was trained on inputs {tuple(then.input_shape)} with "
+            f"{then.n_outputs} outputs; the federation of --set has inputs "
+            f"{tuple(now.input_shape)} with {now.n_outputs}: place clients whose data has the "
+            "run's shape")
 
 
 def _check_vocabulary(run_dir: Path, words: list[str] | None) -> None:
@@ -197,6 +227,8 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
                 raise ClusterFLError(f"--set changed the run's [{table}] table; placement "
                                      "needs the run's own model and method")
     exp = Experiment(config)  # the federation, the held-out split, the method
+    if not same_federation and isinstance(was, dict):
+        _check_model_fits(was, exp)
     alg = exp.algorithm
     full = exp.full_federation
     _check_vocabulary(run_dir, full.meta.get("vocab"))

@@ -314,10 +314,13 @@ def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        hint = f" (a run's: {p / 'config.toml'})" if (p / "config.toml").is_file() else ""
+        raise ConfigError("", f"{p} is a folder; give the config file, a .toml file{hint}")
     if not p.is_file():
         raise ConfigError("", f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{p} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:

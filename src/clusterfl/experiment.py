@@ -151,6 +151,11 @@ class Experiment:
         #: what the method will not do as its settings ask (said when the run starts)
         self.method_warnings = self.algorithm.check(tuple(fed.input_shape), fed.n_clients,
                                                     config.run.rounds)
+        asked = getattr(config.algorithm, "per_round", None)
+        if isinstance(config.algorithm, SampledConfig) and asked and asked > fed.n_clients:
+            self.method_warnings.append(
+                f"algorithm.per_round = {asked} is more than the {fed.n_clients} clients that "
+                f"train: every client is asked every round (as with {fed.n_clients})")
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)
@@ -249,12 +254,17 @@ class Experiment:
 
     def _data_warnings(self) -> list[str]:
         """What the run's data leaves out, said before round 1 (the run goes on)."""
+        out = []
+        want, n = self.config.run.eval_clients, self.federation.n_clients
+        if isinstance(want, int) and want > n:
+            out.append(f"eval_clients = {want} is more than the {n} clients that train: every "
+                       "client is evaluated (as without eval_clients)")
         empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
-        if not empty:
-            return []
-        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
-        return [f"{len(empty)} client(s) have no test samples ({empty[:5]}{more}): the test "
-                "metrics leave them out (their accuracy is null in history.jsonl)"]
+        if empty:
+            more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+            out.append(f"{len(empty)} client(s) have no test samples ({empty[:5]}{more}): the "
+                       "test metrics leave them out (their accuracy is null in history.jsonl)")
+        return out
 
     def _loop(self, ctx: Context, history: History, start: int, elapsed: float,
               files: RunDir, show: bool) -> None:
@@ -338,6 +348,14 @@ def _check_fault_clients(config: Config, n_clients: int) -> None:
     if bad:
         raise ConfigError("faults.drop_clients", f"ids {bad} do not exist; the federation has "
                           f"clients 0..{n_clients - 1}")
+    if len(set(config.faults.drop_clients)) >= n_clients:
+        when = (f"in rounds {config.faults.drop_rounds}" if config.faults.drop_rounds else
+                "in every round")
+        if not config.faults.drop_rounds or set(range(1, config.run.rounds + 1)) <= set(
+                config.faults.drop_rounds):
+            raise ConfigError("faults.drop_clients", f"all {n_clients} clients drop out "
+                              f"{when}: no round would train; allowed: fewer clients, or "
+                              "faults.drop_rounds naming some rounds")
 
 
 __all__ = [

@@ -222,15 +222,27 @@ def execute(
     env = _driver_env()
     with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(run_task, t, per_run, env): t for t in tasks}
-        for future in as_completed(futures):
-            try:
-                outcome = future.result()
-            except Exception as exc:  # the worker process itself died
-                outcome = RunOutcome(futures[future], 0.0,
-                                     error=f"worker process ended: {type(exc).__name__}: {exc}")
-            outcomes.append(outcome)
-            log(bar.finished(outcome))
+        try:
+            for future in as_completed(futures):
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # the worker process itself died
+                    outcome = RunOutcome(futures[future], 0.0, error=f"worker process "
+                                         f"ended: {type(exc).__name__}: {exc}")
+                outcomes.append(outcome)
+                log(bar.finished(outcome))
+        except KeyboardInterrupt:  # Ctrl-C reaches the workers too; SIGTERM only this one
+            _stop_workers(pool)
+            raise
     return outcomes
+
+
+def _stop_workers(pool: Any) -> None:
+    """Cancel the runs not started and stop the running ones (their folders keep their last
+    checkpoint: the sweep resumes them), so that leaving the pool does not wait for them."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 def _execute_ray(tasks: list[RunTask], address: str, cpus: float, gpus: float,

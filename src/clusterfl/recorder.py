@@ -123,15 +123,22 @@ class Recorder:
         reasons: dict[int, str] = {}
         for r in events.get("rejected", []):
             reasons.setdefault(int(r["client"]), str(r["reason"]))
-        out = []
+        crossed: dict[str, list[int]] = {}  # the reason → the clients that reached the count
         for c, why in reasons.items():
             if c in self.accepted:
                 continue
             n = self.rejected_rounds[c] = self.rejected_rounds.get(c, 0) + 1
             if n == ALWAYS_REJECTED:
-                out.append(f"client {c}'s reply was rejected in each of the {n} rounds it "
-                           f"was asked so far ({why}); it takes no part in training: check "
-                           "its data")
+                crossed.setdefault(why, []).append(c)
+        out = []
+        for why, clients in crossed.items():  # one line per reason, however many clients
+            who = f"client {clients[0]}'s reply was" if len(clients) == 1 else \
+                f"the replies of {len(clients)} clients ({id_ranges(clients)}) were"
+            out.append(f"{who} rejected in each of the {ALWAYS_REJECTED} rounds "
+                       f"{'it was' if len(clients) == 1 else 'they were'} asked so far "
+                       f"({why}); {'it takes' if len(clients) == 1 else 'they take'} no part "
+                       "in training: check "
+                       f"{'its' if len(clients) == 1 else 'their'} data")
         self.warnings.extend(out)
         return [f"clusterfl: warning: {w}" for w in out]
 
@@ -251,3 +258,17 @@ def _participation(records: list[RoundRecord], n_clients: int) -> float | None:
     """Mean share of the clients that took part per round (None: no round recorded it)."""
     counts = [r.participants for r in records if r.participants is not None]
     return float(np.mean(counts)) / n_clients if counts and n_clients else None
+
+
+def id_ranges(ids: list[int], most: int = 12) -> str:
+    """Client ids as runs: [0, 1, 2, 5, 7, 8] → '0-2, 5, 7-8' (the first `most` runs, then
+    '…')."""
+    runs: list[list[int]] = []
+    for c in sorted(ids):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    return ", ".join(text) + (", …" if len(runs) > most else "")
+

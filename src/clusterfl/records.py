@@ -404,8 +404,21 @@ def _require_file(run_dir: str | Path, name: str) -> Path:
         raise RunDirError(f"{run_dir}: not a directory (expected a run directory)")
     path = run_dir / name
     if not path.is_file():
-        raise RunDirError(f"{run_dir} is not a run directory: missing {name} ({path})")
+        raise RunDirError(f"{run_dir} is not a run directory: missing {name} ({path})"
+                          f"{_runs_below(run_dir)}")
     return path
+
+
+def _runs_below(folder: Path) -> str:
+    """'; it holds the runs A, B, …: give those' for a folder whose subfolders (3 levels
+    down: a comparison's, a sweep's) are run folders; '' when none is."""
+    runs = sorted({p.parent for depth in ("*", "*/*", "*/*/*")
+                   for p in folder.glob(f"{depth}/summary.json")})
+    if not runs:
+        return ""
+    shown = ", ".join(str(r) for r in runs[:3]) + (f" and {len(runs) - 3} more"
+                                                   if len(runs) > 3 else "")
+    return f"; it holds the runs {shown}: give those"
 
 
 def read_history(run_dir: str | Path) -> list[RoundRecord]:

@@ -62,6 +62,22 @@ class RunDirInUseError(ClusterFLError):
 # ------------------------------------------------------------------ the lock
 
 
+def _command_line(most: int = 120) -> str:
+    """This process's command line for the lock file: the program's name and its arguments,
+    without the value of an option that holds a secret (Flower's `--token`), at most `most`
+    characters."""
+    args, hide = [Path(sys.argv[0]).name], False
+    for arg in sys.argv[1:]:
+        args.append("…" if hide else arg)
+        hide = arg in SECRET_OPTIONS
+    text = " ".join(args).replace("\n", " ")
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+SECRET_OPTIONS = ("--token",)
+"""Options whose value the lock file does not repeat (a Flower ServerApp's run token)."""
+
+
 def _holder(path: Path) -> str:
     """Who holds the lock at `path`, as its file says ("process 123 (clusterfl run ...)")."""
     try:
@@ -100,7 +116,7 @@ class FolderLock:
             if same:
                 break
             os.close(fd)
-        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300].replace("\n", " ")
+        command = _command_line()
         os.ftruncate(fd, 0)  # a stale lock (its process dead) is taken over here
         os.write(fd, f"{os.getpid()} {command}\n".encode())
         self._fd = fd

@@ -111,3 +111,40 @@ def test_a_json_target_that_cannot_be_written_is_one_line_naming_json(ifca_run, 
     if where == "name_too_long":  # the OS's reason, in one line
         assert "File name too long" in lines[0]
     assert captured.out.strip() == ""  # refused before any placement was computed or printed
+
+
+def test_a_federation_of_another_shape_is_one_line_naming_both_shapes(ifca_run, tmp_path,
+                                                                       capsys):
+    # before: `--set data.source=mnist` on a run of the 8×8 digits ended in torch's
+    # "shape '[64, 784]' is invalid for input of size 4810" traceback
+    from tests.paper_files import write_idx_set
+
+    write_idx_set(tmp_path, "mnist", train=240, test=60)
+    rc = main(["place", str(ifca_run), "--clients", "0-3", "--data-dir", str(tmp_path),
+               "--set", "data.source=mnist", "--set", "data.verify=false"])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("clusterfl: error: --set: the run's model was trained on "
+                                   "inputs (1, 8, 8) with 10 outputs; the federation of --set "
+                                   "has inputs (1, 28, 28) with 10")
+    assert captured.out.strip() == ""
+
+
+def test_json_never_overwrites_a_file_that_is_not_a_placement(ifca_run, tmp_path, capsys):
+    # before: `--json RUN/summary.json` replaced the run's summary with the placements
+    summary = ifca_run / "summary.json"
+    before = summary.read_bytes()
+    assert main(["place", str(ifca_run), "--clients", "0", "--json", str(summary)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"clusterfl: error: --json: {summary} exists and is not a placements file "
+                   "(what `place --json` writes); it is not overwritten: give a new name\n")
+    assert summary.read_bytes() == before
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    assert main(["place", str(ifca_run), "--clients", "0", "--json", str(notes)]) == 2
+    assert notes.read_text() == '{"mine": 1}'
+    capsys.readouterr()
+    placed = tmp_path / "placed.json"  # an earlier placement is replaced
+    assert main(["place", str(ifca_run), "--clients", "0", "--json", str(placed)]) == 0
+    assert main(["place", str(ifca_run), "--clients", "1-2", "--json", str(placed)]) == 0
+    assert [r["client"] for r in json.loads(placed.read_text())] == [1, 2]

@@ -75,6 +75,12 @@ def test_read_toml_errors(tmp_path):
     bad.write_text("rounds = = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
         read_toml(bad)
+    # a folder: said so (before: "config file not found: ."), and a run folder's own file named
+    with pytest.raises(ConfigError, match=r"is a folder; give the config file, a \.toml file$"):
+        read_toml(tmp_path)
+    (tmp_path / "config.toml").write_text("rounds = 3")
+    with pytest.raises(ConfigError, match=r"is a folder; .*\(a run's: .*config\.toml\)$"):
+        read_toml(tmp_path)
 
 
 def test_each_backend_validates_its_own_table_and_builds_from_it():

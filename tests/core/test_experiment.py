@@ -98,6 +98,12 @@ def test_resume_refuses_other_config_or_missing_checkpoint(tmp_path):
     with pytest.raises(ClusterFLError, match=r"\(train\.lr: 0\.1 then, 0\.2 now\)"):
         Experiment.from_config({**cfg, "train": {**cfg["train"], "lr": 0.2}},
                                out_dir=tmp_path).run(resume=True)
+    # another method: its name, not the first of its options in sorted order (an IFCA run
+    # resumed as FedAvg named "algorithm.assign_by: 'loss' then, None now")
+    ifca = {**cfg, "algorithm": {"name": "ifca", "n_clusters": 2}}
+    Experiment.from_config(ifca, out_dir=tmp_path / "ifca").run(progress=False)
+    with pytest.raises(ClusterFLError, match=r"\(algorithm\.name: 'ifca' then, 'fedavg' now\)"):
+        Experiment.from_config(cfg, out_dir=tmp_path / "ifca").run(resume=True)
 
 
 def test_a_callback_that_raises_stops_the_run_in_one_line_and_it_resumes_without_it(
@@ -248,6 +254,36 @@ def test_sigint_names_the_checkpoint_round_and_resume(tmp_path):
     assert "Traceback" not in err
     assert f"holds round {held} of 20000" in err and "--resume" in err
     assert f"--out {out}" in err and err.strip().endswith("--resume")
+
+
+def test_sigterm_stops_like_ctrl_c_and_the_run_resumes(tmp_path):
+    """SIGTERM (`kill`, `timeout`, a scheduler) ended the process where it stood: no word,
+    and the Flower processes `flower run --mode local` had started kept running (40
+    SuperNodes and their SuperExecs after two `timeout` runs). It now stops as Ctrl-C does:
+    the checkpoint's round and the command to resume, exit 143, the folder free again."""
+    cfg = {**SMALL, "rounds": 20000, "checkpoint_every": 2}
+    path, out = tmp_path / "long.toml", tmp_path / "run"
+    path.write_text(dump_toml(cfg))
+    cmd = [sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hist = out / "history.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "checkpoint" / "state.pt").exists() and len(
+                hist.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert f"holds round {torch_round(out)} of 20000" in err and "--resume" in err
+    from clusterfl.rundir import FolderLock
+
+    lock = FolderLock(out)  # nobody holds the folder any more
+    lock.acquire()
+    lock.release()
 
 
 def torch_round(out: Path) -> int:

@@ -276,6 +276,18 @@ def test_cfl_sampling_enough_clients_gives_no_warning(algorithm):
     assert exp.method_warnings == []
 
 
+@pytest.mark.parametrize("name", ["fedavg", "ifca", "flhc"])
+def test_per_round_above_the_federation_is_a_warning(name):
+    """`per_round = 50` with 20 clients ran with every client, without a word."""
+    algorithm = {"name": name, "per_round": 50, **({"n_clusters": 2} if name == "ifca" else {})}
+    exp = Experiment(load_config(tiny_config(n_clients=20, algorithm=algorithm)))
+    assert exp.method_warnings == ["algorithm.per_round = 50 is more than the 20 clients that "
+                                   "train: every client is asked every round (as with 20)"]
+    algorithm["per_round"] = 20
+    assert Experiment(load_config(tiny_config(n_clients=20, algorithm=algorithm))
+                      ).method_warnings == []
+
+
 @pytest.mark.parametrize("key, value, field", [
     ("rounds", True, "rounds"),  # ran one round
     ("train", {"lr": True}, "train.lr"),  # trained at lr 1.0
@@ -339,3 +351,17 @@ def test_a_config_option_none_of_the_compared_methods_has_is_a_warning(tmp_path:
     assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg,cfl", "--seeds",
                  "0", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     assert f"clusterfl: warning: {words}" in capsys.readouterr().err.splitlines()
+
+
+def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path, capsys):
+    """`eval_clients = 1000` with 4 clients evaluated every client, without a word."""
+    from clusterfl.records import read_summary
+
+    cfg = tiny_config(rounds=2, n_clients=4, eval_clients=1000)
+    Experiment(load_config(cfg), tmp_path).run(progress=False)
+    line = ("eval_clients = 1000 is more than the 4 clients that train: every client is "
+            "evaluated (as without eval_clients)")
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
+    assert line in read_summary(tmp_path).warnings
+    Experiment(load_config({**cfg, "eval_clients": 4}), tmp_path / "b").run(progress=False)
+    assert not any("eval_clients" in w for w in read_summary(tmp_path / "b").warnings or [])

@@ -375,3 +375,36 @@ def test_a_run_listed_twice_in_report_is_one_line(tmp_path: Path,
         assert err == [f"clusterfl: error: report: {Path(again)} is listed twice; list each "
                        "run once"]
     assert not (tmp_path / "cmp").exists()
+
+
+def test_report_on_a_comparison_folder_names_the_runs_it_holds(tmp_path, capsys):
+    """`report OUT` on the folder of a comparison or a sweep said only "missing summary.json";
+    it now names the run folders below it to give instead."""
+    from clusterfl.cli import main
+
+    for run in ("fedavg/seed0", "fedavg/seed1", "ifca/seed0", "ifca/seed1"):
+        (tmp_path / "cmp" / run).mkdir(parents=True)
+        (tmp_path / "cmp" / run / "summary.json").write_text("{}")
+    assert main(["report", str(tmp_path / "cmp")]) == 2
+    cmp = tmp_path / "cmp"
+    assert capsys.readouterr().err == (
+        f"clusterfl: error: {cmp} is not a run directory: missing summary.json "
+        f"({cmp / 'summary.json'}); it holds the runs {cmp / 'fedavg/seed0'}, "
+        f"{cmp / 'fedavg/seed1'}, {cmp / 'ifca/seed0'} and 1 more: give those\n")
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.endswith("(" + str(tmp_path / "empty" / "summary.json")
+                                            + ")\n")
+
+
+def test_the_lock_file_names_the_command_without_its_secrets(monkeypatch):
+    """A Flower ServerApp holding a run folder was named with its whole command line,
+    `--token` value included, in the "is in use by" error."""
+    from clusterfl.rundir import _command_line
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/flwr-serverapp", "--runtime-api-address",
+                                      "127.0.0.1:36583", "--token", "730f5d2a679de175"])
+    assert _command_line() == "flwr-serverapp --runtime-api-address 127.0.0.1:36583 --token …"
+    monkeypatch.setattr(sys, "argv", ["clusterfl", "run", "x" * 200])
+    line = _command_line()
+    assert len(line) == 120 and line.startswith("clusterfl run xxx") and line.endswith("…")

@@ -121,6 +121,26 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("text", "seeds"), [
+    ("0,1,2", [0, 1, 2]), ("0-3", [0, 1, 2, 3]), ("0-2,10", [0, 1, 2, 10]), (" 5 ,", [5]),
+    ("0,0", None), ("0-2,1", None), ("3-1", None), ("-1", None), ("0-", None), ("", None),
+    ("0-100000", None), ("a-b", None),
+])
+def test_seeds_take_lists_and_ranges(text: str, seeds: list[int] | None) -> None:
+    """`--seeds 0-3` was refused ("expected comma-separated integers"); ranges now read as
+    --clients reads them, inclusive, and a seed given twice is still refused."""
+    import argparse
+
+    from clusterfl.cli import _seed_list
+
+    if seeds is not None:
+        assert _seed_list(text) == seeds
+        return
+    with pytest.raises(argparse.ArgumentTypeError, match="distinct comma-separated integers "
+                       r"or ranges in 0\.\.2\*\*63-1, e\.g\. 0,1,2 or 0-4"):
+        _seed_list(text)
+
+
 def test_flags_that_run_nothing_refuse_flags_about_running(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--plan --report-only` planned silently, `--report-only --retry-failed` retried

@@ -4,7 +4,7 @@ the report (issue 35: "a client rejected every round, no warning")."""
 from __future__ import annotations
 
 from clusterfl.experiment import Experiment
-from clusterfl.recorder import ALWAYS_REJECTED
+from clusterfl.recorder import ALWAYS_REJECTED, id_ranges
 from clusterfl.records import read_summary
 from clusterfl.report import write_run_report
 from tests.core.test_experiment import SMALL
@@ -34,3 +34,23 @@ def test_no_warning_for_a_client_rejected_once(tmp_path):
            "adversary": {"kind": "scale", "clients": [2], "scale": 1e6}}
     Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
     assert read_summary(tmp_path).warnings is None
+
+
+def test_many_clients_rejected_every_round_are_one_line(tmp_path, capsys):
+    # clients 1, 2 and 6 are scaled a million times: rejected every round, reported once,
+    # in one line naming them as runs of ids (not one line per client)
+    cfg = {**SMALL, "rounds": ALWAYS_REJECTED,
+           "adversary": {"kind": "scale", "clients": [1, 2, 6], "scale": 1e6}}
+    Experiment.from_config(cfg, out_dir=tmp_path).run(progress=False)
+    printed = [line for line in capsys.readouterr().err.splitlines() if "rejected in" in line]
+    assert printed == [
+        f"clusterfl: warning: the replies of 3 clients (1-2, 6) were rejected in each of the "
+        f"{ALWAYS_REJECTED} rounds they were asked so far (norm); they take no part in "
+        "training: check their data"]
+    assert read_summary(tmp_path).warnings == [printed[0].removeprefix("clusterfl: warning: ")]
+
+
+def test_id_ranges():
+    assert id_ranges([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
+    assert id_ranges([4]) == "4"
+    assert id_ranges(list(range(0, 40, 2)), most=3) == "0, 2, 4, …"

@@ -50,3 +50,21 @@ def _toml_roundtrip(raw: dict) -> dict:
     import tomllib
 
     return tomllib.loads(dump_toml(raw))
+
+
+@pytest.mark.parametrize(("faults", "words"), [
+    ({"drop_clients": [0, 1, 2, 3]}, "all 4 clients drop out in every round"),
+    ({"drop_clients": [3, 2, 1, 0], "drop_rounds": [1, 2]}, "all 4 clients drop out in rounds "
+     "[1, 2]"),
+])
+def test_every_client_dropping_out_in_every_round_is_refused(faults, words):
+    """Listing every client in `drop_clients` (for every round) ran with nobody training,
+    ending in a "did not learn" warning only."""
+    from clusterfl.experiment import Experiment
+    from tests.tiny import tiny_config
+
+    with pytest.raises(ConfigError) as err:
+        Experiment(load_config(tiny_config(rounds=2, n_clients=4, faults=faults)))
+    assert err.value.field == "faults.drop_clients" and words in err.value.message
+    some = {**faults, "drop_rounds": [1]}  # one round of two: the other trains
+    Experiment(load_config(tiny_config(rounds=2, n_clients=4, faults=some)))
