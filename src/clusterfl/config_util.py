@@ -62,8 +62,9 @@ class Settings(BaseModel):
 
 
 def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:
-    loc = ".".join(str(p) for p in err.get("loc", ()))
-    field = ".".join(p for p in (prefix, loc) if p)
+    field = prefix
+    for part in err.get("loc", ()):  # a list's item as `hidden[1]`, as the TOML reads
+        field += f"[{part}]" if isinstance(part, int) else f".{part}" if field else str(part)
     msg = err.get("msg", "invalid value")
     if err.get("type") == "value_error":  # our validators' own words, without pydantic's tag
         msg = str(msg).removeprefix("Value error, ")

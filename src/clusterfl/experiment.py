@@ -45,7 +45,7 @@ from clusterfl.models import MODELS, ModelFactory
 from clusterfl.progress import Progress, want_progress
 from clusterfl.recorder import Recorder, evaluate_all
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary
-from clusterfl.robust.adversary import choose_adversaries, flip_labels
+from clusterfl.robust.adversary import choose_adversaries, flip_labels, training_ids
 from clusterfl.robust.guard import Guard
 from clusterfl.rundir import RunDir, RunDirInUseError, claim_run_dir
 
@@ -138,14 +138,14 @@ class Experiment:
         #: ids (in the whole federation) of the clients that train and of the held-out ones
         self.train_ids, self.holdout_ids = self.split.train_ids, self.split.ids
         self.adversaries = choose_adversaries(config.adversary, len(self.train_ids),
-                                              config.run.seed)
+                                              config.run.seed, len(self.holdout_ids))
         if config.adversary.kind == "label_flip" and len(self.adversaries):
             full = flip_labels(full, self.train_ids[self.adversaries])
         self.full_federation = self.split.full = full
         """The whole federation: the backend's, which `train_ids` and `holdout_ids` index."""
         self.federation = full.subset(self.train_ids) if len(self.holdout_ids) else full
         """The clients that train, numbered 0..n−1 (all clients without `holdout`)."""
-        _check_fault_clients(config, self.federation.n_clients)
+        _check_fault_clients(config, self.federation.n_clients, len(self.holdout_ids))
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
         #: what the method will not do as its settings ask (said when the run starts)
@@ -343,11 +343,11 @@ def _with_data_of(config: Config, federation: Federation) -> Config:
     return load_config({**now, "data": given, "scenario": scenario})
 
 
-def _check_fault_clients(config: Config, n_clients: int) -> None:
+def _check_fault_clients(config: Config, n_clients: int, held_out: int) -> None:
     bad = [c for c in config.faults.drop_clients if c >= n_clients]
     if bad:
         raise ConfigError("faults.drop_clients", f"ids {bad} do not exist; the federation has "
-                          f"clients 0..{n_clients - 1}")
+                          f"clients 0..{n_clients - 1}{training_ids(held_out)}")
     if len(set(config.faults.drop_clients)) >= n_clients:
         when = (f"in rounds {config.faults.drop_rounds}" if config.faults.drop_rounds else
                 "in every round")

@@ -100,8 +100,23 @@ def resolve(kind: str, name: object, builtins: Iterable[str], field: str) -> Any
             raise ConfigError(field, f"the entry point {name!r} ({ep.value}, group "
                                      f"{KINDS[kind]}) failed to load: "
                                      f"{type(exc).__name__}: {exc}") from None
-    allowed = ", ".join(sorted({*known, *found}))
-    raise ConfigError(field, f"unknown value {name!r}; allowed: {allowed}, {IMPORT_HINT}")
+    names = sorted({*known, *found})
+    raise ConfigError(field, f"unknown value {name!r}{_near(name, names)}; allowed: "
+                      f"{', '.join(names)}, {IMPORT_HINT}")
+
+
+def _near(name: object, names: list[str]) -> str:
+    """A hint for a name that is almost one of `names`: another case ('IFCA'), or an option
+    written where a name goes ('averaging=model' after a comma of `--algorithms`)."""
+    if not isinstance(name, str):
+        return ""
+    folded = [n for n in names if n.lower() == name.strip().lower()]
+    if folded:
+        return f" (names are lower case: {folded[0]!r})"
+    if "=" in name:
+        return (" (an option? a method's options follow it after ':', e.g. "
+                "ifca:n_clusters=4:averaging=model; ',' separates methods)")
+    return ""
 
 
 def describe(obj: Any) -> str:

@@ -155,6 +155,11 @@ def test_demo_methods_get_distinct_safe_folder_names() -> None:
     ("", "--methods: no method given"),
     ("nope", "--methods: unknown value 'nope'"),
     ("ifca:n_clusters", "--methods: 'n_clusters' in 'ifca:n_clusters' has no value"),
+    # a name in another case, an option after a comma: said what was meant
+    ("IFCA:n_clusters=4", "--methods: unknown value 'IFCA' (names are lower case: 'ifca'); "),
+    ("ifca:n_clusters=4,averaging=model", "--methods: unknown value 'averaging=model' (an "
+     "option? a method's options follow it after ':', e.g. ifca:n_clusters=4:averaging=model; "
+     "',' separates methods); allowed: cfl, "),
 ])
 def test_a_bad_demo_method_names_the_demos_own_flag(tmp_path: Path, capsys, methods: str,
                                                      message: str) -> None:

@@ -205,12 +205,12 @@ def test_a_right_assignment_passes_unchanged():
 
 
 @pytest.mark.parametrize(("model", "field"), [
-    ({"name": "mlp", "hidden": [0]}, "model.hidden.0"),
-    ({"name": "mlp", "hidden": [64, -5]}, "model.hidden.1"),
-    ({"name": "lenet", "channels": [0, 16]}, "model.channels.0"),
-    ({"name": "lenet", "hidden": [120, 0]}, "model.hidden.1"),
-    ({"name": "cfl_cnn", "channels": [6, -1]}, "model.channels.1"),
-    ({"name": "cam_cnn", "hidden": [0]}, "model.hidden.0"),
+    ({"name": "mlp", "hidden": [0]}, "model.hidden[0]"),
+    ({"name": "mlp", "hidden": [64, -5]}, "model.hidden[1]"),
+    ({"name": "lenet", "channels": [0, 16]}, "model.channels[0]"),
+    ({"name": "lenet", "hidden": [120, 0]}, "model.hidden[1]"),
+    ({"name": "cfl_cnn", "channels": [6, -1]}, "model.channels[1]"),
+    ({"name": "cam_cnn", "hidden": [0]}, "model.hidden[0]"),
 ])
 def test_a_built_in_model_with_a_zero_or_negative_width_fails_naming_the_width(model, field):
     # hidden = [0] trained a constant model silently (exit 0); [-5] ended in torch's traceback

@@ -220,3 +220,51 @@ def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):
                    str(tmp_path / "out"), "--timeout", "0.2", "--quiet"])
     with pytest.raises(ClusterFLError, match=r"did not finish within --timeout 0\.2 s"):
         args.func(args)
+
+
+def test_sigterm_stops_the_local_deployment_it_started(tmp_path, monkeypatch, capsys):
+    """`timeout 200 clusterfl flower run --mode local` left the SuperLink, 20 SuperNodes, their
+    SuperExecs and the ServerApp running after the CLI died (the ServerApp kept the run
+    folder locked). SIGTERM now unwinds the command as Ctrl-C does: the deployment's exit
+    stops its processes, and the command ends with status 143."""
+    import contextlib
+    import os
+    import signal
+
+    import clusterfl.deploy.launch as launch
+    from clusterfl.cli import main
+
+    events: list[str] = []
+
+    class Running:
+        def alive(self) -> bool:  # the first poll: someone sends SIGTERM to the CLI
+            os.kill(os.getpid(), signal.SIGTERM)
+            return True
+
+    class Deployment:
+        def start_superlink(self) -> None:
+            events.append("superlink")
+
+        def start_supernode(self, config) -> None:
+            events.append("supernode")
+
+        def flwr_run(self, *args) -> Running:
+            return Running()
+
+    @contextlib.contextmanager
+    def deployment(work):
+        try:
+            yield Deployment()
+        finally:
+            events.append("stopped")
+
+    monkeypatch.setattr(launch, "local_deployment", deployment)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh process
+    try:
+        rc = main(["flower", "run", _config(tmp_path), "--mode", "local", "--out",
+                   str(tmp_path / "out"), "--quiet"])
+    finally:
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # main restored it
+        signal.signal(signal.SIGTERM, previous)
+    assert rc == 143 and events[0] == "superlink" and events[-1] == "stopped"
+    assert capsys.readouterr().err == "clusterfl: stopped (SIGTERM)\n"

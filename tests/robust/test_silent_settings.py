@@ -68,3 +68,24 @@ def test_every_client_dropping_out_in_every_round_is_refused(faults, words):
     assert err.value.field == "faults.drop_clients" and words in err.value.message
     some = {**faults, "drop_rounds": [1]}  # one round of two: the other trains
     Experiment(load_config(tiny_config(rounds=2, n_clients=4, faults=some)))
+
+
+@pytest.mark.parametrize(("tables", "field"), [
+    ({"faults": {"drop_clients": [5]}}, "faults.drop_clients"),
+    ({"adversary": {"kind": "sign_flip", "clients": [5]}}, "adversary.clients"),
+])
+def test_an_id_beyond_the_training_clients_says_that_holdout_renumbers_them(tables, field):
+    """With `scenario.holdout` the ids of these tables count the clients that train; the
+    error said only "the federation has clients 0..3" of a federation of 8."""
+    from clusterfl.experiment import Experiment
+    from tests.tiny import tiny_config
+
+    cfg = tiny_config(n_clients=8, **tables)
+    cfg["scenario"]["holdout"] = 0.5
+    with pytest.raises(ConfigError) as err:
+        Experiment(load_config(cfg))
+    assert err.value.field == field and err.value.message == (
+        "ids [5] do not exist; the federation has clients 0..3 that train (4 more are held out "
+        "by scenario.holdout; these ids count the clients that train)")
+    del cfg["scenario"]["holdout"]
+    Experiment(load_config(cfg))  # without the holdout, client 5 exists

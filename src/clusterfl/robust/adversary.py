@@ -30,15 +30,24 @@ from clusterfl.robust.config import AdversaryConfig
 _ADVERSARY_STREAM = 4242
 
 
-def choose_adversaries(config: AdversaryConfig, n_clients: int, seed: int) -> np.ndarray:
-    """Sorted ids of the attacking clients (empty when `kind` is "none")."""
+def training_ids(held_out: int) -> str:
+    """What client ids of the robustness tables count when `scenario.holdout` holds clients
+    out ('' when it holds none)."""
+    return (f" that train ({held_out} more are held out by scenario.holdout; these ids "
+            "count the clients that train)") if held_out else ""
+
+
+def choose_adversaries(config: AdversaryConfig, n_clients: int, seed: int,
+                       held_out: int = 0) -> np.ndarray:
+    """Sorted ids of the attacking clients (empty when `kind` is "none"); `held_out`: the
+    clients `scenario.holdout` keeps from training (the ids count the others)."""
     if config.kind == "none":
         return np.zeros(0, dtype=np.int64)
     if config.clients:
         bad = [c for c in config.clients if c >= n_clients]
         if bad:
             raise ConfigError("adversary.clients", f"ids {bad} do not exist; the federation "
-                              f"has clients 0..{n_clients - 1}")
+                              f"has clients 0..{n_clients - 1}{training_ids(held_out)}")
         ids = np.unique(np.asarray(config.clients, dtype=np.int64))
         _some_honest(len(ids), n_clients, "adversary.clients")
         return ids
