@@ -132,13 +132,15 @@ class Recorder:
                 crossed.setdefault(why, []).append(c)
         out = []
         for why, clients in crossed.items():  # one line per reason, however many clients
-            who = f"client {clients[0]}'s reply was" if len(clients) == 1 else \
-                f"the replies of {len(clients)} clients ({id_ranges(clients)}) were"
-            out.append(f"{who} rejected in each of the {ALWAYS_REJECTED} rounds "
-                       f"{'it was' if len(clients) == 1 else 'they were'} asked so far "
-                       f"({why}); {'it takes' if len(clients) == 1 else 'they take'} no part "
-                       "in training: check "
-                       f"{'its' if len(clients) == 1 else 'their'} data")
+            if len(clients) == 1:
+                who, it, takes, its = f"client {clients[0]}'s reply was", "it was", "it " \
+                    "takes", "its"
+            else:
+                who, it, takes, its = (f"the replies of {len(clients)} clients "
+                                       f"({id_ranges(clients)}) were", "they were",
+                                       "they take", "their")
+            out.append(f"{who} rejected in each of the {ALWAYS_REJECTED} rounds {it} asked so "
+                       f"far ({why}); {takes} no part in training: check {its} data")
         self.warnings.extend(out)
         return [f"clusterfl: warning: {w}" for w in out]
 
