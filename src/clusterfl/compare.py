@@ -31,11 +31,21 @@ def parse_algorithm_spec(spec: str) -> dict[str, Any]:
         if "=" not in pair:
             raise ConfigError("--algorithms", f"{pair!r} in {spec!r} has no value; write "
                                               f"{pair or 'key'}=VALUE after each ':'")
-        key, text = pair.split("=", 1)
+        key, text = (part.strip() for part in pair.split("=", 1))
+        if not key:
+            raise ConfigError("--algorithms", f"{pair!r} in {spec!r} has no option name; "
+                                              "write KEY=VALUE after each ':'")
+        if key == "name":
+            raise ConfigError("--algorithms", f"'name' in {spec!r}: the method is the part "
+                                              f"before the first ':' ({name!r}); write "
+                                              f"{text or 'NAME'}:... for another one")
+        if key in out:
+            raise ConfigError("--algorithms", f"{key!r} is given twice in {spec!r}; give each "
+                                              "option once")
         try:
-            out[key.strip()] = tomllib.loads(f"v = {text}")["v"]
+            out[key] = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
-            out[key.strip()] = text
+            out[key] = text
     return out
 
 

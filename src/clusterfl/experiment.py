@@ -39,6 +39,7 @@ from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.data.text import VOCAB_FILE, Vocab
+from clusterfl.engine.device import resolve_device
 from clusterfl.errors import ConfigError
 from clusterfl.holdout import Holdout
 from clusterfl.models import MODELS, ModelFactory
@@ -151,6 +152,17 @@ class Experiment:
         #: what the method will not do as its settings ask (said when the run starts)
         self.method_warnings = self.algorithm.check(tuple(fed.input_shape), fed.n_clients,
                                                     config.run.rounds)
+        if getattr(config.backend, "precision", "fp32") == "tf32" and \
+                resolve_device(getattr(config.backend, "device", "auto")).type == "cpu":
+            self.method_warnings.append(
+                "backend.precision = 'tf32' does nothing on the CPU (TF32 is a CUDA tensor-core "
+                "format): the run computes in float32, as with 'fp32'")
+        if config.backend.name == "sequential" and config.backend.chunk_size != \
+                type(config.backend).model_fields["chunk_size"].default:  # what runs write
+            self.method_warnings.append(
+                f"backend.chunk_size = {config.backend.chunk_size} does nothing with the "
+                "sequential backend (it computes one client at a time); it sets the simulation "
+                "backend's batch of clients")
         asked = getattr(config.algorithm, "per_round", None)
         if isinstance(config.algorithm, SampledConfig) and asked and asked > fed.n_clients:
             self.method_warnings.append(

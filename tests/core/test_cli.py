@@ -230,3 +230,29 @@ def test_readme_python_snippet_runs_from_any_folder(tmp_path: Path) -> None:
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "runs" / "python-ifca" / "summary.json").is_file()
+
+
+def test_sigterm_handler_is_installed_over_the_default_only_and_fires_once(monkeypatch):
+    """The first SIGTERM unwinds the command (`Terminated`, a KeyboardInterrupt); the handler
+    then gives SIGTERM back to the default, so a second one ends the process at once while
+    it cleans up; a program that has its own handler keeps it."""
+    import signal
+
+    from clusterfl.cli import Terminated, _raise_terminated, _stop_on_sigterm
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert _stop_on_sigterm() is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is _raise_terminated
+        with pytest.raises(Terminated):
+            _raise_terminated(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert issubclass(Terminated, KeyboardInterrupt)
+
+        def own(signum, frame):  # pragma: no cover - never called
+            pass
+
+        signal.signal(signal.SIGTERM, own)
+        assert _stop_on_sigterm() is None and signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -47,6 +47,24 @@ def test_compare_help_says_specs_merge_into_the_config_algorithm_table(capsys):
     assert "merged into the config's [algorithm] table" in text
 
 
+@pytest.mark.parametrize(("spec", "message"), [
+    # ran FedAvg under the spec of IFCA
+    ("ifca:name=fedavg", "'name' in 'ifca:name=fedavg': the method is the part before the "
+     "first ':' ('ifca'); write fedavg:... for another one"),
+    # the last value won, without a word
+    ("ifca:n_clusters=4:n_clusters=3", "'n_clusters' is given twice in "
+     "'ifca:n_clusters=4:n_clusters=3'; give each option once"),
+    # "algorithm.: unknown field"
+    ("ifca:=4", "'=4' in 'ifca:=4' has no option name; write KEY=VALUE after each ':'"),
+])
+def test_a_method_spec_that_overrides_its_name_repeats_or_misses_an_option_is_refused(
+        spec: str, message: str):
+    with pytest.raises(ConfigError) as err:
+        parse_algorithm_spec(spec)
+    assert err.value.field == "--algorithms" and err.value.message == message
+    assert parse_algorithm_spec(" ifca : n_clusters = 4 ") == {"name": "ifca", "n_clusters": 4}
+
+
 def test_an_option_without_a_value_in_algorithms_fails_in_one_line(tmp_path: Path, capsys):
     with pytest.raises(ConfigError) as err:
         parse_algorithm_spec("ifca:n_clusters")
@@ -365,3 +383,33 @@ def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path,
     assert line in read_summary(tmp_path).warnings
     Experiment(load_config({**cfg, "eval_clients": 4}), tmp_path / "b").run(progress=False)
     assert not any("eval_clients" in w for w in read_summary(tmp_path / "b").warnings or [])
+
+
+def test_tf32_on_the_cpu_is_a_warning():
+    """`backend.precision = "tf32"` on the CPU computed in float32 without a word."""
+    def warnings(precision):
+        backend = {"name": "simulation", "device": "cpu", "precision": precision}
+        return Experiment(load_config(tiny_config(backend=backend))).method_warnings
+
+    assert warnings("tf32") == ["backend.precision = 'tf32' does nothing on the CPU (TF32 is a "
+                                "CUDA tensor-core format): the run computes in float32, as "
+                                "with 'fp32'"]
+    assert warnings("fp32") == [] and warnings("bf16-mixed") == []
+
+
+def test_chunk_size_with_the_sequential_backend_is_a_warning(tmp_path):
+    """`chunk_size` is accepted by the sequential backend (a config may switch backends) and
+    did nothing, without a word; the value every run writes back gives no warning."""
+    from clusterfl.config import dump_toml, read_toml
+
+    def warnings(backend):
+        return Experiment(load_config(tiny_config(backend=backend))).method_warnings
+
+    assert warnings({"name": "sequential", "chunk_size": 8}) == [
+        "backend.chunk_size = 8 does nothing with the sequential backend (it computes one "
+        "client at a time); it sets the simulation backend's batch of clients"]
+    assert warnings({"name": "sequential"}) == []
+    assert warnings({"name": "simulation", "chunk_size": 8}) == []
+    written = load_config(tiny_config(backend={"name": "sequential"})).to_dict()
+    (tmp_path / "c.toml").write_text(dump_toml(written))
+    assert Experiment(load_config(read_toml(tmp_path / "c.toml"))).method_warnings == []
