@@ -39,7 +39,6 @@ from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.data.text import VOCAB_FILE, Vocab
-from clusterfl.engine.device import resolve_device
 from clusterfl.errors import ConfigError
 from clusterfl.holdout import Holdout
 from clusterfl.models import MODELS, ModelFactory
@@ -149,25 +148,13 @@ class Experiment:
         _check_fault_clients(config, self.federation.n_clients, len(self.holdout_ids))
         fed = self.federation
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
-        #: what the method will not do as its settings ask (said when the run starts)
-        self.method_warnings = self.algorithm.check(tuple(fed.input_shape), fed.n_clients,
-                                                    config.run.rounds)
-        if getattr(config.backend, "precision", "fp32") == "tf32" and \
-                resolve_device(getattr(config.backend, "device", "auto")).type == "cpu":
-            self.method_warnings.append(
-                "backend.precision = 'tf32' does nothing on the CPU (TF32 is a CUDA tensor-core "
-                "format): the run computes in float32, as with 'fp32'")
-        if config.backend.name == "sequential" and config.backend.chunk_size != \
-                type(config.backend).model_fields["chunk_size"].default:  # what runs write
-            self.method_warnings.append(
-                f"backend.chunk_size = {config.backend.chunk_size} does nothing with the "
-                "sequential backend (it computes one client at a time); it sets the simulation "
-                "backend's batch of clients")
-        asked = getattr(config.algorithm, "per_round", None)
-        if isinstance(config.algorithm, SampledConfig) and asked and asked > fed.n_clients:
-            self.method_warnings.append(
-                f"algorithm.per_round = {asked} is more than the {fed.n_clients} clients that "
-                f"train: every client is asked every round (as with {fed.n_clients})")
+        #: what the method, its sampling and the backend will not do as their settings ask
+        #: (said when the run starts)
+        self.method_warnings = [
+            *self.algorithm.check(tuple(fed.input_shape), fed.n_clients, config.run.rounds),
+            *config.backend.ignored_settings(),
+            *(config.algorithm.sampling_warnings(fed.n_clients)
+              if isinstance(config.algorithm, SampledConfig) else [])]
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)

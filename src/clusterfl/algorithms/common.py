@@ -72,6 +72,13 @@ class SampledConfig(AlgorithmConfig):
             return min(self.per_round, n_clients)
         return n_clients if self.fraction >= 1.0 else max(1, round(self.fraction * n_clients))
 
+    def sampling_warnings(self, n_clients: int) -> list[str]:
+        """A `per_round` above the `n_clients` that train: every client answers each round."""
+        if self.per_round is None or self.per_round <= n_clients:
+            return []
+        return [f"algorithm.per_round = {self.per_round} is more than the {n_clients} clients "
+                f"that train: every client is asked every round (as with {n_clients})"]
+
     def sampling_setting(self) -> str:
         """The sampling rule as written: `algorithm.per_round = 3` or `algorithm.fraction = 0.1`."""
         return (f"algorithm.per_round = {self.per_round}" if self.per_round is not None

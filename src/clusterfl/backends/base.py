@@ -39,6 +39,11 @@ class BackendConfig(Settings):
     chunk_size: int = Field(64, ge=1, description="used by `simulation` only (clients computed "
                             "together); the other backends accept and ignore it")
 
+    def ignored_settings(self) -> list[str]:
+        """One line per setting of this table that the run will not act on as written (the
+        run goes on; `Experiment` warns on the console and in the report). None here."""
+        return []
+
 
 class Backend(ABC):
     """Executes requests. In simulation it holds the federation; on Flower, the clients do.

@@ -40,6 +40,14 @@ class SequentialConfig(DeviceConfig):
 
     name: Literal["sequential"] = "sequential"
 
+    def ignored_settings(self) -> list[str]:
+        out = super().ignored_settings()
+        if self.chunk_size != type(self).model_fields["chunk_size"].default:  # runs write it
+            out.append(f"backend.chunk_size = {self.chunk_size} does nothing with the "
+                       "sequential backend (it computes one client at a time); it sets the "
+                       "simulation backend's batch of clients")
+        return out
+
 
 class SequentialBackend(DeviceBackend):
     """Executes each request client by client with `clusterfl.engine.reference` (on
