@@ -470,6 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    empty = _empty_value(parser, args)
+    if empty:  # `--out "$UNSET"` would otherwise run with the default, without a word
+        print(f"clusterfl: error: {empty}: an empty value; give one or leave the option out",
+              file=sys.stderr)
+        return 2
     folder = args.global_data_dir
     if folder:  # `clusterfl --data-dir X cmd ...` means `clusterfl cmd ... --data-dir X`
         if getattr(args, "data_dir", None) not in (None, folder):
@@ -496,6 +501,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+#: options whose command refuses an empty value itself, with more to say (what to list)
+OWN_EMPTY_CHECK = ("algorithms", "methods", "clients")
+
+
+def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first option (or argument) of the chosen command given as an empty or blank string
+    (alone or in a list), followed through the nested commands (`flower run`, `encoder
+    train`); None if there is none."""
+    for action in parser._actions:
+        if action.dest in OWN_EMPTY_CHECK:
+            continue
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._SubParsersAction):
+            if isinstance(value, str) and value in action.choices:
+                found = _empty_value(action.choices[value], args)
+                if found:
+                    return found
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in values) and value != action.default:
+            return action.option_strings[-1] if action.option_strings else action.dest
+    return None
 
 
 class Terminated(KeyboardInterrupt):

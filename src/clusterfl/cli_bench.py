@@ -17,6 +17,15 @@ from clusterfl.errors import ClusterFLError
 SUITE = Path("benchmarks/suite")
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names; empty (`--only "$UNSET"`) is refused, not read as
+    the whole suite."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no name given; list names separated by commas")
+    return names
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     b = subparsers.add_parser(
         "bench", help="run the reproduction suite and write benchmarks/RESULTS.md",
@@ -25,14 +34,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     b.add_argument("--quick", action="store_true",
                    help="the reduced pass (minutes): fewer rounds/clients, one seed")
-    b.add_argument("--suite", type=Path, default=SUITE, help=f"suite folder (default {SUITE})")
-    b.add_argument("--runs", type=Path,
+    b.add_argument("--suite", default=SUITE, help=f"suite folder (default {SUITE})")
+    b.add_argument("--runs",
                    help="run folders (default benchmarks/runs/full or benchmarks/runs/quick)")
-    b.add_argument("--results", type=Path, help="results file (default benchmarks/RESULTS.md, "
+    b.add_argument("--results", help="results file (default benchmarks/RESULTS.md, "
                    "or benchmarks/RESULTS_quick.md with --quick)")
-    b.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=[],
+    b.add_argument("--only", type=_names, default=[],
                    help="comma-separated scenario names (suite file stems)")
-    b.add_argument("--methods", type=lambda s: [x for x in s.split(",") if x], default=[],
+    b.add_argument("--methods", type=_names, default=[],
                    help="comma-separated algorithm names (e.g. fedem,pacfl): run and tabulate "
                    "only the suite methods of those algorithms")
     b.add_argument("--report-only", action="store_true",
@@ -64,10 +73,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.data_dir:
         os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
     kind = "quick" if args.quick else "full"
-    runs = args.runs or Path("benchmarks/runs") / kind
-    results = args.results or Path(
+    runs = Path(args.runs) if args.runs else Path("benchmarks/runs") / kind
+    results = Path(args.results) if args.results else Path(
         "benchmarks/RESULTS_quick.md" if args.quick else "benchmarks/RESULTS.md")
-    scenarios = load_suite(args.suite, args.quick, args.only, args.methods)
+    scenarios = load_suite(Path(args.suite), args.quick, args.only, args.methods)
     if args.device:
         from clusterfl.config import apply_overrides
 

@@ -256,3 +256,42 @@ def test_sigterm_handler_is_installed_over_the_default_only_and_fires_once(monke
         assert _stop_on_sigterm() is None and signal.getsignal(signal.SIGTERM) is own
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["run", "CONFIG", "--out", ""], "--out"),           # `--out "$UNSET"`
+    (["run", ""], "config"),
+    (["--data-dir", "", "run", "CONFIG"], "--data-dir"),
+    (["run", "CONFIG", "--data-dir", " "], "--data-dir"),
+    (["bench", "--quick", "--runs", ""], "--runs"),                 # was the current folder
+    (["bench", "--quick", "--results", "", "--report-only"], "--results"),
+    (["report", "RUN", ""], "dirs"),
+    (["flower", "run", "CONFIG", "--out", ""], "--out"),
+    (["encoder", "train", "--source", "mnist", "--out", ""], "--out"),
+])
+def test_an_empty_option_value_is_refused_not_replaced_by_the_default(tmp_path: Path, capsys,
+                                                                       monkeypatch, argv, named):
+    """An empty value (an unset shell variable) used to mean "not given": `--out ""` wrote
+    to runs/<config name>, `--data-dir ""` read $CLUSTERFL_DATA, `report ""` read the
+    current folder. Now one line names the option, before anything runs or is written."""
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml(tiny_config()))
+    monkeypatch.chdir(tmp_path)
+    argv = [str(config) if a == "CONFIG" else str(tmp_path) if a == "RUN" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"clusterfl: error: {named}: an empty value; give one or leave the option out"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+@pytest.mark.parametrize("option", ["--only", "--methods"])
+def test_bench_with_an_empty_name_list_is_refused_not_the_whole_suite(tmp_path: Path, capsys,
+                                                                      monkeypatch, option):
+    """`bench --only "$UNSET"` read as no filter: the whole suite (hours) would run."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--quick", option, " , ", "--runs", str(tmp_path / "runs")])
+    assert exit_.value.code == 2
+    assert f"argument {option}: no name given; list names separated by commas" in \
+        capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
