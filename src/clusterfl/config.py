@@ -320,7 +320,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError("", f"config file not found: {p}")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{p} is not valid TOML: {exc}") from None
     except UnicodeDecodeError:

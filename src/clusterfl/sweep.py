@@ -43,7 +43,6 @@ import itertools
 import json
 import math
 import os
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,10 +212,7 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("sweep", f"sweep file not found: {path}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError("sweep", f"{path} is not a valid TOML file: {exc}") from None
+    raw = read_toml(path)
     unknown = sorted(set(raw) - {"sweep", "config"})
     if unknown:
         raise ConfigError(f"{path}", f"unknown table(s) {unknown}; a sweep file holds [sweep] "

@@ -83,6 +83,22 @@ def test_read_toml_errors(tmp_path):
         read_toml(tmp_path)
 
 
+def test_a_config_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Windows editors save UTF-8 with a BOM: tomllib read it as "Invalid statement (at
+    line 1, column 1)", for run configs and sweep files alike."""
+    from clusterfl.sweep import load_sweep
+
+    text = 'rounds = 2\n[algorithm]\nname = "ifca"\n'
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert read_toml(tmp_path / "bom.toml") == {"rounds": 2, "algorithm": {"name": "ifca"}}
+    sweep = '[sweep]\nmethods = ["fedavg"]\nseeds = [0]\n[sweep.grid]\n"train.lr" = [0.1]\n'
+    (tmp_path / "sweep.toml").write_bytes(b"\xef\xbb\xbf" + sweep.encode())
+    assert load_sweep(tmp_path / "sweep.toml").seeds == [0]
+    (tmp_path / "latin.toml").write_bytes('name = "é"'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not a UTF-8 text file"):
+        read_toml(tmp_path / "latin.toml")
+
+
 def test_each_backend_validates_its_own_table_and_builds_from_it():
     from clusterfl.backends import SequentialBackend, SimulationBackend
     from clusterfl.backends.flower.backend import FlowerConfig
