@@ -11,11 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from clusterfl.algorithms import Algorithm, Context
 from clusterfl.config import Config
 from clusterfl.config_util import flatten
+from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError
 from clusterfl.records import RoundRecord
 from clusterfl.state import read_checkpoint, write_checkpoint
@@ -26,12 +28,22 @@ KEYS = ("round", "elapsed", "algorithm", "rng", "floats", "records", "torch_rng"
 
 
 class Checkpoints:
-    """The checkpoint of the run folder `run_dir` (None: a run without files)."""
+    """The checkpoint of the run folder `run_dir` (None: a run without files) of a run on
+    `federation` (whose per-client digests it keeps, so that `--resume` refuses data that
+    changed since; None: not checked)."""
 
-    def __init__(self, run_dir: Path | None) -> None:
+    def __init__(self, run_dir: Path | None, federation: Federation | None = None) -> None:
         self.path = None if run_dir is None else run_dir / CHECKPOINT
         self.round: int | None = None
         """The round the file holds (None: none written or loaded yet)."""
+        self.federation = federation
+        self._digests: np.ndarray | None = None
+
+    def digests(self) -> np.ndarray | None:
+        """The federation's `Federation.digests`, computed once (None without one)."""
+        if self._digests is None and self.federation is not None:
+            self._digests = self.federation.digests()
+        return self._digests
 
     def save(self, t: int, elapsed: float, ctx: Context, algorithm: Algorithm, config: Config,
              records: list[RoundRecord], watch: dict[str, Any]) -> None:
@@ -46,6 +58,7 @@ class Checkpoints:
             "torch_rng": torch.get_rng_state(),
             "config": config.to_dict(),
             "guard": None if ctx.guard is None else ctx.guard.state_dict(),
+            "federation": self.digests(),
             **watch,
         }
         write_checkpoint(self.path, state, t, self.round)
@@ -76,6 +89,9 @@ class Checkpoints:
                 f"--resume: the checkpoint in {path.parent} was made with another config "
                 f"({key}: {then!r} then, {later!r} now); use the same config (see its "
                 "config.toml) or a new --out")
+        kept, digests = state.get("federation"), self.digests()
+        if kept is not None and digests is not None:  # older checkpoints hold none
+            _check_same_data(path.parent, np.asarray(kept), digests)
         continued = saved.get("rounds") != now["rounds"]
         if continued:
             _check_continuation(path.parent, algorithm, config, int(state["round"]),
@@ -126,6 +142,30 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, An
                                                          ("name", "source"), k))
     key = next((k for k in order if fa.get(k) != fb.get(k)), None)
     return ("the tables", a, b) if key is None else (key, fa.get(key), fb.get(key))
+
+
+def _check_same_data(where: Path, then: np.ndarray, now: np.ndarray) -> None:
+    """Refuse to resume on data other than the checkpoint's (per-client digests `then` and
+    `now`): the rounds run so far trained on the old data, so the run would be neither the
+    old nor the new data's run."""
+    if then.shape != now.shape:
+        what = f"{len(then)} clients then, {len(now)} now"
+    else:
+        parts = []
+        for col, split in enumerate(("training", "test")):
+            ids = np.flatnonzero(then[:, col] != now[:, col]).tolist()
+            if ids:
+                more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+                name = "client" if len(ids) == 1 else "clients"
+                parts.append(f"the {split} data of {name} "
+                             f"{', '.join(map(str, ids[:3]))}{more}")
+        if not parts:
+            return
+        what = "; ".join(parts)
+    raise ClusterFLError(
+        f"--resume: the data changed since the checkpoint in {where} was written ({what}); "
+        "resume on the data the run started with (its config.toml names it) or start a new "
+        "--out")
 
 
 def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,

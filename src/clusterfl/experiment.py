@@ -158,7 +158,7 @@ class Experiment:
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)
-        self.checkpoints = Checkpoints(self.out_dir)
+        self.checkpoints = Checkpoints(self.out_dir, self.full_federation)
         self.callbacks = self._callbacks(list(callbacks))
 
     @classmethod

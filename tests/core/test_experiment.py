@@ -106,6 +106,59 @@ def test_resume_refuses_other_config_or_missing_checkpoint(tmp_path):
         Experiment.from_config(cfg, out_dir=tmp_path / "ifca").run(resume=True)
 
 
+def _write_clients(folder: Path, n: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(exist_ok=True)
+    for i in range(n):
+        x = rng.normal(size=(40, 6)).astype(np.float32)
+        y = (x[:, i % 2] > 0).astype(np.int64)
+        np.savez(folder / f"client_{i:04d}.npz", x_train=x[:30], y_train=y[:30],
+                 x_test=x[30:], y_test=y[30:], client_id=i, n_classes=2, cluster=i % 2)
+
+
+def test_resume_refuses_data_that_changed_since_the_checkpoint(tmp_path):
+    """The config names the data (an npz folder) but not its contents: a client file
+    edited between a crash and `--resume` used to be read silently, so the run went on as
+    neither the old data's run nor the new one's. The checkpoint keeps a digest of each
+    client's rows; the same data resumes."""
+    import numpy as np
+
+    from clusterfl.errors import ClusterFLError
+
+    clients = tmp_path / "clients"
+    _write_clients(clients, 6)
+    cfg = {"seed": 0, "rounds": 3, "checkpoint_every": 1,
+           "data": {"source": "npz", "path": str(clients)},
+           "model": {"name": "mlp", "hidden": [8]}, "train": {"lr": 0.1},
+           "algorithm": {"name": "fedavg"}, "output": {"figures": False}}
+    run = tmp_path / "run"
+    Experiment.from_config(cfg, out_dir=run).run(progress=False)
+    more = {**cfg, "rounds": 4}
+    original = (clients / "client_0002.npz").read_bytes()
+    d = dict(np.load(clients / "client_0002.npz"))
+    np.savez(clients / "client_0002.npz", **{**d, "y_train": 1 - d["y_train"]})
+    with pytest.raises(ClusterFLError, match=r"the data changed since the checkpoint in "
+                       r".*\(the training data of client 2\); resume on the data"):
+        Experiment.from_config(more, out_dir=run).run(resume=True, progress=False)
+    d = dict(np.load(clients / "client_0005.npz"))
+    np.savez(clients / "client_0005.npz", **{**d, "x_test": d["x_test"] + 1})
+    with pytest.raises(ClusterFLError, match=r"\(the training data of client 2; the test "
+                       r"data of client 5\)"):
+        Experiment.from_config(more, out_dir=run).run(resume=True, progress=False)
+    np.savez(clients / "client_0005.npz", **d)
+    _write_clients(tmp_path / "seven", 7)
+    (clients / "client_0006.npz").write_bytes((tmp_path / "seven/client_0006.npz").read_bytes())
+    with pytest.raises(ClusterFLError, match=r"\(6 clients then, 7 now\)"):
+        Experiment.from_config(more, out_dir=run).run(resume=True, progress=False)
+    (clients / "client_0006.npz").unlink()
+    (clients / "client_0002.npz").write_bytes(original)
+    resumed = Experiment.from_config(more, out_dir=run).run(resume=True, progress=False)
+    whole = Experiment.from_config(more, out_dir=tmp_path / "whole").run(progress=False)
+    assert _strip(resumed.records) == _strip(whole.records)
+
+
 def test_a_callback_that_raises_stops_the_run_in_one_line_and_it_resumes_without_it(
         tmp_path):
     """A tracker raising ended the CLI in a bare traceback; the run could then not resume

@@ -82,6 +82,26 @@ def test_float_labels_are_refused_not_truncated(tmp_path):
         Federation.from_clients(whole)
 
 
+def test_a_classification_of_one_class_is_refused_not_a_perfect_score(tmp_path):
+    """Every label 0 (a loader's bug, a wrong column) gave a model of one output whose every
+    prediction is right: accuracy 100 %, exit 0. Now refused when the data loads, from
+    Python arrays and from an npz folder; a regression keeps its single output."""
+    one = [(x, np.zeros_like(y), xt, np.zeros_like(yt)) for x, y, xt, yt in _clients()]
+    with pytest.raises(DataError, match=r"^own data: n_classes = 1, but a classification "
+                                        r"needs at least 2 classes"):
+        Federation.from_clients(one)
+    assert Federation.from_clients(one, n_classes=2).n_classes == 2
+    reg = [(x, y.astype(np.float32), xt, yt.astype(np.float32)) for x, y, xt, yt in one]
+    assert Federation.from_clients(reg, task="regression").n_outputs == 1
+    folder = _folder(tmp_path)
+    for f in sorted(folder.glob("client_*.npz")):
+        with np.load(f) as z:
+            _change(f, y_train=np.zeros_like(z["y_train"]), y_test=np.zeros_like(z["y_test"]),
+                    n_classes=1)
+    with pytest.raises(DataError, match=r"npz:p: n_classes = 1, but a classification"):
+        _load(folder)
+
+
 def test_clients_disagreeing_on_n_classes_are_refused(tmp_path):
     folder = _folder(tmp_path)
     _change(folder / "client_0003.npz", n_classes=7)

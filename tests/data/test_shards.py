@@ -61,6 +61,32 @@ def test_the_arrays_are_mapped_from_the_files_not_read(tmp_path: Path) -> None:
     assert not torch.equal(read_shards(folder).x_train[0], fed.x_train[0])
 
 
+def test_digests_name_the_client_whose_rows_changed(tmp_path: Path) -> None:
+    """`Federation.digests` (what a checkpoint keeps for `--resume`): a change of one row
+    changes that client's digest only, in the column of its split; mapped shards are read at
+    each client's first and last rows (a round reads the rest when it asks)."""
+    built = build_federation(load_config(BUILT))
+    base = built.digests()
+    assert base.shape == (8, 2) and len(np.unique(base)) == 16
+    off = built.train_offsets
+    middle = int(off[3] + (off[4] - off[3]) // 2)
+    built.x_train[middle] = built.x_train[middle] + 1  # uint8 codes: every value changes
+    changed = built.digests() != base
+    assert changed.tolist() == [[i == 3, False] for i in range(8)]
+    built.x_train[middle] = built.x_train[middle] - 1
+    built.y_test[int(built.test_offsets[6])] += 1
+    assert (built.digests() != base).tolist() == [[False, i == 6] for i in range(8)]
+    built.y_test[int(built.test_offsets[6])] -= 1
+    assert np.array_equal(built.digests(), base)
+
+    folder = write_shards(built, tmp_path / "shards")
+    mapped = read_shards(folder)
+    assert mapped.mapped and not built.mapped
+    ends = mapped.digests()
+    mapped.x_train[int(off[5] - 1)] += 1  # the last row of client 4
+    assert (mapped.digests() != ends).tolist() == [[i == 4, False] for i in range(8)]
+
+
 def test_bad_folders_and_files_are_refused_in_one_line(tmp_path: Path) -> None:
     fed = build_federation(load_config(BUILT))
     folder = write_shards(fed, tmp_path / "shards")

@@ -8,6 +8,7 @@ the minibatches of many clients with one indexing operation.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -60,6 +61,10 @@ class Federation:
     name: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     x_scale: float | None = None
+    mapped: bool = False
+    """The arrays are memory-mapped from files (`[data] source = "shards"`): `digests` then
+    reads each client's first and last rows only, so that nothing else is read before a
+    round asks for it."""
 
     def __post_init__(self) -> None:
         self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
@@ -169,8 +174,39 @@ class Federation:
             x_scale=self.x_scale,
         )
 
+    def digests(self) -> np.ndarray:
+        """`[n_clients, 2]` uint64: a 64-bit BLAKE2 digest of each client's training rows
+        (inputs as stored, targets, its true cluster) and of its test rows, over the arrays'
+        dtypes, row shapes and `x_scale`. A checkpoint keeps them, and `--resume` names the
+        clients whose data changed since (`checkpoint.Checkpoints`). Mapped arrays: the first
+        and last rows of each client and its row count."""
+        out = np.zeros((self.n_clients, 2), dtype=np.uint64)
+        for col, split in enumerate(("train", "test")):
+            x, y, off = self.stored(split)
+            head = repr((str(x.dtype), tuple(x.shape[1:]), str(y.dtype), tuple(y.shape[1:]),
+                         self.x_scale, self.task)).encode()
+            xs, ys = (t.detach().cpu().numpy() for t in (x, y))
+            for i in range(self.n_clients):
+                a, b = int(off[i]), int(off[i + 1])
+                h = hashlib.blake2b(head, digest_size=8)
+                h.update(np.int64(b - a).tobytes())
+                if self.clusters is not None:
+                    h.update(np.int64(self.clusters[i]).tobytes())
+                for arr in (xs, ys):
+                    if b == a:
+                        continue
+                    if self.mapped or arr.strides[0] == 0:  # ends only; a blank, one row
+                        rows = [a] if arr.strides[0] == 0 else [a, b - 1]
+                        for r in rows:
+                            h.update(np.ascontiguousarray(arr[r]).tobytes())
+                    else:
+                        h.update(np.ascontiguousarray(arr[a:b]).data)
+                out[i, col] = int.from_bytes(h.digest(), "little")
+        return out
+
     def validate(self) -> None:
-        """Check internal consistency; raises ValueError naming what is wrong."""
+        """Check internal consistency; raises ValueError naming what is wrong (DataError for
+        a classification of one class, which data can give)."""
         for split in ("train", "test"):
             x, y, off = self.stored(split)
             if off.ndim != 1 or len(off) < 2 or off[0] != 0:
@@ -190,6 +226,11 @@ class Federation:
             raise ValueError("inputs with x_scale must be uint8 codes")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.task == "classification" and self.n_classes < 2:
+            raise DataError(f"{self.name or 'data'}: n_classes = {self.n_classes}, but a "
+                            "classification needs at least 2 classes (with one, every "
+                            "prediction is right and nothing is learned); check the labels, "
+                            "or give n_classes")
 
     def describe(self) -> str:
         sizes = self.train_sizes

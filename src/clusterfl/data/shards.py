@@ -115,7 +115,7 @@ def read_shards(folder: str | Path, field: str = "data.path") -> Federation:
             tensors["x_test"], tensors["y_test"], np.asarray(index["test_offsets"]),
             None if index["clusters"] is None else np.asarray(index["clusters"]),
             int(index["n_classes"]), index["task"], str(index["name"]),
-            dict(index.get("meta") or {}), x_scale=index.get("x_scale"),
+            dict(index.get("meta") or {}), x_scale=index.get("x_scale"), mapped=True,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{index_file}: does not describe its arrays ({exc})") from None
