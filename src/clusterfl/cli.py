@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import sys
@@ -469,7 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own line, not the top-level usage
+        print(f"clusterfl: error: {_unrecognized(parser, args, extra)}", file=sys.stderr)
+        return 2
     empty = _empty_value(parser, args)
     if empty:  # `--out "$UNSET"` would otherwise run with the default, without a word
         print(f"clusterfl: error: {empty}: an empty value; give one or leave the option out",
@@ -498,9 +502,57 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"clusterfl: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as exc:
+        line = out_of_memory(exc)
+        if line is None:
+            raise
+        print(f"clusterfl: error: {line}", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """One line for an allocation that failed (torch's CPU allocator, a GPU's, Python's
+    MemoryError); None for any other error."""
+    text = str(exc)
+    if not (isinstance(exc, MemoryError) or "can't allocate memory" in text
+            or type(exc).__name__ == "OutOfMemoryError"):
+        return None
+    cpu = re.search(r"allocate (\d+) bytes", text)
+    gpu = re.search(r"[Tt]ried to allocate ([\d.]+ [KMGT]?i?B)", text)
+    size = (f" {int(cpu.group(1)) / 2**30:,.1f} GiB" if cpu else
+            f" {gpu.group(1)}" if gpu else "")
+    where = "on the GPU" if gpu or "CUDA" in text else "in memory"
+    return (f"out of memory: {size.strip() or 'an array'} could not be allocated {where}; a "
+            "run needs less with a smaller model ([model]), fewer clients per round, fewer "
+            "clients computed at once (backend.chunk_size) or backend.name = \"sequential\" "
+            "(its checkpoint, if one was written, resumes with --resume)")
+
+
+def _chosen(parser: argparse.ArgumentParser,
+            args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser that `args` went to (`flower run`, `encoder train`, ...)."""
+    for action in parser._actions:
+        name = getattr(args, action.dest, None)
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return _chosen(action.choices[name], args)
+    return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  extra: list[str]) -> str:
+    """What argparse's "unrecognized arguments" says, for the command given, with the
+    nearest option of that command."""
+    import difflib
+
+    command = _chosen(parser, args)
+    options = [o for a in command._actions for o in a.option_strings]
+    near = difflib.get_close_matches(extra[0].split("=", 1)[0], options, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near and extra[0].startswith("-") else ""
+    return (f"unrecognized arguments for `{command.prog}`: {' '.join(extra)}{hint} "
+            f"(`{command.prog} --help` lists its options)")
 
 
 #: options whose command refuses an empty value itself, with more to say (what to list)

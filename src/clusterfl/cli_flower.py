@@ -11,7 +11,7 @@
         ray and local print a line per finished round (read from the run's history.jsonl)
         and, at the end, the results table of `clusterfl run`; the run directory defaults
         to runs/<config name>-flower
-    clusterfl flower export-partitions CONFIG.toml OUT_DIR [--set K=V ...]
+    clusterfl flower export-partitions CONFIG.toml OUT_DIR [--set K=V ...]   (or --out OUT_DIR)
         one `client_XXXX.npz` per client of the config's federation (node data format)
     clusterfl flower certs OUT_DIR --host NAME [--host NAME ...] [--nodes N]
         a test CA, the SuperLink's TLS certificate, and N SuperNode auth key pairs
@@ -58,14 +58,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     e = sub.add_parser("export-partitions", help="write each client's data to its own file")
     e.add_argument("config", help="the run config whose federation is written")
-    e.add_argument("out_dir", help="the folder of the client files (new, empty, or an earlier "
-                   "export, which is replaced)")
+    e.add_argument("out_dir", nargs="?", help="the folder of the client files (new, empty, or "
+                   "an earlier export, which is replaced); or --out")
+    e.add_argument("--out", help="the same as OUT_DIR (as in `clusterfl data shard`)")
     e.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config value")
     e.set_defaults(func=cmd_export)
 
     c = sub.add_parser("certs", help="test TLS certificates and SuperNode auth keys")
-    c.add_argument("out_dir")
+    c.add_argument("out_dir", nargs="?", help="the folder to write them to; or --out")
+    c.add_argument("--out", help="the same as OUT_DIR")
     c.add_argument("--host", action="append", required=True,
                    help="name or IP the SuperLink is reached at (repeatable)")
     c.add_argument("--nodes", type=int, default=0, help="SuperNode key pairs to create")
@@ -98,13 +100,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     from clusterfl.experiment import build_federation
     from clusterfl.rundir import export_folder
 
+    folder = _out_folder(args)
     config = load_config(apply_overrides(read_toml(args.config), list(args.set or [])))
     federation = build_federation(config)
-    with export_folder(args.out_dir) as removed:  # locked; an earlier export's files removed
-        paths = export_partitions(federation, args.out_dir)
+    with export_folder(folder) as removed:  # locked; an earlier export's files removed
+        paths = export_partitions(federation, folder)
     old = f", replacing the {removed} of an earlier export" if removed else ""
-    print(f"wrote {len(paths)} client files to {args.out_dir} ({paths[0].name} ...){old}")
+    print(f"wrote {len(paths)} client files to {folder} ({paths[0].name} ...){old}")
     return 0
+
+
+def _out_folder(args: argparse.Namespace) -> str:
+    """The output folder, given as OUT_DIR or as --out (one of them)."""
+    if args.out_dir and args.out and args.out_dir != args.out:
+        raise ClusterFLError(f"two output folders: OUT_DIR {args.out_dir} and --out {args.out}; "
+                             "give one")
+    folder = args.out_dir or args.out
+    if not folder:
+        raise ClusterFLError("no output folder: give it as OUT_DIR or --out")
+    return str(folder)
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
@@ -114,8 +128,9 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
     if args.nodes < 0:
         raise ClusterFLError("--nodes must be >= 0")
-    paths = make_tls(args.out_dir, args.host)
-    keys = make_node_keys(args.out_dir, args.nodes)
+    folder = _out_folder(args)
+    paths = make_tls(folder, args.host)
+    keys = make_node_keys(folder, args.nodes)
     print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
     if keys:
         print(f"{len(keys)} SuperNode key pairs: {keys[0][0]} / {keys[0][1]} ...")

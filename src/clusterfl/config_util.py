@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
@@ -123,3 +124,12 @@ def pick(registry: dict[str, Any], name: Any, field: str) -> Any:
         allowed = ", ".join(sorted(registry))
         raise ConfigError(field, f"unknown value {name!r}; allowed: {allowed}")
     return registry[name]
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's physical memory (None where the system does not say): the bound of
+    settings that would not fit (a model's one copy, FL+HC's clustering round)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None

@@ -295,3 +295,25 @@ def test_bench_with_an_empty_name_list_is_refused_not_the_whole_suite(tmp_path: 
     assert f"argument {option}: no name given; list names separated by commas" in \
         capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["run", "CONFIG", "--outt", "x"],
+     "unrecognized arguments for `clusterfl run`: --outt x; did you mean --out? "
+     "(`clusterfl run --help` lists its options)"),
+    (["flower", "export-partitions", "CONFIG", "a", "b"],
+     "unrecognized arguments for `clusterfl flower export-partitions`: b "
+     "(`clusterfl flower export-partitions --help` lists its options)"),
+    (["sweep", "CONFIG", "--jbos=2"],
+     "unrecognized arguments for `clusterfl sweep`: --jbos=2; did you mean --jobs?"),
+])
+def test_an_unknown_option_names_the_command_and_its_nearest_option(tmp_path: Path, capsys,
+                                                                    argv, said):
+    """argparse printed the top-level usage (the list of commands) above "unrecognized
+    arguments", whichever command was given."""
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml(tiny_config()))
+    assert main([str(config) if a == "CONFIG" else a for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {said}")
+    assert list(tmp_path.iterdir()) == [config]

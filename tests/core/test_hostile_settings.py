@@ -413,3 +413,53 @@ def test_chunk_size_with_the_sequential_backend_is_a_warning(tmp_path):
     written = load_config(tiny_config(backend={"name": "sequential"})).to_dict()
     (tmp_path / "c.toml").write_text(dump_toml(written))
     assert Experiment(load_config(read_toml(tmp_path / "c.toml"))).method_warnings == []
+
+
+def test_a_model_larger_than_the_machine_is_refused_before_it_is_allocated(monkeypatch):
+    """`model.hidden = [100000, 100000]` asked torch's allocator for 40 GB and ended in its
+    traceback. The model is counted on the meta device first and refused when one float32
+    copy exceeds the machine's memory (here made small)."""
+    import clusterfl.models as models
+
+    cfg = tiny_config(model={"name": "mlp", "hidden": [300, 200]})
+    d = Experiment.from_config(cfg).factory.size
+    monkeypatch.setattr(models, "physical_memory_bytes", lambda: 4 * d - 1)
+    with pytest.raises(ConfigError, match=rf"^model: 'mlp' with these settings has {d:,} "
+                                          r"parameters, .* GiB as float32, more than this "
+                                          r"machine's .* GiB of memory"):
+        Experiment.from_config(cfg)
+    monkeypatch.setattr(models, "physical_memory_bytes", lambda: 4 * d)
+    assert Experiment.from_config(cfg).factory.size == d
+    monkeypatch.setattr(models, "physical_memory_bytes", lambda: None)  # the system won't say
+    assert Experiment.from_config(cfg).factory.size == d
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                  "allocate memory: you tried to allocate 32121600800 bytes. Error code 12"),
+     "out of memory: 29.9 GiB could not be allocated in memory; "),
+    (type("OutOfMemoryError", (RuntimeError,), {})(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"),
+     "out of memory: 2.00 GiB could not be allocated on the GPU; "),
+    (MemoryError(), "out of memory: an array could not be allocated in memory; "),
+])
+def test_running_out_of_memory_is_one_line_naming_what_needs_less(tmp_path, monkeypatch, capsys,
+                                                                  error, said):
+    """The engine's `[clients, d]` buffer of a 400M-parameter model (hidden [20000, 20000]) on
+    20 clients ended in torch's allocator traceback; any allocation that fails is now one
+    line with the size and the settings that need less memory."""
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml(tiny_config()))
+
+    def fail(self, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(Experiment, "run", fail)
+    assert main(["run", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {said}a run needs less")
+    assert "backend.chunk_size" in err[0]
+    monkeypatch.setattr(Experiment, "run", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("an engine bug")))
+    with pytest.raises(RuntimeError, match="an engine bug"):  # other errors stay as they are
+        main(["run", str(config), "--out", str(tmp_path / "run2")])

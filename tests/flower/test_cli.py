@@ -39,6 +39,27 @@ def test_export_partitions_writes_one_readable_file_per_client(tmp_path, capsys)
     assert cid == 3 and cluster == 1 and fed.train_sizes[3] > 0 and fed.train_sizes[:3].sum() == 0
 
 
+def test_export_and_certs_take_their_folder_as_out_dir_or_out(tmp_path, capsys):
+    """`export-partitions CONFIG --out DIR` (as `data shard` takes it) ended in "unrecognized
+    arguments: --out" under the top-level usage; now either form works, and neither or two
+    different folders are one line."""
+    config = _config(tmp_path)
+    args = _parse(["flower", "export-partitions", config, "--out", str(tmp_path / "parts"),
+                   "--set", "scenario.n_clients=4"])
+    assert args.func(args) == 0
+    assert len(list((tmp_path / "parts").glob("client_*.npz"))) == 4
+    args = _parse(["flower", "certs", "--out", str(tmp_path / "certs"), "--host", "h"])
+    assert args.func(args) == 0 and (tmp_path / "certs" / "server.crt").is_file()
+    for command, given in ((["export-partitions", config], []), (["certs"], ["--host", "h"])):
+        with pytest.raises(ClusterFLError, match=r"^no output folder: give it as OUT_DIR or "
+                                                 r"--out$"):
+            args = _parse(["flower", *command, *given])
+            args.func(args)
+        with pytest.raises(ClusterFLError, match=r"^two output folders: OUT_DIR a and --out b"):
+            args = _parse(["flower", *command, "a", *given, "--out", "b"])
+            args.func(args)
+
+
 def test_certs_make_a_ca_signed_server_cert_and_openssh_node_keys(tmp_path):
     args = _parse(["flower", "certs", str(tmp_path), "--host", "127.0.0.1", "--host",
                    "server.example.org", "--nodes", "2"])

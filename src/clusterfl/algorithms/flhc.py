@@ -68,7 +68,6 @@ The maths: `clusterfl.clustering.hierarchical` (`feature_linkage`, `flat_cluster
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -104,6 +103,7 @@ from clusterfl.clustering.hierarchical import (
     nearest_centroid,
     pairwise_distances,
 )
+from clusterfl.config_util import physical_memory_bytes
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
@@ -256,14 +256,6 @@ def clustering_round_bytes(n_clients: int, d: int, auto_cut: str, cut_by_default
     if cut_by_default and auto_cut == "silhouette":
         total += 24 * n * n
     return total
-
-
-def physical_memory_bytes() -> int | None:
-    """The machine's physical memory (None where the system does not say)."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,

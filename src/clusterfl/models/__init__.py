@@ -11,7 +11,7 @@ import torch
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 
-from clusterfl.config_util import Settings, parse, pick
+from clusterfl.config_util import Settings, parse, physical_memory_bytes, pick
 from clusterfl.errors import ConfigError
 from clusterfl.models.lstm import LSTMLanguageModel
 from clusterfl.models.paper_nets import ValidCNN
@@ -248,6 +248,18 @@ def check_custom(module: nn.Module, name: str, shape: tuple[int, ...], out: int)
                           "n_outputs argument for the last layer's width")
 
 
+def check_fits_in_memory(name: str, d: int) -> None:
+    """Refuse a model whose one float32 copy is more than the machine's memory (a run holds
+    several), before anything is allocated: `hidden = [100000, 100000]` asked torch for 40
+    GB and ended in its allocator's traceback."""
+    have, need = physical_memory_bytes(), 4 * d
+    if have is not None and need > have:
+        raise ConfigError("model", f"{name!r} with these settings has {d:,} parameters, "
+                          f"{need / 2**30:,.1f} GiB as float32, more than this machine's "
+                          f"{have / 2**30:,.1f} GiB of memory (a run holds several copies): "
+                          "choose a smaller model (model.hidden, model.channels, ...)")
+
+
 @dataclass
 class ModelFactory:
     """Builds one architecture for one federation and creates seeded initial parameters."""
@@ -257,6 +269,10 @@ class ModelFactory:
     n_outputs: int
 
     def __post_init__(self) -> None:
+        if self.config.name in MODELS:  # counted first without memory (the meta device)
+            with torch.device("meta"):
+                probe = self.build()
+            check_fits_in_memory(self.config.name, sum(p.numel() for p in probe.parameters()))
         module = self.build()
         if self.config.name not in MODELS:  # from outside the package: checked once, now
             check_custom(module, self.config.name, tuple(self.input_shape), self.n_outputs)
