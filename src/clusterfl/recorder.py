@@ -21,7 +21,7 @@ from clusterfl.data.federation import Federation
 from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor, subset
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary, json_ready
 from clusterfl.robust.adversary import benign_vs_adversarial
-from clusterfl.robust.divergence import Divergence, diagnose, loss_scale
+from clusterfl.robust.divergence import Divergence, diagnose, loss_scale, noise_cause
 
 
 def evaluate_all(backend: Backend, predictor: Predictor, n_clients: int,
@@ -84,7 +84,9 @@ class Recorder:
         """Diagnose round t's updates; the warning to show at the first diverged round."""
         if ctx.guard is None:
             return None
-        found = diagnose(t, ctx.guard.round_updates(), self._loss_scale())
+        privacy = self.config.privacy
+        found = diagnose(t, ctx.guard.round_updates(), self._loss_scale(),
+                         noise_cause(privacy.noise_multiplier, privacy.clip))
         if found is None:
             return None
         self.diverged_rounds += 1

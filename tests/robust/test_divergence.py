@@ -16,7 +16,7 @@ from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
 from clusterfl.records import read_summary
 from clusterfl.report import summary_markdown, write_run_report
-from clusterfl.robust.divergence import RoundUpdates, diagnose, loss_scale
+from clusterfl.robust.divergence import RoundUpdates, diagnose, loss_scale, noise_cause
 from tests.tiny import tiny_config
 
 TINY = tiny_config(rounds=3, n_clients=6, hidden=16, steps=5, algorithm={"name": "fedavg"})
@@ -65,6 +65,25 @@ def test_lr_1e6_is_reported_in_the_summary_and_on_stderr(tmp_path, capsys):
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["divergence"]["round"] == 1 and "reason" in on_disk["divergence"]
     assert on_disk["final"]["rejected"] == 0
+
+
+def test_a_run_diverging_under_privacy_noise_names_the_noise_first(tmp_path, capsys):
+    """`noise_multiplier = 1e9` with `clip = 1` exploded the loss in round 2 and the warning
+    blamed the learning rate only ("learning rate too high? (train.lr)")."""
+    noisy = {**TINY, "privacy": {"clip": 1.0, "noise_multiplier": 1e9}}
+    history = Experiment.from_config(noisy, out_dir=tmp_path).run(progress=False)
+    div = history.summary.divergence
+    assert div is not None and div["kind"] in ("exploding_loss", "non_finite_loss")
+    assert div["reason"].endswith(
+        "privacy noise too large? (privacy.noise_multiplier 1e+09 × clip 1: noise of std "
+        "1e+09 on each coordinate of an aggregate's sum), or learning rate too high? "
+        "(train.lr)")
+    assert "privacy noise too large?" in capsys.readouterr().err
+    assert noise_cause(0.0, 1.0) == noise_cause(2.0, None) == \
+        "learning rate too high? (train.lr)"
+    # a moderate noise level trains without a warning
+    calm = {**TINY, "privacy": {"clip": 10.0, "noise_multiplier": 0.01}}
+    assert Experiment.from_config(calm).run(progress=False).summary.divergence is None
 
 
 def test_a_healthy_run_has_no_divergence_and_counts_rejections(tmp_path):

@@ -72,8 +72,20 @@ def loss_scale(task: str, n_classes: int, mean_sq_target: float | None = None) -
     return float(mean_sq_target)
 
 
-def diagnose(t: int, updates: RoundUpdates, scale: float | None) -> Divergence | None:
-    """The divergence of round `t`, or None when the round looks healthy."""
+def noise_cause(noise_multiplier: float, clip: float | None) -> str:
+    """The likely cause of a run that diverges under privacy noise (`[privacy]`): the noise,
+    then the learning rate (a run without noise: the learning rate)."""
+    if noise_multiplier <= 0 or clip is None:
+        return _LR
+    return (f"privacy noise too large? (privacy.noise_multiplier {noise_multiplier:g} × clip "
+            f"{clip:g}: noise of std {noise_multiplier * clip:.3g} on each coordinate of an "
+            f"aggregate's sum), or {_LR}")
+
+
+def diagnose(t: int, updates: RoundUpdates, scale: float | None,
+             cause: str = _LR) -> Divergence | None:
+    """The divergence of round `t`, or None when the round looks healthy; `cause`: what a
+    loss that is not finite or exploded likely comes from (`noise_cause`)."""
     n = updates.uploaded
     if n == 0:
         return None
@@ -88,13 +100,14 @@ def diagnose(t: int, updates: RoundUpdates, scale: float | None) -> Divergence |
     bad = int((~np.isfinite(losses)).sum())
     if 2 * bad >= len(losses):
         return Divergence(t, "non_finite_loss", f"round {t}: the training loss is not finite "
-                                                f"for {bad} of {len(losses)} clients — {_LR}")
+                                                f"for {bad} of {len(losses)} clients — {cause}")
     median = float(np.median(losses[np.isfinite(losses)]))
     if scale is not None and median > EXPLODE_FACTOR * scale:
         return Divergence(t, "exploding_loss", f"round {t}: the training loss exploded (median "
                           f"{median:.3g}, over {EXPLODE_FACTOR:g}× a fresh model's "
-                          f"{scale:.3g}) — {_LR}")
+                          f"{scale:.3g}) — {cause}")
     return None
 
 
-__all__ = ["EXPLODE_FACTOR", "Divergence", "RoundUpdates", "diagnose", "loss_scale"]
+__all__ = ["EXPLODE_FACTOR", "Divergence", "RoundUpdates", "diagnose", "loss_scale",
+           "noise_cause"]
