@@ -531,14 +531,15 @@ def out_of_memory(exc: BaseException) -> str | None:
             "(its checkpoint, if one was written, resumes with --resume)")
 
 
-def _chosen(parser: argparse.ArgumentParser,
-            args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The (sub)command parser that `args` went to (`flower run`, `encoder train`, ...)."""
+def _path(parser: argparse.ArgumentParser,
+          args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+    """The parsers `args` went through: clusterfl's, then each (sub)command's (`flower`,
+    `flower run`)."""
     for action in parser._actions:
         name = getattr(args, action.dest, None)
         if isinstance(action, argparse._SubParsersAction) and name in action.choices:
-            return _chosen(action.choices[name], args)
-    return parser
+            return [parser, *_path(action.choices[name], args)]
+    return [parser]
 
 
 def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -547,7 +548,7 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace,
     nearest option of that command."""
     import difflib
 
-    command = _chosen(parser, args)
+    command = _path(parser, args)[-1]
     options = [o for a in command._actions for o in a.option_strings]
     near = difflib.get_close_matches(extra[0].split("=", 1)[0], options, n=1, cutoff=0.6)
     hint = f"; did you mean {near[0]}?" if near and extra[0].startswith("-") else ""
@@ -560,18 +561,11 @@ OWN_EMPTY_CHECK = ("algorithms", "methods", "clients")
 
 
 def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The first option (or argument) of the chosen command given as an empty or blank string
-    (alone or in a list), followed through the nested commands (`flower run`, `encoder
-    train`); None if there is none."""
-    for action in parser._actions:
-        if action.dest in OWN_EMPTY_CHECK:
-            continue
+    """The first option (or argument) of the command given, or of the commands above it,
+    that holds an empty or blank string (alone or in a list); None if there is none."""
+    for action in (a for p in _path(parser, args) for a in p._actions):
         value = getattr(args, action.dest, None)
-        if isinstance(action, argparse._SubParsersAction):
-            if isinstance(value, str) and value in action.choices:
-                found = _empty_value(action.choices[value], args)
-                if found:
-                    return found
+        if action.dest in OWN_EMPTY_CHECK or isinstance(action, argparse._SubParsersAction):
             continue
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, str) and not v.strip() for v in values) and value != action.default:
