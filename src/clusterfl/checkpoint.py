@@ -144,28 +144,30 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, An
     return ("the tables", a, b) if key is None else (key, fa.get(key), fb.get(key))
 
 
-def _check_same_data(where: Path, then: np.ndarray, now: np.ndarray) -> None:
-    """Refuse to resume on data other than the checkpoint's (per-client digests `then` and
-    `now`): the rounds run so far trained on the old data, so the run would be neither the
-    old nor the new data's run."""
+def data_changes(then: np.ndarray, now: np.ndarray) -> str | None:
+    """What differs between the federation of per-client digests `then` (a checkpoint's)
+    and `now` (`Federation.digests`), e.g. "the training data of client 3"; None: nothing."""
     if then.shape != now.shape:
-        what = f"{len(then)} clients then, {len(now)} now"
-    else:
-        parts = []
-        for col, split in enumerate(("training", "test")):
-            ids = np.flatnonzero(then[:, col] != now[:, col]).tolist()
-            if ids:
-                more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
-                name = "client" if len(ids) == 1 else "clients"
-                parts.append(f"the {split} data of {name} "
-                             f"{', '.join(map(str, ids[:3]))}{more}")
-        if not parts:
-            return
-        what = "; ".join(parts)
-    raise ClusterFLError(
-        f"--resume: the data changed since the checkpoint in {where} was written ({what}); "
-        "resume on the data the run started with (its config.toml names it) or start a new "
-        "--out")
+        return f"{len(then)} clients then, {len(now)} now"
+    parts = []
+    for col, split in enumerate(("training", "test")):
+        ids = np.flatnonzero(then[:, col] != now[:, col]).tolist()
+        if ids:
+            more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+            name = "client" if len(ids) == 1 else "clients"
+            parts.append(f"the {split} data of {name} {', '.join(map(str, ids[:3]))}{more}")
+    return "; ".join(parts) or None
+
+
+def _check_same_data(where: Path, then: np.ndarray, now: np.ndarray) -> None:
+    """Refuse to resume on data other than the checkpoint's: the rounds run so far trained
+    on the old data, so the run would be neither the old nor the new data's run."""
+    what = data_changes(then, now)
+    if what is not None:
+        raise ClusterFLError(
+            f"--resume: the data changed since the checkpoint in {where} was written "
+            f"({what}); resume on the data the run started with (its config.toml names it) "
+            "or start a new --out")
 
 
 def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -210,6 +211,7 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
     import numpy as np
 
     from clusterfl.backends.subset import SubsetBackend
+    from clusterfl.checkpoint import data_changes
     from clusterfl.config import apply_overrides, load_config, read_toml
     from clusterfl.experiment import Experiment, build_backend
     from clusterfl.protocol import EvaluateRequest
@@ -231,6 +233,12 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
         _check_model_fits(was, exp)
     alg = exp.algorithm
     full = exp.full_federation
+    if same_federation and saved.get("federation") is not None:
+        changed = data_changes(np.asarray(saved["federation"]), full.digests())
+        if changed is not None:  # the config names the data, not its contents
+            print(f"clusterfl: warning: the data changed since the run's checkpoint "
+                  f"({changed}): clients are placed with their data as it is now",
+                  file=sys.stderr)
     _check_vocabulary(run_dir, full.meta.get("vocab"))
     ids = parse_clients(clients, full.n_clients)
     backend = build_backend(config, full, exp.factory)

@@ -148,3 +148,29 @@ def test_json_never_overwrites_a_file_that_is_not_a_placement(ifca_run, tmp_path
     assert main(["place", str(ifca_run), "--clients", "0", "--json", str(placed)]) == 0
     assert main(["place", str(ifca_run), "--clients", "1-2", "--json", str(placed)]) == 0
     assert [r["client"] for r in json.loads(placed.read_text())] == [1, 2]
+
+
+def test_placing_on_data_that_changed_since_the_run_warns_naming_the_clients(tmp_path, capsys):
+    """`place` rebuilds the run's federation from its config, which names the data, not its
+    contents: an npz file edited after the run was placed as if the client had trained on it,
+    without a word. The checkpoint's per-client digests now name what changed."""
+    import numpy as np
+
+    from tests.core.test_experiment import _write_clients
+
+    clients = tmp_path / "clients"
+    _write_clients(clients, 6)
+    cfg = {"seed": 0, "rounds": 2, "checkpoint_every": 1,
+           "data": {"source": "npz", "path": str(clients)},
+           "model": {"name": "mlp", "hidden": [8]},
+           "algorithm": {"name": "ifca", "n_clusters": 2}, "output": {"figures": False}}
+    Experiment.from_config(cfg, out_dir=tmp_path / "run").run(progress=False)
+    capsys.readouterr()
+    assert main(["place", str(tmp_path / "run"), "--clients", "0,4"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    d = dict(np.load(clients / "client_0004.npz"))
+    np.savez(clients / "client_0004.npz", **{**d, "x_train": d["x_train"] * 2})
+    assert main(["place", str(tmp_path / "run"), "--clients", "0,4"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["clusterfl: warning: the data changed since the run's checkpoint (the "
+                   "training data of client 4): clients are placed with their data as it is now"]

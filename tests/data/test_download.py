@@ -75,7 +75,7 @@ def test_checksum_mismatch_keeps_nothing(monkeypatch: pytest.MonkeyPatch, tmp_pa
         download("fake", data_dir, base_url=mirror[0], timeout=5)
     assert "0" * 64 in str(err.value)
     assert hashlib.sha256(PAYLOAD).hexdigest() in str(err.value)
-    assert _leftovers(data_dir / "fake") == []
+    assert _leftovers(data_dir / "fake") == [] and not data_dir.exists()
 
 
 def test_server_down_gives_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -88,6 +88,12 @@ def test_server_down_gives_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path
         download("fake", tmp_path / "data", base_url=url, timeout=5)
     assert f"{url}/fake/a.bin" in str(err.value)
     assert _leftovers(tmp_path / "data" / "fake") == []
+    # nor the empty folders it made (`data download cifar10` offline left data/cifar10/)
+    assert not (tmp_path / "data").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DataError, match="cannot connect"):
+        download("fake", tmp_path / "kept", base_url=url, timeout=5)
+    assert list((tmp_path / "kept").iterdir()) == []  # a folder that was there stays
 
 
 def test_http_error_and_timeout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

@@ -147,6 +147,7 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
                progress: Callable[[str, int, int | None], None] | None = None) -> Path:
     """Download one file into `data_dir / f.path` atomically, after checking it."""
     dest = data_dir / f.path
+    created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     url = file_url(f, base_url)
     fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
@@ -163,6 +164,9 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
+        for folder in created:  # a failed download leaves no empty dataset folder behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
     return dest
 
 
