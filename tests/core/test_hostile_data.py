@@ -102,6 +102,31 @@ def test_a_classification_of_one_class_is_refused_not_a_perfect_score(tmp_path):
         _load(folder)
 
 
+def test_one_hot_labels_are_refused_naming_the_client(tmp_path):
+    """Labels given one-hot, `[N, C]`, were flattened into N·C targets and ended in
+    "ValueError: train: offsets end at 15 but x has 5 rows, y 15"; a column `[N, 1]` still
+    reads as one label per sample."""
+    eye = np.eye(3, dtype=np.int64)
+    clients = _clients()
+    hot = [(x, eye[y], xt, eye[yt]) for x, y, xt, yt in clients]
+    with pytest.raises(DataError, match=r"^own data: client 0 train has targets of shape "
+                                        r"\(10, 3\); give one class id \(one-hot labels: "
+                                        r"y\.argmax\(1\)\) per sample$"):
+        Federation.from_clients(hot)
+    with pytest.raises(DataError, match=r"targets of shape \(10, 3\); give one value per "):
+        Federation.from_clients([(x, y.astype(np.float32), xt, yt.astype(np.float32))
+                                 for x, y, xt, yt in hot], task="regression")
+    column = [(x, y[:, None], xt, yt[:, None]) for x, y, xt, yt in clients]
+    assert torch.equal(Federation.from_clients(column).y_train,
+                       Federation.from_clients(clients).y_train)
+    folder = _folder(tmp_path)
+    with np.load(folder / "client_0002.npz") as z:
+        y = z["y_test"]
+    _change(folder / "client_0002.npz", y_test=np.eye(3, dtype=np.int64)[y])
+    with pytest.raises(DataError, match=r"npz:p: client 2 test has targets of shape"):
+        _load(folder)
+
+
 def test_clients_disagreeing_on_n_classes_are_refused(tmp_path):
     folder = _folder(tmp_path)
     _change(folder / "client_0003.npz", n_classes=7)

@@ -375,6 +375,11 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
             if len(x) != len(y):
                 raise DataError(f"{name}: client {i} {split} has {len(x)} inputs but "
                                 f"{len(y)} targets")
+            if task != "language_model" and y.dim() > 1 and y[0].numel() > 1:  # not [N, 1]
+                one = ("class id (one-hot labels: y.argmax(1))" if task == "classification"
+                       else "value")
+                raise DataError(f"{name}: client {i} {split} has targets of shape "
+                                f"{tuple(y.shape)}; give one {one} per sample")
             check_client(x, y, task, f"{name}: client {i} {split}")
         xs = [x.reshape(len(x), *shape).float() for x, _ in parts]
         ys = [y.reshape(-1) for _, y in parts]
