@@ -153,8 +153,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
     _warn(unused_options(config, specs))
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
-    results = run_comparison(config, specs, out, progress=_progress(args),
-                             overwrite=args.overwrite, hint=OVERWRITE_HINT)
+    try:
+        results = run_comparison(config, specs, out, progress=_progress(args),
+                                 overwrite=args.overwrite, resume=args.resume,
+                                 hint="--resume to continue it, --overwrite to replace it, "
+                                 "or another --out")
+    except KeyboardInterrupt as stop:
+        command = ["clusterfl", "compare", args.config, "--algorithms", args.algorithms,
+                   "--out", str(out), *(x for item in args.set or [] for x in ("--set", item)),
+                   *(["--data-dir", args.data_dir] if args.data_dir else []), "--resume"]
+        print(f"clusterfl: interrupted; the finished runs in {out} are kept, interrupted ones "
+              f"continue from their checkpoints with --resume: {shlex.join(command)}",
+              file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
     con = _console()
     con.print(summary_table([h.summary for _, h in results]))
     _warn(comparison_warnings([out / f for f in folders]))
@@ -394,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="remove the files of an earlier comparison in --out first (a folder "
                    "holding anything else is refused)")
+    c.add_argument("--resume", action="store_true",
+                   help="continue an interrupted comparison in --out: finished runs are kept, "
+                   "interrupted ones continue from their checkpoints")
     c.add_argument("--seeds", type=_seed_list, metavar="0,1,2",
                    help="run every method on each seed, given as 0,1,2 or a range 0-4 "
                    "(OUT/<method>/seed<N>; resumable, as a "

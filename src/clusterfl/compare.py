@@ -108,7 +108,7 @@ def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Conf
 def run_comparison(
     config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None,
     overwrite: bool = False, hint: str = "overwrite=True to replace it",
-    federation: Federation | None = None,
+    federation: Federation | None = None, resume: bool = False,
 ) -> list[tuple[str, History]]:
     """Each method on the one federation built from `config`; returns (label, history).
 
@@ -118,13 +118,14 @@ def run_comparison(
     removes the files of the earlier one first (otherwise `RunDirInUseError`, whose message
     ends with `hint`; `rundir.claim_run_dir`). `federation`: data of
     one's own built in Python (`Federation.from_clients`) instead of the config's `[data]`.
+    `resume` continues an interrupted comparison in `out_dir` (`resume_run`).
     """
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
     from clusterfl.report import write_comparison_report
 
     # after the specs were validated; locked until the report is written
-    with RunDir(out).claimed(overwrite=overwrite, hint=hint):
+    with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint):
         if federation is None:
             federation = build_federation(config)
         # every method checked (its settings against the federation) before the first runs
@@ -132,8 +133,39 @@ def run_comparison(
                        for folder, cfg in runs]
         results, run_dirs = [], []
         for (run_dir, experiment), (folder, _) in zip(experiments, runs, strict=True):
-            history = experiment.run(progress=progress)
+            history = (resume_run(run_dir, experiment, progress) if resume else
+                       experiment.run(progress=progress))
             results.append((history.summary.label or folder, history))
             run_dirs.append(run_dir)
         write_comparison_report(run_dirs, out)
     return results
+
+
+def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> History:
+    """One method of a comparison resumed: a finished run is read back, an interrupted one
+    continues from its checkpoint (and a finished one to more `rounds`, as `run --resume`),
+    one stopped before any checkpoint starts over, one not begun runs; a run folder of
+    another config is refused naming the first difference."""
+    from clusterfl.checkpoint import comparable, first_difference
+    from clusterfl.config import read_toml
+    from clusterfl.records import SUMMARY_FILE, read_history, read_summary
+    from clusterfl.rundir import claim_run_dir
+
+    if not (run_dir / "config.toml").is_file():
+        claim_run_dir(run_dir, overwrite=True)  # at most a lock or an empty history
+        return experiment.run(progress=progress)
+    saved = read_toml(run_dir / "config.toml")
+    then, now = comparable(saved), comparable(experiment.config.to_dict())
+    if then != now:
+        key, was, is_ = first_difference(then, now)
+        raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: {was!r} "
+                          f"then, {is_!r} now); resume with the same config and --set, or "
+                          "use --overwrite or a new --out")
+    finished = (run_dir / SUMMARY_FILE).is_file() and (  # its report too, when it writes one
+        not experiment.config.output.figures or (run_dir / "report.md").is_file())
+    if finished and saved.get("rounds") == experiment.config.run.rounds:
+        return History(read_history(run_dir), read_summary(run_dir))
+    if experiment.saved_round() is not None:
+        return experiment.run(resume=True, progress=progress)
+    claim_run_dir(run_dir, overwrite=True)  # nothing to resume from: its files, by name
+    return experiment.run(progress=progress)

@@ -136,6 +136,14 @@ def test_not_found_names_where_the_folder_came_from(tmp_path: Path,
     with pytest.raises(DataError, match=r"is the default \(neither data\.data_dir nor "
                                         r"\$CLUSTERFL_DATA is set\)"):
         load_source("fashion_mnist")
+    # a data "folder" that is a file: said so, with no download into it suggested
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("CLUSTERFL_DATA", str(tmp_path / "afile"))
+    with pytest.raises(DataError) as err:
+        load_source("mnist")
+    assert str(err.value).endswith(f"{tmp_path / 'afile'} is a file, not a folder; it is "
+                                   "$CLUSTERFL_DATA: set it (or pass --data-dir) to the folder "
+                                   "that contains mnist/.")
 
 
 def test_truncated_gzip(tmp_path: Path) -> None:

@@ -62,6 +62,9 @@ def where_to_put(name: str, root: Path, origin: str) -> str:
         text = (f"the data folder {root} is the default (neither data.data_dir nor "
                 f"$CLUSTERFL_DATA is set): set CLUSTERFL_DATA (or pass --data-dir) to {folder}")
         fetch = f"clusterfl data download {name}"
+    if root.exists() and not root.is_dir():  # not something to fetch into
+        return text.replace(f"the data folder {root} is", f"{root} is a file, not a folder; "
+                            "it is", 1)
     return f"{text}, or fetch the files there with `{fetch}`"
 
 

@@ -1,0 +1,81 @@
+"""`clusterfl compare --resume`: an interrupted comparison continues where it stopped (the
+finished methods are read back, the interrupted one resumes from its checkpoint) and ends
+with the uninterrupted comparison's records; before, the same command refused the used
+folder and only --overwrite (rerunning every method) was offered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusterfl.checkpoint import Checkpoints
+from clusterfl.cli import main
+from clusterfl.compare import run_comparison
+from clusterfl.config import dump_toml, load_config
+from clusterfl.errors import ConfigError
+from clusterfl.rundir import RunDirInUseError
+from tests.crash import timing_free
+from tests.tiny import tiny_config
+
+RAW = tiny_config(rounds=3, checkpoint_every=1)
+SPECS = ["fedavg", "ifca:n_clusters=2"]
+
+
+def _stop_ifca_after_round_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C right after IFCA's checkpoint of round 2 (once)."""
+    real, stopped = Checkpoints.save, []
+
+    def save(self: Checkpoints, t: int, *args: object, **kwargs: object) -> None:
+        real(self, t, *args, **kwargs)  # type: ignore[arg-type]
+        if self.path is not None and self.path.parent.parent.name.startswith("ifca") \
+                and t == 2 and not stopped:
+            stopped.append(t)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpoints, "save", save)
+
+
+def test_an_interrupted_comparison_resumes_to_the_uninterrupted_results(tmp_path: Path,
+                                                                        monkeypatch):
+    config = load_config(RAW)
+    whole = run_comparison(config, SPECS, tmp_path / "whole", progress=False)
+    _stop_ifca_after_round_2(monkeypatch)
+    out = tmp_path / "cmp"
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(config, SPECS, out, progress=False)
+    fedavg_summary = out / "fedavg" / "summary.json"
+    written = fedavg_summary.stat().st_mtime_ns
+    with pytest.raises(RunDirInUseError, match="is not empty"):
+        run_comparison(config, SPECS, out, progress=False)
+    other = load_config({**RAW, "train": {**RAW["train"], "lr": 0.5}})
+    with pytest.raises(ConfigError, match=r"^--resume: .*fedavg was run with another config "
+                                          r"\(train\.lr: .* then, 0\.5 now\)"):
+        run_comparison(other, SPECS, out, progress=False, resume=True)
+    resumed = run_comparison(config, SPECS, out, progress=False, resume=True)
+    assert fedavg_summary.stat().st_mtime_ns == written  # read back, not run again
+    assert [label for label, _ in resumed] == [label for label, _ in whole]
+    for (_, a), (_, b) in zip(resumed, whole, strict=True):
+        assert timing_free(a.records) == timing_free(b.records)
+        assert timing_free(a.summary) == timing_free(b.summary)
+    assert (out / "report.md").is_file()
+
+
+def test_the_cli_says_how_to_resume_and_resumes(tmp_path: Path, monkeypatch, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml(RAW))
+    out = tmp_path / "cmp"
+    argv = ["compare", str(config), "--algorithms", ",".join(SPECS), "--out", str(out),
+            "--quiet"]
+    _stop_ifca_after_round_2(monkeypatch)
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"clusterfl: interrupted; the finished runs in {out} are kept, "
+                       "interrupted ones continue from their checkpoints with --resume: "
+                       f"clusterfl compare {config} --algorithms fedavg,ifca:n_clusters=2 "
+                       f"--out {out} --resume")
+    assert main(argv) == 2
+    assert "pass --resume to continue it, --overwrite to replace it" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0
+    assert "comparison report:" in capsys.readouterr().out
+    assert main([*argv, "--resume", "--overwrite"]) == 2  # one or the other
