@@ -252,6 +252,8 @@ def run_suite(
             else:
                 done_before += 1
                 diverged(what, divergence_reason(read_summary(target).divergence))
+    check_data([(scenario.name, cfg) for scenario, _, _, cfg, _, _ in todo],
+               keep=jobs == 1 and ray is None)
     for outcome in execute(
             [RunTask(what, cfg.to_dict(), target) for *_, cfg, target, what in todo],
             jobs=jobs, threads=threads, ray=ray, cpus=cpus_per_run, gpus=gpus_per_run,
@@ -262,6 +264,32 @@ def run_suite(
             failures.append(f"{outcome.task.what}: diverged: {outcome.divergence}")
     if failures:
         raise BenchError(failures)
+
+
+def check_data(runs: Sequence[tuple[str, Config]], keep: bool = True) -> None:
+    """Read each dataset the runs `(scenario name, config)` need once, before any runs: a
+    missing or damaged file is one error naming the scenarios that need it, instead of every
+    run of them failing with it in turn (and a results table of dashes). `keep`: leave the
+    decoded data in this process's caches (the runs happen here), else drop it."""
+    from clusterfl.data.sources import SOURCE_NAMES, forget_decoded, load_source
+
+    needs: dict[tuple[Any, ...], list[str]] = {}
+    for name, cfg in runs:
+        data = cfg.data
+        if data.source in SOURCE_NAMES:  # the built-in readers (own data: its own checks)
+            key = (data.source, data.data_dir, data.verify is not False, data.labels,
+                   data.split)
+            if name not in needs.setdefault(key, []):
+                needs[key].append(name)
+    for (source, data_dir, verify, labels, split), names in needs.items():
+        options = {k: v for k, v in (("labels", labels), ("split", split)) if v is not None}
+        try:
+            load_source(source, data_dir, verify, **options)
+        except ClusterFLError as exc:
+            raise ClusterFLError(f"{', '.join(names)}: nothing was run: {exc}") from None
+        finally:
+            if not keep:
+                forget_decoded()
 
 
 class BenchError(ClusterFLError):

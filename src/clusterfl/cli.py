@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterfl.cli_util import DIVERGED_EXIT, console
+from clusterfl.cli_util import DIVERGED_EXIT, Terminated, console
 from clusterfl.config_util import MAX_SEED
 from clusterfl.errors import ClusterFLError, ConfigError
 
@@ -585,13 +585,6 @@ def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
         if any(isinstance(v, str) and not v.strip() for v in values) and value != action.default:
             return action.option_strings[-1] if action.option_strings else action.dest
     return None
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a `kill`, a job scheduler's stop, `timeout`), raised where the command is, so
-    that it stops as after Ctrl-C: the run keeps its checkpoint and frees its folder, and
-    the processes it started (Flower's SuperLink and SuperNodes, sweep workers) are stopped
-    instead of left running."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

@@ -111,19 +111,31 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
                   f"{len(runs) - done} to run")
         return 0
     failures: list[str] = []
+    argv = sys.argv[1:] if sys.argv[1:2] == [command.split()[-1]] else []
+    shown = shlex.join(["clusterfl", *argv]) if argv else command
     if not getattr(args, "report_only", False):
-        failures = run_sweep(
-            runs, out, jobs=args.jobs, ray=args.ray, cpus_per_run=args.cpus_per_run,
-            gpus_per_run=args.gpus_per_run, retry_failed=getattr(args, "retry_failed", False),
-            overwrite=getattr(args, "overwrite", False),
-            log=(lambda m: None) if getattr(args, "quiet", False) else (
-                lambda m: print(m, flush=True)))
+        try:
+            failures = run_sweep(
+                runs, out, jobs=args.jobs, ray=args.ray, cpus_per_run=args.cpus_per_run,
+                gpus_per_run=args.gpus_per_run,
+                retry_failed=getattr(args, "retry_failed", False),
+                overwrite=getattr(args, "overwrite", False),
+                log=(lambda m: None) if getattr(args, "quiet", False) else (
+                    lambda m: print(m, flush=True)))
+        except KeyboardInterrupt as stop:
+            from clusterfl.cli_util import Terminated
+
+            done = sum((r.target / SUMMARY_FILE).is_file() for r in runs)
+            again = shlex.join(["clusterfl", *(a for a in argv if a != "--overwrite")]) \
+                if argv else command
+            print(f"clusterfl: interrupted; {done} of {len(runs)} runs finished in {out}. The "
+                  "same command continues (finished runs are kept, interrupted ones resume "
+                  f"from their checkpoints): {again}", file=sys.stderr)
+            return 143 if isinstance(stop, Terminated) else 130
     rows = collect(runs, out)
     csv_path, parquet, why = write_table(rows, out)
     if why:
         print(f"clusterfl: warning: {why}", file=sys.stderr)
-    argv = sys.argv[1:] if sys.argv[1:2] == [command.split()[-1]] else []
-    shown = shlex.join(["clusterfl", *argv]) if argv else command
     report = write_report(sweep, runs, rows, out, shown, failures)
     con.print(console_table(rows, sweep.seeds))
     con.print(f"table of every run: {csv_path}" + (f", {parquet}" if parquet else ""))

@@ -1,5 +1,6 @@
-"""What the command-line modules share: the console for tables and the exit code of a
-diverged run (imported by `cli` and `cli_sweep`, so neither imports the other's module)."""
+"""What the command-line modules share: the console for tables, the exit code of a
+diverged run and the SIGTERM exception (imported by `cli` and `cli_sweep`, so neither
+imports the other's module)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,10 @@ def console() -> Console:
     if not con.is_terminal:
         con = Console(highlight=False, width=200)
     return con
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a `kill`, a job scheduler's stop, `timeout`), raised where the command is, so
+    that it stops as after Ctrl-C: the run keeps its checkpoint and frees its folder, and
+    the processes it started (Flower's SuperLink and SuperNodes, sweep workers) are stopped
+    instead of left running."""

@@ -10,7 +10,7 @@ from clusterfl.config import Config
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment, History, build_federation
-from clusterfl.rundir import RunDir
+from clusterfl.rundir import LOCK_FILE, RunDir
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
@@ -125,6 +125,9 @@ def run_comparison(
     from clusterfl.report import write_comparison_report
 
     # after the specs were validated; locked until the report is written
+    if resume and not (out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())):
+        raise ConfigError("--resume", f"{out} holds no comparison to continue; run without "
+                                      "--resume")
     with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint):
         if federation is None:
             federation = build_federation(config)

@@ -332,3 +332,25 @@ def test_the_suite_configs_algorithm_table_is_merged_into_each_method(tmp_path: 
     run_suite(quick, tmp_path / "runs", log=lambda _: None)
     written = (run_dir(tmp_path / "runs", quick[0], "fedavg", 0) / "config.toml").read_text()
     assert re.search(r"^fraction = 0\.5$", written, re.M)
+
+
+def test_missing_data_is_one_error_before_any_run_and_keeps_the_results_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the data folder every MNIST run of the suite failed in turn with the same
+    "file not found" (one line each), and the results file was then rewritten with their
+    dashes; now the data is read once first and nothing runs or is written."""
+    suite = _suite(tmp_path)
+    (suite / "mnist.toml").write_text(SUITE.format(paper=50.0).replace(
+        'source = "digits"', 'source = "mnist"').replace("Rotated digits", "Rotated MNIST"))
+    monkeypatch.setenv("CLUSTERFL_DATA", str(tmp_path / "empty"))
+    out, runs = tmp_path / "R.md", tmp_path / "runs"
+    out.write_text("earlier results\n")
+    rc = main(["bench", "--suite", str(suite), "--runs", str(runs), "--results", str(out),
+               "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith("clusterfl: error: mnist: nothing was run: mnist: file not found: ")
+    assert "set it (or pass --data-dir) to the folder that contains mnist/" in err[0]
+    assert out.read_text() == "earlier results\n"
+    assert not any(p.is_dir() for p in runs.rglob("*"))  # no run folder was made

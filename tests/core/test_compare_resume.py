@@ -39,6 +39,9 @@ def _stop_ifca_after_round_2(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_interrupted_comparison_resumes_to_the_uninterrupted_results(tmp_path: Path,
                                                                         monkeypatch):
     config = load_config(RAW)
+    with pytest.raises(ConfigError, match=r"^--resume: .*nothing holds no comparison to "
+                                          r"continue; run without --resume$"):
+        run_comparison(config, SPECS, tmp_path / "nothing", progress=False, resume=True)
     whole = run_comparison(config, SPECS, tmp_path / "whole", progress=False)
     _stop_ifca_after_round_2(monkeypatch)
     out = tmp_path / "cmp"

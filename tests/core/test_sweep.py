@@ -303,3 +303,31 @@ def test_a_diverged_cell_is_reported_and_the_others_finish(
         assert [r["status"] for r in csv.DictReader(f)] == ["done", "diverged"]
     assert "diverged — round 1" in (out / "report.md").read_text()
     assert main(["sweep", str(path), "--out", str(out), "--fail-on-divergence"]) == 3
+
+
+def test_an_interrupted_sweep_counts_what_finished_and_names_the_command_that_continues(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C (or SIGTERM) in a sweep printed `clusterfl: interrupted` and nothing more: not
+    how many runs finished, nor that the same command continues (and without --overwrite,
+    which would delete them)."""
+    import clusterfl.sweep as sweep_module
+
+    path, out = _sweep(tmp_path, [0.05, 0.2]), tmp_path / "o"
+    real = sweep_module.run_sweep
+
+    def stop_after_three(runs, out_dir, **kwargs):
+        real(runs[:3], out_dir, **{**kwargs, "log": lambda m: None})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "run_sweep", stop_after_three)
+    monkeypatch.setattr("sys.argv", ["clusterfl", "sweep", str(path), "--out", str(out),
+                                     "--overwrite"])
+    assert main(["sweep", str(path), "--out", str(out), "--overwrite"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"clusterfl: interrupted; 3 of 8 runs finished in {out}. The same "
+                       "command continues (finished runs are kept, interrupted ones resume "
+                       f"from their checkpoints): clusterfl sweep {path} --out {out}")
+    monkeypatch.setattr(sweep_module, "run_sweep", real)
+    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
+    assert len(list(out.glob("**/summary.json"))) == 8

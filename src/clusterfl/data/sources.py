@@ -151,6 +151,15 @@ def load_source(name: str, data_dir: str | Path | None = None, verify: bool = Tr
     return loaders[name](root)
 
 
+def forget_decoded() -> None:
+    """Drop the decoded datasets this process keeps (the readers' caches), e.g. after a check
+    in a process whose runs happen elsewhere (`bench.check_data` with worker processes)."""
+    for cached in (_decode_idx_dataset, _decode_cifar_dir, _decode_cifar_tar,
+                   _decode_cifar100_dir, _decode_cifar100_tar, _decode_emnist_files,
+                   _decode_emnist_zip):
+        cached.cache_clear()
+
+
 def standardize(source: Source, field: str = "data.standardize") -> Source:
     """Inputs shifted and scaled by the training split's mean and std per channel.
 
