@@ -224,6 +224,12 @@ def _tomlable(v: Any) -> Any:
 
 def load_config(raw: dict[str, Any]) -> Config:
     """Validate a config dict; raises ConfigError naming the first bad field."""
+    for table, kind, command in (("sweep", "a sweep file", "clusterfl sweep FILE"),
+                                 ("suite", "a benchmark suite file",
+                                  "clusterfl bench --suite ITS_FOLDER")):
+        if isinstance(raw.get(table), dict):  # its runs' config is its [config] table
+            raise ConfigError("", f"this is {kind} (a [{table}] table), not a run config: run "
+                                  f"it with `{command}`")
     for key in raw:
         if key not in TOP_LEVEL:
             allowed = ", ".join(TOP_LEVEL)

@@ -83,6 +83,24 @@ def test_read_toml_errors(tmp_path):
         read_toml(tmp_path)
 
 
+def test_a_sweep_or_suite_file_given_as_a_run_config_names_its_command(tmp_path, capsys):
+    """`clusterfl run SWEEP.toml` said "config: unknown field; allowed top-level fields: ..."
+    (its [config] table read as a field)."""
+    from clusterfl.cli import main
+
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[sweep]\nmethods = ["fedavg"]\nseeds = [0]\n[config]\nrounds = 2\n')
+    with pytest.raises(ConfigError, match=r"^this is a sweep file \(a \[sweep\] table\), not a "
+                                          r"run config: run it with `clusterfl sweep FILE`$"):
+        load_config(read_toml(sweep))
+    with pytest.raises(ConfigError, match=r"^this is a benchmark suite file \(a \[suite\] "
+                                          r"table\), .*`clusterfl bench --suite ITS_FOLDER`$"):
+        load_config({"suite": {"title": "t"}, "config": {"rounds": 2}})
+    assert main(["run", str(sweep), "--out", str(tmp_path / "run")]) == 2
+    assert "this is a sweep file" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_config_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     """Windows editors save UTF-8 with a BOM: tomllib read it as "Invalid statement (at
     line 1, column 1)", for run configs and sweep files alike."""
