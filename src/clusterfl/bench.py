@@ -277,14 +277,13 @@ def check_data(runs: Sequence[tuple[str, Config]], keep: bool = True) -> None:
     for name, cfg in runs:
         data = cfg.data
         if data.source in SOURCE_NAMES:  # the built-in readers (own data: its own checks)
-            key = (data.source, data.data_dir, data.verify is not False, data.labels,
-                   data.split)
+            key = (data.source, data.data_dir, data.verify is not False,
+                   tuple(data.reader_options().items()))
             if name not in needs.setdefault(key, []):
                 needs[key].append(name)
-    for (source, data_dir, verify, labels, split), names in needs.items():
-        options = {k: v for k, v in (("labels", labels), ("split", split)) if v is not None}
+    for (source, data_dir, verify, options), names in needs.items():
         try:
-            load_source(source, data_dir, verify, **options)
+            load_source(source, data_dir, verify, **dict(options))
         except ClusterFLError as exc:
             raise ClusterFLError(f"{', '.join(names)}: nothing was run: {exc}") from None
         finally:

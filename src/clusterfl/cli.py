@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterfl.cli_util import DIVERGED_EXIT, Terminated, console
+from clusterfl.cli_util import DIVERGED_EXIT, Terminated, console, stop_status
 from clusterfl.config_util import MAX_SEED
 from clusterfl.errors import ClusterFLError, ConfigError
 
@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         history = exp.run(resume=args.resume, progress=_progress(args))
     except KeyboardInterrupt as stop:
         print(_interrupted(args, out, exp), file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
+        return stop_status(stop)
     con = _console()
     con.print(summary_table([history.summary]))
     written = [n for n in ("summary.json", "history.jsonl", "report.md", "figures/")
@@ -89,14 +89,19 @@ def _interrupted(args: argparse.Namespace, out: Path, exp) -> str:
                f"before the first checkpoint (checkpoint_every = {every})")
         return (f"clusterfl: interrupted {why}: there is nothing to resume; run again with "
                 f"--overwrite to start over in {out}")
-    command = ["clusterfl", "run", args.config, "--out", str(out)]
-    for item in args.set or []:
-        command += ["--set", item]
-    if args.data_dir:
-        command += ["--data-dir", args.data_dir]
     return (f"clusterfl: interrupted; the checkpoint in {out / 'checkpoint'} holds round "
-            f"{held} of {rounds}. Continue with --resume: "
-            f"{shlex.join([*command, '--resume'])}")
+            f"{held} of {rounds}. Continue with --resume: {_again(args, 'run', out)}")
+
+
+def _again(args: argparse.Namespace, command: str, out: Path, *options: str) -> str:
+    """The command line that continues an interrupted `run` or `compare` into `out`: its
+    config, `options`, the same `--set` and `--data-dir`, and `--resume`."""
+    line = ["clusterfl", command, args.config, *options, "--out", str(out)]
+    for item in args.set or []:
+        line += ["--set", item]
+    if args.data_dir:
+        line += ["--data-dir", args.data_dir]
+    return shlex.join([*line, "--resume"])
 
 
 
@@ -159,13 +164,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                  hint="--resume to continue it, --overwrite to replace it, "
                                  "or another --out")
     except KeyboardInterrupt as stop:
-        command = ["clusterfl", "compare", args.config, "--algorithms", args.algorithms,
-                   "--out", str(out), *(x for item in args.set or [] for x in ("--set", item)),
-                   *(["--data-dir", args.data_dir] if args.data_dir else []), "--resume"]
+        again = _again(args, "compare", out, "--algorithms", args.algorithms)
         print(f"clusterfl: interrupted; the finished runs in {out} are kept, interrupted ones "
-              f"continue from their checkpoints with --resume: {shlex.join(command)}",
-              file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
+              f"continue from their checkpoints with --resume: {again}", file=sys.stderr)
+        return stop_status(stop)
     con = _console()
     con.print(summary_table([h.summary for _, h in results]))
     _warn(comparison_warnings([out / f for f in folders]))
@@ -507,12 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterFLError as exc:
         print(f"clusterfl: error: {exc}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("clusterfl: stopped (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("clusterfl: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print("clusterfl: stopped (SIGTERM)" if isinstance(stop, Terminated) else
+              "clusterfl: interrupted", file=sys.stderr)
+        return stop_status(stop)
     except OSError as exc:
         print(f"clusterfl: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2

@@ -123,7 +123,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
                 log=(lambda m: None) if getattr(args, "quiet", False) else (
                     lambda m: print(m, flush=True)))
         except KeyboardInterrupt as stop:
-            from clusterfl.cli_util import Terminated
+            from clusterfl.cli_util import stop_status
 
             done = sum((r.target / SUMMARY_FILE).is_file() for r in runs)
             again = shlex.join(["clusterfl", *(a for a in argv if a != "--overwrite")]) \
@@ -131,7 +131,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
             print(f"clusterfl: interrupted; {done} of {len(runs)} runs finished in {out}. The "
                   "same command continues (finished runs are kept, interrupted ones resume "
                   f"from their checkpoints): {again}", file=sys.stderr)
-            return 143 if isinstance(stop, Terminated) else 130
+            return stop_status(stop)
     rows = collect(runs, out)
     csv_path, parquet, why = write_table(rows, out)
     if why:

@@ -22,6 +22,11 @@ def console() -> Console:
     return con
 
 
+def stop_status(stop: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by `stop`: 143 for SIGTERM, 130 for Ctrl-C."""
+    return 143 if isinstance(stop, Terminated) else 130
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a `kill`, a job scheduler's stop, `timeout`), raised where the command is, so
     that it stops as after Ctrl-C: the run keeps its checkpoint and frees its folder, and

@@ -154,21 +154,19 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> 
     from clusterfl.records import SUMMARY_FILE, read_history, read_summary
     from clusterfl.rundir import claim_run_dir
 
-    if not (run_dir / "config.toml").is_file():
-        claim_run_dir(run_dir, overwrite=True)  # at most a lock or an empty history
-        return experiment.run(progress=progress)
-    saved = read_toml(run_dir / "config.toml")
-    then, now = comparable(saved), comparable(experiment.config.to_dict())
-    if then != now:
-        key, was, is_ = first_difference(then, now)
-        raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: {was!r} "
-                          f"then, {is_!r} now); resume with the same config and --set, or "
-                          "use --overwrite or a new --out")
-    finished = (run_dir / SUMMARY_FILE).is_file() and (  # its report too, when it writes one
-        not experiment.config.output.figures or (run_dir / "report.md").is_file())
-    if finished and saved.get("rounds") == experiment.config.run.rounds:
-        return History(read_history(run_dir), read_summary(run_dir))
-    if experiment.saved_round() is not None:
-        return experiment.run(resume=True, progress=progress)
-    claim_run_dir(run_dir, overwrite=True)  # nothing to resume from: its files, by name
+    if (run_dir / "config.toml").is_file():
+        saved = read_toml(run_dir / "config.toml")
+        then, now = comparable(saved), comparable(experiment.config.to_dict())
+        if then != now:
+            key, was, is_ = first_difference(then, now)
+            raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: "
+                              f"{was!r} then, {is_!r} now); resume with the same config and "
+                              "--set, or use --overwrite or a new --out")
+        finished = (run_dir / SUMMARY_FILE).is_file() and (  # its report too, if it writes one
+            not experiment.config.output.figures or (run_dir / "report.md").is_file())
+        if finished and saved.get("rounds") == experiment.config.run.rounds:
+            return History(read_history(run_dir), read_summary(run_dir))
+        if experiment.saved_round() is not None:
+            return experiment.run(resume=True, progress=progress)
+    claim_run_dir(run_dir, overwrite=True)  # not begun, or no checkpoint: its files, by name
     return experiment.run(progress=progress)

@@ -126,6 +126,12 @@ class DataConfig(_Strict):
         None, description="check dataset files against the catalog's checksums when first "
         "read (default: on; false: files of your own under the catalog's names)")
 
+    def reader_options(self) -> dict[str, str]:
+        """The options this table gives a built-in dataset's reader (`load_source`): cifar100's
+        `labels`, emnist's `split`, where set."""
+        return {k: v for k, v in (("labels", self.labels), ("split", self.split))
+                if v is not None}
+
 
 _LOCAL = LocalTraining()  # the one set of training defaults: the protocol's
 

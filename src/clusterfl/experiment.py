@@ -58,8 +58,7 @@ def build_federation(config: Config) -> Federation:
     try:
         verify = config.data.verify is not False
         source: str | Source = config.data.source
-        options = {k: v for k, v in (("labels", config.data.labels),
-                                     ("split", config.data.split)) if v is not None}
+        options = config.data.reader_options()
         if config.data.standardize or options:  # a source's options: cifar100, emnist
             source = load_source(config.data.source, config.data.data_dir, verify, **options)
             if config.data.standardize:

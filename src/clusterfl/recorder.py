@@ -69,6 +69,8 @@ class Recorder:
         """Whether a robustness table (`[faults]`, `[privacy]`, ...) changes the defaults."""
         self.divergence: Divergence | None = None
         """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
+        self.cause = noise_cause(config.privacy.noise_multiplier, config.privacy.clip)
+        """What a diverging loss likely comes from in this run (`diagnose`'s `cause`)."""
         self.diverged_rounds = 0
         self.rejected_rounds: dict[int, int] = {}
         """Per client, the rounds in which its reply was rejected while it never had one
@@ -84,9 +86,7 @@ class Recorder:
         """Diagnose round t's updates; the warning to show at the first diverged round."""
         if ctx.guard is None:
             return None
-        privacy = self.config.privacy
-        found = diagnose(t, ctx.guard.round_updates(), self._loss_scale(),
-                         noise_cause(privacy.noise_multiplier, privacy.clip))
+        found = diagnose(t, ctx.guard.round_updates(), self._loss_scale(), self.cause)
         if found is None:
             return None
         self.diverged_rounds += 1
