@@ -79,7 +79,10 @@ class Checkpoints:
         """Put the checkpoint back into `ctx` and `algorithm`; returns the first round to
         run, the seconds run so far, the records so far and the whole saved state."""
         path = self.path
-        if path is None or not path.is_file():
+        if path is None:
+            raise ClusterFLError("--resume: a run without an output folder (out_dir) has no "
+                                 "checkpoint to resume; run without resume")
+        if not path.is_file():
             raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()

@@ -128,7 +128,8 @@ def run_comparison(
     if resume and not (out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())):
         raise ConfigError("--resume", f"{out} holds no comparison to continue; run without "
                                       "--resume")
-    with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint):
+    with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint,
+                             runs_inside=True):
         if federation is None:
             federation = build_federation(config)
         # every method checked (its settings against the federation) before the first runs

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -170,7 +171,14 @@ class TrainConfig(_Strict):
 
 class OutputConfig(_Strict):
     figures: bool = True
-    progress: Literal["auto", "on", "off"] = "auto"
+    progress: Literal["auto", "on", "off"] = Field(
+        "auto", description="the progress bar: auto (on a terminal), on or off (true and "
+        "false read as on and off)")
+
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        return ("on" if value else "off") if isinstance(value, bool) else value
     tensorboard: bool = Field(False, description="TensorBoard events in RUN_DIR/tensorboard: "
                               "per-round scalars and the final figures")
     callbacks: list[str] = Field(
@@ -339,20 +347,27 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("", f"{p} is not a UTF-8 text file") from None
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `key.sub=value` overrides; values are TOML literals, else plain strings."""
+def apply_overrides(raw: dict[str, Any],
+                    overrides: list[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """Apply `key.sub=value` overrides (values are TOML literals, else plain strings), or a
+    mapping of dotted keys to values (`{"train.lr": 0.05}`, the Python API's)."""
     out = copy.deepcopy(raw)
-    for item in overrides:
-        if "=" not in item:
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(overrides, Mapping):
+        pairs = [(str(k), v) for k, v in overrides.items()]
+    for item in [] if isinstance(overrides, Mapping) else overrides:
+        if not isinstance(item, str) or "=" not in item:
             raise ConfigError("--set", f"expected key=value, got {item!r}")
         key, text = item.split("=", 1)
-        parts = [p for p in key.strip().split(".") if p]
-        if not parts:
-            raise ConfigError("--set", f"empty key in {item!r}")
         try:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text
+        pairs.append((key, value))
+    for key, value in pairs:
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError("--set", f"empty key in {key!r}")
         node = out
         for p in parts[:-1]:
             nxt = node.setdefault(p, {})

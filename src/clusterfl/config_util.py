@@ -58,6 +58,10 @@ class Settings(BaseModel):
     def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields.get(info.field_name or "")
         if field is not None and _holds_bool(value) and not _takes_bool(field.annotation):
+            words = [a for a in typing.get_args(field.annotation) if isinstance(a, str)]
+            if typing.get_origin(field.annotation) is Literal and words:
+                raise ValueError(f"expected one of {', '.join(map(repr, words))}, not "
+                                 "true/false")
             raise ValueError("expected a number (or text), not true/false")
         return value
 
@@ -133,3 +137,30 @@ def physical_memory_bytes() -> int | None:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, OSError, ValueError):
         return None
+
+
+def client_ids(values: Any, n: int, field: str, among: str = "the federation's") -> Any:
+    """`values` as distinct client ids in 0..n−1 (an int64 array), or one line naming
+    `field`: not a list of whole numbers, out of range, or repeated."""
+    import numpy as np
+
+    ids = np.asarray(values if values is not None else [])
+    if values is None or ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iuf") or (
+            ids.dtype.kind == "f" and not bool((np.isfinite(ids) & (ids == np.round(ids)))
+                                               .all())):
+        raise ConfigError(field, f"{values!r}: give a list of client ids, whole numbers in "
+                          f"0..{n - 1} ({among} clients)")
+    ids = ids.astype(np.int64)
+    out = ids[(ids < 0) | (ids >= n)]
+    if out.size:
+        raise ConfigError(field, f"client {int(out[0])} does not exist; ids are 0..{n - 1} "
+                          f"({among} {n} clients)")
+    if len(np.unique(ids)) != len(ids):
+        seen, twice = set(), None
+        for i in ids.tolist():
+            if i in seen:
+                twice = i
+                break
+            seen.add(i)
+        raise ConfigError(field, f"client {twice} is named twice; give each client once")
+    return ids

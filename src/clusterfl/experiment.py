@@ -18,8 +18,10 @@ checkpoint, so a resumed run ends with exactly the results of an uninterrupted o
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,10 @@ from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.data.text import VOCAB_FILE, Vocab
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.holdout import Holdout
 from clusterfl.models import MODELS, ModelFactory
+from clusterfl.plugins import own_code_error
 from clusterfl.progress import Progress, want_progress
 from clusterfl.recorder import Recorder, evaluate_all
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary
@@ -114,6 +117,7 @@ class Experiment:
         the run there first; without it, such a run raises `RunDirInUseError`
         (`rundir.claim_run_dir`). `callbacks`: trackers told of every round
         (`clusterfl.tracking`), besides those of `[output] callbacks` and `tensorboard`."""
+        _check_arguments(config, out_dir, federation, overwrite, callbacks)
         self.config = config if federation is None else _with_data_of(config, federation)
         config = self.config
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -163,7 +167,7 @@ class Experiment:
     @classmethod
     def from_config(
         cls, source: str | Path | dict[str, Any],
-        overrides: str | list[str] | tuple[str, ...] = (),
+        overrides: str | list[str] | tuple[str, ...] | Mapping[str, Any] | None = (),
         out_dir: str | Path | None = None, federation: Federation | None = None,
         overwrite: bool = False, callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> Experiment:
@@ -171,7 +175,16 @@ class Experiment:
             raise TypeError(f"source: a TOML file's path or a dict of tables, not "
                             f"{type(source).__name__}")
         raw = source if isinstance(source, dict) else read_toml(source)
-        listed = [overrides] if isinstance(overrides, str) else list(overrides)  # one "k=v"
+        if overrides is None or isinstance(overrides, Mapping):  # {"train.lr": 0.05}
+            listed: list[str] | Mapping[str, Any] = overrides or {}
+        elif isinstance(overrides, str):  # one "k=v"
+            listed = [overrides]
+        elif isinstance(overrides, list | tuple):
+            listed = list(overrides)
+        else:
+            raise ConfigError("overrides", f"got {type(overrides).__name__}: give \"key=value\" "
+                              "strings (['rounds=5', 'train.lr=0.05']) or a dict "
+                              "({'rounds': 5, 'train.lr': 0.05})")
         return cls(load_config(apply_overrides(raw, listed)), out_dir, federation,
                    overwrite, callbacks)
 
@@ -212,6 +225,31 @@ class Experiment:
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`), holding the run
         folder's lock."""
+        for name, value in (("resume", resume), ("progress", progress)):
+            if not isinstance(value, bool) and not (name == "progress" and value is None):
+                raise ConfigError(name, f"{value!r}: give True or False"
+                                  + (" (or None: the config's output.progress)"
+                                     if name == "progress" else ""))
+        self.stage = "before round 1"
+        try:
+            return self._run(resume, progress)
+        except ClusterFLError:
+            raise
+        except Exception as exc:  # a model or method of one's own: one line naming its line
+            own = own_code_error(exc, self._own_code(), self.stage)
+            if own is None:
+                raise
+            raise own from exc
+
+    def _own_code(self) -> dict[str, Any]:
+        """The run's model and method classes that come from outside clusterfl, by the config
+        field that names them."""
+        found = {"model.name": self.factory.module_class,
+                 "algorithm.name": type(self.algorithm)}
+        return {k: v for k, v in found.items()
+                if not str(getattr(v, "__module__", "")).startswith("clusterfl.")}
+
+    def _run(self, resume: bool, progress: bool | None) -> History:
         with RunDir(self.out_dir).claimed(resume, self.overwrite) as files:
             torch.manual_seed(self.config.run.seed)
             inner = build_backend(self.config, self.full_federation, self.factory)
@@ -238,6 +276,7 @@ class Experiment:
                 self._loop(ctx, history, start, elapsed, files,
                            want_progress(progress, self.config.output.progress))
                 if held_out:
+                    self.stage = "placing the held-out clients"
                     self.holdout = self.place_holdout(inner)
             finally:
                 inner.close()
@@ -253,6 +292,13 @@ class Experiment:
     def _data_warnings(self) -> list[str]:
         """What the run's data leaves out, said before round 1 (the run goes on)."""
         out = []
+        seed = self.full_federation.meta.get("seed")
+        if "data" not in self.full_federation.meta and isinstance(seed, int) and \
+                seed != self.config.run.seed:
+            out.append(f"the federation given was made with seed {seed} and the run's seed is "
+                       f"{self.config.run.seed}: config.toml rebuilds the data with seed "
+                       f"{self.config.run.seed}, not this federation (make it with the run's "
+                       "seed, or set seed in the config)")
         want, n = self.config.run.eval_clients, self.federation.n_clients
         if isinstance(want, int) and want > n:
             out.append(f"eval_clients = {want} is more than the {n} clients that train: every "
@@ -270,6 +316,7 @@ class Experiment:
         t0 = time.perf_counter() - elapsed
         with Progress(show, run.rounds, start - 1, self.algorithm.label()) as bar:
             for t in range(start, run.rounds + 1):
+                self.stage = f"in round {t}"
                 if ctx.guard is not None:
                     ctx.guard.begin_round(t)
                 ctx.participants.clear()
@@ -315,30 +362,50 @@ class Experiment:
 
 
 def _with_data_of(config: Config, federation: Federation) -> Config:
-    """The config of a run given `federation`: its `[data]` is the federation's own when
-    the federation records one (`meta["data"]`, set by `Federation.from_clients` and the
-    loaders of `clusterfl.data.own`), so the run directory says what data it was.
+    """The config of a run given `federation`, recording the federation's data, so that the
+    run directory says what data it was: its `[data]` (`meta["data"]`, set by
+    `Federation.from_clients` and the loaders of `clusterfl.data.own`; for a federation of
+    `make_federation`, its source) and its scenario (`given` for per-client data; a
+    built-in scenario with its options).
 
-    A config without a `[data]` table of its own takes the federation's (and its scenario:
-    `given` for per-client data); one that names other data is refused.
+    A config without a `[data]` or `[scenario]` table of its own takes the federation's; one
+    that names other data or another scenario is refused (the run would record one thing
+    and train on another).
     """
-    given = federation.meta.get("data")
-    if not isinstance(given, dict):
-        return config
+    meta = federation.meta
+    given = meta.get("data")
+    if not isinstance(given, dict):  # make_federation's: a built-in source and scenario
+        if meta.get("source") not in SOURCE_NAMES or not isinstance(meta.get("scenario"), str):
+            return config  # a Source of one's own, loaded in Python: nothing to name
+        given = {"source": meta["source"]}
     now = config.to_dict()
-    if data_table(given) == now["data"]:
-        return config
-    if now["data"] != data_table({}):
+    if "data" in meta and data_table(given) == now["data"]:
+        return config  # the federation of this very config (a comparison's, a loader's)
+    if now["data"].get("source") == given.get("source") and "data" not in meta:
+        given = now["data"]  # the same source: the config's reader options, data_dir ...
+    if data_table(given) != now["data"] and now["data"] != data_table({}):
         raise ConfigError("data", f"the config's [data] {now['data']} is not the data of the "
                                   f"federation given ({data_table(given)}); leave [data] out "
                                   "of the config (the federation's own is recorded) or make "
                                   "them agree")
-    meta = federation.meta
     if own.is_per_client(str(given.get("source"))) is False and "scenario" in meta:
-        scenario = {"name": meta["scenario"], **dict(meta.get("params") or {})}
+        params = {k: v for k, v in dict(meta.get("params") or {}).items() if v is not None}
+        scenario = {"name": meta["scenario"], **params}
     else:
         scenario = {"name": own.GIVEN}
-    return load_config({**now, "data": given, "scenario": scenario})
+    made = load_config({**now, "data": given, "scenario": scenario})
+    default = load_config({k: v for k, v in now.items() if k != "scenario"})
+    theirs, ours = made.to_dict()["scenario"], now["scenario"]
+    if all(theirs.get(k) == v for k, v in ours.items()) and given == now["data"]:
+        return config  # the config says how it was made (the federation adds derived keys)
+    if theirs != ours and ours != default.to_dict()["scenario"]:
+        raise ConfigError("scenario", f"the config's [scenario] {ours} is not how the "
+                          f"federation given was made ({theirs}); leave [scenario] out of the "
+                          "config (the federation's is recorded) or make them agree"
+                          + ("; per-client data keeps its clients as they are (scenario "
+                             "'given', without holdout)" if scenario["name"] == own.GIVEN
+                             else ""))
+    return made
 
 
 def _check_fault_clients(config: Config, n_clients: int, held_out: int) -> None:
@@ -355,6 +422,26 @@ def _check_fault_clients(config: Config, n_clients: int, held_out: int) -> None:
                               f"{when}: no round would train; allowed: fewer clients, or "
                               "faults.drop_rounds naming some rounds")
 
+
+
+def _check_arguments(config: Any, out_dir: Any, federation: Any, overwrite: Any,
+                     callbacks: Any) -> None:
+    """`Experiment`'s arguments are of the kinds it takes, or one line naming the argument."""
+    if not isinstance(config, Config):
+        raise ConfigError("config", f"got {type(config).__name__}: give a Config "
+                          "(clusterfl.config.load_config), or build the run from a TOML file "
+                          "or a dict with Experiment.from_config")
+    if out_dir is not None and not isinstance(out_dir, str | os.PathLike):
+        raise ConfigError("out_dir", f"got {type(out_dir).__name__}: give a folder's path "
+                          "(str or Path), or None to write no files")
+    if federation is not None and not isinstance(federation, Federation):
+        raise ConfigError("federation", f"got {type(federation).__name__}: give a Federation "
+                          "(Federation.from_clients turns arrays or torch Datasets into one)")
+    if not isinstance(overwrite, bool):
+        raise ConfigError("overwrite", f"{overwrite!r}: give True or False")
+    if not isinstance(callbacks, list | tuple):
+        raise ConfigError("callbacks", f"got {type(callbacks).__name__}: give a list of "
+                          "callbacks ([MyTracker()])")
 
 __all__ = [
     "CHECKPOINT",

@@ -20,6 +20,7 @@ from clusterfl.algorithms import Algorithm, Context
 from clusterfl.backends import Backend
 from clusterfl.backends.subset import SubsetBackend
 from clusterfl.config import Config
+from clusterfl.config_util import client_ids
 from clusterfl.data.federation import Federation, holdout_split
 from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
@@ -61,7 +62,7 @@ class Holdout:
         every placement: `clusterfl place` of the held-out clients repeats the run's), the
         default guard, its own communication count."""
         run = self.config.run
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = client_ids(ids, self.full.n_clients, "ids")
         return Context(
             backend=SubsetBackend(backend, ids), factory=factory,
             training=self.config.train.local_training(), n_clients=len(ids),

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
 
 KINDS = {"model": "clusterfl.models", "algorithm": "clusterfl.algorithms",
          "dataset": "clusterfl.datasets"}
@@ -122,3 +122,37 @@ def _near(name: object, names: list[str]) -> str:
 def describe(obj: Any) -> str:
     """`module:qualname` of an object (for messages)."""
     return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
+
+
+class OwnCodeError(ClusterFLError):
+    """A model or method of one's own raised during a run (`own_code_error`)."""
+
+
+def own_code_error(exc: BaseException, objects: dict[str, Any], when: str) -> OwnCodeError | None:
+    """One line naming the code of one's own in which `exc` was raised, when its traceback
+    passes through the file of one of `objects` (config field → the model class or method
+    class that field names); None when it does not (an error of clusterfl, left as it is).
+    The deepest such frame is named: the user's line that called into torch, or raised."""
+    import inspect
+    import traceback
+
+    files: dict[str, str] = {}
+    for field, obj in objects.items():
+        try:
+            path = inspect.getsourcefile(obj)
+        except TypeError:
+            path = None
+        if path:
+            files[os.path.realpath(path)] = field
+    if not files:
+        return None
+    mine = [f for f in traceback.extract_tb(exc.__traceback__)
+            if os.path.realpath(f.filename) in files]
+    if not mine:
+        return None
+    frame = mine[-1]
+    field = files[os.path.realpath(frame.filename)]
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return OwnCodeError(f"{field} {describe(objects[field])} raised {type(exc).__name__} "
+                        f"{when}: {first} ({os.path.basename(frame.filename)}:{frame.lineno}, "
+                        f"in {frame.name})")

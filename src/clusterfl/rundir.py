@@ -229,7 +229,8 @@ def _remove_ours(folder: Path, runs_inside: bool = True) -> None:
                 entry.rmdir()
 
 
-def _claim(path: Path, resume: bool, overwrite: bool, hint: str) -> None:
+def _claim(path: Path, resume: bool, overwrite: bool, hint: str,
+           runs_inside: bool = False) -> None:
     """The checks of `claim_run_dir`, for a folder whose lock the caller holds."""
     entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
     if resume or not entries:
@@ -237,7 +238,15 @@ def _claim(path: Path, resume: bool, overwrite: bool, hint: str) -> None:
     shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
     if not overwrite:
         raise RunDirInUseError(f"{path} is not empty (it holds {shown}); pass {hint}")
-    bad = foreign_entry(path)
+    runs = [] if runs_inside else [
+        e.name for e in sorted(path.iterdir()) if e.is_dir() and not e.is_symlink()
+        and _ours_in(e) is None and any(e.iterdir()) and _is_run(e)]
+    if runs:  # one run's overwrite never takes the runs of a comparison or of a parent
+        named = ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
+        raise RunDirInUseError(
+            f"{path} holds other runs ({named}); overwrite replaces the files of one run, "
+            "not the runs in its subfolders: choose another output folder")
+    bad = foreign_entry(path, runs_inside)
     if bad is not None:
         raise RunDirInUseError(
             f"{path} holds {bad.relative_to(path)}, which clusterfl did not write; refusing to "
@@ -246,7 +255,7 @@ def _claim(path: Path, resume: bool, overwrite: bool, hint: str) -> None:
         for sub in path.iterdir():
             if sub.is_dir() and not sub.is_symlink() and (sub / LOCK_FILE).exists():
                 held.enter_context(FolderLock(sub))
-        _remove_ours(path)
+        _remove_ours(path, runs_inside)
     for sub in path.iterdir():  # run folders whose lock file was left till now
         if sub.is_dir() and not sub.is_symlink() and not any(sub.iterdir()):
             sub.rmdir()
@@ -262,19 +271,21 @@ def _check_folder(path: Path, resume: bool, overwrite: bool) -> None:
 
 
 def claim_run_dir(path: str | Path, resume: bool = False, overwrite: bool = False,
-                  hint: str = DEFAULT_HINT) -> None:
+                  hint: str = DEFAULT_HINT, runs_inside: bool = False) -> None:
     """Make `path` ready for one new run, or check it for a resumed one.
 
     An absent or empty folder is fine. A folder with files needs `resume` (they are that run's
     files) or `overwrite`, which removes our files first and refuses a folder holding anything
-    else (module doc). A folder another live process writes into is refused. `hint` names the
-    two options in the caller's words (`--resume or --overwrite` on the command line).
+    else (module doc), other runs included unless `runs_inside` (a comparison's folder, whose
+    overwrite replaces its methods' runs). A folder another live process writes into is
+    refused. `hint` names the two options in the caller's words (`--resume or --overwrite`
+    on the command line).
     """
     path = Path(path)
     _check_folder(path, resume, overwrite)
     if path.is_dir():
         with FolderLock(path):
-            _claim(path, resume, overwrite, hint)
+            _claim(path, resume, overwrite, hint, runs_inside)
 
 
 # ------------------------------------------------------------------ one run's files
@@ -289,9 +300,9 @@ class RunDir:
 
     @contextmanager
     def claimed(self, resume: bool = False, overwrite: bool = False,
-                hint: str = DEFAULT_HINT) -> Iterator[RunDir]:
+                hint: str = DEFAULT_HINT, runs_inside: bool = False) -> Iterator[RunDir]:
         """Hold the folder's lock while the run writes into it (`claim_run_dir`'s checks
-        first)."""
+        first; `runs_inside`: a comparison's folder)."""
         if self.path is None:
             yield self
             return
@@ -300,7 +311,7 @@ class RunDir:
         make_folder(self.path)
         try:
             with FolderLock(self.path):
-                _claim(self.path, resume, overwrite, hint)
+                _claim(self.path, resume, overwrite, hint, runs_inside)
                 yield self
         except BaseException:  # a run that failed before writing leaves no empty folder
             if created and self.path.is_dir() and not any(self.path.iterdir()):

@@ -124,6 +124,9 @@ def make_callback(ref: str, field: str = "output.callbacks") -> Any:
 
 
 def check_callback(callback: Any, field: str = "callbacks") -> None:
+    if isinstance(callback, type):
+        raise ConfigError(field, f"{describe(callback)} is a class; give an instance of it "
+                                 f"({callback.__name__}())")
     if not any(callable(getattr(callback, h, None)) for h in HOOKS):
         raise ConfigError(field, f"{type(callback).__name__} has none of the callback "
                                  f"methods {', '.join(HOOKS)}")
@@ -150,10 +153,12 @@ def call(callbacks: list[Any], hook: str, *args: Any, **kwargs: Any) -> None:
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             when = (f" in round {args[0].round}" if hook == "on_round_end"
                     and isinstance(args[0], RoundRecord) else "")
+            after = ("the run had finished: its results are written" if hook == "on_run_end"
+                     else "the run stopped (with checkpoints, --resume continues it from the "
+                     "last one)")
             raise CallbackError(
                 f"callback {describe(type(cb))}: {hook}{when} raised {type(exc).__name__}: "
-                f"{exc} ({Path(frame.filename).name}:{frame.lineno}); the run stopped (with "
-                "checkpoints, --resume continues it from the last one)") from exc
+                f"{exc} ({Path(frame.filename).name}:{frame.lineno}); {after}") from exc
 
 
 def _takes(fn: Any, name: str) -> bool:

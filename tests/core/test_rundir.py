@@ -15,6 +15,7 @@ import pytest
 
 from clusterfl.cli import main
 from clusterfl.config import dump_toml
+from clusterfl.experiment import Experiment
 from clusterfl.rundir import (
     LOCK_FILE,
     RUN_FILES,
@@ -93,14 +94,14 @@ def test_overwrite_refuses_folder_with_foreign_file(tmp_path: Path) -> None:
 
 
 def test_overwrite_removes_only_run_files_by_name(tmp_path: Path) -> None:
-    _run_folder(tmp_path)
+    _run_folder(tmp_path)  # a comparison's folder (its methods' runs inside)
     assert foreign_entry(tmp_path) is None
-    claim_run_dir(tmp_path, overwrite=True)
+    claim_run_dir(tmp_path, overwrite=True, runs_inside=True)
     assert _files(tmp_path) == []
     _run_folder(tmp_path)
     (tmp_path / "figures" / "mine.pdf").write_text("drawn by hand")  # the report draws PNGs
     with pytest.raises(RunDirInUseError, match=r"figures/mine\.pdf"):
-        claim_run_dir(tmp_path, overwrite=True)
+        claim_run_dir(tmp_path, overwrite=True, runs_inside=True)
     assert (tmp_path / "summary.json").exists()
     (tmp_path / "figures" / "mine.pdf").unlink()
     notes = tmp_path / "notes"  # a run's file name, but neither a run nor a comparison
@@ -129,6 +130,31 @@ def test_run_file_names_are_the_writers_names() -> None:
     assert all(RUN_SUBDIRS[FIGURES_DIR](f"{n}.png") for n in RUN_FIGURES + COMPARISON_FIGURES)
     assert {f"{n}.png" for n in COMPARISON_FIGURES} <= RUN_FILES  # beside a comparison's report
     assert TENSORBOARD_DIR in RUN_SUBDIRS
+
+
+def test_one_runs_overwrite_never_takes_the_runs_in_its_subfolders(tmp_path: Path) -> None:
+    """Issue 35, Python API round: `overwrite=True` (or `run --overwrite`) into a folder that
+    holds other runs (a comparison's, or runs kept side by side in a parent) removed every
+    one of them without a word; it is refused naming them, and a comparison's own
+    `--overwrite` still replaces its methods' runs."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    parent = tmp_path / "parent"
+    for name in ("exp_a", "exp_b"):
+        Experiment.from_config(TINY, out_dir=parent / name).run(progress=False)
+    before = _files(parent)
+    with pytest.raises(RunDirInUseError) as err:
+        Experiment.from_config(TINY, out_dir=parent, overwrite=True).run(progress=False)
+    assert "holds other runs (exp_a, exp_b)" in str(err.value) and "\n" not in str(err.value)
+    assert main(["run", str(path), "--out", str(parent), "--quiet", "--overwrite"]) == 2
+    assert _files(parent) == before  # both runs whole
+    comparison = tmp_path / "cmp"
+    args = ["compare", str(path), "--algorithms", "fedavg,local", "--out", str(comparison),
+            "--quiet"]
+    assert main(args) == 0
+    assert main(["run", str(path), "--out", str(comparison), "--quiet", "--overwrite"]) == 2
+    assert main([*args, "--overwrite"]) == 0  # the comparison replaces its own runs
+    assert (comparison / "fedavg" / "summary.json").is_file()
 
 
 # ------------------------------------------------------------------ the lock

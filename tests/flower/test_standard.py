@@ -45,7 +45,9 @@ CLUSTERED = {
 
 
 def _strategy(method: str, **kw: Any) -> ClusteredStrategy:
-    return ClusteredStrategy(method, model=NET, input_shape=(16,), n_classes=10,
+    return ClusteredStrategy(method, model=kw.pop("model", NET),
+                             input_shape=kw.pop("input_shape", (16,)),
+                             n_classes=kw.pop("n_classes", 10),
                              train=kw.pop("train", {"lr": 0.3}),
                              log=kw.pop("log", lambda m: None), **kw)
 
@@ -172,6 +174,61 @@ def test_a_reply_without_num_examples_is_one_clear_line() -> None:
     with pytest.raises(ClusterFLError, match="train reply: the reply's metrics have no "
                        "'num-examples'"):
         _strategy("fedavg").start(_grid(app=bad), 1)
+
+
+class _UnusedGrid:
+    """A Grid that fails the test if the strategy asks it anything."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the strategy used the Grid ({name}) before refusing")
+
+
+@pytest.mark.parametrize(("kw", "field", "says"), [
+    ({"method": None}, "method", "give a method's name"),
+    ({"input_shape": (1, -8, 8)}, "input_shape", "positive whole numbers"),
+    ({"input_shape": ()}, "input_shape", "positive whole numbers"),
+    ({"input_shape": "1,8,8"}, "input_shape", "positive whole numbers"),
+    ({"n_classes": 0}, "n_classes", ">= 2"),
+    ({"n_classes": 1}, "n_classes", "at least 2 classes"),
+    ({"n_classes": "10"}, "n_classes", ">= 2"),
+    ({"min_nodes": -1}, "min_nodes", ">= 0"),
+    ({"wait_timeout": -5}, "wait_timeout", "seconds > 0"),
+    ({"timeout": float("inf")}, "timeout", "seconds > 0"),
+    ({"eval_every": 0}, "eval_every", ">= 1"),
+    ({"seed": -1}, "seed", ">= 0"),
+    ({"extensions": {"query.nosuch"}}, "extensions", "allowed: evaluate.predictor"),
+    ({"true_clusters": {100: "a"}}, "true_clusters", "both whole numbers"),
+    ({"model": "nosuch.mod:Net"}, "model.name", "cannot import module 'nosuch.mod'"),
+    ({"train": {"lrr": 0.1}}, "train.lrr", "unknown field"),
+    ({"method": "ifca:n_clusterz=4"}, "algorithm.n_clusterz", "unknown field"),
+])
+def test_wrong_strategy_arguments_are_one_line_when_it_is_built(
+        kw: dict[str, Any], field: str, says: str) -> None:
+    """Each wrong argument of a ServerApp's strategy is refused when the strategy is built
+    (the app's load), naming the argument, never after the nodes were waited for (before:
+    a torch shape error, an AttributeError, or a run that went on with the nodes)."""
+    method = kw.pop("method", "cfl")
+    with pytest.raises(ClusterFLError) as info:  # when built: start is never reached
+        _strategy(method, **kw)
+    text = str(info.value)
+    assert text.startswith(f"{field}:") and says in text and "\n" not in text
+
+
+def test_a_used_out_dir_is_refused_before_the_nodes_and_overwrite_replaces_the_run(
+        tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ClusterFLError, match=r"not empty .*notes\.txt.*overwrite=True"):
+        _strategy("fedavg", out_dir=tmp_path).start(_UnusedGrid(), 2)
+    with pytest.raises(ClusterFLError, match=r"notes\.txt, which clusterfl did not write"):
+        _strategy("fedavg", out_dir=tmp_path, overwrite=True).start(_UnusedGrid(), 2)
+    assert (tmp_path / "notes.txt").read_text() == "mine"  # nothing of the user's removed
+    run = tmp_path / "run"
+    _strategy("fedavg", out_dir=run).start(_grid(), 1)
+    with pytest.raises(ClusterFLError, match="not empty"):
+        _strategy("fedavg", out_dir=run).start(_UnusedGrid(), 2)
+    result = _strategy("fedavg", out_dir=run, overwrite=True).start(_grid(), 2)
+    assert len(result.history.records) == 2
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 2  # the new run's
 
 
 # ------------------------------------------------------------------ the client helpers

@@ -27,6 +27,7 @@ import numpy as np
 
 from clusterfl.algorithms.common import AlgorithmConfig, Placement, SampledConfig
 from clusterfl.backends.base import Backend
+from clusterfl.config_util import client_ids
 from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.engine.transfer import device_of, move, to_cpu
 from clusterfl.errors import ClusterFLError
@@ -233,12 +234,26 @@ class Algorithm(ABC, Generic[C, S]):
             step = self.ask(state, t, phase, ctx)
             if isinstance(step, Ask):
                 step = self._update(state, t, step, self._send(ctx, step.request))
+                self._check_step(step, "update", Update)
+            else:
+                self._check_step(step, "ask", Ask | Update)
             state = step.state
             if step.then is None:
                 break
             phase = step.then
         self.state = state
         return step.extras if step.extras is not None else RoundExtras()
+
+    def _check_step(self, step: Any, hook: str, kind: Any) -> None:
+        """One line naming the method's hook when it returns something the driver cannot
+        run (a method of one's own: a state where an `Update` belongs, a bare request where
+        an `Ask` does)."""
+        if not isinstance(step, kind):
+            cls = type(self)
+            wants = ("clusterfl.algorithms.Ask(request) or Update(state, ...)" if hook == "ask"
+                     else "clusterfl.algorithms.Update(state, ...)")
+            raise ClusterFLError(f"{cls.__module__}:{cls.__qualname__}.{hook} returned a "
+                                 f"{type(step).__name__}; it must return {wants}")
 
     def _send(self, ctx: Context, request: Any) -> Any:
         """`ctx.send`, the reply left on the backend's GPU for a method with `device_update`."""
@@ -286,7 +301,8 @@ class Algorithm(ABC, Generic[C, S]):
 
     def place(self, ctx: Context, clients: np.ndarray | list[int]) -> np.ndarray:
         """The cluster id (as in `assignment()`) of each of `clients` (see `placement`)."""
-        return self.placement(ctx, np.asarray(clients, dtype=np.int64)).clusters
+        ids = client_ids(clients, ctx.n_clients, "clients", "the context's")
+        return self.placement(ctx, ids).clusters
 
     def save_artifacts(self, run_dir: Path, round_: int) -> list[Path]:
         """Write the method's own files into the finished run's folder (CFL's tree for

@@ -301,10 +301,19 @@ def _from_dataset(ds: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     for i in range(len(ds)):
         item = ds[i]
         if not isinstance(item, tuple | list) or len(item) != 2:
-            raise DataError(f"{what}[{i}] is a {type(item).__name__}; a Dataset must give "
-                            "(input, target) pairs")
+            items = f" of {len(item)} items" if isinstance(item, tuple | list) else ""
+            raise DataError(f"{what}[{i}] is a {type(item).__name__}{items}; a Dataset must "
+                            "give (input, target) pairs")
         xs.append(_tensor(item[0], what))
-        ys.append(_tensor(item[1], what).reshape(()))
+        if xs[-1].shape != xs[0].shape:
+            raise DataError(f"{what}[{i}] has an input of shape {tuple(xs[-1].shape)}, "
+                            f"{what}[0] one of {tuple(xs[0].shape)}; every sample must have "
+                            "one shape (resize or pad them in the Dataset)")
+        target = _tensor(item[1], what)
+        if target.numel() != 1:
+            raise DataError(f"{what}[{i}] has a target of shape {tuple(target.shape)}; give "
+                            "one class id or value per sample")
+        ys.append(target.reshape(()))
     return torch.stack(xs), torch.stack(ys)
 
 
@@ -336,8 +345,21 @@ def _from_clients(clients: Sequence[Any], clusters: Sequence[int] | np.ndarray |
                   n_classes: int | None = None, task: Task = "classification",
                   name: str = "own data") -> Federation:
     """A federation of the given clients (see `Federation.from_clients`)."""
+    if not isinstance(clients, Sequence) or isinstance(clients, str | bytes):
+        raise DataError(f"from_clients: clients is a {type(clients).__name__}; give a list "
+                        "with one entry per client (list(...) of a generator, "
+                        "list(d.values()) of a dict)")
     if len(clients) == 0:
         raise DataError("from_clients: no clients given")
+    if task not in ("classification", "regression", "language_model"):
+        raise DataError(f"from_clients: task = {task!r}; allowed: 'classification', "
+                        "'regression', 'language_model'")
+    if not isinstance(name, str) or not name:
+        raise DataError(f"from_clients: name = {name!r}; give the federation's name as text")
+    if n_classes is not None and (isinstance(n_classes, bool) or
+                                  not isinstance(n_classes, int | np.integer)):
+        raise DataError(f"from_clients: n_classes = {n_classes!r}; give a whole number (or "
+                        "leave it out: the largest label + 1)")
     splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"train": [], "test": []}
     for i, client in enumerate(clients):
         train, test = _client_parts(client, i)
@@ -357,6 +379,25 @@ def check_client(x: torch.Tensor, y: torch.Tensor, task: Task, what: str) -> Non
     if task == "classification" and y.is_floating_point() and not bool((y == y.round()).all()):
         raise DataError(f"{what}: labels like {float(y[y != y.round()][0])!r} are not class "
                         "ids 0, 1, ...; for real-valued targets use task = 'regression'")
+
+
+def _cluster_ids(clusters: Any, name: str) -> np.ndarray:
+    """The true cluster ids as integers; ids that are not whole numbers are refused (never
+    truncated: the ARI would compare against other groups)."""
+    ids = np.asarray(clusters)
+    if ids.dtype.kind in "iub":
+        return ids.astype(np.int64)
+    bad = None
+    if ids.dtype.kind == "f":
+        wrong = ~np.isfinite(ids) | (ids != np.round(ids))
+        bad = ids[wrong][0] if wrong.any() else None
+    else:
+        bad = ids.reshape(-1)[0] if ids.size else None
+    if bad is not None:
+        shown = bad.item() if isinstance(bad, np.generic) else bad
+        raise DataError(f"{name}: the true cluster id {shown!r} is not a whole number; ids are "
+                        "0, 1, ... (leave clusters out when they are not known)")
+    return ids.astype(np.int64)
 
 
 def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
@@ -382,6 +423,11 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
                                 f"{tuple(y.shape)}; give one {one} per sample")
             check_client(x, y, task, f"{name}: client {i} {split}")
         xs = [x.reshape(len(x), *shape).float() for x, _ in parts]
+        for i, x in enumerate(xs):
+            if len(x) and not bool(torch.isfinite(x).all()):  # finite before, not in float32
+                raise DataError(f"{name}: client {i} {split} has inputs beyond the range of "
+                                "float32 (about ±3.4e38), in which the models compute; scale "
+                                "them first")
         ys = [y.reshape(-1) for _, y in parts]
         y_all = torch.cat(ys) if ys else torch.zeros(0)
         y_all = y_all.long() if task == "classification" else y_all.float()
@@ -400,7 +446,7 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
     empty = [i for i, n in enumerate(np.diff(cat["train"][2])) if n == 0]
     if empty:
         raise DataError(f"{name}: clients {empty} have no training samples")
-    truth = None if clusters is None else np.asarray(clusters, dtype=np.int64)
+    truth = None if clusters is None else _cluster_ids(clusters, name)
     n = len(splits["train"])
     if truth is not None and truth.shape != (n,):
         raise DataError(f"{name}: clusters has {truth.size} ids for {n} clients")

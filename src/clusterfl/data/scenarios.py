@@ -713,6 +713,11 @@ def make_federation(source: str | Source, scenario: str,
     `meta` records the scenario, the validated params, the seed and per-cluster facts
     (`meta["clusters"][c]`: angle, label map, class set, ...).
     """
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ConfigError("seed", f"{seed!r}: give a whole number >= 0")
+    if params is not None and not isinstance(params, dict | ScenarioParams):
+        raise ConfigError(field_prefix, f"params is a {type(params).__name__}; give the "
+                          "scenario's options as a dict ({'n_clients': 20, ...}) or None")
     spec = get_scenario(scenario, field_prefix)
     if not isinstance(params, spec.params):
         params = scenario_params(scenario, params if isinstance(params, dict) or params is None

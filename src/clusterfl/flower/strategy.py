@@ -93,7 +93,9 @@ class ClusteredStrategy:
             `lr` (and `local-epochs` from its own run config).
         options: more `[algorithm]` options (merged under `method`'s own).
         seed: the initial models' seed and the method's randomness.
-        out_dir: the run folder (None: none is written).
+        out_dir: the run folder (None: none is written); a folder with files is refused
+            (checked before the nodes are waited for) unless `overwrite`, which removes the
+            files of a run there first (and refuses a folder holding anything else).
         eval_every: evaluate every this many rounds (and at the last).
         min_nodes: wait for this many SuperNodes (default: those connected after
             `wait_timeout`'s first poll, at least 1).
@@ -110,27 +112,39 @@ class ClusteredStrategy:
         model: str | Mapping[str, Any] | Callable[..., Any],
         input_shape: tuple[int, ...], n_classes: int, train: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None, seed: int = 0,
-        out_dir: str | Path | None = None, eval_every: int = 1, min_nodes: int = 0,
+        out_dir: str | Path | None = None, overwrite: bool = False, eval_every: int = 1,
+        min_nodes: int = 0,
         wait_timeout: float = 300.0, timeout: float = 600.0,
         extensions: set[str] | frozenset[str] | tuple[str, ...] = (),
         true_clusters: Mapping[int, int] | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         from clusterfl.compare import parse_algorithm_spec
+        from clusterfl.config import load_config
 
+        if not isinstance(method, str | Mapping):
+            raise ConfigError("method", f"{method!r}: give a method's name ({', '.join(DRIVABLE)}"
+                              ", ...), a spec such as \"ifca:n_clusters=4\" or its [algorithm] "
+                              "table as a dict")
         table = (dict(method) if isinstance(method, Mapping)
                  else parse_algorithm_spec(method))
         self.algorithm = {**dict(options or {}), **table}
         self.model: dict[str, Any] = (
             {"name": model} if isinstance(model, str) else dict(model)
             if isinstance(model, Mapping) else {"name": _import_path(model)})
-        self.input_shape = tuple(int(s) for s in input_shape)
-        self.n_classes = int(n_classes)
+        self.input_shape = _shape(input_shape)
+        self.n_classes = _whole("n_classes", n_classes, 2, "a classification needs at least "
+                                "2 classes")
         self.train = dict(train or {})
-        self.seed, self.out_dir, self.eval_every = int(seed), out_dir, int(eval_every)
-        self.min_nodes, self.wait_timeout, self.timeout = int(min_nodes), wait_timeout, timeout
-        self.extensions = set(extensions)
-        self.true_clusters = dict(true_clusters) if true_clusters is not None else None
+        self.seed = _whole("seed", seed, 0, "the run's seed")
+        self.out_dir, self.overwrite = out_dir, bool(overwrite)
+        self.eval_every = _whole("eval_every", eval_every, 1, "evaluate every this many rounds")
+        self.min_nodes = _whole("min_nodes", min_nodes, 0, "0 waits for the nodes connected "
+                                "at the first poll")
+        self.wait_timeout = _seconds("wait_timeout", wait_timeout, forever=True)
+        self.timeout = _seconds("timeout", timeout)
+        self.extensions = _handlers(extensions)
+        self.true_clusters = _truth(true_clusters)
         self.log = log or (lambda line: print(line, flush=True))
         name = str(self.algorithm.get("name", ""))
         if name not in DRIVABLE and not self.extensions:
@@ -142,6 +156,7 @@ class ClusteredStrategy:
             self.log(f"clusterfl: warning: {name} asks more of a client than train/evaluate; "
                      "the first request it cannot send names the handler to add "
                      "(clusterfl.flower.client)")
+        load_config(self.config(1))  # a wrong option is one line now, not after the nodes
 
     # ------------------------------------------------------------------ config
     def config(self, num_rounds: int) -> dict[str, Any]:
@@ -165,8 +180,12 @@ class ClusteredStrategy:
         from clusterfl.config import load_config
         from clusterfl.experiment import Experiment
         from clusterfl.models import ModelFactory
+        from clusterfl.rundir import claim_run_dir
 
         config = load_config(self.config(num_rounds))
+        if self.out_dir is not None:  # a used folder is refused before the nodes are waited for
+            claim_run_dir(self.out_dir, overwrite=self.overwrite,
+                          hint="overwrite=True (its run files are removed) or another out_dir")
         try:  # replies' objects pulled without Flower 1.41's 1 s first backoff (issue 26)
             from clusterfl.deploy.supernode import fast_object_pulls
 
@@ -180,7 +199,7 @@ class ClusteredStrategy:
                                   template=template, extensions=self.extensions)
         probe = self._probe(session, factory, config)
         federation = self._federation(nodes, probe)
-        exp = Experiment(config, self.out_dir, federation=federation,
+        exp = Experiment(config, self.out_dir, federation=federation, overwrite=self.overwrite,
                          callbacks=[_RoundLine(session, num_rounds, self.log)])
         with active_session(session):
             history = exp.run(progress=False)
@@ -326,3 +345,56 @@ def _import_path(obj: Callable[..., Any]) -> str:
         raise ConfigError("model", f"{obj!r} has no import path; pass the model as "
                           "\"package.module:Class\" (the server must import it)")
     return f"{module}:{name}"
+
+
+def _whole(name: str, value: Any, least: int, what: str) -> int:
+    """`value` as an int of at least `least`, or one line naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+        raise ConfigError(name, f"{value!r}: give a whole number >= {least} ({what})")
+    return int(value)
+
+
+def _seconds(name: str, value: Any, forever: bool = False) -> float:
+    """`value` as a positive number of seconds (infinite only if `forever`), or one line
+    naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or \
+            (value == float("inf") and not forever) or value != value:
+        raise ConfigError(name, f"{value!r}: give a number of seconds > 0"
+                          + (" (float('inf'): wait for ever)" if forever else ""))
+    return float(value)
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """One sample's shape: a non-empty sequence of positive whole numbers."""
+    ok = isinstance(value, tuple | list) and len(value) > 0 and all(
+        isinstance(s, int | np.integer) and not isinstance(s, bool) and s > 0 for s in value)
+    if not ok:
+        raise ConfigError("input_shape", f"{value!r}: give one sample's shape as a tuple of "
+                          "positive whole numbers, e.g. (1, 28, 28) or (16,)")
+    return tuple(int(s) for s in value)
+
+
+def _handlers(value: Any) -> set[str]:
+    """The client handlers named in `extensions`, each one the helpers can add."""
+    from clusterfl.backends.flower.standard import EXTENSIONS
+
+    known = sorted({handler for handler, _ in EXTENSIONS.values()} |
+                   {"query.losses", "train.pick"})
+    names = {value} if isinstance(value, str) else set(value)
+    unknown = sorted(str(n) for n in names if n not in known)
+    if unknown:
+        raise ConfigError("extensions", f"unknown handler(s) {', '.join(map(repr, unknown))}; "
+                          f"allowed: {', '.join(known)} (clusterfl.flower.client)")
+    return names
+
+
+def _truth(value: Any) -> dict[int, int] | None:
+    """`true_clusters`: node id -> true group, both whole numbers."""
+    if value is None:
+        return None
+    bad = [k for k, v in dict(value).items() if not all(
+        isinstance(x, int | np.integer) and not isinstance(x, bool) for x in (k, v))]
+    if bad:
+        raise ConfigError("true_clusters", f"node {bad[0]!r} -> {dict(value)[bad[0]]!r}: give "
+                          "node id -> true group, both whole numbers")
+    return {int(k): int(v) for k, v in dict(value).items()}

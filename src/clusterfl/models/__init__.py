@@ -246,6 +246,17 @@ def check_custom(module: nn.Module, name: str, shape: tuple[int, ...], out: int)
         raise ConfigError("model.name", f"{name!r} maps a batch {[2, *shape]} to {got}; the "
                           f"federation needs [batch, {out}] ({out} {what}): use its "
                           "n_outputs argument for the last layer's width")
+    if y.is_floating_point() and not bool(torch.isfinite(y).all()):
+        try:  # zeros may be a poor input (x / |x|): ones as well before refusing
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                y = module.eval()(torch.ones(2, *shape))
+        finally:
+            module.train(was_training)
+        if not bool(torch.isfinite(y).all()):
+            raise ConfigError("model.name", f"{name!r} gives NaN or infinite outputs for a "
+                              f"batch of zeros and one of ones {[2, *shape]} (with its "
+                              "initial parameters): no update of it could be used; check its "
+                              "forward")
 
 
 def check_fits_in_memory(name: str, d: int) -> None:
@@ -277,6 +288,7 @@ class ModelFactory:
         if self.config.name not in MODELS:  # from outside the package: checked once, now
             check_custom(module, self.config.name, tuple(self.input_shape), self.n_outputs)
         self.layout = ParamLayout(module)
+        self.module_class: type[nn.Module] = type(module)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,279 @@
+"""Issue 35, the Python API round (the library user's hostile inputs): each case is named
+after what a user wrote; before this round each one either ended in a deep traceback of
+numpy, torch or pathlib, or ran on and recorded something else than what trained."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from clusterfl.algorithms import Ask
+from clusterfl.algorithms.fedavg import FedAvg
+from clusterfl.config import load_config
+from clusterfl.data import make_federation
+from clusterfl.data.federation import Federation
+from clusterfl.errors import ClusterFLError, ConfigError, DataError
+from clusterfl.experiment import Experiment, build_backend
+from clusterfl.plugins import OwnCodeError
+from clusterfl.tracking import CallbackError
+
+HERE = "tests.core.test_python_api_hostile"
+DIGITS = {"rounds": 2, "data": {"source": "digits"},
+          "scenario": {"name": "rotation", "n_clients": 8, "angles": [0, 180]},
+          "model": {"name": "mlp", "hidden": [8]}, "train": {"lr": 0.1},
+          "algorithm": {"name": "fedavg"}, "output": {"figures": False, "progress": "off"}}
+NO_DATA = {k: v for k, v in DIGITS.items() if k not in ("data", "scenario")}
+
+
+def _clients(n: int = 6, d: int = 5) -> list[tuple[np.ndarray, ...]]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        x = rng.normal(size=(40, d)).astype(np.float32)
+        y = ((x[:, 0] > 0) ^ (i % 2 == 1)).astype(np.int64)
+        out.append((x[:30], y[:30], x[30:], y[30:]))
+    return out
+
+
+# ------------------------------------------------------------------ Experiment's arguments
+@pytest.mark.parametrize(("make", "field"), [
+    (lambda: Experiment(DIGITS), "config"),  # a dict where a Config belongs
+    (lambda: Experiment.from_config(NO_DATA, federation=_clients()), "federation"),
+    (lambda: Experiment.from_config(DIGITS, out_dir=5), "out_dir"),
+    (lambda: Experiment.from_config(DIGITS, overwrite="no"), "overwrite"),  # truthy text
+    (lambda: Experiment.from_config(DIGITS, callbacks=object()), "callbacks"),
+    (lambda: Experiment.from_config(DIGITS, overrides=5), "overrides"),
+    (lambda: Experiment.from_config(DIGITS).run(resume="yes"), "resume"),
+])
+def test_an_argument_of_the_wrong_kind_is_one_line_naming_it(make: Any, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make()
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_overrides_given_as_a_dict_or_none() -> None:
+    exp = Experiment.from_config(DIGITS, overrides={"rounds": 3, "train.lr": 0.05})
+    assert (exp.config.run.rounds, exp.config.train.lr) == (3, 0.05)
+    assert Experiment.from_config(DIGITS, overrides=None).config.run.rounds == 2
+
+
+def test_resume_without_an_out_dir_says_there_is_no_folder_not_none() -> None:
+    with pytest.raises(ClusterFLError, match="without an output folder") as err:
+        Experiment.from_config(DIGITS).run(resume=True)
+    assert "None" not in str(err.value)
+
+
+def test_progress_false_in_python_or_toml_reads_as_off() -> None:
+    assert load_config({"output": {"progress": False}}).output.progress == "off"
+    assert load_config({"output": {"progress": True}}).output.progress == "on"
+    with pytest.raises(ConfigError, match="'auto', 'on' or 'off'"):
+        load_config({"output": {"progress": "no"}})
+
+
+# ------------------------------------------------------------------ the data a run records
+def test_a_make_federation_federation_is_what_config_toml_records(tmp_path: Path) -> None:
+    """Before: config.toml recorded the config's default rotation of 32 clients while the run
+    trained on the label swap of 8 (and `--resume` then named the wrong data)."""
+    fed = make_federation("digits", "label_swap", {"n_clients": 8, "n_clusters": 2}, seed=0)
+    exp = Experiment.from_config(NO_DATA, federation=fed, out_dir=tmp_path / "r")
+    exp.run()
+    saved = tomllib.loads((tmp_path / "r" / "config.toml").read_text())
+    assert saved["data"]["source"] == "digits"
+    assert saved["scenario"] == {"name": "label_swap", "n_clients": 8, "n_clusters": 2}
+    assert not any("seed" in w for w in exp.recorder.warnings)
+    rebuilt = Experiment(load_config(saved)).full_federation  # the recorded config rebuilds it
+    assert torch.equal(rebuilt.x_train, fed.x_train) and torch.equal(rebuilt.y_train,
+                                                                   fed.y_train)
+
+
+def test_a_federation_of_another_seed_is_a_warning_naming_both_seeds() -> None:
+    fed = make_federation("digits", "label_swap", {"n_clients": 8, "n_clusters": 2}, seed=5)
+    exp = Experiment.from_config(NO_DATA, federation=fed)
+    exp.run()
+    assert any("made with seed 5 and the run's seed is 0" in w for w in exp.recorder.warnings)
+
+
+def test_a_config_naming_another_scenario_than_the_federation_is_refused() -> None:
+    fed = make_federation("digits", "label_swap", {"n_clients": 8, "n_clusters": 2}, seed=0)
+    with pytest.raises(ConfigError, match="not how the federation given was made") as err:
+        Experiment.from_config(DIGITS, federation=fed)
+    assert err.value.field == "scenario"
+
+
+def test_per_client_data_with_a_holdout_in_the_config_is_refused_not_dropped() -> None:
+    """Before: `[scenario] holdout = 0.25` was dropped without a word (no client held out)."""
+    fed = Federation.from_clients(_clients(), clusters=[i % 2 for i in range(6)])
+    with pytest.raises(ConfigError, match="without holdout"):
+        Experiment.from_config({**NO_DATA, "scenario": {"holdout": 0.25}}, federation=fed)
+    exp = Experiment.from_config(NO_DATA, federation=fed)
+    assert exp.config.to_dict()["scenario"] == {"name": "given"}
+
+
+# ------------------------------------------------------------------ Federation.from_clients
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"clusters": [0, 0.5, 1, 1, 0, 1]}, "cluster id 0.5 is not a whole number"),
+    ({"clusters": ["a", "b", "a", "b", "a", "b"]}, "'a' is not a whole number"),
+    ({"n_classes": 2.7}, "n_classes = 2.7"),
+    ({"n_classes": "2"}, "n_classes = '2'"),
+    ({"task": "classify"}, "allowed: 'classification'"),
+    ({"name": 123}, "name = 123"),
+])
+def test_from_clients_refuses_what_it_used_to_truncate_or_trip_on(kwargs: dict[str, Any],
+                                                                  says: str) -> None:
+    with pytest.raises(DataError, match=says):
+        Federation.from_clients(_clients(), **kwargs)
+    fed = Federation.from_clients(_clients(), clusters=[0, 0.0, 1, 1.0, 0, 1], n_classes=2)
+    assert fed.clusters.tolist() == [0, 0, 1, 1, 0, 1]  # whole floats still read
+
+
+def test_float64_inputs_beyond_float32_are_refused_not_made_infinite() -> None:
+    big = [(x.astype(np.float64) * 1e40, y, xt, yt) for x, y, xt, yt in _clients()]
+    with pytest.raises(DataError, match="beyond the range of float32"):
+        Federation.from_clients(big)
+
+
+def test_clients_given_as_a_generator_or_a_dict_are_refused_naming_a_list() -> None:
+    with pytest.raises(DataError, match=r"list\(\.\.\.\) of a generator"):
+        Federation.from_clients(c for c in _clients())
+    with pytest.raises(DataError, match="clients is a dict"):
+        Federation.from_clients(dict(enumerate(_clients())))
+
+
+class _Ragged(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, items: int = 3) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        x = torch.zeros(5 if i < 2 else 6)
+        return (x, 0, 1) if self.items == 3 else (x, i % 2)
+
+
+def test_a_dataset_of_mixed_shapes_or_triples_names_the_sample() -> None:
+    with pytest.raises(DataError, match=r"train\[2\] has an input of shape \(6,\)"):
+        Federation.from_clients([(_Ragged(2), _Ragged(2))])
+    with pytest.raises(DataError, match="is a tuple of 3 items"):
+        Federation.from_clients([(_Ragged(3), _Ragged(3))])
+
+
+def test_make_federation_refuses_a_seed_or_params_of_the_wrong_kind() -> None:
+    for seed in ("1", 1.5, -1):
+        with pytest.raises(ConfigError, match="seed"):
+            make_federation("digits", "iid", {"n_clients": 4}, seed=seed)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="give the scenario's options as a dict"):
+        make_federation("digits", "iid", [("n_clients", 4)])  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ placement from Python
+def test_placement_ids_are_checked_in_the_callers_terms() -> None:
+    exp = Experiment.from_config(DIGITS)
+    exp.run()
+    backend = build_backend(exp.config, exp.full_federation, exp.factory)
+    for ids, says in (([-1, 3], "client -1 does not exist; ids are 0..7"),
+                      ([3, 70], "client 70 does not exist"),
+                      ([3.0, 7.5], "whole numbers in 0..7"),
+                      ([3, 3], "client 3 is named twice")):
+        with pytest.raises(ConfigError, match=says) as err:
+            exp.placing_context(backend, ids)
+        assert err.value.field == "ids"
+    ctx = exp.placing_context(backend, [3, 7])
+    with pytest.raises(ConfigError, match=r"client 5 does not exist; ids are 0\.\.1 \(the "
+                       "context's 2 clients"):
+        exp.algorithm.place(ctx, [0, 5])
+    assert exp.algorithm.place(ctx, [0, 1]).tolist() == [0, 0]  # FedAvg: one cluster
+
+
+# ------------------------------------------------------------------ code of one's own
+class HardBatch(nn.Module):
+    """Passes the setup check on a batch of 2, fails on the run's batches."""
+
+    def __init__(self, input_shape: tuple[int, ...], n_outputs: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(int(np.prod(input_shape)), n_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 2:
+            x = x.reshape(x.shape[0] * 2, -1)  # a user's shape bug
+        return self.lin(x.flatten(1))
+
+
+class NaNOut(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], n_outputs: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(int(np.prod(input_shape)), n_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.flatten(1)) * float("nan")
+
+
+class ReturnsState(FedAvg):
+    """A method of one's own whose `update` returns the state, not an `Update`."""
+
+    def update(self, state: Any, t: int, ask: Ask[Any], reply: Any) -> Any:
+        return super().update(state, t, ask, reply).state
+
+
+class AsksBare(FedAvg):
+    """... whose `ask` returns the bare request, not an `Ask`."""
+
+    def ask(self, state: Any, t: int, phase: str, ctx: Any) -> Any:
+        step = super().ask(state, t, phase, ctx)
+        return step.request if isinstance(step, Ask) else step
+
+
+def test_a_model_of_ones_own_failing_mid_run_is_one_line_naming_its_line() -> None:
+    """Before: torch's `mat1 and mat2 shapes cannot be multiplied` 30 frames deep."""
+    for changes in ({"backend": {"name": "sequential"}},  # the reference loop's training
+                    {"algorithm": {"name": "ifca", "n_clusters": 2}}):  # IFCA's losses
+        config = {**DIGITS, "model": {"name": f"{HERE}:HardBatch"}, **changes}
+        with pytest.raises(OwnCodeError) as err:
+            Experiment.from_config(config).run()
+        text = str(err.value)
+        assert text.startswith(f"model.name {HERE}:HardBatch raised RuntimeError in round 1")
+        assert "test_python_api_hostile.py:" in text and "in forward" in text
+        assert "\n" not in text
+
+
+def test_a_model_giving_nan_for_every_input_is_refused_at_setup() -> None:
+    """Before: the run went on to exit 0 at 10 % accuracy, its one warning blaming the
+    learning rate."""
+    with pytest.raises(ConfigError, match="gives NaN or infinite outputs"):
+        Experiment.from_config({**DIGITS, "model": {"name": f"{HERE}:NaNOut"}})
+
+
+@pytest.mark.parametrize(("method", "hook", "wants"), [
+    ("ReturnsState", "update", "Update(state, ...)"),
+    ("AsksBare", "ask", "Ask(request) or Update"),
+])
+def test_a_method_of_ones_own_returning_the_wrong_kind_names_its_hook(
+        method: str, hook: str, wants: str) -> None:
+    """Before: `AttributeError: 'FedAvgState' object has no attribute 'state'`."""
+    config = {**DIGITS, "algorithm": {"name": f"{HERE}:{method}"}}
+    with pytest.raises(ClusterFLError) as err:
+        Experiment.from_config(config).run()
+    assert f"{HERE}:{method}.{hook} returned a" in str(err.value) and wants in str(err.value)
+
+
+class Tracker:
+    def __init__(self, fail_at_end: bool = False) -> None:
+        self.fail_at_end = fail_at_end
+
+    def on_run_end(self, summary: Any, out_dir: Any) -> None:
+        if self.fail_at_end:
+            raise RuntimeError("upload failed")
+
+
+def test_a_callback_class_instead_of_an_instance_and_a_failing_end_hook() -> None:
+    with pytest.raises(ConfigError, match=r"Tracker is a class; give an instance of it "
+                       r"\(Tracker\(\)\)"):
+        Experiment.from_config(DIGITS, callbacks=[Tracker])
+    with pytest.raises(CallbackError, match="the run had finished: its results are written"):
+        Experiment.from_config(DIGITS, callbacks=[Tracker(fail_at_end=True)]).run()
