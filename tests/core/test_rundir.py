@@ -380,7 +380,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_line_naming_it(
             (["flower", "export-partitions", str(path), below],
              f"out_dir: cannot create the output folder {below} (Not a directory)"),
             (["data", "shard", str(path), "--out", below],
-             f"--out: cannot create a folder beside {below} (Not a directory)")]:
+             f"--out: cannot create the output folder {below} (Not a directory)")]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {words}"), (argv, err)

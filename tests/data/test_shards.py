@@ -14,6 +14,7 @@ import torch
 
 from clusterfl.cli import main
 from clusterfl.config import load_config
+from clusterfl.data.federation import Federation
 from clusterfl.data.shards import read_shards, write_shards
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import Experiment, build_federation
@@ -133,3 +134,148 @@ def test_cli_data_shard_writes_what_a_run_reads(tmp_path: Path,
                                           r"into clients already"):
         load_config({"data": {"source": "shards", "path": str(out)},
                      "scenario": {"name": "rotation"}})
+
+
+def _hand_built(task: str = "classification") -> Federation:
+    """A federation of two clients small enough to write by hand: uint8 codes with an
+    `x_scale` for a classification, float inputs and targets for a regression."""
+    gen = torch.Generator().manual_seed(0)
+    if task == "regression":
+        x_tr, x_te = torch.rand(8, 4, generator=gen), torch.rand(4, 4, generator=gen)
+        y_tr, y_te = torch.rand(8, generator=gen), torch.rand(4, generator=gen)
+        return Federation(x_tr, y_tr, np.array([0, 4, 8]), x_te, y_te, np.array([0, 2, 4]),
+                          np.array([0, 1]), 1, "regression", "hand/regression")
+    x_tr = torch.randint(0, 17, (8, 4), dtype=torch.uint8, generator=gen)
+    x_te = torch.randint(0, 17, (4, 4), dtype=torch.uint8, generator=gen)
+    y_tr, y_te = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), torch.tensor([2, 1, 0, 2])
+    return Federation(x_tr, y_tr, np.array([0, 4, 8]), x_te, y_te, np.array([0, 2, 4]),
+                      np.array([0, 1]), 3, "classification", "hand/codes", x_scale=16.0)
+
+
+def test_shard_refuses_a_folder_whose_npy_files_it_did_not_write(tmp_path: Path) -> None:
+    """Shard names alone do not make a folder an earlier shard output: without a
+    `federation.json` of ours, the user's own `x_train.npy` is refused, not deleted."""
+    fed = _hand_built()
+    mine = tmp_path / "mydata"
+    mine.mkdir()
+    np.save(mine / "x_train.npy", np.arange(10))
+    np.save(mine / "y_train.npy", np.arange(10))
+    before = {f.name: f.read_bytes() for f in mine.iterdir()}
+    with pytest.raises(ConfigError, match=r"--out: .*mydata holds x_train\.npy, which "
+                                          r"`clusterfl data shard` did not write \(the folder "
+                                          r"has no federation\.json of an earlier shard"):
+        write_shards(fed, mine)
+    assert {f.name: f.read_bytes() for f in mine.iterdir()} == before
+    (mine / "federation.json").write_text('{"my": "notes"}')  # not ours either
+    with pytest.raises(ConfigError, match=r"mydata holds x_train\.npy, which `clusterfl"):
+        write_shards(fed, mine)
+    assert (mine / "federation.json").read_text() == '{"my": "notes"}'
+    assert {f.name: f.read_bytes() for f in mine.iterdir() if f.suffix == ".npy"} == before
+
+
+def test_shard_leaves_a_folder_named_like_its_temporary_one_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files are written through a temporary folder of the call's own making, inside the
+    output folder: a user's `X.writing` beside it is never removed, nothing is left behind,
+    and a write that fails keeps the earlier shards whole."""
+    fed = _hand_built()
+    theirs = tmp_path / "shards.writing"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    out = write_shards(fed, tmp_path / "shards")
+    assert (theirs / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards", "shards.writing"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "federation.json", "x_test.npy", "x_train.npy", "y_test.npy", "y_train.npy"]
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full_disk)
+    with pytest.raises(ConfigError, match=r"--out: cannot write the shards to .*shards "
+                                          r"\(No space left on device\)"):
+        write_shards(_hand_built("regression"), out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "federation.json", "x_test.npy", "x_train.npy", "y_test.npy", "y_train.npy"]
+    assert read_shards(out).task == "classification"  # the earlier shards, whole
+    with pytest.raises(ConfigError, match=r"cannot write the shards"):
+        write_shards(fed, tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards", "shards.writing"]
+
+
+def test_shard_into_the_working_folder_given_as_dot(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`--out .` is the working folder itself: written in place (the folder kept, so a shell
+    standing in it sees the files), not a `ValueError` about an empty name."""
+    config = tmp_path / "iid.toml"
+    config.write_text('seed = 0\n[data]\nsource = "digits"\n[scenario]\nname = "iid"\n'
+                      'n_clients = 4\n')
+    here = tmp_path / "empty"
+    here.mkdir()
+    inode = here.stat().st_ino
+    monkeypatch.chdir(here)
+    assert main(["data", "shard", str(config), "--out", "."]) == 0
+    assert f'"{here.resolve()}"' in capsys.readouterr().out.replace("\n", "")
+    assert here.stat().st_ino == inode
+    assert read_shards(".").n_clients == 4
+    assert main(["data", "shard", str(config), "--out", "."]) == 0  # its own, replaced
+    assert read_shards(here).n_clients == 4
+
+
+def _edit(folder: Path, **fields: object) -> None:
+    index = json.loads((folder / "federation.json").read_text())
+    for key, value in fields.items():
+        if value is _DROP:
+            del index[key]
+        else:
+            index[key] = value
+    (folder / "federation.json").write_text(json.dumps(index))
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(("task", "edit", "error"), [
+    ("classification", {"n_classes": 2},
+     r"federation\.json: n_classes = 2, but y_train\.npy holds the class id 2; allowed ids "
+     r"are 0 to 1"),
+    ("classification", {"arrays": _DROP}, r"federation\.json: the field 'arrays' is missing"),
+    ("classification", {"arrays": {"x_train": {"dtype": "|u1"}}},
+     r"x_train\.npy: holds \|u1 \[8, 4\], but federation\.json says"),
+    ("classification", {"x_scale": None},
+     r"federation\.json: x_scale = None, but x_train\.npy holds uint8 codes"),
+    ("classification", {"x_scale": "16"}, r"federation\.json: x_scale = '16'"),
+    ("classification", {"task": "regression"},
+     r"federation\.json: task 'regression', but y_train\.npy holds torch\.int64 class ids"),
+    ("regression", {"task": "classification"},
+     r"federation\.json: task 'classification', but y_train\.npy holds torch\.float32 "
+     r"targets, not class ids"),
+    ("regression", {"x_scale": 16.0},
+     r"federation\.json: x_scale = 16\.0, but x_train\.npy holds torch\.float32 inputs"),
+    ("classification", {"n_classes": "3"}, r"federation\.json: n_classes = '3'; expected a "
+                                           r"whole number"),
+], ids=["n_classes_below_the_labels", "arrays_removed", "an_array_spec_without_shape",
+        "x_scale_null_on_codes", "x_scale_text", "regression_on_class_labels",
+        "classification_on_float_targets", "x_scale_on_float_inputs", "n_classes_text"])
+def test_a_hand_edited_federation_json_is_refused_naming_the_field(
+        tmp_path: Path, task: str, edit: dict[str, object], error: str) -> None:
+    """Reading checks the index's fields against the arrays: a hand-edited `federation.json`
+    is one line naming it and the field, not an index error, `KeyError` or dtype clash inside
+    a round, nor a classification trained silently as a regression."""
+    folder = write_shards(_hand_built(task), tmp_path / "shards")
+    read_shards(folder)  # as written: fine
+    _edit(folder, **edit)
+    with pytest.raises(DataError, match=error):
+        read_shards(folder)
+
+
+def test_a_run_on_shards_with_too_few_classes_stops_before_training(tmp_path: Path) -> None:
+    """The reported way in: `[data] source = "shards"` on an index whose `n_classes` was
+    lowered below the labels present stops in one line, not with an index error."""
+    folder = write_shards(build_federation(load_config(BUILT)), tmp_path / "shards")
+    _edit(folder, n_classes=5)
+    with pytest.raises(DataError, match=r"federation\.json: n_classes = 5, but y_\w+\.npy "
+                                        r"holds the class id 9"):
+        Experiment.from_config(_on_shards(folder), out_dir=tmp_path / "run").run(
+            progress=False)
