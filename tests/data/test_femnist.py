@@ -226,3 +226,116 @@ def test_hugging_face_femnist_with_test_split_and_wrong_columns(tmp_path: Path) 
     with pytest.raises(DataError) as err:
         load_source("femnist", other)
     _one_line(err, str(other / "femnist" / "hf"), "not a readable Hugging Face dataset")
+
+
+# ---------------------------------------------------------------------- hostile LEAF files
+
+
+def test_writer_in_two_train_files_is_refused(tmp_path: Path) -> None:
+    """A second copy of a train file would read its writers twice; LEAF writes each writer
+    into one file of a split."""
+    folder = write_leaf(tmp_path)
+    first = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    copy = folder / "train" / "all_data_0 (copy).json"
+    copy.write_bytes(first.read_bytes())
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, "writer 'f0000_14' appears in", str(copy.resolve()), str(first.resolve()),
+              "one train file")
+
+
+def test_test_file_copied_into_train_is_refused(tmp_path: Path) -> None:
+    # `-t sample`: the test file's writers are already in a train file
+    folder = write_leaf(tmp_path)
+    test_file = folder / "test" / "all_data_1_niid_0_keep_0_test_9.json"
+    (folder / "train" / test_file.name).write_bytes(test_file.read_bytes())
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, "writer 'f0002_07' appears in", test_file.name, "one train file")
+    # `-t user`: train and test writers differ, so the copy's rows are its test rows
+    other = tmp_path / "by_user" / "femnist"
+    names = list(WRITERS)
+    for split, part, chunk in ((0, "train", names[:2]), (1, "test", names[2:])):
+        (other / part).mkdir(parents=True)
+        (other / part / f"all_data_0_{part}.json").write_text(json.dumps(leaf_blob(split, chunk)))
+    src = load_source("femnist", other.parent)  # the layout itself is fine
+    assert list(src.writer_names) == names and len(src.x_test) == 2
+    (other / "train" / "all_data_0_test.json").write_bytes(
+        (other / "test" / "all_data_0_test.json").read_bytes())
+    with pytest.raises(DataError) as err:
+        load_source("femnist", other.parent)
+    _one_line(err, "writer 'f0002_07' has the same images in", "copied into train/")
+
+
+def test_user_listed_twice_in_one_file_is_refused(tmp_path: Path) -> None:
+    folder = write_leaf(tmp_path)
+    bad = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+    blob["users"] = ["f0000_14", "f0000_14", "f0001_41"]
+    blob["num_samples"] = [5, 5, 3]
+    bad.write_text(json.dumps(blob))
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, str(bad), "user 'f0000_14' listed twice in users")
+
+
+def test_user_data_of_unlisted_users_is_refused_unless_empty(tmp_path: Path) -> None:
+    folder = write_leaf(tmp_path)
+    bad = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+    # LEAF's split_data.py -t sample keeps {"x": [], "y": []} of writers it dropped
+    blob["user_data"]["f0009_99"] = {"x": [], "y": []}  # type: ignore[index]
+    bad.write_text(json.dumps(blob))
+    src = load_source("femnist", tmp_path)
+    assert "f0009_99" not in src.writer_names and len(src.x_train) == 17
+    blob["user_data"]["extra"] = blob["user_data"]["f0000_14"]  # type: ignore[index]
+    blob["users"], blob["num_samples"] = ["f0000_14"], [5]  # f0001_41's rows: unlisted too
+    bad.write_text(json.dumps(blob))
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, str(bad), "2 user(s) with samples that users does not list",
+              "'f0001_41'", "'extra'")
+
+
+def test_user_ids_must_be_strings_or_integers(tmp_path: Path) -> None:
+    folder = write_leaf(tmp_path)
+    bad = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+    blob["users"] = [["f0000_14"], "f0001_41"]
+    bad.write_text(json.dumps(blob))
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, str(bad), 'users holds ["f0000_14"]', "user ids must be strings")
+    # integer ids: user_data's keys are their strings (JSON has no other keys)
+    blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+    data = blob["user_data"]
+    blob["users"] = [0, 1]
+    blob["user_data"] = {"0": data["f0000_14"], "1": data["f0001_41"]}  # type: ignore[index]
+    bad.write_text(json.dumps(blob))
+    src = load_source("femnist", tmp_path)
+    assert src.writer_names[:2] == ("0", "1") and np.bincount(src.train_writers)[:2].tolist() \
+        == [5, 3]
+
+
+def test_writer_without_samples_is_read_as_no_rows(tmp_path: Path) -> None:
+    folder = write_leaf(tmp_path)
+    path = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+    blob["user_data"]["f0001_41"] = {"x": [], "y": []}  # type: ignore[index]
+    blob["num_samples"] = [5, 0]
+    path.write_text(json.dumps(blob))
+    src = load_source("femnist", tmp_path)
+    assert np.bincount(src.train_writers, minlength=4).tolist() == [5, 0, 7, 2]
+    fed = make_federation(src, "writers", {"n_clients": 3, "pick": "largest"}, seed=0)
+    assert "f0001_41" not in fed.meta["writers"]
+    with pytest.raises(ConfigError) as err:
+        make_federation(src, "writers", {"n_clients": 4})
+    _one_line(err, "4 writers asked for, 3 have")
+
+
+def test_folder_named_json_is_one_line(tmp_path: Path) -> None:
+    folder = write_leaf(tmp_path)
+    (folder / "train" / "broken.json").mkdir()
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, "cannot read", "broken.json")

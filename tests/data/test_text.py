@@ -150,3 +150,78 @@ def test_ag_news_is_listed_and_download_says_where_to_get_it(tmp_path: Path) -> 
     with pytest.raises(DataError, match=r"ag_news: no direct official URL: put train\.csv and "
                                         r"test\.csv .* in .*ag_news/"):
         download("ag_news", tmp_path)
+
+
+# ---------------------------------------------------------------------- hostile AG News files
+
+
+def _ag_news(tmp_path: Path, train: list[tuple[str, str, str]],
+             test: list[tuple[str, str, str]]) -> Path:
+    folder = tmp_path / "ag_news"
+    folder.mkdir(exist_ok=True)
+    _write_csv(folder / "train.csv", train)
+    _write_csv(folder / "test.csv", test)
+    return folder
+
+
+TOPICS = {"n_clients": 4, "seq_len": 3, "vocab_size": 50}
+
+
+def test_articles_without_words_are_refused_not_scored(tmp_path: Path) -> None:
+    """Text the tokenizer drops would train on <eos> alone and score 100 %."""
+    folder = _ag_news(tmp_path, ROWS * 3, ROWS)
+    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+    assert len(fed.meta["vocab"]) > 20  # the files as written: words
+    cyrillic = [(c, "Нефть дорожает", "Цены выросли в понедельник.") for c, _, _ in ROWS]
+    _write_csv(folder / "train.csv", cyrillic * 3)
+    with pytest.raises(DataError) as info:
+        make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+    text = str(info.value)
+    assert "\n" not in text and str(folder / "train.csv") in text
+    assert "12 of 12 articles yield no word" in text and "a-z and digits" in text
+    _write_csv(folder / "train.csv", ROWS * 3)
+    _write_csv(folder / "test.csv", [(c, "", "") for c, _, _ in ROWS])  # empty test articles
+    with pytest.raises(DataError, match=r"test\.csv: 4 of 4 articles yield no word .*empty "
+                                        r"titles and descriptions"):
+        make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+
+
+def test_missing_test_csv_is_named(tmp_path: Path) -> None:
+    folder = _ag_news(tmp_path, ROWS, ROWS)
+    (folder / "test.csv").unlink()
+    with pytest.raises(DataError) as info:
+        read_ag_news(folder)
+    assert str(info.value).startswith(f"AG News: {folder / 'test.csv'} not found (train.csv "
+                                      "is there)")
+
+
+def test_bom_and_kaggle_header_are_read_other_header_named(tmp_path: Path) -> None:
+    folder = _ag_news(tmp_path, ROWS, ROWS)
+    body = (folder / "train.csv").read_bytes()
+    (folder / "train.csv").write_bytes(b"\xef\xbb\xbf" + body)  # saved by a spreadsheet
+    kaggle = b'"Class Index","Title","Description"\r\n'
+    (folder / "test.csv").write_bytes(kaggle + body)
+    corpus = read_ag_news(folder)
+    assert corpus.train_topics.tolist() == corpus.test_topics.tolist() == [2, 1, 0, 3]
+    assert corpus.train_texts == corpus.test_texts
+    (folder / "test.csv").write_bytes(b"\xef\xbb\xbf" + kaggle + body)  # both at once
+    assert read_ag_news(folder).test_texts == corpus.train_texts
+    (folder / "test.csv").write_bytes(b'"label","title","text"\n' + body)
+    with pytest.raises(DataError, match=r"test\.csv: line 1 .*class 'label'.*looks like a "
+                                        r"header line: remove it"):
+        read_ag_news(folder)
+
+
+def test_test_csv_without_a_topic_names_file_and_topic(tmp_path: Path) -> None:
+    folder = _ag_news(tmp_path, ROWS * 3, [r for r in ROWS if r[0] != "2"])
+    src = load_source("ag_news", tmp_path)
+    with pytest.raises(DataError) as info:
+        make_federation(src, "topics", TOPICS, seed=0)
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith(f"{folder / 'test.csv'}: no test article of topic 1 (Sports)")
+    fed = make_federation(src, "topics", {**TOPICS, "n_clients": 3, "topics": [0, 2, 3]}, seed=0)
+    assert fed.meta["topics"] == ["World", "Business", "Sci/Tech"]
+    with pytest.raises(ConfigError, match=r"n_test_per_client: .* topic 0 \(World\) in "
+                                          r".*test\.csv has 1"):
+        make_federation(src, "topics", {**TOPICS, "n_test_per_client": 2}, seed=0)

@@ -102,7 +102,12 @@ def _bad(path: Path | str, why: str) -> DataError:
 
 
 def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.ndarray]]:
-    """One LEAF file → (users, images `[n, 1, 28, 28]` float32 per user, labels per user)."""
+    """One LEAF file → (users, images `[n, 1, 28, 28]` float32 per user, labels per user).
+
+    LEAF's `split_data.py -t sample` keeps an empty `{"x": [], "y": []}` in `user_data` for
+    every writer it drops from `users` (those with under two samples): such entries are
+    skipped, but one with samples that `users` does not list is refused, as is a user listed
+    twice: either would read the wrong rows without a word."""
     try:
         with open(path, encoding="utf-8") as fh:
             blob = json.load(fh)
@@ -110,6 +115,8 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
         raise _bad(path, f"truncated or not JSON: {exc.msg} at line {exc.lineno}") from None
     except UnicodeDecodeError:
         raise _bad(path, "not UTF-8 text") from None
+    except OSError as exc:  # a folder named *.json, no permission
+        raise DataError(f"femnist: cannot read {path} ({exc.strerror})") from None
     if not isinstance(blob, dict):
         raise _bad(path, f"a JSON {type(blob).__name__}, not an object")
     missing = [k for k in ("users", "num_samples", "user_data") if k not in blob]
@@ -119,9 +126,26 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
     users, counts, data = blob["users"], blob["num_samples"], blob["user_data"]
     if not isinstance(users, list) or not isinstance(counts, list) or len(users) != len(counts):
         raise _bad(path, "users and num_samples must be lists of one length")
+    odd = next((u for u in users if isinstance(u, bool) or not isinstance(u, str | int)), None)
+    if odd is not None:
+        raise _bad(path, f"users holds {json.dumps(odd)[:40]}; user ids must be strings "
+                         "(or integers)")
+    names = [str(u) for u in users]  # JSON's keys of user_data are strings
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise _bad(path, f"user {name!r} listed twice in users")
+        seen.add(name)
+    if not isinstance(data, dict):
+        raise _bad(path, f"user_data is a JSON {type(data).__name__}, not an object of users")
+    unlisted = [u for u, e in data.items() if u not in seen and not _empty_entry(e)]
+    if unlisted:
+        shown = ", ".join(repr(u) for u in unlisted[:3]) + (", ..." if len(unlisted) > 3 else "")
+        raise _bad(path, f"user_data holds {len(unlisted)} user(s) with samples that users "
+                         f"does not list: {shown}")
     xs, ys = [], []
-    for user, n in zip(users, counts, strict=True):
-        entry = data.get(user) if isinstance(data, dict) else None
+    for user, n in zip(names, counts, strict=True):
+        entry = data.get(user)
         if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
             raise _bad(path, f"user_data has no x and y for user {user!r}")
         try:
@@ -130,6 +154,8 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
         except (TypeError, ValueError):
             raise _bad(path, f"user {user!r}: x or y holds something other than numbers "
                              f"(rows of {LEAF_PIXELS} pixels, integer labels)") from None
+        if x.size == 0:  # a writer without samples (`x: []`): no rows, not a wrong shape
+            x = x.reshape(0, LEAF_PIXELS)
         if x.ndim != 2 or x.shape[1] != LEAF_PIXELS:
             raise _bad(path, f"user {user!r}: x has shape {x.shape}, expected rows of "
                              f"{LEAF_PIXELS} pixels")
@@ -142,24 +168,48 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
             raise _bad(path, f"user {user!r}: pixel values outside [0, 1]")
         xs.append(x.reshape(-1, 1, 28, 28))
         ys.append(y.astype(np.int64))
-    return [str(u) for u in users], xs, ys
+    return names, xs, ys
+
+
+def _empty_entry(entry: object) -> bool:
+    """A `user_data` entry without samples (LEAF's `{"x": [], "y": []}` of a dropped writer)."""
+    return isinstance(entry, dict) and not entry.get("x") and not entry.get("y")
 
 
 @functools.lru_cache(maxsize=2)
 def _decode_leaf(train: tuple[tuple[str, int, int], ...],
                  test: tuple[tuple[str, int, int], ...]) -> WriterSource:
+    """Both splits, writers numbered in order of appearance. LEAF writes each writer into one
+    file of a split (`all_data_N`'s writers stay in `all_data_N_..._train`), so a writer in
+    two files of one split is a copied file (a second copy, or a test file put in train/) and
+    is refused; so is a writer whose training rows are its test rows (a test file of
+    `-t user`, whose writers are not in train/, copied there)."""
     names: dict[str, int] = {}
     parts = []
-    for keys in (train, test):
+    found: list[dict[str, tuple[str, np.ndarray]]] = []
+    for split, keys in (("train", train), ("test", test)):
         xs, ys, ws = [], [], []
+        where: dict[str, tuple[str, np.ndarray]] = {}
         for key in keys:
             users, ux, uy = read_leaf_json(Path(key[0]))
             for user, x, y in zip(users, ux, uy, strict=True):
+                if user in where:
+                    raise DataError(f"femnist: writer {user!r} appears in {where[user][0]} and "
+                                    f"{key[0]}; LEAF puts each writer in one {split} file: "
+                                    "remove the copy")
+                where[user] = (key[0], x)
                 wid = names.setdefault(user, len(names))
                 xs.append(x)
                 ys.append(y)
                 ws.append(np.full(len(y), wid, np.int64))
+        found.append(where)
         parts.append(_concat(xs, ys, ws))
+    for user, (test_file, x) in found[1].items():
+        train_file, x_train = found[0].get(user, ("", None))
+        if x_train is not None and len(x) and np.array_equal(x, x_train):
+            raise DataError(f"femnist: writer {user!r} has the same images in {train_file} "
+                            f"and {test_file}; a test file copied into train/? LEAF's train "
+                            "and test samples are disjoint")
     return _writer_source(parts, tuple(names))
 
 

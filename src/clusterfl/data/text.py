@@ -48,6 +48,10 @@ AG_NEWS_TOPICS = ("World", "Sports", "Business", "Sci/Tech")
 AG_NEWS_FILES = ("train.csv", "test.csv")
 AG_NEWS_SIZES = {"train": 120_000, "test": 7_600}
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+KEPT = "words of Latin letters a-z and digits"
+"""What `tokenize` keeps, for the messages about text it drops (another script, empty text)."""
+KAGGLE_HEADER = ("class index", "title", "description")
+"""The header line of Kaggle's copy of AG News (the authors' ag_news_csv has none)."""
 
 
 # ====================================================================== tokens
@@ -126,34 +130,59 @@ class TextCorpus:
     test_topics: np.ndarray
     topic_names: tuple[str, ...]
     name: str
+    files: tuple[str, ...] = ()
+    """The train and test files read, named in messages about their articles (none for a
+    corpus made in memory)."""
+
+    def where(self, split: str) -> str:
+        """The file of `split` ("train" or "test"), or the corpus' name and the split."""
+        if len(self.files) == 2:
+            return self.files[0 if split == "train" else 1]
+        return f"{self.name} ({split} articles)"
 
 
 def read_ag_news(folder: Path) -> TextCorpus:
     """AG News from `folder` (`DATA_DIR/ag_news`): the CSV files, else a `save_to_disk`
     dataset. DataError naming the file for a missing, truncated or malformed one."""
-    if all((folder / f).is_file() for f in AG_NEWS_FILES):
+    there = [f for f in AG_NEWS_FILES if (folder / f).is_file()]
+    if len(there) == len(AG_NEWS_FILES):
         train = read_ag_news_csv(folder / "train.csv")
         test = read_ag_news_csv(folder / "test.csv")
+        files = (str(folder / "train.csv"), str(folder / "test.csv"))
     elif (folder / "dataset_dict.json").is_file():
         train, test = read_ag_news_hf(folder)
+        files = (str(folder / "train"), str(folder / "test"))
+    elif there:  # one of the two: name the other, not both
+        lost = next(f for f in AG_NEWS_FILES if f not in there)
+        raise DataError(f"AG News: {folder / lost} not found ({there[0]} is there); put "
+                        f"{lost} of ag_news_csv (Zhang et al. 2015) next to it")
     else:
         raise DataError(f"AG News not found in {folder}: put train.csv and test.csv there "
                         "(ag_news_csv of Zhang et al. 2015: class index, title, description) "
                         "or a Hugging Face `save_to_disk` copy of ag_news (dataset_dict.json)")
-    return TextCorpus(train[0], train[1], test[0], test[1], AG_NEWS_TOPICS, "ag_news")
+    return TextCorpus(train[0], train[1], test[0], test[1], AG_NEWS_TOPICS, "ag_news", files)
 
 
 def read_ag_news_csv(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
-    """(title + " " + description of every row, topic 0–3) of one AG News CSV file."""
+    """(title + " " + description of every row, topic 0–3) of one AG News CSV file.
+
+    A UTF-8 byte-order mark is read as nothing (`utf-8-sig`: a file saved by a spreadsheet
+    program) and Kaggle's header line "Class Index","Title","Description" is skipped; any
+    other first line that is not a row is named as a header to remove."""
     texts, topics = [], []
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             for n, row in enumerate(csv.reader(f, strict=True), 1):
+                if n == 1 and tuple(c.strip().lower() for c in row) == KAGGLE_HEADER:
+                    continue
                 if len(row) != 3 or row[0].strip() not in ("1", "2", "3", "4"):
                     shown = row[0][:20] if row else ""
+                    header = n == 1 and len(row) == 3 and not shown.strip().isdigit()
+                    hint = ("line 1 looks like a header line: remove it (ag_news_csv has "
+                            "none)" if header else "truncated or not AG News")
                     raise DataError(f"{path}: line {n} is not 'class index 1-4, title, "
                                     f"description' ({len(row)} fields, class {shown!r}); "
-                                    "truncated or not AG News")
+                                    f"{hint}")
                 topics.append(int(row[0]) - 1)
                 texts.append(f"{row[1]} {row[2]}")
     except (csv.Error, UnicodeDecodeError) as exc:
@@ -244,13 +273,14 @@ class TopicsParams(ScenarioParams):
 
 
 def _shares(pool: np.ndarray, parts: int, each: int | None, field: str,
-            rng: np.random.Generator) -> list[np.ndarray]:
-    """`parts` disjoint random shares of the article ids `pool` (`each` per part, or all)."""
+            rng: np.random.Generator, where: str = "the topic") -> list[np.ndarray]:
+    """`parts` disjoint random shares of the article ids `pool` (`each` per part, or all);
+    `where` names the topic and its file in the message."""
     pool = rng.permutation(pool)
     size = len(pool) // parts if each is None else each
     if size < 1 or size * parts > len(pool):
         raise ConfigError(field, f"{parts} clients of one topic need {parts} x "
-                                 f"{max(size, 1)} articles; the topic has {len(pool)}")
+                                 f"{max(size, 1)} articles; {where} has {len(pool)}")
     return [pool[i * size : (i + 1) * size] for i in range(parts)]
 
 
@@ -272,7 +302,14 @@ def topic_federation(corpus: TextCorpus, p: TopicsParams,
         for c, k in enumerate(topics):
             parts = int((clusters == c).sum())
             field = f"n_{split}_per_client"
-            shares[split] += _shares(np.flatnonzero(labels == k), parts, each, field, rng)
+            pool = np.flatnonzero(labels == k)
+            topic = f"topic {k} ({corpus.topic_names[k]})"
+            if len(pool) == 0:  # a file cut short or filtered: no client of it can be made
+                raise DataError(f"{corpus.where(split)}: no {split} article of {topic}; "
+                                "a truncated or filtered file? (or leave the topic out with "
+                                "scenario.topics)")
+            shares[split] += _shares(pool, parts, each, field, rng,
+                                     f"{topic} in {corpus.where(split)}")
     train_ids = np.concatenate(shares["train"])
     if p.vocab_file is not None:
         vocab = Vocab.load(p.vocab_file)
@@ -281,14 +318,20 @@ def topic_federation(corpus: TextCorpus, p: TopicsParams,
     cat: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
     for split, texts in (("train", corpus.train_texts), ("test", corpus.test_texts)):
         xs, ys = [], []
+        wordless, short = 0, None  # articles of nothing but <eos>; a client without windows
         for i, share in enumerate(shares[split]):
-            stream = [t for a in share for t in vocab.ids(texts[a])]
+            articles = [vocab.ids(texts[a]) for a in share]
+            wordless += sum(len(ids) == 1 for ids in articles)
+            stream = [t for ids in articles for t in ids]
             x, y = windows(stream, p.seq_len)
-            if len(x) == 0:
-                raise ConfigError(f"n_{split}_per_client", f"client {i} has {len(stream)} "
-                                  f"{split} tokens, fewer than seq_len + 1 = {p.seq_len + 1}")
+            if len(x) == 0 and short is None:
+                short = (i, len(stream))
             xs.append(x)
             ys.append(y)
+        _check_words(corpus.where(split), wordless, sum(len(share) for share in shares[split]))
+        if short is not None:  # after the words: text without words is the cause to name
+            raise ConfigError(f"n_{split}_per_client", f"client {short[0]} has {short[1]} "
+                              f"{split} tokens, fewer than seq_len + 1 = {p.seq_len + 1}")
         sizes = np.array([len(x) for x in xs], dtype=np.int64)
         cat[split] = (torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
                       np.concatenate([[0], np.cumsum(sizes)]))
@@ -296,6 +339,16 @@ def topic_federation(corpus: TextCorpus, p: TopicsParams,
             "clusters": [{"topic": corpus.topic_names[k]} for k in topics]}
     return Federation(*cat["train"], *cat["test"], clusters=clusters, n_classes=len(vocab),
                       task="language_model", name=f"{corpus.name}/topics", meta=meta)
+
+
+def _check_words(where: str, wordless: int, articles: int) -> None:
+    """Refuse a split whose articles mostly yield no word: the model would learn to predict
+    `<eos>` after `<eos>` and score 100 % (empty titles and descriptions, or text in a script
+    the tokenizer drops, e.g. Cyrillic)."""
+    if 2 * wordless > articles:
+        raise DataError(f"{where}: {wordless} of {articles} articles yield no word (the "
+                        f"tokenizer keeps {KEPT}): empty titles and descriptions, or text in "
+                        "another script?")
 
 
 __all__ = [
