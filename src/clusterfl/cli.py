@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from clusterfl.cli_util import DIVERGED_EXIT, Terminated, console, stop_status
 from clusterfl.config_util import MAX_SEED
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError, DataError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -299,9 +299,11 @@ def cmd_data(args: argparse.Namespace) -> int:
                              "(e.g. `clusterfl data download mnist`)")
     if args.name is not None:
         names = [args.name]
-    else:  # verify: the datasets that are there, not the ones a user never fetched
+    else:  # verify: the datasets that are there (their files, or their folder's readable
+        # files: CIFAR's extracted batches, a LEAF folder), not the ones a user never fetched
         names = [n for n in sorted(DATASETS)
-                 if any((root / f.path).exists() for f in DATASETS[n].files)]
+                 if any((root / f.path).exists() for f in DATASETS[n].files)
+                 or ((root / n).is_dir() and any((root / n).iterdir()))]
         for n in sorted(n for n in set(DATASETS) - set(names) if DATASETS[n].files):
             con.print(f"{n}: not present in {root} (skipped; `clusterfl data download {n}` "
                       "fetches it)")
@@ -313,10 +315,34 @@ def cmd_data(args: argparse.Namespace) -> int:
     for name in names:
         if args.action == "download":
             download(name, root, base_url=args.base_url)
-        for s in verify(name, root):
-            bad += not s.ok
+        status = verify(name, root)
+        for s in status:
             con.print(f"{name}: {s}")
+        if args.action == "verify" and not all(s.ok for s in status) and any(
+                s.status != "missing" for s in status):
+            bad += 1  # a wrong checksum: the reader's verdict would not change that
+        elif args.action == "verify":
+            ok, line = _read_check(name, root)
+            bad += not ok
+            con.print(f"{name}: {line}")
     return 1 if bad and args.action == "verify" else 0
+
+
+def _read_check(name: str, root: Path) -> tuple[bool, str]:
+    """Whether the reader reads dataset `name` from `root` (whatever form its files take: an
+    archive, extracted batches, a LEAF folder), and a line saying what it read or why not."""
+    from clusterfl.data.sources import load_source
+
+    try:
+        src = load_source(name, root, verify=False)
+    except (DataError, ConfigError) as exc:
+        return False, f"not readable: {exc}"
+    if src.text is not None:
+        texts = src.text
+        sizes = f"{len(texts.train_texts):,} train and {len(texts.test_texts):,} test articles"
+    else:
+        sizes = f"{len(src.y_train):,} train and {len(src.y_test):,} test samples"
+    return True, f"read: {sizes}, {src.n_classes} classes"
 
 
 def _shard(args: argparse.Namespace, con: Any) -> int:

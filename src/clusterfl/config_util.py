@@ -105,7 +105,8 @@ def validation_error(exc: ValidationError, prefix: str, model: type[BaseModel]) 
     field, msg = _describe(errors[0], prefix)
     if errors[0].get("type") == "extra_forbidden":
         allowed = ", ".join(sorted(_model_at(model, errors[0].get("loc", ())[:-1]).model_fields))
-        msg = f"unknown field; allowed fields here: {allowed}"
+        msg = (f"unknown field; allowed fields here: {allowed}" if allowed else
+               "unknown field; this choice takes no options")
     more = [": ".join(_describe(e, prefix)) for e in errors[1:]]
     if more:
         msg += "; also " + "; ".join(more)

@@ -277,3 +277,11 @@ def test_a_callback_class_instead_of_an_instance_and_a_failing_end_hook() -> Non
         Experiment.from_config(DIGITS, callbacks=[Tracker])
     with pytest.raises(CallbackError, match="the run had finished: its results are written"):
         Experiment.from_config(DIGITS, callbacks=[Tracker(fail_at_end=True)]).run()
+
+
+def test_an_option_of_a_scenario_without_options_says_it_takes_none() -> None:
+    """Before: `scenario.holdout: unknown field; allowed fields here: ` (an empty list)."""
+    with pytest.raises(ConfigError) as err:
+        load_config({"data": {"source": "npz", "path": "p"},
+                     "scenario": {"name": "given", "holdout": 0.25}})
+    assert str(err.value) == "scenario.holdout: unknown field; this choice takes no options"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import clusterfl.data
 from clusterfl.cli import main
 from clusterfl.data.catalog import DATASETS, DatasetInfo, RemoteFile
+from tests.paper_files import write_ag_news, write_cifar10, write_femnist, write_idx_set
 
 PAYLOAD = b"clusterfl cli test file"
 
@@ -21,7 +23,7 @@ def only_mnist(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
                         hashlib.sha256(PAYLOAD).hexdigest(), hashlib.md5(PAYLOAD).hexdigest())
     monkeypatch.setitem(DATASETS, "mnist", DatasetInfo("mnist", "test", (remote,)))
     root = tmp_path / "data"
-    (root / "mnist").mkdir(parents=True)
+    write_idx_set(root, "mnist")  # files the reader reads (verify reads what it checked)
     (root / "mnist" / "a.bin").write_bytes(PAYLOAD)
     return root
 
@@ -46,6 +48,36 @@ def test_verify_checks_the_datasets_present_only(only_mnist: Path,
     assert main(["data", "verify", "cifar10", "--data-dir", str(only_mnist)]) == 1  # named
     (only_mnist / "mnist" / "a.bin").write_bytes(PAYLOAD[:-1])
     assert main(["data", "verify", "--data-dir", str(only_mnist)]) == 1  # present and bad
+
+
+def test_verify_reads_what_has_no_checksum_and_what_is_extracted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a truncated EMNIST gzip.zip (no official checksum) was "ok"; `verify femnist`
+    and `verify ag_news` printed nothing and exited 0, even in an empty folder; CIFAR-10's
+    extracted batches, which runs read, were "not present"."""
+    root = tmp_path / "data"
+    (root / "emnist").mkdir(parents=True)
+    (root / "emnist" / "gzip.zip").write_bytes(b"PK\x03\x04" + b"x" * 3000)
+    assert main(["data", "verify", "emnist", "--data-dir", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "gzip.zip: unchecked (present; no official size or checksum" in out
+    assert "emnist: not readable: emnist:" in out and "corrupt or truncated" in out
+    for name in ("femnist", "ag_news"):
+        assert main(["data", "verify", name, "--data-dir", str(tmp_path / "empty")]) == 1
+        assert f"{name}: not readable" in capsys.readouterr().out
+    write_femnist(root)
+    write_ag_news(root)
+    assert main(["data", "verify", "femnist", "--data-dir", str(root)]) == 0
+    assert "femnist: read: 48 train and 12 test samples, 62 classes" in capsys.readouterr().out
+    assert main(["data", "verify", "ag_news", "--data-dir", str(root)]) == 0
+    assert "ag_news: read: " in capsys.readouterr().out
+    tar = write_cifar10(tmp_path / "tar")
+    with tarfile.open(tar) as archive:  # the extracted batches, without the archive
+        archive.extractall(root / "cifar10", filter="data")
+    assert main(["data", "verify", "--data-dir", str(root)]) == 1  # emnist is still bad
+    out = capsys.readouterr().out
+    assert "cifar10: read: 100 train and 20 test samples, 10 classes" in out
+    assert "cifar10: not present" not in out
 
 
 def test_verify_in_an_empty_folder_says_so(tmp_path: Path,

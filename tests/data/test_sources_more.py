@@ -15,7 +15,13 @@ import torch
 
 from clusterfl.config import load_config
 from clusterfl.data.catalog import DATASETS
-from clusterfl.data.sources import EMNIST_SPLITS, IMAGE_SOURCES, emnist_files, load_source
+from clusterfl.data.sources import (
+    EMNIST_SPLITS,
+    IMAGE_SOURCES,
+    emnist_files,
+    load_source,
+    parse_cifar_batch,
+)
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import build_federation
 
@@ -117,6 +123,60 @@ def test_cifar100_truncated_and_wrong_files(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:  # a CIFAR-10 batch has no fine_labels
         load_source("cifar100", tmp_path, verify=False)
     _one_line(err, str(path), "fine_labels")
+
+
+def _batch(**changes: object) -> bytes:
+    rng = np.random.default_rng(0)
+    batch: dict[object, object] = {b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8),
+                                   b"labels": [0, 3, 9, 1]}
+    batch.update({k.encode() if isinstance(k, str) else k: v for k, v in changes.items()})
+    return pickle.dumps(batch, protocol=2)
+
+
+@pytest.mark.parametrize(("blob", "says"), [
+    (_batch(data=np.full((4, 3072), 0.5, np.float32)), "pixels of dtype float32"),  # [0, 1]
+    (_batch(data=np.full((4, 3072), 510, np.int16)), "pixels of dtype int16, values"),
+    (_batch(labels=np.array([0.0, 3.5, 9.0, 1.0])), "labels like 3.5 are not class ids"),
+    (_batch(labels=np.array([[0], [3], [9], [1]])), "labels shape (4, 1)"),
+    (pickle.dumps(np.zeros((4, 3072), np.uint8)), "holds a ndarray, not the dict"),
+    (pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "no key b'labels' (it has b'data')"),
+])
+def test_a_cifar_batch_that_is_not_the_official_kind_is_refused_not_cast(
+        tmp_path: Path, blob: bytes, says: str) -> None:
+    """Before: float pixels in [0, 1] were read as zeros, int16 pixels wrapped at 256, labels
+    3.5 truncated to 3 (all with exit 0); a bare array or (N, 1) labels ended in an
+    IndexError / a torch RuntimeError; a missing key read `bad batch pickle: b'labels'`."""
+    with pytest.raises(DataError) as err:
+        parse_cifar_batch(blob, tmp_path / "data_batch_1")
+    _one_line(err, "data_batch_1", says)
+
+
+def test_cifar_batches_of_other_integer_kinds_empty_or_with_text_keys_still_read(
+        tmp_path: Path) -> None:
+    pixels = np.arange(4 * 3072).reshape(4, 3072) % 256
+    x, y = parse_cifar_batch(_batch(data=pixels.astype(np.int64)), tmp_path / "b")
+    assert x.dtype == np.uint8 and x.reshape(4, -1).tolist() == pixels.tolist()
+    x, y = parse_cifar_batch(pickle.dumps({"data": pixels.astype(np.uint8), "labels": [1] * 4}),
+                             tmp_path / "b")
+    assert y.tolist() == [1] * 4
+    empty = pickle.dumps({b"data": np.zeros((0, 3072), np.uint8), b"labels": []}, protocol=2)
+    x, y = parse_cifar_batch(empty, tmp_path / "b")  # was: refusing to load __builtin__.bytes
+    assert x.shape == (0, 3, 32, 32) and y.shape == (0,)
+
+
+def test_mnist_test_images_of_another_size_than_the_training_ones_are_named(
+        tmp_path: Path) -> None:
+    """Before: the run started and failed in the model (`mat1 and mat2 shapes cannot be
+    multiplied (200x1024 and 784x16)`)."""
+    from clusterfl.data.sources import IDX_FILES
+    from tests.paper_files import idx_bytes, write_idx_set
+
+    folder = write_idx_set(tmp_path, "mnist")
+    big = np.zeros((20, 32, 32), np.uint8)
+    (folder / IDX_FILES["x_test"]).write_bytes(gzip.compress(idx_bytes(big)))
+    with pytest.raises(DataError) as err:
+        load_source("mnist", tmp_path, verify=False)
+    _one_line(err, "training images are 1×28×28 and the test images 1×32×32")
 
 
 # ---------------------------------------------------------------------- EMNIST

@@ -211,6 +211,86 @@ def test_a_hugging_face_dataset_without_a_test_split_holds_out_a_share(tmp_path)
         huggingface_source(tmp_path / "one", input="img")
 
 
+def _hf(tmp_path, name, train, test, features=None):
+    import datasets
+
+    dd = datasets.DatasetDict({k: datasets.Dataset.from_dict(v, features=features)
+                               for k, v in (("train", train), ("test", test))})
+    dd.save_to_disk(str(tmp_path / name))
+    return tmp_path / name
+
+
+def test_hugging_face_uint8_arrays_are_scaled_images_like_the_image_feature(tmp_path):
+    """Before: an `Array2D(uint8)` column came back as int64 0..255 without a channel axis
+    (a run diverged, its warning blaming the learning rate)."""
+    import datasets
+    from clusterfl.data.own import huggingface_source
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (12, 8, 8)).astype(np.uint8)
+    y = np.arange(12) % 3
+    features = datasets.Features({"image": datasets.Array2D((8, 8), "uint8"),
+                                  "label": datasets.Value("int64")})
+    path = _hf(tmp_path, "arr", {"image": list(x), "label": y}, {"image": list(x[:4]),
+                                                                "label": y[:4]}, features)
+    src = huggingface_source(path)
+    assert src.x_train.shape == (12, 1, 8, 8) and float(src.x_train.max()) <= 1.0
+    torch.testing.assert_close(src.x_train[:, 0], torch.from_numpy(x / 255.0).float())
+
+
+@pytest.mark.parametrize(("case", "says"), [
+    ("negative_label", "holds the label -1; class ids are 0..2"),
+    ("beyond_classlabel", "split 'test' holds the label 4; class ids are 0..2"),
+    ("test_shape", "inputs of shape (8,) in split 'train' and (10,) in 'test'"),
+    ("truncated", "cannot be read as a Hugging Face dataset"),
+])
+def test_hugging_face_data_that_would_fail_far_away_is_one_line(tmp_path, case, says):
+    """Before: a ValueError of the stratified split, an IndexError of the loss, a torch
+    shape error and pyarrow's ArrowInvalid."""
+    import datasets
+    from clusterfl.data.own import huggingface_source
+
+    x = np.ones((6, 8), np.float32)
+    y = np.array([0, 1, 2, 0, 1, 2])
+    label = datasets.ClassLabel(num_classes=3)
+    features = datasets.Features({"image": datasets.Sequence(datasets.Value("float32")),
+                                  "label": label})
+    train, test = {"image": list(x), "label": y}, {"image": list(x), "label": y}
+    if case == "negative_label":
+        features = None
+        train = {"image": list(x), "label": np.array([0, 1, 2, 0, 1, -1])}
+    if case == "beyond_classlabel":
+        test = {"image": list(x), "label": np.array([0, 1, 4, 0, 1, 2])}
+        features = datasets.Features({"image": datasets.Sequence(datasets.Value("float32")),
+                                      "label": datasets.Value("int64")})
+        path = _hf(tmp_path, case, train, test, features)
+        meta = path / "train" / "dataset_info.json"  # the train split's labels a ClassLabel
+        info = json.loads(meta.read_text())
+        info["features"]["label"] = {"names": ["a", "b", "c"], "_type": "ClassLabel"}
+        meta.write_text(json.dumps(info))
+    elif case == "test_shape":
+        test = {"image": list(np.ones((6, 10), np.float32)), "label": y}
+        path = _hf(tmp_path, case, train, test, None)
+    else:
+        path = _hf(tmp_path, case, train, test, features)
+    if case == "truncated":
+        (arrow,) = (path / "train").glob("*.arrow")
+        arrow.write_bytes(arrow.read_bytes()[:200])
+    with pytest.raises(DataError) as err:
+        huggingface_source(path)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_truncated_npz_client_file_is_named(tmp_path):
+    """Before: `zipfile.BadZipFile: File is not a zip file`, a bare traceback."""
+    fed = blob_federation(4)
+    export_partitions(fed, tmp_path / "p")
+    f = tmp_path / "p" / "client_0001.npz"
+    f.write_bytes(f.read_bytes()[:300])
+    with pytest.raises(DataError, match=r"client_0001\.npz: not a readable \.npz file"):
+        Experiment.from_config({**BASE, "data": {"source": "npz", "path": str(tmp_path / "p")}})
+
+
 def test_the_python_source_on_the_command_line_says_what_to_do(tmp_path, capsys):
     (tmp_path / "c.toml").write_text(dump_toml({"data": {"source": "python"}}))
     assert cli_main(["run", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o")]) != 0

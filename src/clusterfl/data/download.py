@@ -63,15 +63,16 @@ DEFAULT_TIMEOUT = 60.0
 
 @dataclass(frozen=True)
 class FileStatus:
-    """Result of checking one file: "ok", "missing", "wrong_size" or "bad_checksum"."""
+    """Result of checking one file: "ok", "unchecked" (present; the registry knows no size
+    or checksum of it), "missing", "wrong_size" or "bad_checksum"."""
 
     path: Path
-    status: Literal["ok", "missing", "wrong_size", "bad_checksum"]
+    status: Literal["ok", "unchecked", "missing", "wrong_size", "bad_checksum"]
     detail: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status in ("ok", "unchecked")
 
     def __str__(self) -> str:
         return f"{self.path}: {self.status}" + (f" ({self.detail})" if self.detail else "")
@@ -96,6 +97,9 @@ def check_file(f: RemoteFile, data_dir: Path) -> FileStatus:
     path = data_dir / f.path
     if not path.is_file():
         return FileStatus(path, "missing", "not found")
+    if f.size is None and f.sha256 is None and f.md5 is None:
+        return FileStatus(path, "unchecked", "present; no official size or checksum to "
+                          "compare, the reader checks it")
     problem = _mismatch(f, *file_digests(path))
     if problem is None:
         return FileStatus(path, "ok")

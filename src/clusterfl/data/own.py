@@ -29,6 +29,7 @@ describe the real data. Our choices: files are read in client-id order and must 
 from __future__ import annotations
 
 import inspect
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,8 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
                 raise DataError(f"{path}: missing arrays {missing}; required: "
                                 f"{', '.join(NPZ_REQUIRED)}")
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc}); is it truncated?") from None
 
 
 def npz_folder(path: str | Path, field: str = "data.path") -> Federation:
@@ -210,18 +211,38 @@ def huggingface_source(path: str | Path, input: str = "image", label: str = "lab
     x_tr, y_tr = _hf_arrays(train, input, label)
     if test_split in splits:
         x_te, y_te = _hf_arrays(splits[test_split], input, label)
+        if x_te.shape[1:] != x_tr.shape[1:]:
+            raise DataError(f"data.input: column {input!r} holds inputs of shape "
+                            f"{x_tr.shape[1:]} in split {train_split!r} and {x_te.shape[1:]} in "
+                            f"{test_split!r}; both splits need one shape")
     else:
         if not 0.0 < test_fraction < 1.0:
             raise ConfigError("data.test_fraction", f"must be in (0, 1), got {test_fraction}")
         regression = np.issubdtype(y_tr.dtype, np.floating)
+        _class_ids(y_tr, label, train_split, n_classes)
         keys = np.zeros(len(y_tr), np.int64) if regression else y_tr.astype(np.int64)
         mask = stratified_test_mask(keys, test_fraction, seed)
         x_tr, y_tr, x_te, y_te = x_tr[~mask], y_tr[~mask], x_tr[mask], y_tr[mask]
     task: Task = "regression" if np.issubdtype(y_tr.dtype, np.floating) else "classification"
     if task == "classification":
         n_classes = n_classes or int(max(y_tr.max(initial=0), y_te.max(initial=0))) + 1
+        for y, split in ((y_tr, train_split), (y_te, test_split)):
+            _class_ids(y, label, split, n_classes)
     return Source(torch.from_numpy(x_tr), _targets(y_tr, task), torch.from_numpy(x_te),
                   _targets(y_te, task), int(n_classes or 1), task, f"hf:{p.name}")
+
+
+def _class_ids(y: np.ndarray, label: str, split: str, n_classes: int | None) -> None:
+    """Integer labels are class ids 0..n_classes−1 (a -1 for "unlabelled" or an id beyond the
+    train split's `ClassLabel` would fail far away, in a stratified split or the loss)."""
+    if not np.issubdtype(y.dtype, np.integer) or not len(y):
+        return
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or (n_classes is not None and high >= n_classes):
+        allowed = f"0..{n_classes - 1}" if n_classes is not None else "0, 1, ..."
+        bad = low if low < 0 else high
+        raise DataError(f"data.label: column {label!r} of split {split!r} holds the label "
+                        f"{bad}; class ids are {allowed} (drop or relabel such rows first)")
 
 
 def _targets(y: np.ndarray, task: Task) -> torch.Tensor:
@@ -231,6 +252,18 @@ def _targets(y: np.ndarray, task: Task) -> torch.Tensor:
 def _hf_splits(datasets: Any, p: Path, train_split: str, test_split: str,
                field: str) -> dict[str, Any]:
     """Split name → `datasets.Dataset` of a dataset on disk."""
+    try:
+        return _hf_load(datasets, p, train_split, test_split, field)
+    except (ConfigError, DataError):
+        raise
+    except Exception as exc:  # pyarrow's ArrowInvalid of a truncated file, a bad json, ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataError(f"data.path: {p} cannot be read as a Hugging Face dataset "
+                        f"({type(exc).__name__}: {first}); is a file truncated?") from None
+
+
+def _hf_load(datasets: Any, p: Path, train_split: str, test_split: str,
+             field: str) -> dict[str, Any]:
     saved = p.is_dir() and any((p / f).exists() for f in
                                ("dataset_dict.json", "state.json", "dataset_info.json"))
     if saved:
@@ -263,7 +296,20 @@ def _hf_splits(datasets: Any, p: Path, train_split: str, test_split: str,
     return out
 
 
+def _leaf_dtype(feature: Any) -> str | None:
+    """The element type a `datasets` feature declares (`Value`, `Array2D`..`Array5D`,
+    `Sequence`/`List` of them; an `Image` is uint8), or None."""
+    if type(feature).__name__ == "Image":
+        return "uint8"
+    dtype = getattr(feature, "dtype", None)
+    if isinstance(dtype, str) and dtype not in ("list", "dict"):
+        return dtype
+    inner = getattr(feature, "feature", None)
+    return None if inner is None else _leaf_dtype(inner)
+
+
 def _hf_arrays(ds: Any, input: str, label: str) -> tuple[np.ndarray, np.ndarray]:
+    declared = _leaf_dtype(ds.features.get(input))
     table = ds.select_columns([input, label]).with_format("numpy")[:]
     x = np.asarray(table[input])
     if x.dtype == object:  # images of one shape decoded one by one
@@ -278,6 +324,9 @@ def _hf_arrays(ds: Any, input: str, label: str) -> tuple[np.ndarray, np.ndarray]
         if a.dtype.kind not in "biuf":
             raise DataError(f"data.{key}: column {col!r} holds {a.dtype} values, not numbers "
                             "(map them to numbers, labels to class ids 0, 1, ..., first)")
+    if declared == "uint8" and x.dtype != np.uint8 and x.dtype.kind in "iu" and (
+            not x.size or (int(x.min()) >= 0 and int(x.max()) <= 255)):
+        x = x.astype(np.uint8)  # uint8 arrays (Array2D, lists) come back as int64
     if x.dtype == np.uint8 and x.ndim in (3, 4):  # images: [N, H, W] or [N, H, W, C]
         x = x[:, None] if x.ndim == 3 else np.moveaxis(x, -1, 1)
         return (x.astype(np.float32) / 255.0), y

@@ -214,8 +214,13 @@ def _as_source(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], scale: float, name: str,
     n_classes: int = 10,
 ) -> Source:
-    """uint8 images `[N, C, H, W]` and labels → tensors."""
+    """uint8 images `[N, C, H, W]` and labels → tensors; the two splits' images must have
+    one size (a test file of another dataset would fail in the model, far from its cause)."""
     x_tr, y_tr, x_te, y_te = arrays
+    if len(x_te) and x_tr.shape[1:] != x_te.shape[1:]:
+        raise DataError(f"{name}: the training images are {'×'.join(map(str, x_tr.shape[1:]))} "
+                        f"and the test images {'×'.join(map(str, x_te.shape[1:]))}; both "
+                        "splits must be images of one size (are the files of one dataset?)")
     return Source(
         x_train=torch.from_numpy(x_tr.astype(np.float32) / np.float32(scale)),
         y_train=torch.from_numpy(y_tr.astype(np.int64)),
@@ -438,26 +443,66 @@ class _ArrayUnpickler(pickle.Unpickler):
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),
+        ("builtins", "bytes"),  # an empty array of a protocol-2 pickle
+        ("__builtin__", "bytes"),
     })
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self._ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        if module == "__builtin__":
+            module = "builtins"
         if module.startswith("numpy.core") and hasattr(np, "_core"):
             module = "numpy._core" + module[len("numpy.core"):]
         return getattr(importlib.import_module(module), name)
 
 
-def parse_cifar_batch(data: bytes, path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """One official CIFAR-10 python batch → (uint8 images `[N, 3, 32, 32]`, int64 labels)."""
+def _cifar_arrays(data: bytes, path: Path, name: str,
+                  key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The pixels and the `key` labels of an official CIFAR pickle (a dict with bytes keys),
+    checked: uint8 pixels `[N, 3·32·32]` (integers in 0..255 are taken as they are, anything
+    else is refused, never wrapped or truncated), whole-number labels `[N]`."""
     try:
         batch = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
-        pixels = np.asarray(batch[b"data"], dtype=np.uint8)
-        labels = np.asarray(batch[b"labels"], dtype=np.int64)
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
-        raise _corrupt("cifar10", path, f"bad batch pickle: {exc or type(exc).__name__}") from None
-    if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32 or len(labels) != len(pixels):
-        raise _corrupt("cifar10", path, f"data shape {pixels.shape}, {len(labels)} labels")
+    except (pickle.UnpicklingError, EOFError, TypeError, ValueError, IndexError) as exc:
+        raise _corrupt(name, path, f"bad pickle: {exc or type(exc).__name__}") from None
+    if not isinstance(batch, dict):
+        raise _corrupt(name, path, f"the pickle holds a {type(batch).__name__}, not the dict "
+                       "of the official batches (b'data', b'labels')")
+    found = {}
+    for want in (b"data", key):
+        value = batch.get(want, batch.get(want.decode()))
+        if value is None:
+            keys = ", ".join(repr(k) for k in list(batch)[:6])
+            raise _corrupt(name, path, f"no key {want!r} (it has {keys})")
+        try:
+            found[want] = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise _corrupt(name, path, f"{want!r} is not an array ({exc})") from None
+    pixels, labels = found[b"data"], found[key]
+    if pixels.dtype != np.uint8:
+        whole = pixels.dtype.kind in "iu" and (not pixels.size or (
+            int(pixels.min()) >= 0 and int(pixels.max()) <= 255))
+        if not whole:
+            span = f", values {pixels.min()!r}..{pixels.max()!r}" if pixels.size and \
+                pixels.dtype.kind in "iuf" else ""
+            raise _corrupt(name, path, f"pixels of dtype {pixels.dtype}{span}; the official "
+                           "files hold uint8 values 0..255")
+        pixels = pixels.astype(np.uint8)
+    if labels.dtype.kind == "f" and labels.size and not bool((labels == np.round(labels)).all()):
+        raise _corrupt(name, path, f"labels like {labels[labels != np.round(labels)][0].item()!r} "
+                       "are not class ids")
+    if labels.dtype.kind not in "iuf" and labels.size:
+        raise _corrupt(name, path, f"labels of dtype {labels.dtype}, not class ids")
+    if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32 or labels.shape != (len(pixels),):
+        raise _corrupt(name, path, f"data shape {pixels.shape}, labels shape {labels.shape}; "
+                       "the official files hold [N, 3072] and [N]")
+    return pixels, labels.astype(np.int64)
+
+
+def parse_cifar_batch(data: bytes, path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One official CIFAR-10 python batch → (uint8 images `[N, 3, 32, 32]`, int64 labels)."""
+    pixels, labels = _cifar_arrays(data, path, "cifar10", b"labels")
     if len(labels) and (labels.min() < 0 or labels.max() > 9):
         raise _corrupt("cifar10", path, "labels outside 0..9")
     return pixels.reshape(-1, 3, 32, 32), labels
@@ -508,15 +553,7 @@ def parse_cifar100_part(data: bytes, path: Path,
     """The official CIFAR-100 `train` or `test` pickle → (uint8 images `[N, 3, 32, 32]`, int64
     labels: the fine ones (0..99) or the coarse ones (0..19))."""
     key, n_classes = CIFAR100_LABELS[labels]
-    try:
-        part = _ArrayUnpickler(io.BytesIO(data), encoding="bytes").load()
-        pixels = np.asarray(part[b"data"], dtype=np.uint8)
-        targets = np.asarray(part[key], dtype=np.int64)
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError,
-            IndexError) as exc:
-        raise _corrupt("cifar100", path, f"bad pickle: {exc or type(exc).__name__}") from None
-    if pixels.ndim != 2 or pixels.shape[1] != 3 * 32 * 32 or targets.shape != (len(pixels),):
-        raise _corrupt("cifar100", path, f"data shape {pixels.shape}, {targets.size} labels")
+    pixels, targets = _cifar_arrays(data, path, "cifar100", key)
     if len(targets) and (targets.min() < 0 or targets.max() >= n_classes):
         raise _corrupt("cifar100", path, f"{labels} labels outside 0..{n_classes - 1}")
     return pixels.reshape(-1, 3, 32, 32), targets
