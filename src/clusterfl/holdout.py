@@ -89,6 +89,9 @@ class Holdout:
             "placed_clusters": np.asarray(placed.clusters).tolist(),
             "accuracy": acc.tolist(),
             "placement_ari": metrics.ari(truth, np.asarray(placed.clusters)),
+            "placement_match": placement_match(
+                truth, np.asarray(placed.clusters), fed.clusters[self.train_ids]
+                if fed.clusters is not None else None, algorithm.assignment()),
             "holdout_accuracy": metrics.summarize(reply)["accuracy"],
             "floats_down": ctx.floats_down, "floats_up": ctx.floats_up,
         }
@@ -99,3 +102,26 @@ class Holdout:
         if placed.details is not None:
             out["details"] = placed.details
         return json_ready(out)
+
+
+def placement_match(truth: np.ndarray | None, placed: np.ndarray,
+                    trained_truth: np.ndarray | None, assignment: np.ndarray) -> float | None:
+    """The share of held-out clients placed in their group's cluster: the cluster that holds
+    most of the trained clients of their true group (ties: the smaller id). Unlike the
+    placement ARI, which compares the held-out clients only with one another (with one per
+    group, any placement that keeps them apart scores 1), it asks whether each newcomer joined
+    its own group. None without true clusters, or when no trained client of any held-out
+    client's group has a cluster."""
+    if truth is None or trained_truth is None or not len(truth):
+        return None
+    assignment = np.asarray(assignment)
+    hits, known = 0, 0
+    for group, cluster in zip(np.asarray(truth).tolist(), np.asarray(placed).tolist(),
+                              strict=True):
+        mine = assignment[(np.asarray(trained_truth) == group) & (assignment >= 0)]
+        if not len(mine):
+            continue
+        values, counts = np.unique(mine, return_counts=True)
+        known += 1
+        hits += int(cluster == int(values[int(np.argmax(counts))]))
+    return None if known == 0 else hits / known

@@ -226,6 +226,7 @@ class Recorder:
             participation=_participation(records, fed.n_clients),
             placement_ari=None if holdout is None else holdout["placement_ari"],
             holdout_accuracy=None if holdout is None else holdout["holdout_accuracy"],
+            placement_match=None if holdout is None else holdout.get("placement_match"),
         )
         return RunSummary(
             algorithm=self.config.algorithm.name, label=self.algorithm.label(),

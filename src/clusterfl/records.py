@@ -278,10 +278,15 @@ class FinalMetrics:
     (`[scenario] holdout`; absent without held-out clients)."""
     holdout_accuracy: float | None = None
     """Mean test accuracy of the held-out clients with the models they were placed on."""
+    placement_match: float | None = None
+    """Share of the held-out clients placed in the cluster holding most trained clients of
+    their true group (`holdout.placement_match`)."""
 
     KEYS = ("ari", "n_clusters", "floats_down", "floats_up", "client_updates", "wall_time",
-            "rejected", "participation", "placement_ari", "holdout_accuracy")
-    OPTIONAL = ("rejected", "participation", "placement_ari", "holdout_accuracy")
+            "rejected", "participation", "placement_ari", "holdout_accuracy",
+            "placement_match")
+    OPTIONAL = ("rejected", "participation", "placement_ari", "holdout_accuracy",
+                "placement_match")
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {} if self.metrics is None else self.metrics.to_json_dict()
@@ -308,6 +313,7 @@ class FinalMetrics:
             wall_time=d.get("wall_time"), rejected=d.get("rejected"),
             participation=d.get("participation"), placement_ari=d.get("placement_ari"),
             holdout_accuracy=d.get("holdout_accuracy"),
+            placement_match=d.get("placement_match"),
         )
 
 

@@ -372,7 +372,8 @@ def run_sweep(
 METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
            "perplexity", "ari",
            "n_clusters", "rounds_to_ari1", "floats_down", "floats_up", "client_updates",
-           "rejected", "participation", "placement_ari", "holdout_accuracy", "wall_time")
+           "rejected", "participation", "placement_ari", "holdout_accuracy",
+           "placement_match", "wall_time")
 """Columns of the tidy table after the run's identity: accuracy and F1 in 0..1 as in
 `summary.json`, fairness variance in %², the rest in their own units."""
 

@@ -20,7 +20,7 @@ from clusterfl.sweep import Run, Sweep
 
 # shown metrics: (row key, header, scale, digits)
 SHOWN = (("macro_f1", "macro-F1 (%)", 100.0, 1), ("ari", "ARI", 1.0, 2),
-         ("n_clusters", "clusters", 1.0, 1), ("rounds_to_ari1", "rounds to ARI 1", 1.0, 0),
+         ("n_clusters", "clusters", 1.0, 1), ("rounds_to_ari1", "rounds to ARI 1", 1.0, 1),
          ("wall_time", "wall time (s)", 1.0, 1))
 ALPHA = 0.05
 

@@ -84,6 +84,7 @@ def test_newcomers_are_placed_in_their_true_cluster_without_changing_the_method(
     final, held = summary.final, summary.holdout
     assert final.ari == 1.0, f"{name} did not cluster the trained clients"
     assert held is not None and final.placement_ari == 1.0, held
+    assert final.placement_match == held["placement_match"] == 1.0
     assert held["true_clusters"] == [0, 0, 1, 1]
     assert held["placed_clusters"][0] == held["placed_clusters"][1] != held["placed_clusters"][2]
     # the placed cluster is the one holding the trained clients of the same true cluster
@@ -277,3 +278,22 @@ def test_resumed_run_places_exactly_like_an_uninterrupted_one(tmp_path):
     assert resumed.summary.holdout == ref.holdout and ref.holdout is not None
     assert resumed.summary.final.placement_ari == ref.final.placement_ari
     assert resumed.summary.final.holdout_accuracy == ref.final.holdout_accuracy
+
+
+def test_placement_match_asks_whether_each_newcomer_joined_its_groups_cluster():
+    """Hand values. Trained: group 0 in cluster 5 (twice) and 7 (once), group 1 in cluster 7,
+    group 2 unassigned (-1). One newcomer per group, so the placement ARI of any placement
+    that keeps them apart is 1: placed [7, 5, 9] keeps them apart (ARI 1) but each joined
+    another group's cluster: match 0 of 2 (group 2 has no cluster to join: not counted);
+    placed [5, 7, 9] matches both."""
+    from clusterfl import metrics
+    from clusterfl.holdout import placement_match
+
+    trained_truth = np.array([0, 0, 0, 1, 1, 2])
+    assignment = np.array([5, 5, 7, 7, 7, -1])
+    truth = np.array([0, 1, 2])
+    assert metrics.ari(truth, np.array([7, 5, 9])) == 1.0
+    assert placement_match(truth, np.array([7, 5, 9]), trained_truth, assignment) == 0.0
+    assert placement_match(truth, np.array([5, 7, 9]), trained_truth, assignment) == 1.0
+    assert placement_match(truth, np.array([5, 5, 9]), trained_truth, assignment) == 0.5
+    assert placement_match(None, np.array([5]), None, assignment) is None

@@ -331,3 +331,14 @@ def test_an_interrupted_sweep_counts_what_finished_and_names_the_command_that_co
     monkeypatch.setattr(sweep_module, "run_sweep", real)
     assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
     assert len(list(out.glob("**/summary.json"))) == 8
+
+
+def test_rounds_to_ari1_across_seeds_keeps_its_spread() -> None:
+    """Before: rounds 3, 3, 2, 3 over four seeds read `3 ± 0 (4/4)` (0 digits): as if every
+    seed had reached ARI 1 in the same round. Mean 2.75, sample std 0.5."""
+    from clusterfl.sweep_report import cell_table
+
+    rows = [{"cell": None, "method": "ifca", "seed": s, "status": "done", "accuracy": 0.9,
+             "ari": 1.0, "rounds_to_ari1": r} for s, r in enumerate([3, 3, 2, 3])]
+    line = cell_table(rows, None, [0, 1, 2, 3]).splitlines()[-1]
+    assert "| 2.8 ± 0.5 (4/4) |" in line

@@ -284,6 +284,23 @@ def test_plot_run_regression_and_unknown_truth(tmp_path: Path) -> None:
     assert "client_accuracy.png" not in {p.name for p in paths}  # no per-client accuracy
     for path in paths:
         assert_png(path)
+    # a real regression run writes a null accuracy per client: still no figure (it was an
+    # empty chart with the legend "mean nan%")
+    nulls = replace(summary, client_accuracy=[None] * N_CLIENTS)
+    (run / "summary.json").write_text(json.dumps(nulls.to_json_dict()))
+    assert "client_accuracy.png" not in {p.name for p in plot_run(run)}
+
+
+def test_a_methods_figures_are_captioned_from_its_report_module() -> None:
+    """Before: `![](figures/cluster_balance.png)`, no name and no caption."""
+    from clusterfl.report.markdown import _figure_links
+
+    text = _figure_links([Path("r/figures/cluster_balance.png"),
+                          Path("r/figures/cfl_similarity_12_3.png")], Path("r"))
+    assert "![cluster_balance](figures/cluster_balance.png)\n\n*The share of clients in " \
+        "the largest cluster" in text
+    assert "![cfl_similarity_12_3](figures/cfl_similarity_12_3.png)\n\n*For every accepted " \
+        "split" in text
 
 
 def test_plot_matrix_and_series(tmp_path: Path) -> None:

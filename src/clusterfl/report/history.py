@@ -153,12 +153,14 @@ def cluster_sizes_series(
 def final_client_accuracy(
     summary: RunSummary, history: Sequence[RoundRecord]
 ) -> np.ndarray | None:
-    """Final per-client accuracy: the summary's, else the last evaluated round's, else None."""
+    """Final per-client accuracy: the summary's, else the last evaluated round's, else None
+    (also when no client has one: a regression's are all null)."""
     values = summary.client_accuracy
     if not values:
         _, matrix = client_accuracy_matrix(history)
         values = matrix[-1] if matrix.size else None
     if values is None:
         return None
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
+    out = np.array([np.nan if v is None else v for v in values], dtype=float)
+    return None if np.isnan(out).all() else out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -109,6 +110,7 @@ def _partial(summary: RunSummary) -> bool:
 #: them, after the ARI column
 HOLDOUT_COLUMNS: list[Column] = [
     Column("placement ARI", lambda f: f.placement_ari, _fixed(3)),
+    Column("placed in group's cluster (%)", lambda f: f.placement_match, _percent),
     Column("held-out acc (%)", lambda f: f.holdout_accuracy, _percent),
 ]
 
@@ -274,7 +276,8 @@ def _holdout_section(holdout: dict[str, Any] | None) -> str:
         f"{holdout.get('n_held_out')} clients ({_fixed(2)(holdout.get('fraction'))} of the "
         "federation, stratified by true cluster) were kept out of training, then placed by "
         "the method's rule and evaluated on their own test data with the model they were "
-        f"placed on: placement ARI {_fixed(3)(holdout.get('placement_ari'))}, mean accuracy "
+        f"placed on: placement ARI {_fixed(3)(holdout.get('placement_ari'))}, placed in their "
+        f"group's cluster {_percent(holdout.get('placement_match'))} %, mean accuracy "
         f"{_percent(holdout.get('holdout_accuracy'))} %; the placement cost "
         f"{_human(holdout.get('floats_down'))} floats down and "
         f"{_human(holdout.get('floats_up'))} up.\n",
@@ -298,13 +301,44 @@ def _extras_section(extras: dict[str, Any]) -> str:
 
 
 def _figure_links(figures: Sequence[Path], base: Path) -> str:
-    """One captioned markdown image per figure, linked relative to `base`."""
+    """One captioned markdown image per figure, linked relative to `base`: the generic
+    figures' captions, a method's figures captioned by its report module's docstring."""
     blocks = []
     for figure in figures:
         link = Path(os.path.relpath(figure, base)).as_posix()
-        caption = FIGURE_CAPTIONS.get(figure.stem, "")
-        blocks.append(f"![{figure.stem}]({link})\n\n*{caption}*\n" if caption else f"![]({link})\n")
+        caption = FIGURE_CAPTIONS.get(figure.stem) or _method_caption(figure.name)
+        blocks.append(f"![{figure.stem}]({link})\n\n*{caption}*\n" if caption else
+                      f"![{figure.stem}]({link})\n")
     return "\n".join(blocks)
+
+
+_FIGURE_ITEM = re.compile(r"^- `([a-z0-9_<>]+\.png)`(?: \([^)]*\))?:\s*(.*)$")
+
+
+def _method_caption(name: str) -> str:
+    """The caption of a method's figure `name`: its item in the docstring of a module of
+    `clusterfl.report.methods` ("- `cfl_norms.png` (...): what it shows"; a `<round>` in the
+    item's name stands for a number), or "" when no module describes it."""
+    import pkgutil
+
+    from clusterfl.report import methods
+
+    for info in pkgutil.iter_modules(methods.__path__):
+        doc = importlib.import_module(f"{methods.__name__}.{info.name}").__doc__ or ""
+        lines = doc.splitlines()
+        for i, line in enumerate(lines):
+            m = _FIGURE_ITEM.match(line.strip())
+            if m is None or not re.fullmatch(re.sub(r"<[a-z]+>", r"\\d+", re.escape(m[1])),
+                                             name):
+                continue
+            text = [m[2]]
+            for more in lines[i + 1:]:
+                if not more.strip() or more.strip().startswith("- "):
+                    break
+                text.append(more.strip())
+            caption = " ".join(text)
+            return caption[:1].upper() + caption[1:]
+    return ""
 
 
 def write_comparison_report(
