@@ -7,10 +7,12 @@ The method's final state is read from `RUN_DIR/checkpoint/state.pt` (a run write
 last round when `checkpoint_every > 0`; a CFL run's `cfl_tree.pt` serves too). The clients
 come from the federation of the run's `config.toml` as it builds it (ids of the whole
 federation, held-out clients included), optionally changed with `--set` (e.g. `--set seed=7`
-for fresh data from the same recipe, or `--set scenario.n_clients=24 --clients 20-23`); the
-model and `[algorithm]` tables must stay the run's. Each client is placed by its method's
-rule (`Algorithm.placement`, through the protocol only, without changing the method's
-state; docs/placement.md) and evaluated on its own test data with the model it was placed on.
+for fresh data from the same recipe, or `--set scenario.n_clients=24 --clients 20-23`) or
+`[backend]`; `rounds`, `[model]`, `[train]`, `[algorithm]` and the robustness tables must stay
+the run's (they define the placement rule; a `--set` of them is refused naming the key). Each
+client is placed by its method's rule (`Algorithm.placement`, through the protocol only,
+without changing the method's state; docs/placement.md) and evaluated on its own test data
+with the model it was placed on.
 
 The table shows each client's true cluster (when the scenario has clusters), whether it
 trained in the run and its cluster there, the placed cluster, the true clusters of the
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,60 +58,116 @@ def add_parser(subparsers: Any) -> None:
                                          "(default: all clients)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="change the run's config for the federation the clients come "
-                       "from (not its model or algorithm)")
+                       "from: seed, [data], [scenario], [backend] (not rounds, [model], "
+                       "[train], [algorithm])")
         p.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
         p.add_argument("--json", metavar="FILE", help="also write the placements as JSON")
         p.set_defaults(func=cmd_place)
 
 
 def parse_clients(spec: str | None, n_clients: int) -> np.ndarray:
-    """'0,3,8-11' → [0, 3, 8, 9, 10, 11]; None → all clients. Raises ClusterFLError."""
+    """'0,3,8-11' → [0, 3, 8, 9, 10, 11]; None → all clients. Ids and ranges are ASCII digits
+    (a range goes up), each client once, no empty item. Raises ClusterFLError."""
     import numpy as np
 
     if spec is None:
         return np.arange(n_clients)
+    parts = [p.strip() for p in spec.split(",")]
     out: list[int] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                a, b = (int(x) for x in part.split("-", 1))
-                if b < a:
-                    raise ValueError
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise ClusterFLError(f"--clients: cannot read {part!r}; use ids and ranges, e.g. "
-                                 "0,3,8-11") from None
+    if any(parts):
+        for part in parts:
+            if not part:
+                raise ClusterFLError(f"--clients: an empty item in {spec!r}; give ids and "
+                                     "ranges separated by single commas, e.g. 0,3,8-11")
+            m = _ITEM.fullmatch(part)
+            if m is None:
+                raise ClusterFLError(f"--clients: cannot read {part!r}; use ids and ranges "
+                                     "of the digits 0-9, e.g. 0,3,8-11")
+            a = int(m[1])
+            b = a if m[2] is None else int(m[2])
+            if b < a:
+                raise ClusterFLError(f"--clients: a range must go up: {b}-{a}, not {part!r}")
+            out.extend(range(a, b + 1))
     bad = [c for c in out if not 0 <= c < n_clients]
     if bad or not out:
         got = f"{bad[0]} in {spec!r}" if bad else f"no id in {spec!r}"
         raise ClusterFLError(f"--clients: ids must be in 0..{n_clients - 1} (got {got})")
-    return np.array(sorted(set(out)), dtype=np.int64)
+    seen: set[int] = set()
+    for c in out:
+        if c in seen:
+            raise ClusterFLError(f"--clients: client {c} is given twice in {spec!r}; name "
+                                 "each client once")
+        seen.add(c)
+    return np.array(sorted(out), dtype=np.int64)
+
+
+_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+"""One item of --clients: an id or a range of ASCII digits (`str.isdigit` and `int` also take
+other scripts' digits, such as '٣')."""
 
 
 def load_state(run_dir: Path) -> tuple[dict[str, Any], str]:
     """The run's saved state (`checkpoint/state.pt`, else CFL's `cfl_tree.pt`) and a line
-    saying where it came from; a one-line error saying why when there is none."""
+    saying where it came from; a one-line error saying why when there is none. A checkpoint
+    of a run that has not reached its last round (stopped, or still running) is used with a
+    one-line warning saying so.
+
+    `saved["config"]` is the run's whole config when the file holds it (a checkpoint) and None
+    otherwise: `cfl_tree.pt` keeps only the method's settings (`CFL.save_artifacts`), kept as
+    `saved["algorithm_config"]`; `place_clients` then takes the run's `config.toml`."""
     from clusterfl.checkpoint import KEYS
     from clusterfl.state import read_checkpoint
 
     ckpt = run_dir / CHECKPOINT
     if ckpt.is_file():
         saved = read_checkpoint(ckpt, KEYS)
-        rounds = (saved.get("config") or {}).get("rounds")
+        config = saved.get("config")
+        rounds = config.get("rounds") if isinstance(config, dict) else None
+        _warn_unfinished(run_dir, saved.get("round"), rounds)
         return saved, f"{ckpt} (round {saved.get('round')} of {rounds})"
     tree = run_dir / CFL_TREE
     if tree.is_file():
-        saved = read_checkpoint(tree, ("round", "algorithm", "config"))
-        return saved, f"{tree} (round {saved.get('round')})"
+        held = read_checkpoint(tree, ("round", "algorithm", "config"))
+        saved = {"round": held["round"], "algorithm": held["algorithm"], "config": None,
+                 "algorithm_config": held["config"]}
+        rounds = _config_value(run_dir, "rounds")
+        return saved, f"{tree} (round {saved.get('round')} of {rounds})"
     every = _config_value(run_dir, "checkpoint_every")
     why = ("checkpoints were off (checkpoint_every = 0)" if every == 0 else
            "the run did not write one (not finished, or written by an older clusterfl)")
     raise ClusterFLError(f"{run_dir}: no {CHECKPOINT} to place clients with: {why}; run it "
                          "again with checkpoint_every > 0 (the last round is always saved)")
+
+
+def _warn_unfinished(run_dir: Path, round_: Any, rounds: Any) -> None:
+    """One warning line when the checkpoint holds a round before the run's last one."""
+    if not (isinstance(round_, int) and isinstance(rounds, int) and round_ < rounds):
+        return
+    who = _running(run_dir)
+    state = f"still running ({who})" if who else "not finished"
+    print(f"clusterfl: warning: {run_dir} is {state}: clients are placed on its round-{round_} "
+          f"models (round {round_} of {rounds})", file=sys.stderr)
+
+
+def _running(run_dir: Path) -> str | None:
+    """'process N' when the run folder's lock file names a live process (rundir.FolderLock;
+    a run that ended normally removed it), else None. Reads the file only: taking the lock,
+    even for a moment, could turn away a run starting now."""
+    from clusterfl.rundir import LOCK_FILE
+
+    try:
+        pid = (run_dir / LOCK_FILE).read_text(encoding="utf-8").split(" ", 1)[0].strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not pid.isascii() or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:  # alive, another user's
+        return f"process {pid}"
+    except (OSError, OverflowError):
+        return None
+    return f"process {pid}"
 
 
 def _config_value(run_dir: Path, key: str) -> Any:
@@ -164,15 +224,24 @@ def check_json_target(path: Path) -> None:
                              "`place --json` writes); it is not overwritten: give a new name")
 
 
+ROW_KEYS = frozenset({"client", "true_cluster", "trained", "run_cluster", "cluster",
+                      "cluster_true_clusters", "accuracy"})
+"""The keys of every row `place --json` writes (`_rows`), and `details` when the method
+reports them."""
+
+
 def _is_placements(path: Path) -> bool:
-    """The file holds what `place --json` writes: a JSON list of objects with `client` and
-    `cluster` (an earlier placement, which may be replaced)."""
+    """The file holds what `place --json` writes (an earlier placement, which may be
+    replaced): a non-empty JSON list of objects with exactly the keys of `ROW_KEYS` (and
+    `details`), integer `client` and `cluster`. Anything else, `[]` or a list of the user's
+    own objects with `client` and `cluster` among other keys included, is not."""
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(rows, list) and all(
-        isinstance(r, dict) and "client" in r and "cluster" in r for r in rows)
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, dict) and set(r) - {"details"} == ROW_KEYS
+        and all(type(r[k]) is int for k in ("client", "cluster")) for r in rows)
 
 
 def _check_model_fits(was: dict[str, Any], exp: Any) -> None:
@@ -212,24 +281,29 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
 
     from clusterfl.backends.subset import SubsetBackend
     from clusterfl.checkpoint import data_changes
-    from clusterfl.config import apply_overrides, load_config, read_toml
+    from clusterfl.config import load_config, read_toml
     from clusterfl.experiment import Experiment, build_backend
     from clusterfl.protocol import EvaluateRequest
 
     if data_dir:
         overrides = [*overrides, f"data.data_dir={json.dumps(data_dir)}"]
-    config = load_config(apply_overrides(read_toml(run_dir / "config.toml"), overrides))
-    was = saved.get("config")
+    raw = read_toml(run_dir / "config.toml")
+    base = load_config(raw).to_dict()  # the run's own config, which --set changes
+    config = load_config(_override(raw, base, overrides))
     now = config.to_dict()
-    same_federation = not overrides
-    if isinstance(was, dict):
-        same_federation = all(was.get(k) == now.get(k) for k in ("seed", "data", "scenario"))
+    _check_overrides(base, now, overrides)
+    was = saved.get("config")
+    if isinstance(was, dict):  # a checkpoint's whole config: config.toml must match it
         for table in ("model", "algorithm"):
             if was.get(table) != now.get(table):
-                raise ClusterFLError(f"--set changed the run's [{table}] table; placement "
+                raise ClusterFLError(f"{run_dir / 'config.toml'}: its [{table}] table is not "
+                                     "the one the run's checkpoint was written with; placement "
                                      "needs the run's own model and method")
+    else:  # `cfl_tree.pt` holds only the method's settings: the run's config is config.toml
+        was = base
+    same_federation = all(was.get(k) == now.get(k) for k in FEDERATION)
     exp = Experiment(config)  # the federation, the held-out split, the method
-    if not same_federation and isinstance(was, dict):
+    if not same_federation:
         _check_model_fits(was, exp)
     alg = exp.algorithm
     full = exp.full_federation
@@ -260,6 +334,69 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
         backend.close()
     return _rows(exp, alg, ids, placed, acc, same_federation, _run_truth(run_dir)), \
         alg.label()
+
+
+FEDERATION = ("seed", "data", "scenario")
+"""What `--set` may change: the federation the clients come from."""
+NO_EFFECT = ("eval_every", "eval_clients", "checkpoint_every", "output")
+"""Settings of the run's bookkeeping that a placement does not read: `--set` of them is
+accepted with a note. `[backend]` (where and how the clients compute) may change too: a
+placement runs unchanged on every backend."""
+SCENARIO_COMMON = ("n_clients", "holdout")
+"""The `[scenario]` keys every scenario takes, kept when `--set` changes `scenario.name`."""
+
+
+def _override(raw: dict[str, Any], base: dict[str, Any], overrides: list[str],
+              ) -> dict[str, Any]:
+    """`raw` (the run's config.toml) with the `--set` overrides. When they change
+    `scenario.name`, the run's scenario parameters (its config.toml holds every resolved
+    one) are dropped but `SCENARIO_COMMON` and those `--set` gives, with a note naming them:
+    the new scenario starts from its own defaults."""
+    from clusterfl.config import apply_overrides
+
+    out = apply_overrides(raw, overrides)
+    scenario = out.get("scenario")
+    old = raw.get("scenario")
+    if not (isinstance(scenario, dict) and isinstance(old, dict)
+            and scenario.get("name", base["scenario"]["name"]) != base["scenario"]["name"]):
+        return out
+    kept = {k: v for k, v in old.items() if k in SCENARIO_COMMON}
+    out = apply_overrides({**raw, "scenario": kept}, overrides)
+    given = set(out["scenario"])
+    dropped = [k for k in old if k != "name" and k not in kept and k not in given]
+    if dropped:
+        print(f"clusterfl: note: --set scenario.name={out['scenario']['name']!r}: the run's "
+              f"{base['scenario']['name']!r} parameters {', '.join(dropped)} are dropped (the "
+              "new scenario's defaults apply; set its own with --set scenario.KEY=VALUE)",
+              file=sys.stderr)
+    return out
+
+
+def _check_overrides(base: dict[str, Any], now: dict[str, Any], overrides: list[str],
+                     ) -> None:
+    """`--set` may change the federation (`FEDERATION`) and `[backend]`; a change of anything
+    else the placement reads (`rounds`, `[model]`, `[train]`, `[algorithm]`, the robustness
+    tables: they define the method's placement rule, e.g. Local trains `rounds` × `[train]`)
+    is a one-line ClusterFLError naming the key as `--set` gave it; one of `NO_EFFECT` gets a
+    note."""
+    from clusterfl.checkpoint import first_difference
+
+    for key in dict.fromkeys([*base, *now]):
+        if key in FEDERATION or key == "backend" or base.get(key) == now.get(key):
+            continue
+        given = [k for k in (o.split("=", 1)[0].strip() for o in overrides)
+                 if k.split(".", 1)[0] == key]
+        dotted = given[0] if given else first_difference({key: base.get(key)},
+                                                         {key: now.get(key)})[0]
+        if dotted == "the tables":
+            dotted = key
+        if key in NO_EFFECT:
+            print(f"clusterfl: note: --set {dotted} does not change a placement",
+                  file=sys.stderr)
+            continue
+        raise ClusterFLError(f"--set {dotted}: placement needs the run's own rounds, [model], "
+                             "[train], [algorithm] and robustness tables; --set may change "
+                             "seed, [data], [scenario] and [backend]")
 
 
 def _run_truth(run_dir: Path) -> list[int] | None:

@@ -66,8 +66,8 @@ def test_place_a_trained_client_agrees_with_its_cluster_in_the_run(ifca_run, tmp
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("3,x", "--clients: cannot read 'x'; use ids and ranges, e.g. 0,3,8-11"),
-    ("5-2", "--clients: cannot read '5-2'"),
+    ("3,x", "--clients: cannot read 'x'; use ids and ranges of the digits 0-9, e.g. 0,3,8-11"),
+    ("5-2", "--clients: a range must go up: 2-5, not '5-2'"),
     ("12", "--clients: ids must be in 0..11 (got 12 in '12')"),
     ("0,3-13", "--clients: ids must be in 0..11 (got 12 in '0,3-13')"),
     (",", "--clients: ids must be in 0..11 (got no id in ',')"),
@@ -77,6 +77,122 @@ def test_bad_clients_is_one_line(ifca_run, capsys, spec, message):
     assert main(["place", str(ifca_run), "--clients", spec]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"clusterfl: error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    # before: "7-3" said "cannot read", the others were taken (deduplicated, empty items
+    # skipped, '+1' and the Arabic-Indic digit '٣' read as 1 and 3 by `int`)
+    ("7-3", "--clients: a range must go up: 3-7, not '7-3'"),
+    ("3,3", "--clients: client 3 is given twice in '3,3'; name each client once"),
+    ("1-3,2-4", "--clients: client 2 is given twice in '1-3,2-4'; name each client once"),
+    ("1,,2", "--clients: an empty item in '1,,2'; give ids and ranges separated by single "
+             "commas, e.g. 0,3,8-11"),
+    ("1,", "--clients: an empty item in '1,'"),
+    ("+1", "--clients: cannot read '+1'; use ids and ranges of the digits 0-9"),
+    ("\u0663", "--clients: cannot read '\u0663'; use ids and ranges of the digits 0-9"),
+])
+def test_clients_refuses_descending_ranges_repeats_empty_items_and_non_ascii_digits(
+        ifca_run, capsys, spec, message):
+    assert main(["place", str(ifca_run), "--clients", spec]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"clusterfl: error: {message}"), captured.err
+    assert captured.err.count("\n") == 1 and captured.out == ""
+
+
+@pytest.mark.parametrize(("setting", "key"), [
+    ("rounds=40", "rounds"), ("train.lr=50.0", "train.lr"),
+    ("train.batch_size=8", "train.batch_size"),
+    ("faults.dropout=0.5", "faults.dropout"),
+])
+def test_set_of_rounds_train_or_robustness_is_refused_naming_the_key(ifca_run, capsys,
+                                                                       setting, key):
+    # before: accepted, exit 0, and the placement changed (Local trained 40 rounds, ...)
+    assert main(["place", str(ifca_run), "--clients", "0", "--set", setting]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"clusterfl: error: --set {key}: placement needs the run's own "
+                            "rounds, [model], [train], [algorithm] and robustness tables; "
+                            "--set may change seed, [data], [scenario] and [backend]\n")
+    assert captured.out == ""
+
+
+def test_set_of_output_or_eval_is_accepted_with_a_note(ifca_run, tmp_path, capsys):
+    plain, noted = tmp_path / "plain.json", tmp_path / "noted.json"
+    assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(plain)]) == 0
+    capsys.readouterr()
+    assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(noted),
+                 "--set", "output.figures=true", "--set", "eval_every=3"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "clusterfl: note: --set eval_every does not change a placement",
+        "clusterfl: note: --set output.figures does not change a placement"]
+    assert json.loads(noted.read_text()) == json.loads(plain.read_text())
+
+
+def test_set_scenario_name_drops_the_old_scenarios_parameters_with_a_note(ifca_run, capsys):
+    # before: "scenario.layout: unknown parameter of scenario 'label_swap' ... [and 2 more
+    # problem(s)]": config.toml holds every resolved parameter of the run's rotation
+    rc = main(["place", str(ifca_run), "--clients", "0-1",
+               "--set", "scenario.name='label_swap'", "--set", "scenario.n_clusters=2"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert captured.err.splitlines() == [
+        "clusterfl: note: --set scenario.name='label_swap': the run's 'rotation' parameters "
+        "layout, train_fraction, angles are dropped (the new scenario's defaults apply; set "
+        "its own with --set scenario.KEY=VALUE)"]
+    assert "placement of clients" in captured.out
+
+
+def test_a_cfl_run_without_its_checkpoint_folder_places_from_cfl_tree(tmp_path, capsys):
+    # before: "--set changed the run's [model] table" with no --set: the tree file keeps
+    # only CFL's own settings under "config", which was read as the run's whole config
+    import shutil
+
+    cfg = tiny_config(rounds=2, n_clients=4, checkpoint_every=2,
+                      algorithm={"name": "cfl", "eps1": 0.4, "eps2": 1.6})
+    run = tmp_path / "cfl"
+    Experiment(load_config(cfg), run).run(progress=False)
+    with_ckpt, from_tree = tmp_path / "ckpt.json", tmp_path / "tree.json"
+    assert main(["place", str(run), "--json", str(with_ckpt)]) == 0
+    shutil.rmtree(run / "checkpoint")
+    capsys.readouterr()
+    assert main(["place", str(run), "--json", str(from_tree)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    flat = "".join(captured.out.split())  # the console wraps long paths anywhere
+    assert f"statefrom{run / 'cfl_tree.pt'}(round2of2)" in flat
+    assert json.loads(from_tree.read_text()) == json.loads(with_ckpt.read_text())
+    assert main(["place", str(run), "--clients", "0", "--set", "model.hidden=[4]"]) == 2
+    assert "--set model.hidden: placement needs" in capsys.readouterr().err
+
+
+def test_a_run_that_is_not_finished_warns_naming_its_round(ifca_run, tmp_path, capsys):
+    # before: the round-4 checkpoint of a run of 6 rounds was used without a word
+    import shutil
+    import subprocess
+
+    import torch
+
+    run = tmp_path / "stopped"
+    shutil.copytree(ifca_run, run)
+    state = torch.load(run / "checkpoint" / "state.pt", weights_only=False)
+    state["config"]["rounds"] = 6  # as a run of 6 rounds stopped after round 4 holds it
+    torch.save(state, run / "checkpoint" / "state.pt")
+    toml = run / "config.toml"
+    toml.write_text(toml.read_text().replace("rounds = 4", "rounds = 6"))
+    assert main(["place", str(run), "--clients", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"clusterfl: warning: {run} is not finished: clients are placed "
+                            "on its round-4 models (round 4 of 6)\n")
+    assert "(round 4 of 6)" in " ".join(captured.out.split())
+    live = subprocess.Popen(["sleep", "60"])  # the process that holds the run's lock
+    try:
+        (run / ".clusterfl.lock").write_text(f"{live.pid} clusterfl run x.toml\n")
+        assert main(["place", str(run), "--clients", "0"]) == 0
+        assert capsys.readouterr().err.startswith(
+            f"clusterfl: warning: {run} is still running (process {live.pid}): clients are "
+            "placed on its round-4 models")
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_a_run_without_checkpoint_says_why(tmp_path, capsys):
@@ -91,7 +207,7 @@ def test_a_run_without_checkpoint_says_why(tmp_path, capsys):
 def test_place_refuses_a_changed_model_and_folders_that_are_not_runs(ifca_run, tmp_path,
                                                                      capsys):
     assert main(["place", str(ifca_run), "--set", "model.hidden=[8]"]) == 2
-    assert "--set changed the run's [model] table" in capsys.readouterr().err
+    assert "--set model.hidden: placement needs the run's own" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["place", str(tmp_path / "empty")]) == 2
     assert "no config.toml; not a run directory" in capsys.readouterr().err
@@ -148,6 +264,22 @@ def test_json_never_overwrites_a_file_that_is_not_a_placement(ifca_run, tmp_path
     assert main(["place", str(ifca_run), "--clients", "0", "--json", str(placed)]) == 0
     assert main(["place", str(ifca_run), "--clients", "1-2", "--json", str(placed)]) == 0
     assert [r["client"] for r in json.loads(placed.read_text())] == [1, 2]
+
+
+@pytest.mark.parametrize("text", [
+    "[]", '[{"client": "alice", "cluster": "vip", "note": "keep me"}]',
+    '[{"client": 1, "cluster": 0}]',  # not the keys place writes
+    '[{"client": 1, "true_cluster": 0, "trained": true, "run_cluster": 0, "cluster": 0, '
+    '"cluster_true_clusters": [0], "accuracy": 0.9, "mine": 1}]',  # one key more
+])
+def test_json_never_overwrites_an_empty_list_or_a_users_own_client_list(ifca_run, tmp_path,
+                                                                        capsys, text):
+    # before: any JSON list of objects with "client" and "cluster" (and `[]`) was replaced
+    mine = tmp_path / "mine.json"
+    mine.write_text(text)
+    assert main(["place", str(ifca_run), "--clients", "0", "--json", str(mine)]) == 2
+    assert "exists and is not a placements file" in capsys.readouterr().err
+    assert mine.read_text() == text
 
 
 def test_placing_on_data_that_changed_since_the_run_warns_naming_the_clients(tmp_path, capsys):
