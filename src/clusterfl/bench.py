@@ -196,10 +196,17 @@ def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
                   for s in scenario.methods]
 
 
+def stale_config(target: Path, cfg: Config) -> bool:
+    """Whether `target` holds a run of another config than `cfg` (its `config.toml` differs):
+    its results are not `cfg`'s (`prepare_run` starts it again; a sweep's plan counts it as
+    to run)."""
+    stored = target / "config.toml"
+    return stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict())
+
+
 def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:
     """Clear a run whose config changed; True when the run still has to be done."""
-    stored = target / "config.toml"
-    if stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict()):
+    if stale_config(target, cfg):
         log(f"{what}: config changed, run again")
         claim_run_dir(target, overwrite=True)  # only its files: refuses anything else
     if (target / SUMMARY_FILE).is_file():

@@ -82,8 +82,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     """Plan, run (unless --plan/--report-only), tabulate, report; the exit code."""
     from clusterfl.cli_util import DIVERGED_EXIT, console
     from clusterfl.jobs import check_resources
-    from clusterfl.records import SUMMARY_FILE
-    from clusterfl.sweep import SweepError, collect, run_sweep, write_table
+    from clusterfl.sweep import SweepError, collect, run_states, run_sweep, write_table
     from clusterfl.sweep_report import console_table, write_report
 
     check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
@@ -98,18 +97,28 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     if idle and moot:
         raise ClusterFLError(f"--{moot[0].replace('_', '-')}: says how to run, and "
                              f"--{idle.replace('_', '-')} runs nothing; give one of the two")
-    if idle == "report_only" and not any((r.target / SUMMARY_FILE).is_file() for r in runs):
-        raise ClusterFLError(f"--report-only: {out} holds no finished run of this sweep; run "
-                             "it first (without --report-only), or give its folder with --out")
     con = console()
-    if getattr(args, "plan", False):
-        done = sum((r.target / SUMMARY_FILE).is_file() for r in runs)
-        for r in runs:
-            state = "done" if (r.target / SUMMARY_FILE).is_file() else "to run"
-            con.print(f"{state:7s} {r.what}  ({r.target})")
-        con.print(f"{len(runs)} runs in {len(sweep.cells())} cell(s): {done} done, "
-                  f"{len(runs) - done} to run")
+    if idle == "plan":
+        states = run_states(runs, out)  # what a run would do: as run_sweep decides
+        for r, state in zip(runs, states):
+            con.print(f"{state:14s} {r.what}  ({r.target})")
+        count = {s: states.count(s) for s in ("done", "to run", "config changed", "failed")}
+        con.print(f"{len(runs)} runs in {len(sweep.cells())} cell(s): {count['done']} done, "
+                  f"{count['to run'] + count['config changed']} to run"
+                  + (f" ({count['config changed']} of them again, as their config changed)"
+                     if count["config changed"] else "")
+                  + (f", {count['failed']} failed before (run again with --retry-failed)"
+                     if count["failed"] else ""))
         return 0
+    if idle == "report_only":
+        rows = collect(runs, out)
+        if not any(r["status"] in ("done", "diverged") for r in rows):
+            stale = sum(r["status"] == "stale" for r in rows)
+            raise ClusterFLError(
+                f"--report-only: {out} holds no finished run of this sweep"
+                + (f" as it is now ({stale} ran with another config: config changed); run it "
+                   "again (without --report-only) to redo them" if stale else
+                   "; run it first (without --report-only), or give its folder with --out"))
     failures: list[str] = []
     argv = sys.argv[1:] if sys.argv[1:2] == [command.split()[-1]] else []
     shown = shlex.join(["clusterfl", *argv]) if argv else command
@@ -125,7 +134,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
         except KeyboardInterrupt as stop:
             from clusterfl.cli_util import stop_status
 
-            done = sum((r.target / SUMMARY_FILE).is_file() for r in runs)
+            done = run_states(runs, out).count("done")
             again = shlex.join(["clusterfl", *(a for a in argv if a != "--overwrite")]) \
                 if argv else command
             print(f"clusterfl: interrupted; {done} of {len(runs)} runs finished in {out}. The "
@@ -136,6 +145,12 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     csv_path, parquet, why = write_table(rows, out)
     if why:
         print(f"clusterfl: warning: {why}", file=sys.stderr)
+    stale = [r for r in rows if r["status"] == "stale"]
+    if stale:
+        print(f"clusterfl: warning: {len(stale)} of {len(rows)} runs are stale: they ran with "
+              f"another config than the sweep's now (e.g. {stale[0]['path']}); they are marked "
+              "stale in the table and the report, not counted as results; running the sweep "
+              "(without --report-only) runs them again", file=sys.stderr)
     report = write_report(sweep, runs, rows, out, shown, failures)
     con.print(console_table(rows, sweep.seeds))
     con.print(f"table of every run: {csv_path}" + (f", {parquet}" if parquet else ""))

@@ -111,21 +111,76 @@ class Sweep:
     source: str = ""
     """Where the base config came from (a file, or "the sweep file")."""
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The checks of a sweep file's values, wherever the sweep was made (`load_sweep`, or
+        `Sweep(...)` in Python); a ConfigError names the field. Normalises `methods` (stripped),
+        `seeds` (a list) and `grid` (flat dotted keys, lists of values). `plan` checks again,
+        so a sweep changed after it was made is checked too."""
+        if not isinstance(self.base, dict):
+            raise ConfigError("sweep.base", "expected a run config as a table (a dict), got "
+                              + _got(self.base))
+        methods = self.methods
+        if not isinstance(methods, list | tuple) or not methods or not all(
+                isinstance(m, str) and m.strip() for m in methods):
+            raise ConfigError("sweep.methods", "expected a non-empty list of method specs, e.g. "
+                              f"[\"fedavg\", \"ifca:n_clusters=4\"], got {_got(methods)}")
+        self.methods = [m.strip() for m in methods]
+        seeds = self.seeds
+        if not isinstance(seeds, list | tuple) or not seeds or not all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
+                for s in seeds):
+            raise ConfigError("sweep.seeds", "expected a non-empty list of integers in "
+                              f"0..2**63-1, got {_got(seeds)}")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError("sweep.seeds", f"a seed is listed twice: {list(seeds)}")
+        self.seeds = list(seeds)
+        if not isinstance(self.grid, dict):
+            raise ConfigError("sweep.grid", f"expected a table of key = [values], got "
+                              f"{_got(self.grid)}")
+        grid = flatten(self.grid)
+        for key, values in grid.items():
+            if not isinstance(key, str) or not [p for p in key.split(".") if p]:
+                raise ConfigError("sweep.grid", f"expected dotted keys such as \"train.lr\", "
+                                  f"got the key {key!r}")
+            if key in ("seed", "seeds"):
+                raise ConfigError(f"sweep.grid.{key}", "the seeds go in sweep.seeds, not in "
+                                  "the grid (each cell runs every seed)")
+            if key == "algorithm.name":
+                raise ConfigError("sweep.grid.algorithm.name", "list the methods in "
+                                  "sweep.methods")
+            if not isinstance(values, list | tuple) or not values:
+                raise ConfigError(f"sweep.grid.{key}", "expected a non-empty list of values, "
+                                  f"got {_got(values)}")
+            names = [_text(v) for v in values]
+            if len(set(names)) != len(names):
+                raise ConfigError(f"sweep.grid.{key}", f"a value is listed twice: "
+                                  f"{list(values)}")
+        self.grid = {k: list(v) for k, v in grid.items()}
+        for name in ("title", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"sweep.{name}", "expected a string, got "
+                                  + _got(getattr(self, name)))
+
     def cells(self) -> list[Cell]:
         keys = list(self.grid)
         return [Cell(tuple(zip(keys, combo)))
                 for combo in itertools.product(*(self.grid[k] for k in keys))]
 
-    def plan(self, out: Path) -> list[Run]:
+    def plan(self, out: str | os.PathLike[str]) -> list[Run]:
         """Every run, validated (a bad value names its cell and field) before anything runs.
 
         Ordered seed by seed, then cell by cell, so a sweep stopped early has whole tables of
-        its first seeds.
+        its first seeds. `out`: the sweep's folder (a str or a Path); nothing is written.
         """
         from clusterfl.algorithms import algorithm_class
         from clusterfl.compare import merged_spec, parse_algorithm_spec
         from clusterfl.naming import method_label, run_folder_name
 
+        out = _folder(out, "out")
+        self.check()
         specs = []
         for spec in self.methods:
             try:
@@ -182,6 +237,18 @@ class Sweep:
         return [r for k in ordered for r in runs[k]]
 
 
+def _got(value: Any) -> str:
+    """What a wrong argument was, for an error line: `'2' (str)`."""
+    text = repr(value)
+    return f"{text[:40] + '…' if len(text) > 41 else text} ({type(value).__name__})"
+
+
+def _folder(value: Any, name: str) -> Path:
+    if not isinstance(value, str | os.PathLike):
+        raise ConfigError(name, f"expected a folder (a str or pathlib.Path), got {_got(value)}")
+    return Path(value)
+
+
 def _set(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     parts = [p for p in dotted.split(".") if p]
     if not parts:
@@ -209,6 +276,10 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file (module docstring); every error names its field."""
     from clusterfl.config import apply_overrides, read_toml
 
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError("sweep", "expected the path of a sweep file (a str or pathlib.Path), "
+                          f"got {_got(path)}; a sweep made in Python is Sweep(base=..., "
+                          "methods=..., seeds=..., grid=...)")
     path = Path(path)
     if not path.is_file():
         raise ConfigError("sweep", f"sweep file not found: {path}")
@@ -241,15 +312,11 @@ def load_sweep(path: str | Path) -> Sweep:
     if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
         raise ConfigError("sweep.set", "expected a list of \"key=value\" strings")
     base = apply_overrides(base, sets)
-    methods = sweep.get("methods")
-    if not isinstance(methods, list) or not methods or not all(
-            isinstance(m, str) and m.strip() for m in methods):
-        raise ConfigError("sweep.methods", "expected a non-empty list of method specs, e.g. "
-                          "[\"fedavg\", \"ifca:n_clusters=4\"]")
-    grid_raw = sweep.get("grid", {})
-    if not isinstance(grid_raw, dict):
+    methods = sweep.get("methods", [])  # checked by Sweep.check
+    grid = sweep.get("grid", {})
+    if not isinstance(grid, dict):
         raise ConfigError("sweep.grid", "expected a table of key = [values]")
-    grid = flatten(grid_raw)
+    grid = flatten(grid)
     for alias in ("seeds", "seed"):  # the seeds may be written among the grid's keys
         if alias in grid:
             if "seeds" in sweep:
@@ -257,22 +324,9 @@ def load_sweep(path: str | Path) -> Sweep:
                                   "in sweep.seeds); keep one")
             sweep["seeds"] = grid.pop(alias)
     seeds = sweep.get("seeds", [base.get("seed", 0)])
-    if not isinstance(seeds, list) or not seeds or not all(
-            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
-        raise ConfigError("sweep.seeds", "expected a non-empty list of integers in 0..2**63-1")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError("sweep.seeds", f"a seed is listed twice: {seeds}")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep.grid.{key}", "expected a non-empty list of values")
-        if key == "algorithm.name":
-            raise ConfigError("sweep.grid.algorithm.name", "list the methods in sweep.methods")
-        names = [_text(v) for v in values]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"sweep.grid.{key}", f"a value is listed twice: {values}")
     title = sweep.get("title", path.stem)
-    return Sweep(base=base, methods=[m.strip() for m in methods], seeds=list(seeds),
-                 grid=grid, title=str(title), source=source)
+    return Sweep(base=base, methods=methods, seeds=seeds, grid=grid, title=str(title),
+                 source=source)  # Sweep.check: the methods, seeds and grid
 
 
 # ---------------------------------------------------------------------------- running
@@ -302,7 +356,88 @@ def _key(run: Run, out: Path) -> str:
 
 
 def _config_text(run: Run) -> str:
+    """The run's config as `config.toml` holds it: the text `bench.prepare_run` compares with
+    the stored one before a run ("config changed, run again")."""
     return dump_toml(run.config.to_dict())
+
+
+def config_changed(run: Run) -> bool:
+    """Whether the run's folder holds a run of another config: what makes `bench.prepare_run`
+    (and so `run_sweep`) start it again from the start. Its results are not this run's."""
+    from clusterfl.bench import stale_config
+
+    return stale_config(run.target, run.config)
+
+
+def _failed_before(run: Run, failed: dict[str, Any], out: Path) -> dict[str, Any] | None:
+    """The run's failure record in the sweep state, when it failed with its present config
+    (one of another config is dropped by `run_sweep`: the run is new)."""
+    before = failed.get(_key(run, out))
+    return before if before is not None and before.get("config") == _config_text(run) else None
+
+
+def run_states(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[str]:
+    """What `run_sweep` would do with each run, reading only: "done" (finished with this
+    config: skipped), "config changed" (its folder or failure is of another config: run again
+    from the start), "failed" (failed before: skipped unless `retry_failed`) or "to run"."""
+    from clusterfl.records import SUMMARY_FILE
+
+    out = _check_runs(runs, out)
+    failed = _state(out)["failed"] if (out / STATE_FILE).is_file() else {}
+    states = []
+    for run in runs:
+        if config_changed(run) or (_key(run, out) in failed
+                                   and _failed_before(run, failed, out) is None):
+            states.append("config changed")
+        elif (run.target / SUMMARY_FILE).is_file():
+            states.append("done")
+        elif _key(run, out) in failed:
+            states.append("failed")
+        else:
+            states.append("to run")
+    return states
+
+
+def _check_runs(runs: Any, out: Any) -> Path:
+    """`out` as a Path, after checking that `runs` are runs of `Sweep.plan(out)`."""
+    out = _folder(out, "out")
+    if isinstance(runs, str | bytes) or not isinstance(runs, Sequence) or not all(
+            isinstance(r, Run) for r in runs):
+        raise ConfigError("runs", f"expected the list of runs of Sweep.plan(out), got "
+                          f"{_got(runs)}")
+    seen: set[Path] = set()
+    for run in runs:
+        if not run.target.is_relative_to(out):
+            raise ConfigError("out", f"the runs were planned into another folder than {out} "
+                              f"({run.what} goes to {run.target}); give the folder given to "
+                              "Sweep.plan")
+        if run.target in seen:
+            raise ConfigError("runs", f"{run.what} is listed twice ({run.target})")
+        seen.add(run.target)
+    return out
+
+
+def _check_run_options(jobs: Any, ray: Any, cpus_per_run: Any, gpus_per_run: Any,
+                       threads: Any, flags: dict[str, Any], log: Any) -> None:
+    from clusterfl.jobs import check_resources
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    for name, value, ok, allowed in (
+            ("jobs", jobs, isinstance(jobs, int) and not isinstance(jobs, bool),
+             "an integer of at least 1"),
+            ("ray", ray, ray is None or isinstance(ray, str), "None or a Ray address (a str)"),
+            ("cpus_per_run", cpus_per_run, cpus_per_run is None or number(cpus_per_run),
+             "None or a positive number"),
+            ("gpus_per_run", gpus_per_run, number(gpus_per_run), "a number of 0 or more"),
+            ("threads", threads, threads is None or (isinstance(threads, int) and not isinstance(
+                threads, bool) and threads >= 1), "None or an integer of at least 1"),
+            ("log", log, callable(log), "a function of one str"),
+            *((k, v, isinstance(v, bool), "True or False") for k, v in flags.items())):
+        if not ok:
+            raise ConfigError(name, f"expected {allowed}, got {_got(value)}")
+    check_resources(jobs, cpus_per_run, gpus_per_run)
 
 
 class SweepError(ClusterFLError):
@@ -315,17 +450,21 @@ class SweepError(ClusterFLError):
 
 
 def run_sweep(
-    runs: Sequence[Run], out: Path, *, jobs: int = 1, ray: str | None = None,
+    runs: Sequence[Run], out: str | os.PathLike[str], *, jobs: int = 1, ray: str | None = None,
     cpus_per_run: float | None = None, gpus_per_run: float = 0, threads: int | None = None,
     retry_failed: bool = False, overwrite: bool = False, log: Callable[[str], None] = print,
     progress: bool | None = False,
 ) -> list[str]:
-    """Run what is missing of `runs` (module docstring); returns the failures ("what: error"),
-    those of this call and those kept from before (not retried)."""
+    """Run what is missing of `runs` (module docstring), the runs of `Sweep.plan(out)`, into
+    `out`; returns the failures ("what: error"), those of this call and those kept from before
+    (not retried)."""
     from clusterfl.bench import prepare_run
     from clusterfl.jobs import RunTask, execute
     from clusterfl.rundir import FolderLock, claim_run_dir, make_folder
 
+    out = _check_runs(runs, out)  # before any folder is touched
+    _check_run_options(jobs, ray, cpus_per_run, gpus_per_run, threads,
+                       {"retry_failed": retry_failed, "overwrite": overwrite}, log)
     make_folder(out)
     with FolderLock(out):
         state = _state(out)
@@ -378,11 +517,15 @@ METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", 
 `summary.json`, fairness variance in %², the rest in their own units."""
 
 
-def collect(runs: Sequence[Run], out: Path) -> list[dict[str, Any]]:
-    """One row per planned run: identity, swept values, status and final metrics."""
+def collect(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One row per planned run: identity, swept values, status and final metrics.
+
+    The status "stale": the run's folder (or its failure) is of another config than the
+    run's now (`config_changed`); its numbers are not this run's and are left out."""
     from clusterfl.bench import rounds_to_perfect
     from clusterfl.records import SUMMARY_FILE, read_history, read_summary
 
+    out = _check_runs(runs, out)
     failed = _state(out)["failed"] if (out / STATE_FILE).is_file() else {}
     rows = []
     for run in runs:
@@ -392,7 +535,10 @@ def collect(runs: Sequence[Run], out: Path) -> list[dict[str, Any]]:
                     "seed": run.seed})
         values: dict[str, Any] = dict.fromkeys(METRICS)
         status, error, rounds = "missing", None, None
-        if (run.target / SUMMARY_FILE).is_file():
+        if config_changed(run) and (run.target / SUMMARY_FILE).is_file():
+            status, error = "stale", ("ran with another config than the sweep's now (its "
+                                      "config.toml differs); running the sweep runs it again")
+        elif (run.target / SUMMARY_FILE).is_file():
             summary = read_summary(run.target)
             final = summary.final.to_json_dict()
             values.update({k: final.get(k) for k in METRICS if k in final})
@@ -401,6 +547,10 @@ def collect(runs: Sequence[Run], out: Path) -> list[dict[str, Any]]:
             status = "diverged" if summary.divergence else "done"
             if summary.divergence:
                 error = str(summary.divergence.get("reason", "diverged"))
+        elif _key(run, out) in failed and _failed_before(run, failed, out) is None:
+            status, error = "stale", (f"failed with another config than the sweep's now "
+                                      f"({failed[_key(run, out)]['error']}); running the "
+                                      "sweep runs it again")
         elif _key(run, out) in failed:
             status, error = "failed", failed[_key(run, out)]["error"]
         row.update({"status": status, "rounds": rounds, **values, "error": error,
@@ -414,9 +564,12 @@ def _cell_value(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, list | dict) else value
 
 
-def write_table(rows: list[dict[str, Any]], out: Path) -> tuple[Path, Path | None, str | None]:
+def write_table(rows: list[dict[str, Any]], out: str | os.PathLike[str]
+                ) -> tuple[Path, Path | None, str | None]:
     """`results.csv` (always) and `results.parquet` (needs pandas and pyarrow: the `sweep`
-    extra); returns both paths and, when Parquet could not be written, why."""
+    extra) in the folder `out`; returns both paths and, when Parquet could not be written,
+    why."""
+    out = _folder(out, "out")
     columns: list[str] = []
     for row in rows:
         columns.extend(k for k in row if k not in columns)

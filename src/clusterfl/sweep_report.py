@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from clusterfl.stats import Described, describe, holm, paired
-from clusterfl.sweep import Run, Sweep
+from clusterfl.sweep import Run, Sweep, config_changed
 
 # shown metrics: (row key, header, scale, digits)
 SHOWN = (("macro_f1", "macro-F1 (%)", 100.0, 1), ("ari", "ARI", 1.0, 2),
@@ -194,8 +194,8 @@ def plot_bands(runs: Sequence[Run], key: str, path: Path, title: str) -> Path:
 
     curves: dict[str, dict[str, dict[int, list[float]]]] = {}
     for run in runs:
-        if not (run.target / "history.jsonl").is_file():
-            continue
+        if not (run.target / "history.jsonl").is_file() or config_changed(run):
+            continue  # none yet, or of another config (stale)
         mine = curves.setdefault(run.label, {"metric": {}, "ari": {}})
         for rec in read_history(run.target):
             v = getattr(rec.metrics, key, None) if rec.metrics is not None else None
@@ -247,7 +247,7 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
     key, header, _, _, higher = primary(rows)
     seeds = sweep.seeds
     counts = {s: sum(r["status"] == s for r in rows)
-              for s in ("done", "diverged", "failed", "missing")}
+              for s in ("done", "diverged", "failed", "missing", "stale")}
     parts = [
         f"# Sweep: {sweep.title}\n",
         f"- command: `{command}`\n- written: {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
@@ -273,7 +273,7 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
         link = figure.relative_to(out).as_posix()
         section.append(f"![{title}]({link})\n")
         parts.append("\n".join(section))
-    bad = [r for r in rows if r["status"] in ("failed", "diverged", "missing")]
+    bad = [r for r in rows if r["status"] in ("failed", "diverged", "missing", "stale")]
     if bad:
         parts.append("## Runs that did not finish normally\n\n" + "\n".join(
             f"- `{r['path']}`: {r['status']}" + (f" — {r['error']}" if r["error"] else "")

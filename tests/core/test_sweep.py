@@ -342,3 +342,119 @@ def test_rounds_to_ari1_across_seeds_keeps_its_spread() -> None:
              "ari": 1.0, "rounds_to_ari1": r} for s, r in enumerate([3, 3, 2, 3])]
     line = cell_table(rows, None, [0, 1, 2, 3]).splitlines()[-1]
     assert "| 2.8 ± 0.5 (4/4) |" in line
+
+
+def test_plan_and_report_only_do_not_count_runs_whose_config_changed_as_done(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After the base config's lr changed (0.1 → 0.05), `--plan` said "2 done, 0 to run" and
+    `--report-only` tabulated the runs of lr 0.1 as "done" under the new config; a real run
+    says "config changed, run again" for them. Now both decide as the real run does."""
+    config = tmp_path / "base.toml"
+    config.write_text(dump_toml(TINY))
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"sweep": {"config": "base.toml", "methods": ["fedavg"],
+                                         "seeds": [0, 1]}}))
+    out = tmp_path / "o"
+    assert run_sweep(load_sweep(path).plan(out), out, log=lambda m: None) == []
+    assert main(["sweep", str(path), "--out", str(out), "--plan"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "2 runs in 1 cell(s): 2 done, 0 to run"
+
+    config.write_text(dump_toml({**TINY, "train": {**TINY["train"], "lr": 0.05}}))
+    assert main(["sweep", str(path), "--out", str(out), "--plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[:2]] == [["config", "changed"]] * 2
+    assert lines[-1] == ("2 runs in 1 cell(s): 0 done, 2 to run (2 of them again, as their "
+                         "config changed)")
+    assert main(["sweep", str(path), "--out", str(out), "--report-only"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"clusterfl: error: --report-only: {out} holds no finished run of this "
+                   "sweep as it is now (2 ran with another config: config changed); run it "
+                   "again (without --report-only) to redo them"]
+
+    runs, logs = load_sweep(path).plan(out), []  # the real run agrees: seed 0 runs again
+    run_sweep(runs[:1], out, log=logs.append)
+    assert any(m.endswith("seed 0: config changed, run again") for m in logs), logs
+    assert main(["sweep", str(path), "--out", str(out), "--report-only"]) == 0
+    captured = capsys.readouterr()
+    assert "1 of 2 runs are stale: they ran with another config than the sweep's now (e.g. " \
+        "fedavg/seed1)" in captured.err
+    with (out / "results.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [(r["status"], bool(r["accuracy"])) for r in table] == [("done", True),
+                                                                   ("stale", False)]
+    report = (out / "report.md").read_text()
+    assert "runs: 2 (1 done, 1 stale)" in report and "`fedavg/seed1`: stale — ran with" in report
+
+
+@pytest.mark.parametrize(("kwargs", "field", "words"), [
+    ({"seeds": 0}, "sweep.seeds", "non-empty list of integers in 0..2**63-1, got 0 (int)"),
+    ({"seeds": [0, 0]}, "sweep.seeds", "a seed is listed twice: [0, 0]"),
+    ({"seeds": [-1]}, "sweep.seeds", "integers in 0..2**63-1"),
+    ({"methods": "fedavg"}, "sweep.methods", "non-empty list of method specs"),
+    ({"methods": [" "]}, "sweep.methods", "non-empty list of method specs"),
+    ({"base": None}, "sweep.base", "a run config as a table (a dict), got None"),
+    ({"grid": {"train.lr": 0.1}}, "sweep.grid.train.lr", "non-empty list of values, got 0.1"),
+    ({"grid": {"train.lr": "0.1"}}, "sweep.grid.train.lr",
+     "non-empty list of values, got '0.1' (str)"),
+    ({"grid": {"seed": [1, 2]}}, "sweep.grid.seed", "the seeds go in sweep.seeds"),
+    ({"grid": {"train.lr": [0.1, 0.1]}}, "sweep.grid.train.lr", "listed twice"),
+    ({"grid": {"algorithm.name": ["ifca"]}}, "sweep.grid.algorithm.name", "sweep.methods"),
+    ({"grid": [0.1]}, "sweep.grid", "a table of key = [values]"),
+    ({"title": 3}, "sweep.title", "a string"),
+])
+def test_a_sweep_made_in_python_gets_the_checks_of_a_sweep_file(
+        kwargs: dict, field: str, words: str) -> None:
+    """`Sweep(...)` skipped load_sweep's checks: seeds [0, 0] gave two identical runs into one
+    folder, grid {"seed": [1, 2]} two cells that both ran seed 0, grid {"train.lr": "0.1"} a
+    cell per character, and seeds=0 or a scalar grid value a TypeError."""
+    from clusterfl.sweep import Sweep
+
+    with pytest.raises(ConfigError) as info:
+        Sweep(**{"base": dict(TINY), "methods": ["fedavg"], "seeds": [0], **kwargs})
+    assert info.value.field == field and words in info.value.message, info.value
+    assert "\n" not in str(info.value)
+    sweep = Sweep(base=dict(TINY), methods=["fedavg"], seeds=[0])  # checked again by plan
+    sweep.seeds = [0, 0]
+    with pytest.raises(ConfigError, match="listed twice"):
+        sweep.plan(Path("unused"))
+
+
+def test_the_python_api_refuses_wrong_argument_kinds_in_one_line(tmp_path: Path) -> None:
+    """load_sweep(dict or None), Sweep.plan(None), run_sweep(runs, jobs="2"),
+    run_sweep("runs", out) and run_sweep(runs, another folder) ended in TypeError,
+    AttributeError or ValueError ("not in the subpath"); a str folder is taken as a path."""
+    from clusterfl.sweep import Sweep
+
+    path = _sweep(tmp_path, [0.1])
+    for bad in ({"sweep": {"methods": ["fedavg"]}}, None):
+        with pytest.raises(ConfigError, match=r"^sweep: expected the path of a sweep file"):
+            load_sweep(bad)  # type: ignore[arg-type]
+    sweep = load_sweep(path)
+    with pytest.raises(ConfigError, match=r"^out: expected a folder \(a str or pathlib.Path\)"):
+        sweep.plan(None)  # type: ignore[arg-type]
+    out = tmp_path / "o"
+    runs = sweep.plan(str(out))
+    assert runs == sweep.plan(out) and runs[0].target.is_relative_to(out)
+    assert [r["status"] for r in collect(runs, str(out))] == ["missing"] * 4
+    assert isinstance(Sweep(base={}, methods=("fedavg",), seeds=(0,)).seeds, list)
+    quiet = {"log": lambda m: None}
+    for call, words in (
+            (lambda: run_sweep(runs, out, jobs="2", **quiet),  # type: ignore[arg-type]
+             "^jobs: expected an integer of at least 1, got '2' \\(str\\)"),
+            (lambda: run_sweep(runs, out, jobs=True, **quiet), "^jobs: expected an integer"),
+            (lambda: run_sweep(runs, out, retry_failed="yes", **quiet),  # type: ignore[arg-type]
+             "^retry_failed: expected True or False"),
+            (lambda: run_sweep(runs, out, log=None),  # type: ignore[arg-type]
+             "^log: expected a function"),
+            (lambda: run_sweep("runs", out, **quiet),  # type: ignore[arg-type]
+             "^runs: expected the list of runs of Sweep.plan\\(out\\), got 'runs' \\(str\\)"),
+            (lambda: run_sweep([*runs, runs[0]], out, **quiet), "^runs: .* is listed twice"),
+            (lambda: run_sweep(runs, tmp_path / "other", **quiet),
+             "^out: the runs were planned into another folder than"),
+            (lambda: collect(runs, tmp_path / "other"), "^out: the runs were planned"),
+            (lambda: run_sweep(runs, None, **quiet),  # type: ignore[arg-type]
+             "^out: expected a folder")):
+        with pytest.raises(ConfigError, match=words) as info:
+            call()
+        assert "\n" not in str(info.value)
+    assert not out.exists() and not (tmp_path / "other").exists()
