@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,12 @@ def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Conf
     out: list[tuple[str, Config]] = []
     seen: dict[str, str] = {}
     for spec in specs:
-        cfg = config.with_algorithm(merged_spec(config, parse_algorithm_spec(spec)))
+        try:
+            cfg = config.with_algorithm(merged_spec(config, parse_algorithm_spec(spec)))
+        except ConfigError as exc:  # say which of the methods it is
+            if not exc.field.startswith("algorithm.") or f"(spec {spec!r})" in exc.message:
+                raise
+            raise ConfigError(exc.field, f"{exc.message} (spec {spec!r})") from None
         folder = run_folder_name(cfg.algorithm)
         if folder in seen:
             raise ConfigError("--algorithms", f"{seen[folder]!r} and {spec!r} are the same "
@@ -103,6 +109,26 @@ def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Conf
         seen[folder] = spec
         out.append((folder, cfg))
     return out
+
+
+def _check_arguments(config: Any, specs: Any, out_dir: Any, progress: Any, overwrite: Any,
+                     resume: Any) -> None:
+    """`run_comparison`'s arguments are of the kinds it takes (a truthy text for `overwrite`
+    would delete the earlier comparison), or one line naming the argument."""
+    if not isinstance(config, Config):
+        raise ConfigError("config", f"got {type(config).__name__}: give a Config "
+                          "(clusterfl.config.load_config(a dict), or of "
+                          "clusterfl.config.read_toml(path))")
+    if isinstance(specs, str) or not isinstance(specs, list | tuple) or not all(
+            isinstance(s, str) for s in specs):
+        raise ConfigError("specs", f"{specs!r}: give a list of method specs, e.g. "
+                          "['fedavg', 'ifca:n_clusters=4'] (one spec a method)")
+    if not isinstance(out_dir, str | os.PathLike):
+        raise ConfigError("out_dir", f"got {type(out_dir).__name__}: give the comparison's "
+                          "folder (str or Path)")
+    for name, value in (("overwrite", overwrite), ("resume", resume), ("progress", progress)):
+        if not isinstance(value, bool) and not (name == "progress" and value is None):
+            raise ConfigError(name, f"{value!r}: give True or False")
 
 
 def run_comparison(
@@ -120,6 +146,7 @@ def run_comparison(
     one's own built in Python (`Federation.from_clients`) instead of the config's `[data]`.
     `resume` continues an interrupted comparison in `out_dir` (`resume_run`).
     """
+    _check_arguments(config, specs, out_dir, progress, overwrite, resume)
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
     from clusterfl.report import write_comparison_report

@@ -153,6 +153,7 @@ class Experiment:
         self.factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
         #: what the method, its sampling and the backend will not do as their settings ask
         #: (said when the run starts)
+        self.algorithm.fits(fed.n_clients, config.run.rounds)  # before any method runs
         self.method_warnings = [
             *self.algorithm.check(tuple(fed.input_shape), fed.n_clients, config.run.rounds),
             *config.backend.ignored_settings(),

@@ -20,6 +20,7 @@ a module that cannot be imported (or raises while importing), a missing attribut
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -88,6 +89,7 @@ def resolve(kind: str, name: object, builtins: Iterable[str], field: str) -> Any
     """
     known = sorted(builtins)
     if isinstance(name, str) and name in known:
+        _warn_shadowed(kind, name, field)
         return None
     if is_import_path(name):
         return load_object(str(name), field)
@@ -103,6 +105,27 @@ def resolve(kind: str, name: object, builtins: Iterable[str], field: str) -> Any
     names = sorted({*known, *found})
     raise ConfigError(field, f"unknown value {name!r}{_near(name, names)}; allowed: "
                       f"{', '.join(names)}, {IMPORT_HINT}")
+
+
+@functools.cache
+def _shadowing(kind: str) -> dict[str, str]:
+    """Entry points of `kind` named like a built-in (name → their target), read once."""
+    return {ep.name: ep.value for ep in entry_points(group=KINDS[kind])}
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_shadowed(kind: str, name: str, field: str) -> None:
+    """Say once per process that the built-in `name` hides an installed package's entry point
+    of the same name (the built-in wins: a config means the same everywhere)."""
+    target = _shadowing(kind).get(name)
+    if target is None or (kind, name) in _WARNED:
+        return
+    _WARNED.add((kind, name))
+    print(f"clusterfl: warning: {field}: {name!r} is the built-in; the entry point {name!r} "
+          f"of an installed package ({target}, group {KINDS[kind]}) is not used: name it "
+          f"by its import path {target!r} to use it", file=sys.stderr, flush=True)
 
 
 def _near(name: object, names: list[str]) -> str:

@@ -164,7 +164,7 @@ class Recorder:
         return (f"the models did not learn: the final mean test loss {loss:.4f} (round "
                 f"{last.round}) is not {STALLED:.0%} below ln {fed.n_classes} = {scale:.4f}, "
                 f"the loss of a uniform guess over the {fed.n_classes} {what}; check "
-                "train.lr, the local work (train.epochs or train.steps) and run.rounds")
+                "train.lr, the local work (train.epochs or train.steps) and rounds")
 
     # ------------------------------------------------------------------ records
     def eval_sample(self, t: int) -> np.ndarray | None:

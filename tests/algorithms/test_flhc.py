@@ -197,13 +197,13 @@ def test_config_errors_name_the_field():
 
 def test_warmup_rounds_at_least_the_runs_rounds_never_clusters_is_a_config_error():
     """Issue 35: 10 warm-up rounds in a run of ≤ 10 rounds never clustered (FedAvg under FL+HC's
-    name); refused in one line naming the field. One round fewer clusters in the last."""
+    name); refused in one line naming the field, when the run is built (before any method
+    of a comparison runs). One round fewer clusters in the last."""
     base = {**BASE, "scenario": {"name": "rotation", "n_clients": 4, "angles": [0, 180]}}
     for rounds, warmup in ((3, 3), (3, 5)):
-        exp = Experiment.from_config({**base, "rounds": rounds,
-                                      "algorithm": {"name": "flhc", "warmup_rounds": warmup}})
         with pytest.raises(ConfigError) as err:
-            exp.run(progress=False)
+            Experiment.from_config({**base, "rounds": rounds,
+                                    "algorithm": {"name": "flhc", "warmup_rounds": warmup}})
         assert err.value.field == "algorithm.warmup_rounds"
         assert f"allowed: 0..{rounds - 1}" in str(err.value) and "\n" not in str(err.value)
     hist = Experiment.from_config({**base, "rounds": 3, "algorithm": {

@@ -297,7 +297,8 @@ def test_cfl_sampling_enough_clients_gives_no_warning(algorithm):
 @pytest.mark.parametrize("name", ["fedavg", "ifca", "flhc"])
 def test_per_round_above_the_federation_is_a_warning(name):
     """`per_round = 50` with 20 clients ran with every client, without a word."""
-    algorithm = {"name": name, "per_round": 50, **({"n_clusters": 2} if name == "ifca" else {})}
+    algorithm = {"name": name, "per_round": 50, **({"n_clusters": 2} if name == "ifca" else {}),
+                 **({"warmup_rounds": 1} if name == "flhc" else {})}  # a run of 2 rounds
     exp = Experiment(load_config(tiny_config(n_clients=20, algorithm=algorithm)))
     assert exp.method_warnings == ["algorithm.per_round = 50 is more than the 20 clients that "
                                    "train: every client is asked every round (as with 20)"]

@@ -285,3 +285,65 @@ def test_an_option_of_a_scenario_without_options_says_it_takes_none() -> None:
         load_config({"data": {"source": "npz", "path": "p"},
                      "scenario": {"name": "given", "holdout": 0.25}})
     assert str(err.value) == "scenario.holdout: unknown field; this choice takes no options"
+
+
+# ------------------------------------------------------------------ comparisons from Python
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"overwrite": "no"}, "overwrite"),  # was truthy: the earlier comparison deleted
+    ({"resume": "yes"}, "resume"),
+    ({"config": DIGITS}, "config"),  # a dict where a Config belongs
+    ({"specs": "fedavg,ifca:n_clusters=2"}, "specs"),  # was read letter by letter
+    ({"specs": [None]}, "specs"),
+    ({"out_dir": 5}, "out_dir"),
+])
+def test_run_comparison_arguments_of_the_wrong_kind_are_one_line(
+        tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
+    from clusterfl.compare import run_comparison
+
+    args: dict[str, Any] = {"config": load_config(DIGITS), "specs": ["fedavg"],
+                            "out_dir": tmp_path / "c", "progress": False, **kwargs}
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError) as err:
+        run_comparison(**args)
+    assert err.value.field == field
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["keep.txt"]
+
+
+def test_every_method_of_a_comparison_is_checked_before_the_first_runs(tmp_path: Path) -> None:
+    """Before: FedAvg ran to the end and wrote its folder, then IFCA's K = 9 (or FL+HC's
+    warm-up) failed: a half-written comparison."""
+    from clusterfl.compare import run_comparison
+
+    config = load_config(DIGITS)
+    for spec, says in (("ifca:n_clusters=9", "K = 9 cluster models need at least 9"),
+                       ("flhc", "warm-up rounds leave no round"),
+                       ("fedsoft:n_clusters=9", "K = 9"), ("fesem:n_clusters=9", "K = 9"),
+                       ("fedem:n_components=20", "algorithm.n_components")):
+        out = tmp_path / spec.replace(":", "_")
+        with pytest.raises(ConfigError, match=says):
+            run_comparison(config, ["fedavg", spec], out, progress=False)
+        assert not (out / "fedavg" / "summary.json").exists(), spec
+
+
+def test_ifca_whose_warm_up_leaves_no_round_to_cluster_is_refused_as_fl_hc_is() -> None:
+    """Before: `IFCA (K=2, warmup_rounds=5)` ran 2 rounds of FedAvg, 0 clusters, no word."""
+    config = {**DIGITS, "algorithm": {"name": "ifca", "n_clusters": 2, "warmup_rounds": 5}}
+    with pytest.raises(ConfigError, match=r"algorithm\.warmup_rounds: 5 warm-up rounds leave "
+                       r"no round to cluster in a run of 2 rounds \(it would be FedAvg\); "
+                       r"allowed: 0\.\.1"):
+        Experiment.from_config(config)
+
+
+def test_a_misspelt_option_of_one_method_of_a_comparison_names_its_spec() -> None:
+    from clusterfl.compare import comparison_configs
+
+    with pytest.raises(ConfigError) as err:
+        comparison_configs(load_config(DIGITS), ["fedavg", "fedem:n_clusters=2"])
+    assert str(err.value).endswith("(spec 'fedem:n_clusters=2')")
+    assert err.value.field == "algorithm.n_clusters"
+
+
+def test_synthetic_regression_under_the_default_scenario_names_its_scenario() -> None:
+    with pytest.raises(ConfigError, match="its scenario is 'linear_regression'"):
+        Experiment.from_config({"rounds": 2, "data": {"source": "synthetic_regression"}})

@@ -236,6 +236,18 @@ def test_emnist_gz_files_letters_and_balanced(tmp_path: Path) -> None:
               "clusterfl data download emnist")
 
 
+def test_emnist_files_of_another_split_name_that_split(tmp_path: Path) -> None:
+    """Before: `neither gzip.zip nor the files ... of split 'balanced' found` and where to
+    fetch them, though the byclass files were there."""
+    from tests.paper_files import write_emnist
+
+    write_emnist(tmp_path, "byclass", per_class=1, test_per_class=1)
+    with pytest.raises(DataError) as err:
+        load_source("emnist", tmp_path)
+    _one_line(err, "of split 'balanced' found", "(it holds the files of split 'byclass': set "
+              "data.split = 'byclass' to use them)")
+
+
 def test_emnist_zip_as_nist_distributes_it(tmp_path: Path) -> None:
     folder = tmp_path / "emnist"
     folder.mkdir()

@@ -176,3 +176,24 @@ def test_summary_and_report_name_the_custom_method(own_module, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["label"] == "Damped" and summary["algorithm"] == "ownstuff:Damped"
     assert "# Damped" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_an_entry_point_named_like_a_built_in_is_said_to_be_shadowed(own_module, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Before: the built-in IFCA ran and the package's `ifca` entry point was ignored without
+    a word. The built-in still wins (a config means the same everywhere), said once."""
+    from clusterfl import plugins
+
+    site = _dist(tmp_path, {"clusterfl.algorithms": {"ifca": "ownstuff:Damped"}})
+    monkeypatch.syspath_prepend(str(site))
+    plugins._shadowing.cache_clear()
+    monkeypatch.setattr(plugins, "_WARNED", set())
+    try:
+        for _ in range(2):
+            assert load_config({"algorithm": {"name": "ifca"}}).algorithm.name == "ifca"
+        err = capsys.readouterr().err
+        assert err.count("clusterfl: warning: algorithm.name: 'ifca' is the built-in; the "
+                         "entry point 'ifca' of an installed package (ownstuff:Damped, group "
+                         "clusterfl.algorithms) is not used") == 1
+    finally:
+        plugins._shadowing.cache_clear()

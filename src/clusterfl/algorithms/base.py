@@ -196,6 +196,12 @@ class Algorithm(ABC, Generic[C, S]):
     def __init__(self, config: C) -> None:
         self.config = config
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        """Raise a ConfigError for settings this federation and budget cannot run (K models
+        for fewer clients, a warm-up that leaves no round to cluster): called by `Experiment`
+        for every method of a comparison before the first one runs, and by `setup`. Nothing
+        by default."""
+
     def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
         """The settings against the run before any round (`Experiment`, so every method of
         a comparison before the first runs): a ConfigError for what cannot run (FLT: an

@@ -219,10 +219,13 @@ class IFCACAM(Algorithm[IFCACAMConfig, IFCACAMState]):
     State = IFCACAMState
     device_update = True  # Eq. 6 / the members' means and Eq. 9 where the replies are
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_k_fits(self.config.n_clusters, n_clients)
+        check_warmup_leaves_rounds(self.config.warmup_rounds, rounds, "FedAvg on Θ_g")
+
     def setup(self, ctx: Context) -> None:
         k = self.config.n_clusters
-        check_k_fits(k, ctx.n_clients)
-        check_warmup_leaves_rounds(self.config.warmup_rounds, ctx.rounds, "FedAvg on Θ_g")
+        self.fits(ctx.n_clients, ctx.rounds)
         self.state = IFCACAMState(ctx.factory.init(ctx.seed),
                                   ctx.factory.init_many(k, ctx.seed + 1),
                                   np.full(ctx.n_clients, -1, dtype=np.int64))

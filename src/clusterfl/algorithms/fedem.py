@@ -114,9 +114,12 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
     State = FedEMState
     device_update = True  # the components' weighted means where the backend left the models
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_k_fits(self.config.n_components, n_clients, "algorithm.n_components")
+
     def setup(self, ctx: Context) -> None:
         m = self.config.n_components
-        check_k_fits(m, ctx.n_clients, "algorithm.n_components")
+        self.fits(ctx.n_clients, ctx.rounds)
         # regression: the mixture's mean output (the prediction minimising the squared error)
         self.combine: Combine = ("mean_outputs" if ctx.backend.federation.task == "regression"
                                  else "mean_probs")

@@ -159,9 +159,12 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
     State = FedSoftState
     device_update = True  # the cluster models where the backend left the personal models
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_k_fits(self.config.n_clusters, n_clients)
+
     def setup(self, ctx: Context) -> None:
         s = self.config.n_clusters
-        check_k_fits(s, ctx.n_clients)
+        self.fits(ctx.n_clients, ctx.rounds)
         shared = ctx.factory.init(ctx.seed + s)
         self.state = FedSoftState(
             ctx.factory.init_many(s, ctx.seed), ClientModels.start(shared, ctx.n_clients),

@@ -337,10 +337,13 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
     #: host tables (`local`, `first`) receive only the rows of the clients that answered
     device_update = True
 
-    def setup(self, ctx: Context) -> None:
-        check_k_fits(self.config.n_clusters, ctx.n_clients)
-        check_warmup_leaves_rounds(self.config.warmup_rounds, ctx.rounds, "local training only",
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_k_fits(self.config.n_clusters, n_clients)
+        check_warmup_leaves_rounds(self.config.warmup_rounds, rounds, "local training only",
                                    clusters_in_last=True)
+
+    def setup(self, ctx: Context) -> None:
+        self.fits(ctx.n_clients, ctx.rounds)
         self.state = FeSEMState(ctx.factory.init(ctx.seed),
                                 np.full(ctx.n_clients, -1, dtype=np.int64), None, None)
         self.index = layer_index(ctx.factory, self.config.kmeans_layers)

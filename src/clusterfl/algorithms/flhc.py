@@ -290,10 +290,13 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
     State = FLHCState
     device_update = True  # per-cluster means on the device; the one clustering on the host
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_warmup_leaves_rounds(self.config.warmup_rounds, rounds, "FedAvg")
+        check_k_fits(self.config.n_clusters or 1, n_clients)
+
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients
-        check_warmup_leaves_rounds(cfg.warmup_rounds, ctx.rounds, "FedAvg")
-        check_k_fits(cfg.n_clusters or 1, n)
+        self.fits(n, ctx.rounds)
         self.state = FLHCState(models=ctx.factory.init(ctx.seed)[None].clone(),
                                labels=np.full(n, -1, dtype=np.int64))
         if cfg.cluster_clients == "all":

@@ -74,6 +74,7 @@ from clusterfl.algorithms.common import (
     SampledConfig,
     answered,
     check_k_fits,
+    check_warmup_leaves_rounds,
 )
 from clusterfl.clustering.aggregate import (
     average_members,
@@ -148,9 +149,13 @@ class IFCA(Algorithm[IFCAConfig, IFCAState]):
     State = IFCAState
     device_update = True  # per-cluster means where the backend left the models
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_k_fits(self.config.n_clusters, n_clients)
+        check_warmup_leaves_rounds(self.config.warmup_rounds, rounds, "FedAvg")
+
     def setup(self, ctx: Context) -> None:
         cfg = self.config
-        check_k_fits(cfg.n_clusters, ctx.n_clients)
+        self.fits(ctx.n_clients, ctx.rounds)
         warm = ctx.factory.init(ctx.seed) if cfg.warmup_rounds > 0 else None
         # with a warm-up, the warm model is none of the K (module docstring: no cluster favoured)
         models = ctx.factory.init_many(cfg.n_clusters, ctx.seed + (warm is not None))

@@ -232,6 +232,9 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
     State = PACFLState
     device_update = True  # per-cluster means on the device (the subspaces come on the CPU)
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        check_k_fits(self.config.n_clusters or 1, n_clients)
+
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients
         self.input_dim = int(np.prod(ctx.factory.input_shape))
@@ -242,7 +245,7 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
         if cfg.per_label and self.n_labels < 2:
             raise ConfigError("algorithm.per_label", "a per-label SVD needs a classification "
                               "task (labels); allowed here: false")
-        check_k_fits(cfg.n_clusters or 1, n)
+        self.fits(n, ctx.rounds)
         self.state = PACFLState(ctx.factory.init(ctx.seed)[None].clone(),
                                 np.full(n, -1, dtype=np.int64), 0)
 

@@ -693,8 +693,12 @@ def check_source(spec: ScenarioSpec, source: Source) -> None:
                                         f"source 'synthetic_regression', not {source.name!r}")
         return
     if source.task != "classification":
+        hint = ("; its scenario is 'linear_regression' (scenario.name)"
+                if source.name == "synthetic_regression" else
+                "; a label column of floats reads as a regression target: make it integer "
+                "class ids" if source.name.startswith("hf:") else "")
         raise ConfigError("source", f"scenario {spec.name!r} needs a classification dataset "
-                                    f"({', '.join(IMAGE_SOURCES)}), not {source.name!r}")
+                                    f"({', '.join(IMAGE_SOURCES)}), not {source.name!r}{hint}")
     if spec.needs == "images" and source.x_train.ndim != 4:
         raise ConfigError("source", f"scenario {spec.name!r} rotates images [N, C, H, W]; "
                                     f"{source.name!r} has inputs {source.input_shape}")

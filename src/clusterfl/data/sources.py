@@ -584,8 +584,12 @@ def _load_emnist(root: Path, origin: str, verify: bool, split: str) -> Source:
     loose = [p for p in paths if p.is_file()]
     if loose or not archive.is_file():  # the files of the split, else NIST's archive
         if not loose:
+            there = [s for s in EMNIST_SPLITS if s != split and all(
+                (folder / f).is_file() for f in emnist_files(s).values())]
+            other = (f" (it holds the files of split {', '.join(map(repr, there))}: set "
+                     f"data.split = {there[0]!r} to use them)" if there else "")
             raise DataError(f"emnist: neither {archive} nor the files {paths[0].name} ... of "
-                            f"split {split!r} found in {folder}; "
+                            f"split {split!r} found in {folder}{other}; "
                             f"{where_to_put('emnist', root, origin)}.")
         for path in paths:
             if not path.is_file():

@@ -221,7 +221,7 @@ def refusal_series(records: list[RoundRecord]) -> dict[int, tuple[list[int], lis
 
 
 SHORT = {Refusal.NOT_NESTED: "less apart than when formed",
-         Refusal.NOT_SIGNIFICANT: "root: not beyond shuffles",
+         Refusal.NOT_SIGNIFICANT: "not beyond shuffles",
          Refusal.FEW_FOR_SIDES: "< 2 × min_side answered",
          Refusal.SMALL_CLUSTER: "< min_split_size",
          Refusal.FEW_ANSWERED: "< 2 answered",
@@ -266,7 +266,7 @@ def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, fl
             any(np.isfinite(y).any() for _, y in pvals.values()):
         ax_r.axhline(consts["significance"], color="k", lw=0.9, ls=":",
                      label=f"significance = {consts['significance']:.3g}")
-    ax_r.set_ylabel("‖Δθ_c‖ / mean ‖Δθ_i‖\n(x: root's p-value)")
+    ax_r.set_ylabel("‖Δθ_c‖ / mean ‖Δθ_i‖\n(x: shuffle p-value)")
     ax_r.set_title("CFL split test per cluster (dotted lines: splits)")
     for node, (x, y) in within.items():
         ax_c.plot(x, y, color=colors.get(node, "k"), lw=1.3, label=f"within (min) node {node}")
