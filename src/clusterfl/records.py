@@ -410,9 +410,26 @@ def _require_file(run_dir: str | Path, name: str) -> Path:
         raise RunDirError(f"{run_dir}: not a directory (expected a run directory)")
     path = run_dir / name
     if not path.is_file():
+        if name == SUMMARY_FILE and (run_dir / HISTORY_FILE).is_file():  # begun, not ended
+            last = _last_round(run_dir / HISTORY_FILE)
+            raise RunDirError(f"{run_dir} is a run that has not finished (no {name}; its "
+                              f"history ends at round {last}): it is still running, or was "
+                              "stopped (with checkpoints, `clusterfl run CONFIG --out "
+                              f"{run_dir} --resume` continues it)")
         raise RunDirError(f"{run_dir} is not a run directory: missing {name} ({path})"
                           f"{_runs_below(run_dir)}")
     return path
+
+
+def _last_round(history: Path) -> str:
+    """The last round a history file records ('none' when it holds no round yet)."""
+    last = "none"
+    for line in history.read_text(errors="replace").splitlines():
+        try:
+            last = str(json.loads(line)["round"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return last
 
 
 def _runs_below(folder: Path) -> str:

@@ -193,12 +193,13 @@ def test_report_warns_when_the_runs_federations_differ(tmp_path: Path, capsys) -
     assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep")]) == 0
     err = capsys.readouterr().err
     assert err.startswith("clusterfl: warning: the runs' federations differ")
-    assert "n_clients = 4 for FedAvg; 6 for FedAvg" in err
-    assert "seed = 0 for FedAvg; 1 for FedAvg" in err
+    # two runs named alike are told apart by their folders, on the console and in the report
+    assert "n_clients = 4 for FedAvg [a]; 6 for FedAvg [b]" in err
+    assert "seed = 0 for FedAvg [a]; 1 for FedAvg [b]" in err
     text = (tmp_path / "rep" / "report.md").read_text()
     head = text.split("## Results", 1)[0]
     assert "> **Warning:** the runs' federations differ" in head
-    assert "scenario.n_clients = 4 for FedAvg; 6 for FedAvg" in head
+    assert "scenario.n_clients = 4 for FedAvg [a]; 6 for FedAvg [b]" in head
     assert "4 clients, seed 0" in text and "6 clients, seed 1" in text
 
 

@@ -339,3 +339,17 @@ def test_folder_named_json_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         load_source("femnist", tmp_path)
     _one_line(err, "cannot read", "broken.json")
+
+
+def test_labels_written_as_text_or_booleans_are_refused_not_converted(tmp_path: Path) -> None:
+    """Before: `"y": ["3", ...]` read as 3 and `true` as 1, without a word."""
+    folder = write_leaf(tmp_path)
+    bad = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    for odd, shown in (("3", '"3"'), (True, "true")):
+        blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+        entry = blob["user_data"]["f0000_14"]  # type: ignore[index]
+        entry["y"] = [odd, *entry["y"][1:]]
+        bad.write_text(json.dumps(blob))
+        with pytest.raises(DataError) as err:
+            load_source("femnist", tmp_path)
+        _one_line(err, str(bad), f"user 'f0000_14': y holds {shown}; LEAF's labels are integers")

@@ -241,8 +241,8 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(ClusterFLError, match=r"missing history\.jsonl"):
         write_run_report(tmp_path)
     (tmp_path / "summary.json").unlink()
-    (tmp_path / "history.jsonl").write_text(_line(1) + "\n")
-    with pytest.raises(ClusterFLError, match=r"missing summary\.json"):
+    (tmp_path / "history.jsonl").write_text(_line(1) + "\n")  # begun, not finished
+    with pytest.raises(ClusterFLError, match=r"has not finished \(no summary\.json"):
         write_run_report(tmp_path)
 
 
@@ -422,3 +422,30 @@ def test_write_comparison_report(runs: list[Path], tmp_path: Path) -> None:
     # one federation: no warning; each run's federation and folder in the runs table
     assert "Warning" not in text
     assert "| `synthetic_rotated`, 12 clients | `fedavg` |" in runs
+
+
+def test_runs_of_one_label_are_told_apart_by_their_folders(tmp_path: Path) -> None:
+    """Before: `report sweep/*/*/seed*` gave four rows all named "FedAvg", and warnings that
+    could not be told apart."""
+    dirs = [make_run(tmp_path / cell / "fedavg" / seed, "fedavg", "FedAvg")
+            for cell in ("lr_0.1", "lr_0.05") for seed in ("seed0", "seed1")]
+    text = write_comparison_report(dirs, tmp_path / "cmp").read_text()
+    for cell in ("lr_0.1", "lr_0.05"):
+        for seed in ("seed0", "seed1"):
+            assert f"| FedAvg [{cell}/fedavg/{seed}] |" in text
+    other = make_run(tmp_path / "x" / "ifca", "ifca", "IFCA")
+    text = write_comparison_report([dirs[0], other], tmp_path / "cmp2").read_text()
+    assert "| FedAvg |" in text and "FedAvg [" not in text  # distinct labels stay as they are
+
+
+def test_a_run_that_has_not_finished_is_named_so_not_a_missing_file(tmp_path: Path) -> None:
+    """Before: `RUN is not a run directory: missing summary.json` for a stopped or running
+    run (its history and checkpoint there)."""
+    from clusterfl.records import RunDirError
+
+    run = make_run(tmp_path / "live", "fedavg", "FedAvg")
+    (run / "summary.json").unlink()
+    with pytest.raises(RunDirError) as err:
+        read_summary(run)
+    assert f"{run} is a run that has not finished (no summary.json; its history ends at " \
+        f"round {ROUNDS})" in str(err.value) and "--resume" in str(err.value)

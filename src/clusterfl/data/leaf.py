@@ -148,9 +148,15 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
         entry = data.get(user)
         if not isinstance(entry, dict) or "x" not in entry or "y" not in entry:
             raise _bad(path, f"user_data has no x and y for user {user!r}")
+        labels = entry["y"]
+        odd = next((v for v in labels if isinstance(v, str | bool)), None) \
+            if isinstance(labels, list) else None
+        if odd is not None:  # numpy would read "3" as 3 and true as 1
+            raise _bad(path, f"user {user!r}: y holds {json.dumps(odd)}; LEAF's labels are "
+                             f"integers 0..{FEMNIST_CLASSES - 1}")
         try:
             x = np.asarray(entry["x"], dtype=np.float32)
-            y = np.asarray(entry["y"], dtype=np.float64)
+            y = np.asarray(labels, dtype=np.float64)
         except (TypeError, ValueError):
             raise _bad(path, f"user {user!r}: x or y holds something other than numbers "
                              f"(rows of {LEAF_PIXELS} pixels, integer labels)") from None

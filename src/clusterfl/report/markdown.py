@@ -341,6 +341,21 @@ def _method_caption(name: str) -> str:
     return ""
 
 
+def distinct_labels(labels: Sequence[str], run_dirs: Sequence[str | Path]) -> list[str] | None:
+    """`labels` with each repeated one followed by where its run lies (its folder under the
+    runs' common folder), so that rows, legends and warnings tell them apart (the runs of one
+    method in a sweep's cells and seeds); None when no label repeats."""
+    if len(set(labels)) == len(labels):
+        return None
+    paths = [Path(d).resolve() for d in run_dirs]
+    common = Path(os.path.commonpath(paths)) if len(paths) > 1 else paths[0].parent
+    out = []
+    for label, path in zip(labels, paths, strict=True):
+        where = path.relative_to(common).as_posix() if path != common else path.name
+        out.append(f"{label} [{where}]" if labels.count(label) > 1 else label)
+    return out
+
+
 def write_comparison_report(
     run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None,
     runs_root: str | Path | None = None,
@@ -358,6 +373,9 @@ def write_comparison_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [read_summary(d) for d in run_dirs]
+    if labels is None:
+        labels = distinct_labels([run_label(s, d) for s, d in zip(summaries, run_dirs,
+                                                                  strict=True)], run_dirs)
     if labels is not None:
         summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
     figures = plot_comparison(run_dirs, out_dir, labels)
@@ -464,7 +482,12 @@ def comparison_warnings(run_dirs: Sequence[str | Path]) -> list[str]:
     (federation, clients, seed, `[data]`, `[scenario]`), different training budgets
     (rounds, `[model]`, `[train]`); [] when the runs are comparable."""
     dirs = [Path(d) for d in run_dirs]
-    return _differences(dirs, [read_summary(d) for d in dirs])
+    summaries = [read_summary(d) for d in dirs]
+    labels = distinct_labels([run_label(s, d) for s, d in zip(summaries, dirs, strict=True)],
+                             dirs)  # the names the report gives them
+    if labels is not None:
+        summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
+    return _differences(dirs, summaries)
 
 
 def _options(run_dir: Path) -> str:
