@@ -159,6 +159,8 @@ def own_code_error(exc: BaseException, objects: dict[str, Any], when: str) -> Ow
     import inspect
     import traceback
 
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return None  # the command's own out-of-memory line says what to change
     files: dict[str, str] = {}
     for field, obj in objects.items():
         try:

@@ -347,3 +347,23 @@ def test_a_misspelt_option_of_one_method_of_a_comparison_names_its_spec() -> Non
 def test_synthetic_regression_under_the_default_scenario_names_its_scenario() -> None:
     with pytest.raises(ConfigError, match="its scenario is 'linear_regression'"):
         Experiment.from_config({"rounds": 2, "data": {"source": "synthetic_regression"}})
+
+
+class OutOfMemoryModel(nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], n_outputs: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(int(np.prod(input_shape)), n_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 2:
+            raise MemoryError("pretend the batch does not fit")
+        return self.lin(x.flatten(1))
+
+
+def test_running_out_of_memory_in_a_model_of_ones_own_stays_an_out_of_memory_error() -> None:
+    """The command's out-of-memory line (what to make smaller) is kept, not replaced by the
+    own-code line."""
+    config = {**DIGITS, "model": {"name": f"{HERE}:OutOfMemoryModel"},
+              "backend": {"name": "sequential"}}
+    with pytest.raises(MemoryError):
+        Experiment.from_config(config).run()
