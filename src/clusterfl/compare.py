@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config
+from clusterfl.config_util import check_flag
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
-from clusterfl.experiment import Experiment, History, build_federation
+from clusterfl.experiment import PROGRESS_NONE, Experiment, History, build_federation
 from clusterfl.rundir import LOCK_FILE, RunDir
 
 
@@ -126,9 +127,9 @@ def _check_arguments(config: Any, specs: Any, out_dir: Any, progress: Any, overw
     if not isinstance(out_dir, str | os.PathLike):
         raise ConfigError("out_dir", f"got {type(out_dir).__name__}: give the comparison's "
                           "folder (str or Path)")
-    for name, value in (("overwrite", overwrite), ("resume", resume), ("progress", progress)):
-        if not isinstance(value, bool) and not (name == "progress" and value is None):
-            raise ConfigError(name, f"{value!r}: give True or False")
+    check_flag("overwrite", overwrite)
+    check_flag("resume", resume)
+    check_flag("progress", progress, none=PROGRESS_NONE)
 
 
 def run_comparison(

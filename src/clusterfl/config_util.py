@@ -140,6 +140,29 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
+def is_whole(value: Any) -> bool:
+    """An integer (Python's or numpy's), not a bool (which Python counts as one)."""
+    import numpy as np
+
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or float (Python's or numpy's), not a bool."""
+    import numpy as np
+
+    return isinstance(value, int | float | np.integer | np.floating) and \
+        not isinstance(value, bool)
+
+
+def check_flag(name: str, value: Any, none: str = "") -> None:
+    """`value` is True or False (or None, when `none` says what None means): a truthy text
+    such as "no" would otherwise act as True. One line naming the argument otherwise."""
+    if not isinstance(value, bool) and not (none and value is None):
+        raise ConfigError(name, f"{value!r}: give True or False"
+                          + (f" (or None: {none})" if none else ""))
+
+
 def client_ids(values: Any, n: int, field: str, among: str = "the federation's") -> Any:
     """`values` as distinct client ids in 0..n−1 (an int64 array), or one line naming
     `field`: not a list of whole numbers, out of range, or repeated."""

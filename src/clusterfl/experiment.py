@@ -36,6 +36,7 @@ from clusterfl.backends import BACKENDS, Backend
 from clusterfl.backends.subset import SubsetBackend
 from clusterfl.checkpoint import CHECKPOINT, Checkpoints
 from clusterfl.config import Config, apply_overrides, data_table, dump_toml, load_config, read_toml
+from clusterfl.config_util import check_flag
 from clusterfl.data import own
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
@@ -226,11 +227,8 @@ class Experiment:
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
         """Run all rounds (continuing from the checkpoint if `resume`), holding the run
         folder's lock."""
-        for name, value in (("resume", resume), ("progress", progress)):
-            if not isinstance(value, bool) and not (name == "progress" and value is None):
-                raise ConfigError(name, f"{value!r}: give True or False"
-                                  + (" (or None: the config's output.progress)"
-                                     if name == "progress" else ""))
+        check_flag("resume", resume)
+        check_flag("progress", progress, none=PROGRESS_NONE)
         self.stage = "before round 1"
         try:
             return self._run(resume, progress)
@@ -395,10 +393,10 @@ def _with_data_of(config: Config, federation: Federation) -> Config:
     else:
         scenario = {"name": own.GIVEN}
     made = load_config({**now, "data": given, "scenario": scenario})
-    default = load_config({k: v for k, v in now.items() if k != "scenario"})
     theirs, ours = made.to_dict()["scenario"], now["scenario"]
     if all(theirs.get(k) == v for k, v in ours.items()) and given == now["data"]:
         return config  # the config says how it was made (the federation adds derived keys)
+    default = load_config({k: v for k, v in now.items() if k != "scenario"})  # none given
     if theirs != ours and ours != default.to_dict()["scenario"]:
         raise ConfigError("scenario", f"the config's [scenario] {ours} is not how the "
                           f"federation given was made ({theirs}); leave [scenario] out of the "
@@ -425,6 +423,10 @@ def _check_fault_clients(config: Config, n_clients: int, held_out: int) -> None:
 
 
 
+PROGRESS_NONE = "the config's output.progress"
+"""What `progress=None` means, in the line that refuses another value."""
+
+
 def _check_arguments(config: Any, out_dir: Any, federation: Any, overwrite: Any,
                      callbacks: Any) -> None:
     """`Experiment`'s arguments are of the kinds it takes, or one line naming the argument."""
@@ -438,8 +440,7 @@ def _check_arguments(config: Any, out_dir: Any, federation: Any, overwrite: Any,
     if federation is not None and not isinstance(federation, Federation):
         raise ConfigError("federation", f"got {type(federation).__name__}: give a Federation "
                           "(Federation.from_clients turns arrays or torch Datasets into one)")
-    if not isinstance(overwrite, bool):
-        raise ConfigError("overwrite", f"{overwrite!r}: give True or False")
+    check_flag("overwrite", overwrite)
     if not isinstance(callbacks, list | tuple):
         raise ConfigError("callbacks", f"got {type(callbacks).__name__}: give a list of "
                           "callbacks ([MyTracker()])")

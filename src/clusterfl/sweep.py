@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config, dump_toml, load_config
-from clusterfl.config_util import MAX_SEED, flatten
+from clusterfl.config_util import MAX_SEED, flatten, is_number, is_whole
 from clusterfl.errors import ClusterFLError, ConfigError
 
 STATE_FILE = "sweep-state.json"
@@ -130,7 +130,7 @@ class Sweep:
         self.methods = [m.strip() for m in methods]
         seeds = self.seeds
         if not isinstance(seeds, list | tuple) or not seeds or not all(
-                isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
+                is_whole(s) and 0 <= s <= MAX_SEED
                 for s in seeds):
             raise ConfigError("sweep.seeds", "expected a non-empty list of integers in "
                               f"0..2**63-1, got {_got(seeds)}")
@@ -421,18 +421,15 @@ def _check_run_options(jobs: Any, ray: Any, cpus_per_run: Any, gpus_per_run: Any
                        threads: Any, flags: dict[str, Any], log: Any) -> None:
     from clusterfl.jobs import check_resources
 
-    def number(value: Any) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-
     for name, value, ok, allowed in (
-            ("jobs", jobs, isinstance(jobs, int) and not isinstance(jobs, bool),
+            ("jobs", jobs, is_whole(jobs),
              "an integer of at least 1"),
             ("ray", ray, ray is None or isinstance(ray, str), "None or a Ray address (a str)"),
-            ("cpus_per_run", cpus_per_run, cpus_per_run is None or number(cpus_per_run),
+            ("cpus_per_run", cpus_per_run, cpus_per_run is None or is_number(cpus_per_run),
              "None or a positive number"),
-            ("gpus_per_run", gpus_per_run, number(gpus_per_run), "a number of 0 or more"),
-            ("threads", threads, threads is None or (isinstance(threads, int) and not isinstance(
-                threads, bool) and threads >= 1), "None or an integer of at least 1"),
+            ("gpus_per_run", gpus_per_run, is_number(gpus_per_run), "a number of 0 or more"),
+            ("threads", threads, threads is None or (is_whole(threads) and threads >= 1),
+             "None or an integer of at least 1"),
             ("log", log, callable(log), "a function of one str"),
             *((k, v, isinstance(v, bool), "True or False") for k, v in flags.items())):
         if not ok:

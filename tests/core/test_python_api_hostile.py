@@ -349,11 +349,7 @@ def test_synthetic_regression_under_the_default_scenario_names_its_scenario() ->
         Experiment.from_config({"rounds": 2, "data": {"source": "synthetic_regression"}})
 
 
-class OutOfMemoryModel(nn.Module):
-    def __init__(self, input_shape: tuple[int, ...], n_outputs: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(int(np.prod(input_shape)), n_outputs)
-
+class OutOfMemoryModel(HardBatch):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] != 2:
             raise MemoryError("pretend the batch does not fit")

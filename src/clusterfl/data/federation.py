@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from clusterfl.config_util import is_whole
 from clusterfl.data.codes import decode_codes
 from clusterfl.errors import DataError
 
@@ -356,8 +357,7 @@ def _from_clients(clients: Sequence[Any], clusters: Sequence[int] | np.ndarray |
                         "'regression', 'language_model'")
     if not isinstance(name, str) or not name:
         raise DataError(f"from_clients: name = {name!r}; give the federation's name as text")
-    if n_classes is not None and (isinstance(n_classes, bool) or
-                                  not isinstance(n_classes, int | np.integer)):
+    if n_classes is not None and not is_whole(n_classes):
         raise DataError(f"from_clients: n_classes = {n_classes!r}; give a whole number (or "
                         "leave it out: the largest label + 1)")
     splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"train": [], "test": []}

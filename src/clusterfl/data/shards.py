@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from clusterfl.config_util import is_number, is_whole
 from clusterfl.data.federation import TASKS, Federation
 from clusterfl.errors import ConfigError, DataError
 
@@ -199,7 +200,7 @@ def _check_index(index_file: Path, index: dict[str, Any],
     inputs are not: their dtype says what is needed)."""
     task, n_classes, scale = index["task"], index["n_classes"], index["x_scale"]
     ys, xs = (tensors["y_train"], tensors["y_test"]), (tensors["x_train"], tensors["x_test"])
-    if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+    if not is_whole(n_classes) or n_classes < 1:
         raise DataError(f"{index_file}: n_classes = {n_classes!r}; expected a whole number, "
                         "at least 1")
     integral = not any(y.is_floating_point() or y.dtype == torch.bool for y in ys)
@@ -230,7 +231,7 @@ def _check_index(index_file: Path, index: dict[str, Any],
                                 "n_classes edited? write the shards again)")
     codes = all(x.dtype == torch.uint8 for x in xs)
     if codes and task != "language_model":
-        if isinstance(scale, bool) or not isinstance(scale, int | float) \
+        if not is_number(scale) \
                 or not math.isfinite(scale) or scale <= 0:
             raise DataError(f"{index_file}: x_scale = {scale!r}, but x_train.npy holds uint8 "
                             "codes; x_scale must be their scale, a positive number (input = "

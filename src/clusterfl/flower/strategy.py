@@ -349,7 +349,9 @@ def _import_path(obj: Callable[..., Any]) -> str:
 
 def _whole(name: str, value: Any, least: int, what: str) -> int:
     """`value` as an int of at least `least`, or one line naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+    from clusterfl.config_util import is_whole  # not at import: the client helpers' deps
+
+    if not is_whole(value) or value < least:
         raise ConfigError(name, f"{value!r}: give a whole number >= {least} ({what})")
     return int(value)
 
@@ -357,7 +359,9 @@ def _whole(name: str, value: Any, least: int, what: str) -> int:
 def _seconds(name: str, value: Any, forever: bool = False) -> float:
     """`value` as a positive number of seconds (infinite only if `forever`), or one line
     naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or \
+    from clusterfl.config_util import is_number  # not at import: the client helpers' deps
+
+    if not is_number(value) or not value > 0 or \
             (value == float("inf") and not forever) or value != value:
         raise ConfigError(name, f"{value!r}: give a number of seconds > 0"
                           + (" (float('inf'): wait for ever)" if forever else ""))
@@ -366,8 +370,10 @@ def _seconds(name: str, value: Any, forever: bool = False) -> float:
 
 def _shape(value: Any) -> tuple[int, ...]:
     """One sample's shape: a non-empty sequence of positive whole numbers."""
+    from clusterfl.config_util import is_whole  # not at import: the client helpers' deps
+
     ok = isinstance(value, tuple | list) and len(value) > 0 and all(
-        isinstance(s, int | np.integer) and not isinstance(s, bool) and s > 0 for s in value)
+        is_whole(s) and s > 0 for s in value)
     if not ok:
         raise ConfigError("input_shape", f"{value!r}: give one sample's shape as a tuple of "
                           "positive whole numbers, e.g. (1, 28, 28) or (16,)")
@@ -390,10 +396,12 @@ def _handlers(value: Any) -> set[str]:
 
 def _truth(value: Any) -> dict[int, int] | None:
     """`true_clusters`: node id -> true group, both whole numbers."""
+    from clusterfl.config_util import is_whole  # not at import: the client helpers' deps
+
     if value is None:
         return None
     bad = [k for k, v in dict(value).items() if not all(
-        isinstance(x, int | np.integer) and not isinstance(x, bool) for x in (k, v))]
+        is_whole(x) for x in (k, v))]
     if bad:
         raise ConfigError("true_clusters", f"node {bad[0]!r} -> {dict(value)[bad[0]]!r}: give "
                           "node id -> true group, both whole numbers")

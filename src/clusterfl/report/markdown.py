@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -316,20 +317,28 @@ _FIGURE_ITEM = re.compile(r"^- `([a-z0-9_<>]+\.png)`(?: \([^)]*\))?:\s*(.*)$")
 
 
 def _method_caption(name: str) -> str:
-    """The caption of a method's figure `name`: its item in the docstring of a module of
-    `clusterfl.report.methods` ("- `cfl_norms.png` (...): what it shows"; a `<round>` in the
-    item's name stands for a number), or "" when no module describes it."""
+    """The caption of a method's figure `name` (`_method_captions`), or "" when no module
+    describes it."""
+    return next((caption for pattern, caption in _method_captions()
+                 if pattern.fullmatch(name)), "")
+
+
+@functools.cache
+def _method_captions() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """Every figure item of the docstrings of `clusterfl.report.methods`' modules ("- `
+    cfl_norms.png` (...): what it shows", a `<round>` in the name standing for a number), as
+    (name pattern, caption): read once."""
     import pkgutil
 
     from clusterfl.report import methods
 
+    out = []
     for info in pkgutil.iter_modules(methods.__path__):
-        doc = importlib.import_module(f"{methods.__name__}.{info.name}").__doc__ or ""
-        lines = doc.splitlines()
+        lines = (importlib.import_module(f"{methods.__name__}.{info.name}").__doc__ or ""
+                 ).splitlines()
         for i, line in enumerate(lines):
             m = _FIGURE_ITEM.match(line.strip())
-            if m is None or not re.fullmatch(re.sub(r"<[a-z]+>", r"\\d+", re.escape(m[1])),
-                                             name):
+            if m is None:
                 continue
             text = [m[2]]
             for more in lines[i + 1:]:
@@ -337,8 +346,9 @@ def _method_caption(name: str) -> str:
                     break
                 text.append(more.strip())
             caption = " ".join(text)
-            return caption[:1].upper() + caption[1:]
-    return ""
+            out.append((re.compile(re.sub(r"<[a-z]+>", r"\\d+", re.escape(m[1]))),
+                        caption[:1].upper() + caption[1:]))
+    return tuple(out)
 
 
 def distinct_labels(labels: Sequence[str], run_dirs: Sequence[str | Path]) -> list[str] | None:
