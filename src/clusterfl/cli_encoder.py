@@ -8,8 +8,11 @@
 `train` fits the ConvAE of FLT App. C.3 without labels on the training images of `--source`
 and writes an encoder file (flat parameters, model config, source dataset, SHA-256). Without
 `--out` the file goes to the cache FLT reads (`<data dir>/encoders/conv_ae-<source>-l<latent>-
-e<epochs>-s<seed>.pt`), so `[algorithm] encoder = "<source>"` with the same `pretrain_epochs`
-and `encoder_seed` reuses it; with `--out`, point `encoder` at the file.
+e<epochs>-s<seed>.pt`, the data folder being `--data-dir`, else `$CLUSTERFL_DATA`, else
+~/.cache/clusterfl: the folder a run with the same data folder reads), so `[algorithm] encoder =
+"<source>"` with the same `pretrain_epochs` and `encoder_seed` reuses it; with `--out`, point
+`encoder` at the file. A cache folder that cannot be written (or is read-only) is refused
+before any training: give `--out`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="initialisation and batch order "
                    "(default 0; FLT's encoder_seed)")
     t.add_argument("--batch-size", type=int, default=64, help="default 64")
-    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
     t.add_argument("--max-samples", type=int, help="use only the first N training images")
     t.add_argument("--quiet", action="store_true", help="no per-epoch lines")
     t.set_defaults(func=cmd_train)
@@ -88,8 +91,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from clusterfl import encoders
 
     _check(args)
+    path = Path(args.out).expanduser() if args.out else encoders.cached_path(
+        args.source, args.latent, args.epochs, args.seed,
+        encoders.default_encoder_dir(args.data_dir))
     if args.out:
-        _check_out(Path(args.out).expanduser())
+        _check_out(path)
+    else:  # the cache in the data folder: writable, or the way out before any training
+        encoders.check_cache_folder(path.parent, "--out", "write it elsewhere with --out "
+                                    "PATH (and set algorithm.encoder = PATH in the run)")
     t0 = time.perf_counter()
 
     def report(epoch: int, loss: float) -> None:
@@ -98,9 +107,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     enc = encoders.pretrain(args.source, args.epochs, args.latent, args.seed, args.data_dir,
                             args.batch_size, args.lr, args.max_samples, report)
-    path = Path(args.out) if args.out else encoders.cached_path(
-        args.source, args.latent, args.epochs, args.seed,
-        encoders.default_encoder_dir(args.data_dir))
     encoders.save(enc, path)
     print(f"wrote {path} ({enc.params.numel()} parameters, sha256 {enc.sha256}) in "
           f"{time.perf_counter() - t0:.0f} s")

@@ -17,13 +17,20 @@ lr 1e-3 and binary cross-entropy): Adam, lr 1e-3, minibatch 64, binary cross-ent
 sigmoid reconstruction, on the source's training split, constant learning rate.
 
 Default location: `<data dir>/encoders/conv_ae-<source>-l<latent>-e<epochs>-s<seed>.pt`, where the
-data dir is `$CLUSTERFL_DATA` (else `~/.cache/clusterfl`), unless a directory is given.
+data dir is the folder the pretraining dataset is read from: the `data_dir` given (FLT gives
+`algorithm.data_dir`, else the run's data folder, `data.data_dir` or `--data-dir`), else
+`$CLUSTERFL_DATA`, else `~/.cache/clusterfl` (`clusterfl.data.catalog.resolve_data_dir`),
+unless an encoder folder is given. Before minutes of pretraining, the folder the encoder will
+be saved in is checked: one that cannot be made or written (or a read-only one: no write
+permission bit, even for root) is a one-line ConfigError naming the setting that moves it
+(`algorithm.encoder_dir`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.data.catalog import default_data_dir
+from clusterfl.data.catalog import resolve_data_dir
 from clusterfl.data.sources import Source, load_source
 from clusterfl.engine.signatures import build_conv_ae, train_autoencoder
 from clusterfl.errors import ConfigError, DataError
@@ -78,9 +85,32 @@ def params_sha256(params: torch.Tensor) -> str:
 
 
 def default_encoder_dir(data_dir: str | Path | None = None) -> Path:
-    """`<data dir>/encoders` (data dir: the argument, else `$CLUSTERFL_DATA` or the cache)."""
-    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    return root / "encoders"
+    """`<data dir>/encoders`; the data dir as `load_source` finds it (the argument, else
+    `$CLUSTERFL_DATA`, else `~/.cache/clusterfl`: `resolve_data_dir`)."""
+    return resolve_data_dir(data_dir)[0] / "encoders"
+
+
+def check_cache_folder(folder: str | Path, field_name: str, fix: str) -> None:
+    """Raise a one-line ConfigError naming `field_name` (`fix`: what to do) unless `folder`
+    exists as a writable folder or can be made in one. Nothing is created.
+
+    A folder without any write permission bit counts as read-only even where the process
+    could write it anyway (root): a data folder marked read-only is not written into.
+    """
+    folder = Path(folder).expanduser()
+    above = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    why = None
+    if above is None:
+        why = "none of its folders exists"
+    elif not above.is_dir():
+        why = f"{above} is a file, not a folder"
+    else:
+        mode = stat.S_IMODE(above.stat().st_mode)
+        if not mode & 0o222 or not os.access(above, os.W_OK | os.X_OK):
+            why = f"{above} is read-only"
+    if why is not None:
+        raise ConfigError(field_name, f"the encoder cache {folder} cannot be written ({why}): "
+                                      f"{fix}")
 
 
 def cached_path(source: str, latent: int, epochs: int, seed: int,
@@ -167,32 +197,38 @@ def load(path: str | Path) -> EncoderFile:
 
 def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
             encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
-            field_name: str = "algorithm.encoder") -> EncoderFile:
+            field_name: str = "algorithm.encoder",
+            dir_field: str = "algorithm.encoder_dir") -> EncoderFile:
     """The encoder an FLT config names.
 
     `spec` is a path to an encoder file (anything with a path separator or ending in `.pt`),
     a dataset name (its cached pretrained encoder, trained for `epochs` on first use), or
     "none" (an untrained ConvAE initialised with `seed`). The encoder must fit `input_shape`
-    and `latent`, else a ConfigError names `field_name`.
+    and `latent`, else a ConfigError names `field_name`. A dataset is read from `data_dir`
+    (`load_source`: else `$CLUSTERFL_DATA`, else the cache) and its encoder cached in
+    `encoder_dir` (default `<data dir>/encoders`); a cache that cannot be written is a
+    ConfigError naming `dir_field`, before pretraining.
     """
     enc = _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-                   train=True)
+                   dir_field, train=True)
     assert enc is not None  # trained when missing
     return enc
 
 
 def check(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
           encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
-          field_name: str = "algorithm.encoder") -> None:
-    """Everything `resolve` checks (the file, the dataset and their shapes), without the
-    minutes of pretraining: a run, or each run of a comparison, fails before its first round."""
+          field_name: str = "algorithm.encoder",
+          dir_field: str = "algorithm.encoder_dir") -> None:
+    """Everything `resolve` checks (the file, the dataset and their shapes, the cache folder
+    it would be saved in), without the minutes of pretraining: a run, or each run of a
+    comparison, fails before its first round."""
     _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-             train=False)
+             dir_field, train=False)
 
 
 def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
              encoder_dir: str | Path | None, data_dir: str | Path | None, field_name: str,
-             train: bool) -> EncoderFile | None:
+             dir_field: str, train: bool) -> EncoderFile | None:
     """`resolve`; without `train`, None where it would pretrain."""
     if spec == RANDOM:
         with torch.random.fork_rng(devices=[]):
@@ -225,10 +261,18 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
                 raise ConfigError(field_name, f"{spec!r} has inputs {shape}, this federation "
                                   f"{tuple(input_shape)}: pretrain on a dataset of that shape "
                                   f"(e.g. its own), or give an encoder file or {RANDOM!r}")
+            fix = (f"set {dir_field} to a writable folder (the encoder pretrained on {spec!r} "
+                   "is cached there" + ("; by default in <data dir>/encoders)"
+                                        if not encoder_dir else ")"))
+            check_cache_folder(path.parent, dir_field, fix)
             if not train:
                 return None
             enc = pretrain(spec, epochs, latent, seed, data_dir, loaded=src)
-            save(enc, path)
+            try:
+                save(enc, path)
+            except OSError as exc:  # the check passed, the write did not (full, raced)
+                raise ConfigError(dir_field, f"the encoder pretrained on {spec!r} cannot be "
+                                  f"saved to {path} ({exc.strerror or exc}): {fix}") from None
     if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:
         raise ConfigError(field_name, f"the encoder was trained on inputs {enc.input_shape} with "
                           f"latent {enc.latent}; this federation needs inputs "
@@ -245,6 +289,7 @@ def describe(enc: EncoderFile) -> dict[str, Any]:
 
 
 __all__ = [
-    "EncoderFile", "cached_path", "check", "default_encoder_dir", "describe", "load",
+    "EncoderFile", "cached_path", "check", "check_cache_folder", "default_encoder_dir",
+    "describe", "load",
     "params_sha256", "pretrain", "resolve", "save",
 ]

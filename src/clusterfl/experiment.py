@@ -125,6 +125,7 @@ class Experiment:
         self.overwrite = overwrite
         full = federation if federation is not None else build_federation(config)
         self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
+        self.algorithm.data_dir = config.data.data_dir  # a dataset of its own: same folder
         if config.model.name == "conv_ae":
             raise ConfigError("model.name", "'conv_ae' is FLT's autoencoder (it outputs an "
                               "image, not a prediction): no run trains it; FLT's encoder is "
@@ -159,12 +160,17 @@ class Experiment:
             *self.algorithm.check(tuple(fed.input_shape), fed.n_clients, config.run.rounds),
             *config.backend.ignored_settings(),
             *(config.algorithm.sampling_warnings(fed.n_clients)
-              if isinstance(config.algorithm, SampledConfig) else [])]
+              if isinstance(config.algorithm, SampledConfig) else []),
+            *([] if self._private() or config.privacy.clip is None else [
+                f"[privacy] does not apply to {self.algorithm.label()}: it sends nothing to the "
+                "server, so its training is neither clipped nor noised and no ε is reported"])]
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)
         self.checkpoints = Checkpoints(self.out_dir, self.full_federation)
         self.callbacks = self._callbacks(list(callbacks))
+        self.name_in_warnings = False
+        """Name the method in console warnings (`console_warning`; set by a comparison)."""
 
     @classmethod
     def from_config(
@@ -221,7 +227,8 @@ class Experiment:
             train_sizes=fed.train_sizes, rng=rng, seed=run.seed, true_clusters=fed.clusters,
             rounds=run.rounds,
             guard=Guard(fed.n_clients, run.seed, fed.train_sizes, c.validation, c.faults,
-                        c.adversary, c.privacy, self.adversaries, sampling_rate=rate),
+                        c.adversary, c.privacy if self._private() else None,
+                        self.adversaries, sampling_rate=rate),
         )
 
     def run(self, resume: bool = False, progress: bool | None = None) -> History:
@@ -262,7 +269,7 @@ class Experiment:
                 self.recorder.load_state_dict(saved)
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
                          *self._data_warnings()]:
-                print(f"clusterfl: warning: {line}", file=sys.stderr, flush=True)
+                print(self.console_warning(line), file=sys.stderr, flush=True)
                 if line not in self.recorder.warnings:
                     self.recorder.warnings.append(line)
             files.start(dump_toml(self.config.to_dict()), history.records)
@@ -282,11 +289,23 @@ class Experiment:
             stalled = self.recorder.stalled(history.records)
             if stalled is not None:
                 self.recorder.warnings.append(stalled)
-                print(f"clusterfl: warning: {stalled}", file=sys.stderr, flush=True)
+                print(self.console_warning(stalled), file=sys.stderr, flush=True)
             history.summary = self.recorder.summary(history.records, ctx, self.holdout)
             self._write_outputs(history, files)
             tracking.call(self.callbacks, "on_run_end", history.summary, self.out_dir)
         return history
+
+    def _private(self) -> bool:
+        """Whether `[privacy]` applies: it is set and the method sends updates (Local's
+        training stays on its clients: clipping and noising it would protect nothing)."""
+        return self.config.privacy.clip is not None and self.config.algorithm.shares_updates
+
+    def console_warning(self, line: str) -> str:
+        """A warning of this run as the console shows it; named after the method when
+        `name_in_warnings` (a comparison's runs, whose warnings would otherwise not say
+        which method they are about)."""
+        named = f"{self.algorithm.label()}: " if self.name_in_warnings else ""
+        return f"clusterfl: warning: {named}{line}"
 
     def _data_warnings(self) -> list[str]:
         """What the run's data leaves out, said before round 1 (the run goes on)."""
@@ -322,12 +341,12 @@ class Experiment:
                 extras = self.algorithm.run_round(ctx, t).to_dict()
                 warning = self.recorder.watch(t, ctx)
                 if warning:
-                    bar.warn(warning)
+                    bar.warn(self.console_warning(warning))
                 evaluate = t % run.eval_every == 0 or t == run.rounds
                 record = self.recorder.record(ctx, t, extras, evaluate,
                                               time.perf_counter() - t0)
                 for line in self.recorder.pending:
-                    bar.warn(line)
+                    bar.warn(self.console_warning(line))
                 history.records.append(record)
                 files.append(record)
                 tracking.call(self.callbacks, "on_round_end", record)

@@ -17,6 +17,7 @@ from clusterfl import metrics
 from clusterfl.algorithms import Algorithm, Context, checked_assignment
 from clusterfl.backends import Backend
 from clusterfl.config import ROBUST_TABLES, Config
+from clusterfl.config_util import changed_fields
 from clusterfl.data.federation import Federation
 from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor, subset
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary, json_ready
@@ -57,6 +58,21 @@ ln C, the loss of a uniform guess over its C outputs, has not learned: `Recorder
 warns (a warning, not a rule: the run's results stand)."""
 
 
+def divergence_suspects(config: Config) -> list[str]:
+    """The settings of `config` besides the learning rate that can make local training blow
+    up, where they are set away from their defaults: weight decay and momentum, the method's
+    numeric options (a proximal μ, a server step, an initial range ...), attacking clients."""
+    train = [f"train.{n} = {getattr(config.train, n):g}"
+             for n in changed_fields(config.train, "weight_decay", "momentum")]
+    algo = config.algorithm
+    options = [f"algorithm.{n} = {getattr(algo, n):g}" for n in changed_fields(algo)
+               if n not in ("fraction", "per_round") and isinstance(getattr(algo, n), float)]
+    attack = config.adversary
+    attackers = [f"attacking clients (adversary.kind = {attack.kind!r})"] \
+        if attack.kind != "none" else []
+    return [*train, *options, *attackers]
+
+
 class Recorder:
     """The round records and the summary of one run of `algorithm` on `federation` (the
     clients that train); `adversaries`: the attacking clients' ids, for the summary."""
@@ -69,7 +85,8 @@ class Recorder:
         """Whether a robustness table (`[faults]`, `[privacy]`, ...) changes the defaults."""
         self.divergence: Divergence | None = None
         """The run's first diverged round (`clusterfl.robust.divergence`), if any."""
-        self.cause = noise_cause(config.privacy.noise_multiplier, config.privacy.clip)
+        self.cause = noise_cause(config.privacy.noise_multiplier, config.privacy.clip,
+                                 divergence_suspects(config))
         """What a diverging loss likely comes from in this run (`diagnose`'s `cause`)."""
         self.diverged_rounds = 0
         self.rejected_rounds: dict[int, int] = {}
@@ -93,7 +110,7 @@ class Recorder:
         if self.divergence is not None:
             return None
         self.divergence = found
-        return f"clusterfl: warning: {found.reason}"
+        return found.reason
 
     def _loss_scale(self) -> float | None:
         fed = self.federation
@@ -144,7 +161,7 @@ class Recorder:
             out.append(f"{who} rejected in each of the {ALWAYS_REJECTED} rounds {it} asked so "
                        f"far ({why}); {takes} no part in training: check {its} data")
         self.warnings.extend(out)
-        return [f"clusterfl: warning: {w}" for w in out]
+        return out
 
     def stalled(self, records: list[RoundRecord]) -> str | None:
         """The end-of-run warning for models that did not learn (`STALLED`), else None: a
@@ -161,10 +178,17 @@ class Recorder:
         if loss is None or not math.isfinite(loss) or loss < (1 - STALLED) * scale:
             return None
         what = "classes" if fed.task == "classification" else "tokens of the vocabulary"
+        faults = self.config.faults
+        others = [*(f"faults.{n} = {getattr(faults, n)}"
+                    for n in changed_fields(faults, "dropout", "stragglers", "straggler_work")),
+                  *divergence_suspects(self.config)]
+        none = " no client update was counted in any round;" if \
+            records[-1].client_updates == 0 and self.algorithm.config.shares_updates else ""
         return (f"the models did not learn: the final mean test loss {loss:.4f} (round "
                 f"{last.round}) is not {STALLED:.0%} below ln {fed.n_classes} = {scale:.4f}, "
-                f"the loss of a uniform guess over the {fed.n_classes} {what}; check "
-                "train.lr, the local work (train.epochs or train.steps) and rounds")
+                f"the loss of a uniform guess over the {fed.n_classes} {what};{none} check "
+                "train.lr, the local work (train.epochs or train.steps) and rounds"
+                + (f", and {', '.join(others)}" if others else ""))
 
     # ------------------------------------------------------------------ records
     def eval_sample(self, t: int) -> np.ndarray | None:

@@ -273,6 +273,15 @@ def test_weight_sharing_keeps_shared_layers_identical():
     assert not torch.equal(models[0, rest], models[1, rest])
 
 
+@pytest.mark.parametrize("shared", [["layers"], [""], ["layers.0", "layers.1"]])
+def test_weight_sharing_of_every_parameter_is_refused(shared):
+    """`shared_layers = ["layers"]` made the K models one (the accuracy of K = 1) while the
+    run reported 4 clusters and an ARI."""
+    with pytest.raises(ConfigError, match=r"^algorithm\.shared_layers: .* names every "
+                                          r"parameter of the model: the 4 models would be one"):
+        run(rounds=1, algorithm={"shared_layers": shared})
+
+
 def test_selected_layer_features_and_init_range():
     exp, _ = run(rounds=1, algorithm={"feature_layers": ["layers.1"], "init_range": 0.3})
     layout = exp.factory.layout

@@ -237,3 +237,19 @@ def test_bad_options_name_the_field(algorithm, field) -> None:
     with pytest.raises(ConfigError) as err:
         Experiment.from_config(tiny(algorithm, ROTATIONS, 1))
     assert field in str(err.value)
+
+
+def test_more_fedem_components_than_clients_names_components_not_cluster_models() -> None:
+    # it said "K = 20 cluster models need at least 20 clients" of FedEM's M components
+    with pytest.raises(ConfigError, match=r"^algorithm\.n_components: M = 20 mixture "
+                                          r"components need at least 20 clients, the "
+                                          r"federation has 8; allowed: 1\.\.8$"):
+        Experiment.from_config(tiny({"name": "fedem", "n_components": 20}, ROTATIONS, 1))
+
+
+def test_fedem_counts_each_clients_k_trainings_as_client_updates() -> None:
+    # FedEM's client_updates stayed 0 though every client trains M models each round
+    rounds, m = 3, 2
+    _, h = _run(tiny({"name": "fedem", "n_components": m}, ROTATIONS, rounds))
+    asked = [r.participants for r in h.records]
+    assert h.records[-1].client_updates == m * sum(asked) > 0

@@ -322,3 +322,15 @@ def test_fesem_restarts_a_center_left_without_members(rule):
     else:
         assert all(e["kmeans_reseeded"] == 0 for e in extras)
         assert ari < 1.0 and 0 in extras[-1]["cluster_sizes"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("server_lr", 1.0), ("gradient_batch_size", 4)])
+def test_ifca_refuses_option_i_settings_under_model_averaging(option, value):
+    # they used to be dropped without a word while the method's label showed them
+    from clusterfl.config import load_config
+    from clusterfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{option} only applies to averaging = 'gradient'"):
+        load_config({"algorithm": {"name": "ifca", option: value}})
+    cfg = load_config({"algorithm": {"name": "ifca", "averaging": "gradient", option: value}})
+    assert getattr(cfg.algorithm, option) == value

@@ -321,3 +321,21 @@ def test_fesem_first_kmeans_waits_for_half_the_clients_then_clusters_them_at_onc
     _, _, first = _spied_run(_cfg("fesem", {"per_round": K, "first_clustering": 0},
                                   rounds=1))
     assert set(np.flatnonzero(first[0]["after"] >= 0).tolist()) == first[0]["who"]
+
+
+@pytest.mark.parametrize(("fraction", "n", "asked"), [(0.2, 8, 2), (0.15, 10, 2), (0.3, 8, 2),
+                                                      (0.001, 8, 1), (1.0, 7, 7)])
+def test_the_accounted_rate_is_the_share_of_clients_a_round_asks(fraction, n, asked):
+    # 0.2 of 8 clients asks round(1.6) = 2 of them: ε must be accounted at 2/8, not 0.2
+    cfg = load_config({"algorithm": {"name": "fedavg", "fraction": fraction}}).algorithm
+    assert cfg.per_round_count(n) == asked
+    assert cfg.expected_fraction(n) == pytest.approx(asked / n)
+
+
+def test_privacy_accounting_of_a_fraction_that_rounds_up_uses_the_clients_asked():
+    cfg = _cfg("fedavg", {"fraction": 0.2}, privacy={"clip": 1.0, "noise_multiplier": 1.0})
+    h = Experiment.from_config(cfg).run(progress=False)
+    asked = max(1, round(0.2 * N))
+    assert {r.participants for r in h.records} == {asked}
+    assert h.summary.robust is not None
+    assert h.summary.robust["privacy"]["sampling_rate"] == pytest.approx(asked / N)

@@ -120,7 +120,8 @@ def _one_of_each(n: int = 3, k: int = 2, d: int = 4) -> list[protocol.Asks]:
 def test_every_request_says_its_kind():
     """Updates upload model-sized vectors (the guard attacks, checks and clips them); clients
     train locally on Train and MixtureTrain (stragglers, Flower's "train" messages); the
-    client-update count has always counted trainings and gradients of one model."""
+    client-update count counts trainings and gradients of one model (FedEM's step, K of
+    them, since 2026-11-29)."""
     table = {r.__class__.__name__: (r.kind, r.trains, r.counted_update) for r in _one_of_each()}
     assert table == {
         "TrainRequest": ("update", True, True),
@@ -128,12 +129,16 @@ def test_every_request_says_its_kind():
         "LossRequest": ("query", False, False),
         "EvaluateRequest": ("evaluate", False, False),
         "EmbedRequest": ("query", False, False),
-        "MixtureTrainRequest": ("update", True, False),
+        "MixtureTrainRequest": ("update", True, True),
         "MixtureFitRequest": ("query", False, False),
         "BestCountRequest": ("query", False, False),
         "SubspaceRequest": ("query", False, False),
     }
     assert {type(r) for r in _one_of_each()} == set(protocol.REQUEST_TYPES)
+    assert {type(r).__name__: r.updates_each() for r in _one_of_each() if r.counted_update} \
+        == {"TrainRequest": 1, "GradientRequest": 1,
+            "MixtureTrainRequest": next(r for r in _one_of_each() if isinstance(
+                r, protocol.MixtureTrainRequest)).models.shape[0]}
     steps = protocol.Steps.of(*_one_of_each()[:3])
     assert steps.kind == "steps" and [type(p) for p in protocol.parts_of(steps)] == [
         protocol.TrainRequest, protocol.GradientRequest, protocol.LossRequest]

@@ -64,3 +64,15 @@ def test_a_regression_has_no_uniform_guess_and_is_not_checked() -> None:
     exp = Experiment.from_config(cfg)
     assert exp.federation.task == "regression"
     assert exp.recorder.stalled([_record(1, 1e9)]) is None
+
+
+def test_a_run_where_no_client_trained_says_so_and_names_the_faults() -> None:
+    """`faults.dropout = 0.99`: participation 0, nothing uploaded, and the warning only named
+    train.lr, the local work and rounds."""
+    for rounds, counted in ((2, 0), (3, 1)):  # this seed's third round has one update
+        exp = Experiment.from_config(config(rounds=rounds, faults={"dropout": 0.99}))
+        history = exp.run(progress=False)
+        assert history.records[-1].client_updates == counted
+        said = next(w for w in history.summary.warnings or [] if "did not learn" in w)
+        assert ("no client update was counted in any round" in said) == (counted == 0)
+        assert said.endswith("and rounds, and faults.dropout = 0.99")

@@ -86,6 +86,34 @@ def test_a_run_diverging_under_privacy_noise_names_the_noise_first(tmp_path, cap
     assert Experiment.from_config(calm).run(progress=False).summary.divergence is None
 
 
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"train": {**TINY["train"], "weight_decay": 1e6}}, "train.weight_decay = 1e+06"),
+    ({"algorithm": {"name": "fedprox", "mu": 1e7}}, "algorithm.mu = 1e+07"),
+    ({"adversary": {"kind": "scale", "fraction": 0.5, "scale": 1e30},
+      "validation": {"enabled": False}}, "attacking clients (adversary.kind = 'scale')"),
+], ids=["weight_decay", "fedprox_mu", "adversary"])
+def test_a_divergence_names_the_settings_that_can_cause_it_not_only_the_lr(settings, named):
+    """weight_decay = 1e6, a proximal μ of 1e6 or attackers of scale 1e300 diverged with
+    "learning rate too high? (train.lr)" alone, though the learning rate was sound."""
+    div = Experiment.from_config({**TINY, **settings}).run(progress=False).summary.divergence
+    assert div is not None
+    assert div["reason"].endswith(f"— learning rate too high? (train.lr), or {named}?")
+
+
+def test_every_update_rejected_as_not_finite_names_the_runs_cause():
+    cause = noise_cause(1e30, 1.0, ["train.weight_decay = 10"])
+    found = diagnose(2, RoundUpdates(uploaded=4, kept=0, losses=[math.nan] * 4,
+                                     rejected=Counter({"non_finite": 4})), 2.3, cause)
+    assert found is not None and found.reason == (
+        "round 2: every update was rejected (non_finite) — privacy noise too large? "
+        "(privacy.noise_multiplier 1e+30 × clip 1: noise of std 1e+30 on each coordinate of "
+        "an aggregate's sum), or learning rate too high? (train.lr), or train.weight_decay = "
+        "10?")
+    norm = diagnose(2, RoundUpdates(uploaded=4, kept=0, losses=[1.0] * 4,
+                                    rejected=Counter({"norm": 4})), 2.3, cause)
+    assert norm is not None and norm.reason.endswith("[validation] norm bounds too tight?")
+
+
 def test_a_healthy_run_has_no_divergence_and_counts_rejections(tmp_path):
     history = Experiment.from_config(TINY, out_dir=tmp_path).run(progress=False)
     assert history.summary.divergence is None

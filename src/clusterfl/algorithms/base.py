@@ -110,7 +110,7 @@ class Context:
         self.floats_down += down * reached
         self.floats_up += up * uploaded
         if request.counted_update:
-            self.client_updates += len(reply.clients)
+            self.client_updates += len(reply.clients) * request.updates_each()
         if request.kind != "evaluate":
             self.participants.update(int(c) for c in reply.clients)
 
@@ -190,6 +190,10 @@ class Algorithm(ABC, Generic[C, S]):
     #: what a method needs of the clients' inputs that token sequences (task
     #: "language_model") lack, e.g. "image signatures"; empty: it runs on every task
     needs_real_inputs: ClassVar[str] = ""
+    #: the run's data folder, `data.data_dir` (which `--data-dir` sets; None: the data
+    #: modules' default, `$CLUSTERFL_DATA`, else ~/.cache/clusterfl), set by `Experiment`
+    #: for a method that reads a dataset of its own (FLT pretrains its encoder on one)
+    data_dir: str | Path | None = None
     config: C
     state: S
 

@@ -319,6 +319,11 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         self.shared: torch.Tensor | None = None
         if cfg.shared_layers is not None:
             self.shared = _layer_index(layout, cfg.shared_layers, "algorithm.shared_layers")
+            if len(self.shared) == layout.size and k > 1:
+                raise ConfigError("algorithm.shared_layers", f"{cfg.shared_layers} names every "
+                                  f"parameter of the model: the {k} models would be one model "
+                                  "under K labels; name the layers to share, leaving out at "
+                                  f"least the last (parameters: {', '.join(layout.names)})")
             models[:, self.shared] = models[0, self.shared]
         selected = _layer_index(layout, cfg.feature_layers, "algorithm.feature_layers")
         if cfg.compression_ratio > 1.0:

@@ -33,6 +33,9 @@ class AlgorithmConfig(Settings):
     display: ClassVar[str] = ""
     #: options that only say where files are: left out of labels and folder names
     locations: ClassVar[frozenset[str]] = frozenset()
+    #: whether the method sends the clients' updates to the server (Local does not: nothing
+    #: for [privacy] to protect)
+    shares_updates: ClassVar[bool] = True
     name: str
 
     def ignored_settings(self) -> list[str]:
@@ -85,10 +88,10 @@ class SampledConfig(AlgorithmConfig):
                 else f"algorithm.fraction = {self.fraction:g}")
 
     def expected_fraction(self, n_clients: int) -> float:
-        """The share of the `n_clients` sampled each round (privacy accounting, reports)."""
-        if self.per_round is not None:
-            return min(1.0, self.per_round / max(1, n_clients))
-        return max(self.fraction, 1.0 / max(1, n_clients))
+        """The share of the `n_clients` sampled each round (privacy accounting, reports): the
+        count `per_round_count` samples, so a fraction that rounds up or down counts as the
+        clients it asks (0.2 of 8 clients asks 2: 0.25)."""
+        return self.per_round_count(max(1, n_clients)) / max(1, n_clients)
 
 
 @dataclass
@@ -175,10 +178,12 @@ def too_few_per_round(config: SampledConfig, n_clients: int, need: int) -> list[
             "round: the run will never split (it is FedAvg)"] if k < min(need, n_clients) else []
 
 
-def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters") -> None:
-    """K cluster models need at least K clients: a `ConfigError` naming `field` otherwise."""
+def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters",
+                 what: str = "K = {k} cluster models") -> None:
+    """K cluster models (FedEM: M components, `what`) need at least K clients: a
+    `ConfigError` naming `field` otherwise."""
     if k > n_clients:
-        raise ConfigError(field, f"K = {k} cluster models need at least {k} clients, the "
+        raise ConfigError(field, f"{what.format(k=k)} need at least {k} clients, the "
                                  f"federation has {n_clients}; allowed: 1..{n_clients}")
 
 

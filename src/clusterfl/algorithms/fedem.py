@@ -115,7 +115,8 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
     device_update = True  # the components' weighted means where the backend left the models
 
     def fits(self, n_clients: int, rounds: int | None) -> None:
-        check_k_fits(self.config.n_components, n_clients, "algorithm.n_components")
+        check_k_fits(self.config.n_components, n_clients, "algorithm.n_components",
+                     "M = {k} mixture components")
 
     def setup(self, ctx: Context) -> None:
         m = self.config.n_components

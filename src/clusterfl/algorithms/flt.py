@@ -59,6 +59,12 @@ Choices the paper leaves open (or states differently from the authors' code), an
   or every cluster (Case II), as FedAvg starts.
 - Encoder fine-tuning (Enc2): Adam, lr 1e-3, binary cross-entropy, minibatch 32, F = 5 epochs
   (the authors' code uses Adam 1e-3 and BCE; the paper says "F epochs of SGD").
+- Where the encoder comes from (`encoder` a dataset name): its pretraining dataset is read from
+  `algorithm.data_dir`, else from the run's data folder as the federation's is found
+  (`data.data_dir`, which `--data-dir` sets, handed to the method as `FLT.data_dir`; else
+  `$CLUSTERFL_DATA`, else ~/.cache/clusterfl), and the encoder is cached in `encoder_dir`,
+  else `<that folder>/encoders`; a cache folder that cannot be written (or is read-only) is a
+  one-line error naming `algorithm.encoder_dir` before anything is pretrained.
 
 PCA+kM+HC (§4.3, after Dennis & Smith): the same pipeline with client-side PCA instead of the
 encoder (centroids mapped back to input space, see `clusterfl.engine.signatures`), no UMAP and,
@@ -202,8 +208,11 @@ class FLTConfig(_OneShotConfig):
         "or 'none' (untrained)")
     pretrain_epochs: int = Field(30, ge=1, description="epochs when the encoder is pretrained")
     encoder_seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the pretrained encoder")
-    encoder_dir: str | None = Field(None, description="encoder cache (default <data>/encoders)")
-    data_dir: str | None = Field(None, description="where the pretraining dataset lives")
+    encoder_dir: str | None = Field(None, description="encoder cache (default <data "
+                                    "dir>/encoders, the folder of the pretraining dataset)")
+    data_dir: str | None = Field(None, description="where the pretraining dataset lives "
+                                 "(default: the run's data folder: data.data_dir or "
+                                 "--data-dir, else $CLUSTERFL_DATA, else ~/.cache/clusterfl)")
     latent: int = Field(128, ge=1, description="e, the encoder's code size")
     finetune_epochs: int = Field(5, ge=0, description="F (Enc2); 0 = frozen encoder (Enc1)")
     finetune_lr: float = Field(1e-3, gt=0.0)
@@ -322,13 +331,22 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     device_update = True  # the clusters' averages on the device (signatures come on the CPU)
 
     # ------------------------------------------------------------------ setup
+    def pretraining_data_dir(self) -> str | Path | None:
+        """The folder the encoder's pretraining dataset is read from (and, without
+        `encoder_dir`, the encoder cached in `<that folder>/encoders`): `algorithm.data_dir`,
+        else the run's data folder (`data_dir`), resolved as the federation's is: None means
+        `$CLUSTERFL_DATA`, else ~/.cache/clusterfl."""
+        cfg = self.config
+        own = cfg.data_dir if isinstance(cfg, FLTConfig) else None
+        return own if own is not None else self.data_dir
+
     def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
         cfg = self.config
         if isinstance(cfg, FLTConfig):
             from clusterfl import encoders
 
             encoders.check(cfg.encoder, tuple(input_shape), cfg.latent, cfg.pretrain_epochs,
-                           cfg.encoder_seed, cfg.encoder_dir, cfg.data_dir)
+                           cfg.encoder_seed, cfg.encoder_dir, self.pretraining_data_dir())
         return []
 
     def setup(self, ctx: Context) -> None:
@@ -347,7 +365,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
 
         enc = encoders.resolve(cfg.encoder, tuple(ctx.factory.input_shape), cfg.latent,
                                cfg.pretrain_epochs, cfg.encoder_seed, cfg.encoder_dir,
-                               cfg.data_dir)
+                               self.pretraining_data_dir())
         return EmbedRequest(
             clients, "encoder", enc.params, cfg.latent, k=cfg.k,
             latent=cfg.latent, finetune_epochs=cfg.finetune_epochs,

@@ -65,7 +65,7 @@ from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import (
@@ -118,6 +118,15 @@ class IFCAConfig(SampledConfig):
         None, ge=1, description="gradient averaging: minibatch per client (None: all its data)")
     server_lr: float | None = Field(
         None, gt=0.0, description="gradient averaging step γ (None: the [train] lr)")
+
+    @model_validator(mode="after")
+    def _gradient_options(self) -> IFCAConfig:
+        """The two options of option I are refused with option II, which never reads them."""
+        for option in ("server_lr", "gradient_batch_size"):
+            if self.averaging == "model" and getattr(self, option) is not None:
+                raise ValueError(f"{option} only applies to averaging = 'gradient' (option "
+                                 "I); averaging = 'model' trains locally with [train]")
+        return self
 
 
 @dataclass(kw_only=True)

@@ -43,6 +43,7 @@ from clusterfl.protocol import Predictor, TrainReply, TrainRequest, mean_finite
 class LocalConfig(SampledConfig):
     name: Literal["local"] = "local"
     display: ClassVar[str] = "Local"
+    shares_updates: ClassVar[bool] = False
 
 
 #: Local's state is its clients' models (`ClientModels`: the start model and a row per client

@@ -3,9 +3,10 @@
 Every request knows what one client receives and sends in floats (`unit_cost`, booked by
 `Context.send`), which kind of request it is (`kind`: an update, a query or an evaluation;
 `trains`: whether clients train locally on it; `counted_update`: whether each answer counts
-as one client update), the reply it gets from nobody (`empty_reply`) and, for an update, what
-the uploaded rows are relative to (`update_base`, `update_groups`); an update reply says which
-of its fields holds the uploaded vectors (`update_rows`, `with_update_rows`). The robustness
+as client updates, `updates_each` of them), the reply it gets from nobody (`empty_reply`)
+and, for an update, what the uploaded rows are relative to (`update_base`,
+`update_groups`); an update reply says which of its fields holds the uploaded vectors
+(`update_rows`, `with_update_rows`). The robustness
 layer, the backends and the Flower hooks read these instead of testing message types.
 
 Models travel as flat vectors. A request carries a stack `models: [K, d]` and, per client,
@@ -143,8 +144,8 @@ class Asks(Generic[RE]):
     kind: ClassVar[Kind] = "query"
     #: clients train locally on it: a straggler's steps are cut; on Flower a "train" message
     trains: ClassVar[bool] = False
-    #: each answering client adds one to `Context.client_updates` (a training or a gradient
-    #: of one model; FedEM's K-model step has never been counted there)
+    #: each answering client adds `updates_each()` to `Context.client_updates` (a training or
+    #: a gradient of one model; FedEM's step trains K of them)
     counted_update: ClassVar[bool] = False
     #: the field of a compound request that holds its requests (`Steps.steps`)
     nested: ClassVar[str | None] = None
@@ -152,6 +153,10 @@ class Asks(Generic[RE]):
     def empty_reply(self) -> RE:
         """A reply with no rows, of the type and widths this request would get."""
         raise NotImplementedError
+
+    def updates_each(self) -> int:
+        """Client updates one answer counts when `counted_update` (one model trained)."""
+        return 1
 
     def update_base(self, rows: np.ndarray) -> torch.Tensor | None:
         """What the uploaded vectors of the clients at positions `rows` are relative to: their
@@ -454,6 +459,12 @@ class MixtureTrainRequest(Asks["MixtureTrainReply"]):
     models_held: bool = False
     kind: ClassVar[Kind] = "update"
     trains: ClassVar[bool] = True
+
+    counted_update: ClassVar[bool] = True
+
+    def updates_each(self) -> int:
+        """Each client trains the K models: K client updates."""
+        return int(self.models.shape[0])
 
     def empty_reply(self) -> MixtureTrainReply:
         k, d = (int(x) for x in self.models.shape)

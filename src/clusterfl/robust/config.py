@@ -119,6 +119,10 @@ def check_adversary(adversary: AdversaryConfig) -> None:
                           "leave scale out, or use sign_flip, scale or random")
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32, the models' numbers: a clip or noise std beyond it is infinite."""
+
+
 class PrivacyConfig(_Strict):
     """Client-level differential privacy (see `clusterfl.robust.privacy`)."""
 
@@ -137,6 +141,10 @@ class PrivacyConfig(_Strict):
     def _needs_clip(self) -> PrivacyConfig:
         if self.noise_multiplier > 0 and self.clip is None:
             raise ValueError("noise_multiplier > 0 needs clip (the noise is σ·clip)")
+        if self.clip is not None and self.clip * max(1.0, self.noise_multiplier) > FLOAT32_MAX:
+            raise ValueError(f"clip {self.clip:g} × noise_multiplier {self.noise_multiplier:g} "
+                             f"is beyond float32 ({FLOAT32_MAX:.3g}): the models' numbers; "
+                             "allowed: a product below that")
         return self
 
 

@@ -27,8 +27,7 @@ import numpy as np
 
 EXPLODE_FACTOR = 100.0
 
-_CAUSES = {
-    "non_finite": "learning rate too high? (train.lr)",
+_CAUSES = {  # a rejection's cause ("non_finite": the run's, as a loss that is not finite)
     "norm": "learning rate too high, or the [validation] norm bounds too tight?",
     "n_samples": "clients without training samples?",
     "shape": "replies of the wrong width: a backend or model mismatch?",
@@ -72,14 +71,17 @@ def loss_scale(task: str, n_classes: int, mean_sq_target: float | None = None) -
     return float(mean_sq_target)
 
 
-def noise_cause(noise_multiplier: float, clip: float | None) -> str:
-    """The likely cause of a run that diverges under privacy noise (`[privacy]`): the noise,
-    then the learning rate (a run without noise: the learning rate)."""
+def noise_cause(noise_multiplier: float, clip: float | None,
+                suspects: list[str] | None = None) -> str:
+    """The likely cause of a run that diverges: under privacy noise (`[privacy]`) the noise
+    first, then the learning rate, then `suspects` (the run's other settings that can make
+    training blow up, set away from their defaults: `train.weight_decay = 1e+06`)."""
+    others = f", or {', '.join(suspects)}?" if suspects else ""
     if noise_multiplier <= 0 or clip is None:
-        return _LR
+        return _LR + others
     return (f"privacy noise too large? (privacy.noise_multiplier {noise_multiplier:g} × clip "
             f"{clip:g}: noise of std {noise_multiplier * clip:.3g} on each coordinate of an "
-            f"aggregate's sum), or {_LR}")
+            f"aggregate's sum), or {_LR}{others}")
 
 
 def diagnose(t: int, updates: RoundUpdates, scale: float | None,
@@ -91,7 +93,8 @@ def diagnose(t: int, updates: RoundUpdates, scale: float | None,
         return None
     if updates.kept == 0:
         reasons = [r for r, _ in updates.rejected.most_common()] or ["rejected"]
-        cause = _CAUSES.get(reasons[0], "check the [validation] settings")
+        cause = cause if reasons[0] == "non_finite" else _CAUSES.get(
+            reasons[0], "check the [validation] settings")
         return Divergence(t, "rejected", f"round {t}: every update was rejected "
                                          f"({', '.join(reasons)}) — {cause}")
     losses = np.asarray(updates.losses, dtype=np.float64)
