@@ -20,6 +20,7 @@ from clusterfl.config_util import flatten
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError
 from clusterfl.records import RoundRecord
+from clusterfl.rundir import LOCK_FILE
 from clusterfl.state import read_checkpoint, write_checkpoint
 
 CHECKPOINT = "checkpoint/state.pt"
@@ -82,8 +83,17 @@ class Checkpoints:
         if path is None:
             raise ClusterFLError("--resume: a run without an output folder (out_dir) has no "
                                  "checkpoint to resume; run without resume")
+        if path.exists() and not path.is_file():
+            raise ClusterFLError(f"--resume: {path} is not a file (a checkpoint is one file); "
+                                 "move it away, or restart the run with --overwrite")
         if not path.is_file():
-            raise ClusterFLError(f"--resume: no checkpoint at {path}; run without --resume")
+            folder = path.parent.parent
+            started = folder.is_dir() and any(
+                e.name not in (LOCK_FILE, path.parent.name) for e in folder.iterdir())
+            raise ClusterFLError(
+                f"--resume: no checkpoint at {path}; "
+                + ("the run stopped before its first checkpoint: start it again with "
+                   "--overwrite (instead of --resume)" if started else "run without --resume"))
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()
         if comparable(saved) != comparable(now):

@@ -278,6 +278,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         source = "--data-dir" if args.data_dir else "$CLUSTERFL_DATA"
         raise ConfigError(source, f"{root} is a file, not a data folder")
     if args.action == "list":
+        if args.name is not None:
+            raise ClusterFLError(f"data list: takes no dataset name (got {args.name!r}); "
+                                 f"`clusterfl data verify {args.name}` checks one")
         con.print(f"data directory: {root}")
         for name in sorted(DATASETS):
             if not DATASETS[name].files:  # made, not downloaded (FEMNIST): its folder
@@ -293,7 +296,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         return 0
     allowed = ", ".join(sorted(n for n in DATASETS if DATASETS[n].files))
     if args.name is not None and args.name not in DATASETS:
-        raise ClusterFLError(f"dataset: unknown {args.name!r}; allowed: {allowed}")
+        raise ClusterFLError(f"dataset: unknown {args.name!r}; allowed: "
+                             f"{', '.join(sorted(DATASETS))}")
     if args.action == "download" and args.name is None:
         raise ClusterFLError(f"data download: name the dataset to fetch, one of: {allowed} "
                              "(e.g. `clusterfl data download mnist`)")
@@ -379,6 +383,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     raw = {} if args.config is None else read_toml(args.config)
     config = load_config(apply_overrides(raw, _overrides(args)))
     print(dump_toml(config.to_dict()), end="")
+    left = config.unwritten()
+    if left:  # every default shown: those a config.toml omits as comments
+        print("\n# Not written above (a run's config.toml omits them too): their values now")
+        for key, value in left:
+            shown = "none" if value is None else dump_toml({"v": value})[4:].strip()
+            print(f"# {key} = {shown}")
     return 0
 
 
@@ -478,8 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "CONFIG --out DIR: write the config's federation once, to be read "
                       "memory-mapped ([data] source = \"shards\", path = DIR)")
     data.add_argument("name", nargs="?",
-                      help="mnist, fashion_mnist, cifar10, cifar100 or emnist (shard: a run "
-                      "config)")
+                      help="a dataset of `clusterfl data list` (mnist, fashion_mnist, "
+                      "cifar10, cifar100, emnist, femnist, ag_news ...; shard: a run config)")
     data.add_argument("--out", help="shard: the folder to write (new, empty, or an earlier "
                       "shard, which is replaced)")
     data.add_argument("--set", action="append", metavar="KEY=VALUE",

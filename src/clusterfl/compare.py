@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,19 @@ def _check_arguments(config: Any, specs: Any, out_dir: Any, progress: Any, overw
     check_flag("progress", progress, none=PROGRESS_NONE)
 
 
+def _warn_other_runs(out: Path, folders: list[str]) -> None:
+    """A resumed comparison whose folder holds runs of methods it does not list (an earlier
+    `--algorithms`): they stay, left out of its report; said once on stderr."""
+    from clusterfl.rundir import holds_run
+
+    others = sorted(e.name for e in out.iterdir()
+                    if e.is_dir() and e.name not in folders and holds_run(e))
+    if others:
+        print(f"clusterfl: warning: {out} also holds runs of methods this comparison does not "
+              f"list ({', '.join(others)}): they are kept as they are and left out of its "
+              "report", file=sys.stderr, flush=True)
+
+
 def run_comparison(
     config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None,
     overwrite: bool = False, hint: str = "overwrite=True to replace it",
@@ -158,6 +172,8 @@ def run_comparison(
                                       "--resume")
     with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint,
                              runs_inside=True):
+        if resume:
+            _warn_other_runs(out, [folder for folder, _ in runs])
         if federation is None:
             federation = build_federation(config)
         # every method checked (its settings against the federation) before the first runs
@@ -165,6 +181,7 @@ def run_comparison(
                        for folder, cfg in runs]
         results, run_dirs = [], []
         for (run_dir, experiment), (folder, _) in zip(experiments, runs, strict=True):
+            experiment.name_in_warnings = True
             history = (resume_run(run_dir, experiment, progress) if resume else
                        experiment.run(progress=progress))
             results.append((history.summary.label or folder, history))

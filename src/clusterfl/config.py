@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
-from clusterfl.config_util import MAX_SEED, Settings, parse, pick
+from clusterfl.config_util import MAX_SEED, Settings, flatten, parse, pick
 from clusterfl.data.own import (
     GIVEN,
     OWN_SOURCES,
@@ -219,6 +219,21 @@ class Config:
                 out[name] = _drop_none(table.model_dump())
         return _tomlable(out)
 
+    def unwritten(self) -> list[tuple[str, Any]]:
+        """The settings `to_dict` leaves out, as (dotted key, value): those at None (TOML has
+        no None) and the defaults a written config omits (the backend's device settings, the
+        robustness tables that change nothing). `config show` prints them as comments."""
+        written = flatten(self.to_dict())
+        tables: list[tuple[str, BaseModel]] = [
+            ("", self.run), ("data.", self.data), ("scenario.", self.scenario),
+            ("model.", self.model), ("train.", self.train), ("algorithm.", self.algorithm),
+            ("backend.", self.backend), ("output.", self.output),
+            *((f"{n}.", getattr(self, n)) for n in ROBUST_TABLES)]
+        return [(prefix + name, getattr(table, name)) for prefix, table in tables
+                for name in type(table).model_fields
+                if prefix + name not in written and not any(
+                    k.startswith(f"{prefix}{name}.") for k in written)]
+
     def with_algorithm(self, raw: dict[str, Any]) -> Config:
         """A copy with another `[algorithm]` table (used by `compare`)."""
         return load_config({**self.to_dict(), "algorithm": raw})
@@ -368,14 +383,20 @@ def apply_overrides(raw: dict[str, Any],
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
             raise ConfigError("--set", f"empty key in {key!r}")
-        node = out
-        for p in parts[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(".".join(parts), f"{p!r} is a value, not a table")
-            node = nxt
-        node[parts[-1]] = value
+        set_dotted(out, parts, value, ".".join(parts))
     return out
+
+
+def set_dotted(raw: dict[str, Any], parts: list[str], value: Any, where: str) -> None:
+    """`raw[a][b][c] = value` for the key parts `[a, b, c]`, making the tables on the way;
+    a part that holds a value, not a table, is a ConfigError naming `where`."""
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(where, f"{p!r} is a value, not a table")
+        node = nxt
+    node[parts[-1]] = value
 
 
 def dump_toml(data: dict[str, Any]) -> str:

@@ -85,7 +85,8 @@ class RunOutcome:
         shown = (f"perplexity {ppl:.2f}" if ppl is not None
                  else f"accuracy {100 * acc:.1f}%" if acc is not None
                  else f"MSE {mse if mse is not None else float('nan'):.4g}")
-        text = (f"{self.task.what}: {shown}, ARI {self.final.get('ari')}, "
+        ari = self.final.get("ari")
+        text = (f"{self.task.what}: {shown}, ARI {'n/a' if ari is None else f'{ari:.2f}'}, "
                 f"{self.seconds:.0f} s" + (" (resumed)" if self.resumed else ""))
         return text + (f"; DIVERGED ({self.divergence})" if self.divergence else "")
 

@@ -58,6 +58,12 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def _version() -> str:
+    from clusterfl import __version__
+
+    return __version__
+
+
 def _check_keys(d: Mapping[str, Any], required: Iterable[str], optional: Iterable[str],
                 what: str) -> None:
     """Raise ValueError naming the missing required keys or the unknown keys of `d`."""
@@ -70,7 +76,8 @@ def _check_keys(d: Mapping[str, Any], required: Iterable[str], optional: Iterabl
     known = set(required) | set(optional)
     unknown = [k for k in d if k not in known]
     if unknown:
-        raise ValueError(f"{what} has unknown key(s) {', '.join(map(repr, unknown))}")
+        raise ValueError(f"{what} has unknown key(s) {', '.join(map(repr, unknown))} (written "
+                         f"by another clusterfl than this {_version()}, or edited by hand?)")
 
 
 # --------------------------------------------------------------------------- metrics

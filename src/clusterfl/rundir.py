@@ -184,6 +184,12 @@ def _is_run(folder: Path) -> bool:
         or all(e.name == LOCK_FILE for e in folder.iterdir())
 
 
+def holds_run(folder: Path) -> bool:
+    """`folder` holds a run's own files (its config, history or summary) at its top."""
+    return folder.is_dir() and any(
+        (folder / n).is_file() for n in ("config.toml", HISTORY_FILE, SUMMARY_FILE))
+
+
 def foreign_entry(folder: Path, runs_inside: bool = True) -> Path | None:
     """The first entry of `folder` that clusterfl did not write (None: every one is ours).
     `folder` must be a run's folder or, with `runs_inside`, a comparison's (a folder of runs'
@@ -319,9 +325,14 @@ class RunDir:
             raise
 
     def start(self, config_toml: str, records: list[RoundRecord]) -> None:
-        """Write `config.toml` and the history so far (a resumed run's, else none)."""
+        """Write `config.toml` and the history so far (a resumed run's, else none). A summary
+        already there is an earlier end of this run (continued to more rounds, or resumed
+        when finished): removed, so that a continuation stopped before its own end never
+        leaves a summary of fewer rounds beside the config and history it does not describe
+        (`compare --resume` would take the run as finished)."""
         if self.path is None:
             return
+        (self.path / SUMMARY_FILE).unlink(missing_ok=True)
         (self.path / "config.toml").write_text(config_toml)
         with open(self.path / HISTORY_FILE, "w") as fh:
             fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
@@ -386,5 +397,6 @@ __all__ = [
     "claim_run_dir",
     "export_folder",
     "foreign_entry",
+    "holds_run",
     "locking",
 ]

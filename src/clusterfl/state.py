@@ -26,6 +26,7 @@ import io
 import os
 import types
 import typing
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -185,12 +186,27 @@ def write_checkpoint(path: Path, payload: dict[str, Any], round_: int,
                               f"checkpoint of round {round_}; {kept}") from None
 
 
+def _failed_checksum(path: Path) -> str | None:
+    """The first part of the zip file at `path` whose CRC-32 does not match its data (torch's
+    reader does not check them: a changed byte of a tensor loads as a changed weight); None
+    when every part matches or the file is not a readable zip (torch.load then says why)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
+
+
 def read_checkpoint(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
     """The checkpoint at `path`, which must hold `keys`; a one-line `CheckpointError` for an
     empty, truncated (a torch zip file that ends early) or foreign file."""
     size = path.stat().st_size
     if size == 0:
         raise CheckpointError(f"{path} is empty: it is not a clusterfl checkpoint; {RESTART}")
+    bad = _failed_checksum(path)
+    if bad is not None:
+        raise CheckpointError(f"{path} is damaged: its part {bad} fails its checksum (a bit "
+                              f"changed on disk or in a copy); {RESTART}")
     try:
         state = torch.load(path, weights_only=False)
     except Exception:  # torch's zip reader and pickle raise many kinds of errors

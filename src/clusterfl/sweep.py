@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterfl.config import Config, dump_toml, load_config
+from clusterfl.config import Config, dump_toml, load_config, set_dotted
 from clusterfl.config_util import MAX_SEED, flatten, is_number, is_whole
 from clusterfl.errors import ClusterFLError, ConfigError
 
@@ -253,13 +253,7 @@ def _set(raw: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     parts = [p for p in dotted.split(".") if p]
     if not parts:
         raise ConfigError(where, "empty key")
-    node = raw
-    for p in parts[:-1]:
-        nxt = node.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(where, f"{p!r} is a value, not a table")
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
+    set_dotted(raw, parts, copy.deepcopy(value), where)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -417,6 +411,24 @@ def _check_runs(runs: Any, out: Any) -> Path:
     return out
 
 
+def _check_no_other_runs(runs: Sequence[Run], out: Path) -> None:
+    """Refuse a sweep folder that is (or holds) a run that is not one of a sweep's: a run's
+    own folder, or a comparison's run folder where a sweep keeps a method's or cell's seeds.
+    A sweep's runs lie two or three folders down (`METHOD/seedN`, `CELL/METHOD/seedN`)."""
+    from clusterfl.rundir import RUN_SUBDIRS, RunDirInUseError, holds_run
+
+    tops = [out, *(e for e in sorted(out.iterdir()) if e.is_dir() and not e.is_symlink()
+                   and e.name not in RUN_SUBDIRS)]
+    between = {p for r in runs for p in r.target.parents if p != out and p.is_relative_to(out)}
+    found = next((p for p in [*tops, *sorted(between)] if holds_run(p)), None)
+    if found is not None:
+        what = "is" if found == out else f"holds {found.relative_to(out).as_posix()}, which is"
+        raise RunDirInUseError(
+            f"{out} {what} the folder of a run, not of a sweep's runs (`compare` without "
+            "--seeds or `run` wrote it); a sweep writes each run into METHOD/seedN: give "
+            "another --out")
+
+
 def _check_run_options(jobs: Any, ray: Any, cpus_per_run: Any, gpus_per_run: Any,
                        threads: Any, flags: dict[str, Any], log: Any) -> None:
     from clusterfl.jobs import check_resources
@@ -464,6 +476,7 @@ def run_sweep(
                        {"retry_failed": retry_failed, "overwrite": overwrite}, log)
     make_folder(out)
     with FolderLock(out):
+        _check_no_other_runs(runs, out)
         state = _state(out)
         failed: dict[str, Any] = state["failed"]
         todo: list[Run] = []

@@ -76,6 +76,29 @@ def test_config_show_prints_the_resolved_config(tmp_path: Path, capsys) -> None:
     assert tomllib.loads(capsys.readouterr().out)["rounds"] == 2
 
 
+def test_config_show_shows_every_default_the_written_config_leaves_out(capsys) -> None:
+    """`config show` ("with every default filled in") left out the backend's device settings,
+    the whole [validation] table and the settings at none: a user looking for the default of
+    median_multiple or chunk_size found nothing."""
+    from clusterfl.config import load_config
+
+    assert main(["config", "show", "--set", "privacy.clip=2.5"]) == 0
+    out = capsys.readouterr().out
+    shown = tomllib.loads(out)  # the comments leave it a config that loads
+    assert load_config(shown).privacy.clip == 2.5
+    comments = {line[2:].split(" = ")[0]: line.split(" = ", 1)[1]
+                for line in out.splitlines() if line.startswith("# ") and " = " in line}
+    for name, default in (("validation.median_multiple", "100.0"),
+                          ("validation.enabled", "true"), ("backend.chunk_size", '"auto"'),
+                          ("backend.device", '"auto"'), ("eval_clients", "none"),
+                          ("adversary.kind", '"none"')):
+        assert comments[name] == default, name
+    assert "privacy.clip" not in comments and "privacy.delta" not in comments  # written
+    assert shown["privacy"]["noise_multiplier"] == 0.0  # a set table is written whole
+    written = {f"{t}.{k}" for t, v in shown.items() if isinstance(v, dict) for k in v}
+    assert not written & set(comments)  # each setting once: written, or a comment
+
+
 # --------------------------------------------------------------------------- compare
 
 

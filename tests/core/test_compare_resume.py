@@ -82,3 +82,42 @@ def test_the_cli_says_how_to_resume_and_resumes(tmp_path: Path, monkeypatch, cap
     assert main([*argv, "--resume"]) == 0
     assert "comparison report:" in capsys.readouterr().out
     assert main([*argv, "--resume", "--overwrite"]) == 2  # one or the other
+
+
+def test_a_continuation_stopped_midway_is_continued_not_taken_as_finished(tmp_path: Path,
+                                                                          monkeypatch):
+    """A finished 3-round comparison continued to 5 rounds and stopped at round 4: its old
+    summary.json of 3 rounds stayed beside config.toml's 5, and `compare --resume` read the
+    run back as finished at 3 rounds (only a warning about differing budgets)."""
+    out = tmp_path / "cmp"
+    run_comparison(load_config(RAW), ["fedavg"], out, progress=False)
+    longer = load_config({**RAW, "rounds": 5})
+    real, stopped = Checkpoints.save, []
+
+    def save(self: Checkpoints, t: int, *args: object, **kwargs: object) -> None:
+        real(self, t, *args, **kwargs)  # type: ignore[arg-type]
+        if t == 4 and not stopped:
+            stopped.append(t)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpoints, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(longer, ["fedavg"], out, progress=False, resume=True)
+    assert not (out / "fedavg" / "summary.json").exists()  # no summary of 3 rounds left
+    resumed = run_comparison(longer, ["fedavg"], out, progress=False, resume=True)
+    whole = run_comparison(longer, ["fedavg"], tmp_path / "whole", progress=False)
+    (_, a), (_, b) = resumed[0], whole[0]
+    assert a.summary.rounds == 5 and len(a.records) == 5
+    assert timing_free(a.records) == timing_free(b.records)
+    assert timing_free(a.summary) == timing_free(b.summary)
+
+
+def test_resuming_with_fewer_methods_says_which_runs_it_leaves_out(tmp_path: Path, capsys):
+    out = tmp_path / "cmp"
+    run_comparison(load_config(RAW), SPECS, out, progress=False)
+    capsys.readouterr()
+    run_comparison(load_config(RAW), ["fedavg"], out, progress=False, resume=True)
+    err = capsys.readouterr().err
+    assert f"{out} also holds runs of methods this comparison does not list " \
+           "(ifca_n_clusters=2): they are kept as they are and left out of its report" in err
+    assert (out / "ifca_n_clusters=2" / "summary.json").is_file()

@@ -150,6 +150,17 @@ def test_malformed_records_are_refused(tmp_path: Path) -> None:
         read_summary(tmp_path)
 
 
+def test_an_unknown_key_names_the_version_that_cannot_read_it(tmp_path: Path) -> None:
+    from clusterfl import __version__
+
+    (tmp_path / "summary.json").write_text('{"final": {}, "written_later": 1}')
+    with pytest.raises(ClusterFLError) as info:
+        read_summary(tmp_path)
+    message = str(info.value)
+    assert "'written_later'" in message and f"this {__version__}" in message
+    assert "\n" not in message
+
+
 def test_json_ready_matches_the_runner_cleaning() -> None:
     value = {1: np.float32(0.5), "a": (np.int64(3), float("nan")), "t": torch.tensor([1.0]),
              "b": np.array([[1, 2]]), "inf": float("-inf"), "s": "x", "n": None, "ok": True}

@@ -458,3 +458,47 @@ def test_the_python_api_refuses_wrong_argument_kinds_in_one_line(tmp_path: Path)
             call()
         assert "\n" not in str(info.value)
     assert not out.exists() and not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("first", [["fedavg,local"], ["ifca:n_clusters=2"]],
+                         ids=["same_methods", "other_methods"])
+def test_compare_seeds_refuses_the_folder_of_a_comparison_without_seeds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], first: list[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml({**TINY, "rounds": 1}))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(config), "--algorithms", *first, "--out", str(out),
+                 "--quiet"]) == 0
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    report = (out / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["compare", str(config), "--algorithms", "fedavg,local", "--seeds", "0-1",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the folder of a run" in err, err
+    assert "another --out" in err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert (out / "report.md").read_text() == report
+
+
+def test_a_sweep_refuses_a_folder_that_is_one_runs_own(tmp_path: Path) -> None:
+    from clusterfl.rundir import RunDirInUseError
+
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml({**TINY, "rounds": 1}))
+    out = tmp_path / "one"
+    assert main(["run", str(config), "--out", str(out), "--quiet"]) == 0
+    runs = load_sweep(_sweep(tmp_path, [0.1])).plan(out)
+    with pytest.raises(RunDirInUseError, match=r"one is the folder of a run"):
+        run_sweep(runs, out, log=lambda m: None)
+    assert not any(p.name.startswith("seed") for p in out.rglob("*"))
+
+
+def test_a_runs_log_line_gives_the_ari_to_two_decimals() -> None:
+    # it printed "ARI 0.5539906103286385" (and "ARI None" without true clusters)
+    from clusterfl.jobs import RunOutcome, RunTask
+
+    task = RunTask("FedAvg seed 0", {}, Path("x"))
+    line = RunOutcome(task, 8.2, final={"accuracy": 0.5716, "ari": 0.5539906103286385}).line()
+    assert line == "FedAvg seed 0: accuracy 57.2%, ARI 0.55, 8 s"
+    assert ", ARI n/a, " in RunOutcome(task, 1.0, final={"accuracy": 0.5}).line()
