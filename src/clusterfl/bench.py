@@ -133,6 +133,10 @@ def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = (),
     """All suite files of `folder` (sorted), or only the named ones; with `methods`
     (algorithm names, e.g. "fedem"), each scenario keeps only the specs of those algorithms
     and a scenario that lists none of them is left out."""
+    if not folder.is_dir():
+        raise ConfigError("--suite", f"{folder} is not a folder (the default is relative to "
+                          "the folder the command runs in: run bench from the repository's "
+                          "root, or give --suite the suite folder)")
     files = sorted(folder.glob("*.toml"))
     if not files:
         raise ConfigError("--suite", f"no suite files (*.toml) in {folder}")

@@ -48,7 +48,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                  "none); it holds one run")
     r.add_argument("--overwrite", action="store_true",
                    help="empty --out first when it holds an earlier run")
-    r.add_argument("--mode", choices=["ray", "local", "submit"], default="ray")
+    r.add_argument("--mode", choices=["ray", "local", "submit"], default="ray",
+                   help="ray: Flower's simulation engine (the ray extra); local: a SuperLink "
+                   "and SuperNodes started here; submit: to a running SuperLink (default: ray)")
     r.add_argument("--superlink", help="submit: SuperLink connection name in "
                                        "$FLWR_HOME/config.toml (default: its default)")
     r.add_argument("--timeout", type=float, default=3600.0,
@@ -70,7 +72,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("--out", help="the same as OUT_DIR")
     c.add_argument("--host", action="append", required=True,
                    help="name or IP the SuperLink is reached at (repeatable)")
-    c.add_argument("--nodes", type=int, default=0, help="SuperNode key pairs to create")
+    c.add_argument("--nodes", type=int, default=0,
+                   help="SuperNode key pairs to create (default: 0)")
     c.set_defaults(func=cmd_certs)
 
     a = sub.add_parser("app-dir", help="print the Flower App directory (for `flwr run`)")

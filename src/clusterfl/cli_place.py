@@ -452,8 +452,9 @@ def _rows(exp: Any, alg: Algorithm, ids: np.ndarray, placed: Placement, acc: np.
 def placement_table(rows: list[dict[str, Any]], label: str) -> Any:
     """A rich table of placements (the method's details in the last columns)."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"{label}: placement of clients")
+    table = Table(title=Text(f"{label}: placement of clients"))  # Text: no markup
     keys: list[str] = []
     for r in rows:
         for key in r.get("details") or {}:
@@ -464,13 +465,13 @@ def placement_table(rows: list[dict[str, Any]], label: str) -> Any:
         table.add_column(col)
     for r in rows:
         details = r.get("details") or {}
-        table.add_row(
+        table.add_row(*map(Text, [
             str(r["client"]), _text(r["true_cluster"]),
             {None: "?", False: "no"}.get(r["trained"], f"yes ({r['run_cluster']})"),
             str(r["cluster"]),
             _text(r["cluster_true_clusters"]),
             "" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}%",
-            *(_text(details.get(key)) for key in keys))
+            *(_text(details.get(key)) for key in keys)]))
     return table
 
 

@@ -60,8 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(sets backend.device)")
     s.add_argument("--quiet", action="store_true",
                    help="no line per run (the table, the failures and the paths are printed)")
-    s.add_argument("--fail-on-divergence", action="store_true",
-                   help="exit with code 3 when a run diverged (the results are written)")
+    s.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction,
+                   default=False, help="exit with code 3 when a run diverged (the results "
+                   "are written; default: off)")
     s.set_defaults(func=cmd_sweep)
     return s
 

@@ -49,6 +49,11 @@ def _takes_bool(annotation: Any) -> bool:
     return any(_takes_bool(a) for a in args)
 
 
+def _takes(annotation: Any, *kinds: type) -> bool:
+    """Whether a field's type admits a value of one of `kinds` (also in a union or list)."""
+    return annotation in kinds or any(_takes(a, *kinds) for a in typing.get_args(annotation))
+
+
 class Settings(BaseModel):
     """Base of every settings table: `true`/`false` where a number (or list of numbers) is
     expected is refused (pydantic reads them as 1 and 0, so `rounds = true` ran one round)."""
@@ -62,7 +67,11 @@ class Settings(BaseModel):
             if typing.get_origin(field.annotation) is Literal and words:
                 raise ValueError(f"expected one of {', '.join(map(repr, words))}, not "
                                  "true/false")
-            raise ValueError("expected a number (or text), not true/false")
+            text, number = _takes(field.annotation, str), _takes(field.annotation, int, float)
+            kind = ("a number (or text)" if text and number else "text" if text
+                    else "a list of numbers" if typing.get_origin(field.annotation) is list
+                    else "a number")
+            raise ValueError(f"expected {kind}, not true/false")
         return value
 
 

@@ -217,7 +217,10 @@ def plot_bands(runs: Sequence[Run], key: str, path: Path, title: str) -> Path:
             std = np.array([np.std(points[r], ddof=1) if len(points[r]) > 1 else 0.0
                             for r in rounds]) * sc
             ax.plot(rounds, mean, color=f"C{i % 10}", label=label)
-            ax.fill_between(rounds, mean - std, mean + std, color=f"C{i % 10}", alpha=0.2, lw=0)
+            top = 1.0 if which == "ari" else 100.0 if key == "accuracy" else None
+            low = 0.0 if which == "metric" and key == "accuracy" else None
+            ax.fill_between(rounds, np.clip(mean - std, low, top), np.clip(mean + std, low, top),
+                            color=f"C{i % 10}", alpha=0.2, lw=0)  # ± std, inside the range
     axes[0].set_ylabel("accuracy (%)" if key == "accuracy" else key)
     axes[0].set_title(f"{title}: mean ± std over seeds")
     if with_ari:
@@ -297,6 +300,7 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
 def console_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> Any:
     """A rich table: per cell and method, the primary metric and the ARI, mean ± std."""
     from rich.table import Table
+    from rich.text import Text
 
     key, header, scale, digits, _ = primary(rows)
     table = Table(title=f"{header} and ARI, mean ± std over seeds {list(seeds)}")
@@ -310,5 +314,5 @@ def console_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> Any:
             acc = describe(values(rows, cell, method, key, seeds))
             ari = describe(values(rows, cell, method, "ari", seeds))
             row = [method, str(acc.n), acc.text(digits, scale), _short(ari, 2, 1.0)]
-            table.add_row(*([cell or ""] if any(cells) else []), *row)
+            table.add_row(*map(Text, [*([cell or ""] if any(cells) else []), *row]))
     return table

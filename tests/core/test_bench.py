@@ -160,6 +160,10 @@ def _final_accuracy(run: Path) -> float | None:
 
 def test_bad_suite_files_name_the_problem(tmp_path: Path) -> None:
     folder = tmp_path / "s"
+    # bench outside the repository: the relative default is no folder there
+    with pytest.raises(ConfigError, match=r"s is not a folder \(the default is relative to the "
+                                          r"folder the command runs in"):
+        load_suite(folder)
     folder.mkdir()
     with pytest.raises(ConfigError, match="no suite files"):
         load_suite(folder)

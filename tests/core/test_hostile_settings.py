@@ -323,7 +323,8 @@ def test_true_or_false_where_a_number_is_expected_is_refused(key, value, field):
     if field is None:  # no number given a boolean: loads
         load_config(config)
         return
-    with pytest.raises(ConfigError, match=r"expected a number .*not true/false") as err:
+    with pytest.raises(ConfigError,
+                       match=r"expected a (number|list of numbers), not true/false") as err:
         load_config(config)
     assert err.value.field == field
 

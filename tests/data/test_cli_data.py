@@ -118,3 +118,16 @@ def test_a_data_folder_that_is_a_file_is_one_line_naming_where_it_came_from(
     assert main(["data", "list"]) == 2
     assert capsys.readouterr().err.startswith("clusterfl: error: $CLUSTERFL_DATA: ")
     assert fetched == [] and afile.read_text() == "mine"
+
+
+def test_an_unknown_name_lists_every_dataset_and_list_takes_no_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the list named the five downloadable ones though `verify femnist`/`ag_news` work,
+    # and `data list extra` ignored its word
+    assert main(["data", "verify", "nosuch", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in sorted(DATASETS)), err
+    assert "femnist" in DATASETS and "ag_news" in DATASETS
+    assert main(["data", "list", "mnist", "--data-dir", str(tmp_path)]) == 2
+    assert "data list: takes no dataset name (got 'mnist'); `clusterfl data verify mnist` " \
+        "checks one" in capsys.readouterr().err

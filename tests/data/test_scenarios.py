@@ -518,3 +518,16 @@ def test_proportional_counts_exact() -> None:
     assert counts.sum(axis=0).tolist() == [10, 7]
     assert counts[:, 0].tolist() in ([4, 3, 3], [3, 4, 3], [3, 3, 4])
     assert counts[:, 1].tolist() == [0, 5, 2]  # 5.25 → 5, 1.75 → 2
+
+
+@pytest.mark.parametrize("scenario", ["rotation", "cluster_partitioner"])
+def test_too_few_clients_for_the_angles_names_the_angles_not_a_missing_field(
+        digits: Source, scenario: str) -> None:
+    # it said "scenario.n_clusters: 4 clusters need ...", a field rotation does not have
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, scenario, {"n_clients": 2, "angles": [0, 90, 180, 270]},
+                        seed=0)
+    assert err.value.field == "scenario.angles"
+    assert "4 angles make 4 clusters, which need at least as many clients (n_clients = 2)" \
+        in str(err.value)
+    assert "n_clusters" not in str(err.value)

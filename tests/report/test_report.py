@@ -449,3 +449,20 @@ def test_a_run_that_has_not_finished_is_named_so_not_a_missing_file(tmp_path: Pa
         read_summary(run)
     assert f"{run} is a run that has not finished (no summary.json; its history ends at " \
         f"round {ROUNDS})" in str(err.value) and "--resume" in str(err.value)
+
+
+def test_the_console_table_shows_a_label_with_brackets_as_written() -> None:
+    """`shared_layers=["layers"]` in a label showed as `shared_layers=`: rich read
+    `[layers]` as markup and dropped it."""
+    import io
+
+    from rich.console import Console
+
+    from clusterfl.records import RunSummary
+    from clusterfl.report.markdown import summary_table
+
+    label = 'CFL-GP (K=4, shared_layers=["layers"], [bold])'
+    console = Console(file=io.StringIO(), width=300)
+    console.print(summary_table([RunSummary(label=label)], title="runs [dim]"))
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert label in shown and "runs [dim]" in shown

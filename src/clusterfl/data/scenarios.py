@@ -113,10 +113,14 @@ def _label_map_plan(source: Source, p: _SizeParams, clusters: np.ndarray,
                 label_maps=cluster_maps[clusters])
 
 
-def _need_clusters(n_clusters: int, n_clients: int) -> None:
+def _need_clusters(n_clusters: int, n_clients: int, field: str = "n_clusters") -> None:
+    """One client per cluster at least; `field`: the setting that makes the clusters (the
+    rotation scenarios' `angles`, one cluster per angle)."""
     if n_clusters > n_clients:
-        raise ConfigError("n_clusters", f"{n_clusters} clusters need at least as many clients "
-                                        f"(n_clients = {n_clients})")
+        what = f"{n_clusters} angles make {n_clusters} clusters, which" if field == "angles" \
+            else f"{n_clusters} clusters"
+        raise ConfigError(field, f"{what} need at least as many clients (n_clients = "
+                                 f"{n_clients}): raise n_clients or give fewer {field}")
 
 
 def plan_iid(source: Source, p: IidParams, rng: np.random.Generator) -> Plan:
@@ -232,7 +236,7 @@ def _rotation_groups(p: RotationParams, n_groups: int) -> np.ndarray:
 def plan_rotation(source: Source, p: RotationParams, rng: np.random.Generator) -> Plan:
     """CFL-GP §5.2 / F.5 (IFCA's rotated MNIST): cluster j rotates all its images by angle j."""
     n_groups = len(p.angles)
-    _need_clusters(n_groups, p.n_clients)
+    _need_clusters(n_groups, p.n_clients, "angles")
     clusters = _rotation_groups(p, n_groups)
     train_pool, train, test_pool, test = _rotation_parts(source, p, n_groups, rng)
     angles = np.asarray(p.angles, dtype=np.float64)[clusters]
@@ -273,7 +277,7 @@ def plan_cluster_partitioner(source: Source, p: ClusterPartitionerParams,
     from clusterfl.data.partitioners import flower_split
 
     n_groups = len(p.angles)
-    _need_clusters(n_groups, p.n_clients)
+    _need_clusters(n_groups, p.n_clients, "angles")
     clusters = _rotation_groups(p, n_groups)
     train_pool, test_pool = source_pools(source)
     shares = np.array_split(rng.permutation(len(train_pool)), n_groups)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rich.table import Table
+from rich.text import Text
 
 from clusterfl.config_util import flatten
 from clusterfl.records import FinalMetrics, RoundMetrics, RunSummary, read_history, read_summary
@@ -149,12 +150,12 @@ def summary_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[
 def summary_table(summaries: Sequence[RunSummary], title: str | None = None) -> Table:
     """A rich Table of the final metrics, one row per run (numbers right-aligned)."""
     headers, rows = summary_rows(summaries)
-    table = Table(title=title)
+    table = Table(title=None if title is None else Text(title))
     table.add_column(headers[0], style="bold")
     for header in headers[1:]:
         table.add_column(header, justify="right")
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # as Text: a label's `[layers]` is not read as markup (and dropped)
+        table.add_row(*map(Text, row))
     return table
 
 
@@ -229,7 +230,8 @@ def _run_header(summary: RunSummary, run_dir: Path) -> str:
         f"{_known(summary.rounds)} rounds",
         truth,
     ]
-    return f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts) + f" (`{run_dir.name}`).\n"
+    return (f"# {run_label(summary, run_dir)}\n\n" + ", ".join(facts)
+            + f" (folder `{run_dir.name}`).\n")
 
 
 def _data_fact(data: dict[str, Any]) -> str:
@@ -298,7 +300,8 @@ def _extras_section(extras: dict[str, Any]) -> str:
     if not scalars:
         return ""
     rows = [f"| {k} | {_general(v) if isinstance(v, float) else v} |" for k, v in scalars.items()]
-    return "## Algorithm specifics\n\n| key | value |\n|:---|---:|\n" + "\n".join(rows) + "\n"
+    return ("## Algorithm specifics (the last round's)\n\n| key | value |\n|:---|---:|\n"
+            + "\n".join(rows) + "\n")
 
 
 def _figure_links(figures: Sequence[Path], base: Path) -> str:

@@ -2,7 +2,7 @@
 
 - `cfl_norms.png` (like the paper's Fig. 8): per cluster (tree node) the norm of the mean
   update ‖Δθ_c‖ (solid) and the largest client update norm max_i ‖Δθ_i‖ (dashed), with the
-  thresholds ε1 and ε2 and the split rounds.
+  split rounds and, under the paper's ε rule, its thresholds ε1 and ε2.
 - `cfl_accuracy_gap.png` (like Fig. 9): top, the mean test accuracy of the clients of each
   true cluster (or of each final cluster when the truth is unknown); bottom, the separation
   gap g(α) of every cluster per round; split rounds marked.
