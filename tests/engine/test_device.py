@@ -180,9 +180,14 @@ def _backends(name: str, device: str, sizes: list[int] = FILLED):
             SequentialBackend(fed, fac, device=device))
 
 
+#: dropout draws other numbers on CUDA (CUDA generators; the loop's fused kernel): the
+#: CUDA comparisons hold for the models without it (docs/engine.md, "Determinism")
+CUDA_MODELS = [name for name in MODELS if name != "mlp_dropout"]
+
+
 @needs_cuda
 @pytest.mark.parametrize("setting", ["sgd", "adam", "prox", "offset"])
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", CUDA_MODELS)
 def test_cuda_training_matches_the_cpu_and_the_cuda_reference(name: str, setting: str) -> None:
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # float64: differences are the kernels' rounding
@@ -201,7 +206,7 @@ def test_cuda_training_matches_the_cpu_and_the_cuda_reference(name: str, setting
 
 
 @needs_cuda
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", CUDA_MODELS)
 def test_cuda_gradients_losses_and_metrics_match_the_cpu(name: str) -> None:
     fac, cpu, gpu, seq = _backends(name, "cuda")
     n = len(FILLED)

@@ -63,6 +63,10 @@ class TinyFactory(ModelFactory):
 # name: (model config, input shape, task, kernel class the auto choice must pick)
 MODELS: dict[str, tuple[dict, tuple[int, ...], str, type]] = {
     "mlp": ({"name": "mlp", "hidden": [16, 8]}, (1, 6, 6), "classification", MLPKernel),
+    # dropout: each client's noise from its own generator (`protocol.client_seed`), as the
+    # loop seeds it; one generator per chunk gave other masks (2.8e-3 apart after a round)
+    "mlp_dropout": ({"name": "mlp", "hidden": [16, 8], "dropout": 0.3}, (1, 6, 6),
+                    "classification", MLPKernel),
     "lenet": ({"name": "lenet", "channels": [4, 6], "hidden": [16, 12]}, (1, 8, 8),
               "classification", CNNKernel),
     "lenet_gn": ({"name": "lenet", "channels": [4, 6], "hidden": [16, 12], "groups": 2},

@@ -1,4 +1,4 @@
-"""The simulation backend: all clients of a request computed together (DESIGN.md §1, §3).
+"""The simulation backend: all clients of a request computed together (docs/engine.md).
 
 Same requests, same replies as `SequentialBackend` (the reference; `coords` narrowing and the
 GPU `device` as there), but the work is done by `engine.vectorized.VectorizedEngine`: stacked
@@ -221,6 +221,7 @@ class SimulationBackend(DeviceBackend):
         params, loss = self.engine.train(
             data, rows, on(req.models, self.device), as_index(req.model_of_client), sched, tr,
             fed.task, offsets, req.seed, prox_center=on(center, self.device), prox_scale=scale,
+            clients=clients,
         )
         return pr.TrainReply(clients.copy(), narrow(params, req.coords), sizes.copy(), loss)
 
@@ -254,7 +255,8 @@ class SimulationBackend(DeviceBackend):
                                  req.seed, k)
         which = np.repeat(np.arange(k, dtype=np.int64), n)
         params, loss = self.engine.train(data, rows_k, on(req.models, self.device), which, sched,
-                                         tr, fed.task, None, req.seed, sample_weight=weight)
+                                         tr, fed.task, None, req.seed, sample_weight=weight,
+                                         clients=rep)
         params = params.view(k, n, -1).transpose(0, 1).contiguous()
         return pr.MixtureTrainReply(clients.copy(), params, sizes.copy(),
                                     loss.reshape(k, n).sum(0), pi)
@@ -281,7 +283,7 @@ class SimulationBackend(DeviceBackend):
         data, rows = self._rows("train", req.models.dtype, clients)
         grads, loss = self.engine.gradients(data, rows, on(req.models, self.device),
                                             as_index(req.model_of_client), batches, fed.task,
-                                            req.seed)
+                                            req.seed, clients=clients)
         return pr.GradientReply(clients.copy(), narrow(grads, req.coords), used, loss)
 
     def losses(self, req: pr.LossRequest) -> pr.LossReply:

@@ -82,7 +82,10 @@ class StepBatch:
 
     `x` `[a, B, *input]`, `y` `[a, B]` targets, `w` `[a, B]` per-sample weights (0 masks
     padding), `offset` frozen logits added to the outputs (CAM) or None, `task` the loss
-    kind, `generator` the source of dropout noise.
+    kind, `generator` the source of dropout noise; `clients` (a kernel with dropout): each
+    stacked client's own generator and the rows it has in this batch (0: it takes no step),
+    so that its noise is the one the per-client loop draws (`protocol.client_seed`), whatever
+    clients share its chunk.
     """
 
     x: Tensor
@@ -91,6 +94,15 @@ class StepBatch:
     offset: Tensor | None
     task: str
     generator: torch.Generator
+    clients: ClientNoise | None = None
+
+
+@dataclass
+class ClientNoise:
+    """Per stacked client: its dropout generator and its valid rows in the step's batch."""
+
+    generators: list[torch.Generator]
+    rows: np.ndarray
 
 
 class GradientSink(Sink):
@@ -345,6 +357,8 @@ class StackedKernel(ABC):
     name = "kernel"
     #: how many samples (all clients together) one call may process at a time
     max_samples = 1 << 16
+    #: whether training draws noise (dropout): each client then gets its own generator
+    draws_noise = False
 
     def __init__(self, module: nn.Module, layout: ParamLayout) -> None:
         self.module = module

@@ -23,7 +23,14 @@ import torch
 from torch import nn
 
 from clusterfl.engine.device import low_precision
-from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch, Workspace, loss_and_grad
+from clusterfl.engine.stacked import (
+    ClientNoise,
+    Sink,
+    StackedKernel,
+    StepBatch,
+    Workspace,
+    loss_and_grad,
+)
 from clusterfl.models.params import ParamLayout
 from clusterfl.models.zoo import MLP, LinearRegression
 
@@ -75,8 +82,10 @@ class DenseStack:
         h: Tensor,
         train: bool,
         generator: torch.Generator | None,
+        clients: ClientNoise | None = None,
     ) -> tuple[Tensor, DenseCache]:
-        """`h` `[a, B, in]` → outputs `[a, B, out]`.
+        """`h` `[a, B, in]` → outputs `[a, B, out]`; dropout noise from `generator`, or from
+        each client's own (`clients`: drawn on its valid rows only, as its own loop would).
 
         The outputs live in the workspace: consume them before the next call. Under
         bf16-mixed they are float32 (a copy of the bfloat16 result).
@@ -117,8 +126,15 @@ class DenseStack:
             if train and layer.dropout > 0:  # drawn in the parameters' dtype: the same noise
                 keep = 1.0 - layer.dropout
                 dtype = params[layer.weight].dtype
-                mask = torch.empty(z.shape, dtype=dtype, device=z.device)
-                mask.bernoulli_(keep, generator=generator).div_(keep)
+                if clients is None:
+                    mask = torch.empty(z.shape, dtype=dtype, device=z.device)
+                    mask.bernoulli_(keep, generator=generator)
+                else:
+                    mask = torch.zeros(z.shape, dtype=dtype, device=z.device)
+                    for i, (gen, n) in enumerate(zip(clients.generators, clients.rows)):
+                        if n:
+                            mask[i, : int(n)].bernoulli_(keep, generator=gen)
+                mask.div_(keep)
                 z.mul_(mask)
             cache.inputs.append(h)
             cache.masks.append(mask)
@@ -242,6 +258,7 @@ class MLPKernel(StackedKernel):
             raise TypeError(f"MLPKernel does not handle {type(module).__name__}")
         layers = dense_layers(layout, linears, relu, drop)  # type: ignore[arg-type]  # nn.Linear list
         self.dense = DenseStack(layers, self.ws)
+        self.draws_noise = any(layer.dropout > 0 for layer in layers)
 
     def gather(self, x_all: Tensor, idx: Tensor) -> Tensor:
         a, b = idx.shape
@@ -252,7 +269,7 @@ class MLPKernel(StackedKernel):
 
     def train_step(self, params: list[Tensor], batch: StepBatch, sink: Sink) -> Tensor:
         x, y, w, offset, task = batch.x, batch.y, batch.w, batch.offset, batch.task
-        out, cache = self.dense.forward(params, x, True, batch.generator)
+        out, cache = self.dense.forward(params, x, True, batch.generator, batch.clients)
         if offset is not None:
             out = out + offset
         loss, dout = loss_and_grad(out, y, w, task)

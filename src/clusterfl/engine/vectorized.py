@@ -1,6 +1,6 @@
 """The vectorized engine: local training, gradients and outputs for many clients at once.
 
-DESIGN.md §3. The parameters of the clients of a request are stacked (`[n, ...]`) and their
+docs/engine.md. The parameters of the clients of a request are stacked (`[n, ...]`) and their
 local steps run together, each client on its own minibatch read from the shared schedule
 (`engine.schedule`), so the arithmetic is the reference's (`engine.reference`) up to rounding.
 
@@ -36,12 +36,18 @@ from clusterfl.engine.allocator import aligned_rows
 from clusterfl.engine.common import combine, per_sample_loss, segment_sum
 from clusterfl.engine.device import fork_rng, generator
 from clusterfl.engine.generic import GenericKernel
-from clusterfl.engine.stacked import GradientSink, StackedKernel, StackedOptimizer, StepBatch
+from clusterfl.engine.stacked import (
+    ClientNoise,
+    GradientSink,
+    StackedKernel,
+    StackedOptimizer,
+    StepBatch,
+)
 from clusterfl.engine.stacked_cnn import CNNKernel
 from clusterfl.engine.stacked_mlp import MLPKernel
 from clusterfl.models.params import ParamLayout
 from clusterfl.models.zoo import MLP, LeafCNN, LeNet, LinearRegression
-from clusterfl.protocol import LocalTraining, Predictor
+from clusterfl.protocol import LocalTraining, Predictor, client_seed
 
 Tensor = torch.Tensor
 
@@ -249,6 +255,16 @@ class VectorizedEngine:
         return y.view(*idx.shape, *data.y.shape[1:])
 
     # ------------------------------------------------------------------ training
+    def _noise(self, clients: np.ndarray | None, pick: np.ndarray, seed: int,
+               dev: torch.device) -> list[torch.Generator] | None:
+        """Each picked client's own dropout generator, seeded as the per-client loop seeds
+        it (`protocol.client_seed`): its noise then does not depend on the clients sharing
+        its chunk, on `chunk_size` or on the sample. None when the kernel draws no noise or
+        no client ids are given."""
+        if clients is None or not self.kernel.draws_noise:
+            return None
+        return [generator(dev, client_seed(seed, int(c))) for c in np.asarray(clients)[pick]]
+
     def train(
         self,
         data: SplitData,
@@ -263,6 +279,7 @@ class VectorizedEngine:
         sample_weight: Tensor | None = None,
         prox_center: Tensor | None = None,
         prox_scale: np.ndarray | None = None,
+        clients: np.ndarray | None = None,
     ) -> tuple[Tensor, np.ndarray]:
         """Local training of every listed client (schedule `[n, S, B]`, local indices).
 
@@ -295,6 +312,7 @@ class VectorizedEngine:
                 params, loss = self._train_chunk(
                     data, rows, pick, models, np.asarray(model_of_client)[pick],
                     schedule[pick], tr, task, offsets, gen, sample_weight, prox,
+                    self._noise(clients, pick, seed, dev),
                 )
                 flat = [p.reshape(len(pick), -1) for p in params]
                 if np.all(np.diff(pick) == 1):  # consecutive rows: write them in place
@@ -318,6 +336,7 @@ class VectorizedEngine:
         gen: torch.Generator,
         sample_weight: Tensor | None = None,
         prox: tuple[Tensor, Tensor] | None = None,
+        noise: list[torch.Generator] | None = None,
     ) -> tuple[list[Tensor], np.ndarray]:
         """Train the clients `pick` together; returns their stacked parameters and losses."""
         m, dtype, dev = len(pick), models.dtype, models.device
@@ -361,7 +380,9 @@ class VectorizedEngine:
                 off = offsets.index_select(0, lidx[:width, s].reshape(-1))
                 off = off.view(width, -1, *offsets.shape[1:])  # [N, O] or [N, T, V]
             views = [p[:width] for p in params]
-            batch = StepBatch(x, y, weights[:width, s], off, task, gen)
+            own = None if noise is None else ClientNoise(noise[:width],
+                                                         valid[:width, s].sum(-1))
+            batch = StepBatch(x, y, weights[:width, s], off, task, gen, own)
             loss = self.kernel.train_step(views, batch, opt)
             for t, v in zip(opt.state(), saved):
                 t[:width].index_copy_(0, hole_t, v)
@@ -381,9 +402,11 @@ class VectorizedEngine:
         batches: np.ndarray,
         task: str,
         seed: int,
+        clients: np.ndarray | None = None,
     ) -> tuple[Tensor, np.ndarray]:
         """Gradient of each client's mean loss on its batch (`[n, b]` local indices, -1 padded)
-        at `models[model_of_client[i]]`, in training mode. Returns `[n, d]` and the losses."""
+        at `models[model_of_client[i]]`, in training mode. Returns `[n, d]` and the losses.
+        `clients` (ids): dropout noise of each client's own (`_noise`)."""
         n, d, dtype, dev = len(rows.size), self.layout.size, models.dtype, models.device
         grads = aligned_rows(n, d, dtype, dev)  # whole cache lines per row: see aligned_rows
         losses = np.full(n, np.nan)
@@ -406,7 +429,10 @@ class VectorizedEngine:
                 lo = int(pick[0])
                 out = list(self.layout.views(grads[lo : lo + m]).values()) if direct else None
                 sink = GradientSink(self.kernel.shapes, m, dtype, out, dev)
-                loss = self.kernel.train_step(params, StepBatch(x, y, w, None, task, gen), sink)
+                noise = self._noise(clients, pick, seed, dev)
+                own = None if noise is None else ClientNoise(noise, valid.sum(-1))
+                loss = self.kernel.train_step(params, StepBatch(x, y, w, None, task, gen, own),
+                                              sink)
                 if not direct:
                     grads.index_copy_(0, _index(pick, dev), sink.flat())
                 has = valid.any(-1)
