@@ -1,4 +1,4 @@
-"""Metrics of DESIGN.md §6: per-client accuracy/macro-F1 aggregated, fairness, ARI."""
+"""Metrics (README, the results section): per-client accuracy/macro-F1 aggregated, fairness, ARI."""
 
 from __future__ import annotations
 

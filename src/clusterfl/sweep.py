@@ -411,6 +411,22 @@ def _check_runs(runs: Any, out: Any) -> Path:
     return out
 
 
+def _unreadable_checkpoint(target: Path) -> bool:
+    """A run folder whose checkpoint is there but cannot be read (truncated, damaged,
+    foreign): `--retry-failed` starts such a run again instead of failing on it again."""
+    from clusterfl.checkpoint import CHECKPOINT, KEYS
+    from clusterfl.state import CheckpointError, read_checkpoint
+
+    path = target / CHECKPOINT
+    if not path.is_file():
+        return False
+    try:
+        read_checkpoint(path, KEYS)
+    except CheckpointError:
+        return True
+    return False
+
+
 def _check_no_other_runs(runs: Sequence[Run], out: Path) -> None:
     """Refuse a sweep folder that is (or holds) a run that is not one of a sweep's: a run's
     own folder, or a comparison's run folder where a sweep keeps a method's or cell's seeds.
@@ -493,6 +509,9 @@ def run_sweep(
             if not prepare_run(run.target, run.config, run.what, log):
                 failed.pop(key, None)
                 continue
+            if before is not None and retry_failed and _unreadable_checkpoint(run.target):
+                claim_run_dir(run.target, overwrite=True)  # only clusterfl's files
+                log(f"{run.what}: its checkpoint cannot be read: started again")
             if before is not None and not retry_failed:
                 kept.append(f"{run.what}: {before['error']}")
                 log(f"{run.what}: failed before ({before['error']}); --retry-failed runs it "

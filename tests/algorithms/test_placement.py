@@ -297,3 +297,11 @@ def test_placement_match_asks_whether_each_newcomer_joined_its_groups_cluster():
     assert placement_match(truth, np.array([5, 7, 9]), trained_truth, assignment) == 1.0
     assert placement_match(truth, np.array([5, 5, 9]), trained_truth, assignment) == 0.5
     assert placement_match(None, np.array([5]), None, assignment) is None
+
+
+def test_the_smallest_holdout_the_error_allows_holds_out_one_client():
+    # it said "at least 0.1" for 5 clients, and 0.1 of 5 rounds to 0 (round half to even)
+    with pytest.raises(ConfigError, match=r"allowed: 0 \(off\) or at least 0\.2 \(one client\)"):
+        holdout_split(None, 5, 0.05, seed=0)
+    _, hold = holdout_split(None, 5, 0.2, seed=0)
+    assert len(hold) == 1

@@ -121,3 +121,13 @@ def test_resuming_with_fewer_methods_says_which_runs_it_leaves_out(tmp_path: Pat
     assert f"{out} also holds runs of methods this comparison does not list " \
            "(ifca_n_clusters=2): they are kept as they are and left out of its report" in err
     assert (out / "ifca_n_clusters=2" / "summary.json").is_file()
+
+
+def test_a_comparisons_console_warnings_name_their_method(tmp_path: Path, capsys):
+    """"clusterfl: warning: the models did not learn ..." came once per method, without
+    saying which (the report named it; the console did not)."""
+    stuck = load_config({**RAW, "train": {**RAW["train"], "lr": 1e-7}})
+    run_comparison(stuck, ["fedavg", "ifca:n_clusters=2"], tmp_path / "cmp", progress=False)
+    lines = [x for x in capsys.readouterr().err.splitlines() if "did not learn" in x]
+    assert [x.split(": ")[2] for x in lines] == ["FedAvg", "IFCA (K=2)"], lines
+    assert all(x.startswith("clusterfl: warning: ") for x in lines)

@@ -502,3 +502,26 @@ def test_a_runs_log_line_gives_the_ari_to_two_decimals() -> None:
     line = RunOutcome(task, 8.2, final={"accuracy": 0.5716, "ari": 0.5539906103286385}).line()
     assert line == "FedAvg seed 0: accuracy 57.2%, ARI 0.55, 8 s"
     assert ", ARI n/a, " in RunOutcome(task, 1.0, final={"accuracy": 0.5}).line()
+
+
+def test_retry_failed_starts_again_a_run_whose_checkpoint_cannot_be_read(tmp_path: Path
+                                                                         ) -> None:
+    """A run stopped with a damaged checkpoint failed on it at every --retry-failed, and the
+    sweep's --overwrite would have restarted every run: only deleting the file helped."""
+    out, logs = tmp_path / "o", []
+    sweep = load_sweep(_write(tmp_path, {"methods": ["fedavg"], "seeds": [0, 1]},
+                              {**TINY, "checkpoint_every": 1}))
+    runs = sweep.plan(out)
+    assert run_sweep(runs, out, log=logs.append) == []
+    whole = collect(runs, out)
+    broken = runs[1].target
+    (broken / "summary.json").unlink()  # stopped before its end ...
+    (broken / "checkpoint" / "state.pt").write_bytes(b"PK\x03\x04 cut short")  # ... damaged
+    failures = run_sweep(runs, out, log=logs.append)
+    assert len(failures) == 1 and "truncated or damaged" in failures[0]
+    logs.clear()
+    assert run_sweep(runs, out, log=logs.append, retry_failed=True) == []
+    assert f"{runs[1].what}: its checkpoint cannot be read: started again" in logs
+    again = collect(runs, out)
+    assert [r["status"] for r in again] == ["done", "done"]
+    assert again[1]["accuracy"] == whole[1]["accuracy"] and again[1]["ari"] == whole[1]["ari"]

@@ -531,3 +531,58 @@ def test_too_few_clients_for_the_angles_names_the_angles_not_a_missing_field(
     assert "4 angles make 4 clusters, which need at least as many clients (n_clients = 2)" \
         in str(err.value)
     assert "n_clusters" not in str(err.value)
+
+
+@pytest.mark.parametrize(("scenario", "params", "field", "words"), [
+    ("rotation", {"n_clients": 4, "angles": [0, float("nan")]}, "scenario.angles",
+     "finite number"),  # made every image of clients 2 and 3 nan
+    ("rotation", {"n_clients": 4, "angles": [0, float("inf")]}, "scenario.angles",
+     "finite number"),
+    ("dirichlet", {"n_clients": 4, "alpha": float("inf")}, "scenario.alpha", "finite number"),
+    ("dirichlet_rotation", {"n_clients": 4, "angles": [0, 360]}, "scenario.angles",
+     "0 and 360 are the same rotation"),  # two true clusters of one distribution
+    ("cluster_n_class", {"n_clients": 6, "n_clusters": 3, "n1": 5, "n2": 2},
+     "scenario.n_clusters", "repeat a class set (2 distinct)"),
+    ("n_class", {"n_clients": 4, "n": 3, "samples_per_client": 2}, "scenario",
+     "samples_per_client = 2 cannot hold n = 3 classes"),  # meta listed 3, data held 2
+    ("cluster_partitioner", {"n_clients": 6, "n_train_per_client": 10}, "scenario",
+     "n_train_per_client is not used by cluster_partitioner"),  # accepted and ignored
+    ("cluster_partitioner", {"n_clients": 6, "layout": "cflgp"}, "scenario",
+     "layout is not used by cluster_partitioner"),
+    ("dirichlet_rotation", {"n_clients": 4, "n_samples": 10**6}, "scenario.n_samples",
+     "1000000 training rows asked, the split has 1347"),  # clamped without a word
+], ids=["nan_angle", "inf_angle", "inf_alpha", "same_rotation", "repeated_class_set",
+        "fewer_rows_than_classes", "partitioner_sizes", "partitioner_layout",
+        "more_rows_than_the_split"])
+def test_scenario_settings_that_contradict_their_data_are_refused(
+        digits: Source, scenario: str, params: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, scenario, params, seed=0)
+    assert str(err.value.field).startswith(field) and words in str(err.value), str(err.value)
+
+
+def test_the_refusals_leave_the_valid_neighbours_alone(digits: Source) -> None:
+    fed = make_federation(digits, "cluster_n_class",
+                          {"n_clients": 10, "n_clusters": 5, "n1": 3, "n2": 2}, seed=0)
+    sets = [frozenset(c["classes"]) for c in fed.meta["clusters"]]
+    assert len(set(sets)) == 5  # overlapping windows, each its own set
+    fed = make_federation(digits, "n_class", {"n_clients": 4, "n": 3, "samples_per_client": 3},
+                          seed=0)
+    _, y, offsets = fed.split("train")
+    for i, classes in enumerate(fed.meta["client_classes"]):
+        assert set(y[offsets[i]:offsets[i + 1]].tolist()) == set(classes)
+    fed = make_federation(digits, "dirichlet_rotation", {"n_clients": 4}, seed=0)
+    assert fed.meta["n_samples"] == len(digits.y_train)  # the default 200,000: all 1347
+
+
+@pytest.mark.parametrize("scenario", ["cluster_partitioner", "dirichlet_rotation"])
+def test_the_written_back_defaults_of_the_new_refusals_load_again(digits: Source,
+                                                                  scenario: str) -> None:
+    # a run's config.toml writes every default (layout, n_samples = 200000 ...): the checks
+    # refuse values set away from the defaults, not defaults written out
+    from clusterfl.data.scenarios import scenario_params
+
+    dumped = scenario_params(scenario, {"n_clients": 6}).model_dump()
+    fed = make_federation(digits, scenario, {k: v for k, v in dumped.items() if v is not None},
+                          seed=0)
+    assert fed.n_clients == 6

@@ -27,7 +27,7 @@ missed their cluster's split ("walk", an inner node a message), the training of 
 client in a leaf ("train": its update tests and splits), with `keep_best` a loss query per
 leaf ("best").
 
-Where the paper leaves a choice open, or the authors' code differs (DESIGN.md §5), we do:
+Where the paper leaves a choice open, or the authors' code differs, we do:
 
 - The split rule. The paper gives no ε1, ε2, only ε1 ≈ max_t ‖Δθ_c‖ / 10, ε2 ∈ [ε1, 10 ε1]
   (Section V-B); 0.4 and 1.6 are the authors' code's. The default, `split_rule = "auto"`, is

@@ -1,4 +1,4 @@
-"""The reference backend: a plain loop over clients, one reused module (DESIGN.md §1).
+"""The reference backend: a plain loop over clients, one reused module (docs/engine.md).
 
 Train/Gradient requests with `coords` are answered with those coordinates only
 (`protocol.narrow`), as a real client would send them. On a GPU (`device`) the federation's

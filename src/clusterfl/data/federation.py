@@ -261,7 +261,7 @@ def holdout_split(clusters: np.ndarray | None, n_clients: int, fraction: float,
     n_hold = round(fraction * n_clients)
     if n_hold < 1:
         raise ConfigError("scenario.holdout", f"{fraction:g} of {n_clients} clients holds out "
-                          f"none; allowed: 0 (off) or at least {0.5 / n_clients:.3g}")
+                          f"none; allowed: 0 (off) or at least {1 / n_clients:.3g} (one client)")
     groups, sizes = np.unique(labels, return_counts=True)
     if n_hold > n_clients - len(groups):
         raise ConfigError("scenario.holdout", f"{fraction:g} holds out {n_hold} of "

@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
+from clusterfl.config_util import changed_fields
 from clusterfl.data.leaf import WriterSource
-from clusterfl.data.params import PowerLawParams, ScenarioParams
+from clusterfl.data.params import PowerLawParams, ScenarioParams, distinct_rotations
 from clusterfl.data.plans import (
     Part,
     Plan,
@@ -138,6 +139,11 @@ class DirichletRotationParams(ScenarioParams):
                                   "(the paper samples 200,000); none = the whole split")
     min_samples: int = Field(1, ge=1, description="minimum training rows per client")
 
+    @field_validator("angles")
+    @classmethod
+    def _distinct_angles(cls, value: list[float]) -> list[float]:
+        return distinct_rotations(value)
+
 
 def plan_dirichlet_rotation(source: Source, p: DirichletRotationParams,
                             rng: np.random.Generator) -> Plan:
@@ -151,6 +157,10 @@ def plan_dirichlet_rotation(source: Source, p: DirichletRotationParams,
     if n_groups < 1 or n_groups > p.n_clients:
         raise ConfigError("angles", f"{n_groups} angles need 1..n_clients ({p.n_clients})")
     labels = source.y_train.numpy().astype(np.int64)
+    if p.n_samples is not None and p.n_samples > len(labels) and \
+            changed_fields(p, "n_samples"):  # the default 200,000: the whole split if less
+        raise ConfigError("n_samples", f"{p.n_samples} training rows asked, the split has "
+                                       f"{len(labels)}; allowed: 1..{len(labels)} or none")
     n = len(labels) if p.n_samples is None else min(p.n_samples, len(labels))
     totals = np.bincount(labels[rng.choice(len(labels), n, replace=False)],
                          minlength=source.n_classes)[: source.n_classes]

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from clusterfl.config_util import Settings
+from clusterfl.config_util import Settings, changed_fields
 
 IFCA_ANGLES: tuple[float, ...] = (0.0, 90.0, 180.0, 270.0)
 """The four rotations of IFCA (Ghosh et al. 2020), also CFL-GP Appendix F.5.1 (Fig. 13)."""
@@ -26,10 +26,25 @@ ROTATION_PRESETS: dict[str, tuple[float, ...]] = {"ifca": IFCA_ANGLES, "cflgp": 
 # ====================================================================== parameters
 
 
-class ScenarioParams(Settings):
-    """Fields shared by every scenario."""
+def distinct_rotations(value: list[float]) -> list[float]:
+    """The angles of a scenario's rotation clusters, each a rotation of its own (0 and 360 are
+    one: two groups at one rotation would be one distribution under two labels)."""
+    if not value:
+        raise ValueError("needs at least one angle")
+    seen: dict[float, float] = {}
+    for a in value:
+        if a % 360 in seen:
+            raise ValueError(f"{seen[a % 360]:g} and {a:g} are the same rotation: list "
+                             "each angle once (one angle per cluster)")
+        seen[a % 360] = a
+    return value
 
-    model_config = ConfigDict(extra="forbid")
+
+class ScenarioParams(Settings):
+    """Fields shared by every scenario; nan and inf are no setting of any (a nan angle made
+    every image of its clients nan)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     n_clients: int = Field(20, ge=1, description="number of clients")
     holdout: float | None = Field(
@@ -109,15 +124,7 @@ class RotationParams(_RotationLayoutParams):
     @field_validator("angles")
     @classmethod
     def _distinct_angles(cls, value: list[float]) -> list[float]:
-        if not value:
-            raise ValueError("needs at least one angle")
-        seen: dict[float, float] = {}
-        for a in value:  # two groups at one rotation would be one distribution, two labels
-            if a % 360 in seen:
-                raise ValueError(f"{seen[a % 360]:g} and {a:g} are the same rotation: list "
-                                 "each angle once (one angle per cluster)")
-            seen[a % 360] = a
-        return value
+        return distinct_rotations(value)
 
     @model_validator(mode="after")
     def _group_counts(self) -> RotationParams:
@@ -163,6 +170,17 @@ class ClusterPartitionerParams(RotationParams):
         default_factory=dict, description="its keyword arguments, e.g. {alpha = 0.5} "
         "(partition_by defaults to the labels, seed to the run's)")
 
+    @model_validator(mode="after")
+    def _partitioner_sizes(self) -> ClusterPartitionerParams:
+        """The partitioner decides the clients' sizes and split: the options of `rotation`
+        about sizes and layout would be accepted and ignored."""
+        unused = changed_fields(self, "n_train_per_client", "n_test_per_client", "layout",
+                                "train_fraction")  # a written-back config holds defaults
+        if unused:
+            raise ValueError(f"{unused[0]} is not used by cluster_partitioner: the partitioner "
+                             "(and its options) sets each client's share of its cluster's rows")
+        return self
+
 
 class DirichletParams(ScenarioParams):
     """CAM §5 (Hsu et al.): per class, Dir(α) proportions over the clients."""
@@ -193,6 +211,13 @@ class NClassParams(ScenarioParams):
     samples_per_client: int | None = Field(
         None, ge=1, description="split evenly over the client's classes (default: each class's "
         "rows shared equally among the clients holding it)")
+
+    @model_validator(mode="after")
+    def _a_row_per_class(self) -> NClassParams:
+        if self.samples_per_client is not None and self.samples_per_client < self.n:
+            raise ValueError(f"samples_per_client = {self.samples_per_client} cannot hold n = "
+                             f"{self.n} classes (a row each at least); allowed: >= {self.n}")
+        return self
 
 
 class ClusterNClassParams(ScenarioParams):

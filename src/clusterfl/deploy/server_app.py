@@ -1,4 +1,4 @@
-"""The Flower ServerApp: runs our `Experiment` against the Grid (DESIGN.md §9).
+"""The Flower ServerApp: runs our `Experiment` against the Grid (docs/deploy.md).
 
 `@app.main()` is written against the Grid, not Flower's FedAvg-shaped strategy loop: a
 clustered method sends different models to different clients, so every protocol request

@@ -1,4 +1,4 @@
-"""Robustness for every method at once, hooked into `Context.send` (DESIGN.md §8).
+"""Robustness for every method at once, hooked into `Context.send` (docs/security.md).
 
 - `faults`: clients drop out of rounds, stragglers finish part of their local work;
 - `validate`: replies with NaN/Inf, a wrong shape or an absurd update norm are rejected;

@@ -1,4 +1,4 @@
-"""Adversarial clients, a scenario option for measuring robustness (DESIGN.md §8).
+"""Adversarial clients, a scenario option for measuring robustness (docs/security.md).
 
 Isolating adversaries is a claim of CFL (Sattler et al. 2020, Section I: clients with
 adversarial or corrupted data end up in clusters of their own). The attacks:

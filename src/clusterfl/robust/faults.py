@@ -1,4 +1,4 @@
-"""Client failures: dropouts and stragglers, drawn per round (DESIGN.md §8).
+"""Client failures: dropouts and stragglers, drawn per round (docs/security.md).
 
 - **Dropout**: a client unreachable in round t receives no request of that round and sends
   nothing (it is missing from every reply of the round). Each client drops independently with

@@ -1,4 +1,4 @@
-"""Reply checks: a bad client reply is rejected before any aggregation (DESIGN.md §8).
+"""Reply checks: a bad client reply is rejected before any aggregation (docs/security.md).
 
 What is checked, per reply type (`ValidationConfig` sets the bounds):
 

@@ -1,4 +1,4 @@
-"""`FlowerBackend`: protocol requests as Flower messages over a `Grid` (DESIGN.md §9).
+"""`FlowerBackend`: protocol requests as Flower messages over a `Grid` (docs/flower.md).
 
 The backend lives inside a ServerApp's `main(grid, context)` (see `clusterfl.deploy.server_app`),
 which opens a `FlowerSession` (grid + which node holds which client) before building the
