@@ -83,10 +83,10 @@ class Checkpoints:
         if path is None:
             raise ClusterFLError("--resume: a run without an output folder (out_dir) has no "
                                  "checkpoint to resume; run without resume")
-        if path.exists() and not path.is_file():
-            raise ClusterFLError(f"--resume: {path} is not a file (a checkpoint is one file); "
-                                 "move it away, or restart the run with --overwrite")
         if not path.is_file():
+            if path.exists():
+                raise ClusterFLError(f"--resume: {path} is not a file (a checkpoint is one "
+                                     "file); move it away, or restart the run with --overwrite")
             folder = path.parent.parent
             started = folder.is_dir() and any(
                 e.name not in (LOCK_FILE, path.parent.name) for e in folder.iterdir())
