@@ -356,7 +356,9 @@ def _cell(values: list[float | None], digits: int = 1, human: bool = False) -> s
     mean, std, _ = _mean_std(values)
     if mean is None:
         return "–"
-    text = _human(mean) if human else f"{mean:.{digits}f}"
+    if human:  # the spread in the same units: "352.6M ± 2.8M", not "± 2782692.5"
+        return _human(mean) if std is None else f"{_human(mean)} ± {_human(std)}"
+    text = f"{mean:.{digits}f}"
     return text if std is None else f"{text} ± {std:.{digits}f}"
 
 

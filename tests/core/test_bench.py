@@ -358,3 +358,12 @@ def test_missing_data_is_one_error_before_any_run_and_keeps_the_results_file(
     assert "set it (or pass --data-dir) to the folder that contains mnist/" in err[0]
     assert out.read_text() == "earlier results\n"
     assert not any(p.is_dir() for p in runs.rglob("*"))  # no run folder was made
+
+
+def test_a_spread_of_floats_is_written_in_the_units_of_its_mean() -> None:
+    # FeSEM's floats read "352.6M ± 2782692.5" in the rerun of flt_scenario1
+    from clusterfl.bench import _cell
+
+    assert _cell([349_800_000.0, 355_400_000.0], human=True) == "352.6M ± 2.8M"
+    assert _cell([258_700_000.0, 258_700_000.0], human=True) == "258.7M ± 0"
+    assert _cell([50.0, 60.0]) == "55.0 ± 5.0"
