@@ -198,7 +198,7 @@ def load(path: str | Path) -> EncoderFile:
 def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
             encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
             field_name: str = "algorithm.encoder",
-            dir_field: str = "algorithm.encoder_dir") -> EncoderFile:
+            dir_field: str = "algorithm.encoder_dir", verify: bool = True) -> EncoderFile:
     """The encoder an FLT config names.
 
     `spec` is a path to an encoder file (anything with a path separator or ending in `.pt`),
@@ -207,10 +207,11 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
     and `latent`, else a ConfigError names `field_name`. A dataset is read from `data_dir`
     (`load_source`: else `$CLUSTERFL_DATA`, else the cache) and its encoder cached in
     `encoder_dir` (default `<data dir>/encoders`); a cache that cannot be written is a
-    ConfigError naming `dir_field`, before pretraining.
+    ConfigError naming `dir_field`, before pretraining. `verify`: check the dataset's files
+    against the catalog's checksums (the run's `data.verify`).
     """
     enc = _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-                   dir_field, train=True)
+                   dir_field, train=True, verify=verify)
     assert enc is not None  # trained when missing
     return enc
 
@@ -218,17 +219,17 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
 def check(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
           encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
           field_name: str = "algorithm.encoder",
-          dir_field: str = "algorithm.encoder_dir") -> None:
+          dir_field: str = "algorithm.encoder_dir", verify: bool = True) -> None:
     """Everything `resolve` checks (the file, the dataset and their shapes, the cache folder
     it would be saved in), without the minutes of pretraining: a run, or each run of a
     comparison, fails before its first round."""
     _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-             dir_field, train=False)
+             dir_field, train=False, verify=verify)
 
 
 def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
              encoder_dir: str | Path | None, data_dir: str | Path | None, field_name: str,
-             dir_field: str, train: bool) -> EncoderFile | None:
+             dir_field: str, train: bool, verify: bool = True) -> EncoderFile | None:
     """`resolve`; without `train`, None where it would pretrain."""
     if spec == RANDOM:
         with torch.random.fork_rng(devices=[]):
@@ -252,7 +253,7 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
             enc = load(path)
         else:  # before minutes of pretraining: the data is there and has the right shape
             try:
-                src = load_source(spec, data_dir)
+                src = load_source(spec, data_dir, verify)
             except DataError as exc:
                 raise ConfigError(field_name, f"{spec!r}, the dataset the encoder is "
                                   f"pretrained on, cannot be read: {exc}") from None

@@ -126,6 +126,7 @@ class Experiment:
         full = federation if federation is not None else build_federation(config)
         self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
         self.algorithm.data_dir = config.data.data_dir  # a dataset of its own: same folder
+        self.algorithm.data_verify = config.data.verify is not False  # ... and the same checks
         if config.model.name == "conv_ae":
             raise ConfigError("model.name", "'conv_ae' is FLT's autoencoder (it outputs an "
                               "image, not a prediction): no run trains it; FLT's encoder is "

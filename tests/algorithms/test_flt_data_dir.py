@@ -242,3 +242,24 @@ def test_encoder_train_uses_the_data_dir_and_checks_the_cache_first(
     assert "is read-only" in lines[0]
     assert not (data / "encoders").exists()
     assert os.access(data, os.W_OK)
+
+
+def test_pretraining_follows_the_runs_data_verify(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files of one's own under the catalog's names with `data.verify = false`: the federation
+    was read unchecked, but the pretraining checked its dataset anyway and failed, telling the
+    user to set the data.verify = false they had set."""
+    monkeypatch.delenv("CLUSTERFL_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    sources.forget_decoded()
+    write_idx(tmp_path / "data", "mnist")
+    write_idx(tmp_path / "data", "fashion_mnist")
+    try:
+        cfg = run_config(tmp_path / "data", encoder_dir=str(tmp_path / "enc"))
+        hist = Experiment.from_config(cfg).run(progress=False)
+        assert hist.records[0].extras["encoder"]["source"] == "fashion_mnist"
+        checked = {**cfg, "data": {**cfg["data"], "verify": True}}
+        with pytest.raises((ConfigError, sources.DataError)):  # the made-up files: refused
+            Experiment.from_config(checked)
+    finally:
+        sources.forget_decoded()

@@ -194,6 +194,9 @@ class Algorithm(ABC, Generic[C, S]):
     #: modules' default, `$CLUSTERFL_DATA`, else ~/.cache/clusterfl), set by `Experiment`
     #: for a method that reads a dataset of its own (FLT pretrains its encoder on one)
     data_dir: str | Path | None = None
+    #: whether that dataset's files are checked against the catalog's checksums, the run's
+    #: `data.verify` (set by `Experiment` beside `data_dir`)
+    data_verify: bool = True
     config: C
     state: S
 

@@ -346,7 +346,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             from clusterfl import encoders
 
             encoders.check(cfg.encoder, tuple(input_shape), cfg.latent, cfg.pretrain_epochs,
-                           cfg.encoder_seed, cfg.encoder_dir, self.pretraining_data_dir())
+                           cfg.encoder_seed, cfg.encoder_dir, self.pretraining_data_dir(),
+                           verify=self.data_verify)
         return []
 
     def setup(self, ctx: Context) -> None:
@@ -365,7 +366,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
 
         enc = encoders.resolve(cfg.encoder, tuple(ctx.factory.input_shape), cfg.latent,
                                cfg.pretrain_epochs, cfg.encoder_seed, cfg.encoder_dir,
-                               self.pretraining_data_dir())
+                               self.pretraining_data_dir(), verify=self.data_verify)
         return EmbedRequest(
             clients, "encoder", enc.params, cfg.latent, k=cfg.k,
             latent=cfg.latent, finetune_epochs=cfg.finetune_epochs,
