@@ -90,10 +90,12 @@ class Checkpoints:
             folder = path.parent.parent
             started = folder.is_dir() and any(
                 e.name not in (LOCK_FILE, path.parent.name) for e in folder.iterdir())
-            raise ClusterFLError(
-                f"--resume: no checkpoint at {path}; "
-                + ("the run stopped before its first checkpoint: start it again with "
-                   "--overwrite (instead of --resume)" if started else "run without --resume"))
+            why = ("the run keeps none (checkpoint_every = 0): run it again with --overwrite, "
+                   "with checkpoint_every > 0 to continue it later" if config.run.checkpoint_every
+                   == 0 else "the run stopped before its first checkpoint: start it again with "
+                   "--overwrite (instead of --resume)")
+            raise ClusterFLError(f"--resume: no checkpoint at {path}; "
+                                 + (why if started else "run without --resume"))
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()
         if comparable(saved) != comparable(now):

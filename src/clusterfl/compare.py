@@ -186,7 +186,7 @@ def run_comparison(
                        experiment.run(progress=progress))
             results.append((history.summary.label or folder, history))
             run_dirs.append(run_dir)
-        write_comparison_report(run_dirs, out)
+        write_comparison_report(run_dirs, out, figures=config.output.figures)
     return results
 
 

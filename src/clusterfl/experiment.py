@@ -209,7 +209,8 @@ class Experiment:
             if self.out_dir is None:
                 raise ConfigError("output.tensorboard", "TensorBoard events go to the run "
                                                         "directory: give the run an out_dir")
-            board = [tracking.TensorBoardCallback(self.out_dir / tracking.TENSORBOARD_DIR)]
+            board = [tracking.TensorBoardCallback(self.out_dir / tracking.TENSORBOARD_DIR,
+                                                  figures=self.config.output.figures)]
         return [*given, *made, *board]
 
     def saved_round(self) -> int | None:
@@ -264,10 +265,16 @@ class Experiment:
             ctx = self._context(SubsetBackend(inner, self.train_ids) if held_out else inner)
             self.algorithm.setup(ctx)
             history, start, elapsed = History(), 1, 0.0
+            redone: RoundRecord | None = None  # a continued run's old last round
             if resume:
                 start, elapsed, history.records, saved = self.checkpoints.load(
                     ctx, self.algorithm, self.config)
                 self.recorder.load_state_dict(saved)
+                planned = dict(saved["config"]).get("rounds")
+                self.recorder.reevaluate_continued(history.records, ctx, planned)
+                if history.records and planned is not None and \
+                        history.records[-1].round == int(planned) < self.config.run.rounds:
+                    redone = history.records[-1]
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
                          *self._data_warnings()]:
                 print(self.console_warning(line), file=sys.stderr, flush=True)
@@ -277,8 +284,15 @@ class Experiment:
             words = self.full_federation.meta.get("vocab")
             if words is not None and self.out_dir is not None:  # a language model's
                 Vocab(tuple(words)).save(self.out_dir / VOCAB_FILE)
+            boards = [c for c in self.callbacks if isinstance(c, tracking.TensorBoardCallback)]
+            if redone is not None:
+                for board in boards:
+                    board.purge_from = redone.round  # its events as the round now reads
             tracking.call(self.callbacks, "on_run_start", self.config.to_dict(), self.out_dir,
                           start=start)
+            if redone is not None:
+                for board in boards:
+                    board.on_round_end(redone)
             try:
                 self._loop(ctx, history, start, elapsed, files,
                            want_progress(progress, self.config.output.progress))
@@ -378,6 +392,11 @@ class Experiment:
             from clusterfl.report import write_run_report
 
             write_run_report(self.out_dir)
+        elif (self.out_dir / "report.md").is_file():  # a resumed run, its figures now off
+            print(self.console_warning(
+                f"{self.out_dir / 'report.md'} and figures/ are those of this run's earlier "
+                "part, not updated (output.figures = false now); `clusterfl report "
+                f"{self.out_dir}` writes them for all its rounds"), file=sys.stderr, flush=True)
 
 
 def _with_data_of(config: Config, federation: Federation) -> Config:

@@ -225,14 +225,34 @@ class Recorder:
             if self.robust_on or any(events.values()):
                 rec.robust = events
         if evaluate:
-            reply = evaluate_all(ctx.backend, self.algorithm.predictor(),
-                                 self.federation.n_clients, self.eval_sample(t))
-            rec.metrics = RoundMetrics(**metrics.summarize(reply))
-            rec.client_accuracy = json_ready(reply.accuracy)
-            rec.client_macro_f1 = json_ready(reply.macro_f1)
-            if self.federation.task == "regression":
-                rec.client_mse = json_ready(reply.extras.get("mse"))
+            self.evaluate_into(rec, ctx, t)
         return rec.cleaned()  # numpy → Python, NaN → None
+
+    def evaluate_into(self, rec: RoundRecord, ctx: Context, t: int) -> None:
+        """Round t's evaluation (`eval_sample(t)`'s clients, or all) into `rec`."""
+        reply = evaluate_all(ctx.backend, self.algorithm.predictor(),
+                             self.federation.n_clients, self.eval_sample(t))
+        rec.metrics = RoundMetrics(**metrics.summarize(reply))
+        rec.client_accuracy = json_ready(reply.accuracy)
+        rec.client_macro_f1 = json_ready(reply.macro_f1)
+        if self.federation.task == "regression":
+            rec.client_mse = json_ready(reply.extras.get("mse"))
+
+    def reevaluate_continued(self, records: list[RoundRecord], ctx: Context,
+                             planned: Any) -> None:
+        """A finished run continued to more rounds: its old last round, on the `eval_every`
+        grid, was evaluated on every client because it was the last; a run planned for the
+        new `rounds` evaluates it on `eval_clients`' sample. Evaluated again so (the models
+        are that round's: the checkpoint's)."""
+        run = self.config.run
+        if not records or planned is None:
+            return
+        last = records[-1]
+        t = last.round
+        if t == int(planned) and t < run.rounds and t % run.eval_every == 0 \
+                and self.eval_sample(t) is not None:
+            self.evaluate_into(last, ctx, t)
+            records[-1] = last.cleaned()
 
     def summary(self, records: list[RoundRecord], ctx: Context,
                 holdout: dict[str, Any] | None) -> RunSummary:

@@ -71,9 +71,16 @@ class TensorBoardCallback:
     A resumed run purges the events after its checkpoint's round first, so the curves show
     each round once."""
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, figures: bool = True) -> None:
         require("tensorboard", "tensorboard", load=False)  # before the run, not at its start
         self.log_dir = Path(log_dir)
+        self.figures = figures
+        """Log the run's figures as images (`[output] figures`: none drawn this run, so the
+        folder's PNGs, if any, are an earlier part's)."""
+        self.purge_from: int | None = None
+        """A continued run: the old last round, whose evaluation changed (dropped off the
+        `eval_every` grid, or redone on `eval_clients`' sample): its events and later are
+        purged and the round logged again (`Experiment.run`)."""
         self._writer: Any = None
 
     def on_run_start(self, config: dict[str, Any], run_dir: Path | None,
@@ -81,7 +88,8 @@ class TensorBoardCallback:
         require("tensorboard", "torch.utils.tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(str(self.log_dir), purge_step=start if start > 1 else None)
+        purge = self.purge_from if self.purge_from is not None else (start if start > 1 else None)
+        self._writer = SummaryWriter(str(self.log_dir), purge_step=purge)
         if start == 1:
             from clusterfl.config import dump_toml
 
@@ -96,7 +104,8 @@ class TensorBoardCallback:
     def on_run_end(self, summary: RunSummary, run_dir: Path | None) -> None:
         import matplotlib.image as mpimg
 
-        figures = sorted((run_dir / "figures").glob("*.png")) if run_dir is not None else []
+        figures = sorted((run_dir / "figures").glob("*.png")) \
+            if run_dir is not None and self.figures else []
         step = summary.rounds or 0
         for png in figures:
             image = np.asarray(mpimg.imread(png))

@@ -177,3 +177,16 @@ def test_resume_before_the_first_checkpoint_says_overwrite_not_run_again(
     capsys.readouterr()
     assert main(["run", str(path), "--out", str(out), "--quiet", "--resume"]) == 2
     assert "state.pt is not a file (a checkpoint is one file)" in capsys.readouterr().err
+
+
+def test_resume_of_a_run_without_checkpoints_names_checkpoint_every(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a finished run with checkpoint_every = 0 was told it "stopped before its first checkpoint"
+    path, out = tmp_path / "run.toml", tmp_path / "out"
+    path.write_text(dump_toml({**CFG, "checkpoint_every": 0}))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--resume"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "the run keeps none (checkpoint_every = 0): run it again with --overwrite, with "
+        "checkpoint_every > 0 to continue it later")

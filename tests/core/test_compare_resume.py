@@ -131,3 +131,15 @@ def test_a_comparisons_console_warnings_name_their_method(tmp_path: Path, capsys
     lines = [x for x in capsys.readouterr().err.splitlines() if "did not learn" in x]
     assert [x.split(": ")[2] for x in lines] == ["FedAvg", "IFCA (K=2)"], lines
     assert all(x.startswith("clusterfl: warning: ") for x in lines)
+
+
+@pytest.mark.parametrize("figures", [False, True])
+def test_a_comparison_draws_its_own_figures_only_with_figures_on(tmp_path: Path,
+                                                                 figures: bool) -> None:
+    # `[output] figures = false` was honoured by each run but not by the comparison's three
+    # *_compare.png, which report.md linked
+    raw = {**RAW, "rounds": 1, "output": {**RAW.get("output", {}), "figures": figures}}
+    out = tmp_path / "cmp"
+    run_comparison(load_config(raw), ["fedavg", "local"], out, progress=False)
+    assert bool(list(out.glob("*_compare.png"))) == figures
+    assert ("## Figures" in (out / "report.md").read_text()) == figures

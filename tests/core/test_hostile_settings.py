@@ -415,6 +415,13 @@ def test_chunk_size_with_the_sequential_backend_is_a_warning(tmp_path):
     written = load_config(tiny_config(backend={"name": "sequential"})).to_dict()
     (tmp_path / "c.toml").write_text(dump_toml(written))
     assert Experiment(load_config(read_toml(tmp_path / "c.toml"))).method_warnings == []
+    # the default is "auto" for both backends: the one `config show` prints loads on both
+    # (sequential refused it as not an integer), and no run writes a chunk_size of 64 it
+    # was never given
+    assert "chunk_size" not in written["backend"]
+    assert warnings({"name": "sequential", "chunk_size": "auto"}) == []
+    assert warnings({"name": "sequential", "chunk_size": 64})[0].startswith(
+        "backend.chunk_size = 64 does nothing with the sequential backend")
 
 
 def test_a_model_larger_than_the_machine_is_refused_before_it_is_allocated(monkeypatch):

@@ -82,3 +82,22 @@ def test_a_method_that_schedules_by_t_is_refused(tmp_path):
     with pytest.raises(ClusterFLError, match="another config"):
         Experiment.from_config(cfg, ["train.lr=0.2"], out_dir=tmp_path).run(resume=True,
                                                                             progress=False)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ifca"])
+def test_continuing_with_eval_clients_evaluates_the_old_last_round_on_the_sample(method,
+                                                                                 tmp_path):
+    """Round 4, the 4-round run's last and on the eval_every grid, was evaluated on every
+    client and kept so: a 6-round run evaluates it on eval_clients' sample (round 4's
+    accuracy 0.738 against 0.715 in the probe's runs)."""
+    cfg = config(rounds=6, eval_every=2, checkpoint_every=3, eval_clients=4,
+                 algorithm={"name": method, **METHOD_SETTINGS[method]})
+    ref = Experiment.from_config(cfg, out_dir=tmp_path / "ref").run(progress=False)
+    short = Experiment.from_config(cfg, ["rounds=4"], out_dir=tmp_path / "run")
+    whole = short.run(progress=False).records[-1]
+    assert whole.client_accuracy is not None and None not in whole.client_accuracy
+    got = Experiment.from_config(cfg, out_dir=tmp_path / "run").run(resume=True,
+                                                                     progress=False)
+    assert got.records[3].client_accuracy.count(None) == 8 - 4  # the sample again
+    assert timing_free(got.records) == timing_free(ref.records)
+    assert timing_free(got.summary) == timing_free(ref.summary)

@@ -53,6 +53,22 @@ def test_a_continued_run_adds_its_rounds_once(tmp_path):
     assert steps == [1, 2, 3, 4]
 
 
+def test_a_continuation_with_figures_off_logs_no_stale_figures_and_says_so(tmp_path, capsys):
+    """Resumed with `figures = false`: TensorBoard logged the earlier part's PNGs as the last
+    round's figures, and report.md (4 rounds) stayed beside a 6-round summary unsaid."""
+    Experiment.from_config(CFG, ["rounds=2"], out_dir=tmp_path).run(progress=False)
+    assert {e.step for e in _events(tmp_path).Images("figures/accuracy")} == {2}
+    capsys.readouterr()
+    Experiment.from_config(CFG, ["output.figures=false"], out_dir=tmp_path).run(
+        resume=True, progress=False)
+    # as a 4-round run without figures: no images (the 2-round ones went with round 2's
+    # events, rewritten; none logged at round 4)
+    assert _events(tmp_path).Images("figures/accuracy") == []
+    err = capsys.readouterr().err
+    assert "report.md and figures/ are those of this run's earlier part, not updated " \
+           "(output.figures = false now)" in err
+
+
 class Tracker:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -86,3 +102,20 @@ def test_an_object_without_hooks_is_refused():
         Experiment.from_config({**CFG, "output": {"figures": False}}, callbacks=[object()])
     with pytest.raises(ConfigError, match=r"output\.tensorboard"):
         Experiment.from_config(CFG)  # no run directory to write to
+
+
+def test_a_continuation_rewrites_the_old_last_rounds_events(tmp_path):
+    """Continued from 4 to 6 rounds with eval_every = 3: history.jsonl drops round 4's
+    evaluation (a 6-round run makes none there) but TensorBoard kept its accuracy and its
+    4-round figures at step 4."""
+    cfg = {**CFG, "rounds": 6, "eval_every": 3}
+    whole = tmp_path / "whole"
+    Experiment.from_config(cfg, out_dir=whole).run(progress=False)
+    run = tmp_path / "run"
+    Experiment.from_config(cfg, ["rounds=4"], out_dir=run).run(progress=False)
+    Experiment.from_config(cfg, out_dir=run).run(resume=True, progress=False)
+    got, want = _events(run), _events(whole)
+    assert [s for s, _ in _series(got, "metrics/accuracy")] == [3, 6]
+    assert _series(got, "metrics/accuracy") == _series(want, "metrics/accuracy")
+    assert [s for s, _ in _series(got, "clustering/ari")] == [1, 2, 3, 4, 5, 6]
+    assert {e.step for e in got.Images("figures/accuracy")} == {6}

@@ -63,6 +63,18 @@ class DeviceConfig(BackendConfig):
                         "torch finds a GPU")
     precision: Precision = Field("fp32", description="fp32; tf32 (CUDA tensor-core products); "
                                  "bf16-mixed (bfloat16 autocast of products and convolutions)")
+    chunk_size: int | Literal["auto"] = Field(  # type: ignore[assignment]  # widens the base
+        "auto", description="simulation: clients computed together at most, a number >= 1, "
+        "or auto (64 on the CPU; on a GPU as many as its free memory holds); sequential: "
+        "none (it computes one client at a time)")
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _chunk(cls, value: object) -> object:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                               and value >= 1):
+            return value
+        raise ValueError("allowed: a whole number >= 1 or 'auto'")
 
     @field_validator("device", mode="before")
     @classmethod
@@ -88,17 +100,6 @@ class SimulationConfig(DeviceConfig):
     """Settings of the simulation backend (`[backend] name = "simulation"`, the default)."""
 
     name: Literal["simulation"] = "simulation"
-    chunk_size: int | Literal["auto"] = Field(  # type: ignore[assignment]  # widens the base
-        "auto", description="clients computed together at most: a number >= 1, or auto (64 "
-        "on the CPU; on a GPU as many as its free memory holds)")
-
-    @field_validator("chunk_size", mode="before")
-    @classmethod
-    def _chunk(cls, value: object) -> object:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
-                               and value >= 1):
-            return value
-        raise ValueError("allowed: a whole number >= 1 or 'auto'")
 
 
 class DeviceBackend(Backend):

@@ -371,9 +371,10 @@ def distinct_labels(labels: Sequence[str], run_dirs: Sequence[str | Path]) -> li
 
 def write_comparison_report(
     run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None,
-    runs_root: str | Path | None = None,
+    runs_root: str | Path | None = None, figures: bool = True,
 ) -> Path:
-    """Draw the comparison figures and write `out_dir/report.md`; return its path.
+    """Draw the comparison figures (unless not `figures`: a comparison of runs with
+    `[output] figures = false`) and write `out_dir/report.md`; return its path.
 
     The table keeps the order of `run_dirs`; `labels` (one per run) replace the runs' own
     names in the table and figures. The report opens with a warning when the runs were made
@@ -391,7 +392,7 @@ def write_comparison_report(
                                                                   strict=True)], run_dirs)
     if labels is not None:
         summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
-    figures = plot_comparison(run_dirs, out_dir, labels)
+    drawn = plot_comparison(run_dirs, out_dir, labels) if figures else []
     federations = sorted({_known(s.federation) for s in summaries})
     warnings = _differences([Path(d) for d in run_dirs], summaries)
     runs = f"{len(summaries)} run" + ("s" if len(summaries) != 1 else "")
@@ -401,7 +402,7 @@ def write_comparison_report(
         "".join(f"> **Warning:** {w}\n>\n" for w in warnings).removesuffix(">\n"),
         _divergence_note(summaries),
         "## Results\n\n" + summary_markdown(summaries),
-        "## Figures\n\n" + _figure_links(figures, out_dir),
+        "## Figures\n\n" + _figure_links(drawn, out_dir) if drawn else "",
         "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir, runs_root),
     ]
     path = out_dir / REPORT_FILE
