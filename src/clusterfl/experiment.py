@@ -336,6 +336,11 @@ class Experiment:
         if isinstance(want, int) and want > n:
             out.append(f"eval_clients = {want} is more than the {n} clients that train: every "
                        "client is evaluated (as without eval_clients)")
+        run = self.config.run
+        if want is not None and run.eval_every >= run.rounds:
+            out.append(f"eval_clients = {want} does nothing here: the only round evaluated is "
+                       f"the last (eval_every = {run.eval_every}, rounds = {run.rounds}), and "
+                       "the last is always evaluated on every client")
         empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
         if empty:
             more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""

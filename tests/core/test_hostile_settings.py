@@ -387,6 +387,19 @@ def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path,
     assert not any("eval_clients" in w for w in read_summary(tmp_path / "b").warnings or [])
 
 
+@pytest.mark.parametrize(("rounds", "eval_every", "warned"), [(1, 1, True), (4, 10, True),
+                                                              (4, 4, True), (4, 2, False)])
+def test_eval_clients_with_only_the_last_round_evaluated_is_a_warning(rounds, eval_every,
+                                                                      warned):
+    """The last round is always evaluated on every client: with no other round on the
+    eval_every grid, eval_clients changed nothing, without a word."""
+    cfg = tiny_config(rounds=rounds, n_clients=4, eval_clients=2, eval_every=eval_every)
+    lines = Experiment(load_config(cfg))._data_warnings()
+    assert any(x.startswith("eval_clients = 2 does nothing here: the only round evaluated is "
+                            f"the last (eval_every = {eval_every}, rounds = {rounds})")
+               for x in lines) == warned
+
+
 def test_tf32_on_the_cpu_is_a_warning():
     """`backend.precision = "tf32"` on the CPU computed in float32 without a word."""
     def warnings(precision):
