@@ -125,8 +125,6 @@ class Checkpoints:
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
-        if continued:
-            _forget_last_round_evaluation(records, saved.get("rounds"), config.run)
         self.round = int(state["round"])
         return self.round + 1, float(state["elapsed"]), records, state
 
@@ -202,15 +200,3 @@ def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held:
             f"(T = {planned} in this run), so continuing it to {rounds} rounds would not "
             f"equal a {rounds}-round run; start a new run with rounds = {rounds} (or "
             f"resume with rounds = {planned})")
-
-
-def _forget_last_round_evaluation(records: list[RoundRecord], planned: Any,
-                                  run: Any) -> None:
-    """A continued run's records as a run planned for `run.rounds` from the start has them:
-    the old last round was evaluated because it was the last (`eval_every` aside); a run
-    that goes on evaluates it only on the `eval_every` grid."""
-    for rec in records:
-        if (planned is not None and rec.round == int(planned) and rec.round < run.rounds
-                and rec.round % run.eval_every != 0):
-            rec.metrics = None
-            rec.client_accuracy = rec.client_macro_f1 = rec.client_mse = None

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -143,31 +142,12 @@ def _warn_unfinished(run_dir: Path, round_: Any, rounds: Any) -> None:
     """One warning line when the checkpoint holds a round before the run's last one."""
     if not (isinstance(round_, int) and isinstance(rounds, int) and round_ < rounds):
         return
-    who = _running(run_dir)
+    from clusterfl.rundir import running_process
+
+    who = running_process(run_dir)
     state = f"still running ({who})" if who else "not finished"
     print(f"clusterfl: warning: {run_dir} is {state}: clients are placed on its round-{round_} "
           f"models (round {round_} of {rounds})", file=sys.stderr)
-
-
-def _running(run_dir: Path) -> str | None:
-    """'process N' when the run folder's lock file names a live process (rundir.FolderLock;
-    a run that ended normally removed it), else None. Reads the file only: taking the lock,
-    even for a moment, could turn away a run starting now."""
-    from clusterfl.rundir import LOCK_FILE
-
-    try:
-        pid = (run_dir / LOCK_FILE).read_text(encoding="utf-8").split(" ", 1)[0].strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not pid.isascii() or not pid.isdigit() or int(pid) == os.getpid():
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except PermissionError:  # alive, another user's
-        return f"process {pid}"
-    except (OSError, OverflowError):
-        return None
-    return f"process {pid}"
 
 
 def _config_value(run_dir: Path, key: str) -> Any:

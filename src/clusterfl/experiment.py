@@ -270,11 +270,8 @@ class Experiment:
                 start, elapsed, history.records, saved = self.checkpoints.load(
                     ctx, self.algorithm, self.config)
                 self.recorder.load_state_dict(saved)
-                planned = dict(saved["config"]).get("rounds")
-                self.recorder.reevaluate_continued(history.records, ctx, planned)
-                if history.records and planned is not None and \
-                        history.records[-1].round == int(planned) < self.config.run.rounds:
-                    redone = history.records[-1]
+                redone = self.recorder.continued_last_round(
+                    history.records, ctx, dict(saved["config"]).get("rounds"))
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
                          *self._data_warnings()]:
                 print(self.console_warning(line), file=sys.stderr, flush=True)

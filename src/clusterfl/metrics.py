@@ -49,6 +49,15 @@ def token_perplexity(reply: EvaluateReply) -> float | None:
     return math.exp(mean) if mean < 709.0 else math.inf
 
 
+def lone_clusters(assignment: np.ndarray) -> np.ndarray:
+    """A copy of `assignment` (int64) where each client without a cluster (−1) has a
+    cluster of its own, numbered after the others."""
+    a = np.array(assignment, dtype=np.int64)
+    lone = np.flatnonzero(a < 0)
+    a[lone] = a.max(initial=-1) + 1 + np.arange(len(lone))
+    return a
+
+
 def ari(true: np.ndarray | None, assignment: np.ndarray) -> float | None:
     """Adjusted Rand index of an assignment against the true clusters (None if unknown).
 
@@ -58,12 +67,7 @@ def ari(true: np.ndarray | None, assignment: np.ndarray) -> float | None:
     and five unassigned: 0.276; with −1 as one more label it read 0.495)."""
     if true is None:
         return None
-    a = np.asarray(assignment).astype(np.int64)
-    lone = np.flatnonzero(a < 0)
-    if len(lone):
-        a = a.copy()
-        a[lone] = a.max(initial=-1) + 1 + np.arange(len(lone))
-    value = float(adjusted_rand_score(np.asarray(true), a))
+    value = float(adjusted_rand_score(np.asarray(true), lone_clusters(assignment)))
     return None if math.isnan(value) else value
 
 

@@ -238,21 +238,25 @@ class Recorder:
         if self.federation.task == "regression":
             rec.client_mse = json_ready(reply.extras.get("mse"))
 
-    def reevaluate_continued(self, records: list[RoundRecord], ctx: Context,
-                             planned: Any) -> None:
-        """A finished run continued to more rounds: its old last round, on the `eval_every`
-        grid, was evaluated on every client because it was the last; a run planned for the
-        new `rounds` evaluates it on `eval_clients`' sample. Evaluated again so (the models
-        are that round's: the checkpoint's)."""
+    def continued_last_round(self, records: list[RoundRecord], ctx: Context,
+                             planned: Any) -> RoundRecord | None:
+        """A finished run of `planned` rounds continued to more: its old last round was
+        evaluated on every client because it was the last; a run planned for the new
+        `rounds` evaluates it only on the `eval_every` grid, and there on `eval_clients`'
+        sample. Its record is redone so (the models are that round's: the checkpoint's)
+        and returned, to be logged again; None when the run is not such a continuation."""
         run = self.config.run
-        if not records or planned is None:
-            return
-        last = records[-1]
-        t = last.round
-        if t == int(planned) and t < run.rounds and t % run.eval_every == 0 \
-                and self.eval_sample(t) is not None:
+        if not records or planned is None or records[-1].round != int(planned) \
+                or records[-1].round >= run.rounds:
+            return None
+        last, t = records[-1], records[-1].round
+        if t % run.eval_every != 0:
+            last.metrics = None
+            last.client_accuracy = last.client_macro_f1 = last.client_mse = None
+        elif self.eval_sample(t) is not None:
             self.evaluate_into(last, ctx, t)
             records[-1] = last.cleaned()
+        return records[-1]
 
     def summary(self, records: list[RoundRecord], ctx: Context,
                 holdout: dict[str, Any] | None) -> RunSummary:

@@ -90,6 +90,25 @@ def _holder(path: Path) -> str:
     return f"{who} ({command})" if command else who
 
 
+def running_process(folder: Path) -> str | None:
+    """'process N' when `folder`'s lock file names a live process (a run that ended normally
+    removed it), else None. Reads the file only: taking the lock, even for a moment, could
+    turn away a run starting now."""
+    try:
+        pid = (folder / LOCK_FILE).read_text(encoding="utf-8").split(" ", 1)[0].strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not pid.isascii() or not pid.isdigit() or int(pid) == os.getpid():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:  # alive, another user's
+        return f"process {pid}"
+    except (OSError, OverflowError):
+        return None
+    return f"process {pid}"
+
+
 class FolderLock:
     """The lock of one folder (module doc); `acquire` raises `RunDirInUseError` naming the
     process that holds it."""
@@ -178,16 +197,15 @@ def _ours_in(sub: Path) -> Callable[[str], bool] | None:
     return RUN_SUBDIRS.get(sub.name)
 
 
-def _is_run(folder: Path) -> bool:
-    """A run's folder: it holds its config, history or summary (or nothing yet)."""
-    return any((folder / n).is_file() for n in ("config.toml", HISTORY_FILE, SUMMARY_FILE)) \
-        or all(e.name == LOCK_FILE for e in folder.iterdir())
-
-
 def holds_run(folder: Path) -> bool:
     """`folder` holds a run's own files (its config, history or summary) at its top."""
     return folder.is_dir() and any(
         (folder / n).is_file() for n in ("config.toml", HISTORY_FILE, SUMMARY_FILE))
+
+
+def _is_run(folder: Path) -> bool:
+    """A run's folder: it holds its config, history or summary (or nothing yet)."""
+    return holds_run(folder) or all(e.name == LOCK_FILE for e in folder.iterdir())
 
 
 def foreign_entry(folder: Path, runs_inside: bool = True) -> Path | None:
@@ -399,4 +417,5 @@ __all__ = [
     "foreign_entry",
     "holds_run",
     "locking",
+    "running_process",
 ]

@@ -107,12 +107,10 @@ def benign_vs_adversarial(assignment: np.ndarray, adversaries: np.ndarray) -> di
     - `benign_exposed`: share of benign clients whose cluster holds an attacker.
     Clients without a cluster (−1) count as a cluster of their own each.
     """
-    from clusterfl.metrics import ari
+    from clusterfl.metrics import ari, lone_clusters
 
-    a = np.asarray(assignment, dtype=np.int64).copy()
+    a = lone_clusters(assignment)
     n = len(a)
-    lone = np.flatnonzero(a < 0)
-    a[lone] = a.max(initial=0) + 1 + np.arange(len(lone))
     bad = np.zeros(n, dtype=bool)
     bad[np.asarray(adversaries, dtype=np.int64)] = True
     if not bad.any():
