@@ -202,6 +202,7 @@ class Experiment:
         out = self.config.output
         for cb in given:
             tracking.check_callback(cb)
+        _check_no_repeats(given, out.callbacks)
         made = [tracking.make_callback(ref, f"output.callbacks[{i}]")
                 for i, ref in enumerate(out.callbacks)]
         board = []
@@ -211,6 +212,10 @@ class Experiment:
                                                         "directory: give the run an out_dir")
             board = [tracking.TensorBoardCallback(self.out_dir / tracking.TENSORBOARD_DIR,
                                                   figures=self.config.output.figures)]
+        if board and any(isinstance(cb, tracking.TensorBoardCallback) for cb in given):
+            raise ConfigError("output.tensorboard", "a TensorBoardCallback is given as well: "
+                                                    "two writers would log every round twice "
+                                                    "into one folder; set one of them")
         return [*given, *made, *board]
 
     def saved_round(self) -> int | None:
@@ -466,6 +471,19 @@ def _check_fault_clients(config: Config, n_clients: int, held_out: int) -> None:
 
 PROGRESS_NONE = "the config's output.progress"
 """What `progress=None` means, in the line that refuses another value."""
+
+
+def _check_no_repeats(given: list[Any], refs: list[str]) -> None:
+    """The same callback object, or import path, listed twice would see every round twice
+    (each event logged twice); refused, naming the second one."""
+    for i, cb in enumerate(given):
+        if any(cb is other for other in given[:i]):
+            raise ConfigError(f"callbacks[{i}]", f"the same {type(cb).__name__} object is "
+                                                 "listed twice; list each callback once")
+    for i, ref in enumerate(refs):
+        if ref in refs[:i]:
+            raise ConfigError(f"output.callbacks[{i}]", f"{ref!r} is listed twice; list each "
+                                                        "callback once")
 
 
 def _check_arguments(config: Any, out_dir: Any, federation: Any, overwrite: Any,

@@ -146,7 +146,10 @@ class CallbackError(ClusterFLError):
 
 
 def call(callbacks: list[Any], hook: str, *args: Any, **kwargs: Any) -> None:
-    """Call `hook` on every callback that has it; one that raises becomes a `CallbackError`."""
+    """Call `hook` on every callback that has it; one that raises becomes a `CallbackError`.
+    At the run's end every callback is still called after one raises (the results are
+    written; the others' logs should be too), and the first error is raised then."""
+    failed: CallbackError | None = None
     for cb in callbacks:
         fn = getattr(cb, hook, None)
         if not callable(fn):
@@ -157,17 +160,35 @@ def call(callbacks: list[Any], hook: str, *args: Any, **kwargs: Any) -> None:
             else:
                 fn(*args, **kwargs)
         except Exception as exc:
-            import traceback
+            error = _callback_error(cb, hook, exc, args, kwargs)
+            if hook != "on_run_end":
+                raise error from exc
+            if failed is None:
+                error.__cause__ = exc
+                failed = error
+    if failed is not None:
+        raise failed
 
-            frame = traceback.extract_tb(exc.__traceback__)[-1]
-            when = (f" in round {args[0].round}" if hook == "on_round_end"
-                    and isinstance(args[0], RoundRecord) else "")
-            after = ("the run had finished: its results are written" if hook == "on_run_end"
-                     else "the run stopped (with checkpoints, --resume continues it from the "
-                     "last one)")
-            raise CallbackError(
-                f"callback {describe(type(cb))}: {hook}{when} raised {type(exc).__name__}: "
-                f"{exc} ({Path(frame.filename).name}:{frame.lineno}); {after}") from exc
+
+def _callback_error(cb: Any, hook: str, exc: Exception, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> CallbackError:
+    """The one line of a callback that raised: where, and what became of the run."""
+    import traceback
+
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    when = (f" in round {args[0].round}" if hook == "on_round_end"
+            and isinstance(args[0], RoundRecord) else "")
+    if hook == "on_run_end":
+        after = "the run had finished: its results are written (the other callbacks were called)"
+    elif hook == "on_run_start" and kwargs.get("start", 1) == 1:
+        after = "the run stopped before its first round: start it again with --overwrite"
+    elif hook == "on_run_start":
+        after = "the run stopped before continuing: --resume continues it from its checkpoint"
+    else:
+        after = "the run stopped (with checkpoints, --resume continues it from the last one)"
+    return CallbackError(
+        f"callback {describe(type(cb))}: {hook}{when} raised {type(exc).__name__}: "
+        f"{exc} ({Path(frame.filename).name}:{frame.lineno}); {after}")
 
 
 def _takes(fn: Any, name: str) -> bool:

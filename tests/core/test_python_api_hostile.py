@@ -279,6 +279,67 @@ def test_a_callback_class_instead_of_an_instance_and_a_failing_end_hook() -> Non
         Experiment.from_config(DIGITS, callbacks=[Tracker(fail_at_end=True)]).run()
 
 
+class Counting:
+    def __init__(self) -> None:
+        self.rounds: list[int] = []
+        self.ended = 0
+
+    def on_round_end(self, record: Any) -> None:
+        self.rounds.append(record.round)
+
+    def on_run_end(self, summary: Any, out_dir: Any) -> None:
+        self.ended += 1
+
+
+class FailsAtStart:
+    def on_run_start(self, config: Any, out_dir: Any) -> None:
+        raise RuntimeError("no tracker server")
+
+
+def test_a_callback_failing_at_the_end_does_not_keep_the_others_from_being_told() -> None:
+    """Before: the callbacks after the failing one were never called at the run's end (a
+    TensorBoard callback after it lost its figures)."""
+    after = Counting()
+    with pytest.raises(CallbackError, match="the other callbacks were called"):
+        Experiment.from_config(DIGITS, callbacks=[Tracker(fail_at_end=True), after]).run()
+    assert after.ended == 1 and after.rounds == [1, 2]
+
+
+def test_a_callback_failing_at_the_start_of_a_new_run_says_overwrite_not_resume(
+        tmp_path: Path) -> None:
+    """Before: "the run stopped (with checkpoints, --resume continues it …)", though no
+    round had run and --resume then refused (nothing to continue)."""
+    with pytest.raises(CallbackError) as err:
+        Experiment.from_config(DIGITS, out_dir=tmp_path / "run",
+                               callbacks=[FailsAtStart()]).run()
+    assert "no tracker server" in str(err.value)
+    assert str(err.value).endswith("the run stopped before its first round: start it again "
+                                   "with --overwrite")
+    again = Experiment.from_config(DIGITS, out_dir=tmp_path / "run", overwrite=True).run()
+    assert [r.round for r in again.records] == [1, 2]
+
+
+def test_the_same_callback_listed_twice_is_refused_not_called_twice(tmp_path: Path) -> None:
+    """Before: the same object (or import path) listed twice saw every round twice: [1, 1,
+    2, 2]; a TensorBoardCallback given with tensorboard = true wrote every event twice."""
+    from clusterfl.tracking import TensorBoardCallback
+
+    once = Counting()
+    with pytest.raises(ConfigError, match=r"^callbacks\[1\]: the same Counting object is "
+                                          r"listed twice"):
+        Experiment.from_config(DIGITS, callbacks=[once, once])
+    ref = f"{HERE}:Counting"
+    with pytest.raises(ConfigError, match=r"^output\.callbacks\[1\]: .* is listed twice"):
+        Experiment.from_config({**DIGITS, "output": {"callbacks": [ref, ref]}})
+    board = TensorBoardCallback(tmp_path / "tb")
+    with pytest.raises(ConfigError, match=r"^output\.tensorboard: a TensorBoardCallback is "
+                                          r"given as well"):
+        Experiment.from_config({**DIGITS, "output": {"tensorboard": True}},
+                               out_dir=tmp_path / "run", callbacks=[board])
+    Experiment.from_config(DIGITS, callbacks=[once, Counting()]).run()
+    assert once.rounds == [1, 2]
+
+
 def test_an_option_of_a_scenario_without_options_says_it_takes_none() -> None:
     """Before: `scenario.holdout: unknown field; allowed fields here: ` (an empty list)."""
     with pytest.raises(ConfigError) as err:
