@@ -147,6 +147,16 @@ class RotationMixtureParams(_RotationLayoutParams):
     kappa: float = Field(0.5, ge=0.0, le=1.0, description="probability of the first angle")
     angles: tuple[float, float] = (0.0, 180.0)
 
+    @field_validator("kappa")
+    @classmethod
+    def _mixed(cls, value: float) -> float:
+        if value in (0.0, 1.0):
+            which = "second" if value == 0.0 else "first"
+            raise ValueError(f"{value:g} makes the mixture group the {which} angle's group "
+                             "again (two true clusters with one distribution); give 0 < "
+                             "kappa < 1")
+        return value
+
     @field_validator("angles")
     @classmethod
     def _two(cls, value: tuple[float, float]) -> tuple[float, float]:
