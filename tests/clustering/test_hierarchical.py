@@ -12,6 +12,8 @@ from clusterfl.clustering.hierarchical import (
     auto_n_clusters,
     connected_groups,
     cut_tree,
+    feature_linkage,
+    flat_clusters,
     ward_linkage,
 )
 from clusterfl.clustering.relatedness import min_distance_adjacency, threshold
@@ -80,6 +82,29 @@ def test_ward_linkage_and_cut_of_tiny_inputs():
     assert cut_tree(z, 1, 3).tolist() == [0, 0, 0]
     assert cut_tree(z, 7, 3).tolist() == [0, 1, 2]  # more clusters than clients: singletons
     np.testing.assert_array_equal(z, linkage(np.array([[0.0], [1.0], [5.0]]), method="ward"))
+
+
+def test_cut_into_c_clusters_when_merge_heights_tie():
+    """Four clients at equal distances (a regular simplex, ‖e_i − e_j‖ = √2): every merge
+    height ties (Ward's too: √(2·2·1/3)·√(3/2) = √2). Asked for C clusters, the cut has C
+    (scipy's `fcluster(maxclust)` finds no height giving 2 or 3 and returned 1), each the
+    cut into C + 1 with two clusters merged, as agglomeration stopped at C clusters."""
+    x = np.eye(4)
+    for method in ("ward", "average", "complete", "single"):
+        z = feature_linkage(x, "euclidean", method)
+        np.testing.assert_allclose(z[:, 2], [np.sqrt(2.0)] * 3)
+        parts = {c: as_partition(cut_tree(z, c, 4)) for c in range(1, 5)}
+        assert [len(parts[c]) for c in range(1, 5)] == [1, 2, 3, 4]
+        for c in range(1, 4):
+            assert all(any(p <= q for q in parts[c]) for p in parts[c + 1])
+        assert len(set(flat_clusters(z, 4, n_clusters=2).tolist())) == 2
+        assert flat_clusters(z, 4).tolist() == [0, 0, 0, 0]  # no gap anywhere: one cluster
+        assert auto_n_clusters(z) == 1
+    # two pairs of identical clients: 3 clusters asked, 3 given (one pair stays merged)
+    z = feature_linkage(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]))
+    labels = cut_tree(z, 3, 4)
+    assert len(set(labels.tolist())) == 3 and labels[0] == 0
+    assert labels[0] == labels[1] or labels[2] == labels[3]
 
 
 def brute_force_n_clusters(heights: np.ndarray, max_clusters: int | None) -> int:

@@ -8,9 +8,10 @@ et al. 2022, Alg. 2 line 19, and its PCA+kM+HC baseline; used by `clusterfl.algo
   fitting number of clusters"). With the M − 1 merge heights sorted, h_1 ≤ … ≤ h_{M−1},
   cutting between h_j and h_{j+1} gives M − j clusters, j ≥ 1 (never all singletons); the
   cut at the largest gap wins, ties go to fewer clusters, and `max_clusters` bounds the
-  search. If every merge height is 0 (all rows equal), C = 1; two clients at a positive
-  distance give C = 2.
-- `cut_tree`: the cut into C clusters, numbered 0..C−1 by first appearance in client order.
+  search. If every merge height is 0 (all rows equal), or all M − 1 ≥ 2 heights are equal
+  (no gap), C = 1; two clients at a positive distance give C = 2.
+- `cut_tree`: the cut into C clusters (the first M − C merges, so C even where merge heights
+  tie), numbered 0..C−1 by first appearance in client order.
 - `connected_groups`: the alternative automatic rule (ours, issue 25): the connected
   components of the 0/1 relatedness graph Ã (clients i, j in one group when a chain of
   related pairs joins them), numbered the same way. It needs no gap in the merge heights, so
@@ -67,13 +68,14 @@ def auto_n_clusters(z: np.ndarray, max_clusters: int | None = None, tol: float =
     """Number of clusters at the largest gap between consecutive merge heights (see module doc).
 
     Cutting between heights h_j and h_{j+1} (j = 1..M−2) gives M − j clusters; only cuts with
-    at most `max_clusters` clusters are considered; ties go to fewer clusters. One client, or
-    all heights ≤ tol, gives 1 cluster; two clients at a positive distance give 2.
+    at most `max_clusters` clusters are considered; ties go to fewer clusters. One client,
+    all heights ≤ tol, or three clients or more merged at one height (no gap) give 1
+    cluster; two clients at a positive distance give 2.
     """
     m = len(z) + 1
     h = np.sort(np.asarray(z[:, 2], dtype=np.float64)) if len(z) else np.zeros(0)
-    if m <= 1 or h[-1] <= tol:
-        return 1
+    if m <= 1 or h[-1] <= tol or (m > 2 and h[-1] - h[0] <= tol):
+        return 1  # nothing apart, or every merge at one height: no gap to cut in
     if m == 2:
         return 2 if max_clusters is None or max_clusters >= 2 else 1
     best_c, best_gap = 1, -1.0
@@ -199,17 +201,24 @@ def silhouette_cut(z: np.ndarray, distances: np.ndarray, max_clusters: int | Non
 
 
 def cut_tree(z: np.ndarray, n_clusters: int, m: int) -> np.ndarray:
-    """Cluster ids 0..C−1 of the M leaves, numbered by first appearance in client order."""
-    from scipy.cluster.hierarchy import fcluster
-
+    """Cluster ids 0..C−1 of the M leaves, numbered by first appearance in client order:
+    the first M − C merges of `z` made (agglomeration stopped at C clusters), so that tied
+    merge heights still give C clusters (scipy's `fcluster(..., "maxclust")` cuts at a
+    height and returns fewer when the heights around the cut tie)."""
     if m == 0:
         return np.zeros(0, dtype=np.int64)
     if n_clusters <= 1 or m == 1:
         return np.zeros(m, dtype=np.int64)
-    raw = fcluster(z, t=min(n_clusters, m), criterion="maxclust")
-    _, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first))
-    return rank[inverse].astype(np.int64)
+    parent = np.arange(2 * m - 1)  # scipy's ids: leaves 0..M−1, merge i is node M + i
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = int(parent[i])
+        return i
+
+    for i, row in enumerate(np.asarray(z)[: m - min(n_clusters, m)]):
+        parent[root(int(row[0]))] = parent[root(int(row[1]))] = m + i
+    return _first_appearance(np.array([root(i) for i in range(m)]))
 
 
 def ward_nearest(features: np.ndarray, labels: np.ndarray,
