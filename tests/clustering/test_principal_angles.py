@@ -149,6 +149,21 @@ def test_feature_linkage_matches_scikit_learn(metric, method):
         feature_linkage(x, "cosine", "ward")
 
 
+def test_cosine_distances_of_a_zero_update_are_one():
+    """A client whose update is zero has no direction: cosine similarity 0 to every other
+    row (`pairwise_cosine`'s rule), distance 1 − 0 = 1, not NaN (scipy's 0/0, on which the
+    linkage raised and FL+HC's clustering round stopped with a traceback). The others keep
+    1 − cos: 1 − 0.6 = 0.4 for (3, 4) and (5, 0) / 5·5 = (1, 0)."""
+    x = np.array([[3.0, 4.0], [5.0, 0.0], [0.0, 0.0], [0.0, 2.0]])
+    d = pairwise_distances(x, x, "cosine")
+    expect = np.array([[0.0, 1 - 0.6, 1.0, 1 - 0.8], [1 - 0.6, 0.0, 1.0, 1.0],
+                       [1.0, 1.0, 1.0, 1.0], [1 - 0.8, 1.0, 1.0, 0.0]])
+    np.testing.assert_allclose(d, expect, atol=1e-12)
+    z = feature_linkage(x, "cosine", "average")
+    np.testing.assert_allclose(np.sort(z[:, 2]), [0.2, (0.4 + 1.0) / 2, 1.0])  # by hand
+    assert flat_clusters(z, 4, n_clusters=2).tolist() == [0, 0, 1, 0]
+
+
 def test_linkage_distance_to_clusters_by_hand():
     d = np.array([[1.0, 3.0, 10.0, 2.0], [5.0, 4.0, 0.5, 9.0]])
     labels = np.array([0, 0, 1, 2])

@@ -22,8 +22,8 @@ Agglomerative clustering with a choice of linkage, cut at a distance threshold o
 fixed number of clusters (PACFL on its proximity matrix, FL+HC on the clients' updates):
 
 - `distance_linkage` / `feature_linkage`: scipy's linkage of a precomputed distance matrix,
-  or of observation rows under a metric ("euclidean", "manhattan", "cosine"; Ward only with
-  Euclidean rows). Linkages: "average" (UPGMA, the size-weighted
+  or of observation rows under a metric ("euclidean", "manhattan", "cosine": 1 − cos, and 1
+  for a zero row; Ward only with Euclidean rows). Linkages: "average" (UPGMA, the size-weighted
   mean distance), "weighted" (WPGMA: the plain mean of the two merged clusters' distances,
   which is what the PACFL authors' own routine calls "average"), "complete", "single",
   "ward".
@@ -278,17 +278,36 @@ def feature_linkage(features: np.ndarray, metric: Metric = "euclidean",
         return np.zeros((0, 4))
     if method == "ward":
         return linkage(f, method="ward")
+    if metric == "cosine" and not _norms(f).all():  # a zero row: 1 − 0, not scipy's NaN
+        from scipy.spatial.distance import squareform
+
+        d = pairwise_distances(f, f, metric)
+        np.fill_diagonal(d, 0.0)
+        return linkage(squareform(d, checks=False), method=method)
     return linkage(pdist(f, _SCIPY_METRIC[metric]), method=method)
 
 
+def _norms(x: np.ndarray) -> np.ndarray:
+    """Whether each row of `x` is nonzero."""
+    return np.asarray(np.any(x != 0, axis=1))
+
+
 def pairwise_distances(a: np.ndarray, b: np.ndarray, metric: Metric = "euclidean") -> np.ndarray:
-    """`[len(a), len(b)]` distances between the rows of `a` and of `b` under `metric`."""
+    """`[len(a), len(b)]` distances between the rows of `a` and of `b` under `metric`. Under
+    "cosine" a zero row has no direction: similarity 0 (`pairwise_cosine`'s rule), distance 1
+    to every row, itself included (scipy's 0/0 gave NaN)."""
     from scipy.spatial.distance import cdist
 
     if metric not in _SCIPY_METRIC:
         raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(_SCIPY_METRIC)}")
-    return np.asarray(cdist(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                            _SCIPY_METRIC[metric]))
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if metric != "cosine" or not len(x) or not len(y) or (_norms(x).all() and _norms(y).all()):
+        return np.asarray(cdist(x, y, _SCIPY_METRIC[metric]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.asarray(cdist(x, y, "cosine"))
+    d[~_norms(x)] = 1.0
+    d[:, ~_norms(y)] = 1.0
+    return d
 
 
 def nearest_centroid(points: np.ndarray, centroids: np.ndarray,
