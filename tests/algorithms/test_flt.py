@@ -362,6 +362,16 @@ def test_config_errors_name_the_field():
                                federation=prototypes_federation())
 
 
+def test_more_clusters_than_clients_is_refused_before_the_run():
+    """n_clusters = 13 for 12 clients: refused when the experiment is built (as PACFL and
+    FL+HC), not in round 1 after every client's signature (and FLT's encoder) was made."""
+    for name in ("pca_km_hc", "flt"):
+        algorithm = {**FAST_FLT, "n_clusters": 13} if name == "flt" else \
+            {"name": name, "n_clusters": 13}
+        with pytest.raises(ConfigError, match=r"algorithm\.n_clusters.*allowed: 1\.\.12"):
+            Experiment.from_config(config(algorithm), federation=prototypes_federation())
+
+
 def test_large_federations_keep_matrices_out_of_the_history(tmp_path, monkeypatch):
     monkeypatch.setattr(flt, "HISTORY_MAX_CLIENTS", 5)
     fed = prototypes_federation()

@@ -107,7 +107,7 @@ import torch
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
-from clusterfl.algorithms.common import Placement, SampledConfig, answered
+from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
 from clusterfl.algorithms.oneshot import (
     OneOffAsk,
     Threshold,
@@ -340,6 +340,11 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         own = cfg.data_dir if isinstance(cfg, FLTConfig) else None
         return own if own is not None else self.data_dir
 
+    def fits(self, n_clients: int, rounds: int | None) -> None:
+        """A fixed C above the number of clients is refused before the run, as PACFL and
+        FL+HC do (C above the signatures that arrived is refused in `_clustered`)."""
+        check_k_fits(self.config.n_clusters or 1, n_clients)
+
     def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
         cfg = self.config
         if isinstance(cfg, FLTConfig):
@@ -351,6 +356,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         return []
 
     def setup(self, ctx: Context) -> None:
+        self.fits(ctx.n_clients, ctx.rounds)
         self.sizes = np.asarray(ctx.train_sizes)  # Case I's p_m, kept for placement
         self.state = FLTState(ctx.factory.init(ctx.seed)[None].clone(),
                               np.full(ctx.n_clients, -1, dtype=np.int64), 0)
