@@ -35,7 +35,10 @@ Choices the paper leaves open (or states differently from the authors' code), an
   Ward linkage (scipy). Without a threshold (`threshold = "none"`, the PCA+kM+HC default), the
   rows of A instead.
 - Number of clusters C when `n_clusters` is not given (the paper: "HC proposes the best fitting
-  number of clusters"): cut the dendrogram in the largest gap between consecutive merge
+  number of clusters"): by default (`auto_clusters = "silhouette"`, issue 36) the divisive
+  silhouette cut of the Ward tree under the Euclidean distances of the rows HC reads, one
+  cluster when no cut reaches `min_silhouette` (`silhouette_cut`). `"gap"`: cut the
+  dendrogram in the largest gap between consecutive merge
   heights h_1 ≤ … ≤ h_{M−1}; cutting between h_j and h_{j+1} gives M − j clusters, j ≥ 1
   (never all singletons). If every merge height is 0 (all profiles equal), C = 1.
   `max_clusters` bounds the search. Ties go to fewer clusters. Alternative (ours, issue 25;
