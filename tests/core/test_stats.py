@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -81,3 +82,28 @@ def test_holm_by_hand() -> None:
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm([0.5, None, 0.6]) == [pytest.approx(1.0), None, pytest.approx(1.0)]
     assert holm([]) == []
+
+
+def _signed_rank_p_by_enumeration(d: list[float]) -> float:
+    """Two-sided signed-rank p by flipping every sign (2ⁿ equally likely outcomes under H0),
+    tied |d| with their mean rank: the exact p, ties or not."""
+    ranks = sps.rankdata(np.abs(d))
+    centre = ranks.sum() / 2
+    seen = abs(ranks[np.asarray(d) > 0].sum() - centre)
+    signs = np.array(list(itertools.product([0, 1], repeat=len(d))), dtype=bool)
+    sums = np.where(signs, ranks, 0.0).sum(axis=1)
+    return float(np.mean(np.abs(sums - centre) >= seen - 1e-9))
+
+
+def test_paired_wilcoxon_is_exact_when_differences_tie() -> None:
+    # A − B = +1, +1, −1, +2 (points): |d| ties (ranks 2, 2, 2, 4), W⁺ = 8, W⁻ = 2; of the 16
+    # sign patterns, 4 give W⁻ ≤ 2 and 4 give W⁺ ≤ 2 → p = 8/16 = 0.5 (the no-ties table
+    # of ranks 1..4 reads 0.375)
+    a, b = [61.0, 72.0, 50.0, 66.0], [60.0, 71.0, 51.0, 64.0]
+    res = paired(a, b)
+    assert _signed_rank_p_by_enumeration([1.0, 1.0, -1.0, 2.0]) == 0.5
+    assert res.p_wilcoxon == pytest.approx(0.5, abs=1e-12)
+    # and with a zero difference left out and ties among the rest
+    a, b = [3.0, 5.0, 7.0, 9.0, 4.0, 6.0], [2.0, 4.0, 7.0, 6.0, 5.0, 4.0]
+    want = _signed_rank_p_by_enumeration([1.0, 1.0, 3.0, -1.0, 2.0])
+    assert paired(a, b).p_wilcoxon == pytest.approx(want, abs=1e-12)
