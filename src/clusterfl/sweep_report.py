@@ -126,6 +126,9 @@ def cell_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequence
     for method in methods_of([r for r in rows if r["cell"] == cell]):
         mine = [r for r in rows if r["cell"] == cell and r["method"] == method]
         finished = sum(r["status"] in ("done", "diverged") for r in mine)
+        known = describe(values(rows, cell, method, key, seeds)).n
+        seeds_cell = f"{finished}/{len(mine)}" + (  # finished, the metric not finite (None)
+            f" ({known} with {_name(header)})" if known < finished else "")
         cells = []
         for k, _, sc, dg in shown:
             d = describe(values(rows, cell, method, k, seeds))
@@ -135,8 +138,13 @@ def cell_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequence
                              f"{_short(d, dg, sc)} ({d.n}/{finished})")
             else:
                 cells.append(d.text(dg, sc) if k == key else _short(d, dg, sc))
-        lines.append("| " + " | ".join([method, f"{finished}/{len(mine)}", *cells]) + " |")
+        lines.append("| " + " | ".join([method, seeds_cell, *cells]) + " |")
     return "\n".join(lines)
+
+
+def _name(header: str) -> str:
+    """"accuracy (%)" → "accuracy": the metric's name without its unit."""
+    return header.split(" (")[0]
 
 
 def _short(d: Described, digits: int, scale: float) -> str:
@@ -153,9 +161,20 @@ def overview_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in methods_of(rows):
         lines.append("| " + " | ".join(
-            [method, *[_short(describe(values(rows, c, method, key, seeds)), digits, scale)
+            [method, *[_overview_cell(rows, c, method, key, seeds, digits, scale)
                        for c in cells]]) + " |")
     return "\n".join(lines)
+
+
+def _overview_cell(rows: Sequence[dict[str, Any]], cell: str | None, method: str, key: str,
+                   seeds: Sequence[int], digits: int, scale: float) -> str:
+    """Mean ± std, and over how many of the finished seeds when the metric is missing from
+    some (a diverged run whose MSE overflowed)."""
+    d = describe(values(rows, cell, method, key, seeds))
+    finished = sum(r["status"] in ("done", "diverged") for r in rows
+                   if r["cell"] == cell and r["method"] == method)
+    return _short(d, digits, scale) + (f" ({d.n}/{finished} seeds)" if 0 < d.n < finished
+                                       else "")
 
 
 def differs_table(sweep: Sweep) -> str:
@@ -284,7 +303,9 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
     parts.append(
         "## How to read the statistics\n\n"
         "- mean ± sample standard deviation over the seeds that finished; [95 % CI]: the "
-        "interval of the mean from Student's t with n − 1 degrees of freedom.\n"
+        "interval of the mean from Student's t with n − 1 degrees of freedom. A finished run "
+        "without a finite value (a diverged run whose MSE overflowed) is left out of the mean; "
+        "\"3/3 (2 with MSE)\" and \"(2/3 seeds)\" say so.\n"
         "- paired comparisons: the per-seed differences A − B (each seed is one federation, "
         "so the two runs of a seed are paired); p, paired t: the two-sided paired t-test "
         "(`scipy.stats.ttest_rel`); p, Holm: adjusted over the pairs of the cell; p, Wilcoxon: "

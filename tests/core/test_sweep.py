@@ -525,3 +525,23 @@ def test_retry_failed_starts_again_a_run_whose_checkpoint_cannot_be_read(tmp_pat
     again = collect(runs, out)
     assert [r["status"] for r in again] == ["done", "done"]
     assert again[1]["accuracy"] == whole[1]["accuracy"] and again[1]["ari"] == whole[1]["ari"]
+
+
+def test_a_finished_run_without_the_metric_is_counted_apart_from_the_mean() -> None:
+    """A diverged regression run whose MSE overflowed has none (null in summary.json): its
+    mean was over the other 2 seeds while the seeds column read 3/3, and Local (MSE inf, 1,
+    3: mean 2 over 2 seeds) read better than FedAvg (5, 2, 4: mean 11/3 over 3)."""
+    from clusterfl.sweep_report import cell_table, overview_table
+
+    mse = {"Local": [None, 1.0, 3.0], "FedAvg": [5.0, 2.0, 4.0]}
+    rows = [{"cell": None, "method": m, "seed": s, "status": "diverged" if v is None else "done",
+             "mse": v, "ari": 0.0, "rounds_to_ari1": None}
+            for m, vs in mse.items() for s, v in enumerate(vs)]
+    lines = cell_table(rows, None, [0, 1, 2]).splitlines()
+    local = next(x for x in lines if x.startswith("| Local |"))
+    fedavg = next(x for x in lines if x.startswith("| FedAvg |"))
+    assert local.startswith("| Local | 3/3 (2 with MSE) | 2.0000 ± 1.4142 ")
+    assert fedavg.startswith(f"| FedAvg | 3/3 | {11 / 3:.4f} ± 1.5275 ")
+    overview = overview_table(rows, [0, 1, 2]).splitlines()
+    assert "| Local | 2.0000 ± 1.4142 (2/3 seeds) |" in overview
+    assert f"| FedAvg | {11 / 3:.4f} ± 1.5275 |" in overview
