@@ -105,7 +105,8 @@ def comparison_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Se
     entries = comparisons(rows, cell, seeds, key)
     if not entries:
         return ""
-    head = ["A", "B", "pairs", f"mean A − B [95 % CI] ({'% points' if scale != 1 else key})",
+    unit = "% points" if scale != 1 else key
+    head = ["A", "B", "pairs", f"mean A − B ± std [95 % CI] ({unit})",
             "t (df)", "p, paired t", "p, Holm", "p, Wilcoxon", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in entries:

@@ -545,3 +545,17 @@ def test_a_finished_run_without_the_metric_is_counted_apart_from_the_mean() -> N
     overview = overview_table(rows, [0, 1, 2]).splitlines()
     assert "| Local | 2.0000 ± 1.4142 (2/3 seeds) |" in overview
     assert f"| FedAvg | {11 / 3:.4f} ± 1.5275 |" in overview
+
+
+def test_the_paired_table_says_its_cell_is_mean_std_and_interval_of_the_differences() -> None:
+    """The column read "mean A − B [95 % CI]" over cells "-1.0 ± 1.0 [...]": the ± (the
+    differences' sample std, here of −2, −1, 0: 1) was named nowhere."""
+    from clusterfl.sweep_report import comparison_table
+
+    acc = {"A": [0.50, 0.60, 0.70], "B": [0.52, 0.61, 0.70]}
+    rows = [{"cell": None, "method": m, "seed": s, "status": "done", "accuracy": v}
+            for m, vs in acc.items() for s, v in enumerate(vs)]
+    head, _, line = comparison_table(rows, None, [0, 1, 2]).splitlines()
+    assert "| mean A − B ± std [95 % CI] (% points) |" in head
+    half = 4.302653 * 1.0 / math.sqrt(3)  # t(0.975, 2) · s/√n
+    assert f"| -1.0 ± 1.0 [{-1 - half:.1f}, {-1 + half:.1f}] |" in line
