@@ -335,7 +335,10 @@ def test_client_accuracy_and_many_clusters_cap_legend(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "text"),
     [(950, "950"), (1234, "1.2k"), (1.2e6, "1.2M"), (3.44e9, "3.4G"), (123.4e6, "123M"),
-     (0, "0")],
+     (0, "0"),
+     # rounding up to 1000 of a unit is the next unit (was "1000", "1000k", "100.0k")
+     (999.6, "1.0k"), (999_950, "1.0M"), (99_960, "100k"), (-999_950, "-1.0M"),
+     (5e15, "5000T")],
 )
 def test_human_units(value: float, text: str) -> None:
     assert human_units(value) == text

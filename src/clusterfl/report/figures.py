@@ -50,11 +50,14 @@ def human_units(value: float, digits: int = 1) -> str:
     if not np.isfinite(value):
         return str(value)
     magnitude = abs(value)
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if magnitude >= factor:
-            scaled = value / factor
-            return f"{scaled:.{digits if abs(scaled) < 100 else 0}f}{suffix}"
-    return f"{value:.0f}" if float(value).is_integer() or magnitude >= 10 else f"{value:.2g}"
+    if round(magnitude) < 1000:
+        return f"{value:.0f}" if float(value).is_integer() or magnitude >= 10 else f"{value:.2g}"
+    for factor, suffix in ((1e3, "k"), (1e6, "M"), (1e9, "G"), (1e12, "T")):
+        scaled = value / factor
+        text = f"{scaled:.{digits if abs(round(scaled, digits)) < 100 else 0}f}"
+        if abs(float(text)) < 1000 or suffix == "T":  # 999,950: "1.0M", not "1000k"
+            return text + suffix
+    raise AssertionError("unreachable: the last unit returns")
 
 
 def _new_figure(
