@@ -37,14 +37,18 @@ def token_perplexity(reply: EvaluateReply) -> float | None:
     """A language model's perplexity over all the clients' test tokens: exp of the mean
     token loss, each client's mean loss weighted by its sequences (every sequence has the
     same number of tokens, so this is the token-weighted mean). None for other tasks (no
-    `perplexity` extra) or when no client has a finite loss."""
+    `perplexity` extra) or when no client has test sequences; infinite when a client with
+    test sequences has a non-finite loss (its model diverged): clients without (or not
+    asked: no sequences in the reply) are left out."""
     if "perplexity" not in reply.extras:
         return None
     loss = np.asarray(reply.loss, dtype=float)
     n = np.asarray(reply.n_samples, dtype=float)
-    ok = np.isfinite(loss) & (n > 0)
+    ok = n > 0
     if not ok.any():
         return None
+    if not np.isfinite(loss[ok]).all():
+        return math.inf
     mean = float((loss[ok] * n[ok]).sum() / n[ok].sum())
     return math.exp(mean) if mean < 709.0 else math.inf
 

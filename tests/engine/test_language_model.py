@@ -53,6 +53,20 @@ def test_perplexity_and_token_accuracy_by_hand() -> None:
     assert summarize(reply)["perplexity"] == pytest.approx(math.exp((3 * 1.0 + 1 * 3.0) / 4))
 
 
+def test_a_client_whose_model_diverged_makes_the_federations_perplexity_infinite() -> None:
+    """The perplexity is exp of the mean loss over all clients' test tokens: one client's
+    non-finite loss (its model diverged: NaN or inf) makes it infinite. It was left out, and
+    the rest read exp(1) = 2.72. A client without test sequences (or not asked) has none."""
+    for bad in (math.nan, math.inf):
+        reply = EvaluateReply(np.arange(3), np.zeros(3), np.zeros(3),
+                              np.array([1.0, bad, math.nan]), np.array([3, 1, 0]),
+                              {"perplexity": np.exp([1.0, bad, math.nan])})
+        assert summarize(reply)["perplexity"] == math.inf
+    not_asked = EvaluateReply(np.arange(2), np.zeros(2), np.zeros(2), np.array([1.0, math.nan]),
+                              np.array([3, 0]), {"perplexity": np.exp([1.0, math.nan])})
+    assert summarize(not_asked)["perplexity"] == pytest.approx(math.e)
+
+
 def _tiny(n_clients: int = 4, cell: str = "fused") -> tuple:
     src = text_source(synthetic_topics(n_words=10, articles=12, length=12, seed=1))
     fed = make_federation(src, "topics", {"n_clients": n_clients, "seq_len": 6,
