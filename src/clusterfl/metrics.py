@@ -28,9 +28,23 @@ def summarize(reply: EvaluateReply) -> dict[str, float | None]:
         "macro_f1": _nanmean(reply.macro_f1),
         "fairness_var": float(np.var(100 * acc[ok])) if ok.any() else None,
         "loss": _nanmean(reply.loss),
-        "mse": _nanmean(reply.extras.get("mse", np.array([np.nan]))),
+        "mse": _diverged_mean(reply.extras.get("mse"), n),
         "perplexity": token_perplexity(reply),
     }
+
+
+def _diverged_mean(values: np.ndarray | None, n: np.ndarray) -> float | None:
+    """Mean over the clients with test samples (n > 0) of a metric every such client has
+    when it has any (a regression's MSE): None when none has a finite one (not a regression);
+    infinite when some have and another has a non-finite one (its model diverged: NaN is
+    no better than the inf that makes the mean infinite)."""
+    if values is None:
+        return None
+    v = np.asarray(values, dtype=float)[n > 0]
+    finite = np.isfinite(v)
+    if not finite.any():
+        return None
+    return float(v.mean()) if finite.all() else math.inf
 
 
 def token_perplexity(reply: EvaluateReply) -> float | None:

@@ -8,12 +8,15 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clusterfl.bench import BenchError, load_suite, run_suite
 from clusterfl.cli import DIVERGED_EXIT, main
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
+from clusterfl.metrics import summarize
+from clusterfl.protocol import EvaluateReply
 from clusterfl.records import read_summary
 from clusterfl.report import summary_markdown, write_run_report
 from clusterfl.robust.divergence import RoundUpdates, diagnose, loss_scale, noise_cause
@@ -186,3 +189,18 @@ def test_bench_fails_on_a_diverged_run_and_keeps_it(tmp_path: Path):
     with pytest.raises(BenchError, match="diverged"):  # finished before: still a failure
         run_suite(scenarios, runs, log=logs.append)
     run_suite(scenarios, runs, log=logs.append, fail_on_divergence=False)
+
+
+def test_a_client_whose_regression_diverged_makes_the_mse_infinite():
+    """MSE 1, 3 and NaN (a diverged client's model): the mean was 2, over the other two,
+    while an inf (a client less far gone) made it infinite. Now both do; a client without
+    test samples (or not asked) is left out, and a classifier (NaN for all) has none."""
+    def mse(values, n):
+        k = len(values)
+        return summarize(EvaluateReply(np.arange(k), np.full(k, 0.5), np.full(k, 0.5),
+                                       np.ones(k), np.array(n), {"mse": np.array(values)}))["mse"]
+
+    assert mse([1.0, 3.0, math.nan], [5, 5, 5]) == math.inf
+    assert mse([1.0, 3.0, math.inf], [5, 5, 5]) == math.inf
+    assert mse([1.0, 3.0, math.nan], [5, 5, 0]) == pytest.approx(2.0)
+    assert mse([math.nan, math.nan], [5, 5]) is None
