@@ -81,9 +81,17 @@ def comparisons(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequenc
 
 
 def _p(p: float | None) -> str:
+    """3 decimals, or as many more as tell a p below ALPHA from ALPHA (0.04996 is not
+    "0.050" beside a verdict of p < 0.05)."""
     if p is None:
         return "–"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+    if p < 0.001:
+        return "< 0.001"
+    for places in range(3, 17):
+        text = f"{p:.{places}f}"
+        if (float(text) < ALPHA) == (p < ALPHA):
+            return text
+    return repr(p)
 
 
 def _verdict(a: str, b: str, entry: dict[str, Any], higher: bool) -> str:

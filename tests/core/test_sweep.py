@@ -559,3 +559,14 @@ def test_the_paired_table_says_its_cell_is_mean_std_and_interval_of_the_differen
     assert "| mean A − B ± std [95 % CI] (% points) |" in head
     half = 4.302653 * 1.0 / math.sqrt(3)  # t(0.975, 2) · s/√n
     assert f"| -1.0 ± 1.0 [{-1 - half:.1f}, {-1 + half:.1f}] |" in line
+
+
+def test_a_p_value_just_below_alpha_is_not_printed_as_alpha() -> None:
+    """Holm p 0.04996 read "0.050" beside the verdict "better (Holm p < 0.05)"; the printed
+    p now keeps the digits that tell it from 0.05."""
+    from clusterfl.sweep_report import _p
+
+    assert _p(0.04996) == "0.04996" and float(_p(0.04996)) < 0.05
+    assert _p(0.05004) == "0.050"  # not below 0.05, as printed
+    assert (_p(0.0499), _p(0.123456), _p(0.0004), _p(None)) == ("0.0499", "0.123", "< 0.001",
+                                                                 "–")
