@@ -22,7 +22,9 @@ and by `write_results` (`--report-only`), so finished runs are neither lost nor 
 
 `write_results` writes the results markdown (`benchmarks/RESULTS.md` for the full suite):
 per scenario a table of methods × (accuracy, macro-F1, ARI, fairness variance, rounds until
-ARI = 1, floats communicated, wall time) as mean ± std over seeds, with the paper's number
+ARI = 1, floats communicated, wall time) as mean ± std over seeds (the population std, n in
+its denominator, as the tables have always been written; sweeps give the sample std), with the
+paper's number
 and our difference beside it, and the comparison figures of the first seed.
 """
 
@@ -363,8 +365,10 @@ def _cell(values: list[float | None], digits: int = 1, human: bool = False) -> s
 
 
 def _human(x: float) -> str:
+    """One decimal in the largest unit the value reaches once rounded (999,960 is "1.0M",
+    not "1000.0k")."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
+        if abs(round(x / scale, 1)) >= 1:
             return f"{x / scale:.1f}{unit}"
     return f"{x:.0f}"
 
@@ -484,7 +488,9 @@ def write_results(
              "true clusters in parentheses for the clustered methods (two values: two "
              "configurations of the method, in the order of the scenario's table); the "
              "scenario tables "
-             "below give seeds, spread, macro-F1, fairness, costs and the papers' numbers.\n\n"
+             "below give seeds, spread (mean ± the population standard deviation over the "
+             "finished seeds, n in its denominator; `clusterfl compare --seeds` and sweeps give "
+             "the sample one, n − 1), macro-F1, fairness, costs and the papers' numbers.\n\n"
              + overview_table(scenarios, runs) + "\n"]
     for scenario in scenarios:
         table, done = scenario_table(scenario, runs)

@@ -41,16 +41,22 @@ class Described:
     low: float | None
     high: float | None
 
-    def text(self, digits: int = 1, scale: float = 1.0) -> str:
-        """"81.2 ± 1.3 [79.0, 83.4]" (or "–" without values); `scale` multiplies every value."""
+    def text(self, digits: int | str = 1, scale: float = 1.0) -> str:
+        """"81.2 ± 1.3 [79.0, 83.4]" (or "–" without values); `scale` multiplies every value;
+        `digits`: decimals, or a format spec (".4g" for an MSE, which may be 1e-5 or 1e37)."""
         if self.mean is None:
             return "–"
-        out = f"{self.mean * scale:.{digits}f}"
+        out = number(self.mean * scale, digits)
         if self.std is not None:
-            out += f" ± {self.std * scale:.{digits}f}"
+            out += f" ± {number(self.std * scale, digits)}"
         if self.low is not None and self.high is not None:
-            out += f" [{self.low * scale:.{digits}f}, {self.high * scale:.{digits}f}]"
+            out += f" [{number(self.low * scale, digits)}, {number(self.high * scale, digits)}]"
         return out
+
+
+def number(value: float, digits: int | str) -> str:
+    """`value` with `digits` decimals, or in the format spec `digits` (".4g")."""
+    return f"{value:{f'.{digits}f' if isinstance(digits, int) else digits}}"
 
 
 def _finite(values: Sequence[float | None]) -> np.ndarray:

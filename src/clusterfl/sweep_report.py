@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterfl.stats import Described, describe, holm, paired
+from clusterfl.stats import Described, describe, holm, number, paired
 from clusterfl.sweep import Run, Sweep, config_changed
 
 # shown metrics: (row key, header, scale, digits)
@@ -25,14 +25,14 @@ SHOWN = (("macro_f1", "macro-F1 (%)", 100.0, 1), ("ari", "ARI", 1.0, 2),
 ALPHA = 0.05
 
 
-def primary(rows: Sequence[dict[str, Any]]) -> tuple[str, str, float, int, bool]:
+def primary(rows: Sequence[dict[str, Any]]) -> tuple[str, str, float, int | str, bool]:
     """The metric the comparisons use: (key, header, scale, digits, higher is better); a
     language model's perplexity (lower is better) before its token accuracy."""
     if any(r.get("perplexity") is not None for r in rows):
         return "perplexity", "perplexity", 1.0, 2, False
     if any(r.get("accuracy") is not None for r in rows):
         return "accuracy", "accuracy (%)", 100.0, 1, True
-    return "mse", "MSE", 1.0, 4, False
+    return "mse", "MSE", 1.0, ".4g", False  # 4 significant digits: 1e-5 is not "0.0000"
 
 
 def _value(row: dict[str, Any], key: str) -> float | None:
@@ -156,11 +156,11 @@ def _name(header: str) -> str:
     return header.split(" (")[0]
 
 
-def _short(d: Described, digits: int, scale: float) -> str:
+def _short(d: Described, digits: int | str, scale: float) -> str:
     if d.mean is None:
         return "–"
-    return f"{d.mean * scale:.{digits}f}" + ("" if d.std is None else
-                                            f" ± {d.std * scale:.{digits}f}")
+    return number(d.mean * scale, digits) + ("" if d.std is None else
+                                             f" ± {number(d.std * scale, digits)}")
 
 
 def overview_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
@@ -176,7 +176,7 @@ def overview_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
 
 
 def _overview_cell(rows: Sequence[dict[str, Any]], cell: str | None, method: str, key: str,
-                   seeds: Sequence[int], digits: int, scale: float) -> str:
+                   seeds: Sequence[int], digits: int | str, scale: float) -> str:
     """Mean ± std, and over how many of the finished seeds when the metric is missing from
     some (a diverged run whose MSE overflowed)."""
     d = describe(values(rows, cell, method, key, seeds))

@@ -108,7 +108,10 @@ def test_suite_runs_skips_finished_runs_and_writes_the_table(tmp_path: Path) -> 
     scenario_part = text.split("## Rotated digits", 1)[1]
     row = next(line for line in scenario_part.splitlines() if line.startswith("| FedAvg |"))
     assert "| 2/2 |" in row
-    assert f"{mean:.1f} ±" in row
+    spread = abs(accs[0] - accs[1]) / 2  # the population std of two values
+    assert f"{mean:.1f} ± {spread:.1f}" in row
+    assert "the population standard deviation over the finished seeds, n in its " \
+           "denominator" in text  # which std it is (sweeps give the sample one)
     assert f"50.0 ({mean - 50.0:+.1f})" in row  # paper number and our difference
     assert "| IFCA (K=2) | 2/2 |" in text  # one naming scheme: display name and options
     overview = text.split("## Overview", 1)[1].split("\n## ", 1)[0]
@@ -367,3 +370,6 @@ def test_a_spread_of_floats_is_written_in_the_units_of_its_mean() -> None:
     assert _cell([349_800_000.0, 355_400_000.0], human=True) == "352.6M ± 2.8M"
     assert _cell([258_700_000.0, 258_700_000.0], human=True) == "258.7M ± 0"
     assert _cell([50.0, 60.0]) == "55.0 ± 5.0"
+    # a value that rounds up to the next unit takes it ("1000.0k" before)
+    assert _cell([999_960.0], human=True) == "1.0M"
+    assert _cell([999.6], human=True) == "1.0k"

@@ -540,11 +540,25 @@ def test_a_finished_run_without_the_metric_is_counted_apart_from_the_mean() -> N
     lines = cell_table(rows, None, [0, 1, 2]).splitlines()
     local = next(x for x in lines if x.startswith("| Local |"))
     fedavg = next(x for x in lines if x.startswith("| FedAvg |"))
-    assert local.startswith("| Local | 3/3 (2 with MSE) | 2.0000 ± 1.4142 ")
-    assert fedavg.startswith(f"| FedAvg | 3/3 | {11 / 3:.4f} ± 1.5275 ")
+    assert local.startswith("| Local | 3/3 (2 with MSE) | 2 ± 1.414 ")  # 4 significant
+    assert fedavg.startswith(f"| FedAvg | 3/3 | {11 / 3:.4g} ± 1.528 ")
     overview = overview_table(rows, [0, 1, 2]).splitlines()
-    assert "| Local | 2.0000 ± 1.4142 (2/3 seeds) |" in overview
-    assert f"| FedAvg | {11 / 3:.4f} ± 1.5275 |" in overview
+    assert "| Local | 2 ± 1.414 (2/3 seeds) |" in overview
+    assert f"| FedAvg | {11 / 3:.4g} ± 1.528 |" in overview
+
+
+def test_an_mse_is_written_in_significant_digits_not_four_decimals() -> None:
+    """Before: an MSE of 1.234e-5 read "0.0000", and a diverging one of 2.5e37 a 38-digit
+    number."""
+    from clusterfl.sweep_report import overview_table
+
+    mse = {"small": [1.2e-5, 1.3e-5], "huge": [2.0e37, 3.0e37]}
+    rows = [{"cell": None, "method": m, "seed": s, "status": "done", "mse": v, "ari": 0.0}
+            for m, vs in mse.items() for s, v in enumerate(vs)]
+    overview = overview_table(rows, [0, 1]).splitlines()
+    std_small, std_huge = math.sqrt(2) * 0.05e-5, math.sqrt(2) * 0.5e37  # sample std of two
+    assert f"| small | 1.25e-05 ± {std_small:.4g} |" in overview
+    assert f"| huge | 2.5e+37 ± {std_huge:.4g} |" in overview
 
 
 def test_the_paired_table_says_its_cell_is_mean_std_and_interval_of_the_differences() -> None:
