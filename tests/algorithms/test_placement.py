@@ -186,6 +186,23 @@ def test_local_newcomers_train_alone_with_a_trained_clients_budget():
     assert acc.mean() < s.final.holdout_accuracy - 0.05
 
 
+def test_local_newcomers_start_from_the_runs_start_whatever_the_placing_seed():
+    """`clusterfl place --set seed=7` draws fresh data: the newcomer still trains from the
+    common initial model of the run (it started from `factory.init(7)`, another model)."""
+    exp = Experiment.from_config(rotation({"name": "local"}, rounds=1))
+    exp.run(progress=False)
+    backend = build_backend(exp.config, exp.full_federation, exp.factory)
+    try:
+        own = exp.placing_context(backend, exp.holdout_ids)
+        other = exp.placing_context(backend, exp.holdout_ids)
+        other.seed = exp.config.run.seed + 7  # the same generator, another seed
+        a = exp.algorithm.placement(own, np.arange(4))
+        b = exp.algorithm.placement(other, np.arange(4))
+    finally:
+        backend.close()
+    assert torch.equal(a.predictor.models, b.predictor.models)
+
+
 # --------------------------------------------------------------------------- the split
 
 

@@ -13,13 +13,13 @@ On a GPU the trained models come back to the CPU with the reply (no `device_upda
 update only copies them into the table, which lives in host memory, so a step on the device
 would still end in the same one copy.
 
-Placing a client that did not train (`placement`): it trains alone, from the same initial model
-as every client (`factory.init(ctx.seed)`: the placing context must carry the run's seed, as
-the experiment's and `clusterfl place`'s do), with the budget a trained client got over a
-finished run: T (`ctx.rounds`) times the `[train]` local training, in one request (T·steps
-steps, or T·epochs epochs; the optimizer state is not reset between the T parts, as it is
-between rounds). Nothing is communicated. It belongs to no shared cluster (-1) and predicts
-with its own model.
+Placing a client that did not train (`placement`): it trains alone, from the same initial
+model as every client (row 0 of the table, the start kept in the state, whatever the placing
+context's seed: `clusterfl place --set seed=7` changes the data, not the start), with the
+budget a trained client got over a finished run: T (`ctx.rounds`) times the `[train]` local
+training, in one request (T·steps steps, or T·epochs epochs; the optimizer state is not reset
+between the T parts, as it is between rounds). Nothing is communicated. It belongs to no
+shared cluster (-1) and predicts with its own model.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+import torch
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import (
@@ -92,7 +93,7 @@ class Local(Algorithm[LocalConfig, LocalState]):
         tr = ctx.training
         budget = (replace(tr, steps=tr.steps * rounds) if tr.steps > 0
                   else replace(tr, epochs=tr.epochs * rounds))
-        start = ctx.factory.init(ctx.seed)
+        start = self._start(ctx)
         zeros = np.zeros(len(ids), dtype=np.int64)
         reply = ctx.send(TrainRequest(ids, start[None], zeros, budget, ctx.next_seed(),
                                       models_held=True, keep_local=True))
@@ -104,3 +105,12 @@ class Local(Algorithm[LocalConfig, LocalState]):
         return Placement(ids, np.full(len(ids), -1, dtype=np.int64),
                          Predictor.single(models, np.arange(len(ids))),
                          [{"local_rounds": rounds} for _ in ids])
+
+    def _start(self, ctx: Context) -> torch.Tensor:
+        """The common initial model every client started from: the table's row 0, which
+        does not depend on the placing context's seed (`clusterfl place --set seed=7` draws
+        fresh data, not another start); a table of every client's (a checkpoint of before
+        `ClientModels.row_of`) keeps no start: `factory.init(ctx.seed)`."""
+        if self.state.row_of is not None:
+            return self.state.models[0].clone()
+        return ctx.factory.init(ctx.seed)
