@@ -118,6 +118,25 @@ def test_stragglers_missing_the_deadline_are_dropped_from_training(digits):
     assert sorted(set(range(8)) - set(ctx.backend.seen[0].clients.tolist())) == slow
 
 
+def test_a_straggler_asked_twice_in_a_round_counts_once_as_the_history_lists_it(digits):
+    """The summary's `straggled` total is the history's per-round `stragglers` summed (it
+    counted a straggler once per training request: CFL-GP's clustering rounds ask twice)."""
+    faults = FaultsConfig(stragglers=0.5)
+    guard = Guard(8, 0, digits.train_sizes, faults=faults)
+    slow = sorted(FaultPlan(faults, 8, 0).round(1).stragglers)
+    f = factory_for(digits)
+    backend = SimulationBackend(digits, f)
+    start = f.init(0)[None]
+    guard.begin_round(1)
+    for seed in (1, 2):  # two training requests of the same round
+        guard.send(backend, TrainRequest(np.arange(8), start, np.zeros(8, np.int64), TRAIN,
+                                         seed))
+    events = guard.end_round()
+    guard.count_round(events)
+    assert events["stragglers"] == slow
+    assert guard.summary()["straggled"] == len(slow)
+
+
 # ------------------------------------------------------------------ every method, with dropout
 
 METHOD_SETTINGS = {

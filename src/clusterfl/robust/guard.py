@@ -207,7 +207,6 @@ class Guard:
         if not slow or not request.trains:
             return join([backend.execute(request)], order=clients)
         self._events["stragglers"].update(slow)
-        self.totals["straggled"] += len(slow)
         work = self.faults.config.straggler_work
         if work == 0.0:
             on_time = np.array([int(c) not in slow for c in clients], dtype=bool)
@@ -298,8 +297,11 @@ class Guard:
         }
 
     def count_round(self, events: dict[str, Any]) -> None:
-        """Add a finished round's dropouts to the totals."""
+        """Add a finished round's dropouts and stragglers to the totals: each client once
+        per round, as the history's `dropped` and `stragglers` list them (a straggler asked
+        to train twice in a round, e.g. CFL-GP's clustering rounds, straggled once)."""
         self.totals["dropped"] += len(events["dropped"])
+        self.totals["straggled"] += len(events["stragglers"])
 
     def state_dict(self) -> dict[str, Any]:
         return {"totals": dict(self.totals)}
