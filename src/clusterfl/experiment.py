@@ -164,7 +164,13 @@ class Experiment:
               if isinstance(config.algorithm, SampledConfig) else []),
             *([] if self._private() or config.privacy.clip is None else [
                 f"[privacy] does not apply to {self.algorithm.label()}: it sends nothing to the "
-                "server, so its training is neither clipped nor noised and no ε is reported"])]
+                "server, so its training is neither clipped nor noised and no ε is reported"]),
+            *([f"[privacy] noise = 'aggregate' does not give {self.algorithm.label()} the "
+               "reported ε: it regroups the trained models by k-means, so its averages are "
+               "not the groups the noise was shared over; use noise = 'local'"]
+              if self._private() and config.privacy.noise_multiplier > 0
+              and config.privacy.noise == "aggregate"
+              and not config.algorithm.averages_noise_groups else [])]
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)

@@ -110,3 +110,22 @@ def test_privacy_on_local_training_is_not_applied_and_says_so(capsys) -> None:
     sent = Experiment.from_config(config(rounds=2, algorithm={"name": "fedavg"},
                                          privacy={"clip": 1.0, "noise_multiplier": 1.0}))
     assert sent.run(progress=False).summary.robust["privacy"]["releases"] == 2
+
+
+@pytest.mark.parametrize(("algorithm", "noise", "warned"), [
+    ({"name": "fesem", "n_clusters": 2}, "aggregate", True),
+    ({"name": "fesem_cam", "n_clusters": 2, "warmup_rounds": 1}, "aggregate", True),
+    ({"name": "fesem", "n_clusters": 2}, "local", False),
+    ({"name": "ifca", "n_clusters": 2}, "aggregate", False),
+])
+def test_aggregate_noise_on_fesem_says_its_epsilon_does_not_hold(algorithm, noise, warned):
+    """docs/security.md: FeSEM regroups the trained models by k-means, so the noise shared
+    over the clients of one start model is not what its averages carry; a run with
+    noise = 'aggregate' reported an ε for it without a word."""
+    from clusterfl.experiment import Experiment
+
+    cfg = config(rounds=2, algorithm=algorithm,
+                 privacy={"clip": 1.0, "noise_multiplier": 1.0, "noise": noise})
+    said = [w for w in Experiment(load_config(cfg)).method_warnings
+            if "noise = 'aggregate' does not give" in w]
+    assert len(said) == int(warned)

@@ -36,6 +36,10 @@ class AlgorithmConfig(Settings):
     #: whether the method sends the clients' updates to the server (Local does not: nothing
     #: for [privacy] to protect)
     shares_updates: ClassVar[bool] = True
+    #: whether the method averages exactly the clients that started from one model row of a
+    #: request (the noise groups of `[privacy] noise = "aggregate"`); FeSEM regroups them by
+    #: k-means after training, so the reported ε needs `noise = "local"` there
+    averages_noise_groups: ClassVar[bool] = True
     name: str
 
     def ignored_settings(self) -> list[str]:

@@ -123,6 +123,7 @@ class FeSEMConfig(SampledConfig):
 
     name: Literal["fesem"] = "fesem"
     display: ClassVar[str] = "FeSEM"
+    averages_noise_groups: ClassVar[bool] = False  # k-means regroups the trained models
     n_clusters: int = Field(5, ge=1, description="K, the number of centers")
     lam: float = Field(0.01, ge=0.0, description="λ, proximal pull toward the center")
     kmeans_layers: LayerSpec = Field(
