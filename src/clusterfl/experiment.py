@@ -170,7 +170,12 @@ class Experiment:
                "not the groups the noise was shared over; use noise = 'local'"]
               if self._private() and config.privacy.noise_multiplier > 0
               and config.privacy.noise == "aggregate"
-              and not config.algorithm.averages_noise_groups else [])]
+              and not config.algorithm.averages_noise_groups else []),
+            *([f"[adversary] kind = {config.adversary.kind!r} reaches nobody under "
+               f"{self.algorithm.label()}: it sends no update to the server, so the attackers "
+               "only spoil their own models and no other client can be exposed"]
+              if not config.algorithm.shares_updates
+              and config.adversary.kind in ("sign_flip", "scale", "random") else [])]
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)
