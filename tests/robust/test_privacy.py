@@ -112,6 +112,31 @@ def test_run_reports_epsilon_from_its_releases():
     assert p["epsilon"] == pytest.approx(epsilon(1.2, 0.5, 4, 1e-5))
 
 
+def test_a_release_that_asks_every_client_is_not_amplified_by_sampling():
+    """FL+HC samples a quarter of the clients, but its clustering round asks every client:
+    that release has no subsampling to amplify it. ε was composed as if every release were
+    Poisson-sampled at 0.25 (4.88 where it is 6.43 for these 4 releases)."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    from clusterfl.robust.privacy import DEFAULT_ORDERS
+
+    cfg = config(rounds=4, eval_every=4, privacy={"clip": 1.0, "noise_multiplier": 1.0},
+                 algorithm={"name": "flhc", "warmup_rounds": 2, "fraction": 0.25})
+    h = Experiment.from_config(cfg).run(progress=False)
+    assert [r.participants for r in h.records] == [2, 2, 8, 2]  # round 3 clusters everyone
+    assert h.summary.robust is not None
+    p = h.summary.robust["privacy"]
+    assert p["releases"] == 4 and p["unsampled_releases"] == 1
+    assert p["sampling_rate"] == pytest.approx(0.25)
+    gaussian = dp_accounting.GaussianDpEvent(1.0)
+    accountant = rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(0.25, gaussian), 3)
+    accountant.compose(gaussian, 1)
+    assert p["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5))
+    assert p["epsilon"] > epsilon(1.0, 0.25, 4, 1e-5)
+
+
 def test_privacy_config_needs_a_clip():
     with pytest.raises(ConfigError) as err:
         load_config({"privacy": {"noise_multiplier": 1.0}})

@@ -62,6 +62,10 @@ from clusterfl.robust.privacy import clip_rows, epsilon, noise_rows
 from clusterfl.robust.validate import Rejection, check_reply
 
 _NOISE_STREAM, _ATTACK_STREAM = 31337, 27182
+_TOTALS: dict[str, float] = {"rejected": 0, "dropped": 0, "straggled": 0, "clipped": 0,
+                             "releases": 0, "unsampled": 0}
+"""The run totals (checkpointed); `unsampled`: the noised releases that asked every client
+(FL+HC's clustering round, FeSEM's warm-up), which the method's sampling does not amplify."""
 
 
 class Guard:
@@ -91,8 +95,8 @@ class Guard:
         self._request_no = 0
         self._events: dict[str, Any] = {}
         # run totals (checkpointed)
-        self.totals: dict[str, float] = {"rejected": 0, "dropped": 0, "straggled": 0,
-                                         "clipped": 0, "releases": 0}
+        self.totals: dict[str, float] = dict(_TOTALS)
+        self._unreached: set[int] = set()  # the request's clients unreachable this round
         self.begin_round(0)
 
     # ------------------------------------------------------------------ rounds
@@ -132,6 +136,7 @@ class Guard:
             return join([backend.execute(request)], order=requested), len(requested), 0
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
+        self._unreached = {int(c) for c in requested[~reachable]}
         sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
         reply, uploaded = self._after(sent, self._execute(backend, sent))
         return reply, int(reachable.sum()), uploaded
@@ -152,6 +157,7 @@ class Guard:
         requested = np.asarray(request.clients, dtype=np.int64)
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
+        self._unreached = {int(c) for c in requested[~reachable]}
         sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
         slow = self._now.stragglers & set(np.asarray(sent.clients).tolist())
         trains = any(s.trains for s in sent.steps)
@@ -270,6 +276,9 @@ class Guard:
             delta = delta + noise_rows(shape, groups, p.noise_multiplier, p.clip, p.noise, gen,
                                        delta.dtype)
             self.totals["releases"] += 1
+            asked = set(np.asarray(request.clients).tolist()) | self._unreached
+            if self.sampling_rate < 1.0 and len(asked) >= self.n_clients:
+                self.totals["unsampled"] += 1  # every client asked: no subsampling to amplify
         return reply.with_update_rows(delta if base is None else base + delta,
                                       np.ones(len(clients), dtype=np.int64))
 
@@ -279,12 +288,13 @@ class Guard:
         p = self.privacy
         if p.clip is None:
             return None
-        releases = int(self.totals["releases"])
+        releases, unsampled = int(self.totals["releases"]), int(self.totals["unsampled"])
         q = self.sampling_rate
-        eps = epsilon(p.noise_multiplier, q, releases, p.delta) if p.noise_multiplier > 0 \
-            else None
+        eps = epsilon(p.noise_multiplier, q, releases, p.delta, unsampled) \
+            if p.noise_multiplier > 0 else None
         return {"clip": p.clip, "noise_multiplier": p.noise_multiplier, "noise": p.noise,
-                "delta": p.delta, "releases": releases, "sampling_rate": q, "epsilon": eps,
+                "delta": p.delta, "releases": releases, "unsampled_releases": unsampled,
+                "sampling_rate": q, "epsilon": eps,
                 "accountant": "dp_accounting RDP, Poisson-subsampled Gaussian"}
 
     def summary(self) -> dict[str, Any]:
@@ -307,7 +317,7 @@ class Guard:
         return {"totals": dict(self.totals)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.totals = dict(state["totals"])
+        self.totals = {**_TOTALS, **state["totals"]}  # a checkpoint of before `unsampled`
 
 
 def _losses(reply: Reply, n: int) -> list[float]:

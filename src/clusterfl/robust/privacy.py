@@ -32,9 +32,11 @@ client takes part with probability at most q, the method's random client samplin
 1 for methods without one), treated as Poisson sampling — for
 fixed-size sampling without replacement this is the usual approximation. Dropouts and
 deterministic selections (e.g. CFL-GP's probe of the clients not on θ_k̄) do not lower q:
-they are not secret randomness of the mechanism. ε is that of the RDP accountant of
-dp-accounting for
-PoissonSampled(q, Gaussian(σ)) composed over all releases, at the configured δ. Not covered:
+they are not secret randomness of the mechanism. A release that asks every client (FL+HC's
+clustering round, FeSEM's warm-up, with a sample in the other rounds) has no sampling to
+amplify it: it is composed as Gaussian(σ) (`unsampled_releases` in the report). ε is that of
+the RDP accountant of dp-accounting for PoissonSampled(q, Gaussian(σ)) composed over the
+other releases, at the configured δ. Not covered:
 what clients reveal outside training replies — the losses IFCA/CAM use to choose clusters,
 and anything derived from individual updates under "aggregate" noise (CFL's similarities,
 FeSEM's k-means) is seen by the server before noise is summed; only "local" noise makes those
@@ -71,8 +73,9 @@ def noise_rows(shape: tuple[int, int], groups: np.ndarray, sigma: float, clip: f
 
 
 def epsilon(noise_multiplier: float, sampling_rate: float, releases: int,
-            delta: float) -> float:
-    """ε of `releases` compositions of the Poisson-subsampled Gaussian mechanism (RDP)."""
+            delta: float, unsampled: int = 0) -> float:
+    """ε of `releases` compositions of the Gaussian mechanism (RDP): Poisson-subsampled at
+    `sampling_rate`, but for `unsampled` of them (releases that asked every client)."""
     require("privacy", "dp_accounting.rdp")
     import dp_accounting
     from dp_accounting import rdp
@@ -83,10 +86,12 @@ def epsilon(noise_multiplier: float, sampling_rate: float, releases: int,
         return float("inf")
     q = float(min(max(sampling_rate, 0.0), 1.0))
     accountant = rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
-    event = dp_accounting.GaussianDpEvent(noise_multiplier)
-    if q < 1.0:
-        event = dp_accounting.PoissonSampledDpEvent(q, event)
-    accountant.compose(event, int(releases))
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+    full = min(int(unsampled), int(releases)) if q < 1.0 else int(releases)
+    if full:
+        accountant.compose(gaussian, full)
+    if int(releases) > full:
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(q, gaussian), int(releases) - full)
     return float(accountant.get_epsilon(delta))
 
 
