@@ -281,7 +281,7 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
                                      "needs the run's own model and method")
     else:  # `cfl_tree.pt` holds only the method's settings: the run's config is config.toml
         was = base
-    same_federation = all(was.get(k) == now.get(k) for k in FEDERATION)
+    same_federation = _federation(was) == _federation(now)
     exp = Experiment(config)  # the federation, the held-out split, the method
     if not same_federation:
         _check_model_fits(was, exp)
@@ -322,8 +322,19 @@ NO_EFFECT = ("eval_every", "eval_clients", "checkpoint_every", "output")
 """Settings of the run's bookkeeping that a placement does not read: `--set` of them is
 accepted with a note. `[backend]` (where and how the clients compute) may change too: a
 placement runs unchanged on every backend."""
+WHERE = ("data_dir",)
+"""`[data]` keys that only say where the files are (`--data-dir`): they do not make another
+federation; a change of the files themselves is caught by the checkpoint's digests."""
 SCENARIO_COMMON = ("n_clients", "holdout")
 """The `[scenario]` keys every scenario takes, kept when `--set` changes `scenario.name`."""
+
+
+def _federation(config: dict[str, Any]) -> dict[str, Any]:
+    """The tables of `FEDERATION` of a config, without the `WHERE` keys."""
+    out = {k: config.get(k) for k in FEDERATION}
+    if isinstance(out["data"], dict):
+        out["data"] = {k: v for k, v in out["data"].items() if k not in WHERE}
+    return out
 
 
 def _override(raw: dict[str, Any], base: dict[str, Any], overrides: list[str],

@@ -65,6 +65,18 @@ def test_place_a_trained_client_agrees_with_its_cluster_in_the_run(ifca_run, tmp
     assert all(r["cluster"] == r["run_cluster"] for r in trained)
 
 
+def test_data_dir_keeps_the_runs_own_federation(ifca_run, tmp_path):
+    """`--data-dir` says where the files are, not which federation: a trained client is
+    still shown as trained, in its cluster of the run (it was '?': not the run's federation)."""
+    plain, moved = tmp_path / "plain.json", tmp_path / "moved.json"
+    assert main(["place", str(ifca_run), "--clients", "0,3", "--json", str(plain)]) == 0
+    assert main(["place", str(ifca_run), "--clients", "0,3", "--json", str(moved),
+                 "--data-dir", str(tmp_path)]) == 0
+    rows = json.loads(moved.read_text())
+    assert [r["trained"] for r in rows] == [True, False]
+    assert rows == json.loads(plain.read_text())
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("3,x", "--clients: cannot read 'x'; use ids and ranges of the digits 0-9, e.g. 0,3,8-11"),
     ("5-2", "--clients: a range must go up: 2-5, not '5-2'"),
