@@ -8,8 +8,11 @@ last round when `checkpoint_every > 0`; a CFL run's `cfl_tree.pt` serves too). T
 come from the federation of the run's `config.toml` as it builds it (ids of the whole
 federation, held-out clients included), optionally changed with `--set` (e.g. `--set seed=7`
 for fresh data from the same recipe, or `--set scenario.n_clients=24 --clients 20-23`) or
-`[backend]`; `rounds`, `[model]`, `[train]`, `[algorithm]` and the robustness tables must stay
-the run's (they define the placement rule; a `--set` of them is refused naming the key). Each
+`[backend]`; `rounds`, `[model]`, `[train]` and `[algorithm]` must stay the run's (they define
+the placement rule; a `--set` of them is refused naming the key). A placement runs with the
+default reply validation and without simulated faults, attackers or privacy noise (as the
+run's own placement of its held-out clients), so `--set` of those tables changes nothing and
+says so. Each
 client is placed by its method's rule (`Algorithm.placement`, through the protocol only,
 without changing the method's state; docs/placement.md) and evaluated on its own test data
 with the model it was placed on.
@@ -318,9 +321,11 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
 
 FEDERATION = ("seed", "data", "scenario")
 """What `--set` may change: the federation the clients come from."""
-NO_EFFECT = ("eval_every", "eval_clients", "checkpoint_every", "output")
-"""Settings of the run's bookkeeping that a placement does not read: `--set` of them is
-accepted with a note. `[backend]` (where and how the clients compute) may change too: a
+NO_EFFECT = ("eval_every", "eval_clients", "checkpoint_every", "output",
+             "validation", "faults", "adversary", "privacy")
+"""Settings that a placement does not read: the run's bookkeeping, and the robustness tables
+(a placement's guard is the default one: `Holdout.context`); `--set` of them is accepted with
+a note. `[backend]` (where and how the clients compute) may change too: a
 placement runs unchanged on every backend."""
 WHERE = ("data_dir",)
 """`[data]` keys that only say where the files are (`--data-dir`): they do not make another
@@ -366,8 +371,8 @@ def _override(raw: dict[str, Any], base: dict[str, Any], overrides: list[str],
 def _check_overrides(base: dict[str, Any], now: dict[str, Any], overrides: list[str],
                      ) -> None:
     """`--set` may change the federation (`FEDERATION`) and `[backend]`; a change of anything
-    else the placement reads (`rounds`, `[model]`, `[train]`, `[algorithm]`, the robustness
-    tables: they define the method's placement rule, e.g. Local trains `rounds` × `[train]`)
+    else the placement reads (`rounds`, `[model]`, `[train]`, `[algorithm]`: they define
+    the method's placement rule, e.g. Local trains `rounds` × `[train]`)
     is a one-line ClusterFLError naming the key as `--set` gave it; one of `NO_EFFECT` gets a
     note."""
     from clusterfl.checkpoint import first_difference
@@ -386,8 +391,8 @@ def _check_overrides(base: dict[str, Any], now: dict[str, Any], overrides: list[
                   file=sys.stderr)
             continue
         raise ClusterFLError(f"--set {dotted}: placement needs the run's own rounds, [model], "
-                             "[train], [algorithm] and robustness tables; --set may change "
-                             "seed, [data], [scenario] and [backend]")
+                             "[train] and [algorithm]; --set may change seed, [data], "
+                             "[scenario] and [backend]")
 
 
 def _run_truth(run_dir: Path) -> list[int] | None:

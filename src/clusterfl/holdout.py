@@ -81,6 +81,9 @@ class Holdout:
         acc = np.full(len(ids), np.nan)
         acc[reply.clients] = reply.accuracy
         truth = None if fed.clusters is None else fed.clusters[ids]
+        # Local: every client keeps its own model, a newcomer joins no cluster (-1): "placed
+        # in its group's cluster" has no meaning there (it read 0 %, and the ARI 0)
+        shared = self.config.algorithm.shares_updates
         out: dict[str, Any] = {
             "fraction": float(getattr(self.config.scenario, "holdout", 0.0) or 0.0),
             "n_trained": len(self.train_ids), "n_held_out": len(ids),
@@ -88,10 +91,12 @@ class Holdout:
             "true_clusters": None if truth is None else truth.tolist(),
             "placed_clusters": np.asarray(placed.clusters).tolist(),
             "accuracy": acc.tolist(),
-            "placement_ari": metrics.ari(truth, np.asarray(placed.clusters)),
+            "placement_ari": metrics.ari(truth, np.asarray(placed.clusters)) if shared
+            else None,
             "placement_match": placement_match(
                 truth, np.asarray(placed.clusters), fed.clusters[self.train_ids]
-                if fed.clusters is not None else None, algorithm.assignment()),
+                if fed.clusters is not None else None, algorithm.assignment()) if shared
+            else None,
             "holdout_accuracy": metrics.summarize(reply)["accuracy"],
             "floats_down": ctx.floats_down, "floats_up": ctx.floats_up,
         }

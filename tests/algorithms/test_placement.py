@@ -177,6 +177,9 @@ def test_local_newcomers_train_alone_with_a_trained_clients_budget():
     assert s.final.metrics is not None
     assert abs(s.final.holdout_accuracy - s.final.metrics.accuracy) < 0.1
     assert s.holdout["details"][0] == {"local_rounds": 6}
+    # no shared clusters: no placement ARI or match (they read 0.0: "0 % placed in the
+    # group's cluster")
+    assert s.holdout["placement_ari"] is None and s.holdout["placement_match"] is None
     # with one round's budget the newcomers learn less than with six
     backend = build_backend(exp.config, exp.full_federation, exp.factory)
     ctx = exp.placing_context(backend, exp.holdout_ids)

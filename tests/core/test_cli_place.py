@@ -114,16 +114,14 @@ def test_clients_refuses_descending_ranges_repeats_empty_items_and_non_ascii_dig
 @pytest.mark.parametrize(("setting", "key"), [
     ("rounds=40", "rounds"), ("train.lr=50.0", "train.lr"),
     ("train.batch_size=8", "train.batch_size"),
-    ("faults.dropout=0.5", "faults.dropout"),
 ])
-def test_set_of_rounds_train_or_robustness_is_refused_naming_the_key(ifca_run, capsys,
-                                                                       setting, key):
+def test_set_of_rounds_or_train_is_refused_naming_the_key(ifca_run, capsys, setting, key):
     # before: accepted, exit 0, and the placement changed (Local trained 40 rounds, ...)
     assert main(["place", str(ifca_run), "--clients", "0", "--set", setting]) == 2
     captured = capsys.readouterr()
     assert captured.err == (f"clusterfl: error: --set {key}: placement needs the run's own "
-                            "rounds, [model], [train], [algorithm] and robustness tables; "
-                            "--set may change seed, [data], [scenario] and [backend]\n")
+                            "rounds, [model], [train] and [algorithm]; --set may change "
+                            "seed, [data], [scenario] and [backend]\n")
     assert captured.out == ""
 
 
@@ -136,6 +134,21 @@ def test_set_of_output_or_eval_is_accepted_with_a_note(ifca_run, tmp_path, capsy
     assert capsys.readouterr().err.splitlines() == [
         "clusterfl: note: --set eval_every does not change a placement",
         "clusterfl: note: --set output.figures does not change a placement"]
+    assert json.loads(noted.read_text()) == json.loads(plain.read_text())
+
+
+def test_set_of_a_robustness_table_says_the_placement_does_not_read_it(ifca_run, tmp_path,
+                                                                        capsys):
+    """Before: refused as "defining the placement rule", though a placement's guard is the
+    default one (no faults, attackers or noise; the default validation)."""
+    plain, noted = tmp_path / "plain.json", tmp_path / "noted.json"
+    assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(plain)]) == 0
+    capsys.readouterr()
+    assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(noted),
+                 "--set", "faults.dropout=0.5", "--set", "privacy.clip=0.01"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "clusterfl: note: --set faults.dropout does not change a placement",
+        "clusterfl: note: --set privacy.clip does not change a placement"]
     assert json.loads(noted.read_text()) == json.loads(plain.read_text())
 
 
