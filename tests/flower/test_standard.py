@@ -510,6 +510,34 @@ def test_nodes_that_join_during_the_run_are_placed_by_the_methods_rule(
     assert placed == {str(n): c for n, c in result.placed.items()}
 
 
+class _SilentNewcomers(FakeGrid):
+    """Nodes 200, 201, ... never answer (connected, e.g., for another app, or too slow)."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        return None if int(msg.metadata.dst_node_id) >= 200 else super()._answer(msg)
+
+
+def test_a_node_that_joins_during_the_run_and_never_answers_keeps_the_runs_result(
+        tmp_path: Path) -> None:
+    """A node that connects during the run and answers nothing is not placed (-1, recorded
+    in flower.json); the rounds' result comes back (before: the placement's first evaluate
+    raised "no node answered" after the last round, and the run's models were lost)."""
+    grid = _SilentNewcomers([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                            app=standard_app)
+
+    def log(line: str) -> None:
+        if line.startswith("flower: round 1/"):
+            grid.nodes[200] = {"partition-id": 0, "groups": GROUPS, "worker": "none"}
+
+    result = _strategy("ifca:n_clusters=4:warmup_rounds=1", out_dir=tmp_path, timeout=0.5,
+                       log=log).start(grid, 2)
+    assert len(result.history.records) == 2 and len(result.arrays) == 4
+    assert result.placed == {200: -1} and result.cluster_of_node[200] == -1
+    report = json.loads((tmp_path / "flower.json").read_text())
+    assert report["placed"] == {"200": -1} and report["dropouts"] == []
+    assert [d["clients"] for d in report["placement_dropouts"]] == [[200]]
+
+
 def test_local_keeps_a_model_per_node_and_fedprox_sends_proximal_mu() -> None:
     grid = _grid()
     local = _strategy("local", true_clusters=TRUTH).start(grid, 3)

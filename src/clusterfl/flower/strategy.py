@@ -212,8 +212,9 @@ class ClusteredStrategy:
             arrays, {n: int(members[i]) for i, n in enumerate(nodes)},
             {n: int(assign[i]) for i, n in enumerate(nodes)}, history, nodes)
         joined = sorted(set(int(x) for x in grid.get_node_ids()) - set(nodes))
+        placing: list[dict[str, Any]] = []
         if joined:
-            self._place(exp, factory, config, session, joined, result)
+            placing = self._place(exp, factory, config, session, joined, result)
         if self.out_dir is not None and session.backends:
             import json
 
@@ -222,12 +223,15 @@ class ClusteredStrategy:
                 "nodes": {str(c): n for c, n in session.node_of_client.items()},
                 "dropouts": be.dropouts, "messages": be.n_messages,
                 "message_seconds": be.seconds, "clients": "standard ClientApps",
-                "placed": {str(n): c for n, c in result.placed.items()}}, indent=2))
+                "placed": {str(n): c for n, c in result.placed.items()},
+                "placement_dropouts": placing}, indent=2))
         return result
 
     def _place(self, exp: Any, factory: Any, config: Any, session: Any, joined: list[int],
-               result: ClusteredResult) -> None:
-        """Place the nodes that connected during the run by the method's own rule."""
+               result: ClusteredResult) -> list[dict[str, Any]]:
+        """Place the nodes that connected during the run by the method's own rule; the
+        placement's dropouts (node ids as `clients`; a node silent throughout: -1, the run's
+        result is kept)."""
         from clusterfl.algorithms.base import Context
         from clusterfl.backends.flower.standard import (
             StandardBackend,
@@ -238,7 +242,16 @@ class ClusteredStrategy:
         placing = StandardSession(session.grid, dict(enumerate(joined)), {}, self.timeout,
                                   template=session.template, extensions=session.extensions,
                                   round=config.run.rounds + 1)
-        probe = self._probe(placing, factory, config)
+        probe = self._probe(placing, factory, config, required=False)
+        if not probe:  # none answered: the rounds' result stands, the nodes are not placed
+            for node in joined:
+                result.placed[node] = result.cluster_of_node[node] = -1
+            self.log(f"flower: warning: none of the {len(joined)} node(s) that joined during "
+                     f"the run answered within {self.timeout:g} s (timeout); not placed: "
+                     + ", ".join(map(str, joined)))
+            return [{"request": "placement", "clients": joined,
+                     "reasons": {str(n): "no reply to the first evaluate message"
+                                 for n in joined}}]
         fed = self._federation(joined, probe, truth=False)
         backend = StandardBackend(fed, factory, placing)
         ctx = Context(backend=backend, factory=factory,
@@ -255,6 +268,15 @@ class ClusteredStrategy:
                                                  placed.predictor.models[int(members[i])])
         self.log(f"flower: placed {len(result.placed)} node(s) that joined during the run: "
                  + ", ".join(f"{n} → cluster {c}" for n, c in result.placed.items()))
+        silent = [joined[c] for c in range(len(joined)) if c not in probe]
+        out = ([{"request": "placement", "clients": silent, "reasons": {
+            str(n): "no reply to the first evaluate message" for n in silent}}]
+            if silent else [])
+        for d in backend.dropouts:  # client numbers of the placement -> node ids
+            nodes = {int(c): joined[int(c)] for c in d["clients"]}
+            out.append({**d, "clients": sorted(nodes.values()),
+                        "reasons": {str(nodes[int(c)]): r for c, r in d["reasons"].items()}})
+        return out
 
     def _wait(self, grid: Any) -> list[int]:
         t0 = time.monotonic()
@@ -268,8 +290,10 @@ class ClusteredStrategy:
                                      f"{self.wait_timeout:g} s (min_nodes / wait_timeout)")
             time.sleep(0.5)
 
-    def _probe(self, session: Any, factory: Any, config: Any) -> dict[int, dict[str, float]]:
-        """Round 0: one evaluate of the initial model per node; its metrics per client."""
+    def _probe(self, session: Any, factory: Any, config: Any, required: bool = True
+               ) -> dict[int, dict[str, float]]:
+        """Round 0: one evaluate of the initial model per node; its metrics per client (an
+        error when none answered and the answers are `required`)."""
         from flwr.app import ConfigRecord, Message, RecordDict
 
         from clusterfl.backends.flower.standard import to_arrays
@@ -289,7 +313,7 @@ class ClusteredStrategy:
             if records:
                 out[c] = {k: float(v) for k, v in records[0].items()
                           if isinstance(v, int | float)}
-        if not out:
+        if not out and required:
             raise ClusterFLError("no node answered the first evaluate message within "
                                  f"{self.timeout:g} s: are the nodes running a ClientApp with "
                                  "@app.evaluate()?")
