@@ -201,6 +201,12 @@ class _UnusedGrid:
     ({"model": "nosuch.mod:Net"}, "model.name", "cannot import module 'nosuch.mod'"),
     ({"train": {"lrr": 0.1}}, "train.lrr", "unknown field"),
     ({"method": "ifca:n_clusterz=4"}, "algorithm.n_clusterz", "unknown field"),
+    ({"out_dir": 123}, "out_dir", "non-empty path"),
+    ({"out_dir": ""}, "out_dir", "non-empty path"),  # was the current folder
+    ({"train": "lr=0.1"}, "train", "give a dict"),
+    ({"options": [1]}, "options", "give a dict"),
+    ({"extensions": 3}, "extensions", "set of strings"),
+    ({"true_clusters": [1, 2]}, "true_clusters", "give a dict"),
 ])
 def test_wrong_strategy_arguments_are_one_line_when_it_is_built(
         kw: dict[str, Any], field: str, says: str) -> None:
@@ -229,6 +235,20 @@ def test_a_used_out_dir_is_refused_before_the_nodes_and_overwrite_replaces_the_r
     result = _strategy("fedavg", out_dir=run, overwrite=True).start(_grid(), 2)
     assert len(result.history.records) == 2
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2  # the new run's
+
+
+def test_overwrite_given_as_a_string_is_refused_and_the_earlier_run_kept(
+        tmp_path: Path) -> None:
+    """`overwrite="no"` (a run config's string) was taken as true: the earlier run's files
+    were removed and replaced. It is one line naming the argument now, when built."""
+    run = tmp_path / "run"
+    _strategy("fedavg", out_dir=run).start(_grid(n=2), 1)
+    before = (run / "summary.json").read_text()
+    for word in ("no", "false", 0):
+        with pytest.raises(ClusterFLError) as info:
+            _strategy("fedavg", out_dir=run, overwrite=word).start(_UnusedGrid(), 2)
+        assert str(info.value).startswith("overwrite:") and "True or False" in str(info.value)
+    assert (run / "summary.json").read_text() == before
 
 
 # ------------------------------------------------------------------ the client helpers

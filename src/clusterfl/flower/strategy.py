@@ -128,16 +128,16 @@ class ClusteredStrategy:
                               "table as a dict")
         table = (dict(method) if isinstance(method, Mapping)
                  else parse_algorithm_spec(method))
-        self.algorithm = {**dict(options or {}), **table}
+        self.algorithm = {**_table("options", options, "more [algorithm] options"), **table}
         self.model: dict[str, Any] = (
             {"name": model} if isinstance(model, str) else dict(model)
             if isinstance(model, Mapping) else {"name": _import_path(model)})
         self.input_shape = _shape(input_shape)
         self.n_classes = _whole("n_classes", n_classes, 2, "a classification needs at least "
                                 "2 classes")
-        self.train = dict(train or {})
+        self.train = _table("train", train, "the [train] table, e.g. {'lr': 0.05}")
         self.seed = _whole("seed", seed, 0, "the run's seed")
-        self.out_dir, self.overwrite = out_dir, bool(overwrite)
+        self.out_dir, self.overwrite = _folder(out_dir), _flag("overwrite", overwrite)
         self.eval_every = _whole("eval_every", eval_every, 1, "evaluate every this many rounds")
         self.min_nodes = _whole("min_nodes", min_nodes, 0, "0 waits for the nodes connected "
                                 "at the first poll")
@@ -410,6 +410,11 @@ def _handlers(value: Any) -> set[str]:
 
     known = sorted({handler for handler, _ in EXTENSIONS.values()} |
                    {"query.losses", "train.pick"})
+    if value is None:
+        return set()
+    if not isinstance(value, str | set | frozenset | tuple | list):
+        raise ConfigError("extensions", f"{value!r}: give the handlers' names as a set "
+                          "of strings, e.g. {'query.losses'}")
     names = {value} if isinstance(value, str) else set(value)
     unknown = sorted(str(n) for n in names if n not in known)
     if unknown:
@@ -424,9 +429,40 @@ def _truth(value: Any) -> dict[int, int] | None:
 
     if value is None:
         return None
+    if not isinstance(value, Mapping):
+        raise ConfigError("true_clusters", f"{value!r}: give a dict node id -> true group, "
+                          "both whole numbers")
     bad = [k for k, v in dict(value).items() if not all(
         is_whole(x) for x in (k, v))]
     if bad:
         raise ConfigError("true_clusters", f"node {bad[0]!r} -> {dict(value)[bad[0]]!r}: give "
                           "node id -> true group, both whole numbers")
     return {int(k): int(v) for k, v in dict(value).items()}
+
+
+def _table(name: str, value: Any, what: str) -> dict[str, Any]:
+    """A config table given as a dict (None: empty), or one line naming the argument."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(name, f"{value!r}: give a dict ({what}) or None")
+    return dict(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A True/False argument: anything else (a string "no" is truthy) is one line."""
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"{value!r}: give True or False")
+    return value
+
+
+def _folder(value: Any) -> Path | None:
+    """`out_dir`: None (no run folder) or a non-empty path."""
+    import os
+
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike) or not str(value).strip():
+        raise ConfigError("out_dir", f"{value!r}: give the run folder as a non-empty path "
+                          "(str or pathlib.Path), or None for no run folder")
+    return Path(value)
