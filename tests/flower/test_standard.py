@@ -141,6 +141,58 @@ def test_a_silent_node_is_dropped_and_recorded_and_the_run_finishes(tmp_path: Pa
     assert dropped and all(d["clients"] == [3] for d in dropped)
 
 
+class _OneWrongModel(FakeGrid):
+    """Node 103 returns `fc1.weight` of another shape from round 2 on (another app version)."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        reply = super()._answer(msg)
+        if (int(msg.metadata.dst_node_id) == 103 and msg.metadata.message_type == "train"
+                and reply is not None and msg.content["config"]["server-round"] >= 2):
+            state = reply.content["arrays"].to_torch_state_dict()
+            state["fc1.weight"] = torch.zeros(32, 8)
+            reply = Message(RecordDict({"arrays": ArrayRecord(state),
+                                        "metrics": reply.content["metrics"]}), reply_to=msg)
+        return reply
+
+
+def test_a_reply_with_wrong_array_shapes_drops_that_node_and_the_run_finishes(
+        tmp_path: Path) -> None:
+    """One node's train reply whose parameter has another shape drops that node from the
+    request with the reason in flower.json, as a silent node is (before: the whole run
+    stopped in round 2 with that one line, its result lost); the others' update counts."""
+    grid = _OneWrongModel([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                          app=standard_app)
+    result = _strategy("fedavg", out_dir=tmp_path).start(grid, 3)
+    assert len(result.history.records) == 3
+    dropped = json.loads((tmp_path / "flower.json").read_text())["dropouts"]
+    assert [d["clients"] for d in dropped] == [[3], [3]]  # rounds 2 and 3
+    assert all("'fc1.weight' has shape (32, 8)" in d["reasons"]["3"] for d in dropped)
+    with pytest.raises(ClusterFLError, match=r"no client answered the TrainRequest .*"
+                       r"lack parameter 'layers\.0\.weight'"):  # every reply unusable
+        _strategy("fedavg", model={"name": "mlp", "hidden": [8]}).start(
+            _grid(n=2, app=_net_only()), 1)
+
+
+def _net_only() -> ClientApp:
+    """Clients whose train returns the standard app's untrained `Net`, whatever was sent."""
+    from tests.flower.standard_app import Net
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"arrays": ArrayRecord(Net().state_dict()), "metrics":
+                                   MetricRecord({"train_loss": 1.0, "num-examples": 5})}),
+                       reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"eval_loss": 1.0, "eval_acc": 0.1, "num-examples": 5})}), reply_to=msg)
+
+    return app
+
+
 def test_a_method_that_needs_more_than_train_and_evaluate_names_the_handler() -> None:
     with pytest.raises(ClusterFLError) as info:
         _strategy("fedem:n_components=2").start(_grid(), 2)

@@ -364,8 +364,12 @@ class StandardBackend(FlowerBackend):
             if missing:
                 reasons[c] = f"{where} lacks the ArrayRecords {missing}"
                 continue
-            params = torch.stack([from_arrays(self.factory, records[f"model-{j}"], where)
-                                  for j in range(k)])
+            try:  # a model that is not the strategy's: this client is dropped, recorded
+                params = torch.stack([from_arrays(self.factory, records[f"model-{j}"], where)
+                                      for j in range(k)])
+            except ClusterFLError as exc:
+                reasons[c] = str(exc)
+                continue
             got[c] = pr.MixtureTrainReply(np.array([c]), params[None], n,
                                           np.array([_metric(m, ("train_loss",), math.nan,
                                                             where)]), pi)
@@ -657,11 +661,15 @@ def _is_pick_train(req: Steps) -> bool:
 def _returned(factory: ModelFactory, msg: Any, where: str,
               coords: np.ndarray | None) -> torch.Tensor | str:
     """The `[1, d]` (or `[1, d̂]` with `coords`) vector of a reply's one ArrayRecord, or why
-    the reply does not hold exactly one."""
+    the reply is unusable: not exactly one ArrayRecord, or a parameter missing or of another
+    shape (the client is dropped from the request with that reason, as a silent one is)."""
     arrays = list(msg.content.array_records.values())
     if len(arrays) != 1:
         return f"{where} holds {len(arrays)} ArrayRecords, not one"
-    return narrow(from_arrays(factory, arrays[0], where)[None], coords)
+    try:
+        return narrow(from_arrays(factory, arrays[0], where)[None], coords)
+    except ClusterFLError as exc:
+        return str(exc)
 
 
 def _first_metrics(msg: Any) -> Any:
