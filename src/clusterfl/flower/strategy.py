@@ -15,8 +15,9 @@ quickstart-style ClientApp answers. What `start` does:
    the ARI; a standard client does not report it and the ARI is then not computed);
 3. runs the method for `num_rounds` rounds through the ordinary run loop (`Experiment`), so
    the run folder (`out_dir`) is the one `clusterfl run` writes — `config.toml`,
-   `history.jsonl`, `summary.json`, figures, `report.md` — and `clusterfl report` and
-   `clusterfl compare` read it; a line per round goes to the console;
+   `history.jsonl`, `summary.json`, figures, `report.md` — and `clusterfl report` reads
+   it (and compares several: `clusterfl report RUN1 RUN2 --out DIR`); a line per round goes
+   to the console;
 4. returns a `ClusteredResult`: one `ArrayRecord` per model of the method's final predictor
    (per cluster), the model and cluster of every node, the history.
 
