@@ -377,6 +377,45 @@ def test_cam_and_fedsoft_through_a_client_with_the_helpers_find_the_groups(
             {"query.best_counts", "train.prox"}) <= kinds
 
 
+@pytest.mark.parametrize("spec", ["ifca_cam:n_clusters=4:warmup_rounds=1",
+                                  "fedem:n_components=2"])
+def test_a_combined_predictors_result_gives_each_nodes_members_not_the_first_alone(
+        spec: str) -> None:
+    """IFCA-CAM predicts with Θ_g + Θ_k, FedEM with its π-weighted mixture: the result said
+    `model_of_node[n] = 0` for every node (the first member, Θ_g alone) and kept no
+    mixture weights, so no node's predictor could be rebuilt from it. Now each node's
+    members, the combination and the weights rebuild the run's own final accuracy."""
+    from clusterfl.flower.client import CAM_HANDLERS, MIXTURE_HANDLERS
+    from tests.flower.extended_app import app as extended
+    from tests.flower.standard_app import Net, load_data
+
+    cam = spec.startswith("ifca_cam")
+    result = _strategy(spec, extensions=set(CAM_HANDLERS if cam else MIXTURE_HANDLERS)
+                       ).start(_grid(app=extended), 3)
+    assert result.combine == ("sum_logits" if cam else "mean_probs")
+    assert set(result.model_of_node.values()) == {-1}  # no single model per node
+    accuracy = []
+    for node in range(100, 100 + N):
+        members = result.members_of_node[node]
+        if cam:
+            assert members == [0, 1 + result.cluster_of_node[node]]
+        _, _, x, y = load_data(node - 100, GROUPS)
+        outs = []
+        for m in members:
+            net = Net()
+            net.load_state_dict(result.arrays[m].to_torch_state_dict())
+            with torch.no_grad():
+                outs.append(net(x))
+        if cam:
+            out = sum(outs)
+        else:
+            w = result.weights_of_node[node]
+            assert len(w) == 2 and sum(w) == pytest.approx(1.0)
+            out = sum(wj * o.softmax(-1) for wj, o in zip(w, outs))
+        accuracy.append(float((out.argmax(1) == y).float().mean()))
+    assert np.mean(accuracy) == pytest.approx(result.history.final.metrics.accuracy, abs=1e-6)
+
+
 def test_flts_encoder_signatures_through_the_signature_helper_equal_in_process() -> None:
     """FLT's client step (Alg. 2 lines 3-8: the sent ConvAE fine-tuned on the client's 8x8
     images, their codes, k-means) through `add_signature_query` on `[1, 8, 8]` digits: the

@@ -62,7 +62,8 @@ class ClusteredResult:
     """What a strategy run gives: the final models and who uses which.
 
     `arrays[m]`: model m of the method's final predictor as an `ArrayRecord` (the cluster
-    models; Local: one per client; FedAvg: one); `model_of_node[node] = m`;
+    models; Local: one per client; FedAvg: one); `model_of_node[node] = m`, the node's model
+    when it predicts with one (`combine == "single"`; otherwise -1: see `members_of_node`);
     `cluster_of_node[node]`: the method's cluster of the node (-1: none yet); `history`: the
     run's `History` (`history.summary`, `history.records`)."""
 
@@ -75,7 +76,18 @@ class ClusteredResult:
     """Nodes that connected during the run: the cluster the method's placement rule gave each
     (also in `cluster_of_node`; -1: it did not answer)."""
     placed_arrays: dict[int, Any] = field(default_factory=dict)
-    """The model each placed node was placed on, as an `ArrayRecord`."""
+    """The model each placed node was placed on, as an `ArrayRecord` (a list of them, its
+    members, where the predictor combines several)."""
+    combine: str = "single"
+    """How a node's predictor combines its members: "single" (one model), "sum_logits"
+    (IFCA-CAM, FeSEM-CAM: the members' logits added), "mean_probs" (FedEM: the members'
+    softmax outputs averaged with `weights_of_node`), "mean_outputs"."""
+    members_of_node: dict[int, list[int]] = field(default_factory=dict)
+    """The models (keys of `arrays`) each node's predictor combines (`[model_of_node[n]]`
+    for a single model; CAM: `[global, cluster part]`)."""
+    weights_of_node: dict[int, list[float]] = field(default_factory=dict)
+    """Each node's weights of its members (FedEM's π; trained and placed nodes), where the
+    predictor has weights."""
 
 
 class ClusteredStrategy:
@@ -207,11 +219,15 @@ class ClusteredStrategy:
         pred = exp.algorithm.predictor()
         arrays = {m: to_arrays(factory, template, pred.models[m])
                   for m in range(int(pred.models.shape[0]))}
-        members = np.asarray(pred.members)[:, 0]
+        members = np.asarray(pred.members)
+        single = pred.combine == "single"
         assign = np.asarray(exp.algorithm.assignment())
         result = ClusteredResult(
-            arrays, {n: int(members[i]) for i, n in enumerate(nodes)},
-            {n: int(assign[i]) for i, n in enumerate(nodes)}, history, nodes)
+            arrays, {n: int(members[i, 0]) if single else -1 for i, n in enumerate(nodes)},
+            {n: int(assign[i]) for i, n in enumerate(nodes)}, history, nodes,
+            combine=str(pred.combine),
+            members_of_node={n: [int(m) for m in members[i]] for i, n in enumerate(nodes)},
+            weights_of_node=_weights(pred, nodes))
         joined = sorted(set(int(x) for x in grid.get_node_ids()) - set(nodes))
         placing: list[dict[str, Any]] = []
         if joined:
@@ -261,12 +277,15 @@ class ClusteredStrategy:
                       rng=np.random.default_rng([config.run.seed, 6007]),
                       seed=config.run.seed, rounds=config.run.rounds)
         placed = exp.algorithm.placement(ctx, np.arange(len(joined)))
-        members = np.asarray(placed.predictor.members)[:, 0]
+        pred = placed.predictor
+        members = np.asarray(pred.members)
         for i, c in enumerate(np.asarray(placed.clients).tolist()):
             node = joined[int(c)]
             result.placed[node] = result.cluster_of_node[node] = int(placed.clusters[i])
-            result.placed_arrays[node] = to_arrays(factory, session.template,
-                                                 placed.predictor.models[int(members[i])])
+            arrays = [to_arrays(factory, session.template, pred.models[int(m)])
+                      for m in members[i]]
+            result.placed_arrays[node] = arrays[0] if pred.combine == "single" else arrays
+        result.weights_of_node.update(_weights(pred, [joined[int(c)] for c in placed.clients]))
         self.log(f"flower: placed {len(result.placed)} node(s) that joined during the run: "
                  + ", ".join(f"{n} → cluster {c}" for n, c in result.placed.items()))
         silent = [joined[c] for c in range(len(joined)) if c not in probe]
@@ -467,3 +486,11 @@ def _folder(value: Any) -> Path | None:
         raise ConfigError("out_dir", f"{value!r}: give the run folder as a non-empty path "
                           "(str or pathlib.Path), or None for no run folder")
     return Path(value)
+
+
+def _weights(pred: Any, nodes: list[int]) -> dict[int, list[float]]:
+    """Each node's weights of its predictor's members (row i: `nodes[i]`); {} without."""
+    if pred.weights is None:
+        return {}
+    rows = np.asarray(pred.weights, dtype=np.float64)
+    return {n: [float(w) for w in rows[i]] for i, n in enumerate(nodes)}
