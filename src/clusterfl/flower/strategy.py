@@ -49,6 +49,12 @@ DRIVABLE = ("fedavg", "fedprox", "local", "cfl", "flhc", "ifca", "fesem", "cfl_g
 
 DATA_SOURCE = "clusterfl.flower.strategy:data_on_the_clients"
 
+GRADIENT_OPTIONS = {("cfl_gp", "protocol", "gradient"): ("query.gradient", "add_gradient_query"),
+                    ("ifca", "averaging", "gradient"): ("query.gradient", "add_gradient_query")}
+"""Settings of drivable methods (CFL-GP's default protocol among them) whose requests a
+standard ClientApp cannot answer: the handler they need and its helper; refused when the
+strategy is built unless `extensions` has it (both have `"model"` instead)."""
+
 
 def data_on_the_clients(**_: Any) -> Any:
     """The `[data] source` a strategy run records: the data lives on the Flower clients, so
@@ -169,7 +175,14 @@ class ClusteredStrategy:
             self.log(f"clusterfl: warning: {name} asks more of a client than train/evaluate; "
                      "the first request it cannot send names the handler to add "
                      "(clusterfl.flower.client)")
-        load_config(self.config(1))  # a wrong option is one line now, not after the nodes
+        algo = load_config(self.config(1)).algorithm  # a wrong option: one line now
+        for (method, option, value), (handler, helper) in GRADIENT_OPTIONS.items():
+            if name == method and getattr(algo, option, None) == value \
+                    and handler not in self.extensions:
+                raise ConfigError("method", f"{name} with {option} = {value!r} needs the "
+                                  f"clients' {handler!r} handler: add it with clusterfl.flower."
+                                  f"client.{helper}(app, ...) and pass extensions="
+                                  f"{{{handler!r}}}, or use {option}='model'")
 
     # ------------------------------------------------------------------ config
     def config(self, num_rounds: int) -> dict[str, Any]:
