@@ -193,6 +193,26 @@ def _net_only() -> ClientApp:
     return app
 
 
+class _RepeatingGrid(FakeGrid):
+    """A Grid whose node list names node 100 twice."""
+
+    def get_node_ids(self) -> list[int]:
+        return [*self.nodes, 100]
+
+
+def test_a_node_id_the_grid_lists_twice_is_one_client(tmp_path: Path) -> None:
+    """Before: node 100 became clients 0 and 1, trained twice a round and counted twice in
+    every average and in n_clients."""
+    grid = _RepeatingGrid([{"partition-id": i, "groups": GROUPS} for i in range(3)],
+                          app=standard_app)
+    result = _strategy("fedavg", out_dir=tmp_path).start(grid, 1)
+    assert result.nodes == [100, 101, 102]
+    trains = [int(m.metadata.dst_node_id) for m in grid.sent
+              if m.metadata.message_type == "train"]
+    assert sorted(trains) == [100, 101, 102]
+    assert json.loads((tmp_path / "summary.json").read_text())["n_clients"] == 3
+
+
 def test_a_method_that_needs_more_than_train_and_evaluate_names_the_handler() -> None:
     with pytest.raises(ClusterFLError) as info:
         _strategy("fedem:n_components=2").start(_grid(), 2)

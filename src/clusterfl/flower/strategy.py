@@ -314,7 +314,7 @@ class ClusteredStrategy:
     def _wait(self, grid: Any) -> list[int]:
         t0 = time.monotonic()
         while True:
-            nodes = sorted(int(x) for x in grid.get_node_ids())
+            nodes = sorted({int(x) for x in grid.get_node_ids()})  # a node listed twice: once
             want = self.min_nodes or 1
             if len(nodes) >= want:
                 return nodes
