@@ -296,6 +296,16 @@ def test_wrong_strategy_arguments_are_one_line_when_it_is_built(
     assert text.startswith(f"{field}:") and says in text and "\n" not in text
 
 
+@pytest.mark.parametrize("rounds", [2.5, None, True, "3", 0])
+def test_num_rounds_that_is_not_a_whole_number_is_one_line_naming_it(rounds: Any) -> None:
+    """Before: 2.5 ran 2 rounds and True 1, without a word; None was a bare TypeError; 0
+    named `rounds`, not the argument."""
+    with pytest.raises(ClusterFLError) as info:
+        _strategy("fedavg").start(_UnusedGrid(), rounds)
+    text = str(info.value)
+    assert text.startswith("num_rounds:") and ">= 1" in text and "\n" not in text
+
+
 def test_a_used_out_dir_is_refused_before_the_nodes_and_overwrite_replaces_the_run(
         tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")

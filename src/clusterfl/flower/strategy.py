@@ -200,6 +200,7 @@ class ClusteredStrategy:
     # ------------------------------------------------------------------ the run
     def start(self, grid: Any, num_rounds: int) -> ClusteredResult:
         """Run `num_rounds` rounds of the method on the Grid's nodes (module docstring)."""
+        num_rounds = _whole("num_rounds", num_rounds, 1, "the rounds to run")  # not 2.5 -> 2
         require("flower", "flwr.app")
         from clusterfl.backends.flower.backend import active_session
         from clusterfl.backends.flower.standard import StandardSession, to_arrays
