@@ -248,6 +248,32 @@ def test_a_reply_without_num_examples_is_one_clear_line() -> None:
         _strategy("fedavg").start(_grid(app=bad), 1)
 
 
+class _ErrorReplies(FakeGrid):
+    """A client's exception comes back as an error reply, as Flower's ClientApp runtime
+    sends it."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        from flwr.app import Error
+
+        try:
+            return super()._answer(msg)
+        except Exception as exc:  # what the runtime does with any exception
+            return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+
+
+def test_nodes_whose_first_evaluate_fails_are_named_with_the_error_not_called_silent() -> None:
+    """A strategy model the clients cannot load: each node answers the first evaluate with an
+    error. Before, that read "no node answered ... are the nodes running a ClientApp with
+    @app.evaluate()?"; now the line says they answered with errors, and one of them."""
+    grid = _ErrorReplies([{"partition-id": i, "groups": GROUPS} for i in range(3)],
+                         app=standard_app)
+    with pytest.raises(ClusterFLError) as info:
+        _strategy("fedavg", model={"name": "mlp", "hidden": [8]}).start(grid, 1)
+    text = str(info.value)
+    assert text.startswith("every reply to the first evaluate message was an error (3 of 3")
+    assert "Missing key(s) in state_dict" in text and "'mlp'" in text and "\n" not in text
+
+
 class _UnusedGrid:
     """A Grid that fails the test if the strategy asks it anything."""
 

@@ -339,15 +339,25 @@ class ClusteredStrategy:
         msgs = [Message(content, n, "evaluate", group_id="probe") for n in nodes.values()]
         client_of = {n: c for c, n in nodes.items()}
         out: dict[int, dict[str, float]] = {}
+        errors: list[str] = []
         for msg in session.grid.send_and_receive(msgs, timeout=self.timeout):
             c = client_of.get(int(msg.metadata.src_node_id))
-            if c is None or msg.has_error():
+            if c is None:
+                continue
+            if msg.has_error():
+                reason = " ".join(str(msg.error.reason).split())
+                errors.append(f"node {msg.metadata.src_node_id}: {reason[:300]}")
                 continue
             records = list(msg.content.metric_records.values())
             if records:
                 out[c] = {k: float(v) for k, v in records[0].items()
                           if isinstance(v, int | float)}
         if not out and required:
+            if errors:  # they answered, with errors: say which, not "are they running?"
+                raise ClusterFLError(
+                    f"every reply to the first evaluate message was an error ({len(errors)} "
+                    f"of {len(msgs)} nodes; e.g. {errors[0]}); the strategy's model is "
+                    f"{self.model.get('name')!r}")
             raise ClusterFLError("no node answered the first evaluate message within "
                                  f"{self.timeout:g} s: are the nodes running a ClientApp with "
                                  "@app.evaluate()?")
