@@ -309,6 +309,9 @@ class _UnusedGrid:
     # before, they were built and failed in round 1, after the nodes were waited for
     ({"method": "cfl_gp"}, "method", "'query.gradient' handler"),
     ({"method": "ifca:averaging=gradient"}, "method", "or use averaging='model'"),
+    # a shape or class count the model does not fit: was refused only by start
+    ({"input_shape": (8,)}, "model.name", "failed on a batch of shape [2, 8]"),
+    ({"n_classes": 5}, "model.name", "(5 classes)"),
 ])
 def test_wrong_strategy_arguments_are_one_line_when_it_is_built(
         kw: dict[str, Any], field: str, says: str) -> None:

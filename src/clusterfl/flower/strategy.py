@@ -140,6 +140,7 @@ class ClusteredStrategy:
     ) -> None:
         from clusterfl.compare import parse_algorithm_spec
         from clusterfl.config import load_config
+        from clusterfl.models import ModelFactory
 
         if not isinstance(method, str | Mapping):
             raise ConfigError("method", f"{method!r}: give a method's name ({', '.join(DRIVABLE)}"
@@ -175,7 +176,9 @@ class ClusteredStrategy:
             self.log(f"clusterfl: warning: {name} asks more of a client than train/evaluate; "
                      "the first request it cannot send names the handler to add "
                      "(clusterfl.flower.client)")
-        algo = load_config(self.config(1)).algorithm  # a wrong option: one line now
+        checked = load_config(self.config(1))  # a wrong option: one line now, not at start
+        ModelFactory(checked.model, self.input_shape, self.n_classes)  # the model fits them
+        algo = checked.algorithm
         for (method, option, value), (handler, helper) in GRADIENT_OPTIONS.items():
             if name == method and getattr(algo, option, None) == value \
                     and handler not in self.extensions:
