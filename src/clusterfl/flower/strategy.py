@@ -157,7 +157,10 @@ class ClusteredStrategy:
                                 "2 classes")
         self.train = _table("train", train, "the [train] table, e.g. {'lr': 0.05}")
         self.seed = _whole("seed", seed, 0, "the run's seed")
-        self.out_dir, self.overwrite = _folder(out_dir), _flag("overwrite", overwrite)
+        from clusterfl.config_util import check_flag
+
+        check_flag("overwrite", overwrite)  # a string "no" is truthy
+        self.out_dir, self.overwrite = _folder(out_dir), bool(overwrite)
         self.eval_every = _whole("eval_every", eval_every, 1, "evaluate every this many rounds")
         self.min_nodes = _whole("min_nodes", min_nodes, 0, "0 waits for the nodes connected "
                                 "at the first poll")
@@ -494,13 +497,6 @@ def _table(name: str, value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(name, f"{value!r}: give a dict ({what}) or None")
     return dict(value)
-
-
-def _flag(name: str, value: Any) -> bool:
-    """A True/False argument: anything else (a string "no" is truthy) is one line."""
-    if not isinstance(value, bool):
-        raise ConfigError(name, f"{value!r}: give True or False")
-    return value
 
 
 def _folder(value: Any) -> Path | None:
