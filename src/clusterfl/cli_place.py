@@ -118,8 +118,15 @@ def load_state(run_dir: Path) -> tuple[dict[str, Any], str]:
     otherwise: `cfl_tree.pt` keeps only the method's settings (`CFL.save_artifacts`), kept as
     `saved["algorithm_config"]`; `place_clients` then takes the run's `config.toml`."""
     from clusterfl.checkpoint import KEYS
+    from clusterfl.flower.strategy import DATA_SOURCE
     from clusterfl.state import read_checkpoint
 
+    data = _config_value(run_dir, "data")
+    if isinstance(data, dict) and data.get("source") == DATA_SOURCE:
+        raise ClusterFLError(f"{run_dir}: a ClusteredStrategy run (its data lived on the Flower "
+                             "clients): clusterfl place cannot "
+                             "rebuild its clients; the strategy places the nodes that join "
+                             "during its run itself (ClusteredResult.placed)")
     ckpt = run_dir / CHECKPOINT
     if ckpt.is_file():
         saved = read_checkpoint(ckpt, KEYS)

@@ -684,6 +684,18 @@ def test_nodes_that_join_during_the_run_are_placed_by_the_methods_rule(
     assert placed == {str(n): c for n, c in result.placed.items()}
 
 
+def test_place_on_a_strategy_run_says_the_strategy_places_its_nodes(
+        cfl_run: tuple[Any, list[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "data.source: this run's data lived on Flower clients …; it cannot be loaded
+    in-process" after reading the CFL tree (and, for a method without one, "run it again with
+    checkpoint_every > 0", which a strategy cannot do): now what to use instead."""
+    _, _, out = cfl_run
+    assert main(["place", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a ClusteredStrategy run" in err
+    assert "ClusteredResult.placed" in err and "checkpoint_every" not in err
+
+
 class _SilentNewcomers(FakeGrid):
     """Nodes 200, 201, ... never answer (connected, e.g., for another app, or too slow)."""
 
@@ -710,6 +722,9 @@ def test_a_node_that_joins_during_the_run_and_never_answers_keeps_the_runs_resul
     report = json.loads((tmp_path / "flower.json").read_text())
     assert report["placed"] == {"200": -1} and report["dropouts"] == []
     assert [d["clients"] for d in report["placement_dropouts"]] == [[200]]
+    # every message sent is counted (before: the first evaluate and the placement's were not)
+    assert report["messages_outside_rounds"] == {"first_evaluate": N, "placement": 1}
+    assert report["messages"] + N + 1 == len(grid.sent)
 
 
 def test_local_keeps_a_model_per_node_and_fedprox_sends_proximal_mu() -> None:

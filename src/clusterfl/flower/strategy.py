@@ -250,8 +250,10 @@ class ClusteredStrategy:
             weights_of_node=_weights(pred, nodes))
         joined = sorted(set(int(x) for x in grid.get_node_ids()) - set(nodes))
         placing: list[dict[str, Any]] = []
+        placement_messages = 0
         if joined:
-            placing = self._place(exp, factory, config, session, joined, result)
+            placing, placement_messages = self._place(exp, factory, config, session, joined,
+                                                      result)
         if self.out_dir is not None and session.backends:
             import json
 
@@ -259,16 +261,18 @@ class ClusteredStrategy:
             (Path(self.out_dir) / "flower.json").write_text(json.dumps({
                 "nodes": {str(c): n for c, n in session.node_of_client.items()},
                 "dropouts": be.dropouts, "messages": be.n_messages,
+                "messages_outside_rounds": {"first_evaluate": len(nodes),
+                                            "placement": placement_messages},
                 "message_seconds": be.seconds, "clients": "standard ClientApps",
                 "placed": {str(n): c for n, c in result.placed.items()},
                 "placement_dropouts": placing}, indent=2))
         return result
 
     def _place(self, exp: Any, factory: Any, config: Any, session: Any, joined: list[int],
-               result: ClusteredResult) -> list[dict[str, Any]]:
+               result: ClusteredResult) -> tuple[list[dict[str, Any]], int]:
         """Place the nodes that connected during the run by the method's own rule; the
         placement's dropouts (node ids as `clients`; a node silent throughout: -1, the run's
-        result is kept)."""
+        result is kept) and the messages it sent (its first evaluate included)."""
         from clusterfl.algorithms.base import Context
         from clusterfl.backends.flower.standard import (
             StandardBackend,
@@ -288,7 +292,7 @@ class ClusteredStrategy:
                      + ", ".join(map(str, joined)))
             return [{"request": "placement", "clients": joined,
                      "reasons": {str(n): "no reply to the first evaluate message"
-                                 for n in joined}}]
+                                 for n in joined}}], len(joined)
         fed = self._federation(joined, probe, truth=False)
         backend = StandardBackend(fed, factory, placing)
         ctx = Context(backend=backend, factory=factory,
@@ -316,7 +320,7 @@ class ClusteredStrategy:
             nodes = {int(c): joined[int(c)] for c in d["clients"]}
             out.append({**d, "clients": sorted(nodes.values()),
                         "reasons": {str(nodes[int(c)]): r for c, r in d["reasons"].items()}})
-        return out
+        return out, len(joined) + backend.n_messages
 
     def _wait(self, grid: Any) -> list[int]:
         t0 = time.monotonic()
