@@ -248,6 +248,33 @@ def test_a_reply_without_num_examples_is_one_clear_line() -> None:
         _strategy("fedavg").start(_grid(app=bad), 1)
 
 
+class _OneWithoutCount(FakeGrid):
+    """Node 102's train replies lack `num-examples` from round 2 on."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        reply = super()._answer(msg)
+        if (int(msg.metadata.dst_node_id) == 102 and msg.metadata.message_type == "train"
+                and reply is not None and msg.content["config"]["server-round"] >= 2):
+            reply = Message(RecordDict({"arrays": reply.content["arrays"],
+                                        "metrics": MetricRecord({"train_loss": 1.0})}),
+                            reply_to=msg)
+        return reply
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ifca:n_clusters=4:warmup_rounds=1"])
+def test_one_reply_without_num_examples_drops_that_node_not_the_run(
+        tmp_path: Path, method: str) -> None:
+    """Before: one node's reply without `num-examples` stopped the whole run (its result
+    lost), where a reply of the wrong shape or a silent node only dropped that node."""
+    grid = _OneWithoutCount([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                            app=standard_app)
+    result = _strategy(method, out_dir=tmp_path).start(grid, 3)
+    assert len(result.history.records) == 3
+    dropped = json.loads((tmp_path / "flower.json").read_text())["dropouts"]
+    assert [d["clients"] for d in dropped] == [[2], [2]]  # rounds 2 and 3
+    assert all("have no 'num-examples'" in d["reasons"]["2"] for d in dropped)
+
+
 class _ErrorReplies(FakeGrid):
     """A client's exception comes back as an error reply, as Flower's ClientApp runtime
     sends it."""

@@ -50,7 +50,8 @@ strategy was built with — buffers are not aggregated.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, cast
 
@@ -126,6 +127,21 @@ def from_arrays(factory: ModelFactory, arrays: Any, where: str) -> torch.Tensor:
                                  f"the strategy's model has {e.shape}")
         rows.append(t.reshape(-1))
     return torch.cat(rows)
+
+
+@contextmanager
+def _unusable(reasons: dict[int, str], client: int) -> Iterator[None]:
+    """Reading one client's reply: a reply that cannot be read (a metric it lacks, a
+    parameter of another shape, an array record missing) drops that client from the request
+    with the reason, as a silent client is (`FlowerBackend._assemble`), instead of stopping
+    the run."""
+    try:
+        yield
+    except ClusterFLError as exc:
+        reasons[client] = str(exc)
+    except (KeyError, StopIteration, ValueError, TypeError) as exc:
+        reasons[client] = (f"client {client}'s reply could not be read: {type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}")
 
 
 def _metric(metrics: Any, keys: tuple[str, ...], default: float | None, where: str) -> float:
@@ -295,11 +311,12 @@ class StandardBackend(FlowerBackend):
             {"server-round": int(self.std.round), "split": req.split}))
         got: dict[int, Any] = {}
         for c, msg in answers:
-            m, where = _first_metrics(msg), f"client {c}'s query.offset_losses reply"
-            got[c] = pr.LossReply(
-                np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
-                                          for j in range(k)]]),
-                np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                m, where = _first_metrics(msg), f"client {c}'s query.offset_losses reply"
+                got[c] = pr.LossReply(
+                    np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
+                                              for j in range(k)]]),
+                    np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
         return self._assemble(req, clients, got, reasons)
 
     def _combined(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
@@ -346,33 +363,30 @@ class StandardBackend(FlowerBackend):
         answers, reasons = self._ask_rich(clients, kind, content)
         got: dict[int, Any] = {}
         for c, msg in answers:
-            m, where = _first_metrics(msg), f"client {c}'s {kind} reply"
-            n = np.array([_metric(m, ("num-examples",), None, where)])
-            if kind == "query.best_counts":
-                got[c] = pr.BestCountReply(np.array([c]), np.array(
-                    [[int(_metric(m, (f"count-{j}",), None, where)) for j in range(k)]],
-                    dtype=np.int64), n.astype(np.int64))
-                continue
-            pi = np.array([[_metric(m, (f"weight-{j}",), None, where) for j in range(k)]])
-            if kind == "query.mixture":
-                got[c] = pr.MixtureFitReply(np.array([c]), pi,
-                                            np.array([_metric(m, ("loss",), math.nan, where)]),
-                                            n)
-                continue
-            records = msg.content.array_records
-            missing = [f"model-{j}" for j in range(k) if f"model-{j}" not in records]
-            if missing:
-                reasons[c] = f"{where} lacks the ArrayRecords {missing}"
-                continue
-            try:  # a model that is not the strategy's: this client is dropped, recorded
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                m, where = _first_metrics(msg), f"client {c}'s {kind} reply"
+                n = np.array([_metric(m, ("num-examples",), None, where)])
+                if kind == "query.best_counts":
+                    got[c] = pr.BestCountReply(np.array([c]), np.array(
+                        [[int(_metric(m, (f"count-{j}",), None, where)) for j in range(k)]],
+                        dtype=np.int64), n.astype(np.int64))
+                    continue
+                pi = np.array([[_metric(m, (f"weight-{j}",), None, where) for j in range(k)]])
+                if kind == "query.mixture":
+                    got[c] = pr.MixtureFitReply(np.array([c]), pi,
+                                                np.array([_metric(m, ("loss",), math.nan, where)]),
+                                                n)
+                    continue
+                records = msg.content.array_records
+                missing = [f"model-{j}" for j in range(k) if f"model-{j}" not in records]
+                if missing:
+                    reasons[c] = f"{where} lacks the ArrayRecords {missing}"
+                    continue
                 params = torch.stack([from_arrays(self.factory, records[f"model-{j}"], where)
                                       for j in range(k)])
-            except ClusterFLError as exc:
-                reasons[c] = str(exc)
-                continue
-            got[c] = pr.MixtureTrainReply(np.array([c]), params[None], n,
-                                          np.array([_metric(m, ("train_loss",), math.nan,
-                                                            where)]), pi)
+                got[c] = pr.MixtureTrainReply(np.array([c]), params[None], n,
+                                              np.array([_metric(m, ("train_loss",), math.nan,
+                                                                where)]), pi)
         return self._assemble(cast(Any, req), clients, got, reasons)
 
     def _ask_each(self, clients: np.ndarray, kind: str,
@@ -425,22 +439,24 @@ class StandardBackend(FlowerBackend):
         losses: dict[int, Any] = {}
         trained: dict[int, Any] = {}
         for (c, _, _), msg in zip(items, replies):
-            if msg is None:
-                continue
-            where = f"client {c}'s train.pick reply"
-            m = _first_metrics(msg)
-            params = _returned(self.factory, msg, where, train_req.coords)
-            if isinstance(params, str):
-                reasons[c] = params
-                continue
-            losses[c] = pr.LossReply(
-                np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
-                                          for j in range(k)]]),
-                np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
-            trained[c] = pr.TrainReply(
-                np.array([c]), params,
-                np.array([_metric(m, ("num-examples",), None, where)]),
-                np.array([_metric(m, ("train_loss",), math.nan, where)]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                if msg is None:
+                    continue
+                where = f"client {c}'s train.pick reply"
+                m = _first_metrics(msg)
+                params = _returned(self.factory, msg, where, train_req.coords)
+                if isinstance(params, str):
+                    reasons[c] = params
+                    continue
+                loss = pr.LossReply(
+                    np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
+                                              for j in range(k)]]),
+                    np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
+                trained[c] = pr.TrainReply(
+                    np.array([c]), params,
+                    np.array([_metric(m, ("num-examples",), None, where)]),
+                    np.array([_metric(m, ("train_loss",), math.nan, where)]))
+                losses[c] = loss  # both read, or neither kept
         return steps_reply(clients, [self._assemble(loss_req, clients, losses, reasons),
                                      self._assemble(train_req, clients, trained, {})])
 
@@ -471,15 +487,16 @@ class StandardBackend(FlowerBackend):
         `reasons` instead."""
         got: dict[int, Any] = {}
         for c, msg in answers:
-            where = f"client {c}'s {kind} reply"
-            vector = _returned(self.factory, msg, where, coords)
-            if isinstance(vector, str):
-                reasons[c] = vector
-                continue
-            m = _first_metrics(msg)
-            got[c] = reply(np.array([c]), vector,
-                           np.array([_metric(m, ("num-examples",), None, where)]),
-                           np.array([_metric(m, loss_keys, math.nan, where)]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                where = f"client {c}'s {kind} reply"
+                vector = _returned(self.factory, msg, where, coords)
+                if isinstance(vector, str):
+                    reasons[c] = vector
+                    continue
+                m = _first_metrics(msg)
+                got[c] = reply(np.array([c]), vector,
+                               np.array([_metric(m, ("num-examples",), None, where)]),
+                               np.array([_metric(m, loss_keys, math.nan, where)]))
         return got
 
     def _signature(self, req: pr.EmbedRequest) -> pr.EmbedReply:
@@ -509,16 +526,17 @@ class StandardBackend(FlowerBackend):
         got: dict[int, Any] = {}
         want = (int(req.k), int(req.signature_dim))
         for (c, _, _), msg in zip(items, replies):
-            if msg is None:
-                continue
-            where = f"client {c}'s query.signature reply"
-            sig = np.asarray(msg.content.array_records["arrays"].to_torch_state_dict()
-                             ["signatures"], dtype=np.float64)
-            if sig.shape != want:
-                reasons[c] = f"{where}: signatures of shape {sig.shape}, expected {want}"
-                continue
-            n = _metric(_first_metrics(msg), ("num-examples",), None, where)
-            got[c] = pr.EmbedReply(np.array([c]), sig[None], np.array([n]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                if msg is None:
+                    continue
+                where = f"client {c}'s query.signature reply"
+                sig = np.asarray(msg.content.array_records["arrays"].to_torch_state_dict()
+                                 ["signatures"], dtype=np.float64)
+                if sig.shape != want:
+                    reasons[c] = f"{where}: signatures of shape {sig.shape}, expected {want}"
+                    continue
+                n = _metric(_first_metrics(msg), ("num-examples",), None, where)
+                got[c] = pr.EmbedReply(np.array([c]), sig[None], np.array([n]))
         return self._assemble(req, clients, got, reasons)
 
     def _subspace(self, req: pr.SubspaceRequest) -> pr.SubspaceReply:
@@ -534,19 +552,20 @@ class StandardBackend(FlowerBackend):
         replies, reasons = self._send(items)
         got: dict[int, Any] = {}
         for (c, _, _), msg in zip(items, replies):
-            if msg is None:
-                continue
-            where = f"client {c}'s query.subspace reply"
-            m = _first_metrics(msg)
-            basis = np.asarray(next(iter(msg.content.array_records.values()))
-                               .to_torch_state_dict()["basis"], dtype=np.float64)
-            if basis.shape != (int(req.input_dim), req.columns()):
-                reasons[c] = (f"{where}: basis of shape {basis.shape}, expected "
-                              f"{(int(req.input_dim), req.columns())}")
-                continue
-            got[c] = pr.SubspaceReply(np.array([c]), basis[None],
-                                      np.array([int(_metric(m, ("rank",), None, where))]),
-                                      np.array([_metric(m, ("num-examples",), None, where)]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                if msg is None:
+                    continue
+                where = f"client {c}'s query.subspace reply"
+                m = _first_metrics(msg)
+                basis = np.asarray(next(iter(msg.content.array_records.values()))
+                                   .to_torch_state_dict()["basis"], dtype=np.float64)
+                if basis.shape != (int(req.input_dim), req.columns()):
+                    reasons[c] = (f"{where}: basis of shape {basis.shape}, expected "
+                                  f"{(int(req.input_dim), req.columns())}")
+                    continue
+                got[c] = pr.SubspaceReply(np.array([c]), basis[None],
+                                          np.array([int(_metric(m, ("rank",), None, where))]),
+                                          np.array([_metric(m, ("num-examples",), None, where)]))
         return self._assemble(req, clients, got, reasons)
 
     def _train(self, req: pr.TrainRequest) -> pr.TrainReply:
@@ -569,14 +588,15 @@ class StandardBackend(FlowerBackend):
             replies, reasons = self._send(items)
             got: dict[int, Any] = {}
             for (c, _, _), msg in zip(items, replies):
-                if msg is not None:
-                    m = _first_metrics(msg)
-                    where = f"client {c}'s query.losses reply"
-                    got[c] = pr.LossReply(
-                        np.array([c]),
-                        np.array([[_metric(m, (f"loss-{j}",), None, where) for j in range(k)]]),
-                        np.array([[_metric(m, (f"acc-{j}",), math.nan, where)
-                                   for j in range(k)]]))
+                with _unusable(reasons, c):  # this client dropped, the reason kept
+                    if msg is not None:
+                        m = _first_metrics(msg)
+                        where = f"client {c}'s query.losses reply"
+                        got[c] = pr.LossReply(
+                            np.array([c]),
+                            np.array([[_metric(m, (f"loss-{j}",), None, where) for j in range(k)]]),
+                            np.array([[_metric(m, (f"acc-{j}",), math.nan, where)
+                                       for j in range(k)]]))
             return self._assemble(req, clients, got, reasons)
         config["split"] = req.split  # honoured by a client that can (the paper's: "train")
         items = [(int(c), "evaluate", self._content(req.models[j], config))
@@ -584,18 +604,19 @@ class StandardBackend(FlowerBackend):
         replies, reasons = self._send(items)
         got = {}
         for i, c in enumerate(clients.tolist()):
-            mine = replies[i * k:(i + 1) * k]
-            if any(m is None for m in mine):
-                reasons.setdefault(c, "not every model's evaluation came back")
-                continue
-            where = f"client {c}'s evaluate reply"
-            ms = [_first_metrics(m) for m in mine]
-            got[c] = pr.LossReply(
-                np.array([c]),
-                np.array([[_metric(m, ("eval_loss", "eval-loss", "loss"), None, where)
-                           for m in ms]]),
-                np.array([[_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)
-                           for m in ms]]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                mine = replies[i * k:(i + 1) * k]
+                if any(m is None for m in mine):
+                    reasons.setdefault(c, "not every model's evaluation came back")
+                    continue
+                where = f"client {c}'s evaluate reply"
+                ms = [_first_metrics(m) for m in mine]
+                got[c] = pr.LossReply(
+                    np.array([c]),
+                    np.array([[_metric(m, ("eval_loss", "eval-loss", "loss"), None, where)
+                               for m in ms]]),
+                    np.array([[_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)
+                               for m in ms]]))
         return self._assemble(req, clients, got, reasons)
 
     def _evaluate(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
@@ -609,14 +630,15 @@ class StandardBackend(FlowerBackend):
                    answers: list[tuple[int, Any]], reasons: dict[int, str]) -> pr.EvaluateReply:
         got: dict[int, Any] = {}
         for c, msg in answers:
-            where = f"client {c}'s evaluate reply"
-            m = _first_metrics(msg)
-            got[c] = pr.EvaluateReply(
-                np.array([c]),
-                np.array([_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)]),
-                np.array([math.nan]),
-                np.array([_metric(m, ("eval_loss", "eval-loss", "loss"), math.nan, where)]),
-                np.array([_metric(m, ("num-examples",), None, where)]))
+            with _unusable(reasons, c):  # this client dropped, the reason kept
+                where = f"client {c}'s evaluate reply"
+                m = _first_metrics(msg)
+                got[c] = pr.EvaluateReply(
+                    np.array([c]),
+                    np.array([_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)]),
+                    np.array([math.nan]),
+                    np.array([_metric(m, ("eval_loss", "eval-loss", "loss"), math.nan, where)]),
+                    np.array([_metric(m, ("num-examples",), None, where)]))
         return self._assemble(req, clients, got, reasons)
 
 
