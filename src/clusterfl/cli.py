@@ -273,7 +273,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     con = _console()
     if args.action == "shard":
         return _shard(args, con)
-    root = Path(args.data_dir) if args.data_dir else default_data_dir()
+    root = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     if root.exists() and not root.is_dir():
         source = "--data-dir" if args.data_dir else "$CLUSTERFL_DATA"
         raise ConfigError(source, f"{root} is a file, not a data folder")

@@ -131,3 +131,23 @@ def test_an_unknown_name_lists_every_dataset_and_list_takes_no_name(
     assert main(["data", "list", "mnist", "--data-dir", str(tmp_path)]) == 2
     assert "data list: takes no dataset name (got 'mnist'); `clusterfl data verify mnist` " \
         "checks one" in capsys.readouterr().err
+
+
+def test_a_data_dir_with_a_tilde_is_the_home_folder_for_verify_and_download(
+        only_mnist: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--data-dir '~/data'` (or `--data-dir=~/data`, which the shell leaves as it is): a run
+    read ~/data, but `data verify` called every file missing and `data download` wrote a
+    folder named `~` in the current directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["data", "verify", "mnist", "--data-dir", "~/data"]) == 0
+    out = capsys.readouterr().out
+    assert f"mnist: {only_mnist / 'mnist' / 'a.bin'}: ok" in out and "missing" not in out
+    assert main(["data", "download", "mnist", "--data-dir=~/fetched",
+                 "--base-url", only_mnist.as_uri()]) == 0
+    assert (tmp_path / "fetched" / "mnist" / "a.bin").read_bytes() == PAYLOAD
+    assert not (cwd / "~").exists()
+    assert [s.status for s in clusterfl.data.verify("mnist", "~/data")] == ["ok"]  # the API

@@ -35,6 +35,7 @@ from clusterfl.data.catalog import (
     RemoteFile,
     dataset_info,
     default_data_dir,
+    resolve_data_dir,
 )
 from clusterfl.data.integrity import file_digests
 from clusterfl.errors import DataError
@@ -109,7 +110,7 @@ def check_file(f: RemoteFile, data_dir: Path) -> FileStatus:
 
 def verify(name: str, data_dir: str | Path | None = None) -> list[FileStatus]:
     """Status of every file of dataset `name` (an empty list when it needs no files)."""
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    root = resolve_data_dir(data_dir)[0]  # `~` expanded, as a run reads it
     return [check_file(f, root) for f in dataset_info(name).files]
 
 
@@ -192,7 +193,7 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
     Raises:
         DataError: network failure (URL and reason) or checksum mismatch (file, expected, got).
     """
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    root = resolve_data_dir(data_dir)[0]  # `~` expanded, as a run reads it
     info = dataset_info(name)
     if info.how_to_get and not info.files:
         raise DataError(f"{name}: {info.how_to_get.replace('DATA_DIR', str(root))}")
