@@ -242,3 +242,16 @@ def test_standardize_uses_training_statistics_per_channel() -> None:
     assert torch.equal(std.y_train, raw.y_train) and std.x_train.shape == raw.x_train.shape
     with pytest.raises(ConfigError, match=r"data\.standardize"):
         standardize(load_source("synthetic_regression"))
+
+
+def test_an_idx_header_with_a_negative_size_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """The sizes (-1, -1, 4) made numpy's reshape fail with a bare ValueError ("can only
+    specify one unknown dimension"); (-1, 2, 2) was "20 bytes, expected 12"."""
+    path = tmp_path / "x.gz"
+    for dims in ((-1, -1, 4), (-1, 2, 2)):
+        header = (0x0803).to_bytes(4, "big") + b"".join(
+            d.to_bytes(4, "big", signed=True) for d in dims)
+        path.write_bytes(gzip.compress(header + bytes(4)))
+        with pytest.raises(DataError, match="sizes are never negative") as err:
+            read_idx(path, ndim=3)
+        assert str(path) in str(err.value) and "\n" not in str(err.value)

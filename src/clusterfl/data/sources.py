@@ -39,6 +39,7 @@ import functools
 import gzip
 import importlib
 import io
+import math
 import pickle
 import tarfile
 import zipfile
@@ -346,7 +347,10 @@ def parse_idx(raw: bytes, path: Path, ndim: int, name: str = "dataset") -> np.nd
     if len(raw) < header:
         raise _corrupt(name, path, f"only {len(raw)} bytes, shorter than the IDX header")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
-    expected = header + int(np.prod(dims))
+    if min(dims) < 0:  # a sign bit set: numpy would read -1 as "any size" or fail to reshape
+        raise _corrupt(name, path, f"the header gives the shape {dims}; sizes are never "
+                                   "negative")
+    expected = header + math.prod(dims)  # Python integers: no wrap-around of huge sizes
     if len(raw) != expected:
         raise _corrupt(name, path, f"{len(raw)} bytes after decompression, expected {expected} "
                                    f"for shape {dims}")
