@@ -288,9 +288,7 @@ def cmd_data(args: argparse.Namespace) -> int:
                 con.print(f"  {name:15s} {'present' if there else 'missing'} (not "
                           f"downloadable: {DATASETS[name].how_to_get})")
                 continue
-            status = verify(name, root)
-            ok = all(s.ok for s in status)
-            con.print(f"  {name:15s} {'present' if ok else 'missing or incomplete'}")
+            con.print(f"  {name:15s} {_list_status(name, root, verify(name, root))}")
         con.print("  digits          built in (scikit-learn)")
         con.print("  synthetic_topics generated (four-topic text, docs/language_model.md)")
         return 0
@@ -330,6 +328,22 @@ def cmd_data(args: argparse.Namespace) -> int:
             bad += not ok
             con.print(f"{name}: {line}")
     return 1 if bad and args.action == "verify" else 0
+
+
+def _list_status(name: str, root: Path, status: list[Any]) -> str:
+    """`data list`'s word on a downloadable dataset from its files' `FileStatus`es: an
+    extracted archive or loose files (CIFAR's batches, EMNIST's .gz files), which runs read,
+    are not "missing"; files of the wrong size or checksum are not "incomplete"."""
+    if all(s.ok for s in status):
+        return "present"
+    if any(s.status in ("wrong_size", "bad_checksum") for s in status):
+        return f"present, not the official files (`clusterfl data verify {name}` says which)"
+    folder = root / name
+    if all(s.status == "missing" for s in status) and folder.is_dir() and any(
+            folder.iterdir()):
+        return (f"present as other files (extracted or loose; `clusterfl data verify {name}` "
+                "reads them)")
+    return "missing or incomplete"
 
 
 def _read_check(name: str, root: Path) -> tuple[bool, str]:

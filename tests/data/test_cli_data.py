@@ -11,7 +11,13 @@ import pytest
 import clusterfl.data
 from clusterfl.cli import main
 from clusterfl.data.catalog import DATASETS, DatasetInfo, RemoteFile
-from tests.paper_files import write_ag_news, write_cifar10, write_femnist, write_idx_set
+from tests.paper_files import (
+    write_ag_news,
+    write_cifar10,
+    write_emnist,
+    write_femnist,
+    write_idx_set,
+)
 
 PAYLOAD = b"clusterfl cli test file"
 
@@ -151,3 +157,21 @@ def test_a_data_dir_with_a_tilde_is_the_home_folder_for_verify_and_download(
     assert (tmp_path / "fetched" / "mnist" / "a.bin").read_bytes() == PAYLOAD
     assert not (cwd / "~").exists()
     assert [s.status for s in clusterfl.data.verify("mnist", "~/data")] == ["ok"]  # the API
+
+
+def test_list_does_not_call_extracted_or_wrong_files_missing(
+        only_mnist: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`data list` said "missing or incomplete" for CIFAR-10's extracted batches and EMNIST's
+    loose .gz files, which runs and `data verify` read, and for files of the wrong dataset."""
+    root = only_mnist
+    write_emnist(root, per_class=1, test_per_class=1)
+    with tarfile.open(write_cifar10(tmp_path / "tar")) as archive:
+        archive.extractall(root / "cifar10", filter="data")
+    (root / "mnist" / "a.bin").write_bytes(PAYLOAD[::-1])  # the size, not the checksum
+    assert main(["data", "list", "--data-dir", str(root)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    for name in ("cifar10", "emnist"):
+        assert "present as other files" in lines[name], lines[name]
+        assert main(["data", "verify", name, "--data-dir", str(root)]) == 0  # what it says
+    assert "present, not the official files" in lines["mnist"]
+    assert "missing or incomplete" in lines["cifar100"]
