@@ -296,3 +296,22 @@ def test_the_python_source_on_the_command_line_says_what_to_do(tmp_path, capsys)
     assert cli_main(["run", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o")]) != 0
     err = capsys.readouterr().err
     assert "Federation.from_clients" in err and "Traceback" not in err
+
+
+def test_an_npz_client_id_below_zero_or_a_scalar_array_is_named(tmp_path):
+    """A client_id of -1 (ids -1, 0, 1) said "client ids must be 0..N-1; missing []"; a
+    y_train saved as one number (shape ()) was a bare `TypeError: len() of a 0-d tensor`."""
+    fed = blob_federation(3)
+    export_partitions(fed, tmp_path / "p")
+    folder = tmp_path / "p"
+    path = folder / "client_0002.npz"
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    np.savez(path, **{**arrays, "client_id": np.array(-1)})
+    with pytest.raises(DataError, match=r"client_0002\.npz: client_id -1; client ids must be "
+                                        r"0\.\.N-1") as err:
+        Experiment.from_config({**BASE, "data": {"source": "npz", "path": str(folder)}})
+    assert "missing []" not in str(err.value)
+    np.savez(path, **{**arrays, "y_train": np.array(1)})
+    with pytest.raises(DataError, match=r"client_0002\.npz: y_train is a single number"):
+        Experiment.from_config({**BASE, "data": {"source": "npz", "path": str(folder)}})

@@ -107,6 +107,9 @@ def npz_folder(path: str | Path, field: str = "data.path") -> Federation:
                             f"client_id {cid}")
         by_id[cid] = (f, d)
     ids = sorted(by_id)
+    if ids[0] < 0:  # the gaps below would read "missing []"
+        raise DataError(f"{by_id[ids[0]][0]}: client_id {ids[0]}; client ids must be 0..N-1, "
+                        "one file each")
     if ids != list(range(len(ids))):
         gaps = sorted(set(range(max(ids) + 1)) - set(ids))
         raise DataError(f"{folder}: client ids must be 0..N-1, one file each; missing {gaps}")
@@ -155,6 +158,9 @@ def npz_numbers(d: dict[str, np.ndarray], key: str, f: Path) -> torch.Tensor:
         what = "class ids 0, 1, ..." if key.startswith("y") else "numbers"
         raise DataError(f"{f}: {key} holds {a.dtype} values; it must hold {what} (map "
                         "strings to numbers before exporting)")
+    if a.ndim == 0:  # len() of it would be a bare TypeError further on
+        raise DataError(f"{f}: {key} is a single number (shape ()); it must hold one entry "
+                        "per sample (shape [N, ...])")
     return torch.from_numpy(a)
 
 
