@@ -353,3 +353,33 @@ def test_labels_written_as_text_or_booleans_are_refused_not_converted(tmp_path: 
         with pytest.raises(DataError) as err:
             load_source("femnist", tmp_path)
         _one_line(err, str(bad), f"user 'f0000_14': y holds {shown}; LEAF's labels are integers")
+
+
+def test_hugging_face_femnist_rewritten_inside_hf_is_read_again(tmp_path: Path) -> None:
+    """The decoded copy was keyed on the time of `hf/` alone, which a parquet file copied over
+    inside it (or a new save_to_disk's train/ files) leaves as it is: the old rows came back
+    in the same process, and `forget_decoded` did not drop femnist's decoded data either."""
+    datasets = pytest.importorskip("datasets")
+    from clusterfl.data import leaf
+    from clusterfl.data.sources import forget_decoded
+
+    path = tmp_path / "femnist" / "hf" / "data" / "train-00000-of-00001.parquet"
+    path.parent.mkdir(parents=True)
+    feats = datasets.Features({"image": datasets.Image(), "character": datasets.Value("int64"),
+                               "writer_id": datasets.Value("string")})
+
+    def write(n: int, ink: int) -> None:
+        rows = {"image": [np.full((28, 28), ink, np.uint8)] * n, "character": [3] * n,
+                "writer_id": [f"w{i % 2}" for i in range(n)]}
+        datasets.Dataset.from_dict(rows, features=feats).to_parquet(str(path))
+
+    write(10, 255)
+    first = load_source("femnist", tmp_path)
+    assert len(first.y_train) + len(first.y_test) == 10 and float(first.x_train.max()) == 1.0
+    write(20, 0)
+    again = load_source("femnist", tmp_path)
+    assert len(again.y_train) + len(again.y_test) == 20 and float(again.x_train.max()) == 0.0
+    assert leaf._decode_hf.cache_info().currsize > 0
+    forget_decoded()
+    assert leaf._decode_hf.cache_info().currsize == 0
+    assert leaf._decode_leaf.cache_info().currsize == 0

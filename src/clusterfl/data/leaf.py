@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clusterfl.data.sources import READERS, Source
+from clusterfl.data.sources import DECODE_CACHES, READERS, Source
 from clusterfl.errors import DataError
 
 FEMNIST_CLASSES = 62
@@ -74,7 +74,7 @@ def load_femnist(root: Path, origin: str) -> WriterSource:
             return _decode_leaf(files[0], files[1])
     hf = folder / HF_FOLDER
     if hf.exists():
-        return _decode_hf(_key(hf))
+        return _decode_hf(_tree_key(hf))
     raise DataError(f"femnist: neither LEAF's {folder}/train/ and test/ nor a Hugging Face "
                     f"dataset {hf}/ found; {LEAF_GET.format(folder=folder)}; "
                     f"{_origin(root, origin)}.")
@@ -91,6 +91,18 @@ def _origin(root: Path, origin: str) -> str:
 def _key(path: Path) -> tuple[str, int, int]:
     st = path.stat()
     return (str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def _tree_key(path: Path) -> tuple[str, tuple[tuple[str, int, int], ...]]:
+    """Cache key of the Hugging Face form: its resolved path and every file under it (name,
+    size, mtime). A parquet file copied over, or a new `save_to_disk`, changes files inside
+    `hf/` (its `train/` folder) but not the time of `hf/` itself: keyed on that alone, the
+    old rows were read again."""
+    root = path.resolve()
+    files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file())
+    stats = ((f, f.stat()) for f in files)
+    return str(root), tuple((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns)
+                            for f, st in stats)
 
 
 def _bad(path: Path | str, why: str) -> DataError:
@@ -242,7 +254,7 @@ def _writer_source(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
 
 
 @functools.lru_cache(maxsize=2)
-def _decode_hf(key: tuple[str, int, int]) -> WriterSource:
+def _decode_hf(key: tuple[str, tuple[tuple[str, int, int], ...]]) -> WriterSource:
     from clusterfl.data.own import _hf_splits
 
     try:
@@ -301,3 +313,4 @@ def _per_writer_test(writers: np.ndarray, fraction: float, seed: int) -> np.ndar
 
 
 READERS["femnist"] = load_femnist
+DECODE_CACHES += [_decode_leaf.cache_clear, _decode_hf.cache_clear]

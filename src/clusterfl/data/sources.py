@@ -91,6 +91,9 @@ DIGITS_SPLIT_SEED = 0
 READERS: dict[str, Callable[..., Source]] = {}
 """Readers that live in modules of their own, `name → read(root, origin=...)`; they register
 here when imported (`clusterfl.data.leaf`: femnist; `clusterfl.data` imports them)."""
+DECODE_CACHES: list[Callable[[], None]] = []
+"""The `cache_clear` of those readers' caches of decoded data (they register them too), which
+`forget_decoded` empties with the caches of this module."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ def forget_decoded() -> None:
                    _decode_cifar100_dir, _decode_cifar100_tar, _decode_emnist_files,
                    _decode_emnist_zip):
         cached.cache_clear()
+    for clear in DECODE_CACHES:  # femnist's (`clusterfl.data.leaf`)
+        clear()
 
 
 def standardize(source: Source, field: str = "data.standardize") -> Source:
