@@ -225,3 +225,19 @@ def test_test_csv_without_a_topic_names_file_and_topic(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"n_test_per_client: .* topic 0 \(World\) in "
                                           r".*test\.csv has 1"):
         make_federation(src, "topics", {**TOPICS, "n_test_per_client": 2}, seed=0)
+
+
+def test_ag_news_train_and_test_files_swapped_are_refused(tmp_path: Path) -> None:
+    """train.csv and test.csv swapped (no checksum exists for them) were read as they were:
+    7,600 training articles and 120,000 test ones, without a word."""
+    folder = tmp_path / "ag_news"
+    folder.mkdir()
+    row = '"{}","title","words of the description"\n'
+    small = "".join(row.format(i % 4 + 1) for i in range(7_600))
+    (folder / "train.csv").write_text(small, encoding="utf-8")
+    (folder / "test.csv").write_text(row.format(2) * 120_000, encoding="utf-8")
+    with pytest.raises(DataError, match=r"train\.csv holds 7,600 articles and .*test\.csv "
+                                        r"120,000: the official test and train sets, swapped"):
+        read_ag_news(folder)
+    (folder / "test.csv").write_text(row.format(2) * 119_999, encoding="utf-8")  # not them
+    assert len(read_ag_news(folder).test_texts) == 119_999

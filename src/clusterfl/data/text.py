@@ -160,6 +160,11 @@ def read_ag_news(folder: Path) -> TextCorpus:
         raise DataError(f"AG News not found in {folder}: put train.csv and test.csv there "
                         "(ag_news_csv of Zhang et al. 2015: class index, title, description) "
                         "or a Hugging Face `save_to_disk` copy of ag_news (dataset_dict.json)")
+    sizes = (len(train[0]), len(test[0]))
+    if sizes == (AG_NEWS_SIZES["test"], AG_NEWS_SIZES["train"]):  # no checksum would tell
+        raise DataError(f"AG News: {files[0]} holds {sizes[0]:,} articles and {files[1]} "
+                        f"{sizes[1]:,}: the official test and train sets, swapped; rename "
+                        "them (train.csv has 120,000 articles, test.csv 7,600)")
     return TextCorpus(train[0], train[1], test[0], test[1], AG_NEWS_TOPICS, "ag_news", files)
 
 
