@@ -255,3 +255,22 @@ def test_an_idx_header_with_a_negative_size_is_named_not_a_traceback(tmp_path: P
         with pytest.raises(DataError, match="sizes are never negative") as err:
             read_idx(path, ndim=3)
         assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_idx_images_file_of_zero_images_is_named(tmp_path: Path) -> None:
+    """A well-formed header of 0 images was read as an empty training split; the scenario then
+    said "4 of 4 clients would get no train sample; use fewer clients", which no number of
+    clients helps."""
+    _write_idx_dataset(tmp_path)
+    for key in ("x_train", "y_train"):
+        empty = np.zeros((0, 28, 28) if key == "x_train" else (0,), np.uint8)
+        (tmp_path / "mnist" / IDX_FILES[key]).write_bytes(gzip.compress(_idx_bytes(empty)))
+    with pytest.raises(DataError, match="its header gives 0 images") as err:
+        load_source("mnist", tmp_path, verify=False)
+    assert str(tmp_path / "mnist" / IDX_FILES["x_train"]) in str(err.value)
+    from tests.paper_files import write_emnist
+
+    write_emnist(tmp_path / "e", per_class=0)  # EMNIST's files: the same
+    with pytest.raises(DataError, match="its header gives 0 images") as err:
+        load_source("emnist", tmp_path / "e", verify=False)
+    assert "emnist-balanced-train-images-idx3-ubyte.gz" in str(err.value)

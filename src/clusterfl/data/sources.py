@@ -318,6 +318,8 @@ def _decode_idx_dataset(name: str, keys: tuple[tuple[str, int, int], ...]) -> So
     for images_path, labels_path in ((x_tr, y_tr), (x_te, y_te)):
         images = read_idx(images_path, ndim=3, name=name)
         labels = read_idx(labels_path, ndim=1, name=name)
+        if not len(images):  # else "use fewer clients", which no number of clients helps
+            raise _corrupt(name, images_path, "its header gives 0 images")
         if len(labels) and labels.max() > 9:
             raise _corrupt(name, labels_path, f"label {labels.max()} outside 0..9")
         if len(images) != len(labels):
@@ -650,6 +652,8 @@ def _emnist_source(arrays: list[np.ndarray], paths: list[Path], split: str) -> S
     out: list[np.ndarray] = []
     for i in (0, 2):
         images, labels = arrays[i], arrays[i + 1]
+        if not len(images):
+            raise _corrupt("emnist", paths[i], "its header gives 0 images")
         if len(images) != len(labels):
             raise _corrupt("emnist", paths[i + 1],
                            f"{len(labels)} labels for {len(images)} images")
