@@ -336,3 +336,17 @@ def test_run_config_with_emnist_builds_a_federation(tmp_path: Path) -> None:
     federation = build_federation(config)
     assert federation.n_classes == 26 and federation.x_train.shape[1:] == (1, 28, 28)
     assert len(federation.train_offsets) == 3 and int(federation.y_train.max()) <= 25
+
+
+def test_emnist_files_left_in_the_gzip_folder_of_an_unzipped_archive_are_pointed_at(
+        tmp_path: Path) -> None:
+    """`unzip gzip.zip` puts the files in emnist/gzip/: the message said neither the archive
+    nor the files were found and where to download them, not where they were."""
+    folder = tmp_path / "emnist" / "gzip"
+    folder.mkdir(parents=True)
+    for fname, blob in _emnist_blobs("balanced", _emnist_arrays("balanced")).items():
+        (folder / fname).write_bytes(blob)
+    with pytest.raises(DataError) as err:
+        load_source("emnist", tmp_path)
+    _one_line(err, f"(they are in {folder}/, where unzipping gzip.zip puts them: move them up "
+              f"into {tmp_path / 'emnist'})")

@@ -599,6 +599,10 @@ def _load_emnist(root: Path, origin: str, verify: bool, split: str) -> Source:
                 (folder / f).is_file() for f in emnist_files(s).values())]
             other = (f" (it holds the files of split {', '.join(map(repr, there))}: set "
                      f"data.split = {there[0]!r} to use them)" if there else "")
+            inner = folder / EMNIST_ZIP_FOLDER
+            if all((inner / p.name).is_file() for p in paths):
+                other = (f" (they are in {inner}/, where unzipping {EMNIST_ZIP} puts them: "
+                         f"move them up into {folder})")
             raise DataError(f"emnist: neither {archive} nor the files {paths[0].name} ... of "
                             f"split {split!r} found in {folder}{other}; "
                             f"{where_to_put('emnist', root, origin)}.")
