@@ -97,9 +97,9 @@ class DataConfig(_Strict):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     source: str = Field("digits", description="digits | mnist | fashion_mnist | cifar10 | "
-                        "cifar100 | emnist | synthetic_regression | npz | shards | huggingface "
-                        "| python | an import path 'pkg.mod:load' | a clusterfl.datasets entry "
-                        "point")
+                        "cifar100 | emnist | femnist | synthetic_regression | ag_news | "
+                        "synthetic_topics | npz | shards | huggingface | python | an import "
+                        "path 'pkg.mod:load' | a clusterfl.datasets entry point")
     path: str | None = Field(None, description="npz: the folder of per-client .npz files; "
                              "shards: the folder `clusterfl data shard` wrote; "
                              "huggingface: a save_to_disk folder or parquet/arrow files")
