@@ -430,6 +430,49 @@ def test_flat_auto_options_of_older_configs_move_into_the_sub_table():
     assert cfg.algorithm.auto.model_dump() == flat  # type: ignore[attr-defined]
 
 
+def test_auto_options_that_another_auto_option_turns_off_are_warnings():
+    """`progress_from` with progress = 0 (the default since rule v6), and the shuffle test's
+    `significance_sampled`, `sampled_evidence`, `null_draws` with significance = 0, ran
+    without a word; the options they depend on, set, give none."""
+    assert CFLConfig(auto={"progress_from": "first"}).ignored_settings() == [
+        "algorithm.auto.progress_from = 'first' does nothing: algorithm.auto.progress = 0 "
+        "turns the progress condition off"]
+    off = CFLConfig(auto={"significance": 0, "significance_sampled": 0.05, "null_draws": 99,
+                          "sampled_evidence": "each"}).ignored_settings()
+    assert [w.split(" = ")[0] for w in off] == [
+        "algorithm.auto.significance_sampled", "algorithm.auto.sampled_evidence",
+        "algorithm.auto.null_draws"]
+    assert all(w.endswith("algorithm.auto.significance = 0 turns the shuffle test off")
+               for w in off)
+    assert CFLConfig(significance=0, null_draws=99).ignored_settings()[0].startswith(
+        "algorithm.auto.null_draws = 99 does nothing")  # flat, as older configs have it
+    for auto in ({"progress": 0.05, "progress_from": "first"}, {"significance": 0},
+                 {"significance_sampled": 0.05, "null_draws": 99, "sampled_evidence": "each"}):
+        assert CFLConfig(auto=auto).ignored_settings() == []
+
+
+def test_min_side_or_min_split_size_above_the_answering_clients_is_a_warning():
+    """A split needs 2 · min_side answering clients of a cluster (auto rule) and
+    min_split_size of them: min_side = 11 with 20 clients, or min_split_size = 6 with 4 a
+    round, ran as FedAvg without a word (the warning only compared the sample with 2 ·
+    min_side, and never the whole federation)."""
+    def warnings(n_clients: int, **config: Any) -> list[str]:
+        return CFL(CFLConfig(**config)).check((64,), n_clients, 5)
+
+    words = ("algorithm.auto.min_side = 11: a cluster splits only when at least 22 of its "
+             "clients answer in the same round, and the federation has 20: the run will never "
+             "split (it is FedAvg); allowed: 1..10")
+    assert warnings(20, auto={"min_side": 11}) == [words]
+    assert warnings(3) == [words.replace("= 11", "= 2").replace("22", "4")
+                           .replace("has 20", "has 3").replace("1..10", "1..1")]
+    assert warnings(20, auto={"min_side": 10}) == warnings(2) == warnings(4) == []
+    for rule in ("auto", "epsilon"):
+        [line] = warnings(20, split_rule=rule, per_round=4, min_split_size=6)
+        assert line.startswith("algorithm.per_round = 4: 4 of 20 clients answer a round, and "
+                               "a cluster splits only when at least 6 of its clients answer")
+        assert warnings(20, split_rule=rule, per_round=6, min_split_size=6) == []
+
+
 def test_a_written_config_loads_again_and_names_stay():
     """A run's config.toml (the sub-table written out) loads to the same config; labels and
     run folders name the auto options as before (the compare specs of older runs)."""

@@ -181,9 +181,18 @@ class CFLConfig(SampledConfig):
         return data
 
     def ignored_settings(self) -> list[str]:
-        return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: split_rule = "
-                "'epsilon' reads no [algorithm.auto] option" for o in changed_fields(self.auto)
-                ] if self.split_rule == "epsilon" else []
+        if self.split_rule == "epsilon":
+            return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: split_rule "
+                    "= 'epsilon' reads no [algorithm.auto] option"
+                    for o in changed_fields(self.auto)]
+        # auto options that another auto option turns off
+        off = {"progress_from": ("progress", 0.0, "the progress condition"),
+               **{o: ("significance", 0.0, "the shuffle test") for o in
+                  ("significance_sampled", "sampled_evidence", "null_draws")}}
+        return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: "
+                f"algorithm.auto.{by} = {value:g} turns {what} off"
+                for o, (by, value, what) in off.items()
+                if getattr(self.auto, by) == value and o in changed_fields(self.auto)]
 
 
 @dataclass(kw_only=True)
@@ -294,8 +303,14 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         if cfg.min_split_size > n_clients:
             raise ConfigError("algorithm.min_split_size", f"no cluster of the {n_clients} "
                               f"clients could split; allowed: 2..{n_clients}")
-        return too_few_per_round(cfg, n_clients, 2 * cfg.auto.min_side
-                                 if cfg.split_rule == "auto" else 2)
+        sides = 2 * cfg.auto.min_side if cfg.split_rule == "auto" else 2
+        warnings = too_few_per_round(cfg, n_clients, max(sides, cfg.min_split_size))
+        if not warnings and 2 < n_clients < sides:  # only a root of two clients is a pair
+            warnings.append(f"algorithm.auto.min_side = {cfg.auto.min_side}: a cluster splits "
+                            f"only when at least {sides} of its clients answer in the same "
+                            f"round, and the federation has {n_clients}: the run will never "
+                            f"split (it is FedAvg); allowed: 1..{n_clients // 2}")
+        return warnings
 
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written before the split rule had its own state (the auto rule's
