@@ -390,6 +390,22 @@ def test_eps_without_a_rule_selects_epsilon_and_contradictions_are_errors():
     assert CFLConfig(**dumped).split_rule == "auto"
 
 
+def test_eps_beside_the_auto_rule_is_an_error_naming_the_field():
+    """The error named `algorithm` and quoted the whole table (every field and the auto
+    sub-table) where one of eps1, eps2 was the field to change; a text equal to the default
+    counted as a change."""
+    base = {"output": {"progress": "off"}}
+    for field in ("eps1", "eps2"):
+        with pytest.raises(ConfigError) as err:
+            load_config({**base, "algorithm": {"name": "cfl", "split_rule": "auto",
+                                               "privacy": False, field: 0.25}})
+        assert err.value.field == f"algorithm.{field}"
+        assert "split_rule = 'epsilon'" in str(err.value) and "privacy" not in str(err.value)
+    cfg = load_config({**base, "algorithm": {"name": "cfl", "split_rule": "auto",
+                                             "eps1": "0.4"}})
+    assert cfg.algorithm.split_rule == "auto"  # type: ignore[attr-defined]
+
+
 def test_auto_rule_state_survives_a_checkpoint():
     """The patience streak and the candidate blocks are server state: a resumed run splits in
     the same round as an uninterrupted one."""

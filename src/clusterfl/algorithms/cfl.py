@@ -63,7 +63,7 @@ from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.cfl_tree import (
@@ -160,7 +160,8 @@ class CFLConfig(SampledConfig):
     @classmethod
     def _read_older_layouts(cls, data: Any) -> Any:
         """Auto-rule options flat in `[algorithm]` (old configs) or as `auto.<option>` (specs)
-        move into `[algorithm.auto]`; eps1/eps2 alone select "epsilon", beside "auto": error."""
+        move into `[algorithm.auto]`; eps1/eps2 alone select "epsilon" (beside "auto": an error,
+        `_eps_of_the_epsilon_rule`)."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -171,14 +172,20 @@ class CFLConfig(SampledConfig):
         table = table.model_dump() if isinstance(table, AutoRuleConfig) else table
         if moved and isinstance(table, dict):
             data["auto"] = {**table, **moved}
-        eps = bool({"eps1", "eps2"} & set(data))
-        if not eps or "split_rule" not in data:  # eps1/eps2 alone select the epsilon rule
-            return {**data, "split_rule": "epsilon"} if eps else data
-        if data["split_rule"] == "auto" and (data.get("eps1", .4), data.get("eps2", 1.6)) != \
-                (.4, 1.6):
-            raise ValueError("eps1/eps2 apply to split_rule = 'epsilon' only; drop them or set "
-                             "split_rule = 'epsilon'")
+        if {"eps1", "eps2"} & set(data) and "split_rule" not in data:  # select "epsilon"
+            return {**data, "split_rule": "epsilon"}
         return data
+
+    @field_validator("eps1", "eps2")
+    @classmethod
+    def _eps_of_the_epsilon_rule(cls, value: float, info: ValidationInfo) -> float:
+        """A non-default eps1/eps2 beside split_rule = "auto": an error naming the field (it
+        named the whole [algorithm] table, with every value in it)."""
+        if info.data.get("split_rule") == "auto" and \
+                value != cls.model_fields[str(info.field_name)].default:
+            raise ValueError("applies to split_rule = 'epsilon' only; drop it or set "
+                             "split_rule = 'epsilon'")
+        return value
 
     def ignored_settings(self) -> list[str]:
         if self.split_rule == "epsilon":
