@@ -144,8 +144,8 @@ class CFLConfig(SampledConfig):
     warmup_rounds: int = Field(
         0, ge=0, description="no split in rounds t <= warmup_rounds (authors' code: 20)")
     min_split_size: int = Field(
-        2, ge=2, description="only clusters with at least this many clients split "
-        "(authors' code: 3)")
+        2, ge=2, description="only clusters with at least this many clients answering in "
+        "the round split (all of them without sampling; authors' code: 3)")
     privacy: bool = Field(
         False, description="clients permute their updates with a secret shared permutation P "
         "(Alg. 5); the server never sees an unpermuted update")
