@@ -73,13 +73,18 @@ METHODS: dict[str, tuple[dict[str, Any], str]] = {
 }
 # Earlier defaults, written as settings of today's code (each is still an option): `--preset
 # v0` runs the defaults from before issue 36 as the version "v0", `--preset v1` those of v1,
-# `--preset v2` those of v2, and so on to `--preset v6` (CFL's rule changed in v2, v3, v5 and
-# v7, FL+HC's in v4 and v6, no other method's after v1).
+# `--preset v2` those of v2, and so on to `--preset v7` (CFL's rule changed in v2, v3, v5, v7
+# and v8, FL+HC's in v4 and v6, no other method's after v1). A default that changes later
+# goes back into every earlier preset (BEFORE_V7, BEFORE_V8: the presets before v7 ran with
+# the progress condition off and sampled rounds pooled, today's defaults, not their own).
+BEFORE_V8 = ["algorithm.auto.sampled_evidence=each"]  # v8 (CFL rule v7) pooled sampled rounds
+BEFORE_V7 = ["algorithm.auto.progress=0.05", *BEFORE_V8]  # v7 (CFL rule v6): progress off
 V1_CFL = ["algorithm.auto.progress_from=first", "algorithm.auto.contrast_min=0",
-          "algorithm.auto.significance=0.05", "algorithm.auto.significance_sampled=0.05"]
+          "algorithm.auto.significance=0.05", "algorithm.auto.significance_sampled=0.05",
+          *BEFORE_V7]
 V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05",
-          "algorithm.auto.significance_sampled=0.05"]
-V3_CFL = ["algorithm.auto.significance=0.01"]  # v3, v4: one level, sampled or not
+          "algorithm.auto.significance_sampled=0.05", *BEFORE_V7]
+V3_CFL = ["algorithm.auto.significance=0.01", *BEFORE_V7]  # v3, v4: one level, sampled or not
 V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
 V2_FLHC = ["algorithm.significance=0.01"]  # FL+HC's rule v2: the test at 0.01
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -104,12 +109,12 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     # v4: CFL's one level 0.01 (v5: 0.002 where every client of the cluster answered),
     # FL+HC's rule v2
     "v4": {"cfl": V3_CFL, "flhc": V2_FLHC},
-    # v5: FL+HC's rule v2 (v6: its test at 0.002)
-    "v5": {"flhc": V2_FLHC},
+    # v5: CFL's rule v5 (two levels), FL+HC's rule v2 (v6: its test at 0.002)
+    "v5": {"cfl": BEFORE_V7, "flhc": V2_FLHC},
     # v6: CFL's rule v5, with the progress condition (v7: off, CFL's rule v6)
-    "v6": {"cfl": ["algorithm.auto.progress=0.05"]},
+    "v6": {"cfl": BEFORE_V7},
     # v7: CFL's rule v6, each sampled round at its own level (v8: combined, CFL's rule v7)
-    "v7": {"cfl": ["algorithm.auto.sampled_evidence=each"]},
+    "v7": {"cfl": BEFORE_V8},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

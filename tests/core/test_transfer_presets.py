@@ -1,0 +1,51 @@
+"""`benchmarks/transfer/run_grid.py`'s presets: each earlier version's CFL rule written as
+settings of today's code, checked against that rule as docs/cfl.md's history tells it (no
+run)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterfl.config import load_config
+
+TRANSFER = Path(__file__).resolve().parents[2] / "benchmarks" / "transfer"
+
+# CFL's auto rule of each grid version (docs/cfl.md, "History of the auto rule"): v0 before
+# issue 36; rule v1; v2 (progress against ln C, the contrast bound); v3 and v4 (one level
+# 0.01, no bound); v5 and v6 (two levels); v7 (rule v6: progress off). Every version before
+# v8 judged each sampled round alone and, before v7, had the progress condition at 0.05.
+BEFORE_V7 = {"progress": 0.05, "sampled_evidence": "each"}
+V1 = {**BEFORE_V7, "progress_from": "first", "contrast_min": 0.0, "significance": 0.05,
+      "significance_sampled": 0.05, "cut": "fallback", "nesting": False, "test_every": True}
+V3 = {**V1, "progress_from": "uniform", "significance": 0.01, "significance_sampled": 0.01}
+V5 = {**V3, "significance": 0.002}
+RULES: dict[str, dict[str, Any]] = {
+    "v0": {**V1, "cut": "raw", "nesting": True, "test_every": False},
+    "v1": V1,
+    "v2": {**V1, "progress_from": "uniform", "contrast_min": 0.5},
+    "v3": V3, "v4": V3, "v5": V5, "v6": V5,
+    "v7": {**V5, "progress": 0.0},
+}
+
+
+@pytest.fixture
+def run_grid(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(TRANSFER))
+    return importlib.import_module("run_grid")
+
+
+def test_each_preset_runs_its_versions_cfl_rule(run_grid: Any) -> None:
+    """Presets v0-v5 ran with the progress condition off (v6's default) and v0-v6 with the
+    sampled rounds pooled (v8's): each change of a default had gone into the preset of the
+    version before it only."""
+    assert set(RULES) == set(run_grid.PRESETS)
+    fed = next(iter(run_grid.GRID["federation"].values()))
+    for version, rule in RULES.items():
+        raw = run_grid.config(fed, "cfl", [], preset=version)
+        auto = load_config(raw).algorithm.auto  # type: ignore[attr-defined]
+        assert {k: getattr(auto, k) for k in rule} == rule, version
+        assert load_config(raw).algorithm.ignored_settings() == [], version
