@@ -66,6 +66,7 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
+from clusterfl.algorithms.cfl_records import CFLExtras
 from clusterfl.algorithms.cfl_tree import (
     ClientSide,
     DeviceStorage,
@@ -105,7 +106,6 @@ from clusterfl.protocol import (
     TrainRequest,
     mean_finite,
 )
-from clusterfl.records import RoundExtras
 
 TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `place`)."""
@@ -192,65 +192,7 @@ class CFLConfig(SampledConfig):
             return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: split_rule "
                     "= 'epsilon' reads no [algorithm.auto] option"
                     for o in changed_fields(self.auto)]
-        # auto options that another auto option turns off
-        off = {"progress_from": ("progress", 0.0, "the progress condition"),
-               **{o: ("significance", 0.0, "the shuffle test") for o in
-                  ("significance_sampled", "sampled_evidence", "null_draws")}}
-        return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: "
-                f"algorithm.auto.{by} = {value:g} turns {what} off"
-                for o, (by, value, what) in off.items()
-                if getattr(self.auto, by) == value and o in changed_fields(self.auto)]
-
-
-@dataclass(kw_only=True)
-class CFLExtras(RoundExtras):
-    """CFL's per-round extras. The per-cluster lists run over the clusters examined this round
-    (the tree's leaves before the round's splits), in the order of `clusters`."""
-
-    n_clusters: int = 0  # clusters (tree leaves) after the round's splits
-    clusters: list[int] = field(default_factory=list)  # tree node id of each cluster examined
-    cluster_sizes: list[int] = field(default_factory=list)  # clients of each cluster that answered
-    #: norm of each cluster's mean update ‖Δθ_c‖ (eq. 30)
-    mean_norm: list[float] = field(default_factory=list)
-    #: largest client update norm max_i ‖Δθ_i‖ of each cluster (eq. 31)
-    max_norm: list[float] = field(default_factory=list)
-    #: α_cross^max of each cluster's bipartition (None: fewer than two clients answered)
-    alpha_cross_max: list[float | None] = field(default_factory=list)
-    #: separation gap g(α) of each cluster against the true clusters (None: unknown or < 2)
-    gap: list[float | None] = field(default_factory=list)
-    #: stationarity ratio ‖Σ w_i Δθ_i‖ / Σ w_i ‖Δθ_i‖ of each cluster (None: not finite)
-    stationarity: list[float | None] = field(default_factory=list)
-    #: within-cosine means of the two sides of each cluster's bipartition (None: < 2 clients)
-    within_mean: list[list[float | None] | None] = field(default_factory=list)
-    #: cross-cosine mean of each cluster's bipartition (None: < 2 clients)
-    cross_mean: list[float | None] = field(default_factory=list)
-    #: contrast of each cluster's bipartition (`Cohesion.contrast`; None: < 2 clients)
-    contrast: list[float | None] = field(default_factory=list)
-    #: the first side of each cluster's candidate bipartition (None: < 2 clients)
-    candidate: list[list[int] | None] = field(default_factory=list)
-    #: cosine of each cluster's mean update with its previous one (auto rule; None: none)
-    drift: list[float | None] = field(default_factory=list)
-    #: its side's within mean minus the cross mean of the split that made each cluster (None:
-    #: the root)
-    formed_separation: list[float | None] = field(default_factory=list)
-    #: max within-side mean minus cross mean of each candidate bipartition (None: < 2 clients)
-    separation: list[float | None] = field(default_factory=list)
-    #: mean local training loss of each cluster's answering clients (None: none reported)
-    loss: list[float | None] = field(default_factory=list)
-    #: shuffle-test p-value of each cluster's candidate contrast (None: not tested)
-    p_value: list[float | None] = field(default_factory=list)
-    max_mean_norm: float = 0.0  # largest ‖Δθ_c‖ over the clusters
-    max_client_norm: float = 0.0  # largest client update norm over all clusters
-    split: bool = False  # whether a cluster split this round
-    #: the split tests of the clusters that were split candidates (eq. 30-31 held)
-    splits: list[CFLSplitEvent] = field(default_factory=list)
-    train_loss: float | None = None  # mean local training loss of the answering clients
-    #: why each cluster did not split (None: it split); `Refusal.read` gives the reason
-    refused: list[str | None] = field(default_factory=list)
-    #: clients Algorithm 4 placed into a leaf this round (they missed their cluster's split)
-    placed: list[int] = field(default_factory=list)
-    #: clients still waiting at an inner node of the tree
-    pending: list[int] = field(default_factory=list)
+        return self.auto.switched_off()
 
 
 @dataclass
@@ -311,13 +253,9 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             raise ConfigError("algorithm.min_split_size", f"no cluster of the {n_clients} "
                               f"clients could split; allowed: 2..{n_clients}")
         sides = 2 * cfg.auto.min_side if cfg.split_rule == "auto" else 2
-        warnings = too_few_per_round(cfg, n_clients, max(sides, cfg.min_split_size))
-        if not warnings and 2 < n_clients < sides:  # only a root of two clients is a pair
-            warnings.append(f"algorithm.auto.min_side = {cfg.auto.min_side}: a cluster splits "
-                            f"only when at least {sides} of its clients answer in the same "
-                            f"round, and the federation has {n_clients}: the run will never "
-                            f"split (it is FedAvg); allowed: 1..{n_clients // 2}")
-        return warnings
+        return too_few_per_round(cfg, n_clients, max(sides, cfg.min_split_size),
+                                 f"algorithm.auto.min_side = {cfg.auto.min_side}" if sides > 2
+                                 else "", f"1..{n_clients // 2}")
 
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written before the split rule had its own state (the auto rule's

@@ -173,13 +173,20 @@ def check_warmup_leaves_rounds(warmup: int, rounds: int | None, alone: str,
                           f"allowed: 0..{most}, or more rounds")
 
 
-def too_few_per_round(config: SampledConfig, n_clients: int, need: int) -> list[str]:
+def too_few_per_round(config: SampledConfig, n_clients: int, need: int,
+                      setting: str = "", allowed: str = "") -> list[str]:
     """The warning when the sampling rule gives a round fewer clients than the `need` of one
-    cluster that must answer in the same round for it to split (CFL); else none."""
-    k = config.per_round_count(n_clients)
-    return [f"{config.sampling_setting()}: {k} of {n_clients} clients answer a round, and a "
-            f"cluster splits only when at least {need} of its clients answer in the same "
-            "round: the run will never split (it is FedAvg)"] if k < min(need, n_clients) else []
+    cluster that must answer in the same round for it to split (CFL), or, with `setting`
+    (which sets `need`), when the whole federation has fewer (but a pair, which splits as
+    one); else none."""
+    k, words = config.per_round_count(n_clients), f"a cluster splits only when at least {need}"
+    if k < min(need, n_clients):
+        return [f"{config.sampling_setting()}: {k} of {n_clients} clients answer a round, and "
+                f"{words} of its clients answer in the same round: the run will never split "
+                "(it is FedAvg)"]
+    return [f"{setting}: {words} of its clients answer in the same round, and the federation "
+            f"has {n_clients}: the run will never split (it is FedAvg); allowed: {allowed}"
+            ] if setting and 2 < n_clients < need else []
 
 
 def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters",

@@ -59,7 +59,7 @@ from clusterfl.clustering.cosine import (
     shuffle_pvalue,
     stationarity_ratio,
 )
-from clusterfl.config_util import Settings
+from clusterfl.config_util import Settings, changed_fields
 
 PAIR_PATIENCE = 2
 """A cluster of two clients needs this many times `patience` rounds (its 1 | 1 cut is the same
@@ -206,6 +206,15 @@ class AutoRuleConfig(Settings):
         "cosines ('raw', the paper), on the cosines of the updates minus the cluster's "
         "mean update ('centred'), or the raw cut unless a side is below min_side, then the "
         "centred one ('fallback'); the conditions read the raw cosines either way")
+
+    def switched_off(self) -> list[str]:
+        """A warning per option set that another option turns off (it would do nothing)."""
+        off = {"progress_from": ("progress", "the progress condition"),
+               **{o: ("significance", "the shuffle test") for o in
+                  ("significance_sampled", "sampled_evidence", "null_draws")}}
+        return [f"algorithm.auto.{o} = {getattr(self, o)!r} does nothing: algorithm.auto.{by} "
+                f"= 0 turns {what} off" for o, (by, what) in off.items()
+                if getattr(self, by) == 0 and o in changed_fields(self)]
 
 
 class Refusal(Enum):
