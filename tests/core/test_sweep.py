@@ -584,3 +584,38 @@ def test_a_p_value_just_below_alpha_is_not_printed_as_alpha() -> None:
     assert _p(0.05004) == "0.050"  # not below 0.05, as printed
     assert (_p(0.0499), _p(0.123456), _p(0.0004), _p(None)) == ("0.0499", "0.123", "< 0.001",
                                                                  "–")
+
+
+def test_a_grid_key_given_dotted_and_nested_is_refused(tmp_path: Path) -> None:
+    """`"train.lr" = [...]` and `[sweep.grid.train] lr = [...]` both make train.lr: the
+    flattening kept the last and dropped the other's cells unsaid."""
+    from clusterfl.sweep import Sweep
+
+    path = tmp_path / "s.toml"
+    path.write_text(textwrap.dedent("""\
+        [sweep]
+        methods = ["fedavg"]
+        [sweep.grid]
+        "train.lr" = [0.01, 0.1]
+        [sweep.grid.train]
+        lr = [0.5]
+        """) + dump_toml({"config": TINY}))
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)
+    assert info.value.field == "sweep.grid.train.lr" and "twice" in info.value.message
+    with pytest.raises(ConfigError, match="twice"):
+        Sweep(base=dict(TINY), methods=["fedavg"], seeds=[0],
+              grid={"train.lr": [0.1], "train": {"lr": [0.2]}})
+    nested = Sweep(base=dict(TINY), methods=["fedavg"], seeds=[0],
+                   grid={"train": {"lr": [0.1, 0.2]}, "rounds": [1]})
+    assert nested.grid == {"train.lr": [0.1, 0.2], "rounds": [1]}
+
+
+def test_a_swept_rounds_keeps_its_value_in_the_table(tmp_path: Path) -> None:
+    """The run's `rounds` column overwrote the swept `rounds`: a run not finished (missing,
+    failed) lost the cell's value in results.csv (empty) and parquet (NaN)."""
+    sweep = load_sweep(_write(tmp_path, {"methods": ["fedavg"], "grid": {"rounds": [1, 2]}}))
+    runs = sweep.plan(tmp_path / "o")
+    rows = collect(runs, tmp_path / "o")
+    assert [(r["cell"], r["rounds"], r["status"]) for r in rows] == [
+        ("rounds=1", 1, "missing"), ("rounds=2", 2, "missing")]
