@@ -41,7 +41,7 @@ from clusterfl.data import own
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
-from clusterfl.data.text import VOCAB_FILE, Vocab
+from clusterfl.data.text import VOCAB_FILE, TopicsParams, Vocab
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.holdout import Holdout
 from clusterfl.models import MODELS, ModelFactory
@@ -354,6 +354,12 @@ class Experiment:
             out.append(f"eval_clients = {want} does nothing here: the only round evaluated is "
                        f"the last (eval_every = {run.eval_every}, rounds = {run.rounds}), and "
                        "the last is always evaluated on every client")
+        words, scen = self.full_federation.meta.get("vocab"), self.config.scenario
+        if words is not None and isinstance(scen, TopicsParams) and scen.vocab_file and \
+                "vocab_size" in scen.model_fields_set and len(words) > scen.vocab_size:
+            out.append(f"scenario.vocab_size = {scen.vocab_size} does nothing here: "
+                       f"scenario.vocab_file ({scen.vocab_file}) gives the vocabulary, "
+                       f"{len(words)} words (<unk> and <eos> included)")
         empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
         if empty:
             more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""

@@ -199,3 +199,21 @@ def test_sweep_reports_rank_language_models_by_perplexity_lower_first() -> None:
             {"status": "done", "accuracy": 0.4, "perplexity": 13.1}]
     assert primary(rows) == ("perplexity", "perplexity", 1.0, 2, False)  # lower is better
     assert primary([{"status": "done", "accuracy": 0.8}])[0] == "accuracy"
+
+
+def test_vocab_size_under_a_vocab_file_warns_that_it_does_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`scenario.vocab_file` gives the vocabulary: a `vocab_size` below its size was ignored
+    without a word (the run used every word of the file). It warns once; a `vocab_size` the
+    file fits in (as a run's own config.toml has it) says nothing."""
+    raw = _config("fedavg", 1)
+    built = Experiment(load_config(raw)).full_federation.meta["vocab"]
+    Vocab(tuple(built)).save(tmp_path / "vocab.txt")
+    raw["scenario"]["vocab_file"] = str(tmp_path / "vocab.txt")
+    for size, warned in ((len(built), False), (5, True)):
+        raw["scenario"]["vocab_size"] = size
+        capsys.readouterr()
+        h = Experiment(load_config(raw)).run(progress=False)
+        err = capsys.readouterr().err
+        assert err.count("scenario.vocab_size = 5 does nothing") == int(warned), err
+        assert any("vocab_size" in w for w in h.summary.warnings or []) == warned
