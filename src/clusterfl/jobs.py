@@ -31,6 +31,7 @@ so compare runs made with the same `jobs` mode.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -178,10 +179,10 @@ def check_resources(jobs: int = 1, cpus: float | None = None, gpus: float = 0) -
     out of range."""
     if jobs < 1:
         raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
-    if cpus is not None and not cpus > 0:
-        raise ConfigError("--cpus-per-run", f"must be a positive number, got {cpus}")
-    if not gpus >= 0:
-        raise ConfigError("--gpus-per-run", f"must be 0 or more, got {gpus}")
+    if cpus is not None and not 0 < cpus < math.inf:
+        raise ConfigError("--cpus-per-run", f"must be a finite number above 0, got {cpus}")
+    if not 0 <= gpus < math.inf:
+        raise ConfigError("--gpus-per-run", f"must be a finite number of 0 or more, got {gpus}")
     if gpus > 1 and gpus != int(gpus):
         raise ConfigError("--gpus-per-run", f"above 1 it must be a whole number, got {gpus}")
 
@@ -198,8 +199,6 @@ def execute(
     with `jobs > 1` and torch's default with `jobs == 1`. `threads` sets the torch threads
     alone. `skipped`: runs done before, shown in the progress counts.
     """
-    import math
-
     check_resources(jobs, cpus, gpus)
     if threads is None and cpus is not None:
         threads = max(1, math.ceil(cpus))
@@ -250,7 +249,6 @@ def _execute_ray(tasks: list[RunTask], address: str, cpus: float, gpus: float,
                  threads: int | None, log: Callable[[str], None],
                  skipped: int) -> list[RunOutcome]:
     import logging
-    import math
 
     from clusterfl.errors import require
 

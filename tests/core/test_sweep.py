@@ -619,3 +619,19 @@ def test_a_swept_rounds_keeps_its_value_in_the_table(tmp_path: Path) -> None:
     rows = collect(runs, tmp_path / "o")
     assert [(r["cell"], r["rounds"], r["status"]) for r in rows] == [
         ("rounds=1", 1, "missing"), ("rounds=2", 2, "missing")]
+
+
+@pytest.mark.parametrize(("option", "field"), [("--cpus-per-run", "--cpus-per-run"),
+                                               ("--gpus-per-run", "--gpus-per-run")])
+def test_an_infinite_share_per_run_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, field: str) -> None:
+    """`--cpus-per-run inf` passed the check (inf > 0) and ended in an OverflowError
+    traceback (math.ceil(inf) torch threads) after the sweep folder was made;
+    `--gpus-per-run inf` in one from int(inf)."""
+    out = tmp_path / "o"
+    sweep_file = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0]})
+    assert main(["sweep", str(sweep_file), "--out", str(out), option, "inf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"clusterfl: error: {field}: must be a finite number "
+                   f"{'above 0' if 'cpus' in option else 'of 0 or more'}, got inf"]
+    assert not out.exists()
