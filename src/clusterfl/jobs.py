@@ -220,7 +220,8 @@ def execute(
 
     per_run = threads or max(1, (os.cpu_count() or 1) // jobs)
     env = _driver_env()
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"),
+                             initializer=_end_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(run_task, t, per_run, env): t for t in tasks}
         try:
             for future in as_completed(futures):
@@ -235,6 +236,22 @@ def execute(
             _stop_workers(pool)
             raise
     return outcomes
+
+
+def _end_with_parent(parent: int, every: float = 0.5) -> None:
+    """A local worker's initializer: the worker ends when the sweep's process is gone
+    (SIGKILL, the out-of-memory killer: nothing stops the workers then). It went on with the
+    runs queued to it, writing into the sweep folder that a sweep started again holds (that
+    sweep failed the run "in use by process ..."), and then waited for work forever. A run it
+    ends keeps its last checkpoint, as after Ctrl-C."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="clusterfl-parent-watch", daemon=True).start()
 
 
 def _stop_workers(pool: Any) -> None:

@@ -123,3 +123,48 @@ def test_the_same_sweep_on_a_ray_cluster_gives_identical_metrics(sweep_file: Pat
     for a, b in zip(here, there):
         assert a["path"] == b["path"]
         assert {k: a[k] for k in METRICS} == {k: b[k] for k in METRICS}, a["path"]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` is there and not a zombie (Linux /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_the_workers_of_a_sweep_killed_alone_end_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the sweep's own process (the OOM killer, `kill -9 PID`) left its `--jobs`
+    workers running: they went on with the runs queued to them, into the folder that a sweep
+    started again then holds (it failed such a run "in use by process ..."), and then waited
+    for work forever. Each worker now ends when its sweep is gone."""
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(dump_toml({
+        "sweep": {"methods": ["fedavg"], "seeds": [0, 1, 2, 3]},
+        "config": {**CONFIG, "rounds": 200, "checkpoint_every": 1}}))
+    out = tmp_path / "out"
+    first = subprocess.Popen(_cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run",
+                                  "1", "--out", str(out)), env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.rglob("state.pt")):
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        children = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
+        workers = [int(c) for c in children
+                   if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(workers) == 2
+        first.kill()  # the sweep's process alone
+        first.wait()
+        deadline = time.monotonic() + 15
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), "a worker outlived its sweep"
+    finally:
+        for pid in [first.pid, *workers]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
