@@ -216,26 +216,73 @@ def execute(
             log(bar.finished(outcome))
         return outcomes
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     per_run = threads or max(1, (os.cpu_count() or 1) // jobs)
     env = _driver_env()
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"),
-                             initializer=_end_with_parent, initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(run_task, t, per_run, env): t for t in tasks}
+    context = mp.get_context("spawn")
+    while tasks:  # again, in a new pool, for the runs a dead worker's pool never started
+        started, before = context.SimpleQueue(), len(outcomes)
+        broken = _local_pool(tasks, jobs, per_run, env, context, started, outcomes, bar, log)
+        ran = set()
+        while not started.empty():
+            ran.add(started.get())
+        if len(outcomes) == before and not ran & {t.target for t, _ in broken}:
+            ran = {t.target for t, _ in broken}  # a pool that did nothing: not again
+        tasks = [t for t, _ in broken if t.target not in ran]
+        for task, error in broken:
+            if task.target in ran:
+                outcomes.append(RunOutcome(task, 0.0, error=error))
+                log(bar.finished(outcomes[-1]))
+    return outcomes
+
+
+def _local_pool(tasks: list[RunTask], jobs: int, per_run: int, env: dict[str, str],
+                context: Any, started: Any, outcomes: list[RunOutcome], bar: Progress,
+                log: Callable[[str], None]) -> list[tuple[RunTask, str]]:
+    """Run `tasks` in `jobs` worker processes, adding their outcomes to `outcomes`; each run
+    puts its target into `started` as it starts. Returns the tasks of a pool broken by a
+    dead worker (SIGKILL, out of memory), with the error: the pool gives every task it had
+    not finished that error, the runs it never started too (they were failed with it)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    broken: list[tuple[RunTask, str]] = []
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_start,
+                             initargs=(os.getpid(), started)) as pool:
+        futures = {pool.submit(_run_started, t, per_run, env): t for t in tasks}
         try:
             for future in as_completed(futures):
                 try:
                     outcome = future.result()
                 except Exception as exc:  # the worker process itself died
-                    outcome = RunOutcome(futures[future], 0.0, error=f"worker process "
-                                         f"ended: {type(exc).__name__}: {exc}")
+                    error = f"worker process ended: {type(exc).__name__}: {exc}"
+                    if isinstance(exc, BrokenProcessPool):
+                        broken.append((futures[future], error))
+                        continue
+                    outcome = RunOutcome(futures[future], 0.0, error=error)
                 outcomes.append(outcome)
                 log(bar.finished(outcome))
         except KeyboardInterrupt:  # Ctrl-C reaches the workers too; SIGTERM only this one
             _stop_workers(pool)
             raise
-    return outcomes
+    return broken
+
+
+_STARTED: Any = None
+"""In a local worker: the queue its runs' targets go into as they start (`_local_pool`)."""
+
+
+def _worker_start(parent: int, started: Any) -> None:
+    """A local worker's initializer: the queue of started runs, and the end with its parent."""
+    global _STARTED
+    _STARTED = started
+    _end_with_parent(parent)
+
+
+def _run_started(task: RunTask, threads: int | None, env: dict[str, str]) -> RunOutcome:
+    """`run_task` in a local worker, after saying that the run starts."""
+    _STARTED.put(task.target)
+    return run_task(task, threads, env)
 
 
 def _end_with_parent(parent: int, every: float = 0.5) -> None:

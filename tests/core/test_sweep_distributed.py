@@ -168,3 +168,36 @@ def test_the_workers_of_a_sweep_killed_alone_end_with_it(tmp_path: Path) -> None
         for pid in [first.pid, *workers]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_a_worker_killed_mid_run_fails_only_the_runs_it_stopped(tmp_path: Path) -> None:
+    """One `--jobs` worker SIGKILLed (the OOM killer) broke the process pool, which fails
+    every task it had not finished: the runs not started yet were recorded as failed
+    ("BrokenProcessPool") and skipped by the next pass. Only the runs that were running fail
+    now (the pool stops them all); the others run in a new pool."""
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(dump_toml({
+        "sweep": {"methods": ["fedavg"], "seeds": [0, 1, 2, 3, 4, 5]},
+        "config": {**CONFIG, "rounds": 30, "checkpoint_every": 1}}))
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(_cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run",
+                                  "1", "--out", str(out)), env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.rglob("state.pt")):
+            assert sweep.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        children = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()
+        worker = next(int(c) for c in children
+                      if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes())
+        os.kill(worker, signal.SIGKILL)
+        assert sweep.wait(timeout=300) == 2  # the stopped runs failed
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    status = [r["status"] for r in _table(out)]
+    assert 1 <= status.count("failed") <= 2 and status.count("done") == 6 - status.count(
+        "failed"), status
