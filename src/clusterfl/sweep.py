@@ -154,8 +154,9 @@ class Sweep:
             if not isinstance(values, list | tuple) or not values:
                 raise ConfigError(f"sweep.grid.{key}", "expected a non-empty list of values, "
                                   f"got {_got(values)}")
-            names = [_text(v) for v in values]
-            if len(set(names)) != len(names):
+            names = [_text(v) for v in values]  # 1 and 1.0: one setting, one cell
+            same = [float(v) if is_number(v) else n for v, n in zip(values, names, strict=True)]
+            if len(set(names)) != len(names) or len(set(same)) != len(same):
                 raise ConfigError(f"sweep.grid.{key}", f"a value is listed twice: "
                                   f"{list(values)}")
         self.grid = {k: list(v) for k, v in grid.items()}

@@ -398,6 +398,8 @@ def test_plan_and_report_only_do_not_count_runs_whose_config_changed_as_done(
      "non-empty list of values, got '0.1' (str)"),
     ({"grid": {"seed": [1, 2]}}, "sweep.grid.seed", "the seeds go in sweep.seeds"),
     ({"grid": {"train.lr": [0.1, 0.1]}}, "sweep.grid.train.lr", "listed twice"),
+    # 1 and 1.0 are one setting: two cells of the same runs (before: both ran)
+    ({"grid": {"train.lr": [1, 1.0]}}, "sweep.grid.train.lr", "listed twice"),
     ({"grid": {"algorithm.name": ["ifca"]}}, "sweep.grid.algorithm.name", "sweep.methods"),
     ({"grid": [0.1]}, "sweep.grid", "a table of key = [values]"),
     ({"title": 3}, "sweep.title", "a string"),
