@@ -133,30 +133,39 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _sweep_of_two_workers(tmp_path: Path, seeds: int, rounds: int) -> subprocess.Popen[bytes]:
+    """`clusterfl sweep --jobs 2` of FedAvg on `seeds` seeds, started into tmp_path/out."""
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text(dump_toml({
+        "sweep": {"methods": ["fedavg"], "seeds": list(range(seeds))},
+        "config": {**CONFIG, "rounds": rounds, "checkpoint_every": 1}}))
+    return subprocess.Popen(_cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run",
+                                 "1", "--out", str(tmp_path / "out")), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _workers_once_a_run_checkpointed(sweep: subprocess.Popen[bytes], out: Path) -> list[int]:
+    """The sweep's worker processes (Linux /proc), once a run has written a checkpoint."""
+    deadline = time.monotonic() + 120
+    while not list(out.rglob("state.pt")):
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    children = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()
+    return [int(c) for c in children
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
 def test_the_workers_of_a_sweep_killed_alone_end_with_it(tmp_path: Path) -> None:
     """SIGKILL of the sweep's own process (the OOM killer, `kill -9 PID`) left its `--jobs`
     workers running: they went on with the runs queued to them, into the folder that a sweep
     started again then holds (it failed such a run "in use by process ..."), and then waited
     for work forever. Each worker now ends when its sweep is gone."""
-    sweep_file = tmp_path / "s.toml"
-    sweep_file.write_text(dump_toml({
-        "sweep": {"methods": ["fedavg"], "seeds": [0, 1, 2, 3]},
-        "config": {**CONFIG, "rounds": 200, "checkpoint_every": 1}}))
-    out = tmp_path / "out"
-    first = subprocess.Popen(_cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run",
-                                  "1", "--out", str(out)), env=_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    first = _sweep_of_two_workers(tmp_path, seeds=4, rounds=200)
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        while not list(out.rglob("state.pt")):
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        children = Path(f"/proc/{first.pid}/task/{first.pid}/children").read_text().split()
-        workers = [int(c) for c in children
-                   if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        workers = _workers_once_a_run_checkpointed(first, tmp_path / "out")
         assert len(workers) == 2
         first.kill()  # the sweep's process alone
         first.wait()
@@ -176,23 +185,10 @@ def test_a_worker_killed_mid_run_fails_only_the_runs_it_stopped(tmp_path: Path) 
     every task it had not finished: the runs not started yet were recorded as failed
     ("BrokenProcessPool") and skipped by the next pass. Only the runs that were running fail
     now (the pool stops them all); the others run in a new pool."""
-    sweep_file = tmp_path / "s.toml"
-    sweep_file.write_text(dump_toml({
-        "sweep": {"methods": ["fedavg"], "seeds": [0, 1, 2, 3, 4, 5]},
-        "config": {**CONFIG, "rounds": 30, "checkpoint_every": 1}}))
+    sweep = _sweep_of_two_workers(tmp_path, seeds=6, rounds=30)
     out = tmp_path / "out"
-    sweep = subprocess.Popen(_cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run",
-                                  "1", "--out", str(out)), env=_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list(out.rglob("state.pt")):
-            assert sweep.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        children = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children").read_text().split()
-        worker = next(int(c) for c in children
-                      if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes())
+        worker = _workers_once_a_run_checkpointed(sweep, out)[0]
         os.kill(worker, signal.SIGKILL)
         assert sweep.wait(timeout=300) == 2  # the stopped runs failed
     finally:
