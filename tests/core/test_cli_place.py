@@ -125,30 +125,23 @@ def test_set_of_rounds_or_train_is_refused_naming_the_key(ifca_run, capsys, sett
     assert captured.out == ""
 
 
-def test_set_of_output_or_eval_is_accepted_with_a_note(ifca_run, tmp_path, capsys):
+@pytest.mark.parametrize("settings", [
+    ("output.figures=true", "eval_every=3"),
+    # before: refused as "defining the placement rule", though a placement's guard is the
+    # default one (no faults, attackers or noise; the default validation)
+    ("faults.dropout=0.5", "privacy.clip=0.01"),
+])
+def test_set_of_what_a_placement_does_not_read_is_accepted_with_a_note(
+        ifca_run, tmp_path, capsys, settings):
     plain, noted = tmp_path / "plain.json", tmp_path / "noted.json"
     assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(plain)]) == 0
     capsys.readouterr()
+    sets = [w for setting in settings for w in ("--set", setting)]
     assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(noted),
-                 "--set", "output.figures=true", "--set", "eval_every=3"]) == 0
+                 *sets]) == 0
+    keys = sorted(setting.split("=")[0] for setting in settings)
     assert capsys.readouterr().err.splitlines() == [
-        "clusterfl: note: --set eval_every does not change a placement",
-        "clusterfl: note: --set output.figures does not change a placement"]
-    assert json.loads(noted.read_text()) == json.loads(plain.read_text())
-
-
-def test_set_of_a_robustness_table_says_the_placement_does_not_read_it(ifca_run, tmp_path,
-                                                                        capsys):
-    """Before: refused as "defining the placement rule", though a placement's guard is the
-    default one (no faults, attackers or noise; the default validation)."""
-    plain, noted = tmp_path / "plain.json", tmp_path / "noted.json"
-    assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(plain)]) == 0
-    capsys.readouterr()
-    assert main(["place", str(ifca_run), "--clients", "0,5", "--json", str(noted),
-                 "--set", "faults.dropout=0.5", "--set", "privacy.clip=0.01"]) == 0
-    assert capsys.readouterr().err.splitlines() == [
-        "clusterfl: note: --set faults.dropout does not change a placement",
-        "clusterfl: note: --set privacy.clip does not change a placement"]
+        f"clusterfl: note: --set {key} does not change a placement" for key in keys]
     assert json.loads(noted.read_text()) == json.loads(plain.read_text())
 
 
