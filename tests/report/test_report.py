@@ -469,3 +469,53 @@ def test_the_console_table_shows_a_label_with_brackets_as_written() -> None:
     console.print(summary_table([RunSummary(label=label)], title="runs [dim]"))
     shown = console.file.getvalue()  # type: ignore[attr-defined]
     assert label in shown and "runs [dim]" in shown
+
+
+def _compare_figures(monkeypatch: pytest.MonkeyPatch, dirs: list[Path], out: Path) -> dict:
+    """The comparison figures of `dirs`, as matplotlib figures by file name."""
+    from clusterfl.report import figures
+
+    drawn: dict[str, Any] = {}
+    save = figures._save
+
+    def keep(fig: Any, path: str | Path) -> Path:
+        drawn[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", keep)
+    figures.plot_comparison(dirs, out)
+    return drawn
+
+
+def test_a_run_evaluated_only_in_its_last_round_is_drawn_in_the_comparison(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a run with `eval_every` above its rounds (one evaluated round) was in the
+    legend of accuracy_compare.png but drew nothing: a line of one point without a marker."""
+    once = make_run(tmp_path / "once", "ifca", "IFCA once")
+    lines = (once / "history.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    for row in rows[:-1]:
+        row["metrics"], row["client_accuracy"] = None, None
+    (once / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    every = make_run(tmp_path / "every", "fedavg", "FedAvg")
+    drawn = _compare_figures(monkeypatch, [once, every], tmp_path / "cmp")
+    ax = drawn["accuracy_compare.png"].axes[0]
+    line = next(line for line in ax.get_lines() if line.get_label() == "IFCA once")
+    assert line.get_xdata().tolist() == [ROUNDS]
+    assert line.get_marker() not in (None, "None", "", " ") and line.get_markersize() > 0
+    assert line.get_ydata()[0] == pytest.approx(100 * rows[-1]["metrics"]["accuracy"])
+
+
+def test_a_regression_run_left_out_of_an_accuracy_comparison_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: comparing a regression run with classification runs drew accuracy only, and the
+    regression run was missing from the figure (and its legend) without a word."""
+    reg = make_run(tmp_path / "reg", "cfl", "CFL regression", regression=True)
+    cls = make_run(tmp_path / "cls", "ifca", "IFCA")
+    drawn = _compare_figures(monkeypatch, [reg, cls], tmp_path / "cmp")
+    ax = drawn["accuracy_compare.png"].axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["IFCA"]
+    assert "not drawn (no accuracy): CFL regression" in ax.get_xlabel()
+    other = make_run(tmp_path / "fedavg", "fedavg", "FedAvg")
+    drawn = _compare_figures(monkeypatch, [other, cls], tmp_path / "cmp2")
+    assert drawn["accuracy_compare.png"].axes[0].get_xlabel() == "round"

@@ -485,10 +485,13 @@ def _load_runs(
     return [(lab, h) for lab, (_, h, _) in zip(unique, loaded)]
 
 
-def _run_style(i: int, n_runs: int, label: str) -> dict[str, Any]:
-    """Line style of run i of n: earlier runs are drawn wider, so identical curves stay visible."""
+def _run_style(i: int, n_runs: int, label: str, marked: bool = False) -> dict[str, Any]:
+    """Line style of run i of n: earlier runs are drawn wider, so identical curves stay visible;
+    `marked` adds point markers (a line of one point, say a run of one round or one evaluated
+    only in its last round, draws nothing without them)."""
     width = 1.3 + 2.2 * (n_runs - 1 - i) / max(n_runs - 1, 1)
-    return {"color": _color(i), "ls": _line_style(i), "lw": width, "label": label}
+    style = {"color": _color(i), "ls": _line_style(i), "lw": width, "label": label}
+    return {**style, "marker": "o", "ms": width + 2.5} if marked else style
 
 
 def _run_legend(fig: Figure, ax: Axes, n_runs: int) -> None:
@@ -509,11 +512,18 @@ def _compare_accuracy(runs: list[tuple[str, list[RoundRecord]]], path: Path) -> 
     name, scale = ("perplexity", 1.0) if lm else ("mse", 1.0) if regression else (
         "accuracy", 100.0)
     fig, ax = _new_figure(width=8.0)
+    missing = []
     for i, (label, history) in enumerate(runs):
         rounds, values = metric_series(history, name)
         if rounds.size:
-            ax.plot(rounds, scale * values, **_run_style(i, len(runs), label))
-    ax.set_xlabel("round")
+            marked = rounds.size <= MAX_MARKERS  # the evaluated rounds, as eval_every left them
+            ax.plot(rounds, scale * values, **_run_style(i, len(runs), label, marked))
+        else:
+            missing.append(label)
+    left_out = ""  # under the axis, where it hides no curve: the runs the figure leaves out
+    if missing and len(missing) < len(runs):
+        left_out = f"\nnot drawn (no {name}): {', '.join(missing)}"
+    ax.set_xlabel("round" + left_out)
     ax.set_ylabel("perplexity (lower is better)" if lm else "MSE" if regression
                   else "mean client accuracy (%)")
     ax.set_title("Perplexity" if lm else "Mean client MSE" if regression
@@ -526,11 +536,12 @@ def _compare_clustering(runs: list[tuple[str, list[RoundRecord]]], path: Path) -
     """ARI (left panel) and number of clusters (right panel) per run."""
     fig, (ari_ax, count_ax) = _new_figure(width=11.0, ncols=2)
     for i, (label, history) in enumerate(runs):
-        style = _run_style(i, len(runs), label)
         rounds, ari = ari_series(history)
         if rounds.size:
-            ari_ax.plot(rounds, ari, **style)
-        count_ax.step(*n_clusters_series(history), where="post", **style)
+            ari_ax.plot(rounds, ari, **_run_style(i, len(runs), label, rounds.size == 1))
+        c_rounds, counts = n_clusters_series(history)
+        count_ax.step(c_rounds, counts, where="post",
+                      **_run_style(i, len(runs), label, c_rounds.size == 1))
     if not ari_ax.get_lines():
         _note(ari_ax, "ARI unavailable (true clusters unknown)")
     ari_ax.set_ylim(min(-0.05, ari_ax.get_ylim()[0]), 1.05)
@@ -550,7 +561,7 @@ def _compare_communication(runs: list[tuple[str, list[RoundRecord]]], path: Path
         rounds, down, up = comm_series(history)
         for ax, values in ((down_ax, down), (up_ax, up)):
             x, y = _positive(rounds, values)
-            ax.plot(x, y, **_run_style(i, len(runs), label))
+            ax.plot(x, y, **_run_style(i, len(runs), label, x.size == 1))
     if any(line.get_xdata().size for line in down_ax.get_lines() + up_ax.get_lines()):
         _human_axis(down_ax)  # the y axis is shared: one call sets both panels
     down_ax.set(xlabel="round", ylabel="cumulative floats sent", title="server → clients")
