@@ -682,3 +682,29 @@ def test_the_progress_reference_of_rule_v2_lets_conflicting_regressions_split():
     digits = Experiment.from_config(tiny_rotation([0, 180]))
     digits.run(progress=False)
     assert digits.algorithm.split_rule(0).n_outputs == 10  # type: ignore[attr-defined]
+
+
+def test_accuracy_gap_figure_of_a_regression_shows_each_groups_mse(tmp_path, monkeypatch):
+    """Before: `cfl_accuracy_gap.png` of a regression run (synthetic_regression) had an empty
+    top panel, "mean test accuracy" over a -0.04..0.04 axis: its clients have no accuracy."""
+    from clusterfl.records import RoundMetrics, RoundRecord
+    from clusterfl.report.methods import cfl as cfl_figures
+
+    drawn = []
+    monkeypatch.setattr(cfl_figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    truth = [0, 0, 1, 1]
+    records = [
+        RoundRecord(round=t, wall_time=0.1 * t, n_clusters=1, assignment=[0] * 4, ari=0.0,
+                    floats_down=8.0 * t, floats_up=8.0 * t,
+                    metrics=RoundMetrics(loss=mse.mean(), mse=mse.mean()),
+                    client_accuracy=[None] * 4, client_mse=mse.tolist(),
+                    extras={"clusters": [0], "mean_norm": [0.1], "max_norm": [0.2],
+                            "gap": [-0.1], "split": False})
+        for t, mse in ((1, np.array([0.4, 0.2, 0.9, 0.7])), (2, np.array([0.2, 0.1, 0.5, 0.3])))
+    ]
+    cfl_figures.plot_accuracy_gap(records, tmp_path / "gap.png", truth)
+    top = drawn[0].axes[0]
+    assert top.get_ylabel() == "mean test MSE"
+    curves = {line.get_label(): line.get_ydata().tolist() for line in top.get_lines()}
+    assert curves == {"true cluster 0": pytest.approx([0.3, 0.15]),
+                      "true cluster 1": pytest.approx([0.8, 0.4])}

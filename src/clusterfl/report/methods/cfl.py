@@ -72,12 +72,13 @@ def node_series(records: list[RoundRecord], values: Callable[[CFLExtras], Sequen
     return {k: (np.array(x), np.array(y)) for k, (x, y) in sorted(acc.items())}
 
 
-def group_accuracy(records: list[RoundRecord], groups: np.ndarray
+def group_accuracy(records: list[RoundRecord], groups: np.ndarray, key: str = "client_accuracy"
                    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """`group -> (rounds, mean client accuracy of the group)` over evaluated rounds."""
-    rows = [(r.round, r.client_accuracy) for r in records if r.client_accuracy]
+    """`group -> (rounds, mean client accuracy of the group)` over evaluated rounds (of
+    another per-client metric with `key`, e.g. "client_mse")."""
+    rows = [(r.round, getattr(r, key)) for r in records if getattr(r, key)]
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    if not rows:
+    if not rows or all(a is None for _, row in rows for a in row):
         return out
     rounds = np.array([t for t, _ in rows])
     acc = np.array([[np.nan if a is None else a for a in row] for _, row in rows], dtype=float)
@@ -148,10 +149,17 @@ def plot_accuracy_gap(records: list[RoundRecord], path: Path, truth: Any) -> Pat
         groups, name = np.asarray(truth, dtype=int), "true cluster"
     else:
         groups, name = np.asarray(records[-1].assignment, dtype=int), "final cluster"
-    for g, (x, y) in group_accuracy(records, groups).items():
+    what = "accuracy"
+    series = group_accuracy(records, groups)
+    if not series:  # a regression: its clients have an MSE, no accuracy
+        what, series = "MSE", group_accuracy(records, groups, "client_mse")
+    for g, (x, y) in series.items():
         top.plot(x, y, marker="o" if len(x) <= 40 else None, ms=3, label=f"{name} {g}")
-    top.set_ylabel("mean test accuracy")
-    top.set_title("CFL: accuracy per client group (top), separation gap g(α) per cluster")
+    if not series:
+        top.text(0.5, 0.5, "no evaluated round", transform=top.transAxes, ha="center",
+                 va="center", color="0.4")
+    top.set_ylabel(f"mean test {what}")
+    top.set_title(f"CFL: {what} per client group (top), separation gap g(α) per cluster")
     gaps = node_series(records, lambda e: e.gap)
     for node, (x, y) in gaps.items():
         if np.isfinite(y).any():
