@@ -44,6 +44,7 @@ from clusterfl.data.scenarios import SCENARIOS, scenario_params
 from clusterfl.data.sources import SOURCE_NAMES
 from clusterfl.errors import ConfigError
 from clusterfl.models import ModelConfig, model_config
+from clusterfl.plugins import resolve
 from clusterfl.protocol import LocalTraining
 from clusterfl.robust.config import (
     AdversaryConfig,
@@ -303,6 +304,8 @@ def _check_data(data: DataConfig) -> None:
     """Each source's own keys (ConfigError naming the first misplaced one)."""
     src = data.source
     if src in SOURCE_NAMES or src in OWN_SOURCES:
+        # the built-in; says once when an installed package's entry point has its name
+        resolve("dataset", src, [*SOURCE_NAMES, *OWN_SOURCES], "data.source")
         extra = sorted(data.model_extra or {})
         if extra:
             allowed = ", ".join(k for k in DataConfig.model_fields)

@@ -95,6 +95,7 @@ def resolve(kind: str, name: object, builtins: Iterable[str], field: str) -> Any
         return load_object(str(name), field)
     found = registered(kind) if isinstance(name, str) else {}
     if isinstance(name, str) and name in found:
+        _check_unique(kind, name, field)
         ep = found[name]
         try:
             return ep.load()
@@ -105,6 +106,22 @@ def resolve(kind: str, name: object, builtins: Iterable[str], field: str) -> Any
     names = sorted({*known, *found})
     raise ConfigError(field, f"unknown value {name!r}{_near(name, names)}; allowed: "
                       f"{', '.join(names)}, {IMPORT_HINT}")
+
+
+def _check_unique(kind: str, name: str, field: str) -> None:
+    """ConfigError when installed packages register `name` for `kind` with different targets:
+    which one loaded would hang on the order of the Python path."""
+    targets = {ep.value: ep for ep in entry_points(group=KINDS[kind]) if ep.name == name}
+    if len(targets) > 1:
+        listed = "; ".join(f"{value} (package {_package(ep)})" for value, ep in targets.items())
+        raise ConfigError(field, f"the entry point {name!r} (group {KINDS[kind]}) is registered "
+                                 f"by several installed packages: {listed}; name the one "
+                                 "meant by its import path")
+
+
+def _package(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return str(getattr(dist, "name", None) or "?")
 
 
 @functools.cache

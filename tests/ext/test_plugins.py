@@ -125,12 +125,13 @@ def test_bad_extensions_fail_in_one_line_naming_the_field(own_module, table, fie
     assert "\n" not in str(err.value)
 
 
-def _dist(tmp_path: Path, groups: dict[str, dict[str, str]]) -> Path:
+def _dist(tmp_path: Path, groups: dict[str, dict[str, str]],
+          package: str = "ownstuff-plugins") -> Path:
     """A package's installed metadata with entry points (what `pip install` writes)."""
     site = tmp_path / "site"
-    info = site / "ownstuff_plugins-1.0.dist-info"
+    info = site / f"{package.replace('-', '_')}-1.0.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ownstuff-plugins\n"
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\n"
                                    "Version: 1.0\n")
     lines = []
     for group, entries in groups.items():
@@ -197,3 +198,41 @@ def test_an_entry_point_named_like_a_built_in_is_said_to_be_shadowed(own_module,
                          "clusterfl.algorithms) is not used") == 1
     finally:
         plugins._shadowing.cache_clear()
+
+
+def test_a_dataset_entry_point_named_like_a_built_in_is_said_to_be_shadowed(
+        own_module, tmp_path, monkeypatch, capsys):
+    """Before: an installed package's `clusterfl.datasets` entry point `digits` was ignored
+    without a word (models and methods said so; docs/extending.md says all three do)."""
+    from clusterfl import plugins
+
+    site = _dist(tmp_path, {"clusterfl.datasets": {"digits": "ownstuff:blobs"}})
+    monkeypatch.syspath_prepend(str(site))
+    plugins._shadowing.cache_clear()
+    monkeypatch.setattr(plugins, "_WARNED", set())
+    try:
+        for _ in range(2):
+            assert load_config(DIGITS).data.source == "digits"
+        err = capsys.readouterr().err
+        assert err.count("clusterfl: warning: data.source: 'digits' is the built-in; the entry "
+                         "point 'digits' of an installed package (ownstuff:blobs, group "
+                         "clusterfl.datasets) is not used") == 1
+    finally:
+        plugins._shadowing.cache_clear()
+
+
+def test_one_name_registered_by_two_packages_is_refused_naming_both(own_module, tmp_path,
+                                                                    monkeypatch):
+    """Before: two installed packages registering `damped` ran whichever came last on the
+    Python path, without a word."""
+    _dist(tmp_path, {"clusterfl.algorithms": {"damped": "ownstuff:Damped"}})
+    site = _dist(tmp_path, {"clusterfl.algorithms": {"damped": "ownstuff:Other"}},
+                 package="otherstuff")
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(ConfigError) as err:
+        load_config({"algorithm": {"name": "damped"}})
+    assert err.value.field == "algorithm.name" and "\n" not in str(err.value)
+    assert "'damped' (group clusterfl.algorithms) is registered by several installed " \
+        "packages: " in err.value.message
+    assert "ownstuff:Damped (package ownstuff-plugins)" in err.value.message
+    assert "ownstuff:Other (package otherstuff)" in err.value.message
