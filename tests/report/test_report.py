@@ -519,3 +519,23 @@ def test_a_regression_run_left_out_of_an_accuracy_comparison_is_named(
     other = make_run(tmp_path / "fedavg", "fedavg", "FedAvg")
     drawn = _compare_figures(monkeypatch, [other, cls], tmp_path / "cmp2")
     assert drawn["accuracy_compare.png"].axes[0].get_xlabel() == "round"
+
+
+def test_the_held_out_section_says_how_its_client_ids_map_to_the_figures(tmp_path: Path) -> None:
+    """Before: the held-out table named clients by their ids in the whole federation (3, 9)
+    while the figures above number the trained clients 0..n_train−1, without a word: the
+    figures' "client 3" is another client than the table's."""
+    run = make_run(tmp_path / "hold", "ifca", "IFCA")
+    summary = json.loads((run / "summary.json").read_text())
+    trained = [c for c in range(N_CLIENTS + 2) if c not in (3, 9)]
+    summary["holdout"] = {"fraction": 0.15, "n_trained": N_CLIENTS, "n_held_out": 2,
+                          "trained_clients": trained, "clients": [3, 9],
+                          "true_clusters": [0, 2], "placed_clusters": [1, 3],
+                          "accuracy": [0.5, 0.7], "placement_ari": 1.0,
+                          "placement_match": 1.0, "holdout_accuracy": 0.6}
+    (run / "summary.json").write_text(json.dumps(summary))
+    text = write_run_report(run).read_text()
+    section = text.split("## Held-out clients", 1)[1].split("\n## ", 1)[0]
+    assert (f"the figures above number the {N_CLIENTS} trained clients 0..{N_CLIENTS - 1} "
+            f"(federation clients {', '.join(map(str, trained))})") in section
+    assert "| 3 | 0 | 1 | 50.00 |" in section and "| 9 | 2 | 3 | 70.00 |" in section

@@ -283,7 +283,7 @@ def _holdout_section(holdout: dict[str, Any] | None) -> str:
         f"group's cluster {_percent(holdout.get('placement_match'))} %, mean accuracy "
         f"{_percent(holdout.get('holdout_accuracy'))} %; the placement cost "
         f"{_human(holdout.get('floats_down'))} floats down and "
-        f"{_human(holdout.get('floats_up'))} up.\n",
+        f"{_human(holdout.get('floats_up'))} up.{_numbering(holdout)}\n",
         "| client | true cluster | placed cluster | accuracy (%) |",
         "|---:|---:|---:|---:|",
     ]
@@ -292,6 +292,21 @@ def _holdout_section(holdout: dict[str, Any] | None) -> str:
                           strict=False):
         lines.append(f"| {c} | {_known(t)} | {p} | {_percent(a)} |")
     return "\n".join(lines) + "\n"
+
+
+def _numbering(holdout: dict[str, Any]) -> str:
+    """How the section's client ids (the whole federation's) map to the rest of the report,
+    whose tables and figures number the trained clients 0..n_train−1."""
+    trained = holdout.get("trained_clients")
+    if not trained:
+        return ""
+    if len(trained) > 12:
+        shown = f"{', '.join(map(str, trained[:12]))}, …"
+    else:
+        shown = ", ".join(map(str, trained))
+    return (f" Client ids below are the whole federation's; the figures above number the "
+            f"{len(trained)} trained clients 0..{len(trained) - 1} (federation clients "
+            f"{shown}).")
 
 
 def _extras_section(extras: dict[str, Any]) -> str:
