@@ -290,8 +290,27 @@ def test_cfl_sampling_too_few_clients_to_ever_split_is_a_warning(tmp_path: Path,
     {"name": "cfl"},
 ])
 def test_cfl_sampling_enough_clients_gives_no_warning(algorithm):
-    exp = Experiment(load_config(tiny_config(n_clients=20, algorithm=algorithm)))
+    # rounds = 3: the auto rule's earliest split (patience 3)
+    exp = Experiment(load_config(tiny_config(n_clients=20, rounds=3, algorithm=algorithm)))
     assert exp.method_warnings == []
+
+
+@pytest.mark.parametrize(("algorithm", "rounds", "first"), [
+    ({"name": "cfl"}, 2, 3), ({"name": "cfl", "warmup_rounds": 2}, 4, 5),
+    ({"name": "cfl", "auto": {"patience": 5}}, 4, 5)])
+def test_a_cfl_run_too_short_for_the_auto_rule_to_split_is_a_warning(algorithm, rounds, first):
+    """Before: a run of fewer rounds than the warm-up and the patience ran as FedAvg, without
+    a word (the auto rule splits after `patience` consecutive rounds)."""
+    exp = Experiment(load_config(tiny_config(n_clients=8, rounds=rounds, algorithm=algorithm)))
+    [line] = exp.method_warnings
+    assert line.startswith(f"rounds = {rounds}: the auto rule splits a cluster after "
+                           "algorithm.auto.patience = ")
+    assert line.endswith(f"the run will never split (it is FedAvg); allowed: rounds >= {first}")
+    longer = tiny_config(n_clients=8, rounds=first, algorithm=algorithm)
+    assert Experiment(load_config(longer)).method_warnings == []
+    epsilon = tiny_config(n_clients=8, rounds=rounds, algorithm={**algorithm, "auto": {},
+                                                                    "split_rule": "epsilon"})
+    assert Experiment(load_config(epsilon)).method_warnings == []  # its test needs no streak
 
 
 @pytest.mark.parametrize("name", ["fedavg", "ifca", "flhc"])

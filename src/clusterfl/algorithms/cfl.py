@@ -253,9 +253,16 @@ class CFL(Algorithm[CFLConfig, CFLState]):
             raise ConfigError("algorithm.min_split_size", f"no cluster of the {n_clients} "
                               f"clients could split; allowed: 2..{n_clients}")
         sides = 2 * cfg.auto.min_side if cfg.split_rule == "auto" else 2
-        return too_few_per_round(cfg, n_clients, max(sides, cfg.min_split_size),
-                                 f"algorithm.auto.min_side = {cfg.auto.min_side}" if sides > 2
-                                 else "", f"1..{n_clients // 2}")
+        first = cfg.warmup_rounds + cfg.auto.patience  # the auto rule's earliest split
+        short = [f"rounds = {rounds}: the auto rule splits a cluster after "
+                 f"algorithm.auto.patience = {cfg.auto.patience} consecutive rounds (after "
+                 f"{cfg.warmup_rounds} warm-up rounds), in round {first} at the earliest: the "
+                 f"run will never split (it is FedAvg); allowed: rounds >= {first}"
+                 ] if cfg.split_rule == "auto" and rounds < first else []
+        return short + too_few_per_round(
+            cfg, n_clients, max(sides, cfg.min_split_size),
+            f"algorithm.auto.min_side = {cfg.auto.min_side}" if sides > 2 else "",
+            f"1..{n_clients // 2}")
 
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written before the split rule had its own state (the auto rule's
