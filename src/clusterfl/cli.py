@@ -213,6 +213,7 @@ def _compare_seeds(args: argparse.Namespace, specs: list[str]) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import contextlib
 
+    from clusterfl.records import read_summary
     from clusterfl.report import comparison_warnings, write_comparison_report, write_run_report
     from clusterfl.rundir import FolderLock, check_report_out, make_folder
 
@@ -226,6 +227,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = dirs[0] if own else Path(args.out or "runs/report")
     if not own:
         check_report_out(out, dirs)  # never into a run folder
+        for d in dirs:  # each a finished run, before --out is made (not left there empty)
+            read_summary(d)
         make_folder(out)
     with FolderLock(out) if out.is_dir() else contextlib.nullcontext():
         path = write_run_report(out) if own else write_comparison_report(dirs, out)

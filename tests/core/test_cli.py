@@ -226,6 +226,18 @@ def test_report_warns_when_the_runs_federations_differ(tmp_path: Path, capsys) -
     assert "4 clients, seed 0" in text and "6 clients, seed 1" in text
 
 
+def test_a_report_of_a_run_and_a_folder_that_is_none_leaves_no_empty_out(tmp_path: Path,
+                                                                        capsys) -> None:
+    """Before: one line naming the folder that is not a run, and an empty --out left
+    behind."""
+    a = _run(tmp_path / "a")
+    capsys.readouterr()
+    assert main(["report", str(a), str(tmp_path / "notarun"), "--out",
+                 str(tmp_path / "rep")]) == 2
+    assert "notarun: not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+
+
 # --------------------------------------------------------------------------- place
 
 
