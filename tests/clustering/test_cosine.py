@@ -13,6 +13,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_similarity
 
 from clusterfl.clustering.cosine import (
+    TIE,
     Cohesion,
     bipartition,
     cohesion,
@@ -293,7 +294,7 @@ def reference_pvalue(sim: np.ndarray, observed: float, draws: int,
         for k, src in enumerate(order):
             null[rows[k], cols[k]] = null[cols[k], rows[k]] = sim[rows[src], cols[src]]
         cut = optimal_bipartition(null)
-        hits += cohesion(null, cut.first, cut.second).contrast >= observed
+        hits += cohesion(null, cut.first, cut.second).contrast >= observed - TIE
     return (1 + hits) / (1 + draws)
 
 
@@ -350,6 +351,19 @@ def test_shuffle_pvalue_of_four_clients_cannot_fall_below_a_fifth():
     assert p == pytest.approx(0.2, abs=0.03)
     with pytest.raises(ValueError, match="3 clients"):
         shuffle_pvalue(np.eye(2), 0.0, 10, np.random.default_rng(0))
+
+
+def test_a_shuffled_cut_tying_the_observed_contrast_counts_whatever_its_rounding():
+    """Four clients: a fifth of the shuffles put the two largest cosines on the observed
+    cut's pairs, and their contrast is the observed one summed in another order. An observed
+    contrast one rounding step higher (as another backend's updates give) must not turn those
+    ties into misses: before, p fell from 0.2 to 1 / 2001."""
+    sim = pairwise_cosine(np.array([[1.0, 0.0], [1.0, 0.01], [-1.0, 0.0], [-1.0, 0.01]]))
+    cut = optimal_bipartition(sim)
+    observed = cohesion(sim, cut.first, cut.second).contrast
+    p = [shuffle_pvalue(sim, o, 2000, np.random.default_rng(0))
+         for o in (np.nextafter(observed, -np.inf), observed, np.nextafter(observed, np.inf))]
+    assert p[0] == p[1] == p[2] == pytest.approx(0.2, abs=0.03)
 
 
 def test_structure_pvalue_is_the_shuffle_test_of_algorithm_1s_cut():
