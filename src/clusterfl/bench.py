@@ -43,6 +43,7 @@ import numpy as np
 from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
 from clusterfl.compare import merged_spec, parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
+from clusterfl.engine.device import check_devices
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.jobs import RunTask, divergence_reason, execute
 from clusterfl.naming import method_label, run_folder_name
@@ -265,6 +266,8 @@ def run_suite(
             else:
                 done_before += 1
                 diverged(what, divergence_reason(read_summary(target).divergence))
+    if ray is None:  # the runs compute here: a CUDA device this machine lacks, in one line
+        check_devices(cfg for *_, cfg, _, _ in todo)
     check_data([(scenario.name, cfg) for scenario, _, _, cfg, _, _ in todo],
                keep=jobs == 1 and ray is None)
     for outcome in execute(

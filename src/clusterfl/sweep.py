@@ -50,6 +50,7 @@ from typing import Any
 
 from clusterfl.config import Config, dump_toml, load_config, set_dotted
 from clusterfl.config_util import MAX_SEED, is_number, is_whole
+from clusterfl.engine.device import check_devices
 from clusterfl.errors import ClusterFLError, ConfigError
 
 STATE_FILE = "sweep-state.json"
@@ -508,6 +509,8 @@ def run_sweep(
     out = _check_runs(runs, out)  # before any folder is touched
     _check_run_options(jobs, ray, cpus_per_run, gpus_per_run, threads,
                        {"retry_failed": retry_failed, "overwrite": overwrite}, log)
+    if ray is None:  # the runs compute here: a CUDA device this machine lacks, in one line
+        check_devices(r.config for r in runs)
     make_folder(out)
     with FolderLock(out):
         _check_no_other_runs(runs, out)

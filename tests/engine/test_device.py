@@ -127,6 +127,33 @@ def test_the_device_flag_sets_backend_device(tmp_path: Path, capsys) -> None:
     assert 'device = "cpu"' in stored
 
 
+def test_cuda_without_a_gpu_stops_a_comparison_of_seeds_and_a_bench_before_any_run(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compare --seeds` and `bench` with `--device cuda` where torch finds no GPU: one line
+    naming backend.device before any run (each run failed with it in turn, a folder, a
+    results table and a line per run; `run` and a plain `compare` stopped at once)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "c.toml"
+    path.write_text(dump_toml(tiny_config()))
+    rc = main(["compare", str(path), "--algorithms", "fedavg,local", "--seeds", "0,1",
+               "--device", "cuda", "--out", str(tmp_path / "cmp"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("clusterfl: error: backend.device: 'cuda' asked but torch finds "
+                             "no CUDA GPU")
+    assert not (tmp_path / "cmp").exists()
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "tiny.toml").write_text(dump_toml({"config": tiny_config(), "suite": {
+        "title": "tiny", "source": "test", "methods": ["fedavg", "local"], "seeds": [0]}}))
+    rc = main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
+               "--results", str(tmp_path / "RESULTS.md"), "--device", "cuda:1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("clusterfl: error: backend.device: 'cuda:1' asked but torch")
+    assert not (tmp_path / "RESULTS.md").exists()
+
+
 def _federation_and_factory(config):
     exp = Experiment(config, None)
     return exp.full_federation, exp.factory

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar, get_args
 
@@ -73,6 +73,20 @@ def resolve_device(name: str = "auto") -> torch.device:
         if device.index is None:  # the tensors put there report their index
             device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def check_devices(configs: Iterable[Any]) -> None:
+    """Before the runs of a sweep, comparison or bench computed on this machine start: the
+    one-line ConfigError of `resolve_device` when a run config's `backend.device` asks for
+    CUDA and torch finds no GPU here (each run failed with it in turn before, after the
+    others' folders were made). Configs without a device (flower) pass; with a GPU present
+    nothing is checked here (no CUDA context in the process that only dispatches the runs).
+    """
+    if torch.cuda.is_available():
+        return
+    names = {getattr(getattr(c, "backend", None), "device", None) for c in configs}
+    for name in sorted(n for n in names if isinstance(n, str)):
+        resolve_device(name)
 
 
 def set_precision(device: torch.device, precision: str) -> None:
