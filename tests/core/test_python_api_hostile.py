@@ -424,3 +424,24 @@ def test_running_out_of_memory_in_a_model_of_ones_own_stays_an_out_of_memory_err
               "backend": {"name": "sequential"}}
     with pytest.raises(MemoryError):
         Experiment.from_config(config).run()
+
+
+@pytest.mark.parametrize(("kwargs", "field", "named"), [
+    ({"chunk_size": 2.5}, "backend.chunk_size", "2.5"),  # ran with chunks of 2
+    ({"chunk_size": True}, "backend.chunk_size", "True"),  # ran with chunks of 1
+    ({"chunk_size": "Auto"}, "backend.chunk_size", "'auto'"),  # "invalid literal for int()"
+    ({"chunk_size": 0}, "backend.chunk_size", ">= 1"),
+    ({"precision": "fp16"}, "backend.precision", "bf16-mixed"),  # refused at the 1st request
+])
+def test_a_simulation_backend_built_in_python_refuses_what_its_config_refuses(
+        kwargs: dict[str, Any], field: str, named: str) -> None:
+    from clusterfl.backends.simulation import SimulationBackend
+    from clusterfl.models import ModelFactory, model_config
+
+    fed = Federation.from_clients(_clients(), n_classes=2)
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [4]}), fed.input_shape, 2)
+    with pytest.raises(ConfigError) as err:
+        SimulationBackend(fed, factory, **kwargs)
+    assert err.value.field == field and named in err.value.message
+    assert "\n" not in str(err.value)
+    assert SimulationBackend(fed, factory, np.int64(3)).engine.chunk_size == 3

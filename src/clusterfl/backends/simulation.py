@@ -11,6 +11,7 @@ receive them on the CPU (`Context.send`, `engine.transfer`).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Literal, Self
 
 import numpy as np
@@ -31,6 +32,7 @@ from clusterfl.engine.common import (
 )
 from clusterfl.engine.device import (
     DEVICES,
+    PRECISIONS,
     Precision,
     check_device_name,
     compute_scope,
@@ -47,8 +49,17 @@ from clusterfl.engine.vectorized import (
     compact_inputs,
     mean_per_client,
 )
+from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import Predictor, narrow
+
+CHUNK_SIZES = "allowed: a whole number >= 1 or 'auto'"
+
+
+def is_chunk_size(value: object) -> bool:
+    """`value` is a `chunk_size`: "auto" or a whole number >= 1 (not a bool, not a float)."""
+    return value == "auto" or (isinstance(value, numbers.Integral)
+                               and not isinstance(value, bool) and int(value) >= 1)
 
 
 class DeviceConfig(BackendConfig):
@@ -71,10 +82,9 @@ class DeviceConfig(BackendConfig):
     @field_validator("chunk_size", mode="before")
     @classmethod
     def _chunk(cls, value: object) -> object:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
-                               and value >= 1):
-            return value
-        raise ValueError("allowed: a whole number >= 1 or 'auto'")
+        if not is_chunk_size(value):
+            raise ValueError(CHUNK_SIZES)
+        return value
 
     @field_validator("device", mode="before")
     @classmethod
@@ -110,6 +120,9 @@ class DeviceBackend(Backend):
                  precision: str = "fp32") -> None:
         super().__init__(federation, factory)
         self.device = resolve_device(device)
+        if precision not in PRECISIONS:  # not only at the first request (`compute_scope`)
+            raise ConfigError("backend.precision", f"unknown value {precision!r}; allowed: "
+                              f"{', '.join(PRECISIONS)}")
         self.precision = precision
         set_precision(self.device, precision)
 
@@ -151,6 +164,8 @@ class SimulationBackend(DeviceBackend):
         precision: str = "fp32",
         compact: bool | None = None,
     ) -> None:
+        if chunk_size is not None and not is_chunk_size(chunk_size):  # 2.5 ran as 2, True as 1
+            raise ConfigError("backend.chunk_size", f"{CHUNK_SIZES} or None (got {chunk_size!r})")
         super().__init__(federation, factory, device, precision)
         #: 8-bit inputs kept as uint8 codes on the device (`compact_inputs`); default: on a GPU
         self.compact = self.device.type == "cuda" if compact is None else bool(compact)
