@@ -456,6 +456,22 @@ def test_chunk_size_with_the_sequential_backend_is_a_warning(tmp_path):
         "backend.chunk_size = 64 does nothing with the sequential backend")
 
 
+def test_chunk_size_with_the_flower_backend_is_a_warning():
+    """The flower backend accepted `chunk_size` and ignored it without a word (each node
+    computes its own client), and refused "auto", the in-process backends' default, as not an
+    integer; the 64 every flower run writes back gives no warning."""
+    def warnings(backend):
+        return Experiment(load_config(tiny_config(backend=backend))).method_warnings
+
+    assert warnings({"name": "flower", "chunk_size": 8}) == [
+        "backend.chunk_size = 8 does nothing with the flower backend (each node computes its "
+        "own client with its own engine); it sets the simulation backend's batch of clients"]
+    assert warnings({"name": "flower"}) == []
+    assert warnings({"name": "flower", "chunk_size": "auto"}) == []
+    written = load_config(tiny_config(backend={"name": "flower", "chunk_size": "auto"}))
+    assert written.to_dict()["backend"]["chunk_size"] == 64
+
+
 def test_a_model_larger_than_the_machine_is_refused_before_it_is_allocated(monkeypatch):
     """`model.hidden = [100000, 100000]` asked torch's allocator for 40 GB and ended in its
     traceback. The model is counted on the meta device first and refused when one float32

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Self, cast
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from clusterfl.backends.base import BackendConfig, Relay
 from clusterfl.backends.flower import codec
@@ -70,6 +70,19 @@ class FlowerConfig(BackendConfig):
                                 "after this many seconds")
     client_engine: Literal["simulation", "sequential"] = Field(
         "simulation", description="the engine each node computes with")
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _auto(cls, value: object) -> object:
+        """"auto", the in-process backends' default, is this one's (a config may switch)."""
+        return cls.model_fields["chunk_size"].default if value == "auto" else value
+
+    def ignored_settings(self) -> list[str]:
+        if self.chunk_size == type(self).model_fields["chunk_size"].default:  # runs write it
+            return []
+        return [f"backend.chunk_size = {self.chunk_size} does nothing with the flower backend "
+                "(each node computes its own client with its own engine); it sets the "
+                "simulation backend's batch of clients"]
 
 
 @dataclass
