@@ -7,6 +7,7 @@ not when the parser is built, so `clusterfl --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from clusterfl.config import apply_overrides
 
         for s in scenarios:
-            s.config = apply_overrides(s.config, [f'backend.device="{args.device}"'])
+            s.config = apply_overrides(s.config, [f"backend.device={json.dumps(args.device)}"])
     failed: BenchError | None = None
     if args.report_only:
         migrate_run_dirs(scenarios, runs, log=lambda m: print(m, flush=True))

@@ -142,16 +142,32 @@ def test_cuda_without_a_gpu_stops_a_comparison_of_seeds_and_a_bench_before_any_r
     assert err[0].startswith("clusterfl: error: backend.device: 'cuda' asked but torch finds "
                              "no CUDA GPU")
     assert not (tmp_path / "cmp").exists()
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "tiny.toml").write_text(dump_toml({"config": tiny_config(), "suite": {
-        "title": "tiny", "source": "test", "methods": ["fedavg", "local"], "seeds": [0]}}))
+    suite = _tiny_suite(tmp_path)
     rc = main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
                "--results", str(tmp_path / "RESULTS.md"), "--device", "cuda:1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("clusterfl: error: backend.device: 'cuda:1' asked but torch")
     assert not (tmp_path / "RESULTS.md").exists()
+
+
+def _tiny_suite(tmp_path: Path) -> Path:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "tiny.toml").write_text(dump_toml({"config": tiny_config(), "suite": {
+        "title": "tiny", "source": "test", "methods": ["fedavg", "local"], "seeds": [0]}}))
+    return suite
+
+
+def test_a_quote_in_bench_device_is_named_as_given(tmp_path: Path, capsys) -> None:
+    """`bench --device` pasted the value into a TOML string unescaped: `c"u` was named
+    '"c"u"' in the error."""
+    suite = _tiny_suite(tmp_path)
+    rc = main(["bench", "--suite", str(suite), "--runs", str(tmp_path / "runs"),
+               "--results", str(tmp_path / "RESULTS.md"), "--device", 'c"u'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"clusterfl: error: backend.device: allowed: {ALLOWED} (N a GPU "
+                               "index) (got 'c\"u')"], err
 
 
 def _federation_and_factory(config):
