@@ -17,14 +17,19 @@ MAX_SEED = 2**63 - 1
 """The largest seed: what a TOML integer and torch's generator hold."""
 
 
-def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested table as `dotted.key: value` (the form of `--set` and of a sweep's grid)."""
+def flatten(table: Mapping[str, Any], prefix: str = "", field: str = "") -> dict[str, Any]:
+    """A nested table as `dotted.key: value` (the form of `--set` and of a sweep's grid).
+    With `field`, a key written twice (quoted `"train.lr"` beside a nested `train` table's
+    `lr`) is a ConfigError naming it under `field`: otherwise the later one wins, unsaid."""
     out: dict[str, Any] = {}
     for key, value in table.items():
-        if isinstance(value, Mapping):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
+        pairs = (flatten(value, f"{prefix}{key}.", field).items() if isinstance(value, Mapping)
+                 else [(f"{prefix}{key}", value)])
+        for dotted, leaf in pairs:
+            if field and dotted in out:
+                raise ConfigError(f"{field}.{dotted}", "given twice (as a dotted key and in a "
+                                  "nested table); keep one")
+            out[dotted] = leaf
     return out
 
 

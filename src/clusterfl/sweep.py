@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfl.config import Config, dump_toml, load_config, set_dotted
-from clusterfl.config_util import MAX_SEED, is_number, is_whole
+from clusterfl.config_util import MAX_SEED, flatten, is_number, is_whole
 from clusterfl.engine.device import check_devices
 from clusterfl.errors import ClusterFLError, ConfigError
 
@@ -141,7 +141,7 @@ class Sweep:
         if not isinstance(self.grid, dict):
             raise ConfigError("sweep.grid", f"expected a table of key = [values], got "
                               f"{_got(self.grid)}")
-        grid = _flat_grid(self.grid)
+        grid = flatten(self.grid, field="sweep.grid")
         for key, values in grid.items():
             if not isinstance(key, str) or not [p for p in key.split(".") if p]:
                 raise ConfigError("sweep.grid", f"expected dotted keys such as \"train.lr\", "
@@ -245,23 +245,6 @@ def _got(value: Any) -> str:
     return f"{text[:40] + '…' if len(text) > 41 else text} ({type(value).__name__})"
 
 
-def _flat_grid(grid: dict[str, Any], prefix: str = "",
-               seen: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The grid with dotted keys (as `flatten`); a key written twice (quoted `"train.lr"` and
-    nested `[sweep.grid.train] lr`) is refused: one of the two would be dropped unsaid."""
-    seen = {} if seen is None else seen
-    for key, value in grid.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            _flat_grid(value, f"{dotted}.", seen)
-            continue
-        if dotted in seen:
-            raise ConfigError(f"sweep.grid.{dotted}", "given twice (as a dotted key and in a "
-                              "nested table); keep one")
-        seen[dotted] = value
-    return seen
-
-
 def _folder(value: Any, name: str) -> Path:
     if not isinstance(value, str | os.PathLike):
         raise ConfigError(name, f"expected a folder (a str or pathlib.Path), got {_got(value)}")
@@ -329,7 +312,7 @@ def load_sweep(path: str | Path) -> Sweep:
     grid = sweep.get("grid", {})
     if not isinstance(grid, dict):
         raise ConfigError("sweep.grid", "expected a table of key = [values]")
-    grid = _flat_grid(grid)
+    grid = flatten(grid, field="sweep.grid")
     for alias in ("seeds", "seed"):  # the seeds may be written among the grid's keys
         if alias in grid:
             if "seeds" in sweep:
