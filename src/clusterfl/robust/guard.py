@@ -96,7 +96,6 @@ class Guard:
         self._events: dict[str, Any] = {}
         # run totals (checkpointed)
         self.totals: dict[str, float] = dict(_TOTALS)
-        self._unreached: set[int] = set()  # the request's clients unreachable this round
         self.begin_round(0)
 
     # ------------------------------------------------------------------ rounds
@@ -136,9 +135,9 @@ class Guard:
             return join([backend.execute(request)], order=requested), len(requested), 0
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
-        self._unreached = {int(c) for c in requested[~reachable]}
         sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
-        reply, uploaded = self._after(sent, self._execute(backend, sent))
+        reply, uploaded = self._after(sent, self._execute(backend, sent),
+                                      int((~reachable).sum()))
         return reply, int(reachable.sum()), uploaded
 
     def send_steps(self, backend: Executor,
@@ -157,7 +156,6 @@ class Guard:
         requested = np.asarray(request.clients, dtype=np.int64)
         reachable = np.array([int(c) not in self._now.dropped for c in requested], dtype=bool)
         self._events["dropped"].update(int(c) for c in requested[~reachable])
-        self._unreached = {int(c) for c in requested[~reachable]}
         sent = request if reachable.all() else subset(request, np.flatnonzero(reachable))
         slow = self._now.stragglers & set(np.asarray(sent.clients).tolist())
         trains = any(s.trains for s in sent.steps)
@@ -172,12 +170,12 @@ class Guard:
             step = resolve_step(sent, j, done)
             got = self._execute(backend, step) if raw is None else present(
                 raw.replies[j], step.clients)
-            reply, uploaded = self._after(step, got)
+            reply, uploaded = self._after(step, got, int((~reachable).sum()))
             done.append(reply)
             counts.append((len(step.clients), uploaded))
         return steps_reply(sent.clients, done), counts
 
-    def _after(self, sent: Asks[RE], reply: RE) -> tuple[RE, int]:
+    def _after(self, sent: Asks[RE], reply: RE, unreached: int = 0) -> tuple[RE, int]:
         """Steps 3–5 on the reply to `sent`: attacks, validation, privacy (and the round's
         events); returns the reply and how many clients uploaded one."""
         silent = set(np.asarray(sent.clients).tolist()) - set(reply.clients.tolist())
@@ -201,7 +199,7 @@ class Guard:
         if update:
             self._updates.kept += len(reply.clients)
         if self.privacy.clip is not None and update:
-            reply = self._privatize(sent, reply)
+            reply = self._privatize(sent, reply, unreached)
         return reply, uploaded
 
     def _execute(self, backend: Executor, request: Asks[RE]) -> RE:
@@ -255,8 +253,9 @@ class Guard:
         flat[idx] = (bad if base is None else base + bad).to(flat.dtype)  # replies may be f32
         return reply.with_update_rows(flat)
 
-    def _privatize(self, request: Asks[RE], reply: RE) -> RE:
-        """Clip every update to S, add the noise, report n_i = 1."""
+    def _privatize(self, request: Asks[RE], reply: RE, unreached: int) -> RE:
+        """Clip every update to S, add the noise, report n_i = 1. `unreached`: the clients
+        of the request that this round's faults kept from it (they were asked too)."""
         p = self.privacy
         assert p.clip is not None
         clients = reply.clients
@@ -276,8 +275,8 @@ class Guard:
             delta = delta + noise_rows(shape, groups, p.noise_multiplier, p.clip, p.noise, gen,
                                        delta.dtype)
             self.totals["releases"] += 1
-            asked = set(np.asarray(request.clients).tolist()) | self._unreached
-            if self.sampling_rate < 1.0 and len(asked) >= self.n_clients:
+            asked = len(np.unique(np.asarray(request.clients))) + unreached
+            if self.sampling_rate < 1.0 and asked >= self.n_clients:
                 self.totals["unsampled"] += 1  # every client asked: no subsampling to amplify
         return reply.with_update_rows(delta if base is None else base + delta,
                                       np.ones(len(clients), dtype=np.int64))
