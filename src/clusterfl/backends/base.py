@@ -38,11 +38,19 @@ class BackendConfig(Settings):
     name: str
     chunk_size: int = Field(64, ge=1, description="used by `simulation` only (clients computed "
                             "together); the other backends accept and ignore it")
+    #: why this backend does not read `chunk_size` ("": it does); a value other than the
+    #: default (which runs write back) is then a warning
+    chunk_unused: ClassVar[str] = ""
 
     def ignored_settings(self) -> list[str]:
         """One line per setting of this table that the run will not act on as written (the
-        run goes on; `Experiment` warns on the console and in the report). None here."""
-        return []
+        run goes on; `Experiment` warns on the console and in the report)."""
+        if not self.chunk_unused or \
+                self.chunk_size == type(self).model_fields["chunk_size"].default:
+            return []
+        return [f"backend.chunk_size = {self.chunk_size} does nothing with the {self.name} "
+                f"backend ({self.chunk_unused}); it sets the simulation backend's batch of "
+                "clients"]
 
 
 class Backend(ABC):

@@ -9,7 +9,7 @@ for a method without a device update).
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
 
 import numpy as np
 import torch
@@ -39,14 +39,7 @@ class SequentialConfig(DeviceConfig):
     `precision` (`chunk_size` is accepted and ignored: it computes one client at a time)."""
 
     name: Literal["sequential"] = "sequential"
-
-    def ignored_settings(self) -> list[str]:
-        out = super().ignored_settings()
-        if self.chunk_size != type(self).model_fields["chunk_size"].default:  # runs write it
-            out.append(f"backend.chunk_size = {self.chunk_size} does nothing with the "
-                       "sequential backend (it computes one client at a time); it sets the "
-                       "simulation backend's batch of clients")
-        return out
+    chunk_unused: ClassVar[str] = "it computes one client at a time"
 
 
 class SequentialBackend(DeviceBackend):

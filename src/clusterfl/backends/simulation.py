@@ -92,10 +92,10 @@ class DeviceConfig(BackendConfig):
         return check_device_name(value)
 
     def ignored_settings(self) -> list[str]:
-        if self.precision == "tf32" and resolve_device(self.device).type == "cpu":
-            return ["backend.precision = 'tf32' does nothing on the CPU (TF32 is a CUDA "
-                    "tensor-core format): the run computes in float32, as with 'fp32'"]
-        return []
+        tf32 = ["backend.precision = 'tf32' does nothing on the CPU (TF32 is a CUDA "
+                "tensor-core format): the run computes in float32, as with 'fp32'"] \
+            if self.precision == "tf32" and resolve_device(self.device).type == "cpu" else []
+        return tf32 + super().ignored_settings()
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:

@@ -31,7 +31,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self, cast
+from typing import Any, ClassVar, Literal, Self, cast
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -68,6 +68,7 @@ class FlowerConfig(BackendConfig):
                             "(0: scenario.n_clients)")
     wait_timeout: float = Field(300.0, gt=0.0, description="give up waiting for the SuperNodes "
                                 "after this many seconds")
+    chunk_unused: ClassVar[str] = "each node computes its own client with its own engine"
     client_engine: Literal["simulation", "sequential"] = Field(
         "simulation", description="the engine each node computes with")
 
@@ -76,13 +77,6 @@ class FlowerConfig(BackendConfig):
     def _auto(cls, value: object) -> object:
         """"auto", the in-process backends' default, is this one's (a config may switch)."""
         return cls.model_fields["chunk_size"].default if value == "auto" else value
-
-    def ignored_settings(self) -> list[str]:
-        if self.chunk_size == type(self).model_fields["chunk_size"].default:  # runs write it
-            return []
-        return [f"backend.chunk_size = {self.chunk_size} does nothing with the flower backend "
-                "(each node computes its own client with its own engine); it sets the "
-                "simulation backend's batch of clients"]
 
 
 @dataclass
