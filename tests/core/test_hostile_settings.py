@@ -431,45 +431,41 @@ def test_tf32_on_the_cpu_is_a_warning():
     assert warnings("fp32") == [] and warnings("bf16-mixed") == []
 
 
-def test_chunk_size_with_the_sequential_backend_is_a_warning(tmp_path):
-    """`chunk_size` is accepted by the sequential backend (a config may switch backends) and
-    did nothing, without a word; the value every run writes back gives no warning."""
+def _backend_warnings(backend):
+    return Experiment(load_config(tiny_config(backend=backend))).method_warnings
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    # accepted (a config may switch backends) and did nothing, without a word
+    ("sequential", "it computes one client at a time"),
+    # the same, and "auto", the in-process backends' default, was refused as not an integer
+    ("flower", "each node computes its own client with its own engine"),
+])
+def test_chunk_size_with_a_backend_that_does_not_read_it_is_a_warning(name, why):
+    assert _backend_warnings({"name": name, "chunk_size": 8}) == [
+        f"backend.chunk_size = 8 does nothing with the {name} backend ({why}); it sets the "
+        "simulation backend's batch of clients"]
+    assert _backend_warnings({"name": name}) == []
+    assert _backend_warnings({"name": name, "chunk_size": "auto"}) == []
+    assert _backend_warnings({"name": "simulation", "chunk_size": 8}) == []
+
+
+def test_the_chunk_size_a_run_writes_back_gives_no_warning(tmp_path):
+    """The value every run writes back gives no warning: none for the sequential backend,
+    the flower backend's 64."""
     from clusterfl.config import dump_toml, read_toml
 
-    def warnings(backend):
-        return Experiment(load_config(tiny_config(backend=backend))).method_warnings
-
-    assert warnings({"name": "sequential", "chunk_size": 8}) == [
-        "backend.chunk_size = 8 does nothing with the sequential backend (it computes one "
-        "client at a time); it sets the simulation backend's batch of clients"]
-    assert warnings({"name": "sequential"}) == []
-    assert warnings({"name": "simulation", "chunk_size": 8}) == []
     written = load_config(tiny_config(backend={"name": "sequential"})).to_dict()
     (tmp_path / "c.toml").write_text(dump_toml(written))
     assert Experiment(load_config(read_toml(tmp_path / "c.toml"))).method_warnings == []
-    # the default is "auto" for both backends: the one `config show` prints loads on both
-    # (sequential refused it as not an integer), and no run writes a chunk_size of 64 it
-    # was never given
+    # the default is "auto" for both in-process backends: the one `config show` prints loads
+    # on both (sequential refused it as not an integer), and no run writes a chunk_size of 64
+    # it was never given
     assert "chunk_size" not in written["backend"]
-    assert warnings({"name": "sequential", "chunk_size": "auto"}) == []
-    assert warnings({"name": "sequential", "chunk_size": 64})[0].startswith(
+    assert _backend_warnings({"name": "sequential", "chunk_size": 64})[0].startswith(
         "backend.chunk_size = 64 does nothing with the sequential backend")
-
-
-def test_chunk_size_with_the_flower_backend_is_a_warning():
-    """The flower backend accepted `chunk_size` and ignored it without a word (each node
-    computes its own client), and refused "auto", the in-process backends' default, as not an
-    integer; the 64 every flower run writes back gives no warning."""
-    def warnings(backend):
-        return Experiment(load_config(tiny_config(backend=backend))).method_warnings
-
-    assert warnings({"name": "flower", "chunk_size": 8}) == [
-        "backend.chunk_size = 8 does nothing with the flower backend (each node computes its "
-        "own client with its own engine); it sets the simulation backend's batch of clients"]
-    assert warnings({"name": "flower"}) == []
-    assert warnings({"name": "flower", "chunk_size": "auto"}) == []
-    written = load_config(tiny_config(backend={"name": "flower", "chunk_size": "auto"}))
-    assert written.to_dict()["backend"]["chunk_size"] == 64
+    flower = load_config(tiny_config(backend={"name": "flower", "chunk_size": "auto"}))
+    assert flower.to_dict()["backend"]["chunk_size"] == 64
 
 
 def test_a_model_larger_than_the_machine_is_refused_before_it_is_allocated(monkeypatch):

@@ -179,44 +179,32 @@ def test_summary_and_report_name_the_custom_method(own_module, tmp_path):
     assert "# Damped" in (tmp_path / "run" / "report.md").read_text()
 
 
-def test_an_entry_point_named_like_a_built_in_is_said_to_be_shadowed(own_module, tmp_path,
-                                                                     monkeypatch, capsys):
-    """Before: the built-in IFCA ran and the package's `ifca` entry point was ignored without
-    a word. The built-in still wins (a config means the same everywhere), said once."""
+@pytest.mark.parametrize(("group", "name", "target", "config", "field"), [
+    # before: the built-in IFCA ran and the package's `ifca` entry point was ignored without a
+    # word; the built-in still wins (a config means the same everywhere), said once
+    ("clusterfl.algorithms", "ifca", "ownstuff:Damped", {"algorithm": {"name": "ifca"}},
+     "algorithm.name"),
+    # before: a `clusterfl.datasets` entry point `digits` was ignored without a word (models
+    # and methods said so; docs/extending.md says all three do)
+    ("clusterfl.datasets", "digits", "ownstuff:blobs", DIGITS, "data.source"),
+])
+def test_an_entry_point_named_like_a_built_in_is_said_to_be_shadowed(
+        own_module, tmp_path, monkeypatch, capsys, group, name, target, config, field):
     from clusterfl import plugins
 
-    site = _dist(tmp_path, {"clusterfl.algorithms": {"ifca": "ownstuff:Damped"}})
+    site = _dist(tmp_path, {group: {name: target}})
     monkeypatch.syspath_prepend(str(site))
     plugins._shadowing.cache_clear()
     monkeypatch.setattr(plugins, "_WARNED", set())
     try:
         for _ in range(2):
-            assert load_config({"algorithm": {"name": "ifca"}}).algorithm.name == "ifca"
+            loaded = load_config(config)
+            assert (loaded.algorithm.name if group.endswith("algorithms")
+                    else loaded.data.source) == name
         err = capsys.readouterr().err
-        assert err.count("clusterfl: warning: algorithm.name: 'ifca' is the built-in; the "
-                         "entry point 'ifca' of an installed package (ownstuff:Damped, group "
-                         "clusterfl.algorithms) is not used") == 1
-    finally:
-        plugins._shadowing.cache_clear()
-
-
-def test_a_dataset_entry_point_named_like_a_built_in_is_said_to_be_shadowed(
-        own_module, tmp_path, monkeypatch, capsys):
-    """Before: an installed package's `clusterfl.datasets` entry point `digits` was ignored
-    without a word (models and methods said so; docs/extending.md says all three do)."""
-    from clusterfl import plugins
-
-    site = _dist(tmp_path, {"clusterfl.datasets": {"digits": "ownstuff:blobs"}})
-    monkeypatch.syspath_prepend(str(site))
-    plugins._shadowing.cache_clear()
-    monkeypatch.setattr(plugins, "_WARNED", set())
-    try:
-        for _ in range(2):
-            assert load_config(DIGITS).data.source == "digits"
-        err = capsys.readouterr().err
-        assert err.count("clusterfl: warning: data.source: 'digits' is the built-in; the entry "
-                         "point 'digits' of an installed package (ownstuff:blobs, group "
-                         "clusterfl.datasets) is not used") == 1
+        assert err.count(f"clusterfl: warning: {field}: {name!r} is the built-in; the entry "
+                         f"point {name!r} of an installed package ({target}, group "
+                         f"{group}) is not used") == 1
     finally:
         plugins._shadowing.cache_clear()
 
