@@ -216,9 +216,9 @@ def plot_bands(runs: Sequence[Run], key: str, path: Path, title: str) -> Path:
     """Per method: `key` (and the ARI when known) per round, mean over seeds with a band of
     ± one standard deviation."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     from clusterfl.records import read_history
+    from clusterfl.report.figures import integer_ticks
 
     curves: dict[str, dict[str, dict[int, list[float]]]] = {}
     for run in runs:
@@ -255,7 +255,7 @@ def plot_bands(runs: Sequence[Run], key: str, path: Path, title: str) -> Path:
         axes[1].set_ylabel("ARI against the true clusters")
         axes[1].set_title("ARI: mean ± std over seeds")
     for ax in axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        integer_ticks(ax)
         ax.set_xlabel("round")
         ax.grid(True, alpha=0.3)
     if curves:

@@ -539,3 +539,34 @@ def test_the_held_out_section_says_how_its_client_ids_map_to_the_figures(tmp_pat
     assert (f"the figures above number the {N_CLIENTS} trained clients 0..{N_CLIENTS - 1} "
             f"(federation clients {', '.join(map(str, trained))})") in section
     assert "| 3 | 0 | 1 | 50.00 |" in section and "| 9 | 2 | 3 | 70.00 |" in section
+
+
+def test_the_cfl_and_cfl_gp_figures_tick_whole_rounds(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """A CFL run of 2 rounds had round ticks 1.0, 1.2, ..., 2.0 in cfl_norms.png,
+    cfl_accuracy_gap.png and cfl_split_test.png; CFL-GP's k estimate (rounds) and
+    spectrum (index i) the same."""
+    from clusterfl.report.methods import cfl, cfl_gp
+
+    drawn: list[Any] = []
+    for module in (cfl, cfl_gp):
+        monkeypatch.setattr(module, "_save", lambda fig, path: drawn.append(fig) or path)
+    records = [RoundRecord(
+        round=t, wall_time=0.1, n_clusters=1, assignment=[0] * 4, ari=0.0,
+        floats_down=1.0, floats_up=1.0, client_accuracy=[0.5] * 4,
+        extras={"clusters": [0], "mean_norm": [0.1 * t], "max_norm": [0.2], "gap": [0.1],
+                "split": False, "stationarity": [0.5], "within_mean": [[0.2, 0.3]],
+                "cross_mean": [0.1], "refused": ["patience 1/3"],
+                "singular_values": [3.0, 1.0, 0.5], "projected_features": [[0.1, 0.2]] * 4,
+                "k_estimate": 2, "spectral_gap_s": 1}) for t in (1, 2)]
+    cfl.plot_norms(records, tmp_path / "n.png", {})
+    cfl.plot_accuracy_gap(records, tmp_path / "g.png", [0, 0, 1, 1])
+    cfl.plot_split_test(records, tmp_path / "s.png", {})
+    cfl_gp.plot_k_estimate(records, tmp_path / "k.png")
+    cfl_gp.plot_spectrum(records, tmp_path / "sp.png")
+    assert len(drawn) == 5
+    for fig in drawn:
+        for ax in fig.axes:
+            low, high = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if low <= t <= high]
+            assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)

@@ -60,6 +60,11 @@ def human_units(value: float, digits: int = 1) -> str:
     raise AssertionError("unreachable: the last unit returns")
 
 
+def integer_ticks(ax: Axes) -> None:
+    """Whole-number ticks on the x axis (rounds, indices): never "1.5" between two rounds."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
 def _new_figure(
     width: float = 7.0, height: float = 4.2, ncols: int = 1, sharey: bool = False
 ) -> tuple[Figure, Any]:
@@ -68,7 +73,7 @@ def _new_figure(
     axes = fig.subplots(1, ncols, squeeze=True, sharey=sharey)
     for ax in np.atleast_1d(axes):
         ax.grid(True, alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        integer_ticks(ax)
     return fig, axes
 
 

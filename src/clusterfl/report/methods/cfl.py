@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from clusterfl.algorithms.cfl import CFLExtras
 from clusterfl.clustering.split_rule import AutoRuleConfig, Refusal
 from clusterfl.records import RoundRecord, RunSummary
+from clusterfl.report.figures import integer_ticks
 
 
 def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> list[Path]:
@@ -134,6 +135,7 @@ def plot_norms(records: list[RoundRecord], path: Path, eps: dict[str, float]) ->
             ax.axhline(eps[key], color="k", lw=0.9, ls=style, label=f"ε{key[-1]} = {eps[key]:.3g}")
     _marks(ax, split_rounds(records))
     ax.set_xlabel("round")
+    integer_ticks(ax)
     ax.set_ylabel("update norm")
     ax.set_title("CFL update norms (solid: cluster mean, dashed: largest client)")
     ax.grid(True, alpha=0.3)
@@ -174,6 +176,7 @@ def plot_accuracy_gap(records: list[RoundRecord], path: Path, truth: Any) -> Pat
     for ax in (top, bottom):
         _marks(ax, splits)
         ax.grid(True, alpha=0.3)
+        integer_ticks(ax)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small", ncol=2, loc="best")
     return _save(fig, path)
@@ -315,6 +318,7 @@ def plot_split_test(records: list[RoundRecord], path: Path, consts: dict[str, fl
     for ax in (ax_r, ax_c, ax_g, ax_w):
         _marks(ax, splits)
         ax.grid(True, alpha=0.3)
+        integer_ticks(ax)
     for ax in (ax_r, ax_c):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="xx-small", ncol=3, loc="best")

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPExtras
 from clusterfl.records import RoundRecord, RunSummary
+from clusterfl.report.figures import integer_ticks
 
 MAX_SPECTRA = 6  # spectra drawn in one figure
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
@@ -88,6 +89,7 @@ def plot_spectrum(rounds: list[RoundRecord], path: Path) -> Path:
         title += f" — estimated K = {last.k_estimate}"
     ax.set_yscale("log")
     ax.set_xlabel("index i")
+    integer_ticks(ax)
     ax.set_ylabel("σ_i")
     ax.set_title(title, fontsize="medium")
     ax.legend(loc="best", fontsize="small")
@@ -141,6 +143,7 @@ def plot_k_estimate(rounds: list[RoundRecord], path: Path, stopped: int | None =
     if stopped is not None:
         ax.axvline(stopped, color="0.35", ls=":", label=f"clustering stopped (round {stopped})")
     ax.set_xlabel("round")
+    integer_ticks(ax)
     ax.set_ylabel("number")
     ax.set_title("Appendix-G estimate of the number of clusters", fontsize="medium")
     ax.legend(loc="best", fontsize="small")
