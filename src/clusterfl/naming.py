@@ -78,15 +78,22 @@ def run_folder_name(config: BaseModel) -> str:
     options = [f"{k}={_safe(_text(v))}" for k, v in method_options(config)]
     # a method from outside the package is named by its import path: "pkg.mod:My" → "pkg.mod-My"
     parts = [_safe(str(getattr(config, "name", ""))), *options]
-    name = "_".join(parts)
-    if len(name) > MAX_FOLDER:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-        name = f"{name[:MAX_FOLDER - 9]}-{digest}"
-    return name
+    return shortened("_".join(parts), MAX_FOLDER)
+
+
+def shortened(name: str, limit: int) -> str:
+    """`name` when it takes at most `limit` bytes (UTF-8, as a file system counts them), else
+    its first characters and `-` with 8 hex digits of a hash of the whole name, in `limit`
+    bytes: a folder name that stays readable and tells long names apart."""
+    raw = name.encode()
+    if len(raw) <= limit:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    return f"{raw[:limit - 9].decode(errors='ignore')}-{digest}"
 
 
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "-", text).strip("-")
 
 
-__all__ = ["method_label", "method_options", "run_folder_name"]
+__all__ = ["method_label", "method_options", "run_folder_name", "shortened"]

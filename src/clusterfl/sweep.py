@@ -19,10 +19,11 @@ rounds = 10                                # tables are merged over `sweep.confi
 ```
 
 Each (cell, method, seed) is one run, in `OUT/<cell>/<method>/seed<N>` (`<cell>` e.g.
-`train.lr=0.01,scenario.n_clients=20`, left out without a grid; `<method>` the run folder name
-of `clusterfl compare`). A grid key `algorithm.X` applies to the methods that have option X,
-as the shared options of `compare` do. `clusterfl compare CONFIG --seeds 0,1,2` is the sweep
-of its methods and seeds without a grid.
+`train.lr=0.01,scenario.n_clients=20`, left out without a grid, cut and ending in a hash past
+`MAX_CELL` bytes; `<method>` the run folder name of `clusterfl compare`). A grid key
+`algorithm.X` applies to the methods that have option X, as the shared options of `compare`
+do. `clusterfl compare CONFIG --seeds 0,1,2` is the sweep of its methods and seeds without a
+grid.
 
 Running a sweep again continues it: a finished run whose resolved config is unchanged is
 skipped; a run whose config changed (a cell edited in the file, another base config) is run
@@ -54,6 +55,9 @@ from clusterfl.engine.device import check_devices
 from clusterfl.errors import ClusterFLError, ConfigError
 
 STATE_FILE = "sweep-state.json"
+MAX_CELL = 200
+"""Longest cell folder name in bytes (file systems take 255, and the cell's figure adds
+`.png`); a longer one is cut and ends in a hash of the whole name (`naming.shortened`)."""
 CSV_FILE = "results.csv"
 PARQUET_FILE = "results.parquet"
 
@@ -66,8 +70,11 @@ class Cell:
 
     @property
     def name(self) -> str:
-        """The cell's folder name ("" without a grid), e.g. "train.lr=0.01,rounds=5"."""
-        return ",".join(f"{k}={_text(v)}" for k, v in self.values)
+        """The cell's folder name ("" without a grid), e.g. "train.lr=0.01,rounds=5"; one
+        longer than `MAX_CELL` bytes (a long list value) is cut and ends in a hash."""
+        from clusterfl.naming import shortened
+
+        return shortened(",".join(f"{k}={_text(v)}" for k, v in self.values), MAX_CELL)
 
     @property
     def title(self) -> str:
@@ -143,9 +150,9 @@ class Sweep:
                               f"{_got(self.grid)}")
         grid = flatten(self.grid, field="sweep.grid")
         for key, values in grid.items():
-            if not isinstance(key, str) or not [p for p in key.split(".") if p]:
-                raise ConfigError("sweep.grid", f"expected dotted keys such as \"train.lr\", "
-                                  f"got the key {key!r}")
+            if not isinstance(key, str) or not all(key.split(".")):
+                raise ConfigError("sweep.grid", f"expected dotted keys such as \"train.lr\" "
+                                  f"(no empty part between dots), got the key {key!r}")
             if key in ("seed", "seeds"):
                 raise ConfigError(f"sweep.grid.{key}", "the seeds go in sweep.seeds, not in "
                                   "the grid (each cell runs every seed)")
@@ -187,6 +194,7 @@ class Sweep:
         for spec in self.methods:
             try:
                 parsed = parse_algorithm_spec(spec)
+                _no_comma(spec, parsed)
                 options = algorithm_class(parsed["name"], "sweep.methods").Config.model_fields
             except ConfigError as exc:
                 raise ConfigError("sweep.methods", exc.message) from None
@@ -237,6 +245,28 @@ class Sweep:
                         Run(cell, spec, seed, cfg, target, method_label(cfg.algorithm)))
         ordered = sorted(runs, key=lambda k: (self.seeds.index(k[0]), k[1]))
         return [r for k in ordered for r in runs[k]]
+
+
+def _no_comma(spec: str, parsed: dict[str, Any]) -> None:
+    """Refuse a `,` in a method spec outside a value (a list `[1, 2]`, a quoted text): as in
+    `--algorithms` it would separate methods, but a sweep lists its methods as items, and
+    `ifca:n_clusters=4,averaging=model` read `4,averaging=model` as the value of n_clusters."""
+    import tomllib
+
+    def bare(text: str) -> bool:  # a value that is no TOML value is kept as text
+        try:
+            tomllib.loads(f"v = {text}")
+        except tomllib.TOMLDecodeError:
+            return True
+        return False
+
+    texts = [p.partition("=")[2].strip() for p in spec.split(":")[1:]]
+    if "," not in parsed["name"] and not any("," in t and bare(t) for t in texts):
+        return
+    raise ConfigError("sweep.methods", f"{spec!r}: ',' separates methods only in `compare "
+                      "--algorithms`; here each method is its own item (e.g. [\"fedavg\", "
+                      "\"ifca\"]) and a method's options follow it after ':' (e.g. "
+                      "\"ifca:n_clusters=4:averaging=model\")")
 
 
 def _got(value: Any) -> str:
@@ -307,6 +337,10 @@ def load_sweep(path: str | Path) -> Sweep:
     sets = sweep.get("set", [])
     if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
         raise ConfigError("sweep.set", "expected a list of \"key=value\" strings")
+    for item in sets:
+        if "=" in item and not all(item.split("=", 1)[0].strip().split(".")):
+            raise ConfigError("sweep.set", f"expected keys such as \"train.lr\" (no empty "
+                              f"part between dots), got {item!r}")
     base = apply_overrides(base, sets)
     methods = sweep.get("methods", [])  # checked by Sweep.check
     grid = sweep.get("grid", {})

@@ -23,16 +23,22 @@ SHOWN = (("macro_f1", "macro-F1 (%)", 100.0, 1), ("ari", "ARI", 1.0, 2),
          ("n_clusters", "clusters", 1.0, 1), ("rounds_to_ari1", "rounds to ARI 1", 1.0, 1),
          ("wall_time", "wall time (s)", 1.0, 1))
 ALPHA = 0.05
+NO_METRIC = ("", "metric", 1.0, ".4g", False)
+"""`primary` when no finished run has an accuracy, MSE or perplexity (every run failed):
+the tables say "metric" over empty cells, the titles that no run has one."""
 
 
 def primary(rows: Sequence[dict[str, Any]]) -> tuple[str, str, float, int | str, bool]:
     """The metric the comparisons use: (key, header, scale, digits, higher is better); a
-    language model's perplexity (lower is better) before its token accuracy."""
+    language model's perplexity (lower is better) before its token accuracy; `NO_METRIC`
+    when no finished run has any."""
     if any(r.get("perplexity") is not None for r in rows):
         return "perplexity", "perplexity", 1.0, 2, False
     if any(r.get("accuracy") is not None for r in rows):
         return "accuracy", "accuracy (%)", 100.0, 1, True
-    return "mse", "MSE", 1.0, ".4g", False  # 4 significant digits: 1e-5 is not "0.0000"
+    if any(r.get("mse") is not None for r in rows):
+        return "mse", "MSE", 1.0, ".4g", False  # 4 significant digits: 1e-5 is not "0.0000"
+    return NO_METRIC
 
 
 def _value(row: dict[str, Any], key: str) -> float | None:
@@ -110,7 +116,7 @@ def _verdict(a: str, b: str, entry: dict[str, Any], higher: bool) -> str:
 def comparison_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequence[int]
                      ) -> str:
     key, _, scale, digits, higher = primary(rows)
-    entries = comparisons(rows, cell, seeds, key)
+    entries = comparisons(rows, cell, seeds, key) if key else []
     if not entries:
         return ""
     unit = "% points" if scale != 1 else key
@@ -135,9 +141,7 @@ def cell_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequence
     for method in methods_of([r for r in rows if r["cell"] == cell]):
         mine = [r for r in rows if r["cell"] == cell and r["method"] == method]
         finished = sum(r["status"] in ("done", "diverged") for r in mine)
-        known = describe(values(rows, cell, method, key, seeds)).n
-        seeds_cell = f"{finished}/{len(mine)}" + (  # finished, the metric not finite (None)
-            f" ({known} with {_name(header)})" if known < finished else "")
+        seeds_cell = seeds_text(rows, cell, method, seeds)
         cells = []
         for k, _, sc, dg in shown:
             d = describe(values(rows, cell, method, k, seeds))
@@ -149,6 +153,19 @@ def cell_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequence
                 cells.append(d.text(dg, sc) if k == key else _short(d, dg, sc))
         lines.append("| " + " | ".join([method, seeds_cell, *cells]) + " |")
     return "\n".join(lines)
+
+
+def seeds_text(rows: Sequence[dict[str, Any]], cell: str | None, method: str,
+               seeds: Sequence[int]) -> str:
+    """The seeds column of a method in a cell, in the report and on the console: finished of
+    all, and how many of them have the metric when some finished without it ("2/2 (0 with
+    perplexity)": diverged, its metric not finite)."""
+    key, header, _, _, _ = primary(rows)
+    mine = [r for r in rows if r["cell"] == cell and r["method"] == method]
+    finished = sum(r["status"] in ("done", "diverged") for r in mine)
+    known = describe(values(rows, cell, method, key, seeds)).n
+    return f"{finished}/{len(mine)}" + (f" ({known} with {_name(header)})" if known < finished
+                                        else "")
 
 
 def _name(header: str) -> str:
@@ -249,7 +266,7 @@ def plot_bands(runs: Sequence[Run], key: str, path: Path, title: str) -> Path:
             low = 0.0 if which == "metric" and key == "accuracy" else None
             ax.fill_between(rounds, np.clip(mean - std, low, top), np.clip(mean + std, low, top),
                             color=f"C{i % 10}", alpha=0.2, lw=0)  # ± std, inside the range
-    axes[0].set_ylabel("accuracy (%)" if key == "accuracy" else key)
+    axes[0].set_ylabel("accuracy (%)" if key == "accuracy" else key or "metric")
     axes[0].set_title(f"{title}: mean ± std over seeds")
     if with_ari:
         axes[1].set_ylabel("ARI against the true clusters")
@@ -288,8 +305,9 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
         f"- the table of every run: `results.csv`"
         + (", `results.parquet`" if (out / "results.parquet").is_file() else "") + "\n",
         "## What differs between cells\n\n" + differs_table(sweep) + "\n",
-        f"## Overview: {header}, mean ± std over seeds\n\n" + overview_table(rows, seeds)
-        + "\n",
+        f"## Overview: {header}, mean ± std over seeds\n\n"
+        + ("" if key else "No run has a metric (accuracy, MSE or perplexity): see the runs "
+           "that did not finish normally below.\n\n") + overview_table(rows, seeds) + "\n",
     ]
     for cell in cells_of(rows):
         title = next(r for r in runs if (r.cell.name or None) == cell).cell.title
@@ -333,7 +351,9 @@ def console_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> Any:
     from rich.text import Text
 
     key, header, scale, digits, _ = primary(rows)
-    table = Table(title=f"{header} and ARI, mean ± std over seeds {list(seeds)}")
+    table = Table(title=f"{header} and ARI, mean ± std over seeds {list(seeds)}" if key else
+                  "No run has a metric (accuracy, MSE or perplexity); ARI, mean ± std over "
+                  f"seeds {list(seeds)}")
     cells = cells_of(rows)
     if any(cells):
         table.add_column("cell")
@@ -343,6 +363,7 @@ def console_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> Any:
         for method in methods_of([r for r in rows if r["cell"] == cell]):
             acc = describe(values(rows, cell, method, key, seeds))
             ari = describe(values(rows, cell, method, "ari", seeds))
-            row = [method, str(acc.n), acc.text(digits, scale), _short(ari, 2, 1.0)]
+            row = [method, seeds_text(rows, cell, method, seeds), acc.text(digits, scale),
+                   _short(ari, 2, 1.0)]
             table.add_row(*map(Text, [*([cell or ""] if any(cells) else []), *row]))
     return table

@@ -637,3 +637,108 @@ def test_an_infinite_share_per_run_is_refused_in_one_line(
     assert err == [f"clusterfl: error: {field}: must be a finite number "
                    f"{'above 0' if 'cpus' in option else 'of 0 or more'}, got inf"]
     assert not out.exists()
+
+
+def test_a_long_grid_value_gets_a_cut_folder_name_ending_in_a_hash(tmp_path: Path) -> None:
+    """A list value of 150 items made a cell folder name of 327 bytes: the sweep stopped on
+    `File name too long` (OSError 36), without saying which value. A normal name stays as it
+    was, so the folders of existing sweeps still resume."""
+    import hashlib
+
+    from clusterfl.sweep import MAX_CELL, Sweep
+    from clusterfl.sweep_report import _slug
+
+    long_a, long_b = [8] * 150, [8] * 149 + [9]  # the same first 200 bytes
+    sweep = Sweep(base=dict(TINY), methods=["fedavg"], seeds=[0],
+                  grid={"train.lr": [0.1], "model.hidden": [long_a, long_b, [16]]})
+    runs = sweep.plan(tmp_path / "o")
+    names = [r.target.parent.parent.name for r in runs]
+    full = "train.lr=0.1,model.hidden=[" + ";".join(["8"] * 150) + "]"
+    assert len(full) == 327
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    assert names[0] == f"{full[:MAX_CELL - 9]}-{digest}" and len(names[0]) == MAX_CELL
+    assert names[1] != names[0] and len(names[1]) == MAX_CELL
+    assert names[2] == "train.lr=0.1,model.hidden=[16]"  # as before
+    for run in runs:  # the folders and the cell's figure can be made
+        run.target.mkdir(parents=True)
+        (tmp_path / f"{_slug(run.cell.name)}.png").touch()
+    accents = Sweep(base=dict(TINY), methods=["fedavg"], seeds=[0],
+                    grid={"data.name": ["é" * 150]}).cells()[0].name
+    assert len(accents.encode()) <= MAX_CELL and accents.startswith("data.name=éé")
+
+
+@pytest.mark.parametrize("spec", ["fedavg,ifca", "ifca:n_clusters=4,averaging=model"])
+def test_a_method_spec_with_a_comma_names_the_separator(tmp_path: Path, spec: str) -> None:
+    """`"ifca:n_clusters=4,averaging=model"` said `algorithm.n_clusters: ... unable to parse
+    string as an integer (got '4,averaging=model')`, and `"fedavg,ifca"` `unknown value
+    'fedavg,ifca'`: neither said that ',' separates methods only in `--algorithms`."""
+    from clusterfl.sweep import Sweep
+
+    sweep = Sweep(base=dict(TINY), methods=["fedavg", spec], seeds=[0])
+    with pytest.raises(ConfigError) as info:
+        sweep.plan(tmp_path / "o")
+    assert info.value.field == "sweep.methods"
+    assert info.value.message.startswith(f"{spec!r}: ',' separates methods only in `compare "
+                                         "--algorithms`; here each method is its own item")
+    assert "ifca:n_clusters=4:averaging=model" in info.value.message
+    ok = Sweep(base=dict(TINY), methods=['cfl_gp:shared_layers=["a", "b"]'], seeds=[0])
+    assert ok.plan(tmp_path / "o")[0].config.algorithm.shared_layers == ["a", "b"]
+
+
+@pytest.mark.parametrize("key", ["train..lr", ".train.lr", "train.lr."])
+def test_a_key_with_an_empty_part_is_refused(tmp_path: Path, key: str) -> None:
+    """`"train..lr"` (and `"train.lr."`) set train.lr, as `"train.lr"` does: the empty part
+    was dropped unsaid, in the grid and in `set`."""
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_write(tmp_path, {"methods": ["fedavg"], "grid": {key: [0.1]}}))
+    assert info.value.field == "sweep.grid" and "no empty part between dots" in \
+        info.value.message and repr(key) in info.value.message
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_write(tmp_path, {"methods": ["fedavg"], "set": [f"{key}=0.2"]}))
+    assert info.value.field == "sweep.set" and f"got '{key}=0.2'" in info.value.message
+
+
+def test_the_console_row_counts_the_seeds_as_the_report_does() -> None:
+    """Cell b's runs diverged without a perplexity: the console's seeds column read 0 (the
+    seeds with one), the report's `2/2 (0 with perplexity)`."""
+    import io
+
+    from rich.console import Console
+
+    from clusterfl.sweep_report import cell_table, console_table
+
+    rows = [{"cell": c, "method": "FedAvg", "seed": s,
+             "status": "diverged" if c == "b" else "done",
+             "perplexity": None if c == "b" else 5.0 + s, "ari": None}
+            for c in "ab" for s in (0, 1)]
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(console_table(rows, [0, 1]))
+    lines = buffer.getvalue().splitlines()
+    b = next(x for x in lines if "│ b " in x)
+    a = next(x for x in lines if "│ a " in x)
+    assert "│ 2/2 (0 with perplexity) │" in b and "│ 2/2 " in a and "5.50 ± 0.71" in a
+    assert "| FedAvg | 2/2 (0 with perplexity) |" in cell_table(rows, "b", [0, 1])
+
+
+def test_a_sweep_without_any_metric_says_so_not_mse(tmp_path: Path) -> None:
+    """Every run failed (here: none ran): the console table was titled "MSE and ARI", the
+    report's overview "MSE" and its paired table compared MSEs (of no run)."""
+    import io
+
+    from rich.console import Console
+
+    from clusterfl.sweep_report import console_table
+
+    sweep = load_sweep(_sweep(tmp_path, [0.1]))
+    runs = sweep.plan(tmp_path / "o")
+    rows = collect(runs, tmp_path / "o")
+    assert {r["status"] for r in rows} == {"missing"}
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(console_table(rows, sweep.seeds))
+    printed = buffer.getvalue()
+    assert "No run has a metric (accuracy, MSE or perplexity)" in printed
+    assert "MSE [95 % CI]" not in printed and "│ 0/2 " in printed
+    (tmp_path / "o").mkdir()
+    report = write_report(sweep, runs, rows, tmp_path / "o", "x").read_text()
+    assert "## Overview: metric, mean ± std over seeds\n\nNo run has a metric" in report
+    assert "metric mean ± std [95 % CI]" in report and "Paired comparisons" not in report
