@@ -213,7 +213,6 @@ def _compare_seeds(args: argparse.Namespace, specs: list[str]) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import contextlib
 
-    from clusterfl.records import read_summary
     from clusterfl.report import comparison_warnings, write_comparison_report, write_run_report
     from clusterfl.rundir import FolderLock, check_report_out, make_folder
 
@@ -226,9 +225,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     own = len(dirs) == 1 and args.out is None  # one run, no --out: its own report.md
     out = dirs[0] if own else Path(args.out or "runs/report")
     if not own:
+        dirs = _finished_runs(dirs)  # before --out is made (not left there empty)
         check_report_out(out, dirs)  # never into a run folder
-        for d in dirs:  # each a finished run, before --out is made (not left there empty)
-            read_summary(d)
         make_folder(out)
     with FolderLock(out) if out.is_dir() else contextlib.nullcontext():
         path = write_run_report(out) if own else write_comparison_report(dirs, out)
@@ -236,6 +234,44 @@ def cmd_report(args: argparse.Namespace) -> int:
         _warn(comparison_warnings(dirs))
     _console().print(f"report: {path}")
     return 0
+
+
+def _finished_runs(dirs: list[Path]) -> list[Path]:
+    """The runs a report of several compares: a comparison's or sweep's own files given
+    beside its runs (`clusterfl report runs/cmp/*`: its report.md, figures, tables) are
+    skipped with a note; runs that have not finished are left out with a warning (an error
+    when no run has finished); any other path that is no finished run is an error."""
+    from clusterfl.records import HISTORY_FILE, SUMMARY_FILE, read_summary
+    from clusterfl.report.figures import COMPARISON_FIGURES
+    from clusterfl.report.markdown import REPORT_FILE
+    from clusterfl.sweep import CSV_FILE, PARQUET_FILE, STATE_FILE
+
+    own = {REPORT_FILE, CSV_FILE, PARQUET_FILE, STATE_FILE,
+           *(f"{name}.png" for name in COMPARISON_FIGURES)}
+    folders = {d.parent.resolve() for d in dirs if d.is_dir()}
+    skipped = [d for d in dirs if d.is_file() and d.name in own
+               and d.parent.resolve() in folders]  # beside a run given with it
+    for folder in dict.fromkeys(d.parent for d in skipped):
+        names = ", ".join(d.name for d in skipped if d.parent == folder)
+        print(f"clusterfl: note: skipped {names} in {folder}: the comparison's own files, not "
+              "runs", file=sys.stderr)
+    runs, unfinished = [], []
+    for d in (d for d in dirs if d not in skipped):
+        if d.is_dir() and not (d / SUMMARY_FILE).is_file() and (d / HISTORY_FILE).is_file():
+            unfinished.append(d)
+            continue
+        read_summary(d)  # a path that is no finished run: its error
+        runs.append(d)
+    if unfinished:
+        names = ", ".join(str(d) for d in unfinished)
+        again = ("a stopped run continues with --resume (`clusterfl run CONFIG --out RUN "
+                 "--resume`, or its comparison's or sweep's own command)")
+        if not runs:
+            raise ClusterFLError(f"report: no run has finished (no {SUMMARY_FILE}: "
+                                 f"{names}); {again}")
+        _warn([f"report: left out {len(unfinished)} run(s) that have not finished (no "
+               f"{SUMMARY_FILE}): {names}; {again}, then report again"])
+    return runs
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -478,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="(re)write the report of run directories")
     rep.add_argument("dirs", nargs="+", help="run directories (one: its own report; several: "
-                     "a report comparing them)")
+                     "a report comparing the finished ones; a comparison's own files given "
+                     "beside its runs, as by runs/cmp/*, are skipped)")
     rep.add_argument("--out", help="output folder of a report comparing the runs (default "
                      "runs/report; never a run's folder); one run without --out: its own "
                      "report.md is rewritten")

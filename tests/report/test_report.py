@@ -570,3 +570,59 @@ def test_the_cfl_and_cfl_gp_figures_tick_whole_rounds(monkeypatch: pytest.Monkey
             low, high = ax.get_xlim()
             ticks = [t for t in ax.get_xticks() if low <= t <= high]
             assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
+def test_a_report_of_a_comparisons_folder_skips_its_own_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`clusterfl report runs/cmp/*` refused the comparison's own report.md (and figures):
+    `accuracy_compare.png: not a directory (expected a run directory)`."""
+    from clusterfl.cli import main
+
+    cmp = tmp_path / "cmp"
+    dirs = [make_run(cmp / "fedavg", "fedavg", "FedAvg"),
+            make_run(cmp / "ifca", "ifca", "IFCA", seed=1)]
+    write_comparison_report(dirs, cmp)
+    given = sorted(p for p in cmp.glob("*") if not p.name.startswith("."))
+    assert len(given) == 6  # 2 runs, report.md, 3 figures
+    assert main(["report", *map(str, given), "--out", str(tmp_path / "rep")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "clusterfl: note: skipped accuracy_compare.png, ari_compare.png, "
+        f"communication_compare.png, report.md in {cmp}: the comparison's own files, not runs"]
+    assert "# Comparison of 2 runs" in (tmp_path / "rep" / "report.md").read_text()
+    (cmp / "notes.txt").write_text("mine")  # not the comparison's: still refused
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "report.md").write_text("not beside a run given")
+    for wrong in (cmp / "notes.txt", tmp_path / "other" / "report.md"):
+        assert main(["report", *map(str, dirs), str(wrong), "--out",
+                     str(tmp_path / "rep2")]) == 2
+        assert f"{wrong}: not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "rep2").exists()
+
+
+def test_a_report_of_several_runs_leaves_out_the_unfinished_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One run of three had not finished: the report refused all three. Now it reports the
+    finished ones and says in one line which it left out; only when none finished it fails."""
+    from clusterfl.cli import main
+
+    dirs = [make_run(tmp_path / name, kind, label, seed=i) for i, (name, kind, label) in
+            enumerate([("a", "fedavg", "FedAvg"), ("b", "ifca", "IFCA"),
+                       ("c", "cfl", "CFL")])]
+    (dirs[1] / "summary.json").unlink()  # stopped: its history is there
+    assert main(["report", *map(str, dirs), "--out", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"clusterfl: warning: report: left out 1 run(s) that have not finished "
+                   f"(no summary.json): {dirs[1]}; a stopped run continues with --resume "
+                   "(`clusterfl run CONFIG --out RUN --resume`, or its comparison's or "
+                   "sweep's own command), then report again"]
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "# Comparison of 2 runs" in text and "| FedAvg |" in text and "| CFL |" in text
+    assert "| IFCA |" not in text
+    for d in (dirs[0], dirs[2]):
+        (d / "summary.json").unlink()
+    assert main(["report", *map(str, dirs), "--out", str(tmp_path / "rep2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"clusterfl: error: report: no run has finished (no summary.json: {dirs[0]}, "
+        f"{dirs[1]}, {dirs[2]}); a stopped run continues with --resume")
+    assert not (tmp_path / "rep2").exists()
