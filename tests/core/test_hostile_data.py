@@ -243,3 +243,19 @@ def test_a_loader_functions_nan_features_are_refused_naming_the_sample(loader, m
         raw["scenario"] = {"name": "iid", "n_clients": 2}
     with pytest.raises(DataError, match=f"data.source '{source}' " + message):
         Experiment.from_config(raw)
+
+
+def mismatched_clients(seed: int = 0) -> Federation:
+    """A loader whose second client has 6 training inputs but 5 targets."""
+    x, y = np.zeros((6, 3), np.float32), np.arange(6) % 2
+    return Federation.from_clients([(x, y, x[:2], y[:2]), (x, y[:5], x[:2], y[:2])])
+
+
+def test_a_loaders_mismatched_arrays_name_the_loader():
+    """Before: `own data: client 1 train has 6 inputs but 5 targets`, without the loader
+    (`data.source`) whose arrays they were."""
+    source = "tests.core.test_hostile_data:mismatched_clients"
+    with pytest.raises(DataError) as err:
+        Experiment.from_config({**BASE, "data": {"source": source}})
+    assert str(err.value) == (f"data.source {source!r}: own data: client 1 train has 6 "
+                              "inputs but 5 targets")

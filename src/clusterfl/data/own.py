@@ -435,8 +435,10 @@ def call_loader(source: str, options: dict[str, Any], seed: int) -> Federation |
         pass
     try:
         out = fn(**kwargs)
-    except (ConfigError, DataError):
+    except ConfigError:
         raise
+    except DataError as exc:  # Federation.from_clients' checks inside the loader: name it
+        raise DataError(f"data.source {source!r}: {exc}") from None
     except Exception as exc:
         raise ConfigError("data.source", f"{describe(fn)}({', '.join(kwargs)}) failed: "
                                          f"{type(exc).__name__}: {exc}") from None
