@@ -545,7 +545,7 @@ def test_the_cfl_and_cfl_gp_figures_tick_whole_rounds(monkeypatch: pytest.Monkey
                                                      tmp_path: Path) -> None:
     """A CFL run of 2 rounds had round ticks 1.0, 1.2, ..., 2.0 in cfl_norms.png,
     cfl_accuracy_gap.png and cfl_split_test.png; CFL-GP's k estimate (rounds) and
-    spectrum (index i) the same."""
+    spectrum (index i) the same, and the k estimate's counts 1.2, 1.4, ... on its y axis."""
     from clusterfl.report.methods import cfl, cfl_gp
 
     drawn: list[Any] = []
@@ -570,6 +570,9 @@ def test_the_cfl_and_cfl_gp_figures_tick_whole_rounds(monkeypatch: pytest.Monkey
             low, high = ax.get_xlim()
             ticks = [t for t in ax.get_xticks() if low <= t <= high]
             assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+    k_axis = drawn[3].axes[0]  # K and s are counts too
+    low, high = k_axis.get_ylim()
+    assert all(float(t).is_integer() for t in k_axis.get_yticks() if low <= t <= high)
 
 
 def test_a_report_of_a_comparisons_folder_skips_its_own_files(

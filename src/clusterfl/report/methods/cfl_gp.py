@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPExtras
 from clusterfl.records import RoundRecord, RunSummary
@@ -144,6 +145,7 @@ def plot_k_estimate(rounds: list[RoundRecord], path: Path, stopped: int | None =
         ax.axvline(stopped, color="0.35", ls=":", label=f"clustering stopped (round {stopped})")
     ax.set_xlabel("round")
     integer_ticks(ax)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # K and s are counts
     ax.set_ylabel("number")
     ax.set_title("Appendix-G estimate of the number of clusters", fontsize="medium")
     ax.legend(loc="best", fontsize="small")
