@@ -82,10 +82,12 @@ class RunOutcome:
         if self.error is not None:
             return f"{self.task.what}: FAILED ({self.error})"
         acc, mse = self.final.get("accuracy"), self.final.get("mse")
-        ppl = self.final.get("perplexity")
+        ppl, words = self.final.get("perplexity"), self.final.get("accuracy_no_oov_no_eos")
         shown = (f"perplexity {ppl:.2f}" if ppl is not None
                  else f"accuracy {100 * acc:.1f}%" if acc is not None
                  else f"MSE {mse if mse is not None else float('nan'):.4g}")
+        if ppl is not None and words is not None:
+            shown += f", accuracy no oov/eos {100 * words:.1f}%"
         ari = self.final.get("ari")
         text = (f"{self.task.what}: {shown}, ARI {'n/a' if ari is None else f'{ari:.2f}'}, "
                 f"{self.seconds:.0f} s" + (" (resumed)" if self.resumed else ""))

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfl.engine.common import WORD_ACCURACY, WORD_TARGETS
 from clusterfl.protocol import EvaluateReply
 
 
@@ -30,6 +31,7 @@ def summarize(reply: EvaluateReply) -> dict[str, float | None]:
         "loss": _nanmean(reply.loss),
         "mse": _diverged_mean(reply.extras.get("mse"), n),
         "perplexity": token_perplexity(reply),
+        WORD_ACCURACY: word_accuracy(reply),
     }
 
 
@@ -65,6 +67,19 @@ def token_perplexity(reply: EvaluateReply) -> float | None:
         return math.inf
     mean = float((loss[ok] * n[ok]).sum() / n[ok].sum())
     return math.exp(mean) if mean < 709.0 else math.inf
+
+
+def word_accuracy(reply: EvaluateReply) -> float | None:
+    """A language model's accuracy on all the clients' test targets that are words of the
+    vocabulary (not `<unk>`, not `<eos>`), pooled: the clients' right predictions over their
+    such targets. None for other tasks, when the vocabulary is unknown (no extra) or when no
+    client has such a target."""
+    if WORD_ACCURACY not in reply.extras:
+        return None
+    acc = np.asarray(reply.extras[WORD_ACCURACY], dtype=float)
+    n = np.nan_to_num(np.asarray(reply.extras[WORD_TARGETS], dtype=float))
+    ok = (n > 0) & ~np.isnan(acc)
+    return float((acc[ok] * n[ok]).sum() / n[ok].sum()) if ok.any() else None
 
 
 def lone_clusters(assignment: np.ndarray) -> np.ndarray:

@@ -50,6 +50,8 @@ class Progress:
             info = f"mse {m.mse:.4f}"
         if m.perplexity is not None:
             info = f"perplexity {m.perplexity:.2f}"
+            if m.accuracy_no_oov_no_eos is not None:
+                info += f"  acc no oov/eos {100 * m.accuracy_no_oov_no_eos:.1f}%"
         info += f"  clusters {record.n_clusters}"
         self._bar.update(self._task, advance=1, info=info)
 

@@ -103,9 +103,14 @@ class RoundMetrics:
     perplexity: float | None = None
     """A language model's perplexity over all clients' test tokens (lower is better;
     `metrics.token_perplexity`); written only when known."""
+    accuracy_no_oov_no_eos: float | None = None
+    """A language model's accuracy on all clients' test targets other than `<unk>` and
+    `<eos>` (`metrics.word_accuracy`); written only when known."""
 
     KEYS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
-            "perplexity")
+            "perplexity", "accuracy_no_oov_no_eos")
+    OPTIONAL = ("perplexity", "accuracy_no_oov_no_eos")
+    """The keys written only when known (a language model's)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {
@@ -113,17 +118,20 @@ class RoundMetrics:
             "macro_f1": self.macro_f1, "fairness_var": self.fairness_var, "loss": self.loss,
             "mse": self.mse,
         }
-        if self.perplexity is not None:
-            d["perplexity"] = self.perplexity
+        for key in self.OPTIONAL:
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         return d
 
     @classmethod
     def from_json_dict(cls, d: Mapping[str, Any]) -> RoundMetrics:
-        _check_keys(d, cls.KEYS[:-1], ("perplexity",), "metrics")
+        required = tuple(k for k in cls.KEYS if k not in cls.OPTIONAL)
+        _check_keys(d, required, cls.OPTIONAL, "metrics")
         return cls(
             accuracy=d["accuracy"], accuracy_weighted=d["accuracy_weighted"],
             macro_f1=d["macro_f1"], fairness_var=d["fairness_var"], loss=d["loss"],
             mse=d["mse"], perplexity=d.get("perplexity"),
+            accuracy_no_oov_no_eos=d.get("accuracy_no_oov_no_eos"),
         )
 
 

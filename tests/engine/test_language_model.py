@@ -4,6 +4,8 @@ the four topics of the synthetic corpus with a lower perplexity than FedAvg."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -12,13 +14,14 @@ import pytest
 import torch
 
 from clusterfl.backends.sequential import SequentialBackend
-from clusterfl.backends.simulation import SimulationBackend
+from clusterfl.backends.simulation import SimulationBackend, task_extras
 from clusterfl.config import load_config
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import text_source
 from clusterfl.data.text import Vocab, synthetic_topics
-from clusterfl.engine.common import client_metrics
+from clusterfl.engine.common import WORD_ACCURACY, WORD_TARGETS, client_metrics
 from clusterfl.engine.generic import GenericKernel
+from clusterfl.engine.vectorized import client_metrics_batched
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.metrics import summarize
@@ -51,6 +54,35 @@ def test_perplexity_and_token_accuracy_by_hand() -> None:
     reply = EvaluateReply(np.arange(2), np.zeros(2), np.zeros(2), np.array([1.0, 3.0]),
                           np.array([3, 1]), {"perplexity": np.exp([1.0, 3.0])})
     assert summarize(reply)["perplexity"] == pytest.approx(math.exp((3 * 1.0 + 1 * 3.0) / 4))
+
+
+def test_accuracy_without_unk_and_eos_targets_by_hand() -> None:
+    """Token accuracy counts <unk> (0) and <eos> (1) targets; `accuracy_no_oov_no_eos` (TFF's
+    Stack Overflow metric) leaves them out. Vocabulary of 4: <unk>, <eos>, two words."""
+    def logits(*best: int) -> torch.Tensor:  # one-hot logits: the argmax at each position
+        return torch.nn.functional.one_hot(torch.tensor(best), 4).double() * 3.0
+    # client 0: two sequences of 3; client 1: one sequence of 3
+    out = torch.stack([logits(0, 2, 1), logits(0, 3, 3), logits(1, 0, 2)])
+    y = torch.tensor([[0, 2, 2], [1, 3, 0], [1, 3, 2]])
+    # client 0 targets: <unk> right, w2 right, w2 wrong | <eos> wrong, w3 right, <unk> wrong
+    #   all tokens 3/6; words (w2, w2, w3) 2/3
+    # client 1 targets: <eos> right, w3 wrong, w2 right: all 2/3; words (w3, w2) 1/2
+    m0 = client_metrics(out[:2], y[:2], "language_model", 4, (0, 1))
+    assert m0["accuracy"] == pytest.approx(3 / 6)
+    assert m0[WORD_ACCURACY] == pytest.approx(2 / 3) and m0[WORD_TARGETS] == 3
+    assert WORD_ACCURACY not in client_metrics(out[:2], y[:2], "language_model", 4)
+    only_specials = client_metrics(out[:1, :1], y[:1, :1], "language_model", 4, (0, 1))
+    assert math.isnan(only_specials[WORD_ACCURACY]) and only_specials[WORD_TARGETS] == 0
+    sizes = np.array([2, 0, 1])  # a client without test sequences between them
+    got = client_metrics_batched(out, y, sizes, "language_model", 4, (0, 1))
+    np.testing.assert_allclose(got["accuracy"], [3 / 6, math.nan, 2 / 3])
+    np.testing.assert_allclose(got[WORD_ACCURACY], [2 / 3, math.nan, 1 / 2])
+    np.testing.assert_array_equal(got[WORD_TARGETS], [3, 0, 2])
+    # the federation's: pooled over the clients' word targets, (2 + 1) / (3 + 2)
+    reply = EvaluateReply(np.arange(3), got["accuracy"], got["macro_f1"], got["loss"], sizes,
+                          task_extras(got, "language_model"))
+    assert summarize(reply)[WORD_ACCURACY] == pytest.approx(3 / 5)
+    assert summarize(reply)["accuracy"] == pytest.approx((3 / 6 + 2 / 3) / 2)  # unchanged
 
 
 def test_a_client_whose_model_diverged_makes_the_federations_perplexity_infinite() -> None:
@@ -111,6 +143,12 @@ def test_engine_next_token_loss_equals_the_reference_loop(cell: str, vmap: bool)
         np.testing.assert_allclose(ea.extras["perplexity"], eb.extras["perplexity"],
                                    rtol=1e-10)
         np.testing.assert_allclose(ea.accuracy, eb.accuracy, rtol=1e-12)
+        np.testing.assert_allclose(ea.extras[WORD_ACCURACY], eb.extras[WORD_ACCURACY],
+                                   rtol=1e-12)
+        _, y, off = fed.split("test")  # counted: every target that is not <unk> or <eos>
+        words = [int((y[off[i] : off[i + 1]] > 1).sum()) for i in clients]
+        np.testing.assert_array_equal(ea.extras[WORD_TARGETS], words)
+        np.testing.assert_array_equal(eb.extras[WORD_TARGETS], words)
     finally:
         torch.set_default_dtype(old)
 
@@ -137,7 +175,37 @@ def test_every_method_runs_two_rounds_on_the_language_model_task(
     h = Experiment(c, federation=fed).run(progress=False)
     m = h.final.metrics
     assert m is not None and m.perplexity is not None and 1.0 < m.perplexity < 1e3
+    assert m.accuracy_no_oov_no_eos is not None and 0.0 <= m.accuracy_no_oov_no_eos <= 1.0
     assert len(h.records) == 2
+
+
+def test_a_run_reports_both_accuracies(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """End to end (`clusterfl run`): a 10-word vocabulary leaves most of the 40 words out,
+    so most targets are <unk>; the console table, summary.json, history.jsonl and report.md
+    show the token accuracy and the accuracy on the other targets, which is lower. A
+    federation whose vocabulary is unknown (no `meta["vocab"]`) has no such number."""
+    from clusterfl.cli import main
+    from clusterfl.config import dump_toml
+
+    raw = _config("fedavg", 2)
+    raw["scenario"]["vocab_size"] = 10
+    (tmp_path / "lm.toml").write_text(dump_toml(raw))
+    assert main(["run", str(tmp_path / "lm.toml"), "--out", str(tmp_path / "run")]) == 0
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final"]
+    acc, words = final["accuracy"], final[WORD_ACCURACY]
+    assert 0.0 <= words < acc - 0.2  # <unk> is most targets and the easiest guess
+    last = json.loads((tmp_path / "run" / "history.jsonl").read_text().splitlines()[-1])
+    assert last["metrics"][WORD_ACCURACY] == words
+    shown = f"{100 * words:.2f}"
+    assert "acc. no oov/eos (%)" in capsys.readouterr().out
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| acc. no oov/eos (%) |" in report and f"| {shown} |" in report
+    fed = Experiment(load_config(raw)).full_federation
+    unknown = dataclasses.replace(fed, meta={})
+    h = Experiment(load_config(raw), federation=unknown).run(progress=False)
+    assert h.final.metrics is not None and h.final.metrics.accuracy_no_oov_no_eos is None
+    assert h.final.metrics.accuracy == pytest.approx(acc)  # the same run otherwise
 
 
 @pytest.mark.parametrize("name", ["flt", "pacfl", "pca_km_hc"])

@@ -18,8 +18,11 @@ from clusterfl import protocol as pr
 from clusterfl.backends.base import BackendConfig, as_index
 from clusterfl.backends.simulation import DeviceBackend, DeviceConfig, task_extras
 from clusterfl.data.federation import Federation
+from clusterfl.data.text import not_word_ids
 from clusterfl.engine import reference as ref
 from clusterfl.engine.common import (
+    WORD_ACCURACY,
+    WORD_TARGETS,
     best_counts,
     client_metrics,
     combine,
@@ -200,13 +203,14 @@ class SequentialBackend(DeviceBackend):
         for i, c in enumerate(clients):
             x, y = x_all[off[c] : off[c + 1]], y_all[off[c] : off[c + 1]]
             out = self._outputs(pred, i, x)
-            rows.append(client_metrics(out, y, fed.task, fed.n_classes))
+            rows.append(client_metrics(out, y, fed.task, fed.n_classes, not_word_ids(fed)))
         return metrics_reply(clients, rows, np.diff(off)[clients], fed.task)
 
 
 def metrics_reply(clients: np.ndarray, rows: list[dict[str, float]],
                   sizes: np.ndarray, task: str = "classification") -> pr.EvaluateReply:
-    keys = ("accuracy", "macro_f1", "loss", "mse", "perplexity")
+    keys = ("accuracy", "macro_f1", "loss", "mse", "perplexity",
+            *(k for k in (WORD_ACCURACY, WORD_TARGETS) if rows and k in rows[0]))
     col = {k: np.array([r.get(k, np.nan) for r in rows], dtype=np.float64) for k in keys}
     return pr.EvaluateReply(
         np.asarray(clients, dtype=np.int64).copy(), col["accuracy"], col["macro_f1"],

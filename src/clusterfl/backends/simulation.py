@@ -21,8 +21,11 @@ from pydantic import Field, SerializerFunctionWrapHandler, field_validator, mode
 from clusterfl import protocol as pr
 from clusterfl.backends.base import Backend, BackendConfig, as_index
 from clusterfl.data.federation import Federation
+from clusterfl.data.text import not_word_ids
 from clusterfl.engine.allocator import tune_allocator
 from clusterfl.engine.common import (
+    WORD_ACCURACY,
+    WORD_TARGETS,
     best_counts,
     fit_mixture,
     per_sample_loss,
@@ -338,7 +341,8 @@ class SimulationBackend(DeviceBackend):
         data, rows = self._rows(req.split, req.predictor.models.dtype, clients)
         out = self.engine.predictor_outputs(data, rows, on(req.predictor, self.device))
         y = self._local_targets(data, rows)
-        m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes)
+        m = client_metrics_batched(out, y, rows.size, fed.task, fed.n_classes,
+                                   not_word_ids(fed))
         return pr.EvaluateReply(
             clients.copy(), m["accuracy"], m["macro_f1"], m["loss"], rows.size.copy(),
             task_extras(m, fed.task)
@@ -346,10 +350,11 @@ class SimulationBackend(DeviceBackend):
 
 
 def task_extras(m: dict[str, np.ndarray], task: str) -> dict[str, np.ndarray]:
-    """An evaluation reply's extras: the clients' MSE, and their perplexities for a language
-    model."""
+    """An evaluation reply's extras: the clients' MSE, and for a language model their
+    perplexities and, when its vocabulary is known, their word accuracies and word targets."""
     if task == "language_model":
-        return {"mse": m["mse"], "perplexity": m["perplexity"]}
+        words = [k for k in (WORD_ACCURACY, WORD_TARGETS) if k in m]
+        return {"mse": m["mse"], "perplexity": m["perplexity"], **{k: m[k] for k in words}}
     return {"mse": m["mse"]}
 
 

@@ -109,6 +109,14 @@ class Vocab:
         return cls(words)
 
 
+def not_word_ids(fed: Federation) -> tuple[int, ...]:
+    """The ids of `<unk>` and `<eos>` (0, 1) in a language model's federation whose
+    vocabulary is known (`meta["vocab"]`, scenario `topics`): the targets its word accuracy
+    leaves out. () otherwise (a federation of one's own: which ids are no words is unknown)."""
+    vocab = list(fed.meta.get("vocab") or [])
+    return (0, 1) if fed.task == "language_model" and vocab[:2] == [UNK, EOS] else ()
+
+
 def windows(ids: Sequence[int], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """A token stream cut into consecutive windows of `seq_len` + 1 tokens (the rest
     dropped): inputs `[N, seq_len]` and their next tokens `[N, seq_len]`."""
@@ -358,7 +366,7 @@ def _check_words(where: str, wordless: int, articles: int) -> None:
 
 __all__ = [
     "AG_NEWS_TOPICS", "EOS", "UNK", "VOCAB_FILE", "TextCorpus", "TopicsParams", "Vocab",
-    "read_ag_news",
+    "not_word_ids", "read_ag_news",
     "read_ag_news_csv", "read_ag_news_hf", "synthetic_topics", "tokenize", "topic_federation",
     "windows",
 ]

@@ -4,7 +4,8 @@ Language models (task "language_model"): outputs are `[N, T, V]` logits over the
 at each of a sequence's T positions, targets `[N, T]` the next token ids; a sample's loss is
 its T tokens' cross-entropies (`[N, T]`, which the engines average per sequence: every
 sequence has T tokens, so the mean over sequences is the token-weighted mean), and a client's
-perplexity is exp of its mean token loss.
+perplexity is exp of its mean token loss. With the ids of `<unk>` and `<eos>` known
+(`not_words`), a client's accuracy on the other targets is `WORD_ACCURACY`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,22 @@ import torch
 import torch.nn.functional as F
 
 from clusterfl.protocol import Combine
+
+WORD_ACCURACY = "accuracy_no_oov_no_eos"
+"""A language model's token accuracy on the targets that are words of the vocabulary (not
+`<unk>`, not `<eos>`; TFF's Stack Overflow next-word metric of that name): an evaluation
+reply's extra, beside `WORD_TARGETS`, the number of such targets per client."""
+WORD_TARGETS = "n_word_targets"
+
+
+def word_hits(pred: torch.Tensor, y: torch.Tensor,
+              not_words: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence (`[N]`, int64, on y's device): the predictions right on targets that are
+    none of the ids `not_words`, and the number of such targets."""
+    counted = torch.ones_like(y, dtype=torch.bool)
+    for token in not_words:
+        counted &= y != token
+    return ((pred == y) & counted).sum(-1), counted.sum(-1)
 
 
 def per_sample_loss(out: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
@@ -167,22 +184,32 @@ def macro_f1(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> float:
 
 
 def client_metrics(
-    out: torch.Tensor, y: torch.Tensor, task: str, n_classes: int
+    out: torch.Tensor, y: torch.Tensor, task: str, n_classes: int,
+    not_words: tuple[int, ...] = (),
 ) -> dict[str, float]:
     """accuracy, macro_f1, loss, mse (regression) and perplexity (a language model: exp of
     the mean token loss; accuracy is then the share of tokens predicted right, macro_f1 NaN)
-    of one client's predictions; the metrics a task does not have are NaN."""
+    of one client's predictions; the metrics a task does not have are NaN. A language model
+    with `not_words` (the ids of `<unk>` and `<eos>`) also has `WORD_ACCURACY` (NaN without
+    such targets) and `WORD_TARGETS`."""
     nan = float("nan")
+    words = {WORD_ACCURACY: nan, WORD_TARGETS: 0.0} if task == "language_model" and not_words \
+        else {}
     if len(y) == 0:
-        return {"accuracy": nan, "macro_f1": nan, "loss": nan, "mse": nan, "perplexity": nan}
+        return {"accuracy": nan, "macro_f1": nan, "loss": nan, "mse": nan, "perplexity": nan,
+                **words}
     loss = float(per_sample_loss(out, y, task).mean())
     if task == "regression":
         return {"accuracy": nan, "macro_f1": nan, "loss": loss, "mse": loss, "perplexity": nan}
     pred = out.argmax(-1)
     accuracy = float((pred == y).double().mean())
     if task == "language_model":
+        if words:
+            hits, counted = (int(v.sum()) for v in word_hits(pred, y, not_words))
+            words = {WORD_ACCURACY: hits / counted if counted else nan,
+                     WORD_TARGETS: float(counted)}
         return {"accuracy": accuracy, "macro_f1": nan, "loss": loss, "mse": nan,
-                "perplexity": perplexity(loss)}
+                "perplexity": perplexity(loss), **words}
     return {
         "accuracy": accuracy,
         "macro_f1": macro_f1(pred, y, n_classes),

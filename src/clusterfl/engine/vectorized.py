@@ -33,7 +33,14 @@ from torch.func import functional_call
 
 from clusterfl.data.codes import compact_inputs, decode_codes
 from clusterfl.engine.allocator import aligned_rows
-from clusterfl.engine.common import combine, per_sample_loss, segment_sum
+from clusterfl.engine.common import (
+    WORD_ACCURACY,
+    WORD_TARGETS,
+    combine,
+    per_sample_loss,
+    segment_sum,
+    word_hits,
+)
 from clusterfl.engine.device import fork_rng, generator
 from clusterfl.engine.generic import GenericKernel
 from clusterfl.engine.stacked import (
@@ -570,16 +577,19 @@ def _runs(rows: Rows, members: np.ndarray) -> Iterator[tuple[int, int, int]]:
 
 
 def client_metrics_batched(
-    out: Tensor, y: Tensor, sizes: np.ndarray, task: str, n_classes: int
+    out: Tensor, y: Tensor, sizes: np.ndarray, task: str, n_classes: int,
+    not_words: tuple[int, ...] = (),
 ) -> dict[str, np.ndarray]:
     """`common.client_metrics` for every client at once; `out`, `y` in local row order."""
     n, dev = len(sizes), out.device
     seg = _index(np.repeat(np.arange(n), sizes), dev)
     nan = np.full(n, np.nan)
+    words = task == "language_model" and bool(not_words)
     with np.errstate(invalid="ignore", divide="ignore"):
         if len(y) == 0:
+            empty = {WORD_ACCURACY: nan.copy(), WORD_TARGETS: np.zeros(n)} if words else {}
             return {"accuracy": nan, "macro_f1": nan.copy(), "loss": nan.copy(), "mse": nan.copy(),
-                    "perplexity": nan.copy()}
+                    "perplexity": nan.copy(), **empty}
         per = per_sample_loss(out, y, task)
         if per.dim() > 1:
             per = per.reshape(per.shape[0], -1).mean(1)
@@ -595,8 +605,14 @@ def client_metrics_batched(
         hit = segment_sum(right, sizes).cpu().numpy()
         acc = np.where(sizes > 0, hit / np.maximum(sizes, 1), np.nan)
         if task == "language_model":  # no macro-F1 over a vocabulary
+            extra = {}
+            if words:  # per client (right, counted) on the device, one [n, 2] copy
+                hits, counted = segment_sum(torch.stack(word_hits(pred, y, not_words), 1),
+                                            sizes).cpu().numpy().T
+                extra = {WORD_ACCURACY: np.where(counted > 0, hits / np.maximum(counted, 1),
+                                                 np.nan), WORD_TARGETS: counted}
             return {"accuracy": acc, "macro_f1": nan, "loss": loss, "mse": nan.copy(),
-                    "perplexity": _exp(loss)}
+                    "perplexity": _exp(loss), **extra}
         c = n_classes
         conf = torch.bincount(seg * c * c + y * c + pred, minlength=n * c * c).view(n, c, c)
         tp = torch.diagonal(conf, dim1=1, dim2=2).double()

@@ -84,6 +84,9 @@ class Column(NamedTuple):
 MSE_COLUMN = Column("MSE", lambda f: _metrics(f).mse, _general)
 PERPLEXITY_COLUMN = Column("perplexity ↓", lambda f: _metrics(f).perplexity, _fixed(2))
 """A language model's perplexity (lower is better); first, when some run has one."""
+WORD_ACCURACY_COLUMN = Column("acc. no oov/eos (%)",
+                              lambda f: _metrics(f).accuracy_no_oov_no_eos, _percent)
+"""A language model's accuracy on targets other than <unk> and <eos>; after perplexity."""
 PARTICIPATION_COLUMN = Column("participation (%)", lambda f: f.participation, _percent)
 COLUMNS: list[Column] = [
     Column("accuracy (%)", lambda f: _metrics(f).accuracy, _percent),
@@ -125,7 +128,10 @@ def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
     columns = [c for c in COLUMNS if (c is not MSE_COLUMN or regression)
                and (c is not PARTICIPATION_COLUMN or partial)]
     if any(_metrics(s.final).perplexity is not None for s in summaries):
-        columns = [PERPLEXITY_COLUMN, *(c for c in columns if c.header != "macro-F1 (%)")]
+        words = [WORD_ACCURACY_COLUMN] if any(
+            _metrics(s.final).accuracy_no_oov_no_eos is not None for s in summaries) else []
+        columns = [PERPLEXITY_COLUMN, *words,
+                   *(c for c in columns if c.header != "macro-F1 (%)")]
     if any(s.holdout is not None or s.final.placement_ari is not None
            or s.final.holdout_accuracy is not None for s in summaries):
         at = next(i for i, c in enumerate(columns) if c.header == "ARI") + 1
