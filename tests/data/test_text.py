@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clusterfl.data.scenarios import make_federation
-from clusterfl.data.sources import load_source
+from clusterfl.data.sources import load_source, text_source
 from clusterfl.data.text import (
     TextCorpus,
     Vocab,
@@ -123,6 +123,31 @@ def test_topics_scenario_gives_each_client_one_topic() -> None:
         make_federation("digits", "topics", {})
     with pytest.raises(ConfigError, match="topics"):
         make_federation("synthetic_topics", "iid", {})
+
+
+def test_a_seq_len_too_long_names_seq_len_and_its_range() -> None:
+    """Each client: 8 training articles and 2 test articles of 5 words, each + <eos>: 48
+    training and 12 test tokens. A sequence takes seq_len + 1 tokens, so 11 is the longest
+    that fits; 12 named `scenario.n_test_per_client` (not set) and no range."""
+    src = text_source(synthetic_topics(n_words=10, articles=8, length=5, test_articles=2))
+    params = {"n_clients": 4, "vocab_size": 14}
+    fed = make_federation(src, "topics", {**params, "seq_len": 11}, seed=0)
+    assert np.diff(fed.test_offsets).tolist() == [1] * 4
+    for seq_len in (12, 60):
+        with pytest.raises(ConfigError) as info:
+            make_federation(src, "topics", {**params, "seq_len": seq_len}, seed=0)
+        assert info.value.field == "scenario.seq_len" and "\n" not in str(info.value)
+        assert info.value.message == (
+            f"{seq_len} leaves client 0 without a test sequence (it has 12 test tokens, a "
+            "sequence takes seq_len + 1); allowed: 1 to 11 with these articles, or give "
+            "each client more test articles (scenario.n_test_per_client) or use fewer "
+            "clients")
+    more_test = text_source(synthetic_topics(n_words=10, articles=2, length=5,
+                                             test_articles=8))  # 12 training tokens now
+    with pytest.raises(ConfigError, match=r"^scenario\.seq_len: 12 leaves client 0 without a "
+                                          r"train sequence .*allowed: 1 to 11 .*"
+                                          r"scenario\.n_train_per_client"):
+        make_federation(more_test, "topics", {**params, "seq_len": 12}, seed=0)
 
 
 def test_topic_articles_come_from_their_topic() -> None:

@@ -328,23 +328,18 @@ def topic_federation(corpus: TextCorpus, p: TopicsParams,
         vocab = Vocab.load(p.vocab_file)
     else:
         vocab = Vocab.build((corpus.train_texts[i] for i in train_ids), p.vocab_size)
-    cat: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
+    streams: dict[str, list[list[int]]] = {}
     for split, texts in (("train", corpus.train_texts), ("test", corpus.test_texts)):
-        xs, ys = [], []
-        wordless, short = 0, None  # articles of nothing but <eos>; a client without windows
-        for i, share in enumerate(shares[split]):
+        streams[split], wordless = [], 0  # wordless: articles of nothing but <eos>
+        for share in shares[split]:
             articles = [vocab.ids(texts[a]) for a in share]
             wordless += sum(len(ids) == 1 for ids in articles)
-            stream = [t for ids in articles for t in ids]
-            x, y = windows(stream, p.seq_len)
-            if len(x) == 0 and short is None:
-                short = (i, len(stream))
-            xs.append(x)
-            ys.append(y)
+            streams[split].append([t for ids in articles for t in ids])
         _check_words(corpus.where(split), wordless, sum(len(share) for share in shares[split]))
-        if short is not None:  # after the words: text without words is the cause to name
-            raise ConfigError(f"n_{split}_per_client", f"client {short[0]} has {short[1]} "
-                              f"{split} tokens, fewer than seq_len + 1 = {p.seq_len + 1}")
+    _check_seq_len(streams, p.seq_len)  # after the words: text without words is the cause
+    cat: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
+    for split, client_streams in streams.items():
+        xs, ys = zip(*(windows(stream, p.seq_len) for stream in client_streams), strict=True)
         sizes = np.array([len(x) for x in xs], dtype=np.int64)
         cat[split] = (torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
                       np.concatenate([[0], np.cumsum(sizes)]))
@@ -352,6 +347,20 @@ def topic_federation(corpus: TextCorpus, p: TopicsParams,
             "clusters": [{"topic": corpus.topic_names[k]} for k in topics]}
     return Federation(*cat["train"], *cat["test"], clusters=clusters, n_classes=len(vocab),
                       task="language_model", name=f"{corpus.name}/topics", meta=meta)
+
+
+def _check_seq_len(streams: dict[str, list[list[int]]], seq_len: int) -> None:
+    """Refuse a `seq_len` that leaves a client without a training or test sequence (one takes
+    seq_len + 1 tokens), naming the longest that gives every client one."""
+    lengths = [(len(s), split, i) for split, ss in streams.items() for i, s in enumerate(ss)]
+    tokens, split, client = min(lengths)
+    if tokens < seq_len + 1:
+        allowed = (f"allowed: 1 to {tokens - 1} with these articles" if tokens > 1
+                   else "no seq_len fits")
+        raise ConfigError("seq_len", f"{seq_len} leaves client {client} without a {split} "
+                          f"sequence (it has {tokens} {split} tokens, a sequence takes seq_len "
+                          f"+ 1); {allowed}, or give each client more {split} articles "
+                          f"(scenario.n_{split}_per_client) or use fewer clients")
 
 
 def _check_words(where: str, wordless: int, articles: int) -> None:
