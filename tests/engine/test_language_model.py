@@ -208,6 +208,36 @@ def test_a_run_reports_both_accuracies(tmp_path: Path,
     assert h.final.metrics.accuracy == pytest.approx(acc)  # the same run otherwise
 
 
+def test_a_language_model_of_ones_own_token_ids() -> None:
+    """`Federation.from_clients(..., task="language_model")` flattened the [N, T] targets
+    and made the token ids float: a ValueError traceback ("offsets end at 400 but x has 80
+    rows"). Now ids stay int64 [N, T], the vocabulary size is the largest id + 1, an LSTM
+    trains on it, and its word accuracy is null (which ids are <unk>, <eos> is unknown)."""
+    from clusterfl.data.federation import Federation
+    from clusterfl.errors import DataError
+
+    g = torch.Generator().manual_seed(0)
+    clients = []
+    for _ in range(4):
+        x, y = torch.randint(0, 9, (20, 5), generator=g), torch.randint(0, 9, (20, 5), generator=g)
+        clients.append((x[:15], y[:15], x[15:], y[15:]))
+    clients[0][1][0, 0] = 11  # the largest id
+    fed = Federation.from_clients(clients, task="language_model")
+    assert fed.x_train.dtype == fed.y_train.dtype == torch.int64
+    assert tuple(fed.y_train.shape) == (60, 5) and fed.n_classes == 12
+    assert bool((fed.y_test[:5] == clients[0][3]).all())
+    raw = _config("fedavg", 1)
+    del raw["data"], raw["scenario"]
+    m = Experiment(load_config(raw), federation=fed).run(progress=False).final.metrics
+    assert m is not None and m.perplexity is not None and m.accuracy_no_oov_no_eos is None
+    with pytest.raises(DataError, match=r"client 1 test has inputs \(5, 5\) torch.float32 .*"
+                                        r"integer token ids \[N, T\]"):
+        Federation.from_clients([*clients[:1], (*clients[1][:2], clients[1][2].float(),
+                                                clients[1][3])], task="language_model")
+    with pytest.raises(DataError, match="n_classes = 11 but the token id 11 occurs"):
+        Federation.from_clients(clients, n_classes=11, task="language_model")
+
+
 @pytest.mark.parametrize("name", ["flt", "pacfl", "pca_km_hc"])
 def test_methods_needing_real_inputs_refuse_in_one_line(name: str) -> None:
     fed, _ = _tiny(8)

@@ -400,6 +400,25 @@ def _cluster_ids(clusters: Any, name: str) -> np.ndarray:
     return ids.astype(np.int64)
 
 
+def _token_split(parts: list[tuple[torch.Tensor, torch.Tensor]], name: str,
+                 split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """A language model's split: each client's integer token ids `[N, T]` as inputs and the
+    next tokens `[N, T]` as targets (int64 both); DataError naming the client otherwise."""
+    for i, (x, y) in enumerate(parts):
+        bad = next((t for t in (x, y) if t.is_floating_point() or t.dim() != 2), None)
+        if bad is not None or x.shape != y.shape:
+            raise DataError(f"{name}: client {i} {split} has inputs {tuple(x.shape)} "
+                            f"{x.dtype} and targets {tuple(y.shape)} {y.dtype}; a language "
+                            "model takes integer token ids [N, T] as inputs and the next "
+                            "tokens [N, T] as targets")
+        if (x.numel() and int(x.min()) < 0) or (y.numel() and int(y.min()) < 0):
+            raise DataError(f"{name}: client {i} {split} has a negative token id; ids are "
+                            "0, 1, ... (the vocabulary's)")
+    sizes = np.array([len(x) for x, _ in parts], dtype=np.int64)
+    return (torch.cat([x.long() for x, _ in parts]), torch.cat([y.long() for _, y in parts]),
+            np.concatenate([[0], np.cumsum(sizes)]))
+
+
 def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
               clusters: Sequence[int] | np.ndarray | None, n_classes: int | None, task: Task,
               name: str, data: dict[str, Any]) -> Federation:
@@ -422,6 +441,9 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
                 raise DataError(f"{name}: client {i} {split} has targets of shape "
                                 f"{tuple(y.shape)}; give one {one} per sample")
             check_client(x, y, task, f"{name}: client {i} {split}")
+        if task == "language_model":  # token ids [N, T] in and out, kept integer
+            cat[split] = _token_split(parts, name, split)
+            continue
         xs = [x.reshape(len(x), *shape).float() for x, _ in parts]
         for i, x in enumerate(xs):
             if len(x) and not bool(torch.isfinite(x).all()):  # finite before, not in float32
@@ -433,7 +455,14 @@ def assemble_clients(splits: dict[str, list[tuple[torch.Tensor, torch.Tensor]]],
         y_all = y_all.long() if task == "classification" else y_all.float()
         sizes = np.array([len(y) for y in ys], dtype=np.int64)
         cat[split] = (torch.cat(xs), y_all, np.concatenate([[0], np.cumsum(sizes)]))
-    if task == "classification":
+    if task == "language_model":
+        seen = max(int(t.max()) + 1 if t.numel() else 1 for part in cat.values()
+                   for t in part[:2])
+        if n_classes is not None and n_classes < seen:
+            raise DataError(f"{name}: n_classes = {n_classes} but the token id {seen - 1} "
+                            "occurs; n_classes is the vocabulary size")
+        n_classes = n_classes or seen
+    elif task == "classification":
         labels = torch.cat([cat["train"][1], cat["test"][1]])
         if len(labels) and int(labels.min()) < 0:
             raise DataError(f"{name}: class labels must be 0, 1, ...; found {int(labels.min())}")
