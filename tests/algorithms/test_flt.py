@@ -150,6 +150,43 @@ def test_clients_without_a_signature_become_their_own_clusters(aggregation):
     assert algo.predictor().members.max() < rows
 
 
+class FewAnswer(SequentialBackend):
+    """Only the clients of `answering` send a signature (the others dropped out)."""
+
+    answering: tuple[int, ...] = (0, 1, 4)
+
+    def embed(self, req: EmbedRequest) -> EmbedReply:
+        reply = super().embed(req)
+        return subset(reply, np.flatnonzero(np.isin(reply.clients, self.answering)))
+
+
+@pytest.mark.parametrize("answering", [(0, 1, 4), (7,), ()])
+@pytest.mark.parametrize("name", ["flt", "pca_km_hc"])
+def test_n_clusters_above_the_signatures_that_arrived_is_lowered_to_their_number(
+        name, answering):
+    """Before: `ConfigError: algorithm.n_clusters: 4 clusters asked, only 3 clients have a
+    signature` in round 1; now lowered to the signatures that arrived, as PACFL and FL+HC
+    do: each client with a signature its own cluster, every other client one of its own."""
+    fed = prototypes_federation()
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [32]}), fed.input_shape,
+                           fed.n_outputs)
+    backend = FewAnswer(fed, factory)
+    backend.answering = answering
+    ctx = Context(backend, factory, LocalTraining(lr=0.1, batch_size=10), fed.n_clients,
+                  fed.train_sizes, np.random.default_rng(0), seed=0)
+    settings = {**FAST_FLT, "umap": False, "finetune_epochs": 0} if name == "flt" else \
+        {"name": name, "k": 3}
+    algo = ALGORITHMS[name](ALGORITHMS[name].Config(**{**settings, "n_clusters": 4}))
+    algo.setup(ctx)
+    extras = algo.run_round(ctx, 1)
+    assert isinstance(extras, flt.FLTClusteringExtras)
+    labels = algo.assignment()
+    assert sorted(labels.tolist()) == list(range(12))  # 12 clusters of one client each
+    assert set(labels[list(answering)].tolist()) == set(range(len(answering)))
+    assert extras.n_clusters_found == 12 and extras.rejected_signatures == 12 - len(answering)
+    assert algo.relatedness()["signature_clients"].tolist() == list(answering)
+
+
 # ============================================================================ encoders
 
 

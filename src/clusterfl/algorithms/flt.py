@@ -57,7 +57,9 @@ Choices the paper leaves open (or states differently from the authors' code), an
   A client absent from the reply — it dropped out of the clustering request, or the
   validation of `clusterfl.robust` rejected its signature (non-finite values) — has no
   signature: it is left out of UMAP and the adjacency and becomes its own cluster (counted
-  in the round's `rejected_signatures`).
+  in the round's `rejected_signatures`). A fixed `n_clusters` larger than the signatures that
+  arrived is lowered to their number (as PACFL and FL+HC; `oneshot.cut_clients`): each of
+  those clients its own cluster, recorded in `n_clusters_found` and `rejected_signatures`.
 - Initial models: one PyTorch default initialisation (seed of the run) for every client (Case I)
   or every cluster (Case II), as FedAvg starts.
 - Encoder fine-tuning (Enc2): Adam, lr 1e-3, binary cross-entropy, minibatch 32, F = 5 epochs
@@ -136,7 +138,6 @@ from clusterfl.clustering.relatedness import (
     umap_embed_new,
 )
 from clusterfl.config_util import MAX_SEED
-from clusterfl.errors import ConfigError
 from clusterfl.protocol import (
     EmbedReply,
     EmbedRequest,
@@ -421,9 +422,6 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         related = threshold(a, cfg.threshold) if cfg.threshold is not None else np.eye(n)
         feats = related if cfg.threshold is not None else a
         z = ward_linkage(feats[np.ix_(good, good)])
-        if cfg.n_clusters is not None and cfg.n_clusters > len(good):
-            raise ConfigError("algorithm.n_clusters", f"{cfg.n_clusters} clusters asked, only "
-                              f"{len(good)} clients have a signature")
         labels = np.full(n, -1, dtype=np.int64)
         score = None
         if cfg.n_clusters is None and cfg.auto_clusters == "components":
