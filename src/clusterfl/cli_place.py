@@ -10,9 +10,10 @@ federation, held-out clients included), optionally changed with `--set` (e.g. `-
 for fresh data from the same recipe, or `--set scenario.n_clients=24 --clients 20-23`) or
 `[backend]`; `rounds`, `[model]`, `[train]` and `[algorithm]` must stay the run's (they define
 the placement rule; a `--set` of them is refused naming the key). A placement runs with the
-default reply validation and without simulated faults, attackers or privacy noise (as the
-run's own placement of its held-out clients), so `--set` of those tables changes nothing and
-says so. Each
+run's `[validation]` and, for a private run, its `[privacy]` (every newcomer's update
+clipped and noised alone; the ε of the newcomers' releases is printed below the table), as
+the run's own placement of its held-out clients; it simulates no faults or attackers, so
+`--set` of `[faults]` or `[adversary]` changes nothing and says so. Each
 client is placed by its method's rule (`Algorithm.placement`, through the protocol only,
 without changing the method's state; docs/placement.md) and evaluated on its own test data
 with the model it was placed on.
@@ -183,11 +184,13 @@ def cmd_place(args: argparse.Namespace) -> int:
     if args.json:
         check_json_target(Path(args.json))
     saved, origin = load_state(run_dir)
-    rows, label = place_clients(run_dir, saved, args.clients, list(args.set or []),
-                                args.data_dir)
+    rows, label, privacy = place_clients(run_dir, saved, args.clients,
+                                         list(args.set or []), args.data_dir)
     con = Console(highlight=False)
     con.print(f"{label}: state from {origin}")
     con.print(placement_table(rows, label))
+    if privacy is not None:
+        con.print(f"privacy: {privacy['note']}", markup=False)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(json_ready(rows), indent=2))
@@ -264,15 +267,17 @@ def _check_vocabulary(run_dir: Path, words: list[str] | None) -> None:
 
 def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
                   overrides: list[str], data_dir: str | None = None,
-                  ) -> tuple[list[dict[str, Any]], str]:
-    """Place clients of the (possibly changed) run federation: one dict per client, and the
-    method's label."""
+                  ) -> tuple[list[dict[str, Any]], str, dict[str, Any] | None]:
+    """Place clients of the (possibly changed) run federation: one dict per client, the
+    method's label, and what `[privacy]` did (`holdout.placement_privacy`; None without
+    it)."""
     import numpy as np
 
     from clusterfl.backends.subset import SubsetBackend
     from clusterfl.checkpoint import data_changes
     from clusterfl.config import load_config, read_toml
     from clusterfl.experiment import Experiment, build_backend
+    from clusterfl.holdout import placement_privacy
     from clusterfl.protocol import EvaluateRequest
 
     if data_dir:
@@ -322,18 +327,22 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
         acc[reply.clients] = reply.accuracy
     finally:
         backend.close()
-    return _rows(exp, alg, ids, placed, acc, same_federation, _run_truth(run_dir)), \
-        alg.label()
+    return (_rows(exp, alg, ids, placed, acc, same_federation, _run_truth(run_dir)),
+            alg.label(), placement_privacy(config, ctx, alg.label()))
 
 
 FEDERATION = ("seed", "data", "scenario")
 """What `--set` may change: the federation the clients come from."""
-NO_EFFECT = ("eval_every", "eval_clients", "checkpoint_every", "output",
-             "validation", "faults", "adversary", "privacy")
-"""Settings that a placement does not read: the run's bookkeeping, and the robustness tables
-(a placement's guard is the default one: `Holdout.context`); `--set` of them is accepted with
-a note. `[backend]` (where and how the clients compute) may change too: a
-placement runs unchanged on every backend."""
+NO_EFFECT = ("eval_every", "eval_clients", "checkpoint_every", "output", "faults",
+             "adversary")
+"""Settings that a placement does not read: the run's bookkeeping, faults and attackers (a
+placement's guard simulates neither: `Holdout.guard`); `--set` of them is accepted with a
+note. `[backend]` (where and how the clients compute) may change too: a placement runs
+unchanged on every backend; so may `[validation]` and `[privacy]`, which a placement
+applies as the run did (`Holdout.guard`)."""
+APPLIED = ("backend", "validation", "privacy")
+"""Tables `--set` may change besides the federation: where the clients compute, and the
+reply checks and privacy a placement applies."""
 WHERE = ("data_dir",)
 """`[data]` keys that only say where the files are (`--data-dir`): they do not make another
 federation; a change of the files themselves is caught by the checkpoint's digests."""
@@ -377,7 +386,8 @@ def _override(raw: dict[str, Any], base: dict[str, Any], overrides: list[str],
 
 def _check_overrides(base: dict[str, Any], now: dict[str, Any], overrides: list[str],
                      ) -> None:
-    """`--set` may change the federation (`FEDERATION`) and `[backend]`; a change of anything
+    """`--set` may change the federation (`FEDERATION`), `[backend]`, `[validation]` and
+    `[privacy]`; a change of anything
     else the placement reads (`rounds`, `[model]`, `[train]`, `[algorithm]`: they define
     the method's placement rule, e.g. Local trains `rounds` × `[train]`)
     is a one-line ClusterFLError naming the key as `--set` gave it; one of `NO_EFFECT` gets a
@@ -385,7 +395,7 @@ def _check_overrides(base: dict[str, Any], now: dict[str, Any], overrides: list[
     from clusterfl.checkpoint import first_difference
 
     for key in dict.fromkeys([*base, *now]):
-        if key in FEDERATION or key == "backend" or base.get(key) == now.get(key):
+        if key in FEDERATION or key in APPLIED or base.get(key) == now.get(key):
             continue
         given = [k for k in (o.split("=", 1)[0].strip() for o in overrides)
                  if k.split(".", 1)[0] == key]
@@ -399,7 +409,7 @@ def _check_overrides(base: dict[str, Any], now: dict[str, Any], overrides: list[
             continue
         raise ClusterFLError(f"--set {dotted}: placement needs the run's own rounds, [model], "
                              "[train] and [algorithm]; --set may change seed, [data], "
-                             "[scenario] and [backend]")
+                             "[scenario], [backend], [validation] and [privacy]")
 
 
 def _run_truth(run_dir: Path) -> list[int] | None:

@@ -43,7 +43,7 @@ from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.data.text import VOCAB_FILE, TopicsParams, Vocab
 from clusterfl.errors import ClusterFLError, ConfigError
-from clusterfl.holdout import Holdout
+from clusterfl.holdout import Holdout, private
 from clusterfl.models import MODELS, ModelFactory
 from clusterfl.plugins import own_code_error
 from clusterfl.progress import Progress, want_progress
@@ -324,9 +324,8 @@ class Experiment:
         return history
 
     def _private(self) -> bool:
-        """Whether `[privacy]` applies: it is set and the method sends updates (Local's
-        training stays on its clients: clipping and noising it would protect nothing)."""
-        return self.config.privacy.clip is not None and self.config.algorithm.shares_updates
+        """Whether `[privacy]` applies (`holdout.private`)."""
+        return private(self.config)
 
     def console_warning(self, line: str) -> str:
         """A warning of this run as the console shows it; named after the method when

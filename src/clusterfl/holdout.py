@@ -26,6 +26,7 @@ from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.protocol import EvaluateRequest
 from clusterfl.records import json_ready
+from clusterfl.robust.guard import Guard
 
 
 @dataclass
@@ -60,14 +61,33 @@ class Holdout:
         """The context a placement runs in: clients `ids` of the whole federation (held by
         `backend`) as 0..n−1, the run's seed and rounds, a generator of its own (the same for
         every placement: `clusterfl place` of the held-out clients repeats the run's), the
-        default guard, its own communication count."""
+        placement's guard (`guard`), its own communication count."""
         run = self.config.run
         ids = client_ids(ids, self.full.n_clients, "ids")
+        sizes = self.full.train_sizes[ids]
         return Context(
             backend=SubsetBackend(backend, ids), factory=factory,
             training=self.config.train.local_training(), n_clients=len(ids),
-            train_sizes=self.full.train_sizes[ids], rng=np.random.default_rng([run.seed, 6007]),
-            seed=run.seed, rounds=run.rounds)
+            train_sizes=sizes, rng=np.random.default_rng([run.seed, 6007]),
+            seed=run.seed, rounds=run.rounds, guard=self.guard(len(ids), sizes))
+
+    def guard(self, n: int, train_sizes: np.ndarray) -> Guard:
+        """The robustness layer of a placement of `n` clients: the run's `[validation]`, and
+        its `[privacy]` when the run's clients were private (`private`), with every
+        newcomer's update noised alone — N(0, σ²S²) on each, `noise = "local"` whatever the
+        run's `noise` — because a placement decides from each newcomer's update by itself
+        (it forms no aggregate to share the noise over); every newcomer is asked in every
+        release (sampling rate 1). No faults and no attackers: those are drawn among the
+        trained clients and the run's rounds. Its noise comes from round T + 1 (after the
+        run's last round), so it never repeats a draw of the run's."""
+        privacy = None
+        p = self.config.privacy
+        if private(self.config):
+            privacy = p.model_copy(update={"noise": "local"}) if p.noise_multiplier > 0 else p
+        guard = Guard(n, self.config.run.seed, train_sizes, self.config.validation,
+                      privacy=privacy, sampling_rate=1.0)
+        guard.begin_round(self.config.run.rounds + 1)
+        return guard
 
     def place(self, algorithm: Algorithm, factory: ModelFactory,
               backend: Backend) -> dict[str, Any]:
@@ -106,7 +126,48 @@ class Holdout:
             out["mse"] = mse.tolist()
         if placed.details is not None:
             out["details"] = placed.details
+        if self.config.privacy.clip is not None:
+            out["privacy"] = placement_privacy(self.config, ctx, algorithm.label())
         return json_ready(out)
+
+
+def private(config: Config) -> bool:
+    """Whether `[privacy]` applies to the run's clients (and so to its newcomers): it is set
+    and the method sends updates (Local's training stays on its clients: clipping and
+    noising it would protect nothing)."""
+    return config.privacy.clip is not None and config.algorithm.shares_updates
+
+
+def placement_privacy(config: Config, ctx: Context, label: str) -> dict[str, Any] | None:
+    """What `[privacy]` did for a placement by `label` (the method) on `ctx` (its guard,
+    `Holdout.guard`): the
+    guard's report — clip, σ, the noised releases, ε at δ for the newcomers (each newcomer's
+    data is in no release of the run: these releases are all its ε counts) — and `note`, one
+    line saying what it covers. None without `[privacy]`."""
+    if config.privacy.clip is None:
+        return None
+    if not private(config):
+        return {"note": f"[privacy] does not apply to {label}: its newcomers send nothing "
+                        "to the server"}
+    assert ctx.guard is not None
+    report = ctx.guard.privacy_report()
+    assert report is not None
+    releases = report["releases"]
+    clipped = int(ctx.guard.totals["clipped"])
+    if ctx.client_updates:  # updates (models, gradients) went through the guard's privacy
+        eps = report["epsilon"]
+        said = ("no noise (noise_multiplier = 0): no ε" if eps is None else
+                f"ε = {eps:.4g} at δ = {report['delta']:g} over {releases} release(s), each "
+                f"newcomer's update noised alone (σ = {report['noise_multiplier']:g})")
+        note = (f"the newcomers' updates were clipped to S = {report['clip']:g} "
+                f"({clipped} above it); {said}")
+    elif ctx.floats_up > 0:
+        note = (f"{label}'s placement sends no update (model or gradient) to clip or noise: "
+                "what its newcomers send (losses, signatures, bases, counts, mixture "
+                "weights) is not covered by [privacy], as in the run (docs/security.md)")
+    else:
+        note = f"{label}'s placement asks the newcomers for nothing: nothing to protect"
+    return {**report, "note": note}
 
 
 def placement_match(truth: np.ndarray | None, placed: np.ndarray,

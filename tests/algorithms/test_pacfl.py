@@ -236,7 +236,7 @@ def test_saved_config_toml_with_n_clusters_loads_again_and_places(tmp_path):
     assert back.algorithm.model_dump() == exp.config.algorithm.model_dump()
     assert back.algorithm.cut() == (None, 3)  # type: ignore[attr-defined]
     saved, _ = load_state(tmp_path / "run")
-    rows, _ = place_clients(tmp_path / "run", saved, "0-11", [])
+    rows, _, _ = place_clients(tmp_path / "run", saved, "0-11", [])
     assert [r["cluster"] for r in rows] == [r["run_cluster"] for r in rows]  # its own again
     assert [r["run_cluster"] for r in rows] == exp.algorithm.assignment().tolist()
 

@@ -325,3 +325,122 @@ def test_the_smallest_holdout_the_error_allows_holds_out_one_client():
         holdout_split(None, 5, 0.05, seed=0)
     _, hold = holdout_split(None, 5, 0.2, seed=0)
     assert len(hold) == 1
+
+
+def _gaussian_epsilon(sigma: float, delta: float) -> float:
+    """The exact ε of one Gaussian mechanism of noise multiplier σ at δ (Balle & Wang 2018,
+    Thm. 8: δ(ε) = Φ(1/(2σ) − εσ) − e^ε Φ(−1/(2σ) − εσ)), by bisection: no accountant
+    may report less."""
+    from scipy.stats import norm
+
+    def gap(eps: float) -> float:
+        return float(norm.cdf(0.5 / sigma - eps * sigma)
+                     - np.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma)) - delta
+
+    lo, hi = 0.0, 100.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
+    return hi
+
+
+def test_a_private_runs_newcomers_send_clipped_noised_updates_and_their_epsilon_is_reported(
+        monkeypatch):
+    """Before: the placement's guard was the default one, whatever `[privacy]` said: FL+HC's
+    newcomers sent their trained models unclipped and unnoised, and no ε was reported. Now
+    each newcomer's update is clipped to S and gets N(0, σ²S²) of its own (the placement uses
+    every update alone), drawn from round T + 1's noise stream, and `holdout.privacy` reports
+    the ε of the one release."""
+    from clusterfl.algorithms.base import Context
+    from clusterfl.protocol import TrainRequest
+    from clusterfl.robust.privacy import DEFAULT_ORDERS
+
+    clip, sigma, rounds = 0.05, 1.0, 4
+    cfg = rotation({"name": "flhc", "warmup_rounds": 2}, rounds=rounds,
+                   privacy={"clip": clip, "noise_multiplier": sigma})
+    exp = Experiment.from_config(cfg)
+    raw: list[Any] = []  # the placing side's replies as the newcomers computed them
+    sent: list[tuple[Any, Any]] = []  # (request, reply) as the method received them
+    execute, send = SubsetBackend.execute, Context.send
+
+    def spy_execute(self, request):
+        reply = execute(self, request)
+        if self.ids is not exp.train_ids and isinstance(request, TrainRequest):
+            raw.append(reply)
+        return reply
+
+    def spy_send(self, request):
+        reply = send(self, request)
+        if isinstance(request, TrainRequest):
+            sent.append((request, reply))
+        return reply
+
+    monkeypatch.setattr(SubsetBackend, "execute", spy_execute)
+    monkeypatch.setattr(Context, "send", spy_send)
+    held = exp.run(progress=False).summary.holdout
+    assert held is not None and len(raw) == 1  # FL+HC places with one training request
+    request, got = sent[-1]
+    assert got.clients.tolist() == raw[0].clients.tolist() == [0, 1, 2, 3]
+    base = request.models[0].double()
+    delta = raw[0].params.double() - base
+    norms = torch.linalg.vector_norm(delta, dim=1)
+    assert (norms > clip).all()  # every newcomer's update is clipped: S binds
+    clipped = delta * (clip / norms)[:, None]
+    g = torch.Generator()  # the guard's noise stream of round T + 1, its first request
+    g.manual_seed(int(np.random.default_rng([0, rounds + 1, 1, 31337]).integers(0, 2**63 - 1)))
+    noise = sigma * clip * torch.randn(tuple(delta.shape), generator=g, dtype=torch.float64)
+    torch.testing.assert_close(got.params.double(), base + clipped + noise,
+                               atol=1e-6, rtol=1e-5)
+    assert got.n_samples.tolist() == [1, 1, 1, 1]
+    report = held["privacy"]
+    assert (report["clip"], report["noise_multiplier"], report["noise"]) == (clip, sigma, "local")
+    assert (report["releases"], report["unsampled_releases"], report["sampling_rate"]) == \
+        (1, 0, 1.0)
+    # one Gaussian(σ) release: between the exact ε and the plain RDP conversion's
+    rdp = min(a / (2 * sigma**2) + np.log(1 / 1e-5) / (a - 1) for a in DEFAULT_ORDERS)
+    assert _gaussian_epsilon(sigma, 1e-5) <= report["epsilon"] <= rdp
+    assert report["note"] == (f"the newcomers' updates were clipped to S = 0.05 (4 above "
+                              f"it); ε = {report['epsilon']:.4g} at δ = 1e-05 over 1 "
+                              "release(s), each newcomer's update noised alone (σ = 1)")
+
+
+def test_a_placement_that_sends_no_update_says_privacy_does_not_cover_it():
+    held = Experiment.from_config(rotation(
+        {"name": "ifca", "n_clusters": 2}, rounds=2, privacy={"clip": 1.0})).run(
+        progress=False).summary.holdout
+    assert held is not None
+    report = held["privacy"]
+    assert report["releases"] == 0 and report["epsilon"] is None
+    assert report["note"] == (
+        "IFCA (K=2)'s placement sends no update (model or gradient) to clip or noise: what "
+        "its newcomers send (losses, signatures, bases, counts, mixture weights) is not "
+        "covered by [privacy], as in the run (docs/security.md)")
+
+
+def test_a_placement_checks_the_newcomers_updates_with_the_runs_validation(monkeypatch):
+    """Before: a placement checked replies with the default `[validation]` whatever the run
+    set; a newcomer whose update is 5 times the others' was placed under the run's
+    `median_multiple = 2`. Now it is rejected (placed nowhere, -1), as in the run."""
+    from clusterfl.protocol import TrainRequest
+
+    cfg = rotation({"name": "flhc", "warmup_rounds": 2}, rounds=4,
+                   validation={"median_multiple": 2.0})
+    exp = Experiment.from_config(cfg)
+    execute = SubsetBackend.execute
+
+    def inflate(self, request):  # newcomer 1 sends 5 × its update
+        reply = execute(self, request)
+        if self.ids is not exp.train_ids and isinstance(request, TrainRequest):
+            params = reply.params.clone()
+            base = request.models[request.model_of_client[1]]
+            params[1] = base + 5 * (params[1] - base)
+            reply = reply.with_update_rows(params)
+        return reply
+
+    monkeypatch.setattr(SubsetBackend, "execute", inflate)
+    summary = exp.run(progress=False).summary
+    assert summary.robust is not None and summary.robust["rejected"] == 0  # the run's own
+    held = summary.holdout
+    assert held is not None and held["placed_clusters"][1] == -1
+    assert held["details"][1] == {"answered": False}
+    assert min(held["placed_clusters"][k] for k in (0, 2, 3)) >= 0

@@ -121,15 +121,16 @@ def test_set_of_rounds_or_train_is_refused_naming_the_key(ifca_run, capsys, sett
     captured = capsys.readouterr()
     assert captured.err == (f"clusterfl: error: --set {key}: placement needs the run's own "
                             "rounds, [model], [train] and [algorithm]; --set may change "
-                            "seed, [data], [scenario] and [backend]\n")
+                            "seed, [data], [scenario], [backend], [validation] and "
+                            "[privacy]\n")
     assert captured.out == ""
 
 
 @pytest.mark.parametrize("settings", [
     ("output.figures=true", "eval_every=3"),
-    # before: refused as "defining the placement rule", though a placement's guard is the
-    # default one (no faults, attackers or noise; the default validation)
-    ("faults.dropout=0.5", "privacy.clip=0.01"),
+    # before: refused as "defining the placement rule", though a placement's guard
+    # simulates no faults or attackers
+    ("faults.dropout=0.5", "checkpoint_every=5"),
 ])
 def test_set_of_what_a_placement_does_not_read_is_accepted_with_a_note(
         ifca_run, tmp_path, capsys, settings):
@@ -143,6 +144,46 @@ def test_set_of_what_a_placement_does_not_read_is_accepted_with_a_note(
     assert capsys.readouterr().err.splitlines() == [
         f"clusterfl: note: --set {key} does not change a placement" for key in keys]
     assert json.loads(noted.read_text()) == json.loads(plain.read_text())
+
+
+def test_place_of_a_private_runs_held_out_clients_repeats_its_noised_placement(tmp_path,
+                                                                             capsys):
+    """Before: `place` noised nothing whatever the run's `[privacy]` (and `--set privacy.*`
+    was "accepted with a note"); now it clips and noises as the run's own placement of its
+    held-out clients did, and prints the ε of the newcomers' releases."""
+    cfg = tiny_config(rounds=4, n_clients=12, hidden=32, steps=0, checkpoint_every=4,
+                      algorithm={"name": "flhc", "warmup_rounds": 2},
+                      privacy={"clip": 0.05, "noise_multiplier": 1.0})
+    cfg["train"].update(lr=0.1, epochs=2)
+    cfg["scenario"]["holdout"] = 0.34
+    run = tmp_path / "run"
+    Experiment(load_config(cfg), run).run(progress=False)
+    held = json.loads((run / "summary.json").read_text())["holdout"]
+    dest = tmp_path / "placed.json"
+    capsys.readouterr()
+    assert main(["place", str(run), "--clients", ",".join(map(str, held["clients"])),
+                 "--json", str(dest)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"privacy: {held['privacy']['note']}" in out and "ε = " in out
+    rows = json.loads(dest.read_text())
+    assert [r["cluster"] for r in rows] == held["placed_clusters"]
+    assert [r["details"] for r in rows] == held["details"]  # the same noised distances
+    assert [r["accuracy"] for r in rows] == pytest.approx(held["accuracy"], abs=1e-9)
+    # another noise multiplier is applied, not noted as doing nothing
+    assert main(["place", str(run), "--clients", ",".join(map(str, held["clients"])),
+                 "--set", "privacy.noise_multiplier=4"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "(σ = 4)" in " ".join(captured.out.split())
+
+
+def test_set_privacy_on_a_method_whose_placement_sends_no_update_says_so(ifca_run, capsys):
+    assert main(["place", str(ifca_run), "--clients", "0", "--set", "privacy.clip=1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert ("privacy: IFCA (K=2)'s placement sends no update (model or gradient) to clip or "
+            "noise: what its newcomers send (losses, signatures, bases, counts, mixture "
+            "weights) is not covered by [privacy], as in the run (docs/security.md)"
+            ) in " ".join(captured.out.split())
 
 
 def test_set_scenario_name_drops_the_old_scenarios_parameters_with_a_note(ifca_run, capsys):
