@@ -186,6 +186,24 @@ def test_set_privacy_on_a_method_whose_placement_sends_no_update_says_so(ifca_ru
             ) in " ".join(captured.out.split())
 
 
+def test_set_adversary_label_flip_leaves_the_placement_as_its_note_says(ifca_run, tmp_path,
+                                                                       capsys):
+    """Before: the note said `--set adversary.kind` changes nothing, but the federation was
+    rebuilt with client 0's labels flipped: it was placed in the other cluster (a warning
+    named its changed data) and scored on flipped labels. Now the run's own [adversary]
+    (and [faults]) build the federation."""
+    plain, flipped = tmp_path / "plain.json", tmp_path / "flipped.json"
+    assert main(["place", str(ifca_run), "--clients", "0,1", "--json", str(plain)]) == 0
+    capsys.readouterr()
+    assert main(["place", str(ifca_run), "--clients", "0,1", "--json", str(flipped),
+                 "--set", "adversary.kind='label_flip'", "--set", "adversary.clients=[0]",
+                 "--set", "faults.drop_clients=[0]"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "clusterfl: note: --set faults.drop_clients does not change a placement",
+        "clusterfl: note: --set adversary.kind does not change a placement"]
+    assert json.loads(flipped.read_text()) == json.loads(plain.read_text())
+
+
 def test_set_scenario_name_drops_the_old_scenarios_parameters_with_a_note(ifca_run, capsys):
     # before: "scenario.layout: unknown parameter of scenario 'label_swap' ... [and 2 more
     # problem(s)]": config.toml holds every resolved parameter of the run's rotation
