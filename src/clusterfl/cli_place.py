@@ -327,6 +327,8 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
                                  "version: rerun the run") from None
         ctx = exp.placing_context(backend, ids)
         placed = _placement(alg, ctx)
+        for line in ctx.log:  # what the method says about the placement
+            print(f"clusterfl: warning: {line}", file=sys.stderr)
         reply = ctx.send(EvaluateRequest(placed.clients, placed.predictor))
         acc = np.full(len(ids), np.nan)
         acc[reply.clients] = reply.accuracy

@@ -312,6 +312,9 @@ class Experiment:
                 if held_out:
                     self.stage = "placing the held-out clients"
                     self.holdout = self.place_holdout(inner)
+                    for line in self.holdout.get("warnings", []):
+                        self.recorder.warnings.append(line)
+                        print(self.console_warning(line), file=sys.stderr, flush=True)
             finally:
                 inner.close()
             stalled = self.recorder.stalled(history.records)

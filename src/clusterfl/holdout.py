@@ -128,6 +128,8 @@ class Holdout:
             out["details"] = placed.details
         if self.config.privacy.clip is not None:
             out["privacy"] = placement_privacy(self.config, ctx, algorithm.label())
+        if ctx.log:  # what the method says about the placement (FLT: a UMAP fit differs)
+            out["warnings"] = list(ctx.log)
         return json_ready(out)
 
 

@@ -146,6 +146,35 @@ def test_flt_case_one_gives_a_newcomer_its_related_clients_mean_model():
         torch.testing.assert_close(own, models[members].mean(0))  # equal sizes: plain mean
 
 
+def test_flt_says_when_the_placements_embedding_differs_from_the_clusterings(
+        monkeypatch, capsys, tmp_path):
+    """Before: FLT's "the embedding fitted again differs" line went to `ctx.log`, which
+    nothing reads: the placement in another map was silent. Now it is a run warning
+    (console, `summary.warnings`, `holdout.warnings`), and `clusterfl place` warns too."""
+    from clusterfl.algorithms.flt import FLT
+    from clusterfl.cli import main
+
+    map_new = FLT._map_new
+
+    def moved(self, signatures, new, seed):  # as if UMAP fitted another map
+        train, mapped = map_new(self, signatures, new, seed)
+        return train + 1.0, mapped
+
+    monkeypatch.setattr(FLT, "_map_new", moved)
+    algo = {**FAST_FLT, "umap": False, "k": 2, "finetune_epochs": 0, "fraction": 1.0}
+    cfg = flt_config(algo, rounds=2, checkpoint_every=2)
+    cfg["scenario"]["holdout"] = 1 / 3
+    summary = Experiment.from_config(cfg, out_dir=tmp_path / "run").run(
+        progress=False).summary
+    line = (f"{summary.label}: the embedding fitted again differs from the clustering's "
+            "(UMAP not reproducible here); placing in the new fit")
+    assert summary.holdout is not None and summary.holdout["warnings"] == [line]
+    assert summary.warnings is not None and line in summary.warnings
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
+    assert main(["place", str(tmp_path / "run"), "--clients", "0"]) == 0
+    assert capsys.readouterr().err.splitlines() == [f"clusterfl: warning: {line}"]
+
+
 def test_umap_fitted_again_is_the_clustering_map():
     from clusterfl.clustering.relatedness import umap_embed, umap_embed_new
 
