@@ -287,10 +287,10 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
     config = load_config(_override(raw, base, overrides))
     now = config.to_dict()
     _check_overrides(base, now, overrides)
-    changed = [k for k in ("faults", "adversary") if now.get(k) != base.get(k)]
-    if changed:  # noted as changing nothing: the run's own (its label flippers' data stays)
-        config = load_config({**{k: v for k, v in now.items() if k not in changed},
-                              **{k: base[k] for k in changed if k in base}})
+    noted = [k for k in ("faults", "adversary") if now.get(k) != base.get(k)]
+    if noted:  # noted as changing nothing: the run's own (its label flippers' data stays)
+        config = load_config({**{k: v for k, v in now.items() if k not in noted},
+                              **{k: base[k] for k in noted if k in base}})
         now = config.to_dict()
     was = saved.get("config")
     if isinstance(was, dict):  # a checkpoint's whole config: config.toml must match it
