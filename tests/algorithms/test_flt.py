@@ -187,6 +187,33 @@ def test_n_clusters_above_the_signatures_that_arrived_is_lowered_to_their_number
     assert algo.relatedness()["signature_clients"].tolist() == list(answering)
 
 
+@pytest.mark.parametrize("aggregation", ["clusters", "relatedness"])
+def test_a_newcomer_after_a_clustering_without_signatures_keeps_the_initial_model(
+        aggregation):
+    """No signature arrived in the clustering round (every client its own cluster): a
+    newcomer joins no cluster. Before, Case I served it an all-zero model (the mean over no
+    related client) and named client 0 as its nearest clustered client; now the initial
+    model, as a client that did not answer, and no nearest client (-1)."""
+    fed = prototypes_federation()
+    factory = ModelFactory(model_config({"name": "mlp", "hidden": [32]}), fed.input_shape,
+                           fed.n_outputs)
+    backend = FewAnswer(fed, factory)
+    backend.answering = ()
+    ctx = Context(backend, factory, LocalTraining(lr=0.1, batch_size=10), fed.n_clients,
+                  fed.train_sizes, np.random.default_rng(0), seed=0)
+    algo = ALGORITHMS["flt"](flt.FLTConfig(**{**FAST_FLT, "umap": False, "finetune_epochs": 0,
+                                              "aggregation": aggregation}))
+    algo.setup(ctx)
+    algo.run_round(ctx, 1)
+    placing = Context(SequentialBackend(fed, factory), factory, ctx.training, 3,
+                      fed.train_sizes[:3], np.random.default_rng(0), seed=0)
+    placed = algo.placement(placing, np.arange(3))
+    assert placed.clusters.tolist() == [-1, -1, -1]
+    for row in placed.predictor.members[:, 0].tolist():
+        assert torch.equal(placed.predictor.models[row], algo.state.models[0])
+    assert placed.details == [{"ward_cost": [], "nearest_client": -1}] * 3
+
+
 # ============================================================================ encoders
 
 

@@ -542,7 +542,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         models, rows = self._placed_models(ids, reply.clients, dist, related, clusters)
         costs = answered(ids, reply.clients, cost, np.nan)
         nearest = answered(ids, reply.clients, good[np.argmin(dist, axis=1)] if len(good)
-                           else np.zeros(len(dist), np.int64), -1)
+                           else np.full(len(dist), -1, np.int64), -1)
         details = [{"ward_cost": [round(float(v), 5) for v in row],
                     "nearest_client": int(c)} for row, c in zip(costs, nearest, strict=True)]
         return Placement(ids, clusters, Predictor.single(models, rows), details)
@@ -551,8 +551,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                        related: np.ndarray, clusters: np.ndarray,
                        ) -> tuple[torch.Tensor, np.ndarray]:
         """The placed clients' models and each one's row: Case II its cluster's model, Case I
-        the p-weighted mean over its related clients (module doc); row 0 if it did not
-        answer."""
+        the p-weighted mean over its related clients (module doc); row 0 (the initial model)
+        if it did not answer or no client was clustered with a signature."""
         st = self.state
         if self.config.aggregation == "clusters":
             return st.models, np.maximum(clusters, 0)
@@ -568,7 +568,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         w = w / np.maximum(w.sum(1, keepdims=True), 1e-300)
         mine = torch.as_tensor(w, dtype=st.models.dtype) @ st.models[torch.from_numpy(good)]
         models = torch.cat([st.models[:1], mine])
-        rows = answered(ids, who, 1 + np.arange(len(who)), 0)
+        rows = answered(ids, who, np.where(own.sum(1) > 0, 1 + np.arange(len(who)), 0), 0)
         return models, rows
 
     def relatedness(self) -> dict[str, np.ndarray]:
