@@ -426,6 +426,39 @@ def test_config_errors_name_the_field():
                                federation=prototypes_federation())
 
 
+@pytest.mark.parametrize(("settings", "lines"), [
+    ({"n_clusters": 3, "auto_clusters": "gap", "max_clusters": 5},
+     ["algorithm.auto_clusters = 'gap' does nothing: algorithm.n_clusters = 3 fixes C",
+      "algorithm.max_clusters = 5 does nothing: algorithm.n_clusters = 3 fixes C"]),
+    ({"auto_clusters": "components", "max_clusters": 4, "min_silhouette": 0.5},
+     ["algorithm.max_clusters = 4 does nothing: auto_clusters = 'components' takes the "
+      "connected components of Ã",
+      "algorithm.min_silhouette = 0.5 does nothing: auto_clusters = 'components' takes the "
+      "connected components of Ã"]),
+    ({"auto_clusters": "gap", "min_silhouette": 0.5, "max_clusters": 4},
+     ["algorithm.min_silhouette = 0.5 does nothing: auto_clusters = 'gap' cuts at the "
+      "largest gap of merge heights"]),
+    ({"max_clusters": 4, "min_silhouette": 0.5}, []),  # the silhouette cut reads both
+])
+@pytest.mark.parametrize("name", ["flt", "pca_km_hc"])
+def test_an_option_the_cut_in_force_never_reads_is_named(name, settings, lines):
+    """Before: FLT and PCA+kM+HC had no `ignored_settings`, so e.g. `max_clusters` beside
+    `n_clusters`, or under the components rule (which docs/flt.md says it does not apply
+    to), ran without a word; PACFL and FL+HC warn."""
+    base = FAST_FLT if name == "flt" else {"name": name, "threshold": 1.0}
+    assert ALGORITHMS[name].Config(**{**base, **settings}).ignored_settings() == lines
+
+
+def test_umap_and_finetuning_options_without_them_are_named():
+    settings = {"umap": False, "umap_neighbors": 5, "finetune_epochs": 0, "finetune_lr": 0.01}
+    assert flt.FLTConfig(**{**FAST_FLT, **settings}).ignored_settings() == [
+        "algorithm.umap_neighbors = 5 does nothing: umap = false (no UMAP)",
+        "algorithm.finetune_lr = 0.01 does nothing: finetune_epochs = 0 (the encoder is not "
+        "fine-tuned)"]
+    assert flt.FLTConfig(**{**FAST_FLT, "umap_neighbors": 5, "finetune_lr": 0.01}
+                         ).ignored_settings() == []
+
+
 def test_more_clusters_than_clients_is_refused_before_the_run():
     """n_clusters = 13 for 12 clients: refused when the experiment is built (as PACFL and
     FL+HC), not in round 1 after every client's signature (and FLT's encoder) was made."""

@@ -137,7 +137,7 @@ from clusterfl.clustering.relatedness import (
     umap_embed,
     umap_embed_new,
 )
-from clusterfl.config_util import MAX_SEED
+from clusterfl.config_util import MAX_SEED, changed_fields
 from clusterfl.protocol import (
     EmbedReply,
     EmbedRequest,
@@ -191,6 +191,24 @@ class _OneShotConfig(SampledConfig):
                              "auto_clusters = 'gap'")
         return self
 
+    def ignored_settings(self) -> list[str]:
+        """The options of the automatic C that the rule in force never reads: all three
+        beside `n_clusters`, `max_clusters` and `min_silhouette` under `auto_clusters =
+        "components"`, `min_silhouette` under `"gap"`."""
+        if self.n_clusters is not None:
+            why = f"algorithm.n_clusters = {self.n_clusters} fixes C"
+            names: tuple[str, ...] = ("auto_clusters", "max_clusters", "min_silhouette")
+        elif self.auto_clusters == "components":
+            why = "auto_clusters = 'components' takes the connected components of Ã"
+            names = ("max_clusters", "min_silhouette")
+        elif self.auto_clusters == "gap":
+            why = "auto_clusters = 'gap' cuts at the largest gap of merge heights"
+            names = ("min_silhouette",)
+        else:
+            return []
+        return [f"algorithm.{o} = {getattr(self, o)!r} does nothing: {why}"
+                for o in changed_fields(self, *names)]
+
     @model_serializer(mode="wrap")
     def _dump_one_rule(self, handler: SerializerFunctionWrapHandler) -> Any:
         """A dump that loads again: one sampling rule (as `SampledConfig`) and `threshold =
@@ -224,6 +242,17 @@ class FLTConfig(_OneShotConfig):
     umap: bool = Field(True, description="map the centroids with UMAP (2-d) before distances")
     umap_neighbors: int = Field(15, ge=2)
     umap_min_dist: float = Field(0.1, ge=0.0)
+
+    def ignored_settings(self) -> list[str]:
+        """`_OneShotConfig`'s, and UMAP's options without UMAP, fine-tuning's without it."""
+        return [*super().ignored_settings(), *[
+            f"algorithm.{o} = {getattr(self, o)!r} does nothing: umap = false (no UMAP)"
+            for o in (changed_fields(self, "umap_neighbors", "umap_min_dist")
+                      if not self.umap else [])], *[
+            f"algorithm.{o} = {getattr(self, o)!r} does nothing: finetune_epochs = 0 (the "
+            "encoder is not fine-tuned)"
+            for o in (changed_fields(self, "finetune_lr", "finetune_batch_size")
+                      if self.finetune_epochs == 0 else [])]]
 
 
 class PCAKMHCConfig(_OneShotConfig):
