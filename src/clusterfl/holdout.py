@@ -163,7 +163,8 @@ def placement_privacy(config: Config, ctx: Context, label: str) -> dict[str, Any
                 f"newcomer's update noised alone (σ = {report['noise_multiplier']:g})")
         note = (f"the newcomers' updates were clipped to S = {report['clip']:g} "
                 f"({clipped} above it); {said}")
-    elif ctx.floats_up > 0:
+    elif ctx.floats_up > 0:  # an ε of 0 would read as "nothing revealed": it is unknown
+        report["epsilon"] = None
         note = (f"{label}'s placement sends no update (model or gradient) to clip or noise: "
                 "what its newcomers send (losses, signatures, bases, counts, mixture "
                 "weights) is not covered by [privacy], as in the run (docs/security.md)")

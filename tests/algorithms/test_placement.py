@@ -434,9 +434,11 @@ def test_a_private_runs_newcomers_send_clipped_noised_updates_and_their_epsilon_
 
 
 def test_a_placement_that_sends_no_update_says_privacy_does_not_cover_it():
+    """IFCA's newcomers send K losses, which no noise covers: no ε (before the note: an ε of
+    0.0 from the 0 releases, as if nothing were revealed)."""
     held = Experiment.from_config(rotation(
-        {"name": "ifca", "n_clusters": 2}, rounds=2, privacy={"clip": 1.0})).run(
-        progress=False).summary.holdout
+        {"name": "ifca", "n_clusters": 2}, rounds=2,
+        privacy={"clip": 1.0, "noise_multiplier": 1.0})).run(progress=False).summary.holdout
     assert held is not None
     report = held["privacy"]
     assert report["releases"] == 0 and report["epsilon"] is None
