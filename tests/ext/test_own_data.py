@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 from clusterfl.cli import main as cli_main
 from clusterfl.config import dump_toml, load_config
 from clusterfl.data.federation import Federation
+from clusterfl.data.own import npz_folder
 from clusterfl.data.scenarios import make_federation
 from clusterfl.deploy.clientdata import export_partitions
 from clusterfl.errors import ConfigError, DataError
@@ -315,3 +316,33 @@ def test_an_npz_client_id_below_zero_or_a_scalar_array_is_named(tmp_path):
     np.savez(path, **{**arrays, "y_train": np.array(1)})
     with pytest.raises(DataError, match=r"client_0002\.npz: y_train is a single number"):
         Experiment.from_config({**BASE, "data": {"source": "npz", "path": str(folder)}})
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"y_train": np.array([0.0, 1e20])}, r"client 0 train: the label 1e\+20 is not a class id"),
+    ({"y_train": np.array([0, 2**64 - 1], dtype=np.uint64)},
+     r"y_train holds the value 18446744073709551615, beyond int64"),
+    ({"x_train": np.ones((2, 3)) * (1 + 2j)},
+     r"x_train holds complex128 values; it must hold real numbers \(complex numbers: store the "
+     r"real and imaginary parts as two features"),
+])
+def test_npz_labels_beyond_int64_and_complex_inputs_are_named_as_they_are(tmp_path, change,
+                                                                            says):
+    """Before: labels of 1e20 (and a uint64 2**64 − 1) read "class labels must be 0, 1, ...;
+    found -9223372036854775808" (and "found -1"), int64's wrap-around, not the value in the
+    file; complex inputs were told to "map strings to numbers"."""
+    arrays = {"x_train": np.ones((2, 3)), "y_train": np.array([0, 1]), "x_test": np.ones((2, 3)),
+              "y_test": np.array([0, 1]), "client_id": 0, "n_classes": 2}
+    np.savez(tmp_path / "c.npz", **{**arrays, **change})
+    with pytest.raises(DataError, match=says) as err:
+        npz_folder(tmp_path)
+    assert "-9223372036854775808" not in str(err.value) and "strings" not in str(err.value)
+
+
+def test_from_clients_refuses_complex_inputs_instead_of_dropping_their_imaginary_part():
+    """Before: complex inputs became their real part (a torch UserWarning, no error)."""
+    x, y = np.ones((2, 3)) * (1 + 2j), np.array([0, 1])
+    for inputs in (x, torch.from_numpy(x)):
+        with pytest.raises(DataError, match=r"client 0 train inputs holds (torch\.)?complex128 "
+                                            r"values; it must hold real numbers"):
+            Federation.from_clients([(inputs, y, np.ones((2, 3)), y)])

@@ -285,13 +285,41 @@ def holdout_split(clusters: np.ndarray | None, n_clients: int, fraction: float,
     return np.setdiff1d(np.arange(n_clients), hold).astype(np.int64), hold
 
 # ---------------------------------------------------------------------- own clients
+_NOT_REAL = {
+    "c": "complex numbers: store the real and imaginary parts as two features, e.g. "
+         "np.stack([x.real, x.imag], axis=-1), or the magnitude np.abs(x)",
+    "U": "text: map it to numbers first", "S": "text: map it to numbers first",
+    "O": "objects: map them to numbers first",
+    "M": "dates: convert them to numbers (e.g. seconds) first",
+    "m": "durations: convert them to numbers (e.g. seconds) first",
+}
+"""What to do with an array of a dtype kind that is not real numbers (numpy's `dtype.kind`)."""
+
+
+def check_numbers(a: np.ndarray, what: str, want: str = "real numbers") -> None:
+    """DataError naming `what` when `a` holds no real numbers a model computes on: complex
+    numbers (float32 would drop the imaginary part), text, dates, or unsigned integers beyond
+    int64 (which would wrap to negative numbers)."""
+    if a.dtype.kind not in "biuf":
+        hint = _NOT_REAL.get(a.dtype.kind, "convert them to numbers first")
+        raise DataError(f"{what} holds {a.dtype} values; it must hold {want} ({hint})")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise DataError(f"{what} holds the value {int(a.max())}, beyond int64; it must hold "
+                        f"{want}")
+
+
 def _tensor(a: Any, what: str) -> torch.Tensor:
     if isinstance(a, torch.Tensor):
+        if a.is_complex():
+            raise DataError(f"{what} holds {a.dtype} values; it must hold real numbers "
+                            f"({_NOT_REAL['c']})")
         return a.detach().cpu()
     try:
-        return torch.from_numpy(np.asarray(a))
+        array = np.asarray(a)
     except (TypeError, ValueError) as exc:
         raise DataError(f"{what}: not an array ({exc})") from None
+    check_numbers(array, what)
+    return torch.from_numpy(array)
 
 
 def _from_dataset(ds: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,6 +407,11 @@ def check_client(x: torch.Tensor, y: torch.Tensor, task: Task, what: str) -> Non
     if task == "classification" and y.is_floating_point() and not bool((y == y.round()).all()):
         raise DataError(f"{what}: labels like {float(y[y != y.round()][0])!r} are not class "
                         "ids 0, 1, ...; for real-valued targets use task = 'regression'")
+    if task == "classification" and y.is_floating_point() and len(y) and \
+            float(y.abs().max()) >= 2.0**62:  # int64 would wrap it to a nonsense id
+        big = float(y.reshape(-1)[int(y.abs().reshape(-1).argmax())])
+        raise DataError(f"{what}: the label {big:g} is not a class id 0, 1, ... (far beyond "
+                        "any number of classes); relabel it first")
 
 
 def _cluster_ids(clusters: Any, name: str) -> np.ndarray:

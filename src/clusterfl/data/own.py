@@ -39,7 +39,7 @@ import torch
 from pydantic import ConfigDict
 
 from clusterfl.config_util import Settings
-from clusterfl.data.federation import Federation, Task, assemble_clients
+from clusterfl.data.federation import Federation, Task, assemble_clients, check_numbers
 from clusterfl.data.shards import read_shards
 from clusterfl.data.sources import SOURCE_NAMES, Source, stratified_test_mask
 from clusterfl.errors import ConfigError, DataError
@@ -154,10 +154,8 @@ def npz_int(d: dict[str, np.ndarray], key: str, f: Path) -> int:
 def npz_numbers(d: dict[str, np.ndarray], key: str, f: Path) -> torch.Tensor:
     """Array `d[key]` of file `f` as a tensor: numbers only (DataError naming both)."""
     a = d[key]
-    if a.dtype.kind not in "biuf":
-        what = "class ids 0, 1, ..." if key.startswith("y") else "numbers"
-        raise DataError(f"{f}: {key} holds {a.dtype} values; it must hold {what} (map "
-                        "strings to numbers before exporting)")
+    what = "class ids 0, 1, ..." if key.startswith("y") else "real numbers"
+    check_numbers(a, f"{f}: {key}", what)
     if a.ndim == 0:  # len() of it would be a bare TypeError further on
         raise DataError(f"{f}: {key} is a single number (shape ()); it must hold one entry "
                         "per sample (shape [N, ...])")
