@@ -383,3 +383,20 @@ def test_hugging_face_femnist_rewritten_inside_hf_is_read_again(tmp_path: Path) 
     forget_decoded()
     assert leaf._decode_hf.cache_info().currsize == 0
     assert leaf._decode_leaf.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize(("count", "shown"), [("5", '"5"'), (True, "true"), (None, "null"),
+                                              (5.5, "5.5")])
+def test_num_samples_that_are_no_counts_are_named(tmp_path: Path, count: object,
+                                                  shown: str) -> None:
+    """Before: `"num_samples": ["5", ...]` read "user 'f0000_14': 5 images, 5 labels,
+    num_samples 5", a mismatch of equal-looking numbers."""
+    folder = write_leaf(tmp_path)
+    bad = folder / "train" / "all_data_0_niid_0_keep_0_train_9.json"
+    blob = leaf_blob(0, ["f0000_14", "f0001_41"])
+    blob["num_samples"] = [count, 3]
+    bad.write_text(json.dumps(blob))
+    with pytest.raises(DataError) as err:
+        load_source("femnist", tmp_path)
+    _one_line(err, str(bad), f"num_samples holds {shown}; counts must be whole numbers >= 0")
+    assert "images" not in str(err.value)

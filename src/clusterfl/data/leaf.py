@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,10 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
     if odd is not None:
         raise _bad(path, f"users holds {json.dumps(odd)[:40]}; user ids must be strings "
                          "(or integers)")
+    wrong = [n for n in counts if not _count(n)]
+    if wrong:  # "2" printed as 2 in the count mismatch below
+        raise _bad(path, f"num_samples holds {json.dumps(wrong[0])[:40]}; counts must be whole "
+                         "numbers >= 0 (one per user)")
     names = [str(u) for u in users]  # JSON's keys of user_data are strings
     seen: set[str] = set()
     for name in names:
@@ -187,6 +192,12 @@ def read_leaf_json(path: Path) -> tuple[list[str], list[np.ndarray], list[np.nda
         xs.append(x.reshape(-1, 1, 28, 28))
         ys.append(y.astype(np.int64))
     return names, xs, ys
+
+
+def _count(n: object) -> bool:
+    """A sample count as JSON writes it: a whole number >= 0 (not text, not true/false)."""
+    return isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) and \
+        n >= 0 and n == int(n)
 
 
 def _empty_entry(entry: object) -> bool:
