@@ -198,17 +198,37 @@ def _check_cifar(src_root: Path, files: dict) -> None:
     assert src.y_test.tolist() == files["test_batch"][2].tolist()
 
 
-def test_cifar_tar(tmp_path: Path) -> None:
-    files = _cifar_files()
-    (tmp_path / "cifar10").mkdir()
-    with tarfile.open(tmp_path / "cifar10" / "cifar-10-python.tar.gz", "w:gz") as tar:
+def _write_cifar_tar(root: Path, files: dict) -> None:
+    (root / "cifar10").mkdir()
+    with tarfile.open(root / "cifar10" / "cifar-10-python.tar.gz", "w:gz") as tar:
         for name, (blob, _, _) in files.items():
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
+
+
+def test_cifar_tar(tmp_path: Path) -> None:
+    files = _cifar_files()
+    _write_cifar_tar(tmp_path, files)
     with pytest.raises(DataError, match=r"is not the cifar10 file cifar10/cifar-10-python\.tar"):
         load_source("cifar10", tmp_path)  # a made-up archive is not the official one
     _check_cifar(tmp_path, files)
+
+
+def test_cifar_partly_extracted_folder_beside_the_tarball_reads_the_tarball(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: "file not found: .../cifar-10-batches-py/test_batch", the tarball beside it
+    unused (an extraction stopped half-way)."""
+    files = _cifar_files()
+    _write_cifar_tar(tmp_path, files)
+    folder = tmp_path / "cifar10" / "cifar-10-batches-py"
+    folder.mkdir()
+    (folder / "data_batch_1").write_bytes(files["data_batch_1"][0])
+    _check_cifar(tmp_path, files)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "clusterfl: warning: cifar10: " in err
+    assert "is incomplete (no data_batch_2, data_batch_3, data_batch_4, data_batch_5, " \
+        "test_batch); reading " in err and "cifar-10-python.tar.gz instead" in err
 
 
 def test_cifar_extracted_dir(tmp_path: Path) -> None:

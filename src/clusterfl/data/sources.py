@@ -9,6 +9,7 @@ else `~/.cache/clusterfl`: `catalog.resolve_data_dir`)::
     ├── fashion_mnist/   (the same four file names)
     ├── cifar10/         cifar-10-python.tar.gz  or the extracted  cifar-10-batches-py/
     ├── cifar100/        cifar-100-python.tar.gz or the extracted  cifar-100-python/
+    │                    (a partly extracted folder: the archive, with a warning)
     ├── emnist/          gzip.zip (NIST's archive, read as it is) or its files
     │                    emnist-SPLIT-{train,test}-{images-idx3,labels-idx1}-ubyte.gz
     ├── femnist/         LEAF's train/ and test/ JSON folders, or hf/ (`clusterfl.data.leaf`)
@@ -41,6 +42,7 @@ import importlib
 import io
 import math
 import pickle
+import sys
 import tarfile
 import zipfile
 import zlib
@@ -379,14 +381,19 @@ def _load_pickled(name: str, root: Path, origin: str, verify: bool, extracted_na
                   from_tar: Callable[[tuple[str, int, int]], Source]) -> Source:
     """A data set of the CIFAR kind: the extracted folder of pickled `parts` (read as they
     are: the catalog has no checksums of them), else the official python tarball (checked
-    against the catalog with `verify`)."""
+    against the catalog with `verify`). A partly extracted folder beside the tarball: the
+    tarball is read, with a warning naming what the folder lacks."""
     folder = root / name
     extracted, archive = folder / extracted_name, folder / archive_name
     if extracted.is_dir():
-        for part in parts:
-            if not (extracted / part).is_file():
-                raise _missing(name, extracted / part, root, origin)
-        return from_dir(tuple(_file_key(extracted / p) for p in parts))
+        lacking = [p for p in parts if not (extracted / p).is_file()]
+        if not lacking:
+            return from_dir(tuple(_file_key(extracted / p) for p in parts))
+        if not archive.is_file():
+            raise _missing(name, extracted / lacking[0], root, origin)
+        print(f"clusterfl: warning: {name}: {extracted}/ is incomplete (no "
+              f"{', '.join(lacking)}); reading {archive} instead (extract it fully, or remove "
+              "the folder, to silence this)", file=sys.stderr, flush=True)
     if archive.is_file():
         source = from_tar(_file_key(archive))
         if verify:
