@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import typing
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
@@ -33,12 +34,26 @@ def flatten(table: Mapping[str, Any], prefix: str = "", field: str = "") -> dict
     return out
 
 
-def _holds_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return True
+def _holds(value: Any, kind: typing.Callable[[Any], bool]) -> bool:
+    """Whether `value`, or an item of it (a list's, a list of lists'), is of `kind`."""
     if isinstance(value, list | tuple):
-        return any(_holds_bool(v) for v in value)
-    return False
+        return any(_holds(v, kind) for v in value)
+    return kind(value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _is_numeric_text(value: Any) -> bool:
+    """Text that pydantic's lax mode would read as a number ("4", " 0.5", "1e3")."""
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _takes_bool(annotation: Any) -> bool:
@@ -54,6 +69,18 @@ def _takes_bool(annotation: Any) -> bool:
     return any(_takes_bool(a) for a in args)
 
 
+def _takes_text(annotation: Any) -> bool:
+    """Whether a field's type admits free text (str, Any, a path, a nested settings table);
+    a Literal's words are checked by pydantic itself."""
+    if annotation is Any or annotation is object:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, str | BaseModel | PurePath):
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return False
+    return any(_takes_text(a) for a in typing.get_args(annotation))
+
+
 def _takes(annotation: Any, *kinds: type) -> bool:
     """Whether a field's type admits a value of one of `kinds` (also in a union or list)."""
     return annotation in kinds or any(_takes(a, *kinds) for a in typing.get_args(annotation))
@@ -61,22 +88,29 @@ def _takes(annotation: Any, *kinds: type) -> bool:
 
 class Settings(BaseModel):
     """Base of every settings table: `true`/`false` where a number (or list of numbers) is
-    expected is refused (pydantic reads them as 1 and 0, so `rounds = true` ran one round)."""
+    expected is refused (pydantic reads them as 1 and 0, so `rounds = true` ran one round),
+    and so is text where only a number is (pydantic reads "4" as 4: `n_clients = "4"` given
+    in Python loaded; TOML and `--set` write numbers as numbers)."""
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         field = cls.model_fields.get(info.field_name or "")
-        if field is not None and _holds_bool(value) and not _takes_bool(field.annotation):
-            words = [a for a in typing.get_args(field.annotation) if isinstance(a, str)]
-            if typing.get_origin(field.annotation) is Literal and words:
+        if field is None:
+            return value
+        annotation = field.annotation
+        list_of = "a list of numbers" if typing.get_origin(annotation) is list else "a number"
+        if _holds(value, _is_bool) and not _takes_bool(annotation):
+            words = [a for a in typing.get_args(annotation) if isinstance(a, str)]
+            if typing.get_origin(annotation) is Literal and words:
                 raise ValueError(f"expected one of {', '.join(map(repr, words))}, not "
                                  "true/false")
-            text, number = _takes(field.annotation, str), _takes(field.annotation, int, float)
-            kind = ("a number (or text)" if text and number else "text" if text
-                    else "a list of numbers" if typing.get_origin(field.annotation) is list
-                    else "a number")
+            text, number = _takes(annotation, str), _takes(annotation, int, float)
+            kind = ("a number (or text)" if text and number else "text" if text else list_of)
             raise ValueError(f"expected {kind}, not true/false")
+        if _holds(value, _is_numeric_text) and _takes(annotation, int, float) and \
+                not _takes_text(annotation):
+            raise ValueError(f"expected {list_of}, not text: write the number without quotes")
         return value
 
 

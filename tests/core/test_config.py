@@ -3,6 +3,7 @@
 import pytest
 
 from clusterfl.config import apply_overrides, load_config, read_toml
+from clusterfl.config_util import flatten
 from clusterfl.errors import ConfigError
 
 
@@ -179,3 +180,36 @@ def test_an_unknown_option_in_a_nested_table_lists_that_tables_fields():
     with pytest.raises(ConfigError) as err:  # one level up: [algorithm]'s own fields
         load_config(tiny_config(algorithm={"name": "cfl", "nope": 1}))
     assert "allowed fields here: aggregation, auto, bipartition" in err.value.message
+
+
+@pytest.mark.parametrize(("raw", "field", "kind"), [
+    ({"scenario": {"n_clients": "4"}}, "scenario.n_clients", "a number"),
+    ({"rounds": " 3"}, "rounds", "a number"),
+    ({"train": {"lr": "0.1"}}, "train.lr", "a number"),
+    ({"model": {"name": "mlp", "hidden": [8, "4"]}}, "model.hidden", "a list of numbers"),
+    ({"algorithm": {"name": "ifca", "n_clusters": "2"}}, "algorithm.n_clusters", "a number"),
+    ({"algorithm": {"name": "cfl", "auto": {"patience": "3"}}}, "algorithm.auto.patience",
+     "a number"),
+    ({"faults": {"dropout": "0.5"}}, "faults.dropout", "a number"),
+])
+def test_numbers_written_as_text_in_python_are_refused(raw, field, kind):
+    """pydantic's lax mode read "4" as 4: `load_config({"scenario": {"n_clients": "4"}})`
+    loaded 4 clients (TOML and --set give numbers as numbers; Python code may not)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(raw)
+    assert err.value.field == field
+    assert err.value.message.startswith(f"expected {kind}, not text: write the number without "
+                                        "quotes (got ")
+    with pytest.raises(ConfigError) as again:  # the Python API's overrides alike
+        load_config(apply_overrides({}, flatten(raw)))
+    assert (again.value.field, again.value.message) == (field, err.value.message)
+
+
+def test_whole_numbers_still_set_float_fields_and_words_their_fields():
+    config = load_config({"train": {"lr": 1}, "scenario": {"name": "rotation", "angles": [0, 90]},
+                          "backend": {"chunk_size": "auto"}, "data": {"data_dir": "123"}})
+    assert config.train.lr == 1.0 and isinstance(config.train.lr, float)
+    assert config.scenario.angles == [0.0, 90.0] and config.backend.chunk_size == "auto"
+    assert config.data.data_dir == "123"  # a folder named 123 is text, not a number
+    with pytest.raises(ConfigError, match="valid list"):  # pydantic's own words, as before
+        load_config({"model": {"name": "mlp", "hidden": "big"}})
