@@ -88,6 +88,35 @@ class RunSettings(_Strict):
             return value
         raise ValueError("allowed: a whole number >= 1 or a fraction in (0, 1]")
 
+    def eval_count(self, n: int) -> int | None:
+        """How many of `n` clients a round before the last evaluates: `eval_clients` of them
+        (a fraction: rounded, at least one); None for all of them (also when that is all)."""
+        want = self.eval_clients
+        if want is None:
+            return None
+        k = int(want) if isinstance(want, int) else max(1, round(float(want) * n))
+        return None if k >= n else k
+
+    def eval_clients_unused(self, n: int) -> str | None:
+        """Why `eval_clients` changes nothing in a run of `n` training clients (a warning),
+        or None: it asks for every client, or only the last round (always all) is
+        evaluated."""
+        want = self.eval_clients
+        if want is None:
+            return None
+        if self.eval_count(n) is None:
+            how = (f"is more than the {n} clients that train" if isinstance(want, int)
+                   and want > n else f"is all of the {n} clients that train"
+                   if isinstance(want, int) else
+                   f"of the {n} clients that train is {n}, all of them")
+            return f"eval_clients = {want} {how}: every client is evaluated (as without " \
+                   "eval_clients)"
+        if self.eval_every >= self.rounds:
+            return (f"eval_clients = {want} does nothing here: the only round evaluated is "
+                    f"the last (eval_every = {self.eval_every}, rounds = {self.rounds}), and "
+                    "the last is always evaluated on every client")
+        return None
+
 
 class DataConfig(_Strict):
     """`[data]`: where the data comes from (`clusterfl.data.own` for sources of one's own).

@@ -347,15 +347,9 @@ class Experiment:
                        f"{self.config.run.seed}: config.toml rebuilds the data with seed "
                        f"{self.config.run.seed}, not this federation (make it with the run's "
                        "seed, or set seed in the config)")
-        want, n = self.config.run.eval_clients, self.federation.n_clients
-        if isinstance(want, int) and want > n:
-            out.append(f"eval_clients = {want} is more than the {n} clients that train: every "
-                       "client is evaluated (as without eval_clients)")
-        run = self.config.run
-        if want is not None and run.eval_every >= run.rounds:
-            out.append(f"eval_clients = {want} does nothing here: the only round evaluated is "
-                       f"the last (eval_every = {run.eval_every}, rounds = {run.rounds}), and "
-                       "the last is always evaluated on every client")
+        unused = self.config.run.eval_clients_unused(self.federation.n_clients)
+        if unused:
+            out.append(unused)
         words, scen = self.full_federation.meta.get("vocab"), self.config.scenario
         if words is not None and isinstance(scen, TopicsParams) and scen.vocab_file and \
                 "vocab_size" in scen.model_fields_set and len(words) > scen.vocab_size:

@@ -196,12 +196,9 @@ class Recorder:
         them (a number, or a fraction of the clients, at least one) in a round before the
         last; all in the last round. Drawn from a generator of the run's seed and the round
         alone, so evaluating a sample changes nothing else in the run."""
-        run = self.config.run
-        want, n = run.eval_clients, self.federation.n_clients
-        if want is None or t >= run.rounds:
-            return None
-        k = int(want) if isinstance(want, int) else max(1, round(float(want) * n))
-        if k >= n:
+        run, n = self.config.run, self.federation.n_clients
+        k = run.eval_count(n)
+        if k is None or t >= run.rounds:
             return None
         rng = np.random.default_rng([run.seed, 8807, t])
         return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)

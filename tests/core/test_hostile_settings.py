@@ -402,8 +402,24 @@ def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path,
             "evaluated (as without eval_clients)")
     assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
     assert line in read_summary(tmp_path).warnings
-    Experiment(load_config({**cfg, "eval_clients": 4}), tmp_path / "b").run(progress=False)
+    Experiment(load_config({**cfg, "eval_clients": 3}), tmp_path / "b").run(progress=False)
     assert not any("eval_clients" in w for w in read_summary(tmp_path / "b").warnings or [])
+
+
+@pytest.mark.parametrize(("eval_clients", "how"), [
+    (4, "is all of the 4 clients that train"),
+    (1.0, "of the 4 clients that train is 4, all of them"),
+    (0.9, "of the 4 clients that train is 4, all of them"),  # round(3.6)
+])
+def test_eval_clients_asking_for_every_client_is_a_warning(eval_clients, how):
+    """`eval_clients = 4` of 4 clients (or a fraction rounding to all of them) evaluated every
+    client, as without it, without a word; only a number above 4 was said."""
+    config = load_config(tiny_config(rounds=4, n_clients=4, eval_clients=eval_clients))
+    assert Experiment(config)._data_warnings() == [
+        f"eval_clients = {eval_clients} {how}: every client is evaluated (as without "
+        "eval_clients)"]
+    assert config.run.eval_count(4) is None and config.run.eval_count(5) == (
+        None if eval_clients == 1.0 else 4)  # of 5 clients: 4, round(4.5) = 4, or all
 
 
 @pytest.mark.parametrize(("rounds", "eval_every", "warned"), [(1, 1, True), (4, 10, True),
