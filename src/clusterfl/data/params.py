@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from clusterfl.config_util import Settings, changed_fields
+from clusterfl.errors import ConfigError
 
 IFCA_ANGLES: tuple[float, ...] = (0.0, 90.0, 180.0, 270.0)
 """The four rotations of IFCA (Ghosh et al. 2020), also CFL-GP Appendix F.5.1 (Fig. 13)."""
@@ -212,6 +213,24 @@ class ClusterDirichletParams(ScenarioParams):
     min_samples: int = Field(1, ge=1, description="minimum training rows per client")
 
 
+TEST_ROWS = ("all: every test row of a class goes to the clients holding it, in proportion "
+             "to their training rows of it (where rows are left unused, a class few clients "
+             "use gives them all of its test rows, so a client's test mix can differ from its "
+             "training mix); matched: only the share of a class's test rows that its used "
+             "training rows make, so each client's test mix follows its training mix")
+"""What `test_rows` does (the scenarios that can leave training rows unused)."""
+
+
+def _test_rows_used(params: ScenarioParams, unused: bool) -> None:
+    """`test_rows = "matched"` where every training row of a held class is used changes
+    nothing: a ConfigError naming it."""
+    if getattr(params, "test_rows", "all") == "matched" and not unused:
+        raise ConfigError("scenario.test_rows", "'matched' changes nothing here: without "
+                          "samples_per_client every training row of a held class is used, so "
+                          "each client's test mix follows its training mix already; set "
+                          "samples_per_client or leave test_rows out")
+
+
 class NClassParams(ScenarioParams):
     """CAM §5 (McMahan et al.): each client draws n random classes."""
 
@@ -221,12 +240,14 @@ class NClassParams(ScenarioParams):
     samples_per_client: int | None = Field(
         None, ge=1, description="split evenly over the client's classes (default: each class's "
         "rows shared equally among the clients holding it)")
+    test_rows: Literal["all", "matched"] = Field("all", description=TEST_ROWS)
 
     @model_validator(mode="after")
     def _a_row_per_class(self) -> NClassParams:
         if self.samples_per_client is not None and self.samples_per_client < self.n:
             raise ValueError(f"samples_per_client = {self.samples_per_client} cannot hold n = "
                              f"{self.n} classes (a row each at least); allowed: >= {self.n}")
+        _test_rows_used(self, self.samples_per_client is not None)
         return self
 
 
@@ -239,6 +260,12 @@ class ClusterNClassParams(ScenarioParams):
     n1: int = Field(3, ge=1)
     n2: int = Field(2, ge=1)
     samples_per_client: int | None = Field(None, ge=1)
+    test_rows: Literal["all", "matched"] = Field("all", description=TEST_ROWS)
+
+    @model_validator(mode="after")
+    def _matched_changes_something(self) -> ClusterNClassParams:
+        _test_rows_used(self, self.samples_per_client is not None)
+        return self
 
 
 class _LabelSetParams(ScenarioParams):
@@ -258,6 +285,7 @@ class ClusterLabelsParams(_LabelSetParams):
     model_config = ConfigDict(extra="forbid")
     samples_per_client: int | None = Field(
         None, ge=1, description="default: the most every client can get (600 on MNIST)")
+    test_rows: Literal["all", "matched"] = Field("all", description=TEST_ROWS)
 
 
 class PowerLawParams(_LabelSetParams):

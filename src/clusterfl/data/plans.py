@@ -208,10 +208,21 @@ def ensure_one_test(test_counts: np.ndarray, train_counts: np.ndarray) -> np.nda
 
 
 def matched_test(test_labels: np.ndarray, train_counts: np.ndarray,
-                 rng: np.random.Generator) -> Part:
-    """Disjoint test shares with each client's class proportions (its own held-out share)."""
-    available = np.bincount(test_labels, minlength=train_counts.shape[1])
-    counts = proportional_counts(train_counts, available[: train_counts.shape[1]])
+                 rng: np.random.Generator, train_totals: np.ndarray | None = None) -> Part:
+    """Disjoint test shares with each client's class proportions (its own held-out share).
+
+    Every test row of a class is shared among the clients holding the class, in proportion to
+    their training rows of it. With `train_totals` (the source's training rows per class, for
+    a scenario that leaves rows unused), only the share of the class's test rows that its
+    used training rows make (rounded) is: then a client's test mix follows its training mix
+    also when the classes are used unevenly (otherwise a class few clients use hands them all
+    of its test rows)."""
+    k = train_counts.shape[1]
+    available = np.bincount(test_labels, minlength=k)[:k]
+    if train_totals is not None:
+        used, total = train_counts.sum(axis=0), np.maximum(train_totals[:k], 1)
+        available = np.minimum(available, (available * used + total // 2) // total)
+    counts = proportional_counts(train_counts, available)
     return rows_from_counts(test_labels, ensure_one_test(counts, train_counts), rng)
 
 
