@@ -213,8 +213,9 @@ class ClusterDirichletParams(ScenarioParams):
     min_samples: int = Field(1, ge=1, description="minimum training rows per client")
 
 
-TEST_ROWS = ("all: every test row of a class goes to the clients holding it, in proportion "
-             "to their training rows of it (where rows are left unused, a class few clients "
+TEST_ROWS = ("all (the default): every test row of a class goes to the clients holding it, "
+             "in proportion to their training rows of it (where rows are left unused, a class "
+             "few clients "
              "use gives them all of its test rows, so a client's test mix can differ from its "
              "training mix); matched: only the share of a class's test rows that its used "
              "training rows make, so each client's test mix follows its training mix")
@@ -240,7 +241,7 @@ class NClassParams(ScenarioParams):
     samples_per_client: int | None = Field(
         None, ge=1, description="split evenly over the client's classes (default: each class's "
         "rows shared equally among the clients holding it)")
-    test_rows: Literal["all", "matched"] = Field("all", description=TEST_ROWS)
+    test_rows: Literal["all", "matched"] | None = Field(None, description=TEST_ROWS)
 
     @model_validator(mode="after")
     def _a_row_per_class(self) -> NClassParams:
@@ -260,7 +261,7 @@ class ClusterNClassParams(ScenarioParams):
     n1: int = Field(3, ge=1)
     n2: int = Field(2, ge=1)
     samples_per_client: int | None = Field(None, ge=1)
-    test_rows: Literal["all", "matched"] = Field("all", description=TEST_ROWS)
+    test_rows: Literal["all", "matched"] | None = Field(None, description=TEST_ROWS)
 
     @model_validator(mode="after")
     def _matched_changes_something(self) -> ClusterNClassParams:
@@ -285,7 +286,7 @@ class ClusterLabelsParams(_LabelSetParams):
     model_config = ConfigDict(extra="forbid")
     samples_per_client: int | None = Field(
         None, ge=1, description="default: the most every client can get (600 on MNIST)")
-    test_rows: Literal["all", "matched"] = Field("all", description=TEST_ROWS)
+    test_rows: Literal["all", "matched"] | None = Field(None, description=TEST_ROWS)
 
 
 class PowerLawParams(_LabelSetParams):
