@@ -95,6 +95,25 @@ def test_ag_news_csv_truncated_or_wrong_fails_in_one_line(tmp_path: Path) -> Non
         load_source("ag_news", tmp_path / "empty")
 
 
+def test_ag_news_csv_trailing_blank_lines_are_ignored_and_a_blank_between_rows_named(
+        tmp_path: Path) -> None:
+    """Before: blank lines at the end (an editor's) read "line 5 is not 'class index 1-4,
+    title, description' (0 fields, class ''); truncated or not AG News"."""
+    good = tmp_path / "train.csv"
+    _write_csv(good, ROWS)
+    trailing = tmp_path / "trailing.csv"
+    trailing.write_bytes(good.read_bytes() + b"\r\n\n  \n")
+    (texts, topics), (want_texts, want_topics) = read_ag_news_csv(trailing), read_ag_news_csv(good)
+    assert texts == want_texts and topics.tolist() == want_topics.tolist() == [2, 1, 0, 3]
+    between = tmp_path / "between.csv"
+    lines = good.read_bytes().splitlines(keepends=True)
+    between.write_bytes(b"".join([lines[0], b"\n", *lines[1:]]))
+    with pytest.raises(DataError) as info:
+        read_ag_news_csv(between)
+    assert str(info.value) == (f"{between}: line 2 is blank, between rows; AG News has one row "
+                               "per line (blank lines only at the end are ignored): remove it")
+
+
 def test_ag_news_hugging_face_copy_on_disk(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets", reason="the hf extra is not installed")
     d = datasets.DatasetDict({

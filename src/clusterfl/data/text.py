@@ -181,13 +181,22 @@ def read_ag_news_csv(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
 
     A UTF-8 byte-order mark is read as nothing (`utf-8-sig`: a file saved by a spreadsheet
     program) and Kaggle's header line "Class Index","Title","Description" is skipped; any
-    other first line that is not a row is named as a header to remove."""
+    other first line that is not a row is named as a header to remove. Blank lines at the end
+    (an editor's or a download's) are ignored; one before a row is named."""
     texts, topics = [], []
+    blank = 0  # the first blank line not yet followed by a row
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             for n, row in enumerate(csv.reader(f, strict=True), 1):
                 if n == 1 and tuple(c.strip().lower() for c in row) == KAGGLE_HEADER:
                     continue
+                if not any(c.strip() for c in row):
+                    blank = blank or n
+                    continue
+                if blank:
+                    raise DataError(f"{path}: line {blank} is blank, between rows; AG News has "
+                                    "one row per line (blank lines only at the end are "
+                                    "ignored): remove it")
                 if len(row) != 3 or row[0].strip() not in ("1", "2", "3", "4"):
                     shown = row[0][:20] if row else ""
                     header = n == 1 and len(row) == 3 and not shown.strip().isdigit()
