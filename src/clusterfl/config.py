@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
-from clusterfl.config_util import MAX_SEED, Settings, flatten, parse, pick
+from clusterfl.config_util import MAX_SEED, Settings, flatten, is_number, is_whole, parse, pick
 from clusterfl.data.own import (
     GIVEN,
     OWN_SOURCES,
@@ -81,11 +81,13 @@ class RunSettings(_Strict):
     @field_validator("eval_clients", mode="before")
     @classmethod
     def _eval_clients(cls, value: object) -> object:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool)
-                             and value >= 1):
+        if value is None:
             return value
-        if isinstance(value, float) and 0.0 < value <= 1.0:
-            return value
+        if is_whole(value) and int(value) >= 1:  # type: ignore[call-overload]
+            return int(value)  # type: ignore[call-overload]  # numpy's as Python's
+        number = float(value) if is_number(value) else None  # type: ignore[arg-type]
+        if number is not None and not is_whole(value) and 0.0 < number <= 1.0:
+            return number
         raise ValueError("allowed: a whole number >= 1 or a fraction in (0, 1]")
 
     def eval_count(self, n: int) -> int | None:

@@ -213,3 +213,17 @@ def test_whole_numbers_still_set_float_fields_and_words_their_fields():
     assert config.data.data_dir == "123"  # a folder named 123 is text, not a number
     with pytest.raises(ConfigError, match="valid list"):  # pydantic's own words, as before
         load_config({"model": {"name": "mlp", "hidden": "big"}})
+
+
+def test_eval_clients_takes_numpy_numbers_as_every_other_number_field():
+    """`eval_clients = np.int64(3)` was refused ("allowed: a whole number >= 1 ... (got
+    np.int64(3))") while `rounds = np.int64(3)` loaded."""
+    import numpy as np
+
+    config = load_config({"eval_clients": np.int64(3), "rounds": np.int64(3)})
+    assert config.run.eval_clients == 3 and type(config.run.eval_clients) is int
+    config = load_config({"eval_clients": np.float64(0.25)})
+    assert config.run.eval_clients == 0.25 and type(config.run.eval_clients) is float
+    for bad in (np.int64(0), np.float64(1.5), np.float64("nan")):
+        with pytest.raises(ConfigError, match="allowed: a whole number >= 1 or a fraction"):
+            load_config({"eval_clients": bad})
