@@ -14,8 +14,9 @@ from torch.utils.data import TensorDataset
 from clusterfl.cli import main as cli_main
 from clusterfl.config import dump_toml, load_config
 from clusterfl.data.federation import Federation
-from clusterfl.data.own import npz_folder
+from clusterfl.data.own import build, npz_folder
 from clusterfl.data.scenarios import make_federation
+from clusterfl.data.sources import Source
 from clusterfl.deploy.clientdata import export_partitions
 from clusterfl.errors import ConfigError, DataError
 from clusterfl.experiment import Experiment
@@ -346,3 +347,30 @@ def test_from_clients_refuses_complex_inputs_instead_of_dropping_their_imaginary
         with pytest.raises(DataError, match=r"client 0 train inputs holds (torch\.)?complex128 "
                                             r"values; it must hold real numbers"):
             Federation.from_clients([(inputs, y, np.ones((2, 3)), y)])
+
+
+def nan_target_source(**_: object) -> Source:
+    """A pooled regression Source whose training target 7 is NaN (a loader's result)."""
+    x, y = torch.ones(20, 3), torch.linspace(0.0, 1.0, 20)
+    y[7] = float("nan")
+    return Source(x, y, x[:5], y[:5].nan_to_num(), 1, "regression", "nan_targets")
+
+
+def test_nan_or_infinite_targets_are_refused_naming_the_sample():
+    """Before: regression targets NaN or inf loaded as they were (every loss NaN, every
+    update of the client rejected); a NaN class label was told to use task = 'regression'."""
+    x = np.ones((4, 3))
+    for task, y in (("regression", [0.1, 0.2, np.inf, 0.3]),
+                    ("classification", [0.0, 1.0, np.nan, 1.0])):
+        with pytest.raises(DataError) as err:
+            Federation.from_clients([(x, np.array(y), x, np.array([0.0, 1.0, 0.0, 1.0]))],
+                                    task=task)
+        assert str(err.value) == ("own data: client 0 train: sample 2 has a NaN or infinite "
+                                  "target; clean or drop such samples first (its loss would "
+                                  "be NaN)")
+    source = f"{__name__}:nan_target_source"
+    with pytest.raises(DataError) as err:
+        build({"source": source}, "iid", {"n_clients": 2}, seed=0)
+    assert str(err.value) == (f"data.source {source!r} (train): sample 7 (and 0 more) holds NaN "
+                              "or infinite targets; clean or drop them first (no model trains "
+                              "on them)")

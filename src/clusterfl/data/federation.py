@@ -397,13 +397,25 @@ def _from_clients(clients: Sequence[Any], clusters: Sequence[int] | np.ndarray |
                             {"source": "python", "name": name})
 
 
+def _first_not_finite(t: torch.Tensor) -> int | None:
+    """The first sample (row) of `t` holding NaN or infinity, or None."""
+    if not t.is_floating_point() or not len(t) or bool(torch.isfinite(t).all()):
+        return None
+    return int((~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero()[0])
+
+
 def check_client(x: torch.Tensor, y: torch.Tensor, task: Task, what: str) -> None:
-    """DataError naming the client: inputs with NaN or infinity (every update of the client
-    would be rejected), or class labels that are not whole numbers (never truncated)."""
-    if x.is_floating_point() and len(x) and not bool(torch.isfinite(x).all()):
-        first = int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])
+    """DataError naming the client: inputs or targets with NaN or infinity (every update of
+    the client would be rejected), or class labels that are not whole numbers (never
+    truncated)."""
+    first = _first_not_finite(x)
+    if first is not None:
         raise DataError(f"{what}: sample {first} holds NaN or infinite inputs; clean or drop "
                         "such samples first (no model trains on them)")
+    first = _first_not_finite(y)
+    if first is not None:
+        raise DataError(f"{what}: sample {first} has a NaN or infinite target; clean or drop "
+                        "such samples first (its loss would be NaN)")
     if task == "classification" and y.is_floating_point() and not bool((y == y.round()).all()):
         raise DataError(f"{what}: labels like {float(y[y != y.round()][0])!r} are not class "
                         "ids 0, 1, ...; for real-valued targets use task = 'regression'")

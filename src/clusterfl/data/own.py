@@ -162,9 +162,10 @@ def npz_numbers(d: dict[str, np.ndarray], key: str, f: Path) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def _finite(x: torch.Tensor, what: str, offsets: np.ndarray | None = None) -> None:
+def _finite(x: torch.Tensor, what: str, offsets: np.ndarray | None = None,
+            kind: str = "inputs") -> None:
     """DataError naming `what` and the first sample (and its client, given the split's
-    `offsets`) when `x` holds NaN or infinity."""
+    `offsets`) when `x` (the `kind`: inputs or targets) holds NaN or infinity."""
     if not x.is_floating_point() or not len(x):
         return
     bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
@@ -174,7 +175,7 @@ def _finite(x: torch.Tensor, what: str, offsets: np.ndarray | None = None) -> No
             client = int(np.searchsorted(offsets, row, side="right")) - 1
             what, row = f"{what}: client {client}", row - int(offsets[client])
         raise DataError(f"{what}: sample {row} (and {int(bad.sum()) - 1} more) holds NaN or "
-                        "infinite inputs; clean or drop them first (no model trains on them)")
+                        f"infinite {kind}; clean or drop them first (no model trains on them)")
 
 
 # ---------------------------------------------------------------------- Hugging Face
@@ -402,6 +403,8 @@ def build(data: Mapping[str, Any], scenario: str, params: dict[str, Any], seed: 
                                                "it into clients (iid, dirichlet, rotation, ...)")
         for split in ("train", "test"):
             _finite(getattr(loaded, f"x_{split}"), f"data.source {source!r} ({split})")
+            _finite(getattr(loaded, f"y_{split}"), f"data.source {source!r} ({split})",
+                    kind="targets")
         if standardize:
             loaded = standardized(loaded)
         federation = make_federation(loaded, scenario, params, seed=seed)
