@@ -411,14 +411,26 @@ def apply_overrides(raw: dict[str, Any],
         try:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
-            value = text
+            value = _bare_number(text)
         pairs.append((key, value))
     for key, value in pairs:
-        parts = [p for p in key.strip().split(".") if p]
-        if not parts:
-            raise ConfigError("--set", f"empty key in {key!r}")
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError("--set", f"expected a key such as train.lr (no empty part "
+                              f"between dots), got {key!r}")
         set_dotted(out, parts, value, ".".join(parts))
     return out
+
+
+def _bare_number(text: str) -> Any:
+    """A `--set` value that is no TOML literal: a number TOML does not write (`.5`, `5.`,
+    `05`) as that number (the settings refuse numbers given as text), any other as text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def set_dotted(raw: dict[str, Any], parts: list[str], value: Any, where: str) -> None:

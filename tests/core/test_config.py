@@ -69,6 +69,22 @@ def test_overrides_parse_toml_literals():
         apply_overrides({"rounds": 3}, ["rounds.x=1"])
 
 
+def test_set_numbers_toml_does_not_write_are_numbers_and_empty_key_parts_are_refused():
+    # ".5", "5." and "05" are no TOML literals: they were kept as text, which the settings
+    # refuse for a number field; "train..lr" set train.lr with the empty part dropped
+    raw = apply_overrides({}, ["train.lr=.5", "train.momentum=0.", "rounds=05",
+                               "data.data_dir=.5x"])
+    cfg = load_config(raw)
+    assert cfg.train.lr == 0.5 and cfg.train.momentum == 0.0 and cfg.run.rounds == 5
+    assert raw["data"]["data_dir"] == ".5x"  # text stays text
+    for key in ("train..lr", ".train.lr", "train.lr."):
+        with pytest.raises(ConfigError, match="no empty part between dots") as info:
+            apply_overrides({}, [f"{key}=0.1"])
+        assert info.value.field == "--set" and repr(key) in str(info.value)
+    with pytest.raises(ConfigError, match="no empty part"):
+        apply_overrides({}, {"train..lr": 0.1})
+
+
 def test_read_toml_errors(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         read_toml(tmp_path / "missing.toml")
