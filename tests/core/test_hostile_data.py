@@ -245,6 +245,26 @@ def test_a_loader_functions_nan_features_are_refused_naming_the_sample(loader, m
         Experiment.from_config(raw)
 
 
+def short_targets_source(seed: int = 0) -> object:
+    """A loader giving one pool of 20 training inputs but 19 targets."""
+    from clusterfl.data.sources import Source
+
+    y = torch.arange(20) % 2
+    return Source(torch.zeros(20, 3), y[:19], torch.zeros(4, 3), y[:4], 2, "classification",
+                  "pool")
+
+
+def test_a_loaders_source_with_fewer_targets_than_inputs_is_refused():
+    """Before: the scenario split the pool by the inputs' count and the run trained without a
+    word on clients whose last sample had no target of its own."""
+    source = "tests.core.test_hostile_data:short_targets_source"
+    raw = {**BASE, "data": {"source": source}, "scenario": {"name": "iid", "n_clients": 2}}
+    with pytest.raises(DataError) as err:
+        Experiment.from_config(raw)
+    assert str(err.value).startswith(f"data.source {source!r} (train): 20 inputs but 19 "
+                                     "targets")
+
+
 def mismatched_clients(seed: int = 0) -> Federation:
     """A loader whose second client has 6 training inputs but 5 targets."""
     x, y = np.zeros((6, 3), np.float32), np.arange(6) % 2

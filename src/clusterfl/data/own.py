@@ -402,6 +402,11 @@ def build(data: Mapping[str, Any], scenario: str, params: dict[str, Any], seed: 
                                                "samples (a Source): choose a scenario to split "
                                                "it into clients (iid, dirichlet, rotation, ...)")
         for split in ("train", "test"):
+            x, y = getattr(loaded, f"x_{split}"), getattr(loaded, f"y_{split}")
+            if len(x) != len(y):
+                raise DataError(f"data.source {source!r} ({split}): {len(x)} inputs but "
+                                f"{len(y)} targets (x_{split} and y_{split} of the Source "
+                                "must have one row per sample)")
             _finite(getattr(loaded, f"x_{split}"), f"data.source {source!r} ({split})")
             _finite(getattr(loaded, f"y_{split}"), f"data.source {source!r} ({split})",
                     kind="targets")
