@@ -539,6 +539,23 @@ def test_the_held_out_section_says_how_its_client_ids_map_to_the_figures(tmp_pat
     assert (f"the figures above number the {N_CLIENTS} trained clients 0..{N_CLIENTS - 1} "
             f"(federation clients {', '.join(map(str, trained))})") in section
     assert "| 3 | 0 | 1 | 50.00 |" in section and "| 9 | 2 | 3 | 70.00 |" in section
+    assert "Privacy of the placement" not in section  # a run without [privacy]
+
+
+def test_the_held_out_section_says_what_privacy_did_for_the_placement(tmp_path: Path) -> None:
+    """Before: a private run's placement privacy (`holdout.privacy`: the newcomers' clip and
+    ε) was in summary.json and on `clusterfl place`'s console, not in the report."""
+    run = make_run(tmp_path / "hold", "ifca", "IFCA")
+    summary = json.loads((run / "summary.json").read_text())
+    note = ("the newcomers' updates were clipped to S = 1 (2 above it); ε = 3.1 at δ = 1e-05 "
+            "over 2 release(s), each newcomer's update noised alone (σ = 1)")
+    summary["holdout"] = {"fraction": 0.15, "n_trained": N_CLIENTS, "n_held_out": 1,
+                          "clients": [3], "true_clusters": [0], "placed_clusters": [1],
+                          "accuracy": [0.5], "placement_ari": None, "placement_match": 1.0,
+                          "holdout_accuracy": 0.5, "privacy": {"epsilon": 3.1, "note": note}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    section = write_run_report(run).read_text().split("## Held-out clients", 1)[1]
+    assert f"Privacy of the placement: {note}." in section.split("\n## ", 1)[0]
 
 
 def test_the_cfl_and_cfl_gp_figures_tick_whole_rounds(monkeypatch: pytest.MonkeyPatch,

@@ -289,7 +289,7 @@ def _holdout_section(holdout: dict[str, Any] | None) -> str:
         f"group's cluster {_percent(holdout.get('placement_match'))} %, mean accuracy "
         f"{_percent(holdout.get('holdout_accuracy'))} %; the placement cost "
         f"{_human(holdout.get('floats_down'))} floats down and "
-        f"{_human(holdout.get('floats_up'))} up.{_numbering(holdout)}\n",
+        f"{_human(holdout.get('floats_up'))} up.{_numbering(holdout)}{_privacy(holdout)}\n",
         "| client | true cluster | placed cluster | accuracy (%) |",
         "|---:|---:|---:|---:|",
     ]
@@ -298,6 +298,12 @@ def _holdout_section(holdout: dict[str, Any] | None) -> str:
                           strict=False):
         lines.append(f"| {c} | {_known(t)} | {p} | {_percent(a)} |")
     return "\n".join(lines) + "\n"
+
+
+def _privacy(holdout: dict[str, Any]) -> str:
+    """What the run's `[privacy]` did for the placement (`holdout.privacy`, its note), or ''."""
+    note = (holdout.get("privacy") or {}).get("note")
+    return f" Privacy of the placement: {note}." if note else ""
 
 
 def _numbering(holdout: dict[str, Any]) -> str:
