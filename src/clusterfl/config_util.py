@@ -89,8 +89,9 @@ def _takes(annotation: Any, *kinds: type) -> bool:
 class Settings(BaseModel):
     """Base of every settings table: `true`/`false` where a number (or list of numbers) is
     expected is refused (pydantic reads them as 1 and 0, so `rounds = true` ran one round),
-    and so is text where only a number is (pydantic reads "4" as 4: `n_clients = "4"` given
-    in Python loaded; TOML and `--set` write numbers as numbers)."""
+    text where only a number is (pydantic reads "4" as 4: `n_clients = "4"` given in Python
+    loaded; TOML and `--set` write numbers as numbers), and text where only `true`/`false` is
+    (pydantic reads "yes", "on", "1" as true: `nesting = "yes"` ran with nesting on)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -100,6 +101,8 @@ class Settings(BaseModel):
             return value
         annotation = field.annotation
         list_of = "a list of numbers" if typing.get_origin(annotation) is list else "a number"
+        if isinstance(value, str) and _takes(annotation, bool) and not _takes(annotation, str):
+            raise ValueError("expected true or false, not text")
         if _holds(value, _is_bool) and not _takes_bool(annotation):
             words = [a for a in typing.get_args(annotation) if isinstance(a, str)]
             if typing.get_origin(annotation) is Literal and words:

@@ -354,6 +354,23 @@ def test_true_and_false_still_set_the_switches():
     assert config.output.figures is True and config.algorithm.privacy is True
 
 
+@pytest.mark.parametrize("key, value, field", [
+    ("algorithm", {"name": "cfl", "auto": {"nesting": "yes"}}, "algorithm.auto.nesting"),
+    ("algorithm", {"name": "cfl", "nesting": "yes"}, "algorithm.auto.nesting"),  # flat (older)
+    ("algorithm", {"name": "cfl", "privacy": "no"}, "algorithm.privacy"),  # ran with privacy
+    ("algorithm", {"name": "cfl", "auto": {"test_every": "off"}}, "algorithm.auto.test_every"),
+    ("output", {"figures": "false", "progress": "off"}, "output.figures"),
+    ("data", {"source": "digits", "verify": "no"}, "data.verify"),  # a `bool | None` field
+])
+def test_text_where_true_or_false_is_expected_is_refused(key, value, field):
+    """pydantic reads "yes", "on", "1" as true and "no", "off", "0" as false: `nesting =
+    "yes"` (or `--set algorithm.auto.nesting=yes`, which TOML leaves as text) ran with
+    nesting on, without a word."""
+    with pytest.raises(ConfigError, match=r"expected true or false, not text \(got '") as err:
+        load_config(tiny_config(**{key: value}))
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("config, words", [
     (tiny_config(model={"name": "lstm", "hidden": 8}),  # ValueError traceback
      "'lstm': an LSTM language model reads token sequences [T]; the data has inputs (1, 8, 8)"),
