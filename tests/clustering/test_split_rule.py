@@ -4,13 +4,14 @@ vectors and cosines written out and the expected values as sums. No federation i
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from clusterfl.clustering.cosine import Bipartition, Cohesion, cohesion
+from clusterfl.clustering.cosine import TIE, Bipartition, Cohesion, bipartition, cohesion
 from clusterfl.clustering.split_rule import (
     CONDITIONS,
     PAIR_NORM,
@@ -23,6 +24,7 @@ from clusterfl.clustering.split_rule import (
     Refusal,
     RuleState,
     apart,
+    centred_cut,
     cohesive,
     combined_pvalue,
     contrasting,
@@ -294,6 +296,59 @@ def test_shuffle_test_at_every_cluster_or_the_root_only():
     # four clients: a 2 | 2 cut is the best of 3 ways to put the two 1s: p never below 0.2
     small = measured(TWO_GROUPS, node=0, formed=None)
     assert shuffle_test(small, rule(null_draws=999), t=1) >= 0.2
+
+
+def _directions(degrees: list[float]) -> np.ndarray:
+    """Unit vectors of the plane at these angles: their cosines are cos(angle differences)."""
+    a = np.radians(degrees)
+    return np.stack([np.cos(a), np.sin(a)], axis=1)
+
+
+def test_the_centred_cut_follows_the_bipartition_method():
+    # five clients: a shared direction (0, 0, 3) plus parts in the plane at 0, 60, 125, 195
+    # and 270 degrees whose lengths make them sum to 0, so the updates minus their mean are
+    # those parts. Algorithm 1 (single linkage) joins the nearest angles, 60, 65 and 70
+    # degrees apart, and cuts off 270 (75 from 195); complete linkage joins 0-60 (60), then
+    # 125-195 (70), then 270 to {125, 195} (farthest 145 degrees, against 165 and 150)
+    length = np.ones(5)
+    cos, sin = np.cos(np.radians([60, 125, 15])), np.sin(np.radians([60, 125, 15]))
+    length[3] = (1 + cos[0] + cos[1]) / cos[2]  # x: 1 + cos 60 + cos 125 = ρ cos 15
+    length[4] = sin[0] + sin[1] - length[3] * sin[2]  # y: sin 60 + sin 125 = ρ sin 15 + ρ'
+    parts = length[:, None] * _directions([0, 60, 125, 195, 270])
+    assert np.abs(parts.sum(axis=0)).max() < 1e-12
+    u = torch.tensor(np.hstack([parts, np.full((5, 1), 3.0)]))
+    cuts = {}
+    for method in ("optimal", "complete"):
+        v = ClusterView.measure(0, 5, np.arange(5), u, np.ones(5), method)
+        found = centred_cut(v).split
+        cuts[method] = (found.first.tolist(), found.second.tolist())
+    assert cuts == {"optimal": ([0, 1, 2, 3], [4]), "complete": ([0, 1], [2, 3, 4])}
+    # the candidate of cut = "centred" is that cut, whatever rule reads it
+    view = ClusterView.measure(0, 5, np.arange(5), u, np.ones(5), "complete")
+    assert rule(cut="centred")._candidate(view).split.first.tolist() == [0, 1]
+
+
+def test_the_shuffles_are_cut_by_the_bipartition_method():
+    # four clients at 0, 60, 125, 195 degrees: Algorithm 1 cuts {0, 1, 2} | {3}, complete
+    # linkage {0, 1} | {2, 3}. Each cut's p-value is measured against shuffles cut the same
+    # way: brute force over all 720 orders of the six cosines gives 0.6 for complete linkage
+    # (0.4 against shuffles cut by Algorithm 1, as before) and 0.6 for Algorithm 1
+    sim = _directions([0, 60, 125, 195]) @ _directions([0, 60, 125, 195]).T
+    rows, cols = np.triu_indices(4, k=1)
+    for method, first, second in (("complete", [0, 1], [2, 3]), ("optimal", [0, 1, 2], [3])):
+        found = bipartition(sim, method)
+        assert (found.first.tolist(), found.second.tolist()) == (first, second)
+        v = by_hand(sim.tolist(), first, second, node=0, formed=None, method=method)
+        hits = 0
+        for order in itertools.permutations(sim[rows, cols]):
+            shuffled = np.eye(4)
+            shuffled[rows, cols] = shuffled[cols, rows] = order
+            cut = bipartition(shuffled, method)
+            hits += cohesion(shuffled, cut.first, cut.second).contrast >= \
+                v.cohesion.contrast - TIE
+        assert hits / 720 == pytest.approx(0.6)
+        # 999 shuffles: the estimate is within 3 standard errors (0.015 each) of 0.6
+        assert shuffle_test(v, rule(significance=0.05), t=1) == pytest.approx(0.6, abs=0.05)
 
 
 def test_patience_counts_consistent_cuts_and_a_failure_resets_it():

@@ -132,8 +132,9 @@ class AutoRuleConfig(Settings):
         True, description="the significance test for every cluster (default since issue 36, "
         "instead of nesting); false: the root only")
     cut: Literal["raw", "centred", "fallback"] = Field(
-        "fallback", description="the candidate bipartition: Algorithm 1 on the clients' update "
-        "cosines ('raw', the paper), on the cosines of the updates minus the cluster's "
+        "fallback", description="the candidate bipartition: Algorithm 1 (complete linkage with "
+        "bipartition = 'complete') on the clients' update cosines ('raw', the paper), on the "
+        "cosines of the updates minus the cluster's "
         "mean update ('centred'), or the raw cut unless a side is below min_side, then the "
         "centred one ('fallback'); the conditions read the raw cosines either way")
 
@@ -248,6 +249,7 @@ class ClusterView:
     drift: float = math.nan  # cosine of Δθ_c with the node's previous mean update (auto rule)
     peak: float = 0.0  # the run's largest cluster mean update norm so far (auto rule)
     first_loss: float | None = None  # the first round's mean training loss (auto rule)
+    method: BipartitionMethod = "optimal"  # how `split` was found (the centred cut, the shuffles)
 
     @property
     def pair(self) -> bool:
@@ -268,7 +270,7 @@ class ClusterView:
         if len(members) == 0:  # nobody of this cluster answered: the model stays
             zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
             return ClusterView(node, size, members, updates, np.zeros(0), zero, 0.0, 0.0, 0.0,
-                               None, None, None, formed=formed, loss=loss)
+                               None, None, None, formed=formed, loss=loss, method=method)
         mean = weighted_mean(updates, weights)
         norms = torch.linalg.vector_norm(updates.double(), dim=1)
         sim, split, coh = None, None, None
@@ -279,7 +281,7 @@ class ClusterView:
         return ClusterView(node, size, members, updates, weights, mean,
                            float(torch.linalg.vector_norm(mean.double())), float(norms.max()),
                            float(norms.min()), sim, split, coh,
-                           stationarity_ratio(updates, weights), formed, loss)
+                           stationarity_ratio(updates, weights), formed, loss, method=method)
 
 
 def within_max(c: Cohesion) -> float:
@@ -514,10 +516,10 @@ reason recorded, and resets the cluster's streak). The evidence that the cut is 
 
 def shuffle_test(v: ClusterView, r: AutoRule, t: int) -> float:
     """The p-value of the candidate's contrast against `null_draws` shuffles of the cluster's
-    cosines (`shuffle_pvalue`); NaN where the test does not apply (off, a pair, not the root
-    with `test_every` off). The draws come from a generator seeded by the run's seed, the
-    round and the node, so a resumed run repeats them and the run's other random numbers are
-    untouched."""
+    cosines (`shuffle_pvalue`, each shuffle cut by the cluster's `bipartition` method); NaN
+    where the test does not apply (off, a pair, not the root with `test_every` off). The draws
+    come from a generator seeded by the run's seed, the round and the node, so a resumed run
+    repeats them and the run's other random numbers are untouched."""
     c = r.options
     below = v.formed is not None
     if c.significance == 0 or v.pair or (below and not c.test_every) or \
@@ -525,7 +527,7 @@ def shuffle_test(v: ClusterView, r: AutoRule, t: int) -> float:
         return math.nan
     assert v.similarity is not None and v.cohesion is not None
     rng = np.random.default_rng([r.seed, t, v.node])
-    return shuffle_pvalue(v.similarity, v.cohesion.contrast, c.null_draws, rng)
+    return shuffle_pvalue(v.similarity, v.cohesion.contrast, c.null_draws, rng, v.method)
 
 
 def significant(p_value: float, r: AutoRule, sampled: bool = False) -> bool:
@@ -587,13 +589,14 @@ def meet(blocks: list[list[int]] | None, sides: list[list[int]],
 
 def centred_cut(v: ClusterView) -> ClusterView:
     """`v` with its candidate bipartition found on the cosines of the updates minus the
-    cluster's weighted mean update, and that cut's α_cross^max and cohesion on the raw cosines
-    (what the conditions read). Removing the shared direction keeps Algorithm 1 from cutting
-    off the one client whose update is most out of line with the others."""
+    cluster's weighted mean update (by `v.method`, the bipartition of the raw cut), and that
+    cut's α_cross^max and cohesion on the raw cosines (what the conditions read). Removing the
+    shared direction keeps Algorithm 1 from cutting off the one client whose update is most out
+    of line with the others."""
     if v.similarity is None or len(v.members) < 3:
         return v
     rest = v.updates.to(torch.float64) - v.mean.to(torch.float64)  # v.mean: weighted (eq. 2)
-    found = bipartition(pairwise_cosine(rest), "optimal")
+    found = bipartition(pairwise_cosine(rest), v.method)
     raw = v.similarity
     split = Bipartition(found.first, found.second,
                         float(raw[np.ix_(found.first, found.second)].max()))
