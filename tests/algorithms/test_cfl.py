@@ -463,8 +463,40 @@ def test_auto_options_that_another_auto_option_turns_off_are_warnings():
     assert CFLConfig(significance=0, null_draws=99).ignored_settings()[0].startswith(
         "algorithm.auto.null_draws = 99 does nothing")  # flat, as older configs have it
     for auto in ({"progress": 0.05, "progress_from": "first"}, {"significance": 0},
-                 {"significance_sampled": 0.05, "null_draws": 99, "sampled_evidence": "each"}):
+                 {"significance_sampled": 0.05, "null_draws": 1999, "sampled_evidence": "each"}):
         assert CFLConfig(auto=auto).ignored_settings() == []
+
+
+def test_null_draws_is_bounded_and_too_few_for_a_level_is_a_warning():
+    """`null_draws` had no upper bound (10**9 loaded: a billion cuts per cluster and round),
+    and 99 draws beside significance = 0.002 (the smallest p-value 1 / 100 = 0.01) never let
+    the test pass, without a word."""
+    for value in (18, 100_000, 10**9):
+        with pytest.raises(ConfigError, match=r"allowed: 19\.\.99999 \(the smallest p-value is "
+                           r"1 / \(1 \+ null_draws\), 0\.05 to 1e-05\)") as err:
+            load_config({"algorithm": {"name": "cfl", "auto": {"null_draws": value}}})
+        assert err.value.field == "algorithm.auto.null_draws"
+    assert CFLConfig(auto={"null_draws": 99_999}).auto.null_draws == 99_999
+    # 1 / (1 + 499) = 0.002 is not below 0.002; 1 / 501 is
+    assert CFLConfig(auto={"null_draws": 499}).ignored_settings() == [
+        "algorithm.auto.null_draws = 499: the smallest p-value in a round in which every "
+        "client of a cluster answered is 0.002, not below algorithm.auto.significance = "
+        "0.002: the shuffle test never passes there; allowed: null_draws >= 500"]
+    assert CFLConfig(auto={"null_draws": 500}).ignored_settings() == []
+    # a sampled round: 1 / 100 against 0.005 (each round alone), or Fisher's combination of
+    # patience = 1 p-value, 1 / 20 itself, against 0.01 (the fewest: 1 / (1 + 100) < 0.01)
+    each = CFLConfig(auto={"null_draws": 99, "significance": 0.05, "sampled_evidence": "each",
+                           "significance_sampled": 0.005}).ignored_settings()
+    assert each == ["algorithm.auto.null_draws = 99: the smallest p-value in a sampled round "
+                    "is 0.01, not below algorithm.auto.significance_sampled = 0.005: the "
+                    "shuffle test never passes there; allowed: null_draws >= 200"]
+    combined = CFLConfig(auto={"null_draws": 19, "significance": 0.1, "patience": 1})
+    assert combined.ignored_settings() == [
+        "algorithm.auto.null_draws = 19: the smallest p-value in a sampled round (Fisher's "
+        "combination of 1) is 0.05, not below algorithm.auto.significance_sampled = 0.01: the "
+        "shuffle test never passes there; allowed: null_draws >= 100"]
+    # three rounds of 1 / 20: -2 · 3 · ln(1/20) = 17.97, chi-square(6) tail 0.0063 < 0.01
+    assert CFLConfig(auto={"null_draws": 19, "significance": 0.1}).ignored_settings() == []
 
 
 def test_min_side_or_min_split_size_above_the_answering_clients_is_a_warning():

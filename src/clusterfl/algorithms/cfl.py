@@ -192,7 +192,7 @@ class CFLConfig(SampledConfig):
             return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r} does nothing: split_rule "
                     "= 'epsilon' reads no [algorithm.auto] option"
                     for o in changed_fields(self.auto)]
-        return self.auto.switched_off()
+        return self.auto.switched_off() + self.auto.too_few_draws()
 
 
 @dataclass

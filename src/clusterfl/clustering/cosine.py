@@ -308,6 +308,11 @@ best of three ways to place its two within cosines, so its p-value is never belo
 SHUFFLE_DRAWS = 999
 """Shuffled matrices of a shuffle test by default (the smallest p-value is 1 / 1000)."""
 
+SHUFFLE_DRAWS_RANGE = (19, 99_999)
+"""The fewest and most shuffles a test may draw: p-values from 1 / 20 = 0.05 down to 1e-5; a
+draw is one more cut of the cluster's matrix (about 50 µs for 20 clients), so the most cost a
+few seconds per cluster and round."""
+
 TIE = 1e-9
 """A shuffled contrast within this of the observed one reaches it (`shuffle_pvalue`). A
 shuffle that puts the same cosines within and between the blocks of a cut has the observed

@@ -41,12 +41,13 @@ from typing import Literal, TypedDict
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 from scipy.stats import combine_pvalues
 
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
     SHUFFLE_DRAWS,
+    SHUFFLE_DRAWS_RANGE,
     SHUFFLE_MIN,
     Bipartition,
     BipartitionMethod,
@@ -123,8 +124,8 @@ class AutoRuleConfig(Settings):
         "sample); 'each' (rules v5, v6), each such round needs p < significance_sampled "
         "to count")
     null_draws: int = Field(
-        SHUFFLE_DRAWS, ge=19, description="shuffled matrices of the significance test (the "
-        "smallest p-value is 1 / (1 + null_draws))")
+        SHUFFLE_DRAWS, description="shuffled matrices of the significance test, 19 to 99999 "
+        "(the smallest p-value is 1 / (1 + null_draws))")
     patience: int = Field(
         3, ge=1, description="... in this many consecutive rounds of the cluster, with "
         "bipartitions that are all unions of the same blocks of >= min_side clients")
@@ -137,6 +138,44 @@ class AutoRuleConfig(Settings):
         "cosines of the updates minus the cluster's "
         "mean update ('centred'), or the raw cut unless a side is below min_side, then the "
         "centred one ('fallback'); the conditions read the raw cosines either way")
+
+    @field_validator("null_draws")
+    @classmethod
+    def _draws_in_range(cls, value: int) -> int:
+        """At least 19 shuffles (p down to 0.05), at most 99999 (there was no bound: each draw
+        is one more cut of every tested cluster in every round)."""
+        low, high = SHUFFLE_DRAWS_RANGE
+        if not low <= value <= high:
+            raise ValueError(f"allowed: {low}..{high} (the smallest p-value is 1 / (1 + "
+                             f"null_draws), {1 / (1 + low):g} to {1 / (1 + high):g})")
+        return value
+
+    def too_few_draws(self) -> list[str]:
+        """A warning per level the shuffle test's smallest p-value, 1 / (1 + null_draws), is
+        not below (under "combined", Fisher's combination of `patience` of them for
+        `significance_sampled`): the test would never pass there, unsaid."""
+        if self.significance == 0:
+            return []
+        combined = self.sampled_evidence == "combined"
+        tests = (("significance", "a round in which every client of a cluster answered",
+                  lambda least: least),
+                 ("significance_sampled", "a sampled round" + (
+                     f" (Fisher's combination of {self.patience})" if combined else ""),
+                  lambda least: combined_pvalue([least] * self.patience) if combined
+                  else least))
+        out = []
+        for name, where, smallest in tests:
+            level, p = getattr(self, name), smallest(1 / (1 + self.null_draws))
+            if p >= level:
+                low, high = SHUFFLE_DRAWS_RANGE  # the fewest draws that pass: bisection
+                while low < high:
+                    mid = (low + high) // 2
+                    low, high = (low, mid) if smallest(1 / (1 + mid)) < level else (mid + 1, high)
+                out.append(f"algorithm.auto.null_draws = {self.null_draws}: the smallest "
+                           f"p-value in {where} is {p:.3g}, not below algorithm.auto.{name} "
+                           f"= {level:g}: the shuffle test never passes there; allowed: "
+                           f"null_draws >= {low}")
+        return out
 
     def switched_off(self) -> list[str]:
         """A warning per option set that another option turns off (it would do nothing)."""
