@@ -513,12 +513,39 @@ def test_min_side_or_min_split_size_above_the_answering_clients_is_a_warning():
     assert warnings(20, auto={"min_side": 11}) == [words]
     assert warnings(3) == [words.replace("= 11", "= 2").replace("22", "4")
                            .replace("has 20", "has 3").replace("1..10", "1..1")]
-    assert warnings(20, auto={"min_side": 10}) == warnings(2) == warnings(4) == []
+    assert warnings(20, auto={"min_side": 10}) == warnings(2) == warnings(6) == []
     for rule in ("auto", "epsilon"):
         [line] = warnings(20, split_rule=rule, per_round=4, min_split_size=6)
         assert line.startswith("algorithm.per_round = 4: 4 of 20 clients answer a round, and "
                                "a cluster splits only when at least 6 of its clients answer")
         assert warnings(20, split_rule=rule, per_round=6, min_split_size=6) == []
+
+
+def test_a_root_too_small_for_the_shuffle_test_is_a_warning():
+    """Four or five clients answering a round never pass the root's shuffle test at 0.002
+    (no order of their cosines is below an exact p-value of 0.2, 1 / 84: `shuffle_floor`),
+    so the run was FedAvg without a word; six can (1 / 3003)."""
+    def warnings(n_clients: int, **config: Any) -> list[str]:
+        return CFL(CFLConfig(**config)).check((64,), n_clients, 5)
+
+    assert warnings(5) == [
+        "algorithm.auto.significance = 0.002: the shuffle test of the 5 clients that answer a "
+        "round has an exact p-value of at least 0.0119 whatever their updates, so the root "
+        "never passes it: the run will not split (it is FedAvg); allowed: significance above "
+        "0.0119, or at least 6 clients a round"]
+    assert warnings(4)[0].startswith("algorithm.auto.significance = 0.002: the shuffle test "
+                                     "of the 4 clients that answer a round has an exact "
+                                     "p-value of at least 0.2 ")
+    assert warnings(5, auto={"significance": 0.02}) == warnings(6) == []
+    assert warnings(5, auto={"significance": 0}) == warnings(5, split_rule="epsilon") == []
+    # four of twenty a round: Fisher's combination of three rounds of 0.2 is 0.14, not below
+    # significance_sampled = 0.01; five a round pass it together (1.7e-4)
+    [line] = warnings(20, per_round=4)
+    assert line.startswith("algorithm.auto.significance_sampled = 0.01: the shuffle test of "
+                           "the 4 clients that answer a round has an exact p-value of at "
+                           "least 0.2 whatever their updates")
+    assert line.endswith("or at least 5 clients a round")
+    assert warnings(20, per_round=5) == []
 
 
 def test_a_written_config_loads_again_and_names_stay():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -26,6 +27,7 @@ from clusterfl.clustering.cosine import (
     optimal_bipartition,
     pairwise_cosine,
     separation_gap,
+    shuffle_floor,
     shuffle_pvalue,
     single_linkage_labels,
     stationarity_ratio,
@@ -351,6 +353,64 @@ def test_shuffle_pvalue_of_four_clients_cannot_fall_below_a_fifth():
     assert p == pytest.approx(0.2, abs=0.03)
     with pytest.raises(ValueError, match="3 clients"):
         shuffle_pvalue(np.eye(2), 0.0, 10, np.random.default_rng(0))
+
+
+def exact_pvalue(sim: np.ndarray) -> float:
+    """The share of all orders of the off-diagonal entries of `sim` whose Algorithm 1 cut is
+    at least as contrasting as that of `sim` (the p-value of infinitely many draws)."""
+    n = len(sim)
+    rows, cols = np.triu_indices(n, k=1)
+    cut = optimal_bipartition(sim)
+    observed = cohesion(sim, cut.first, cut.second).contrast
+    hits = orders = 0
+    for order in itertools.permutations(sim[rows, cols]):
+        null = np.eye(n)
+        null[rows, cols] = null[cols, rows] = order
+        found = optimal_bipartition(null)
+        hits += cohesion(null, found.first, found.second).contrast >= observed - TIE
+        orders += 1
+    return hits / orders
+
+
+def blocks(sizes: tuple[int, int], values: np.ndarray) -> np.ndarray:
+    """A matrix of the cut (a | b): the largest of `values` within the first side, the next
+    within the second, the rest across (the most contrasting order of those values)."""
+    a, b = sizes
+    values = np.sort(values)[::-1]
+    sim = np.eye(a + b)
+    pairs = [*itertools.combinations(range(a), 2), *itertools.combinations(range(a, a + b), 2),
+             *itertools.product(range(a), range(a, a + b))]
+    for (i, j), value in zip(pairs, values):
+        sim[i, j] = sim[j, i] = value
+    return sim
+
+
+def test_the_smallest_exact_pvalue_of_n_clients_by_hand_and_brute_force():
+    """`shuffle_floor`: three clients, any order is a relabelling (1); four: 3 of the 15 ways
+    to place the two within entries of a 2 | 2 cut, or 4 of the 20 ways for the three of a
+    1 | 3 cut (0.2 both); five: C(5, 2) = 10 places for a 2 | 3 cut over C(10, 1) · C(9, 3) =
+    840 ways to place its 1 and 3 within entries (1 / 84; 1 | 4: 5 / C(10, 6) = 1 / 42)."""
+    assert shuffle_floor(3) == 1.0 and shuffle_floor(4) == pytest.approx(0.2, rel=1e-12)
+    assert shuffle_floor(5) == pytest.approx(1 / 84, rel=1e-12)
+    # six: a 2 | 4 cut, 15 / (C(15, 1) · C(14, 6)) = 1 / 3003, below 3 | 3's 10 / C(15, 6)
+    assert shuffle_floor(6) == pytest.approx(1 / 3003, rel=1e-12)
+    assert shuffle_floor(41) == 0.0
+    with pytest.raises(ValueError, match="3 clients"):
+        shuffle_floor(2)
+    # brute force over all 720 orders of four clients' six cosines: the most contrasting
+    # order of a 2 | 2 cut reaches the floor; other matrices stay above it (a 1 | 3 block
+    # order among them: a 2 | 2 order of its values is more contrasting)
+    rng = np.random.default_rng(0)
+    assert exact_pvalue(blocks((2, 2), rng.uniform(-1, 1, 6))) == pytest.approx(0.2)
+    others = [blocks((1, 3), rng.uniform(-1, 1, 6)),
+              *(pairwise_cosine(rng.normal(size=(4, 3))) for _ in range(4))]
+    assert all(exact_pvalue(sim) >= shuffle_floor(4) - 1e-12 for sim in others)
+    # five clients: the 2 | 3 cut of the most contrasting order, against 10000 shuffles
+    sim = blocks((2, 3), rng.uniform(-1, 1, 10))
+    cut = optimal_bipartition(sim)
+    p = shuffle_pvalue(sim, cohesion(sim, cut.first, cut.second).contrast, 10_000,
+                       np.random.default_rng(1))
+    assert p == pytest.approx(1 / 84, abs=4 * math.sqrt(1 / 84 / 10_000))
 
 
 def test_a_shuffled_cut_tying_the_observed_contrast_counts_whatever_its_rounding():

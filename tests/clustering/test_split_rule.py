@@ -351,6 +351,42 @@ def test_the_shuffles_are_cut_by_the_bipartition_method():
         assert shuffle_test(v, rule(significance=0.05), t=1) == pytest.approx(0.6, abs=0.05)
 
 
+def test_a_cluster_too_small_for_the_shuffle_test_is_refused_saying_so():
+    """Five clients never pass at 0.002 (`shuffle_floor(5)` = 1 / 84: no cut of five clients'
+    cosines, however clear, has an exact p-value below it); the refusal said only "cut not
+    beyond shuffled cosines", as for a cut that could have passed. The decision is the same:
+    no streak change, the same p-value."""
+    five = measured([[2.0, 1.0]] * 2 + [[-2.0, 1.0]] * 3, node=0, formed=None)
+    assert [refusal for refusal, holds in CONDITIONS if not holds(five, RULE)] == []
+    p = shuffle_test(five, RULE, t=4)
+    d = RULE.decide(five, RuleState(), t=4)
+    assert (d.refusal, d.p_value, d.node, d.event) == (Refusal.TOO_FEW_TO_SHUFFLE, p, None, None)
+    assert d.reason == ("cut not beyond shuffled cosines (5 clients never reach p < 0.002: "
+                        "exact p ≥ 0.0119)")
+    assert RULE.options.hopeless(5, sampled=False) == pytest.approx((1 / 84, 0.002))
+    # a level above 1 / 84: the test can pass, a failed one is the plain refusal (the four
+    # within cosines of 1 land within some 2 | 3 cut in 10 of the C(10, 4) = 210 orders)
+    loose = rule(significance=0.02)
+    assert loose.options.hopeless(5, sampled=False) is None
+    assert p == pytest.approx(10 / 210, abs=0.01)
+    assert loose.decide(five, RuleState(), t=4).refusal is Refusal.NOT_SIGNIFICANT
+    # five of seven answering, each sampled round alone at 0.01 (rule v5): never below it
+    each = rule(sampled_evidence="each")
+    sampled = _with(five, size=7)
+    d = each.decide(sampled, RuleState(), t=4)
+    assert d.reason == ("cut not beyond shuffled cosines (5 clients never reach p < 0.01: "
+                        "exact p ≥ 0.0119)")
+    # ... combined (rule v7): three rounds of 1 / 84 pass Fisher's test (-2 · 3 · ln(1/84)
+    # = 26.6, chi-square(6) tail 1.7e-4 < 0.01): no such warning; four clients (0.2) fail it
+    assert RULE.options.hopeless(5, sampled=True) is None
+    assert RULE.options.hopeless(4, sampled=True) == pytest.approx((0.2, 0.01))
+    # six clients can pass (1 / 3003 < 0.002): a refused cut is the plain refusal
+    six = measured([[2.0, 1.0]] * 3 + [[-2.0, 1.0]] * 3, node=0, formed=None)
+    assert RULE.options.hopeless(6, sampled=False) is None
+    d = RULE.decide(six, RuleState(), t=4)
+    assert d.refusal is Refusal.NOT_SIGNIFICANT and d.reason == "cut not beyond shuffled cosines"
+
+
 def test_patience_counts_consistent_cuts_and_a_failure_resets_it():
     # passes every condition below the root; the shuffle test (which four clients never
     # pass, see above) is left to the root here
@@ -385,10 +421,11 @@ def test_rounds_that_say_nothing_keep_the_streak():
     three = measured([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0]], size=8, node=0)
     d = RULE.decide(three, kept, t=4)
     assert d.refusal is Refusal.FEW_FOR_SIDES and d.node is None
-    # the root's cut is not beyond its shuffled cosines (four clients: p ≥ 0.2)
+    # the root's cut is not beyond its shuffled cosines (four clients: p ≥ 0.2, never below
+    # the level, which the reason says)
     root = measured(TWO_GROUPS, node=0, formed=None)
     d = RULE.decide(root, kept, t=4)
-    assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None and d.p_value >= 0.2
+    assert d.refusal is Refusal.TOO_FEW_TO_SHUFFLE and d.node is None and d.p_value >= 0.2
     # a cut whose sides are not apart beyond noise (contrast 0.4 ≤ contrast_min 0.5, rule v2's
     # default; computed in test_contrasting), every other condition passing: no evidence
     # either way, as a failed shuffle test (rule v2; v1 reset the streak; v3: no bound)
@@ -512,8 +549,12 @@ def test_epsilon_rule():
 
 def test_refusals_read_back_from_their_text():
     for member in Refusal:
-        text = member.text(bar=0.95, share=0.25, streak=2, need=3, reference="ln 10")
+        text = member.text(bar=0.95, share=0.25, streak=2, need=3, reference="ln 10", n=5,
+                           level=0.002, floor=1 / 84)
         assert Refusal.read(text)[0] is member
+    assert Refusal.read("cut not beyond shuffled cosines (5 clients never reach p < 0.002: "
+                        "exact p ≥ 0.0119)") == (Refusal.TOO_FEW_TO_SHUFFLE, {
+                            "n": "5", "level": "0.002", "floor": "0.0119"})
     assert Refusal.read("patience 2/3") == (Refusal.PATIENCE, {"streak": "2", "need": "3"})
     # a history of rule v1 reads back as the same refusal
     assert Refusal.read("no progress: loss ≥ 0.95 × first round's") == (

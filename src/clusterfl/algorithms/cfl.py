@@ -82,7 +82,7 @@ from clusterfl.algorithms.common import (
     too_few_per_round,
 )
 from clusterfl.clustering.aggregate import weighted_mean
-from clusterfl.clustering.cosine import separation_gap
+from clusterfl.clustering.cosine import SHUFFLE_FLOOR_EXACT, separation_gap
 from clusterfl.clustering.split_rule import (
     AutoRule,
     AutoRuleConfig,
@@ -259,10 +259,29 @@ class CFL(Algorithm[CFLConfig, CFLState]):
                  f"{cfg.warmup_rounds} warm-up rounds), in round {first} at the earliest: the "
                  f"run will never split (it is FedAvg); allowed: rounds >= {first}"
                  ] if cfg.split_rule == "auto" and rounds < first else []
-        return short + too_few_per_round(
+        few = too_few_per_round(
             cfg, n_clients, max(sides, cfg.min_split_size),
             f"algorithm.auto.min_side = {cfg.auto.min_side}" if sides > 2 else "",
             f"1..{n_clients // 2}")
+        return short + (few or self._root_too_small(n_clients))
+
+    def _root_too_small(self, n_clients: int) -> list[str]:
+        """The warning when the clients answering a round are too few for the root's shuffle
+        test ever to pass (`AutoRuleConfig.hopeless`): the run would be FedAvg, unsaid."""
+        cfg, k = self.config, self.config.per_round_count(n_clients)
+        sampled = k < n_clients
+        hopeless = cfg.auto.hopeless(k, sampled) if cfg.split_rule == "auto" and k > 2 \
+            else None
+        if hopeless is None:
+            return []
+        floor, level = hopeless
+        need = next((m for m in range(k + 1, SHUFFLE_FLOOR_EXACT)
+                     if cfg.auto.hopeless(m, sampled) is None), k + 1)
+        name = "significance_sampled" if sampled else "significance"
+        return [f"algorithm.auto.{name} = {level:g}: the shuffle test of the {k} clients that "
+                f"answer a round has an exact p-value of at least {floor:.3g} whatever their "
+                "updates, so the root never passes it: the run will not split (it is FedAvg); "
+                f"allowed: {name} above {floor:.3g}, or at least {need} clients a round"]
 
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written before the split rule had its own state (the auto rule's

@@ -58,6 +58,7 @@ from clusterfl.clustering.cosine import (
     gamma_bound,
     gamma_criterion,
     pairwise_cosine,
+    shuffle_floor,
     shuffle_pvalue,
     stationarity_ratio,
 )
@@ -177,6 +178,20 @@ class AutoRuleConfig(Settings):
                            f"null_draws >= {low}")
         return out
 
+    def hopeless(self, n: int, sampled: bool) -> tuple[float, float] | None:
+        """(`shuffle_floor(n)`, the level) where the shuffle test of `n` answering clients can
+        never pass, its exact p-value never below the level of the round (`sampled`: some of
+        the cluster's clients did not answer; under "combined", Fisher's combination of
+        `patience` such floors); None where it can, or is off."""
+        if self.significance == 0 or n < 3:
+            return None
+        floor = shuffle_floor(n)
+        if not sampled:
+            return (floor, self.significance) if floor >= self.significance else None
+        combined = self.sampled_evidence == "combined" and floor > 0
+        p = combined_pvalue([floor] * self.patience) if combined else floor
+        return (floor, self.significance_sampled) if p >= self.significance_sampled else None
+
     def switched_off(self) -> list[str]:
         """A warning per option set that another option turns off (it would do nothing)."""
         off = {"progress_from": ("progress", "the progress condition"),
@@ -208,6 +223,10 @@ class Refusal(Enum):
     PAIR_NORMS = "pair: client updates below {share:g} × peak"
     PAIR_DRIFTING = "pair: cluster still drifting"
     NOT_SIGNIFICANT = "cut not beyond shuffled cosines"
+    #: NOT_SIGNIFICANT where the cluster's answering clients are too few for any cut to pass
+    #: (the words before " (" as NOT_SIGNIFICANT's, which tables of reasons group by)
+    TOO_FEW_TO_SHUFFLE = ("cut not beyond shuffled cosines ({n} clients never reach p < "
+                          "{level:g}: exact p ≥ {floor:.3g})")
     NOT_SIGNIFICANT_TOGETHER = "cuts of the streak not beyond shuffled cosines together"
     PATIENCE = "patience {streak}/{need}"
 
@@ -719,7 +738,12 @@ class AutoRule(SplitRule):
         p = shuffle_test(v, self, t)
         together = v.sampled and c.sampled_evidence == "combined"
         if not together and not significant(p, self, v.sampled):
-            return self.refuse(Refusal.NOT_SIGNIFICANT, p_value=p)
+            hopeless = c.hopeless(len(v.members), v.sampled)
+            if hopeless is None:
+                return self.refuse(Refusal.NOT_SIGNIFICANT, p_value=p)
+            floor, level = hopeless  # the same decision, with the reason it can never pass
+            return Decision(Refusal.TOO_FEW_TO_SHUFFLE, Refusal.TOO_FEW_TO_SHUFFLE.text(
+                n=len(v.members), level=level, floor=floor), p_value=p)
         sides = [v.members[v.split.first].tolist(), v.members[v.split.second].tolist()]
         blocks = meet(mine.candidate, sides, c.min_side)
         streak = 1 if blocks is None else mine.streak + 1
