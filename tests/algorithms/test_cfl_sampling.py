@@ -223,3 +223,24 @@ def test_placement_before_any_split_is_the_root():
     assert placed.clusters.tolist() == [0, 0]
     assert placed.details == [{"path": [0], "node": 0, "similarities": []}] * 2
     assert len(alg.placement(make_ctx(fed), np.array([], dtype=np.int64)).clusters) == 0
+
+
+def test_clusters_of_the_results_and_of_the_extras_count_the_waiting_nodes():
+    """A sampled run with clients waiting at an inner node: the results table's clusters
+    (`n_clusters()`, the distinct nodes of the assignment) counted that node, the extras'
+    `n_clusters` (the tree's leaves) did not, and nothing said why (4 against 3 in a report).
+    `n_waiting_nodes` counts those inner nodes: the two add up."""
+    fed = blob_federation(n_clients=12, n_clusters=2)
+    ctx = make_ctx(fed)
+    alg = CFL(CFLConfig(fraction=0.5))  # the root splits in round 6; six clients wait
+    alg.setup(ctx)
+    waited = 0
+    for t in range(1, 10):
+        e = alg.run_round(ctx, t).to_dict()
+        inner = set(alg.state.pending.values())
+        assert all(not alg.tree.nodes[v].is_leaf for v in inner)
+        assert e["n_clusters"] == len(alg.tree.leaves())
+        assert e["n_waiting_nodes"] == len(inner)
+        assert e["n_clusters"] + e["n_waiting_nodes"] == alg.n_clusters()
+        waited += bool(inner)
+    assert waited  # some round ended with clients waiting

@@ -496,6 +496,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
 
         return CFLExtras(
             n_clusters=len(tree.leaves()),
+            n_waiting_nodes=len(set(pending.values())),
             clusters=[v.node for v in views],
             cluster_sizes=[len(v.members) for v in views],
             mean_norm=[v.mean_norm for v in views],

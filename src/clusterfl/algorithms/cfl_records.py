@@ -16,6 +16,10 @@ class CFLExtras(RoundExtras):
     (the tree's leaves before the round's splits), in the order of `clusters`."""
 
     n_clusters: int = 0  # clusters (tree leaves) after the round's splits
+    #: inner nodes at which clients wait after the round (they missed their cluster's split
+    #: and predict with its frozen model): the run's "clusters" (`Algorithm.n_clusters`, the
+    #: distinct nodes of the assignment) are n_clusters + n_waiting_nodes
+    n_waiting_nodes: int = 0
     clusters: list[int] = field(default_factory=list)  # tree node id of each cluster examined
     cluster_sizes: list[int] = field(default_factory=list)  # clients of each cluster that answered
     #: norm of each cluster's mean update ‖Δθ_c‖ (eq. 30)
