@@ -526,7 +526,13 @@ def test_what_both_rules_check_first():
     assert eps.decide(one, RuleState(), 9).refusal is Refusal.FEW_ANSWERED
     v = measured(TWO_GROUPS)
     assert eps.decide(v, RuleState(), 3).reason == "warm-up"  # t ≤ warmup_rounds
-    assert eps.decide(v, RuleState(), 4).reason == "fewer than min_split_size clients"  # 4 < 5
+    assert eps.decide(v, RuleState(), 4).reason == \
+        "fewer than min_split_size clients answered"  # 4 < 5
+    # four of a cluster of eight answered: the cluster is not below min_split_size, its round
+    # is (the reason said "fewer than min_split_size clients"; older histories still read)
+    assert eps.decide(measured(TWO_GROUPS, size=8), RuleState(), 4).reason == \
+        "fewer than min_split_size clients answered"
+    assert Refusal.read("fewer than min_split_size clients") == (Refusal.SMALL_CLUSTER, {})
     assert AutoRule(warmup_rounds=3).decide(v, RuleState(), 2).refusal is Refusal.WARM_UP
 
 

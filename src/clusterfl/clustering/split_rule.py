@@ -208,7 +208,7 @@ class Refusal(Enum):
 
     FEW_ANSWERED = "fewer than 2 clients answered"
     WARM_UP = "warm-up"
-    SMALL_CLUSTER = "fewer than min_split_size clients"
+    SMALL_CLUSTER = "fewer than min_split_size clients answered"
     MEAN_NORM = "mean norm ≥ eps1"  # epsilon rule, eq. (30)
     MAX_NORM = "max norm ≤ eps2"  # epsilon rule, eq. (31)
     GAMMA = "gamma"  # eq. (36), both rules
@@ -253,8 +253,10 @@ def _pattern(template: str) -> re.Pattern[str]:
 
 
 _PATTERNS = {member: _pattern(member.value) for member in Refusal}
-_LEGACY = {"root: cut not beyond shuffled cosines": Refusal.NOT_SIGNIFICANT.value}
-"""Texts of histories written before the test covered every cluster (issue 36)."""
+_LEGACY = {"root: cut not beyond shuffled cosines": Refusal.NOT_SIGNIFICANT.value,
+           "fewer than min_split_size clients": Refusal.SMALL_CLUSTER.value}
+"""Texts of older histories: before the test covered every cluster (issue 36); before the
+refusal said that min_split_size counts the clients that answered (2026-11-29)."""
 
 
 class CFLSplitEvent(TypedDict, total=False):
