@@ -678,6 +678,8 @@ def test_split_test_figure_names_each_refusal():
     assert _short("sides less apart than when the cluster formed") == \
         "less apart than when formed"
     assert _short("not stationary") == "not stationary" and _short("other") == "other"
+    assert _short("cut not beyond shuffled cosines (5 clients never reach p < 0.002: exact "
+                  "p ≥ 0.0119)") == "not beyond shuffles (5: too few)"
 
 
 def test_cli_place(label_swap_run, capsys):
