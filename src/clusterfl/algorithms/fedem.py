@@ -124,7 +124,9 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
         # regression: the mixture's mean output (the prediction minimising the squared error)
         self.combine: Combine = ("mean_outputs" if ctx.backend.federation.task == "regression"
                                  else "mean_probs")
-        self.sizes = np.asarray(ctx.train_sizes, dtype=np.float64)  # p_t of aggregate = "all"
+        # p_t of aggregate = "all": the context's array itself, read when a round aggregates
+        # (a Flower strategy learns the sizes from the clients' first replies: no copy)
+        self.sizes = ctx.train_sizes
         self.state = FedEMState(ctx.factory.init_many(m, ctx.seed),
                                 np.full((ctx.n_clients, m), 1.0 / m),
                                 np.zeros(ctx.n_clients, dtype=bool))
@@ -145,7 +147,8 @@ class FedEM(Algorithm[FedEMConfig, FedEMState]):
             weights, trained = state.weights.copy(), state.trained.copy()
             weights[got] = reply.weights
             trained[got] = True
-            sizes = self.sizes if self.config.aggregate == "all" else None
+            sizes = (np.asarray(self.sizes, dtype=np.float64) if self.config.aggregate == "all"
+                     else None)
             state = replace(state, weights=weights, trained=trained, models=aggregate_components(
                 state.models, reply.params, reply.n_samples, got, sizes))
         return Update(state, FedEMExtras(

@@ -123,6 +123,11 @@ class ClusteredStrategy:
             IFCA's losses in one message; see `clusterfl.flower.client`).
         true_clusters: node id → true group, for the ARI (diagnostics; optional: a client
             may report a `cluster` metric instead).
+        train_sizes: node id → its training-set size, for the methods that weight clients
+            by it before they have trained (FeSEM's first k-means, FedEM's
+            `aggregate = "all"`, FedSoft's `per_cluster`, FLT's relatedness); a node not
+            given is learned from the `num-examples` of its first reply on its training data
+            (a train message), and counts as 1 until then (a warning says so).
         log: where the line per round goes (default: print).
     """
 
@@ -136,6 +141,7 @@ class ClusteredStrategy:
         wait_timeout: float = 300.0, timeout: float = 600.0,
         extensions: set[str] | frozenset[str] | tuple[str, ...] = (),
         true_clusters: Mapping[int, int] | None = None,
+        train_sizes: Mapping[int, int] | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         from clusterfl.compare import parse_algorithm_spec
@@ -168,6 +174,8 @@ class ClusteredStrategy:
         self.timeout = _seconds("timeout", timeout)
         self.extensions = _handlers(extensions)
         self.true_clusters = _truth(true_clusters)
+        self.train_sizes = _node_numbers("train_sizes", train_sizes, "its training-set size",
+                                         least=1)
         self.log = log or (lambda line: print(line, flush=True))
         name = str(self.algorithm.get("name", ""))
         if name not in DRIVABLE and not self.extensions:
@@ -209,7 +217,7 @@ class ClusteredStrategy:
         num_rounds = _whole("num_rounds", num_rounds, 1, "the rounds to run")  # not 2.5 -> 2
         require("flower", "flwr.app")
         from clusterfl.backends.flower.backend import active_session
-        from clusterfl.backends.flower.standard import StandardSession, to_arrays
+        from clusterfl.backends.flower.standard import to_arrays
         from clusterfl.config import load_config
         from clusterfl.experiment import Experiment
         from clusterfl.models import ModelFactory
@@ -228,12 +236,17 @@ class ClusteredStrategy:
         factory = ModelFactory(config.model, self.input_shape, self.n_classes)
         template = {k: v.detach().clone() for k, v in factory.build().state_dict().items()}
         nodes = self._wait(grid)
-        session = StandardSession(grid, {i: n for i, n in enumerate(nodes)}, {}, self.timeout,
-                                  template=template, extensions=self.extensions)
+        session = self._session(grid, nodes, template)
+        unused = sorted(set(self.train_sizes or {}) - set(grid.get_node_ids()))
+        if unused:
+            self.log(f"flower: warning: train_sizes gives node(s) {unused}, which are not "
+                     "connected; their sizes are not used")
         probe = self._probe(session, factory, config)
-        federation = self._federation(nodes, probe)
+        federation = self._federation(nodes, probe, session)
+        line = _RoundLine(session, num_rounds, self.log)
         exp = Experiment(config, self.out_dir, federation=federation, overwrite=self.overwrite,
-                         callbacks=[_RoundLine(session, num_rounds, self.log)])
+                         callbacks=[line])
+        line.sizes_use = size_use(exp.algorithm)
         with active_session(session):
             history = exp.run(progress=False)
         pred = exp.algorithm.predictor()
@@ -274,15 +287,10 @@ class ClusteredStrategy:
         placement's dropouts (node ids as `clients`; a node silent throughout: -1, the run's
         result is kept) and the messages it sent (its first evaluate included)."""
         from clusterfl.algorithms.base import Context
-        from clusterfl.backends.flower.standard import (
-            StandardBackend,
-            StandardSession,
-            to_arrays,
-        )
+        from clusterfl.backends.flower.standard import StandardBackend, to_arrays
 
-        placing = StandardSession(session.grid, dict(enumerate(joined)), {}, self.timeout,
-                                  template=session.template, extensions=session.extensions,
-                                  round=config.run.rounds + 1)
+        placing = self._session(session.grid, joined, session.template)
+        placing.round, placing.warned = config.run.rounds + 1, session.warned
         probe = self._probe(placing, factory, config, required=False)
         if not probe:  # none answered: the rounds' result stands, the nodes are not placed
             for node in joined:
@@ -293,7 +301,7 @@ class ClusteredStrategy:
             return [{"request": "placement", "clients": joined,
                      "reasons": {str(n): "no reply to the first evaluate message"
                                  for n in joined}}], len(joined)
-        fed = self._federation(joined, probe, truth=False)
+        fed = self._federation(joined, probe, placing, truth=False)
         backend = StandardBackend(fed, factory, placing)
         ctx = Context(backend=backend, factory=factory,
                       training=config.train.local_training(), n_clients=len(joined),
@@ -373,10 +381,23 @@ class ClusteredStrategy:
                                  "@app.evaluate()?")
         return out
 
+    def _session(self, grid: Any, nodes: list[int], template: dict[str, torch.Tensor]) -> Any:
+        """The session of `nodes` (as clients 0..n−1): their training-set sizes those of
+        `train_sizes`, 1 for the others until learned."""
+        from clusterfl.backends.flower.standard import StandardSession
+
+        given = self.train_sizes or {}
+        return StandardSession(
+            grid, dict(enumerate(nodes)), {}, self.timeout, template=template,
+            extensions=self.extensions, log=self.log,
+            train_sizes=np.array([given.get(n, 1) for n in nodes], dtype=np.int64),
+            sized=np.array([n in given for n in nodes], dtype=bool))
+
     def _federation(self, nodes: list[int], probe: dict[int, dict[str, float]],
-                    truth: bool = True) -> Any:
-        """The server's view: n clients, shapes, sizes from the probe, no data."""
-        from clusterfl.data.federation import Federation
+                    session: Any, truth: bool = True) -> Any:
+        """The server's view: n clients, shapes, test sizes from the probe, the session's
+        training-set sizes (`ServerFederation`), no data."""
+        from clusterfl.backends.flower.standard import ServerFederation
 
         n = len(nodes)
         clusters: np.ndarray | None = None
@@ -390,7 +411,7 @@ class ClusteredStrategy:
         elif probe and all("cluster" in probe.get(c, {}) for c in range(n)):
             clusters = np.array([int(probe[c]["cluster"]) for c in range(n)])
         test = [max(1, int(probe.get(c, {}).get("num-examples", 1))) for c in range(n)]
-        tr = np.arange(n + 1, dtype=np.int64)  # train sizes are not known: 1 each
+        tr = np.arange(n + 1, dtype=np.int64)  # the rows of blank data: 1 each
         te = np.concatenate([[0], np.cumsum(test)]).astype(np.int64)
         shape = self.input_shape
 
@@ -398,8 +419,10 @@ class ClusteredStrategy:
             return (torch.zeros(1, *shape).expand(m, *shape),
                     torch.zeros(1, dtype=torch.int64).expand(m))
 
-        return Federation(*blank(n), tr, *blank(int(te[-1])), te, clusters, self.n_classes,
-                          "classification", "flower:standard ClientApps")
+        fed = ServerFederation(*blank(n), tr, *blank(int(te[-1])), te, clusters,
+                               self.n_classes, "classification", "flower:standard ClientApps")
+        fed.sizes = session.train_sizes  # the method reads each size as it is learned
+        return fed
 
 
 class _RoundLine:
@@ -407,14 +430,43 @@ class _RoundLine:
 
     def __init__(self, session: Any, rounds: int, log: Callable[[str], None]) -> None:
         self.session, self.rounds, self.log = session, rounds, log
+        self.sizes_use: str | None = None
+        """What of the method reads the clients' training-set sizes (`size_use`)."""
 
     def on_round_end(self, record: Any) -> None:
         self.session.round = record.round + 1
+        unknown = [self.session.node(c) for c in np.flatnonzero(~self.session.sized)]
+        if self.sizes_use and unknown:
+            self.session.warn_once("sizes", (
+                f"the training-set sizes of node(s) {unknown} are not known yet (no reply on "
+                f"their training data by round {record.round}): {self.sizes_use}, which counts "
+                "each of them as 1 until it is; give them with ClusteredStrategy(train_sizes="
+                "{node: size})"))
         m = record.metrics
         acc = "" if m is None or m.accuracy is None else f", accuracy {100 * m.accuracy:.1f}%"
         ari = "" if record.ari is None else f", ARI {record.ari:.2f}"
         self.log(f"flower: round {record.round}/{self.rounds}: {record.n_clusters} "
                  f"cluster(s){acc}{ari}")
+
+
+def size_use(algorithm: Any) -> str | None:
+    """What of `algorithm` weights clients by their training-set sizes (`Context.train_sizes`),
+    which the strategy learns from the clients' replies (None: nothing)."""
+    from clusterfl.algorithms.fedem import FedEM
+    from clusterfl.algorithms.fedsoft import FedSoft
+    from clusterfl.algorithms.fesem import FeSEM
+    from clusterfl.algorithms.flt import FLT
+
+    cfg = algorithm.config
+    if isinstance(algorithm, FeSEM):
+        return "FeSEM's first k-means weights each client's model by its size"
+    if isinstance(algorithm, FedEM) and cfg.aggregate == "all":
+        return "FedEM's aggregate = 'all' weights every client by its size"
+    if isinstance(algorithm, FedSoft) and cfg.per_cluster is not None:
+        return "FedSoft's per_cluster selection draws clients with weights ∝ their sizes"
+    if isinstance(algorithm, FLT) and cfg.aggregation == "relatedness":
+        return "FLT's relatedness aggregation weights clients by their sizes"
+    return None
 
 
 def _import_path(obj: Callable[..., Any]) -> str:
@@ -479,18 +531,25 @@ def _handlers(value: Any) -> set[str]:
 
 def _truth(value: Any) -> dict[int, int] | None:
     """`true_clusters`: node id -> true group, both whole numbers."""
+    return _node_numbers("true_clusters", value, "true group")
+
+
+def _node_numbers(name: str, value: Any, what: str, least: int | None = None
+                  ) -> dict[int, int] | None:
+    """A dict node id -> `what`, both whole numbers (`what` at least `least`)."""
     from clusterfl.config_util import is_whole  # not at import: the client helpers' deps
 
+    floor = "" if least is None else f" >= {least}"
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise ConfigError("true_clusters", f"{value!r}: give a dict node id -> true group, "
-                          "both whole numbers")
-    bad = [k for k, v in dict(value).items() if not all(
-        is_whole(x) for x in (k, v))]
+        raise ConfigError(name, f"{value!r}: give a dict node id -> {what}, both whole "
+                          f"numbers{floor}")
+    bad = [k for k, v in dict(value).items() if not all(is_whole(x) for x in (k, v))
+           or (least is not None and v < least)]
     if bad:
-        raise ConfigError("true_clusters", f"node {bad[0]!r} -> {dict(value)[bad[0]]!r}: give "
-                          "node id -> true group, both whole numbers")
+        raise ConfigError(name, f"node {bad[0]!r} -> {dict(value)[bad[0]]!r}: give node id "
+                          f"-> {what}, both whole numbers{floor}")
     return {int(k): int(v) for k, v in dict(value).items()}
 
 

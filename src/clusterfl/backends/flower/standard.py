@@ -99,6 +99,48 @@ class StandardSession(FlowerSession):
     template: dict[str, torch.Tensor] = field(default_factory=dict)
     extensions: set[str] = field(default_factory=set)
     round: int = 1
+    train_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Each client's training-set size: 1 until given (`ClusteredStrategy(train_sizes=)`) or
+    learned from the `num-examples` of its first reply to a request on its training data
+    (`on_training_data`). The method's `Context.train_sizes` is this array
+    (`ServerFederation`), so it reads each size as soon as it is known."""
+    sized: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Which clients' `train_sizes` are known (given or learned)."""
+    log: Callable[[str], None] = print
+    """Where the warnings about the clients' replies go (the strategy's `log`)."""
+    warned: set[str] = field(default_factory=set)
+    """The warnings given (each once)."""
+
+    def warn_once(self, key: str, line: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            self.log(f"flower: warning: {line}")
+
+    def node(self, client: int) -> int | str:
+        return self.node_of_client.get(int(client), f"of client {client}")
+
+
+class ServerFederation(Federation):
+    """The server's view of the standard clients' federation (shapes and sizes, no data),
+    whose `train_sizes` is the session's live array (`StandardSession.train_sizes`) once
+    `sizes` is set."""
+
+    sizes: np.ndarray | None = None
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return super().train_sizes if self.sizes is None else self.sizes
+
+
+def on_training_data(request: Any) -> bool:
+    """Whether a reply to `request` counts the client's training data in its `num-examples`
+    (a train message by Flower's convention, FedEM's and FedSoft's steps on the training
+    split, the helpers' signature and subspace queries), not its evaluation split."""
+    if isinstance(request, pr.TrainRequest | pr.MixtureTrainRequest | pr.EmbedRequest
+                  | pr.SubspaceRequest):
+        return True
+    return (isinstance(request, pr.BestCountRequest | pr.MixtureFitRequest)
+            and request.split == "train")
 
 
 def to_arrays(factory: ModelFactory, template: dict[str, torch.Tensor], flat: torch.Tensor
@@ -186,7 +228,30 @@ class StandardBackend(FlowerBackend):
         route = _of_type(_ROUTES, request)
         if route is None:
             self._refuse(request, type(request).__name__)
-        return cast(RE, getattr(self, cast(str, route))(request))
+        reply = cast(RE, getattr(self, cast(str, route))(request))
+        self._learn_sizes(request, reply)
+        return reply
+
+    def _learn_sizes(self, request: Any, reply: Any) -> None:
+        """Each answering client's training-set size from the `num-examples` of a reply on its
+        training data (`on_training_data`), into `StandardSession.train_sizes`; a size that
+        changes (another than given or learned before) is taken and said once per client."""
+        if isinstance(request, Steps):
+            for step, part in zip(request.steps, reply.replies):
+                self._learn_sizes(step, part)
+            return
+        if not on_training_data(request) or len(self.std.train_sizes) == 0:
+            return
+        sizes, sized = self.std.train_sizes, self.std.sized
+        for c, n in zip(np.asarray(reply.clients).tolist(),
+                        np.asarray(reply.n_samples).tolist()):
+            if sized[c] and int(sizes[c]) != int(n):
+                self.std.warn_once(f"size {c}", (
+                    f"node {self.std.node(c)} reports num-examples = {int(n)} in its "
+                    f"{request_name(request)} reply, its training-set size was {int(sizes[c])} "
+                    "(given in train_sizes or reported before); the method uses "
+                    f"{int(n)} from now on"))
+            sizes[c], sized[c] = int(n), True
 
     # each route: the standard message(s) one request type becomes (`_ROUTES`)
     def _route_steps(self, req: Steps) -> Any:
@@ -699,5 +764,5 @@ def _first_metrics(msg: Any) -> Any:
     return records[0] if records else {}
 
 
-__all__ = ["EXTENSIONS", "StandardBackend", "StandardConfig", "StandardSession",
-           "from_arrays", "to_arrays"]
+__all__ = ["EXTENSIONS", "ServerFederation", "StandardBackend",
+           "StandardConfig", "StandardSession", "from_arrays", "on_training_data", "to_arrays"]
