@@ -276,6 +276,43 @@ def test_one_reply_without_num_examples_drops_that_node_not_the_run(
     assert all("have no 'num-examples'" in d["reasons"]["2"] for d in dropped)
 
 
+class _NoAccuracy(FakeGrid):
+    """Node 102's evaluate replies lack `eval_acc`; the accuracies the others reply, by
+    round."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        reply = super()._answer(msg)
+        if msg.metadata.message_type != "evaluate" or reply is None:
+            return reply
+        metrics = dict(reply.content["metrics"])
+        if int(msg.metadata.dst_node_id) != 102:
+            self.accuracy.setdefault(int(msg.content["config"]["server-round"]), []).append(
+                float(metrics["eval_acc"]))
+            return reply
+        del metrics["eval_acc"]
+        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    accuracy: dict[int, list[float]]
+
+
+def test_an_evaluate_reply_without_accuracy_is_said_once_and_left_out() -> None:
+    """Before: a node whose evaluate replies had no accuracy was left out of the rounds'
+    accuracy without a word (and with none reporting one, the accuracy was None). Now one
+    warning names the node and the key; the accuracy is the other nodes' mean."""
+    grid = _NoAccuracy([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                       app=standard_app)
+    grid.accuracy, lines = {}, []
+    result = _strategy("fedavg", log=lines.append).start(grid, 2)
+    assert [x for x in lines if "warning" in x] == [
+        "flower: warning: node 102's evaluate reply has no 'eval_acc' metric (nor 'eval-acc', "
+        "'accuracy'; it holds ['eval_loss', 'num-examples']): its accuracy is unknown and "
+        "left out of the rounds' accuracy (None when no node reports one)"]
+    for record in result.history.records:
+        others = grid.accuracy[record.round]
+        assert len(others) == N - 1
+        assert record.metrics.accuracy == pytest.approx(float(np.mean(others)), abs=1e-12)
+
+
 class _ErrorReplies(FakeGrid):
     """A client's exception comes back as an error reply, as Flower's ClientApp runtime
     sends it."""

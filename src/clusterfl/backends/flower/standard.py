@@ -680,7 +680,7 @@ class StandardBackend(FlowerBackend):
                     np.array([c]),
                     np.array([[_metric(m, ("eval_loss", "eval-loss", "loss"), None, where)
                                for m in ms]]),
-                    np.array([[_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)
+                    np.array([[_metric(m, ACCURACY_KEYS, math.nan, where)
                                for m in ms]]))
         return self._assemble(req, clients, got, reasons)
 
@@ -698,13 +698,24 @@ class StandardBackend(FlowerBackend):
             with _unusable(reasons, c):  # this client dropped, the reason kept
                 where = f"client {c}'s evaluate reply"
                 m = _first_metrics(msg)
+                if not any(k in m for k in ACCURACY_KEYS):
+                    other = ", ".join(map(repr, ACCURACY_KEYS[1:]))
+                    self.std.warn_once(f"accuracy {c}", (
+                        f"node {self.std.node(c)}'s evaluate reply has no "
+                        f"{ACCURACY_KEYS[0]!r} metric (nor {other}; it holds {sorted(m)}): "
+                        "its accuracy is unknown and left out of the rounds' accuracy (None "
+                        "when no node reports one)"))
                 got[c] = pr.EvaluateReply(
                     np.array([c]),
-                    np.array([_metric(m, ("eval_acc", "eval-acc", "accuracy"), math.nan, where)]),
+                    np.array([_metric(m, ACCURACY_KEYS, math.nan, where)]),
                     np.array([math.nan]),
                     np.array([_metric(m, ("eval_loss", "eval-loss", "loss"), math.nan, where)]),
                     np.array([_metric(m, ("num-examples",), None, where)]))
         return self._assemble(req, clients, got, reasons)
+
+
+ACCURACY_KEYS = ("eval_acc", "eval-acc", "accuracy")
+"""The metric an evaluate reply gives its accuracy in (the first it holds)."""
 
 
 def _of_type(table: dict[type, Any], value: Any) -> Any:
@@ -764,5 +775,5 @@ def _first_metrics(msg: Any) -> Any:
     return records[0] if records else {}
 
 
-__all__ = ["EXTENSIONS", "ServerFederation", "StandardBackend",
+__all__ = ["ACCURACY_KEYS", "EXTENSIONS", "ServerFederation", "StandardBackend",
            "StandardConfig", "StandardSession", "from_arrays", "on_training_data", "to_arrays"]
