@@ -8,6 +8,7 @@ divergence watch, the records so far and the config. It is written whole or not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,11 @@ class Checkpoints:
         """The round the file holds (None: none written or loaded yet)."""
         self.federation = federation
         self._digests: np.ndarray | None = None
+        self.extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        """State of the run's driver beyond the method's (a Flower strategy's nodes and
+        learned sizes): name → (what to save, how to put it back: given None when the
+        checkpoint holds none), saved with each checkpoint under `extras` and put back by
+        `load`."""
 
     def digests(self) -> np.ndarray | None:
         """The federation's `Federation.digests`, computed once (None without one)."""
@@ -60,6 +66,7 @@ class Checkpoints:
             "config": config.to_dict(),
             "guard": None if ctx.guard is None else ctx.guard.state_dict(),
             "federation": self.digests(),
+            "extras": {name: get() for name, (get, _) in self.extras.items()},
             **watch,
         }
         write_checkpoint(self.path, state, t, self.round)
@@ -124,6 +131,8 @@ class Checkpoints:
         torch.set_rng_state(state["torch_rng"])
         if ctx.guard is not None and state.get("guard") is not None:
             ctx.guard.load_state_dict(state["guard"])
+        for name, (_, put) in self.extras.items():
+            put(dict(state.get("extras") or {}).get(name))
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
         self.round = int(state["round"])
         return self.round + 1, float(state["elapsed"]), records, state

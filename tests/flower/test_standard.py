@@ -373,6 +373,8 @@ class _UnusedGrid:
     ({"train_sizes": {100: 0}}, "train_sizes", "its training-set size, both whole numbers >= 1"),
     ({"train_sizes": {100: 2.5}}, "train_sizes", "both whole numbers >= 1"),
     ({"train_sizes": [225, 224]}, "train_sizes", "give a dict node id -> its training-set"),
+    ({"checkpoint_every": 2}, "checkpoint_every", "written into out_dir; give out_dir"),
+    ({"checkpoint_every": -1, "out_dir": "x"}, "checkpoint_every", ">= 0"),
     # drivable by name, but these settings (CFL-GP's default protocol) need query.gradient:
     # before, they were built and failed in round 1, after the nodes were waited for
     ({"method": "cfl_gp"}, "method", "'query.gradient' handler"),
@@ -802,6 +804,77 @@ def test_a_size_not_known_when_read_is_warned_and_train_sizes_gives_it() -> None
     _equals_clusterfl_run(algo, rounds=2, helpers=True, base=UNEQUAL, log=lines.append,
                           train_sizes=sizes)
     assert not [x for x in lines if "flower: warning" in x]
+
+
+class _DiesInRound(FakeGrid):
+    """The ServerApp dies (an exception) at its first message of round `die`."""
+
+    die: int | None = None
+
+    def push_messages(self, messages: Any) -> Any:
+        messages = list(messages)
+        if any(m.content["config"]["server-round"] == self.die for m in messages):
+            raise RuntimeError(f"the ServerApp died in round {self.die}")
+        return super().push_messages(messages)
+
+
+def test_a_strategy_run_stopped_in_round_3_and_resumed_equals_one_never_stopped(
+        tmp_path: Path) -> None:
+    """Before: the strategy kept no checkpoint, and a ServerApp that died lost the clustering.
+    Now, with `checkpoint_every`, `start(..., resume=True)` continues from the last round
+    saved, with the nodes, the training-set sizes learned (FedEM's aggregate = "all", 3 of 6
+    clients a round: some are learned in round 2) and the message counts, to the result of
+    a run never stopped."""
+    from clusterfl.flower.client import MIXTURE_HANDLERS
+
+    algo = {"name": "fedem", "n_components": 2, "aggregate": "all", "per_round": 3}
+
+    def start(out: Path, grid: FakeGrid, resume: bool = False) -> Any:
+        return ClusteredStrategy(algo, model=BASE["model"], input_shape=(64,), n_classes=10,
+                                 train=BASE["train"], extensions=set(MIXTURE_HANDLERS),
+                                 out_dir=out, checkpoint_every=1, log=lambda m: None
+                                 ).start(grid, 4, resume=resume)
+
+    whole = start(tmp_path / "whole", _grid(app=matched_app(True, UNEQUAL), n=6))
+    grid = _DiesInRound([{"partition-id": i} for i in range(6)], app=matched_app(True, UNEQUAL))
+    grid.die = 3
+    with pytest.raises(RuntimeError, match="died in round 3"):
+        start(tmp_path / "cut", grid)
+    grid.die = None
+    resumed = start(tmp_path / "cut", grid, resume=True)
+    assert [r.round for r in resumed.history.records] == [1, 2, 3, 4]
+    assert [r.metrics.accuracy for r in resumed.history.records if r.metrics] == [
+        r.metrics.accuracy for r in whole.history.records if r.metrics]
+    assert resumed.weights_of_node == whole.weights_of_node
+    assert resumed.arrays.keys() == whole.arrays.keys()
+    for m, arrays in whole.arrays.items():
+        ours = resumed.arrays[m].to_torch_state_dict()
+        for name, tensor in arrays.to_torch_state_dict().items():
+            assert torch.equal(torch.as_tensor(ours[name]), torch.as_tensor(tensor)), name
+    cut, full = (json.loads((tmp_path / d / "flower.json").read_text()) for d in ("cut", "whole"))
+    assert cut["messages"] == full["messages"]  # round 3's messages were never sent
+    assert cut["messages_outside_rounds"]["first_evaluate"] == 12  # once per start
+    with pytest.raises(ClusterFLError, match=r"^resume: node\(s\) \[105\] of the checkpoint"):
+        del grid.nodes[105]
+        ClusteredStrategy(algo, model=BASE["model"], input_shape=(64,), n_classes=10,
+                          train=BASE["train"], extensions=set(MIXTURE_HANDLERS),
+                          out_dir=tmp_path / "cut",
+                          checkpoint_every=1, wait_timeout=0.1, log=lambda m: None
+                          ).start(grid, 5, resume=True)
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({}, "resume: True continues the run in out_dir from its checkpoint: give out_dir"),
+    ({"out": True, "overwrite": True}, "resume: True continues the run in out_dir from its "
+     "checkpoint: overwrite=True would replace it; give one"),
+    ({"out": True}, "resume: no checkpoint at "),
+])
+def test_a_resume_without_a_checkpoint_to_resume_is_one_line(
+        tmp_path: Path, kw: dict[str, Any], says: str) -> None:
+    out = tmp_path / "run" if kw.pop("out", False) else None
+    with pytest.raises(ClusterFLError) as info:
+        _strategy("fedavg", out_dir=out, **kw).start(_grid(), 2, resume=True)
+    assert str(info.value).startswith(says) and "\n" not in str(info.value)
 
 
 def test_nodes_that_join_during_the_run_are_placed_by_the_methods_rule(

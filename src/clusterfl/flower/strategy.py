@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -114,7 +114,11 @@ class ClusteredStrategy:
         seed: the initial models' seed and the method's randomness.
         out_dir: the run folder (None: none is written); a folder with files is refused
             (checked before the nodes are waited for) unless `overwrite`, which removes the
-            files of a run there first (and refuses a folder holding anything else).
+            files of a run there first (and refuses a folder holding anything else), or
+            `start(..., resume=True)` continues the run there.
+        checkpoint_every: write the run's checkpoint into `out_dir` every this many rounds
+            and after the last (0: none); `start(grid, rounds, resume=True)` continues from
+            it, with the nodes the run started with.
         eval_every: evaluate every this many rounds (and at the last).
         min_nodes: wait for this many SuperNodes (default: those connected after
             `wait_timeout`'s first poll, at least 1).
@@ -137,7 +141,7 @@ class ClusteredStrategy:
         input_shape: tuple[int, ...], n_classes: int, train: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None, seed: int = 0,
         out_dir: str | Path | None = None, overwrite: bool = False, eval_every: int = 1,
-        min_nodes: int = 0,
+        checkpoint_every: int = 0, min_nodes: int = 0,
         wait_timeout: float = 300.0, timeout: float = 600.0,
         extensions: set[str] | frozenset[str] | tuple[str, ...] = (),
         true_clusters: Mapping[int, int] | None = None,
@@ -168,6 +172,11 @@ class ClusteredStrategy:
         check_flag("overwrite", overwrite)  # a string "no" is truthy
         self.out_dir, self.overwrite = _folder(out_dir), bool(overwrite)
         self.eval_every = _whole("eval_every", eval_every, 1, "evaluate every this many rounds")
+        self.checkpoint_every = _whole("checkpoint_every", checkpoint_every, 0,
+                                       "write a checkpoint every this many rounds; 0: none")
+        if self.checkpoint_every and self.out_dir is None:
+            raise ConfigError("checkpoint_every", f"{checkpoint_every}: the checkpoint is "
+                              "written into out_dir; give out_dir, or checkpoint_every=0")
         self.min_nodes = _whole("min_nodes", min_nodes, 0, "0 waits for the nodes connected "
                                 "at the first poll")
         self.wait_timeout = _seconds("wait_timeout", wait_timeout, forever=True)
@@ -203,7 +212,7 @@ class ClusteredStrategy:
         """The run config of a strategy run (what `config.toml` records)."""
         return {
             "seed": self.seed, "rounds": int(num_rounds), "eval_every": self.eval_every,
-            "checkpoint_every": 0,
+            "checkpoint_every": self.checkpoint_every,
             "data": {"source": DATA_SOURCE}, "scenario": {"name": "given"},
             "model": self.model,
             "train": self.train, "algorithm": self.algorithm,
@@ -212,9 +221,18 @@ class ClusteredStrategy:
         }
 
     # ------------------------------------------------------------------ the run
-    def start(self, grid: Any, num_rounds: int) -> ClusteredResult:
-        """Run `num_rounds` rounds of the method on the Grid's nodes (module docstring)."""
+    def start(self, grid: Any, num_rounds: int, resume: bool = False) -> ClusteredResult:
+        """Run `num_rounds` rounds of the method on the Grid's nodes (module docstring);
+        `resume`: continue the run of `out_dir` from its checkpoint (`checkpoint_every`),
+        on the nodes it started with, to the same result as a run never stopped."""
+        from clusterfl.config_util import check_flag
+
         num_rounds = _whole("num_rounds", num_rounds, 1, "the rounds to run")  # not 2.5 -> 2
+        check_flag("resume", resume)
+        if resume and (self.out_dir is None or self.overwrite):
+            raise ConfigError("resume", "True continues the run in out_dir from its "
+                              "checkpoint: " + ("give out_dir" if self.out_dir is None else
+                                                "overwrite=True would replace it; give one"))
         require("flower", "flwr.app")
         from clusterfl.backends.flower.backend import active_session
         from clusterfl.backends.flower.standard import to_arrays
@@ -225,8 +243,10 @@ class ClusteredStrategy:
 
         config = load_config(self.config(num_rounds))
         if self.out_dir is not None:  # a used folder is refused before the nodes are waited for
-            claim_run_dir(self.out_dir, overwrite=self.overwrite,
-                          hint="overwrite=True (its run files are removed) or another out_dir")
+            claim_run_dir(self.out_dir, resume=resume, overwrite=self.overwrite,
+                          hint="overwrite=True (its run files are removed), "
+                          "start(..., resume=True) or another out_dir")
+        saved = self._saved() if resume else None
         try:  # replies' objects pulled without Flower 1.41's 1 s first backoff (issue 26)
             from clusterfl.deploy.supernode import fast_object_pulls
 
@@ -235,7 +255,7 @@ class ClusteredStrategy:
             self.log(f"clusterfl: warning: {exc}; replies are pulled with Flower's own backoff")
         factory = ModelFactory(config.model, self.input_shape, self.n_classes)
         template = {k: v.detach().clone() for k, v in factory.build().state_dict().items()}
-        nodes = self._wait(grid)
+        nodes = self._wait(grid, None if saved is None else saved["nodes"])
         session = self._session(grid, nodes, template)
         unused = sorted(set(self.train_sizes or {}) - set(grid.get_node_ids()))
         if unused:
@@ -247,8 +267,11 @@ class ClusteredStrategy:
         exp = Experiment(config, self.out_dir, federation=federation, overwrite=self.overwrite,
                          callbacks=[line])
         line.sizes_use = size_use(exp.algorithm)
+        first = len(nodes) + (0 if saved is None else int(saved["first_evaluate"]))
+        exp.checkpoints.extras["flower"] = (lambda: _session_state(session, first),
+                                            lambda state: _put_session(session, state))
         with active_session(session):
-            history = exp.run(progress=False)
+            history = exp.run(resume=resume, progress=False)
         pred = exp.algorithm.predictor()
         arrays = {m: to_arrays(factory, template, pred.models[m])
                   for m in range(int(pred.models.shape[0]))}
@@ -274,7 +297,7 @@ class ClusteredStrategy:
             (Path(self.out_dir) / "flower.json").write_text(json.dumps({
                 "nodes": {str(c): n for c, n in session.node_of_client.items()},
                 "dropouts": be.dropouts, "messages": be.n_messages,
-                "messages_outside_rounds": {"first_evaluate": len(nodes),
+                "messages_outside_rounds": {"first_evaluate": first,
                                             "placement": placement_messages},
                 "message_seconds": be.seconds, "clients": "standard ClientApps",
                 "placed": {str(n): c for n, c in result.placed.items()},
@@ -330,17 +353,44 @@ class ClusteredStrategy:
                         "reasons": {str(nodes[int(c)]): r for c, r in d["reasons"].items()}})
         return out, len(joined) + backend.n_messages
 
-    def _wait(self, grid: Any) -> list[int]:
+    def _wait(self, grid: Any, saved: list[int] | None = None) -> list[int]:
+        """The nodes of the rounds: those connected once `min_nodes` are, or, resuming, the
+        `saved` nodes of the checkpoint's run (once all are connected)."""
         t0 = time.monotonic()
         while True:
             nodes = sorted({int(x) for x in grid.get_node_ids()})  # a node listed twice: once
             want = self.min_nodes or 1
-            if len(nodes) >= want:
+            missing = [n for n in saved if n not in nodes] if saved is not None else []
+            if saved is not None and not missing:
+                return list(saved)
+            if saved is None and len(nodes) >= want:
                 return nodes
             if time.monotonic() - t0 > self.wait_timeout:
+                if saved is not None:
+                    raise ClusterFLError(
+                        f"resume: node(s) {missing} of the checkpoint's run are not connected "
+                        f"after {self.wait_timeout:g} s (wait_timeout); a resumed run needs the "
+                        "SuperNodes it started with (the same node ids)")
                 raise ClusterFLError(f"only {len(nodes)} of {want} SuperNodes connected after "
                                      f"{self.wait_timeout:g} s (min_nodes / wait_timeout)")
             time.sleep(0.5)
+
+    def _saved(self) -> dict[str, Any]:
+        """The strategy's part of the checkpoint in `out_dir` (`_session_state`)."""
+        from clusterfl.checkpoint import CHECKPOINT, KEYS
+        from clusterfl.state import read_checkpoint
+
+        path = Path(cast(Path, self.out_dir)) / CHECKPOINT
+        if not path.is_file():
+            raise ClusterFLError(f"resume: no checkpoint at {path}; a strategy run keeps one "
+                                 "with checkpoint_every > 0: start it again with "
+                                 "overwrite=True")
+        state = dict(read_checkpoint(path, KEYS).get("extras") or {}).get("flower")
+        if state is None:
+            raise ClusterFLError(f"resume: the checkpoint at {path} holds no strategy state "
+                                 "(it was not written by ClusteredStrategy); start the run "
+                                 "again with overwrite=True")
+        return dict(state)
 
     def _probe(self, session: Any, factory: Any, config: Any, required: bool = True
                ) -> dict[int, dict[str, float]]:
@@ -423,6 +473,34 @@ class ClusteredStrategy:
                                self.n_classes, "classification", "flower:standard ClientApps")
         fed.sizes = session.train_sizes  # the method reads each size as it is learned
         return fed
+
+
+def _session_state(session: Any, first_evaluate: int) -> dict[str, Any]:
+    """What a checkpoint keeps of a strategy run beyond the method's: its nodes, the
+    training-set sizes known so far, the next round, the warnings given and the message
+    counts of `flower.json`."""
+    be = session.backends[0] if session.backends else None
+    return {"nodes": [session.node_of_client[c] for c in range(len(session.node_of_client))],
+            "train_sizes": session.train_sizes.tolist(), "sized": session.sized.tolist(),
+            "round": session.round, "warned": sorted(session.warned),
+            "first_evaluate": first_evaluate,
+            "messages": 0 if be is None else be.n_messages,
+            "seconds": 0.0 if be is None else be.seconds,
+            "dropouts": [] if be is None else be.dropouts}
+
+
+def _put_session(session: Any, state: dict[str, Any] | None) -> None:
+    """Put a checkpoint's `_session_state` back into `session` (and its backend)."""
+    if state is None:
+        raise ClusterFLError("resume: the checkpoint holds no strategy state (it was not "
+                             "written by ClusteredStrategy)")
+    session.train_sizes[:] = state["train_sizes"]
+    session.sized[:] = state["sized"]
+    session.round = int(state["round"])
+    session.warned.update(state["warned"])
+    for be in session.backends[:1]:
+        be.n_messages, be.seconds = int(state["messages"]), float(state["seconds"])
+        be.dropouts[:0] = list(state["dropouts"])
 
 
 class _RoundLine:
