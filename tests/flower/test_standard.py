@@ -313,6 +313,37 @@ def test_an_evaluate_reply_without_accuracy_is_said_once_and_left_out() -> None:
         assert record.metrics.accuracy == pytest.approx(float(np.mean(others)), abs=1e-12)
 
 
+class _SomeReportCluster(FakeGrid):
+    """Every node but 103 reports its true group (`cluster`) in its first evaluate reply."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        reply = super()._answer(msg)
+        node = int(msg.metadata.dst_node_id)
+        if msg.metadata.group_id != "probe" or reply is None or node == 103:
+            return reply
+        metrics = {**dict(reply.content["metrics"]), "cluster": TRUTH[node]}
+        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def test_a_cluster_metric_some_nodes_lack_is_said_not_dropped_without_a_word() -> None:
+    """Before: when some nodes reported their `cluster` and others did not, the ARI was not
+    computed, without a word. Now one warning names the nodes that lack it."""
+    grid = _SomeReportCluster([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                              app=standard_app)
+    lines: list[str] = []
+    result = _strategy("fedavg", log=lines.append).start(grid, 1)
+    assert result.history.final.ari is None
+    assert [x for x in lines if "warning" in x] == [
+        "flower: warning: node(s) [103] report no 'cluster' metric in their first evaluate "
+        "reply, the others do: the ARI is not computed (give true_clusters to have it)"]
+    lines.clear()
+    all_report = _SomeReportCluster([{"partition-id": i, "groups": GROUPS} for i in range(3)],
+                                    app=standard_app)  # nodes 100-102: all report it
+    assert _strategy("fedavg", log=lines.append).start(all_report, 1).history.final.ari \
+        is not None
+    assert not [x for x in lines if "warning" in x]
+
+
 class _ErrorReplies(FakeGrid):
     """A client's exception comes back as an error reply, as Flower's ClientApp runtime
     sends it."""

@@ -460,6 +460,11 @@ class ClusteredStrategy:
             clusters = np.array([self.true_clusters[x] for x in nodes])
         elif probe and all("cluster" in probe.get(c, {}) for c in range(n)):
             clusters = np.array([int(probe[c]["cluster"]) for c in range(n)])
+        elif any("cluster" in probe.get(c, {}) for c in range(n)):
+            silent = [nodes[c] for c in range(n) if "cluster" not in probe.get(c, {})]
+            self.log(f"flower: warning: node(s) {silent} report no 'cluster' metric in their "
+                     "first evaluate reply, the others do: the ARI is not computed (give "
+                     "true_clusters to have it)")
         test = [max(1, int(probe.get(c, {}).get("num-examples", 1))) for c in range(n)]
         tr = np.arange(n + 1, dtype=np.int64)  # the rows of blank data: 1 each
         te = np.concatenate([[0], np.cumsum(test)]).astype(np.int64)
