@@ -7,8 +7,7 @@ import math
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfl.engine.common import WORD_ACCURACY, WORD_TARGETS
-from clusterfl.protocol import EvaluateReply
+from clusterfl.protocol import WORD_ACCURACY, WORD_TARGETS, EvaluateReply
 
 
 def _nanmean(a: np.ndarray) -> float | None:

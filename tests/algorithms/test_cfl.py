@@ -401,8 +401,12 @@ def test_eps_beside_the_auto_rule_is_an_error_naming_the_field():
                                                "privacy": False, field: 0.25}})
         assert err.value.field == f"algorithm.{field}"
         assert "split_rule = 'epsilon'" in str(err.value) and "privacy" not in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a number as text is refused before (Settings)
+        load_config({**base, "algorithm": {"name": "cfl", "split_rule": "auto",
+                                           "eps1": "0.4"}})
+    assert err.value.field == "algorithm.eps1" and "not text" in str(err.value)
     cfg = load_config({**base, "algorithm": {"name": "cfl", "split_rule": "auto",
-                                             "eps1": "0.4"}})
+                                             "eps1": 0.4}})  # the default, not a change
     assert cfg.algorithm.split_rule == "auto"  # type: ignore[attr-defined]
 
 

@@ -16,13 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clusterfl.protocol import Combine
-
-WORD_ACCURACY = "accuracy_no_oov_no_eos"
-"""A language model's token accuracy on the targets that are words of the vocabulary (not
-`<unk>`, not `<eos>`; TFF's Stack Overflow next-word metric of that name): an evaluation
-reply's extra, beside `WORD_TARGETS`, the number of such targets per client."""
-WORD_TARGETS = "n_word_targets"
+from clusterfl.protocol import WORD_ACCURACY, WORD_TARGETS, Combine
 
 
 def word_hits(pred: torch.Tensor, y: torch.Tensor,

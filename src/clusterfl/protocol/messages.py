@@ -366,6 +366,13 @@ class EvaluateRequest(Asks["EvaluateReply"]):
         return 0.0, 0.0
 
 
+WORD_ACCURACY = "accuracy_no_oov_no_eos"
+"""A language model's token accuracy on the targets that are words of the vocabulary (not
+`<unk>`, not `<eos>`; TFF's Stack Overflow next-word metric of that name): an evaluation
+reply's extra, beside `WORD_TARGETS`, the number of such targets per client."""
+WORD_TARGETS = "n_word_targets"
+
+
 @dataclass
 class EvaluateReply(Reply):
     clients: np.ndarray = field(metadata=PER_CLIENT)
@@ -665,6 +672,8 @@ __all__ = [
     "RE",
     "REPLY_TYPES",
     "REQUEST_TYPES",
+    "WORD_ACCURACY",
+    "WORD_TARGETS",
     "Asks",
     "BestCountReply",
     "BestCountRequest",
