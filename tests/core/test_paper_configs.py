@@ -46,7 +46,7 @@ FILES = {
 """Data source → writer of its tiny official-format files (all are written once)."""
 
 SMALL: dict[str, dict[str, Any]] = {
-    "label_swap": {"n_clients": 4},
+    "label_swap": {"n_clients": 4, "n_train_per_client": 20},
     "label_permutation": {"n_clients": 4},
     "label_shift_half": {"n_clients": 4},
     "dirichlet_rotation": {"n_clients": 4, "n_samples": 300},
@@ -60,6 +60,61 @@ SMALL: dict[str, dict[str, Any]] = {
     "topics": {"n_clients": 4, "seq_len": 5, "vocab_size": 50},
 }
 """Scenario → the sizes that fit the tiny files (the rest of the config as the paper has it)."""
+
+
+PAPER_NUMBERS: dict[str, dict[str, Any]] = {
+    # CFL §V-A (M, K, 3 epochs), §V-C (batch 100), Fig. 7 (1,500 per client, 50 rounds of FL)
+    "cfl_label_swap_cifar10": {
+        "scenario.n_clients": 20, "scenario.n_clusters": 4, "scenario.n_train_per_client": 1500,
+        "train.epochs": 3, "train.batch_size": 100, "algorithm.warmup_rounds": 50},
+    # CFL §V-C: "three epochs of local training at a batch size of 100" in all its experiments
+    "cfl_label_permutation_cifar10": {
+        "scenario.n_clients": 20, "scenario.n_clusters": 4, "train.epochs": 3,
+        "train.batch_size": 100},
+    "cfl_ag_news_lstm": {
+        "scenario.n_clients": 20, "model.layers": 2, "rounds": 100, "train.epochs": 3,
+        "train.batch_size": 100},
+    # CFL-GP F.7: Adam 0.01, one epoch, T = 300, b = 100, P = 2, C = 20, K = 2
+    "cflgp_exp2_cifar10_resnet18": {
+        "scenario.n_clients": 20, "train.optimizer": "adam", "train.lr": 0.01,
+        "train.epochs": 1, "rounds": 300, "train.batch_size": 100, "algorithm.period": 2,
+        "algorithm.n_clusters": 2, "algorithm.protocol": "model",
+        "algorithm.feature_layers": ["fc"]},
+    # CFL-GP F.8 (+ F.5: P = 2): T = 100, b = 200, lr 0.1, C = 10, 200,000 samples, Dir(1.0)
+    "cflgp_exp3_emnist": {
+        "data.split": "byclass", "scenario.n_clients": 10, "scenario.n_samples": 200_000,
+        "scenario.alpha": 1.0, "scenario.angles": [0, 180], "rounds": 100,
+        "train.batch_size": 200, "train.lr": 0.1, "train.epochs": 1, "algorithm.period": 2,
+        "algorithm.n_clusters": 2, "algorithm.protocol": "model"},
+    # CAM §5: 200 clients, SGD 0.001 momentum 0.9, batch 32, 10 local steps, 100 rounds, 30
+    # warm-up; Table 1: n-class (3, 2), K = 5; Table 2: Dir(0.1), K = 5
+    "cam_table1_cifar10": {
+        "scenario.n_clients": 200, "scenario.n_clusters": 5, "scenario.n1": 3, "scenario.n2": 2,
+        "train.lr": 0.001, "train.momentum": 0.9, "train.batch_size": 32, "train.steps": 10,
+        "rounds": 100, "algorithm.warmup_rounds": 30, "algorithm.n_clusters": 5},
+    "cam_table2_cifar10": {
+        "scenario.n_clients": 200, "scenario.alpha": 0.1, "train.lr": 0.001,
+        "train.momentum": 0.9, "train.batch_size": 32, "train.steps": 10, "rounds": 100,
+        "algorithm.warmup_rounds": 30, "algorithm.n_clusters": 5},
+    # FLT §4.1-4.2: E = 5, batch 10, SGD 0.01, T = 100, rho = 20%, F = 5; scenario 1: 100
+    # clients, C = 5, 500 per client on CIFAR-10; scenario 3: 200 writers; scenario 4: 600
+    # clients (CNN), C = 10 of 5 classes
+    "flt_cifar10_enc2_cifar100": {
+        "scenario.n_clients": 100, "scenario.n_clusters": 5, "scenario.samples_per_client": 500,
+        "train.epochs": 5, "train.batch_size": 10, "train.lr": 0.01, "rounds": 100,
+        "algorithm.fraction": 0.2, "algorithm.finetune_epochs": 5,
+        "algorithm.encoder": "cifar100"},
+    "flt_femnist_s3": {
+        "scenario.n_clients": 200, "train.epochs": 5, "train.batch_size": 10, "train.lr": 0.01,
+        "rounds": 100, "algorithm.fraction": 0.2, "algorithm.finetune_epochs": 5,
+        "algorithm.encoder": "fashion_mnist"},
+    "flt_structured_femnist_s4": {
+        "data.split": "balanced", "scenario.n_clients": 600, "scenario.n_clusters": 10,
+        "scenario.classes_per_cluster": 5, "train.epochs": 5, "train.batch_size": 10,
+        "train.lr": 0.01, "rounds": 100, "algorithm.fraction": 0.2,
+        "algorithm.finetune_epochs": 5, "algorithm.encoder": "fashion_mnist"},
+}
+"""Config → the paper's values of its settings (dotted keys), as the comments cite them."""
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +165,21 @@ def test_the_folder_has_the_papers_experiments() -> None:
     for config in CONFIGS:  # every config says where it comes from and what was scaled
         head = config.read_text().splitlines()[0]
         assert head.startswith("# ") and "(" in head, config.name
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_NUMBERS))
+def test_each_config_keeps_the_papers_numbers(name: str) -> None:
+    raw = read_toml(PAPERS / f"{name}.toml")
+    for key, paper in PAPER_NUMBERS[name].items():
+        value: Any = raw
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        assert value == paper, f"{name}: {key} = {value!r}, the paper has {paper!r}"
+
+
+def test_every_config_lists_the_papers_numbers() -> None:
+    assert {c.stem for c in CONFIGS} == set(PAPER_NUMBERS), "add its paper values to " \
+        "PAPER_NUMBERS"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
