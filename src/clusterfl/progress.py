@@ -1,4 +1,7 @@
-"""The progress bar of a run: round, accuracy and clusters; warnings printed above it."""
+"""The progress bar of a run: round, accuracy and clusters; warnings printed above it.
+
+The bar and the warnings go to stderr, the stream `want_progress` asks about (stdout keeps
+the results table), as the warnings of a run without a bar do."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.show:
+            from rich.console import Console
             from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as Bar
 
@@ -35,6 +39,7 @@ class Progress:
                 TextColumn("[bold]{task.description}"), BarColumn(),
                 TextColumn("round {task.completed}/{task.total}"),
                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False,
+                console=Console(stderr=True),
             )
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.total, completed=self.done,
@@ -56,9 +61,11 @@ class Progress:
         self._bar.update(self._task, advance=1, info=info)
 
     def warn(self, text: str) -> None:
-        """A line for the user: above the bar when one is shown, else on stderr."""
+        """A line for the user on stderr: above the bar when one is shown (one line, as
+        without a bar: the terminal wraps it, not rich at 80 columns)."""
         if self._bar is not None:
-            self._bar.console.print(text, markup=False, highlight=False, style="yellow")
+            self._bar.console.print(text, markup=False, highlight=False, style="yellow",
+                                    soft_wrap=True)
         else:
             print(text, file=sys.stderr, flush=True)
 

@@ -8,6 +8,7 @@ from clusterfl.recorder import ALWAYS_REJECTED, id_ranges
 from clusterfl.records import read_summary
 from clusterfl.report import write_run_report
 from tests.core.test_experiment import SMALL
+from tests.tiny import tiny_config
 
 
 def test_client_rejected_every_round_is_reported(tmp_path, capsys):
@@ -54,3 +55,19 @@ def test_id_ranges():
     assert id_ranges([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
     assert id_ranges([4]) == "4"
     assert id_ranges(list(range(0, 40, 2)), most=3) == "0, 2, 4, …"
+
+
+def test_a_round_warning_under_the_progress_bar_goes_to_stderr_on_one_line(tmp_path, capsys):
+    # the bar is shown when stderr is a terminal (`want_progress`), but rich drew it, and the
+    # divergence warning above it, on stdout, wrapped at 80 columns: `2>log` lost the warning
+    # and `>results.txt` got it cut in two
+    cfg = tiny_config(rounds=2, n_clients=4, steps=5, train={"lr": 1e6, "batch_size": 16,
+                                                             "steps": 5})
+    Experiment.from_config(cfg, out_dir=tmp_path).run(progress=True)
+    out, err = capsys.readouterr()
+    assert out == ""
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and len(warned[0]) > 80
+    assert warned[0].startswith("clusterfl: warning: round 1: the training loss exploded")
+    assert warned[0].endswith("learning rate too high? (train.lr)")
+    assert "round 2/2" in err  # the bar, on the same stream
