@@ -11,6 +11,10 @@ from typing import Any
 
 from clusterfl.records import RoundMetrics, RoundRecord
 
+MISSING = "—"
+"""A value that is not there, as the results table writes it (`report.markdown.MISSING`;
+not imported: the report pulls in matplotlib)."""
+
 
 def want_progress(progress: bool | None, mode: str) -> bool:
     """Whether to show the bar: `progress` when given, else `[output] progress` (`auto`: on
@@ -49,16 +53,7 @@ class Progress:
     def update(self, record: RoundRecord) -> None:
         if self._bar is None:
             return
-        m = record.metrics or RoundMetrics()
-        info = f"acc {100 * m.accuracy:.1f}%" if m.accuracy is not None else ""
-        if m.mse is not None:
-            info = f"mse {m.mse:.4f}"
-        if m.perplexity is not None:
-            info = f"perplexity {m.perplexity:.2f}"
-            if m.accuracy_no_oov_no_eos is not None:
-                info += f"  acc no oov/eos {100 * m.accuracy_no_oov_no_eos:.1f}%"
-        info += f"  clusters {record.n_clusters}"
-        self._bar.update(self._task, advance=1, info=info)
+        self._bar.update(self._task, advance=1, info=round_info(record))
 
     def warn(self, text: str) -> None:
         """A line for the user on stderr: above the bar when one is shown (one line, as
@@ -72,3 +67,20 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+
+def round_info(record: RoundRecord) -> str:
+    """The bar's text for a round: an evaluated round's main metric (accuracy; a regression's
+    MSE, "mse —" when no client's was finite, as the results table shows it; a language
+    model's perplexity and accuracy without <unk>/<eos>), then the clusters."""
+    m = record.metrics or RoundMetrics()
+    info = f"acc {100 * m.accuracy:.1f}%" if m.accuracy is not None else ""
+    if m.mse is not None:
+        info = f"mse {m.mse:.4f}"
+    elif record.metrics is not None and record.client_mse is not None:  # a regression's
+        info = f"mse {MISSING}"
+    if m.perplexity is not None:
+        info = f"perplexity {m.perplexity:.2f}"
+        if m.accuracy_no_oov_no_eos is not None:
+            info += f"  acc no oov/eos {100 * m.accuracy_no_oov_no_eos:.1f}%"
+    return "  ".join(part for part in (info, f"clusters {record.n_clusters}") if part)

@@ -374,6 +374,44 @@ def test_mse_column_only_with_regression() -> None:
     assert headers[5] == "MSE" and rows[1][5] == "0.01235" and rows[0][5] == "—"
 
 
+def test_a_diverged_regression_keeps_its_mse_column() -> None:
+    """Before: a regression whose MSE overflowed (null in summary.json) lost the MSE column,
+    and its row read four "—" accuracies and nothing of its own metric."""
+    diverged = _summary("reg", accuracy=None, n_clusters=1)
+    headers, rows = summary_rows([diverged])
+    assert headers[1:6] == ["accuracy (%)", "weighted acc (%)", "macro-F1 (%)",
+                            "fairness var (%²)", "MSE"] and rows[0][5] == "—"
+    not_evaluated = RunSummary.from_json_dict({"label": "x", "final": {"ari": 0.5}})
+    assert "MSE" not in summary_rows([not_evaluated, _summary("a", accuracy=0.5)])[0]
+    words = _summary("lm", accuracy=None, perplexity=12.5)  # a language model: no MSE
+    assert "MSE" not in summary_rows([words])[0]
+
+
+def test_the_progress_line_of_a_regression_says_its_mse_was_not_finite(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: an evaluated round of a diverged regression showed no metric at all
+    ("round 2/2   clusters 1"), where the results table shows "—"."""
+    from clusterfl.progress import Progress
+
+    def record(t: int, mse: float | None, evaluated: bool = True) -> RoundRecord:
+        metrics = dict.fromkeys(["accuracy", "accuracy_weighted", "macro_f1", "fairness_var",
+                                 "loss"]) | {"mse": mse}
+        return RoundRecord.from_json_dict({
+            "round": t, "wall_time": 0.1, "n_clusters": 1, "assignment": [0, 0], "ari": None,
+            "floats_down": 2.0, "floats_up": 2.0, "rejected": 0, "extras": {},
+            "metrics": metrics if evaluated else None,
+            "client_accuracy": [None, None] if evaluated else None,
+            **({"client_mse": [mse, mse]} if evaluated else {})})
+
+    for records, shown in (([record(1, 0.25), record(2, None)], "round 2/2 mse —  clusters 1"),
+                           ([record(1, None, evaluated=False)], "round 1/1 clusters 1 "),
+                           ([record(1, 0.123456)], "round 1/1 mse 0.1235  clusters 1")):
+        with Progress(True, len(records), 0, "FedAvg") as bar:
+            for rec in records:
+                bar.update(rec)
+        assert shown in capsys.readouterr().err
+
+
 def test_participation_column_only_when_a_run_sampled() -> None:
     full = _summary("a", accuracy=0.5, participation=1.0)
     assert "participation (%)" not in summary_rows([full, _summary("b")])[0]

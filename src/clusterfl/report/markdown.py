@@ -120,10 +120,20 @@ HOLDOUT_COLUMNS: list[Column] = [
 ]
 
 
+def _regression(summary: RunSummary) -> bool:
+    """Whether the run is a regression: it reports an MSE, or it was evaluated and reports no
+    accuracy and no perplexity (a diverged regression, whose MSE overflowed: null in
+    `summary.json`)."""
+    m = _metrics(summary.final)
+    return m.mse is not None or (summary.final.metrics is not None and m.accuracy is None
+                                 and m.perplexity is None)
+
+
 def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
-    """The table's columns: MSE only when some run reports one, participation only when some
-    run had less than full participation, the held-out clients' only when some run had them."""
-    regression = any(_metrics(s.final).mse is not None for s in summaries)
+    """The table's columns: MSE only when some run is a regression (`_regression`),
+    participation only when some run had less than full participation, the held-out clients'
+    only when some run had them."""
+    regression = any(_regression(s) for s in summaries)
     partial = any(_partial(s) for s in summaries)
     columns = [c for c in COLUMNS if (c is not MSE_COLUMN or regression)
                and (c is not PARTICIPATION_COLUMN or partial)]
