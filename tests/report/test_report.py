@@ -580,6 +580,26 @@ def test_the_held_out_section_says_how_its_client_ids_map_to_the_figures(tmp_pat
     assert "Privacy of the placement" not in section  # a run without [privacy]
 
 
+def test_the_held_out_section_of_a_regression_gives_the_mse(tmp_path: Path) -> None:
+    """Before: a regression's held-out clients (`holdout.mse` in summary.json) read "mean
+    accuracy — %" and an accuracy of "—" each: their MSE was said nowhere in the report."""
+    run = make_run(tmp_path / "hold", "ifca", "IFCA", regression=True)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["holdout"] = {"fraction": 0.2, "n_trained": N_CLIENTS, "n_held_out": 3,
+                          "clients": [3, 9, 13], "true_clusters": [0, 2, 1],
+                          "placed_clusters": [1, 3, 2], "accuracy": [None, None, None],
+                          "mse": [0.0125, 0.0375, None], "placement_ari": 1.0,
+                          "placement_match": 1.0, "holdout_accuracy": None}
+    (run / "summary.json").write_text(json.dumps(summary))
+    section = write_run_report(run).read_text().split("## Held-out clients", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    # (0.0125 + 0.0375) / 2: the client whose MSE is null (no finite one) is named in the count
+    assert "mean MSE 0.025 (over the 2 of 3 clients with a finite one);" in section
+    assert "| client | true cluster | placed cluster | MSE |" in section
+    assert "| 3 | 0 | 1 | 0.0125 |" in section and "| 13 | 1 | 2 | — |" in section
+    assert "accuracy" not in section
+
+
 def test_the_held_out_section_says_what_privacy_did_for_the_placement(tmp_path: Path) -> None:
     """Before: a private run's placement privacy (`holdout.privacy`: the newcomers' clip and
     ε) was in summary.json and on `clusterfl place`'s console, not in the report."""

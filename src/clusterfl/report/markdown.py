@@ -290,24 +290,39 @@ def _holdout_section(holdout: dict[str, Any] | None) -> str:
     if not holdout:
         return ""
     truth = holdout.get("true_clusters") or [None] * len(holdout.get("clients", []))
+    mse = holdout.get("mse")  # a regression's held-out clients: no accuracy
     lines = [
         "## Held-out clients\n",
         f"{holdout.get('n_held_out')} clients ({_fixed(2)(holdout.get('fraction'))} of the "
         "federation, stratified by true cluster) were kept out of training, then placed by "
         "the method's rule and evaluated on their own test data with the model they were "
         f"placed on: placement ARI {_fixed(3)(holdout.get('placement_ari'))}, placed in their "
-        f"group's cluster {_percent(holdout.get('placement_match'))} %, mean accuracy "
-        f"{_percent(holdout.get('holdout_accuracy'))} %; the placement cost "
+        f"group's cluster {_percent(holdout.get('placement_match'))} %, "
+        f"{_holdout_mean(holdout)}; the placement cost "
         f"{_human(holdout.get('floats_down'))} floats down and "
         f"{_human(holdout.get('floats_up'))} up.{_numbering(holdout)}{_privacy(holdout)}\n",
-        "| client | true cluster | placed cluster | accuracy (%) |",
+        f"| client | true cluster | placed cluster | {'MSE' if mse else 'accuracy (%)'} |",
         "|---:|---:|---:|---:|",
     ]
     for c, t, p, a in zip(holdout.get("clients", []), truth,
-                          holdout.get("placed_clusters", []), holdout.get("accuracy", []),
-                          strict=False):
-        lines.append(f"| {c} | {_known(t)} | {p} | {_percent(a)} |")
+                          holdout.get("placed_clusters", []),
+                          mse or holdout.get("accuracy", []), strict=False):
+        lines.append(f"| {c} | {_known(t)} | {p} | {_general(a) if mse else _percent(a)} |")
     return "\n".join(lines) + "\n"
+
+
+def _holdout_mean(holdout: dict[str, Any]) -> str:
+    """The held-out clients' mean accuracy, or a regression's mean MSE over the clients with
+    a finite one (null in `summary.json`: none, or an overflow), saying how many when not
+    all."""
+    mse = holdout.get("mse")
+    if not mse:
+        return f"mean accuracy {_percent(holdout.get('holdout_accuracy'))} %"
+    values = [float(v) for v in mse if v is not None]
+    mean = _general(sum(values) / len(values) if values else None)
+    some = (f" (over the {len(values)} of {len(mse)} clients with a finite one)"
+            if 0 < len(values) < len(mse) else "")
+    return f"mean MSE {mean}{some}"
 
 
 def _privacy(holdout: dict[str, Any]) -> str:
