@@ -347,11 +347,14 @@ def _numbering(holdout: dict[str, Any]) -> str:
 
 
 def _extras_section(extras: dict[str, Any]) -> str:
-    """Scalar algorithm-specific values of the summary (lists are left to the figures)."""
-    scalars = {k: v for k, v in extras.items() if isinstance(v, int | float | str | bool)}
+    """Scalar algorithm-specific values of the summary (lists are left to the figures); a
+    null one (none this round, or not finite: a diverged run's loss) reads "—"."""
+    scalars = {k: v for k, v in extras.items()
+               if v is None or isinstance(v, int | float | str | bool)}
     if not scalars:
         return ""
-    rows = [f"| {k} | {_general(v) if isinstance(v, float) else v} |" for k, v in scalars.items()]
+    rows = [f"| {k} | {_general(v) if v is None or isinstance(v, float) else v} |"
+            for k, v in scalars.items()]
     return ("## Algorithm specifics (the last round's)\n\n| key | value |\n|:---|---:|\n"
             + "\n".join(rows) + "\n")
 
