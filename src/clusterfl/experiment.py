@@ -298,6 +298,8 @@ class Experiment:
             if words is not None and self.out_dir is not None:  # a language model's
                 Vocab(tuple(words)).save(self.out_dir / VOCAB_FILE)
             boards = [c for c in self.callbacks if isinstance(c, tracking.TensorBoardCallback)]
+            if redone is None and start > self.config.run.rounds and history.records:
+                redone = history.records[-1]  # a finished run resumed: its figures come again
             if redone is not None:
                 for board in boards:
                     board.purge_from = redone.round  # its events as the round now reads

@@ -79,8 +79,9 @@ class TensorBoardCallback:
         folder's PNGs, if any, are an earlier part's)."""
         self.purge_from: int | None = None
         """A continued run: the old last round, whose evaluation changed (dropped off the
-        `eval_every` grid, or redone on `eval_clients`' sample): its events and later are
-        purged and the round logged again (`Experiment.run`)."""
+        `eval_every` grid, or redone on `eval_clients`' sample); a finished run resumed with
+        no round left: its last round, where its figures are logged again. Its events and
+        later are purged and the round logged again (`Experiment.run`)."""
         self._writer: Any = None
 
     def on_run_start(self, config: dict[str, Any], run_dir: Path | None,

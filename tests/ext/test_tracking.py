@@ -53,6 +53,19 @@ def test_a_continued_run_adds_its_rounds_once(tmp_path):
     assert steps == [1, 2, 3, 4]
 
 
+def test_a_finished_run_resumed_logs_its_figures_and_last_round_once(tmp_path):
+    """`--resume` on a finished run (nothing left to run: the end is done again) logged every
+    figure a second time at the last round's step: two images per tag at step 4."""
+    history = Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
+    Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    acc = _events(tmp_path)
+    assert [e.step for e in acc.Images("figures/accuracy")] == [4]
+    steps, values = zip(*_series(acc, "metrics/accuracy"))  # each round once, as it reads
+    assert list(steps) == [r.round for r in history.records]
+    assert list(values) == pytest.approx([r.metrics.accuracy for r in history.records],
+                                         rel=1e-6)
+
+
 def test_a_continuation_with_figures_off_logs_no_stale_figures_and_says_so(tmp_path, capsys):
     """Resumed with `figures = false`: TensorBoard logged the earlier part's PNGs as the last
     round's figures, and report.md (4 rounds) stayed beside a 6-round summary unsaid."""
