@@ -74,8 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return stop_status(stop)
     con = _console()
     con.print(summary_table([history.summary]))
-    written = [n for n in ("summary.json", "history.jsonl", "report.md", "figures/")
-               if (out / n).exists()]
+    written = [n for n in ("summary.json", "history.jsonl", "report.md", "figures/",
+                           "tensorboard/") if (out / n).exists()]
     con.print(f"results in {out}/ ({', '.join(written)})")
     return _diverged([history.summary], args)
 

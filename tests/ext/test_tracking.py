@@ -66,6 +66,20 @@ def test_a_finished_run_resumed_logs_its_figures_and_last_round_once(tmp_path):
                                          rel=1e-6)
 
 
+def test_clusterfl_run_names_the_tensorboard_folder(tmp_path, capsys):
+    """Before: the line after the results table listed summary.json, history.jsonl, report.md
+    and figures/, never tensorboard/: where the events went was said nowhere."""
+    from clusterfl.cli import main
+    from clusterfl.config import dump_toml
+
+    config = tmp_path / "board.toml"
+    config.write_text(dump_toml({**CFG, "rounds": 2, "output": {"figures": False,
+                                                                "tensorboard": True}}))
+    assert main(["run", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    listed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert listed == f"results in {tmp_path / 'run'}/ (summary.json, history.jsonl, tensorboard/)"
+
+
 def test_a_continuation_with_figures_off_logs_no_stale_figures_and_says_so(tmp_path, capsys):
     """Resumed with `figures = false`: TensorBoard logged the earlier part's PNGs as the last
     round's figures, and report.md (4 rounds) stayed beside a 6-round summary unsaid."""
