@@ -601,6 +601,21 @@ def test_the_held_out_section_of_a_regression_gives_the_mse(tmp_path: Path) -> N
     assert "accuracy" not in section
 
 
+def test_the_results_table_gives_a_regressions_held_out_mse(tmp_path: Path) -> None:
+    """Before: the console table and the report's results table had only "held-out acc (%)",
+    "—" for a regression's held-out clients: their MSE was not on the console at all."""
+    held = {"clients": [3, 9, 13], "accuracy": [None] * 3, "mse": [0.0125, 0.0375, None]}
+    reg = replace(_summary("reg", mse=0.5, placement_ari=1.0), holdout=held)
+    cls = replace(_summary("cls", accuracy=0.5, holdout_accuracy=0.75),
+                  holdout={"clients": [3], "accuracy": [0.75]})
+    headers, rows = summary_rows([reg, cls])
+    col = headers.index("held-out MSE")
+    assert headers[col - 1] == "held-out acc (%)"
+    assert [r[col] for r in rows] == ["0.025", "—"]  # (0.0125 + 0.0375) / 2
+    assert [r[col - 1] for r in rows] == ["—", "75.00"]
+    assert "held-out MSE" not in summary_rows([cls])[0]  # no regression held out: no column
+
+
 def test_the_held_out_section_says_what_privacy_did_for_the_placement(tmp_path: Path) -> None:
     """Before: a private run's placement privacy (`holdout.privacy`: the newcomers' clip and
     ε) was in summary.json and on `clusterfl place`'s console, not in the report."""

@@ -75,32 +75,32 @@ def _metrics(final: FinalMetrics) -> RoundMetrics:
 
 class Column(NamedTuple):
     header: str
-    value: Callable[[FinalMetrics], Any]
+    value: Callable[[RunSummary], Any]
     fmt: Callable[[Any], str]
 
 
 # The columns of the summary table, read from a run's final metrics; the MSE column only
 # appears when some run is a regression, participation when some run sampled (`_columns`).
-MSE_COLUMN = Column("MSE", lambda f: _metrics(f).mse, _general)
-PERPLEXITY_COLUMN = Column("perplexity ↓", lambda f: _metrics(f).perplexity, _fixed(2))
+MSE_COLUMN = Column("MSE", lambda s: _metrics(s.final).mse, _general)
+PERPLEXITY_COLUMN = Column("perplexity ↓", lambda s: _metrics(s.final).perplexity, _fixed(2))
 """A language model's perplexity (lower is better); first, when some run has one."""
 WORD_ACCURACY_COLUMN = Column("acc. no oov/eos (%)",
-                              lambda f: _metrics(f).accuracy_no_oov_no_eos, _percent)
+                              lambda s: _metrics(s.final).accuracy_no_oov_no_eos, _percent)
 """A language model's accuracy on targets other than <unk> and <eos>; after perplexity."""
-PARTICIPATION_COLUMN = Column("participation (%)", lambda f: f.participation, _percent)
+PARTICIPATION_COLUMN = Column("participation (%)", lambda s: s.final.participation, _percent)
 COLUMNS: list[Column] = [
-    Column("accuracy (%)", lambda f: _metrics(f).accuracy, _percent),
-    Column("weighted acc (%)", lambda f: _metrics(f).accuracy_weighted, _percent),
-    Column("macro-F1 (%)", lambda f: _metrics(f).macro_f1, _percent),
-    Column("fairness var (%²)", lambda f: _metrics(f).fairness_var, _fixed(2)),
+    Column("accuracy (%)", lambda s: _metrics(s.final).accuracy, _percent),
+    Column("weighted acc (%)", lambda s: _metrics(s.final).accuracy_weighted, _percent),
+    Column("macro-F1 (%)", lambda s: _metrics(s.final).macro_f1, _percent),
+    Column("fairness var (%²)", lambda s: _metrics(s.final).fairness_var, _fixed(2)),
     MSE_COLUMN,
-    Column("ARI", lambda f: f.ari, _fixed(3)),
-    Column("clusters", lambda f: f.n_clusters, _integer),
-    Column("floats ↓", lambda f: f.floats_down, _human),
-    Column("floats ↑", lambda f: f.floats_up, _human),
-    Column("rejected", lambda f: f.rejected, _integer),
+    Column("ARI", lambda s: s.final.ari, _fixed(3)),
+    Column("clusters", lambda s: s.final.n_clusters, _integer),
+    Column("floats ↓", lambda s: s.final.floats_down, _human),
+    Column("floats ↑", lambda s: s.final.floats_up, _human),
+    Column("rejected", lambda s: s.final.rejected, _integer),
     PARTICIPATION_COLUMN,
-    Column("wall time (s)", lambda f: f.wall_time, _fixed(1)),
+    Column("wall time (s)", lambda s: s.final.wall_time, _fixed(1)),
 ]
 """`rejected`: client replies the guard's validation rejected over the whole run;
 `participation`: the mean share of the clients that took part in a round."""
@@ -114,10 +114,22 @@ def _partial(summary: RunSummary) -> bool:
 #: the held-out clients (`[scenario] holdout`), placed after the run: shown when some run has
 #: them, after the ARI column
 HOLDOUT_COLUMNS: list[Column] = [
-    Column("placement ARI", lambda f: f.placement_ari, _fixed(3)),
-    Column("placed in group's cluster (%)", lambda f: f.placement_match, _percent),
-    Column("held-out acc (%)", lambda f: f.holdout_accuracy, _percent),
+    Column("placement ARI", lambda s: s.final.placement_ari, _fixed(3)),
+    Column("placed in group's cluster (%)", lambda s: s.final.placement_match, _percent),
+    Column("held-out acc (%)", lambda s: s.final.holdout_accuracy, _percent),
 ]
+HOLDOUT_MSE_COLUMN = Column("held-out MSE", lambda s: held_out_mse(s.holdout)[0], _general)
+"""A regression's held-out clients' mean MSE (`held_out_mse`), after their accuracy: shown
+when some run has one."""
+
+
+def held_out_mse(holdout: dict[str, Any] | None) -> tuple[float | None, int, int]:
+    """(mean, finite, clients) of the held-out clients' MSE (`holdout.mse`, a regression's):
+    the mean over the clients with a finite one (null in `summary.json`: none, or an
+    overflow); (None, 0, 0) without."""
+    mse = (holdout or {}).get("mse") or []
+    values = [float(v) for v in mse if v is not None]
+    return (sum(values) / len(values) if values else None), len(values), len(mse)
 
 
 def _regression(summary: RunSummary) -> bool:
@@ -145,7 +157,8 @@ def _columns(summaries: Sequence[RunSummary]) -> list[Column]:
     if any(s.holdout is not None or s.final.placement_ari is not None
            or s.final.holdout_accuracy is not None for s in summaries):
         at = next(i for i, c in enumerate(columns) if c.header == "ARI") + 1
-        columns[at:at] = HOLDOUT_COLUMNS
+        mse = [HOLDOUT_MSE_COLUMN] if any(held_out_mse(s.holdout)[2] for s in summaries) else []
+        columns[at:at] = [*HOLDOUT_COLUMNS, *mse]
     return columns
 
 
@@ -155,7 +168,7 @@ def summary_rows(summaries: Sequence[RunSummary]) -> tuple[list[str], list[list[
     headers = ["method"] + [c.header for c in columns]
     rows = []
     for summary in summaries:
-        cells = [c.fmt(c.value(summary.final)) for c in columns]
+        cells = [c.fmt(c.value(summary)) for c in columns]
         if summary.federation is not None and summary.true_clusters is None:  # FEMNIST
             cells = [NO_TRUTH if c.header in ("ARI", "placement ARI") else cell
                      for c, cell in zip(columns, cells, strict=True)]
@@ -315,14 +328,12 @@ def _holdout_mean(holdout: dict[str, Any]) -> str:
     """The held-out clients' mean accuracy, or a regression's mean MSE over the clients with
     a finite one (null in `summary.json`: none, or an overflow), saying how many when not
     all."""
-    mse = holdout.get("mse")
-    if not mse:
+    mean, finite, clients = held_out_mse(holdout)
+    if not clients:
         return f"mean accuracy {_percent(holdout.get('holdout_accuracy'))} %"
-    values = [float(v) for v in mse if v is not None]
-    mean = _general(sum(values) / len(values) if values else None)
-    some = (f" (over the {len(values)} of {len(mse)} clients with a finite one)"
-            if 0 < len(values) < len(mse) else "")
-    return f"mean MSE {mean}{some}"
+    some = (f" (over the {finite} of {clients} clients with a finite one)"
+            if 0 < finite < clients else "")
+    return f"mean MSE {_general(mean)}{some}"
 
 
 def _privacy(holdout: dict[str, Any]) -> str:
