@@ -21,7 +21,7 @@ from clusterfl.config_util import flatten
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError
 from clusterfl.records import RoundRecord
-from clusterfl.rundir import LOCK_FILE
+from clusterfl.rundir import LOCK_FILE, runs_in, shown_names
 from clusterfl.state import read_checkpoint, write_checkpoint
 
 CHECKPOINT = "checkpoint/state.pt"
@@ -95,6 +95,12 @@ class Checkpoints:
                 raise ClusterFLError(f"--resume: {path} is not a file (a checkpoint is one "
                                      "file); move it away, or restart the run with --overwrite")
             folder = path.parent.parent
+            runs = runs_in(folder) if folder.is_dir() else []
+            if runs:
+                raise ClusterFLError(
+                    f"--resume: {folder} holds the runs of a comparison ({shown_names(runs)}), "
+                    "not one run: `clusterfl compare CONFIG --algorithms ... --resume` "
+                    "continues a comparison; give run another --out")
             started = folder.is_dir() and any(
                 e.name not in (LOCK_FILE, path.parent.name) for e in folder.iterdir())
             why = ("the run keeps none (checkpoint_every = 0): run it again with --overwrite, "

@@ -13,7 +13,7 @@ from clusterfl.config_util import check_flag
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import PROGRESS_NONE, Experiment, History, build_federation
-from clusterfl.rundir import LOCK_FILE, RunDir
+from clusterfl.rundir import LOCK_FILE, RunDir, holds_run
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
@@ -136,8 +136,6 @@ def _check_arguments(config: Any, specs: Any, out_dir: Any, progress: Any, overw
 def _warn_other_runs(out: Path, folders: list[str]) -> None:
     """A resumed comparison whose folder holds runs of methods it does not list (an earlier
     `--algorithms`): they stay, left out of its report; said once on stderr."""
-    from clusterfl.rundir import holds_run
-
     others = sorted(e.name for e in out.iterdir()
                     if e.is_dir() and e.name not in folders and holds_run(e))
     if others:
@@ -170,6 +168,10 @@ def run_comparison(
     if resume and not (out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir())):
         raise ConfigError("--resume", f"{out} holds no comparison to continue; run without "
                                       "--resume")
+    if resume and holds_run(out):
+        raise ConfigError("--resume", f"{out} holds one run (its config.toml, history or "
+                          "summary), not a comparison: `clusterfl run CONFIG --out "
+                          f"{out} --resume` continues it; give compare another --out")
     with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint,
                              runs_inside=True):
         if resume:

@@ -253,20 +253,29 @@ def _remove_ours(folder: Path, runs_inside: bool = True) -> None:
                 entry.rmdir()
 
 
+def runs_in(folder: Path) -> list[str]:
+    """The names of `folder`'s subfolders that hold a run (a comparison's methods), sorted."""
+    return [e.name for e in sorted(folder.iterdir()) if e.is_dir() and not e.is_symlink()
+            and _ours_in(e) is None and any(e.iterdir()) and _is_run(e)]
+
+
+def shown_names(names: list[str], most: int = 4) -> str:
+    """`names` as a message lists them: the first `most`, then "...". """
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def _claim(path: Path, resume: bool, overwrite: bool, hint: str,
            runs_inside: bool = False) -> None:
     """The checks of `claim_run_dir`, for a folder whose lock the caller holds."""
     entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
     if resume or not entries:
         return
-    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    shown = shown_names(entries)
     if not overwrite:
         raise RunDirInUseError(f"{path} is not empty (it holds {shown}); pass {hint}")
-    runs = [] if runs_inside else [
-        e.name for e in sorted(path.iterdir()) if e.is_dir() and not e.is_symlink()
-        and _ours_in(e) is None and any(e.iterdir()) and _is_run(e)]
+    runs = [] if runs_inside else runs_in(path)
     if runs:  # one run's overwrite never takes the runs of a comparison or of a parent
-        named = ", ".join(runs[:4]) + (", ..." if len(runs) > 4 else "")
+        named = shown_names(runs)
         raise RunDirInUseError(
             f"{path} holds other runs ({named}); overwrite replaces the files of one run, "
             "not the runs in its subfolders: choose another output folder")
@@ -418,4 +427,6 @@ __all__ = [
     "holds_run",
     "locking",
     "running_process",
+    "runs_in",
+    "shown_names",
 ]

@@ -13,7 +13,8 @@ from clusterfl.checkpoint import Checkpoints
 from clusterfl.cli import main
 from clusterfl.compare import run_comparison
 from clusterfl.config import dump_toml, load_config
-from clusterfl.errors import ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.experiment import Experiment
 from clusterfl.rundir import RunDirInUseError
 from tests.crash import timing_free
 from tests.tiny import tiny_config
@@ -143,3 +144,27 @@ def test_a_comparison_draws_its_own_figures_only_with_figures_on(tmp_path: Path,
     run_comparison(load_config(raw), ["fedavg", "local"], out, progress=False)
     assert bool(list(out.glob("*_compare.png"))) == figures
     assert ("## Figures" in (out / "report.md").read_text()) == figures
+
+
+def test_resume_refuses_a_single_runs_folder_as_a_comparison_and_the_other_way(
+        tmp_path: Path) -> None:
+    """`compare --resume --out RUN_DIR` of one run wrote the method's folder and a comparison
+    report.md into that run's folder; `run --resume --out CMP_DIR` told to start over with
+    --overwrite, which then refused the folder's other runs."""
+    run_dir = tmp_path / "run"
+    Experiment.from_config(RAW, out_dir=run_dir).run(progress=False)
+    before = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(ConfigError) as err:
+        run_comparison(load_config(RAW), ["fedavg"], run_dir, progress=False, resume=True)
+    assert str(err.value) == (f"--resume: {run_dir} holds one run (its config.toml, history "
+                              "or summary), not a comparison: `clusterfl run CONFIG --out "
+                              f"{run_dir} --resume` continues it; give compare another --out")
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing written there
+    cmp_dir = tmp_path / "cmp"
+    run_comparison(load_config(RAW), SPECS, cmp_dir, progress=False)
+    with pytest.raises(ClusterFLError) as err:
+        Experiment.from_config(RAW, out_dir=cmp_dir).run(resume=True, progress=False)
+    assert str(err.value) == (f"--resume: {cmp_dir} holds the runs of a comparison (fedavg, "
+                              "ifca_n_clusters=2), not one run: `clusterfl compare CONFIG "
+                              "--algorithms ... --resume` continues a comparison; give run "
+                              "another --out")
