@@ -22,7 +22,7 @@ from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError
 from clusterfl.records import RoundRecord
 from clusterfl.rundir import LOCK_FILE, runs_in, shown_names
-from clusterfl.state import read_checkpoint, write_checkpoint
+from clusterfl.state import RESTART, read_checkpoint, write_checkpoint
 
 CHECKPOINT = "checkpoint/state.pt"
 KEYS = ("round", "elapsed", "algorithm", "rng", "floats", "records", "torch_rng", "config")
@@ -81,6 +81,17 @@ class Checkpoints:
             return int(read_checkpoint(self.path, KEYS)["round"])
         except ClusterFLError:  # a torn or foreign file: what this process last saved
             return self.round
+
+    def unreadable(self) -> str | None:
+        """Why the checkpoint file cannot be read (empty, truncated, damaged, foreign), as
+        `read_checkpoint` says it without its advice; None: no file there, or a readable one."""
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            read_checkpoint(self.path, KEYS)
+        except ClusterFLError as exc:
+            return str(exc).removesuffix(f"; {RESTART}")
+        return None
 
     def load(self, ctx: Context, algorithm: Algorithm,
              config: Config) -> tuple[int, float, list[RoundRecord], dict[str, Any]]:

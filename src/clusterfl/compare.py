@@ -195,7 +195,8 @@ def run_comparison(
 def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> History:
     """One method of a comparison resumed: a finished run is read back, an interrupted one
     continues from its checkpoint (and a finished one to more `rounds`, as `run --resume`),
-    one stopped before any checkpoint starts over, one not begun runs; a run folder of
+    one stopped before any checkpoint starts over, as does one whose checkpoint cannot be
+    read (said on stderr), one not begun runs; a run folder of
     another config is refused naming the first difference."""
     from clusterfl.checkpoint import comparable, first_difference
     from clusterfl.config import read_toml
@@ -216,5 +217,9 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> 
             return History(read_history(run_dir), read_summary(run_dir))
         if experiment.saved_round() is not None:
             return experiment.run(resume=True, progress=progress)
+        torn = experiment.checkpoints.unreadable()
+        if torn is not None:  # started again, as a run stopped before its first checkpoint
+            print(experiment.console_warning(f"{torn}: this run starts again from round 1"),
+                  file=sys.stderr, flush=True)
     claim_run_dir(run_dir, overwrite=True)  # not begun, or no checkpoint: its files, by name
     return experiment.run(progress=progress)

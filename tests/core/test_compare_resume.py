@@ -168,3 +168,28 @@ def test_resume_refuses_a_single_runs_folder_as_a_comparison_and_the_other_way(
                               "ifca_n_clusters=2), not one run: `clusterfl compare CONFIG "
                               "--algorithms ... --resume` continues a comparison; give run "
                               "another --out")
+
+
+def test_a_method_whose_checkpoint_cannot_be_read_starts_again_and_says_so(tmp_path: Path,
+                                                                           monkeypatch,
+                                                                           capsys) -> None:
+    """IFCA stopped after round 2, its state.pt then cut short: `compare --resume` threw
+    the checkpoint away and ran IFCA again from round 1 without a word (`run --resume`
+    refuses such a file in one line)."""
+    config = load_config(RAW)
+    _stop_ifca_after_round_2(monkeypatch)
+    out = tmp_path / "cmp"
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(config, SPECS, out, progress=False)
+    state = out / "ifca_n_clusters=2" / "checkpoint" / "state.pt"
+    size = len(state.read_bytes())
+    state.write_bytes(state.read_bytes()[: size // 2])
+    capsys.readouterr()
+    resumed = run_comparison(config, SPECS, out, progress=False, resume=True)
+    warned = [x for x in capsys.readouterr().err.splitlines() if "starts again" in x]
+    assert warned == [f"clusterfl: warning: IFCA (K=2): {state} is truncated or damaged "
+                      f"({size // 2} bytes that torch cannot read): this run starts again "
+                      "from round 1"]
+    whole = run_comparison(config, SPECS, tmp_path / "whole", progress=False)
+    for (_, a), (_, b) in zip(resumed, whole, strict=True):
+        assert timing_free(a.records) == timing_free(b.records)
