@@ -199,21 +199,21 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> 
     read (said on stderr), one not begun runs; a run folder of
     another config is refused naming the first difference."""
     from clusterfl.checkpoint import comparable, first_difference
-    from clusterfl.config import read_toml
     from clusterfl.records import SUMMARY_FILE, read_history, read_summary
     from clusterfl.rundir import claim_run_dir
 
     if (run_dir / "config.toml").is_file():
-        saved = read_toml(run_dir / "config.toml")
-        then, now = comparable(saved), comparable(experiment.config.to_dict())
-        if then != now:
+        saved = _saved_config(run_dir / "config.toml", experiment)
+        then, now = comparable(saved or {}), comparable(experiment.config.to_dict())
+        if saved is not None and then != now:
             key, was, is_ = first_difference(then, now)
             raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: "
                               f"{was!r} then, {is_!r} now); resume with the same config and "
                               "--set, or use --overwrite or a new --out")
         finished = (run_dir / SUMMARY_FILE).is_file() and (  # its report too, if it writes one
             not experiment.config.output.figures or (run_dir / "report.md").is_file())
-        if finished and saved.get("rounds") == experiment.config.run.rounds:
+        if finished and saved is not None and saved.get("rounds") == \
+                experiment.config.run.rounds:
             return History(read_history(run_dir), read_summary(run_dir))
         if experiment.saved_round() is not None:
             return experiment.run(resume=True, progress=progress)
@@ -223,3 +223,22 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> 
                   file=sys.stderr, flush=True)
     claim_run_dir(run_dir, overwrite=True)  # not begun, or no checkpoint: its files, by name
     return experiment.run(progress=progress)
+
+
+def _saved_config(path: Path, experiment: Experiment) -> dict[str, Any] | None:
+    """The config a method's `config.toml` holds; None, said on stderr, when the file is
+    empty or not TOML (its write cut short): the run's checkpoint, which holds its config, is
+    compared with it instead (`Checkpoints.load`)."""
+    from clusterfl.config import read_toml
+
+    try:
+        saved = read_toml(path)
+    except ConfigError as exc:
+        why = str(exc)
+    else:
+        if saved:
+            return saved
+        why = f"{path} is empty"
+    print(experiment.console_warning(f"{why}: the run is checked against its checkpoint's "
+                                     "config instead"), file=sys.stderr, flush=True)
+    return None

@@ -35,7 +35,8 @@ LOCK_FILE = ".clusterfl.lock"
 CHECKPOINT_DIR = "checkpoint"
 _COMPARED = frozenset(f"{n}_compare.png" for n in ("accuracy", "ari", "communication"))
 RUN_FILES = _COMPARED | {
-    "config.toml", HISTORY_FILE, SUMMARY_FILE, SUMMARY_FILE + ".tmp", "report.md", LOCK_FILE,
+    "config.toml", "config.toml.tmp", HISTORY_FILE, SUMMARY_FILE, SUMMARY_FILE + ".tmp",
+    "report.md", LOCK_FILE,
     "cfl_tree.pt", "flt_relatedness.npz",  # the `save_artifacts` of CFL and FLT
     "flower.json", "flower_final_state.pt",  # `deploy.server_app` after a Flower run
     "vocab.txt",  # a language model's vocabulary (`data.text.Vocab`)
@@ -360,7 +361,7 @@ class RunDir:
         if self.path is None:
             return
         (self.path / SUMMARY_FILE).unlink(missing_ok=True)
-        (self.path / "config.toml").write_text(config_toml)
+        write_whole(self.path / "config.toml", config_toml)
         with open(self.path / HISTORY_FILE, "w") as fh:
             fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
 
@@ -372,10 +373,19 @@ class RunDir:
     def write_summary(self, summary: RunSummary) -> None:
         if self.path is None:
             return
-        path = self.path / SUMMARY_FILE
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(summary.to_json_dict(), indent=2))
+        write_whole(self.path / SUMMARY_FILE, json.dumps(summary.to_json_dict(), indent=2))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: into `path.tmp`, renamed over `path`; a
+    write that fails (a full disk) or is interrupted leaves the old file as it was."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
         os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ------------------------------------------------------------------ other writers
@@ -429,4 +439,5 @@ __all__ = [
     "running_process",
     "runs_in",
     "shown_names",
+    "write_whole",
 ]

@@ -5,6 +5,7 @@ folder and only --overwrite (rerunning every method) was offered."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,48 @@ def test_a_method_whose_checkpoint_cannot_be_read_starts_again_and_says_so(tmp_p
     whole = run_comparison(config, SPECS, tmp_path / "whole", progress=False)
     for (_, a), (_, b) in zip(resumed, whole, strict=True):
         assert timing_free(a.records) == timing_free(b.records)
+
+
+def test_a_full_disk_or_a_torn_config_toml_does_not_block_compare_resume(tmp_path: Path,
+                                                                         monkeypatch,
+                                                                         capsys) -> None:
+    """Before: a run wrote config.toml in place, so a full disk as a resume began left it
+    empty, and `compare --resume` then refused the run as one of another config
+    (`algorithm.name: None then, 'ifca' now`); a config.toml cut short stopped it with
+    'is not valid TOML'. Now config.toml is replaced whole or not at all, and one that cannot
+    be read is said and the run checked against its checkpoint's config."""
+    config = load_config(RAW)
+    _stop_ifca_after_round_2(monkeypatch)
+    out = tmp_path / "cmp"
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(config, SPECS, out, progress=False)
+    saved = out / "ifca_n_clusters=2" / "config.toml"
+    text = saved.read_text()
+    real, full = Path.write_text, []
+
+    def write_text(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        if self.name.startswith("config.toml") and not full:
+            full.append(self)
+            open(self, "w").close()  # opened for writing (truncated), then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, data, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(OSError, match="No space left"):
+        run_comparison(config, SPECS, out, progress=False, resume=True)
+    assert saved.read_text() == text  # the old one, whole
+    assert sorted(p.name for p in saved.parent.iterdir()) == [
+        "checkpoint", "config.toml", "history.jsonl"]
+    monkeypatch.setattr(Path, "write_text", real)
+    saved.write_text(text[: len(text) // 2].rstrip() + "\n[model\n")  # torn
+    capsys.readouterr()
+    resumed = run_comparison(config, SPECS, out, progress=False, resume=True)
+    warned = [x for x in capsys.readouterr().err.splitlines() if "instead" in x]
+    assert len(warned) == 1 and warned[0].startswith(
+        f"clusterfl: warning: IFCA (K=2): {saved} is not valid TOML: ")
+    assert warned[0].endswith(": the run is checked against its checkpoint's config instead")
+    assert saved.read_text() == text  # rewritten by the resumed run
+    whole = run_comparison(config, SPECS, tmp_path / "whole", progress=False)
+    for (_, a), (_, b) in zip(resumed, whole, strict=True):
+        assert timing_free(a.records) == timing_free(b.records)
+        assert timing_free(a.summary) == timing_free(b.summary)
