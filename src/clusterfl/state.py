@@ -176,9 +176,9 @@ def write_checkpoint(path: Path, payload: dict[str, Any], round_: int,
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:  # Ctrl-C or SIGTERM too: no half-written file is left
         tmp.unlink(missing_ok=True)
-        if exc.errno not in _NO_SPACE:
+        if not isinstance(exc, OSError) or exc.errno not in _NO_SPACE:
             raise
         kept = ("no earlier checkpoint was written" if intact is None
                 else f"the checkpoint of round {intact} is intact")

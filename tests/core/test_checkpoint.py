@@ -16,6 +16,7 @@ import torch
 
 from clusterfl.checkpoint import CHECKPOINT
 from clusterfl.cli import main
+from clusterfl.cli_util import Terminated
 from clusterfl.config import dump_toml
 from clusterfl.experiment import Experiment
 from clusterfl.state import CheckpointError, read_checkpoint, write_checkpoint
@@ -156,6 +157,27 @@ def test_write_checkpoint_keeps_the_old_file_when_the_write_fails(
         write_checkpoint(path, {"round": 2}, 2, 1)
     assert read_checkpoint(path, ("round",)) == {"round": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_a_stop_while_the_checkpoint_is_written_leaves_no_half_written_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: type[BaseException]) -> None:
+    """Ctrl-C or SIGTERM in the middle of writing round 4's checkpoint left the half-written
+    `state.pt.tmp` (as large as the checkpoint) in the run folder until the next write."""
+    real, calls = os.fsync, []
+
+    def stopped(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            raise stop
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", stopped)
+    with pytest.raises(stop):
+        Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
+    assert _round(tmp_path) == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["state.pt"]
 
 
 def test_resume_before_the_first_checkpoint_says_overwrite_not_run_again(
