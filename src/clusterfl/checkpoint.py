@@ -133,7 +133,7 @@ class Checkpoints:
             _check_same_data(path.parent, np.asarray(kept), digests)
         continued = saved.get("rounds") != now["rounds"]
         if continued:
-            _check_continuation(path.parent, algorithm, config, int(state["round"]),
+            check_continuation(path.parent, algorithm, config, int(state["round"]),
                                 saved.get("rounds"))
         try:
             algorithm.load_state_dict(state["algorithm"])
@@ -209,7 +209,7 @@ def _check_same_data(where: Path, then: np.ndarray, now: np.ndarray) -> None:
             "or start a new --out")
 
 
-def _check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,
+def check_continuation(where: Path, algorithm: Algorithm, config: Config, held: int,
                         planned: Any) -> None:
     """`--resume --set rounds=N` continues a run (finished or not) to N rounds: allowed
     when N reaches the checkpoint's round and the method does not schedule by the

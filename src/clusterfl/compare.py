@@ -181,6 +181,8 @@ def run_comparison(
         # every method checked (its settings against the federation) before the first runs
         experiments = [(out / folder, Experiment(cfg, out / folder, federation))
                        for folder, cfg in runs]
+        if resume:
+            _check_continuations(experiments)
         results, run_dirs = [], []
         for (run_dir, experiment), (folder, _) in zip(experiments, runs, strict=True):
             experiment.name_in_warnings = True
@@ -190,6 +192,24 @@ def run_comparison(
             run_dirs.append(run_dir)
         write_comparison_report(run_dirs, out, figures=config.output.figures)
     return results
+
+
+def _check_continuations(experiments: list[tuple[Path, Experiment]]) -> None:
+    """A resumed comparison with other `rounds` (`--set rounds=N`) continues each method's
+    run: every continuation is checked (`checkpoint.check_continuation`) before the first
+    method runs, so that one which cannot be continued is refused before the others are."""
+    from clusterfl.checkpoint import CHECKPOINT, check_continuation
+    from clusterfl.config import read_toml
+
+    for run_dir, experiment in experiments:
+        try:
+            planned = read_toml(run_dir / "config.toml").get("rounds")
+        except ConfigError:  # none yet, or unreadable: `resume_run` says so
+            continue
+        held = None if planned == experiment.config.run.rounds else experiment.saved_round()
+        if held is not None:
+            check_continuation((run_dir / CHECKPOINT).parent, experiment.algorithm,
+                               experiment.config, held, planned)
 
 
 def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> History:

@@ -239,3 +239,22 @@ def test_a_full_disk_or_a_torn_config_toml_does_not_block_compare_resume(tmp_pat
     for (_, a), (_, b) in zip(resumed, whole, strict=True):
         assert timing_free(a.records) == timing_free(b.records)
         assert timing_free(a.summary) == timing_free(b.summary)
+
+
+def test_a_comparison_continued_to_more_rounds_refuses_before_any_method_runs(
+        tmp_path: Path) -> None:
+    """`compare --resume --set rounds=5` of a finished 3-round comparison of FedAvg and CFL-GP
+    (which schedules by the planned rounds and cannot be continued): FedAvg was continued to
+    5 rounds first, then CFL-GP refused, leaving a comparison of 5 and 3 rounds."""
+    out = tmp_path / "cmp"
+    specs = ["fedavg", "cfl_gp:n_clusters=2"]
+    run_comparison(load_config(RAW), specs, out, progress=False)
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*.json*"))}
+    with pytest.raises(ClusterFLError) as err:
+        run_comparison(load_config({**RAW, "rounds": 5}), specs, out, progress=False,
+                       resume=True)
+    assert str(err.value).startswith("--resume: CFL-GP (K=2) schedules by the planned number "
+                                     "of rounds (T = 3 in this run), so continuing it to 5 "
+                                     "rounds would not equal a 5-round run")
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*.json*"))} == before
+    assert "rounds = 3\n" in (out / "fedavg" / "config.toml").read_text()
