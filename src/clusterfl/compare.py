@@ -181,12 +181,14 @@ def run_comparison(
         # every method checked (its settings against the federation) before the first runs
         experiments = [(out / folder, Experiment(cfg, out / folder, federation))
                        for folder, cfg in runs]
-        if resume:
-            _check_continuations(experiments)
-        results, run_dirs = [], []
-        for (run_dir, experiment), (folder, _) in zip(experiments, runs, strict=True):
+        for _, experiment in experiments:
             experiment.name_in_warnings = True
-            history = (resume_run(run_dir, experiment, progress) if resume else
+        # a resumed method's folder checked (its config, its continuation) before any runs
+        saved = [_checked_config(*pair) if resume else None for pair in experiments]
+        results, run_dirs = [], []
+        for (run_dir, experiment), (folder, _), was in zip(experiments, runs, saved,
+                                                           strict=True):
+            history = (resume_run(run_dir, experiment, progress, was) if resume else
                        experiment.run(progress=progress))
             results.append((history.summary.label or folder, history))
             run_dirs.append(run_dir)
@@ -194,42 +196,49 @@ def run_comparison(
     return results
 
 
-def _check_continuations(experiments: list[tuple[Path, Experiment]]) -> None:
-    """A resumed comparison with other `rounds` (`--set rounds=N`) continues each method's
-    run: every continuation is checked (`checkpoint.check_continuation`) before the first
-    method runs, so that one which cannot be continued is refused before the others are."""
-    from clusterfl.checkpoint import CHECKPOINT, check_continuation
-    from clusterfl.config import read_toml
+def _checked_config(run_dir: Path, experiment: Experiment) -> dict[str, Any] | None:
+    """The config of the method's run in `run_dir` (None: no run there, or its config.toml
+    cannot be read, said by `_saved_config`), checked before the first method runs, so that
+    no method is run or continued before another is refused: a run of another config is
+    refused naming the first difference, and one whose `rounds` differ is checked as a
+    continuation (`checkpoint.check_continuation`)."""
+    from clusterfl.checkpoint import (
+        CHECKPOINT,
+        check_continuation,
+        comparable,
+        first_difference,
+    )
 
-    for run_dir, experiment in experiments:
-        try:
-            planned = read_toml(run_dir / "config.toml").get("rounds")
-        except ConfigError:  # none yet, or unreadable: `resume_run` says so
-            continue
-        held = None if planned == experiment.config.run.rounds else experiment.saved_round()
-        if held is not None:
-            check_continuation((run_dir / CHECKPOINT).parent, experiment.algorithm,
-                               experiment.config, held, planned)
+    if not (run_dir / "config.toml").is_file():
+        return None
+    saved = _saved_config(run_dir / "config.toml", experiment)
+    if saved is None:
+        return None
+    then, now = comparable(saved), comparable(experiment.config.to_dict())
+    if then != now:
+        key, was, is_ = first_difference(then, now)
+        raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: "
+                          f"{was!r} then, {is_!r} now); resume with the same config and "
+                          "--set, or use --overwrite or a new --out")
+    planned = saved.get("rounds")
+    held = None if planned == experiment.config.run.rounds else experiment.saved_round()
+    if held is not None:
+        check_continuation((run_dir / CHECKPOINT).parent, experiment.algorithm,
+                           experiment.config, held, planned)
+    return saved
 
 
-def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None) -> History:
-    """One method of a comparison resumed: a finished run is read back, an interrupted one
-    continues from its checkpoint (and a finished one to more `rounds`, as `run --resume`),
-    one stopped before any checkpoint starts over, as does one whose checkpoint cannot be
-    read (said on stderr), one not begun runs; a run folder of
-    another config is refused naming the first difference."""
-    from clusterfl.checkpoint import comparable, first_difference
+def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None,
+               saved: dict[str, Any] | None) -> History:
+    """One method of a comparison resumed, its folder's config `saved` checked
+    (`_checked_config`): a finished run is read back, an interrupted one continues from its
+    checkpoint (and a finished one to more `rounds`, as `run --resume`), one stopped before
+    any checkpoint starts over, as does one whose checkpoint cannot be read (said on
+    stderr), one not begun runs."""
     from clusterfl.records import SUMMARY_FILE, read_history, read_summary
     from clusterfl.rundir import claim_run_dir
 
     if (run_dir / "config.toml").is_file():
-        saved = _saved_config(run_dir / "config.toml", experiment)
-        then, now = comparable(saved or {}), comparable(experiment.config.to_dict())
-        if saved is not None and then != now:
-            key, was, is_ = first_difference(then, now)
-            raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: "
-                              f"{was!r} then, {is_!r} now); resume with the same config and "
-                              "--set, or use --overwrite or a new --out")
         finished = (run_dir / SUMMARY_FILE).is_file() and (  # its report too, if it writes one
             not experiment.config.output.figures or (run_dir / "report.md").is_file())
         if finished and saved is not None and saved.get("rounds") == \

@@ -258,3 +258,16 @@ def test_a_comparison_continued_to_more_rounds_refuses_before_any_method_runs(
                                      "rounds would not equal a 5-round run")
     assert {p: p.read_bytes() for p in sorted(out.rglob("*.json*"))} == before
     assert "rounds = 3\n" in (out / "fedavg" / "config.toml").read_text()
+
+
+def test_a_resumed_comparison_refuses_another_config_before_a_new_method_runs(
+        tmp_path: Path) -> None:
+    """Resumed with another lr and a new method listed first: the new method ran whole with
+    the new lr, then the old method's run refused the config, leaving a mixed comparison."""
+    out = tmp_path / "cmp"
+    run_comparison(load_config(RAW), ["ifca:n_clusters=2"], out, progress=False)
+    other = load_config({**RAW, "train": {**RAW["train"], "lr": 0.5}})
+    with pytest.raises(ConfigError, match=r"^--resume: .*ifca_n_clusters=2 was run with another "
+                                          r"config \(train\.lr: 0\.1 then, 0\.5 now\)"):
+        run_comparison(other, SPECS, out, progress=False, resume=True)
+    assert sorted(p.name for p in out.iterdir()) == ["ifca_n_clusters=2", "report.md"]
