@@ -40,6 +40,9 @@ class Checkpoints:
         """The round the file holds (None: none written or loaded yet)."""
         self.federation = federation
         self._digests: np.ndarray | None = None
+        self.resumed_elsewhere: str | None = None
+        """After `load`: the warning of a run resumed with other `WHERE` settings (None: the
+        same, or no round left to run)."""
         self.extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
         """State of the run's driver beyond the method's (a Flower strategy's nodes and
         learned sizes): name → (what to save, how to put it back: given None when the
@@ -152,6 +155,15 @@ class Checkpoints:
             put(dict(state.get("extras") or {}).get(name))
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
         self.round = int(state["round"])
+        moved = where_changes(saved, now, config)
+        if moved and self.round < config.run.rounds:
+            how = ("more than in the last digits: another precision rounds every product "
+                   "anew" if any(m.startswith("backend.precision") for m in moved) else
+                   "in the last digits, by rounding")
+            self.resumed_elsewhere = (
+                f"resumed with {'; '.join(moved)}: rounds {self.round + 1} to "
+                f"{config.run.rounds} compute so, and the results may differ from an "
+                f"uninterrupted run's ({how})")
         return self.round + 1, float(state["elapsed"]), records, state
 
 
@@ -169,6 +181,38 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("backend"), dict):
         out["backend"] = {k: v for k, v in out["backend"].items() if k not in WHERE}
     return out
+
+
+def where_changes(then: dict[str, Any], now: dict[str, Any], config: Config) -> list[str]:
+    """The `WHERE` settings of the backend that differ between the configs `then` (a
+    checkpoint's) and `now` (`config`'s), as "backend.precision: 'fp32' then, 'bf16-mixed'
+    now"; a setting left out is its default, and values that compute the same here do not
+    differ (device auto and cpu on a machine without a GPU, chunk_size auto and 64 on the
+    CPU, tf32 and fp32 on the CPU)."""
+    fields = type(config.backend).model_fields
+    tables = [{k: dict(c.get("backend") or {}).get(k, fields[k].default if k in fields
+                                                   else None) for k in WHERE}
+              for c in (then, now)]
+    same = [_computed(t) for t in tables]
+    return [f"backend.{k}: {tables[0][k]!r} then, {tables[1][k]!r} now" for k in WHERE
+            if tables[0][k] != tables[1][k] and same[0][k] != same[1][k]]
+
+
+def _computed(backend: dict[str, Any]) -> dict[str, Any]:
+    """The `WHERE` settings `backend` holds, as this machine computes them."""
+    from clusterfl.engine.device import resolve_device
+    from clusterfl.engine.vectorized import CPU_CHUNK
+
+    try:
+        device = str(resolve_device(str(backend["device"])))
+    except ClusterFLError:  # a device this machine lacks
+        device = str(backend["device"])
+    cpu = device == "cpu"
+    return {"device": device,
+            "precision": "fp32" if cpu and backend["precision"] == "tf32" else
+            backend["precision"],
+            "chunk_size": CPU_CHUNK if cpu and backend["chunk_size"] == "auto" else
+            backend["chunk_size"]}
 
 
 def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, Any]:

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from clusterfl.checkpoint import CHECKPOINT
+from clusterfl.checkpoint import CHECKPOINT, where_changes
 from clusterfl.cli import main
 from clusterfl.cli_util import Terminated
-from clusterfl.config import dump_toml
+from clusterfl.config import dump_toml, load_config
 from clusterfl.experiment import Experiment
 from clusterfl.state import CheckpointError, read_checkpoint, write_checkpoint
+from tests.crash import StopError
 from tests.tiny import tiny_config
 
 CFG = tiny_config(rounds=4, checkpoint_every=2)
@@ -212,3 +213,60 @@ def test_resume_of_a_run_without_checkpoints_names_checkpoint_every(
     assert capsys.readouterr().err.strip().endswith(
         "the run keeps none (checkpoint_every = 0): run it again with --overwrite, with "
         "checkpoint_every > 0 to continue it later")
+
+
+def _stopped_at_round_3(out: Path) -> None:
+    """`CFG` run into `out` until it dies at the start of round 3 (round 2 checkpointed)."""
+    broken = Experiment.from_config(CFG, out_dir=out)
+    real = broken.algorithm.run_round
+
+    def dies(ctx: object, t: int) -> object:
+        if t == 3:
+            raise StopError
+        return real(ctx, t)  # type: ignore[arg-type]
+
+    broken.algorithm.run_round = dies  # type: ignore[method-assign]
+    with pytest.raises(StopError):
+        broken.run(progress=False)
+
+
+@pytest.mark.parametrize(("backend", "changed", "how"), [
+    ({"precision": "bf16-mixed"}, "backend.precision: 'fp32' then, 'bf16-mixed' now",
+     "more than in the last digits: another precision rounds every product anew"),
+    ({"chunk_size": 1}, "backend.chunk_size: 'auto' then, 1 now",
+     "in the last digits, by rounding"),
+])
+def test_a_resume_on_another_precision_or_chunk_size_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: dict[str, object],
+        changed: str, how: str) -> None:
+    """`--resume --set backend.precision=bf16-mixed` was accepted without a word (the
+    backend's where-settings may change on resume), and its rounds after the checkpoint
+    differed from an uninterrupted run's while the run claimed to equal one."""
+    _stopped_at_round_3(tmp_path)
+    capsys.readouterr()
+    moved = {**CFG, "backend": {"name": "simulation", **backend}}
+    history = Experiment.from_config(moved, out_dir=tmp_path).run(resume=True, progress=False)
+    line = (f"resumed with {changed}: rounds 3 to 4 compute so, and the results may differ "
+            f"from an uninterrupted run's ({how})")
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
+    assert history.summary.warnings is not None and line in history.summary.warnings
+    again = tmp_path.parent / f"{tmp_path.name}_same"
+    _stopped_at_round_3(again)
+    capsys.readouterr()
+    history = Experiment.from_config(CFG, out_dir=again).run(resume=True, progress=False)
+    assert "resumed with" not in capsys.readouterr().err
+    assert not any("resumed with" in w for w in history.summary.warnings or [])
+
+
+def test_where_changes_leaves_out_values_that_compute_the_same_on_the_cpu() -> None:
+    """Written before "auto", a CPU run's config held chunk_size = 64, which auto is on the
+    CPU; tf32 does nothing on the CPU: neither is a change to warn about."""
+    def table(**backend: object) -> dict[str, object]:
+        config = load_config(tiny_config(backend={"name": "simulation", "device": "cpu",
+                                                  **backend}))
+        return config.to_dict()
+
+    cpu = load_config(tiny_config(backend={"name": "simulation", "device": "cpu"}))
+    assert where_changes(table(chunk_size=64, precision="tf32"), table(), cpu) == []
+    assert where_changes(table(chunk_size=8), table(), cpu) == [
+        "backend.chunk_size: 8 then, 'auto' now"]
