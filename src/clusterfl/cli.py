@@ -143,8 +143,10 @@ def _warn(lines: list[str]) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from clusterfl.compare import comparison_configs, run_comparison, unused_options
     from clusterfl.report import comparison_warnings, summary_table
+    from clusterfl.rundir import check_resume_or_overwrite
 
     specs = args.algorithms.split(",")
+    check_resume_or_overwrite(args.resume, args.overwrite)  # --seeds would overwrite
     if args.seeds is not None:
         return _compare_seeds(args, specs)
     extra = [name for name, on in (("--jobs", args.jobs != 1), ("--ray", args.ray),

@@ -295,10 +295,15 @@ def _claim(path: Path, resume: bool, overwrite: bool, hint: str,
             sub.rmdir()
 
 
-def _check_folder(path: Path, resume: bool, overwrite: bool) -> None:
+def check_resume_or_overwrite(resume: bool, overwrite: bool) -> None:
+    """One line when both are asked: one continues what a folder holds, the other deletes it."""
     if resume and overwrite:
         raise ClusterFLError("resume and overwrite exclude each other: resume continues the "
                              "run in the folder, overwrite deletes it")
+
+
+def _check_folder(path: Path, resume: bool, overwrite: bool) -> None:
+    check_resume_or_overwrite(resume, overwrite)
     if path.exists() and not path.is_dir():
         raise RunDirInUseError(f"{path} is a file, not a run directory; choose another "
                                "output folder")
@@ -431,6 +436,7 @@ __all__ = [
     "RunDir",
     "RunDirInUseError",
     "check_report_out",
+    "check_resume_or_overwrite",
     "claim_run_dir",
     "export_folder",
     "foreign_entry",

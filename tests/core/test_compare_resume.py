@@ -271,3 +271,24 @@ def test_a_resumed_comparison_refuses_another_config_before_a_new_method_runs(
                                           r"config \(train\.lr: 0\.1 then, 0\.5 now\)"):
         run_comparison(other, SPECS, out, progress=False, resume=True)
     assert sorted(p.name for p in out.iterdir()) == ["ifca_n_clusters=2", "report.md"]
+
+
+def test_compare_seeds_refuses_resume_with_overwrite_instead_of_overwriting(
+        tmp_path: Path, capsys) -> None:
+    """`compare --seeds 0 --resume --overwrite`: without --seeds the pair is refused; with
+    it --resume was dropped and --overwrite ran every seed again, deleting the runs that
+    --resume asked to keep."""
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml({**RAW, "rounds": 1}))
+    out = tmp_path / "seeds"
+    argv = ["compare", str(config), "--algorithms", "fedavg", "--seeds", "0", "--out",
+            str(out), "--quiet"]
+    assert main(argv) == 0
+    summary = out / "fedavg" / "seed0" / "summary.json"
+    written = summary.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*argv, "--resume", "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "clusterfl: error: resume and overwrite exclude each other: resume continues the run "
+        "in the folder, overwrite deletes it")
+    assert summary.stat().st_mtime_ns == written
