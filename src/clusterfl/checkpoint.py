@@ -40,9 +40,9 @@ class Checkpoints:
         """The round the file holds (None: none written or loaded yet)."""
         self.federation = federation
         self._digests: np.ndarray | None = None
-        self.resumed_elsewhere: str | None = None
-        """After `load`: the warning of a run resumed with other `WHERE` settings (None: the
-        same, or no round left to run)."""
+        self.resume_warnings: list[str] = []
+        """After `load`: what a resume with other settings changes while rounds are left to
+        run (other `WHERE` settings; checkpoints turned off), for the run to warn."""
         self.extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
         """State of the run's driver beyond the method's (a Flower strategy's nodes and
         learned sizes): name → (what to save, how to put it back: given None when the
@@ -84,6 +84,29 @@ class Checkpoints:
             return int(read_checkpoint(self.path, KEYS)["round"])
         except ClusterFLError:  # a torn or foreign file: what this process last saved
             return self.round
+
+    def _resume_warnings(self, saved: dict[str, Any], now: dict[str, Any],
+                         config: Config) -> list[str]:
+        """`resume_warnings` of a run resumed from round `self.round` with `config` (`now`,
+        its dict) from a checkpoint of the config `saved`."""
+        held, rounds = int(self.round or 0), config.run.rounds
+        if held >= rounds:
+            return []
+        out = []
+        moved = where_changes(saved, now, config)
+        if moved:
+            how = ("more than in the last digits: another precision rounds every product "
+                   "anew" if any(m.startswith("backend.precision") for m in moved) else
+                   "in the last digits, by rounding")
+            out.append(f"resumed with {'; '.join(moved)}: rounds {held + 1} to {rounds} "
+                       f"compute so, and the results may differ from an uninterrupted run's "
+                       f"({how})")
+        if config.run.checkpoint_every == 0:
+            out.append(f"resumed with checkpoint_every = 0: rounds {held + 1} to {rounds} "
+                       f"write no checkpoint, so {self.path} keeps round {held} (a later "
+                       "--resume starts there again, and `clusterfl place` places with "
+                       f"round {held}'s models)")
+        return out
 
     def unreadable(self) -> str | None:
         """Why the checkpoint file cannot be read (empty, truncated, damaged, foreign), as
@@ -155,15 +178,7 @@ class Checkpoints:
             put(dict(state.get("extras") or {}).get(name))
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
         self.round = int(state["round"])
-        moved = where_changes(saved, now, config)
-        if moved and self.round < config.run.rounds:
-            how = ("more than in the last digits: another precision rounds every product "
-                   "anew" if any(m.startswith("backend.precision") for m in moved) else
-                   "in the last digits, by rounding")
-            self.resumed_elsewhere = (
-                f"resumed with {'; '.join(moved)}: rounds {self.round + 1} to "
-                f"{config.run.rounds} compute so, and the results may differ from an "
-                f"uninterrupted run's ({how})")
+        self.resume_warnings = self._resume_warnings(saved, now, config)
         return self.round + 1, float(state["elapsed"]), records, state
 
 

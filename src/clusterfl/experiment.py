@@ -288,10 +288,9 @@ class Experiment:
                 self.recorder.load_state_dict(saved)
                 redone = self.recorder.continued_last_round(
                     history.records, ctx, dict(saved["config"]).get("rounds"))
-            moved = [self.checkpoints.resumed_elsewhere] if resume and \
-                self.checkpoints.resumed_elsewhere else []
+            resumed = self.checkpoints.resume_warnings if resume else []
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
-                         *self._data_warnings(), *moved]:
+                         *self._data_warnings(), *resumed]:
                 print(self.console_warning(line), file=sys.stderr, flush=True)
                 if line not in self.recorder.warnings:
                     self.recorder.warnings.append(line)

@@ -270,3 +270,20 @@ def test_where_changes_leaves_out_values_that_compute_the_same_on_the_cpu() -> N
     assert where_changes(table(chunk_size=64, precision="tf32"), table(), cpu) == []
     assert where_changes(table(chunk_size=8), table(), cpu) == [
         "backend.chunk_size: 8 then, 'auto' now"]
+
+
+def test_a_resume_with_checkpoints_off_says_which_round_the_checkpoint_keeps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--resume --set checkpoint_every=0` finished the run without a word, leaving a
+    checkpoint of round 2 beside the summary of round 4 (what `place` and a later resume
+    use)."""
+    _stopped_at_round_3(tmp_path)
+    capsys.readouterr()
+    history = Experiment.from_config({**CFG, "checkpoint_every": 0}, out_dir=tmp_path).run(
+        resume=True, progress=False)
+    line = (f"resumed with checkpoint_every = 0: rounds 3 to 4 write no checkpoint, so "
+            f"{tmp_path / CHECKPOINT} keeps round 2 (a later --resume starts there again, and "
+            "`clusterfl place` places with round 2's models)")
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
+    assert history.summary.warnings is not None and line in history.summary.warnings
+    assert _round(tmp_path) == 2 and history.records[-1].round == 4
