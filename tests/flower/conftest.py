@@ -70,6 +70,23 @@ class FakeGrid:
         return self.pull_messages(list(self.push_messages(messages)))
 
 
+class ErrorReplies(FakeGrid):
+    """A node's exception comes back as an error reply, as Flower's ClientApp runtime sends
+    it; nodes in `silent` never answer the handshake."""
+
+    silent: frozenset[int] = frozenset()
+
+    def _answer(self, msg: Message) -> Message | None:
+        from flwr.app import Error
+
+        if msg.metadata.group_id == "handshake" and int(msg.metadata.dst_node_id) in self.silent:
+            return None
+        try:
+            return super()._answer(msg)
+        except Exception as exc:  # what the runtime does with any exception
+            return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+
+
 @pytest.fixture(autouse=True)
 def task_identity() -> Iterator[None]:
     """Flower's Message constructor needs a run/node/task identity (the ServerApp's)."""

@@ -12,7 +12,7 @@ from clusterfl.deploy.server_app import FINAL_STATE, run_on_grid
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import Experiment, History
 from clusterfl.records import RoundMetrics
-from tests.flower.conftest import BASE, CFL_GP, IFCA, FakeGrid
+from tests.flower.conftest import BASE, CFL_GP, IFCA, ErrorReplies, FakeGrid
 
 
 def _inprocess(algo: dict) -> tuple[Experiment, History]:
@@ -135,6 +135,68 @@ def test_handshake_rejects_a_gap_in_client_ids():
     with pytest.raises(ClusterFLError, match=r"no node holds \[5\]"):
         run_on_grid(grid, {**BASE, "scenario": {**BASE["scenario"], "n_clients": 7},
                            "algorithm": IFCA, "backend": {"wait_nodes": 6}})
+
+
+@pytest.mark.parametrize("how", ["error", "silent"])
+def test_a_node_that_fails_the_handshake_is_named_not_left_out(tmp_path, how):
+    """A node whose data file is missing (or that never answers the handshake) was left out
+    without a word: 5 of the 6 clients the run waited for, and the run went on with 5.
+    Now fewer nodes than the run needs is one line naming each failed node and why."""
+    grid = ErrorReplies([{"partition-id": i} for i in range(5)]
+                        + [{"data-file": str(tmp_path / "client_0005.npz")}])
+    if how == "silent":
+        grid.silent = frozenset({105})
+    with pytest.raises(ClusterFLError) as err:
+        run_on_grid(grid, {**BASE, "algorithm": IFCA, "backend": {"wait_timeout": 2.0}},
+                    out_dir=tmp_path / "out")
+    why = (f"DataError: node data file not found: {tmp_path / 'client_0005.npz'} (node "
+           "config 'data-file')" if how == "error" else "no reply within 600 s")
+    assert str(err.value) == ("5 of 6 SuperNodes described their data in the handshake, the "
+                              "run needs 6 (backend.wait_nodes or scenario.n_clients): "
+                              f"node 105: {why}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_nodes_beyond_wait_nodes_that_fail_the_handshake_are_a_warning(capsys):
+    """With enough nodes for `backend.wait_nodes`, the others' failures are said once."""
+    grid = ErrorReplies([{"partition-id": i} for i in range(6)])  # scenario: 5 clients
+    history = run_on_grid(grid, {**BASE, "rounds": 1, "algorithm": IFCA,
+                                 "scenario": {**BASE["scenario"], "n_clients": 5}})
+    assert len(history.records[-1].client_accuracy) == 5
+    assert capsys.readouterr().out == (
+        "clusterfl: warning: 1 SuperNode(s) left out of the run (the handshake failed): "
+        "node 105: DataError: partition-id 5 out of range: the scenario has 5 clients "
+        "(0..4)\n")
+
+
+@pytest.mark.parametrize(("key", "change", "shown"), [
+    ("n_classes", lambda z: {**z, "n_classes": np.int64(12)}, "10, client 3 (node 103): 12"),
+    ("input_shape", lambda z: {**z, "x_train": z["x_train"].reshape(len(z["x_train"]), -1),
+                               "x_test": z["x_test"].reshape(len(z["x_test"]), -1)},
+     "[1, 8, 8], client 3 (node 103): [64]"),
+    ("task", lambda z: {**z, "task": np.str_("regression"), "n_classes": np.int64(10),
+                        "y_train": z["y_train"].astype(np.float32),
+                        "y_test": z["y_test"].astype(np.float32)},
+     "classification, client 3 (node 103): regression"),
+])
+def test_nodes_whose_data_disagree_are_refused_at_the_handshake(tmp_path, key, change, shown):
+    """A node given a file of another federation (other classes, input shape or task) was
+    taken in: the run dropped it every round with a torch shape error, or ended in a torch
+    traceback. Now the handshake names the setting and the node."""
+    from clusterfl.deploy.clientdata import export_partitions
+    from clusterfl.experiment import build_federation
+
+    raw = {**BASE, "algorithm": IFCA, "scenario": {**BASE["scenario"], "n_clients": 4}}
+    paths = export_partitions(build_federation(Experiment.from_config(raw).config),
+                              tmp_path / "parts")
+    with np.load(paths[3]) as z:
+        np.savez(tmp_path / "other.npz", **change({k: z[k] for k in z.files}))
+    grid = ErrorReplies([{"data-file": str(p)} for p in paths[:3]]
+                        + [{"data-file": str(tmp_path / "other.npz")}])
+    with pytest.raises(ClusterFLError) as err:
+        run_on_grid(grid, raw)
+    assert str(err.value) == (f"the nodes' data disagree on {key}: client 0 (node 100) has "
+                              f"{shown}; every node's data must be a client of one federation")
 
 
 def test_server_holds_no_client_data(tmp_path):

@@ -84,15 +84,21 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
         time.sleep(0.5)
 
 
-def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any],
-              timeout: float) -> dict[int, tuple[int, dict[str, Any]]]:
-    """Ask every node who it is; returns client id → (node id, info)."""
+def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any], timeout: float,
+              want: int = 1) -> dict[int, tuple[int, dict[str, Any]]]:
+    """Ask every node who it is; returns client id → (node id, info).
+
+    Fewer than `want` nodes with an answer (the others answered with an error or not at all:
+    a missing or unreadable data file, a partition-id out of range) is an error naming each
+    failure; with enough answers the failures are a warning. Nodes whose data disagree on
+    the input shape, the number of classes or the task are refused (named)."""
     content = RecordDict({"meta": ConfigRecord({"setup": json.dumps(setup, sort_keys=True)})})
     msgs = [Message(content, n, "query.describe", group_id="handshake") for n in nodes]
     out: dict[int, tuple[int, dict[str, Any]]] = {}
-    errors = []
+    errors, replied = [], set()
     for msg in grid.send_and_receive(msgs, timeout=timeout):
         node = int(msg.metadata.src_node_id)
+        replied.add(node)
         if msg.has_error():
             errors.append(f"node {node}: {msg.error.reason}")
             continue
@@ -102,14 +108,33 @@ def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any],
             raise ClusterFLError(f"nodes {out[cid][0]} and {node} both hold client {cid}; "
                                  "give every SuperNode its own partition-id / data-file")
         out[cid] = (node, info)
-    if not out:
-        raise ClusterFLError(f"no SuperNode answered the handshake within {timeout:g} s"
-                             + "".join(f"; {e}" for e in errors))
+    errors += [f"node {n}: no reply within {timeout:g} s" for n in nodes if n not in replied]
+    if len(out) < max(want, 1):
+        raise ClusterFLError(f"{len(out)} of {len(nodes)} SuperNodes described their data in "
+                             f"the handshake, the run needs {max(want, 1)} (backend.wait_nodes or "
+                             f"scenario.n_clients): " + "; ".join(errors))
     missing = sorted(set(range(max(out) + 1)) - set(out))
     if missing:
         raise ClusterFLError(f"client ids must be 0..N-1 with one node each; no node holds "
                              f"{missing} (answers: {sorted(out)}; errors: {errors})")
+    _check_alike(out)
+    if errors:
+        print(f"clusterfl: warning: {len(errors)} SuperNode(s) left out of the run (the "
+              f"handshake failed): " + "; ".join(errors), flush=True)
     return out
+
+
+def _check_alike(found: dict[int, tuple[int, dict[str, Any]]]) -> None:
+    """Every node's data has client 0's input shape, number of classes and task."""
+    node0, first = found[0]
+    for key in ("input_shape", "n_classes", "task"):
+        odd = {c: info[key] for c, (_, info) in sorted(found.items())
+               if str(info[key]) != str(first[key])}
+        if odd:
+            shown = ", ".join(f"client {c} (node {found[c][0]}): {v}" for c, v in odd.items())
+            raise ClusterFLError(f"the nodes' data disagree on {key}: client 0 (node {node0}) "
+                                 f"has {first[key]}, {shown}; every node's data must be a "
+                                 "client of one federation")
 
 
 def server_federation(infos: dict[int, dict[str, Any]]) -> Federation:
@@ -151,7 +176,8 @@ def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[st
                              "clients to wait for")
     setup = setup_of(config)
     nodes = wait_for_nodes(grid, want, b.wait_timeout)
-    found = handshake(grid, nodes, setup, max(b.timeout, b.wait_timeout))  # workers start
+    found = handshake(grid, nodes, setup, max(b.timeout, b.wait_timeout),  # workers start
+                      want)
     infos = {c: info for c, (_, info) in found.items()}
     session = FlowerSession(grid, {c: n for c, (n, _) in found.items()}, setup, b.timeout,
                             infos)
