@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -315,13 +316,35 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
         deadline = time.monotonic() + timeout
         while not (out_dir / FINAL_STATE).exists():
             if not proc.alive():
-                raise ClusterFLError(f"the Flower run stopped before it finished; logs in "
-                                     f"{work / 'logs'}")
+                why = run_error(proc.log)
+                raise ClusterFLError(f"the Flower run stopped before it finished"
+                                     f"{f': {why}' if why else ''}; logs in {work / 'logs'}")
             if time.monotonic() > deadline:
                 raise ClusterFLError(f"the Flower run did not finish within --timeout "
                                      f"{timeout:g} s; logs in {work / 'logs'}")
             time.sleep(0.5)
     return read_summary(out_dir)
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+def run_error(log: Path) -> str | None:
+    """The last exception line (`Type: message`) in the log of `flwr run --stream`, which
+    streams the ServerApp's traceback; a clusterfl error by its message alone."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = None
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m:
+            found = m
+    if found is None:
+        return None
+    kind, message = found.groups()
+    return message if kind.startswith("clusterfl.") else f"{kind.rsplit('.', 1)[-1]}: {message}"
 
 
 def _submit(config: str, overrides: list[str], out: str | None, superlink: str | None) -> int:

@@ -243,6 +243,61 @@ def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):
         args.func(args)
 
 
+# the log of `flwr run --stream` when the ServerApp raised (as in a real run)
+SERVERAPP_TRACEBACK = """Successfully started run 455
+\x1b[91mERROR \x1b[0m:     ServerApp raised an exception
+Traceback (most recent call last):
+  File "server_app.py", line 113, in handshake
+    raise ClusterFLError(f"{len(out)} of {len(nodes)} SuperNodes described their data in "
+clusterfl.errors.ClusterFLError: 2 of 3 SuperNodes described their data in the handshake, the \
+run needs 3 (backend.wait_nodes or scenario.n_clients): node 151: DataError: partition-id 2 out \
+of range: the scenario has 2 clients (0..1)
+\x1b[91mERROR \x1b[0m:     Exit Code: 201
+
+An unhandled exception occurred in the ServerApp.
+"""
+
+
+@pytest.mark.parametrize(("log", "said"), [
+    (SERVERAPP_TRACEBACK, ": 2 of 3 SuperNodes described their data in the handshake, the run "
+     "needs 3 (backend.wait_nodes or scenario.n_clients): node 151: DataError: partition-id 2 "
+     "out of range: the scenario has 2 clients (0..1); logs in "),
+    ("Traceback (most recent call last):\n  File ...\nRuntimeError: CUDA is not here\n",
+     ": RuntimeError: CUDA is not here; logs in "),
+    ("Using SuperLink: clusterfl\n", "; logs in "),  # nothing to quote
+])
+def test_a_failed_flower_run_says_why(tmp_path, monkeypatch, log, said):
+    """`flower run --mode local|ray` whose ServerApp raised said only "the Flower run stopped
+    before it finished; logs in DIR": the reason sat in a traceback in flwr-run.log. Now the
+    line quotes the ServerApp's last error (a clusterfl error by its message alone)."""
+    import contextlib
+
+    import clusterfl.deploy.launch as launch
+
+    class Ended:
+        log = tmp_path / "flwr-run.log"
+
+        def alive(self) -> bool:
+            return False
+
+    class Deployment:
+        def start_superlink(self) -> None: ...
+        def start_supernode(self, config) -> None: ...
+        def flwr_run(self, *args) -> Ended:
+            Ended.log.write_text(log)
+            return Ended()
+
+    monkeypatch.setattr(launch, "local_deployment",
+                        lambda work: contextlib.nullcontext(Deployment()))
+    out = tmp_path / "out"
+    args = _parse(["flower", "run", _config(tmp_path), "--mode", "local", "--out", str(out),
+                   "--quiet"])
+    with pytest.raises(ClusterFLError) as err:
+        args.func(args)
+    assert str(err.value) == (f"the Flower run stopped before it finished{said}"
+                              f"{out.parent / 'out.flower' / 'logs'}")
+
+
 def test_sigterm_stops_the_local_deployment_it_started(tmp_path, monkeypatch, capsys):
     """`timeout 200 clusterfl flower run --mode local` left the SuperLink, 20 SuperNodes, their
     SuperExecs and the ServerApp running after the CLI died (the ServerApp kept the run
