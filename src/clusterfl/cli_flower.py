@@ -13,7 +13,7 @@
         to runs/<config name>-flower
     clusterfl flower export-partitions CONFIG.toml OUT_DIR [--set K=V ...]   (or --out OUT_DIR)
         one `client_XXXX.npz` per client of the config's federation (node data format)
-    clusterfl flower certs OUT_DIR --host NAME [--host NAME ...] [--nodes N]
+    clusterfl flower certs OUT_DIR --host NAME [--host NAME ...] [--nodes N] [--overwrite]
         a test CA, the SuperLink's TLS certificate, and N SuperNode auth key pairs
     clusterfl flower app-dir
         print the Flower App directory to pass to `flwr run`
@@ -75,6 +75,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="name or IP the SuperLink is reached at (repeatable)")
     c.add_argument("--nodes", type=int, default=0,
                    help="SuperNode key pairs to create (default: 0)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace the CA, keys and certificates already in the folder")
     c.set_defaults(func=cmd_certs)
 
     a = sub.add_parser("app-dir", help="print the Flower App directory (for `flwr run`)")
@@ -128,11 +130,21 @@ def _out_folder(args: argparse.Namespace) -> str:
 def cmd_certs(args: argparse.Namespace) -> int:
     """Generate test certificates and node keys."""
     require("flower", "cryptography", load=False)
-    from clusterfl.deploy.certs import make_node_keys, make_tls
+    from clusterfl.deploy.certs import files, host_problem, make_node_keys, make_tls
 
     if args.nodes < 0:
         raise ClusterFLError("--nodes must be >= 0")
+    for host in args.host:
+        problem = host_problem(host)
+        if problem:
+            raise ConfigError("--host", problem)
     folder = _out_folder(args)
+    there = [name for name in files(args.nodes) if (Path(folder) / name).exists()]
+    if there and not args.overwrite:
+        raise ClusterFLError(f"{folder} already holds {', '.join(there[:3])}"
+                             f"{' ...' if len(there) > 3 else ''}: new ones would not match "
+                             "the copies handed out; --overwrite to replace them, or another "
+                             "folder")
     paths = make_tls(folder, args.host)
     keys = make_node_keys(folder, args.nodes)
     print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))

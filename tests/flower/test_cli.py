@@ -76,6 +76,53 @@ def test_certs_make_a_ca_signed_server_cert_and_openssh_node_keys(tmp_path):
     assert oct((tmp_path / "node_1").stat().st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.parametrize(("host", "hint"), [
+    ("server.example.org:9092", "; give 'server.example.org'"),
+    ("https://server.example.org/", "; give 'server.example.org'"),
+    ("10.0.0.5:9092", "; give '10.0.0.5'"),
+    ("[::1]", "; give '::1'"),
+    ("two words", ""),
+])
+def test_certs_refuse_a_host_no_tls_client_can_match(tmp_path, host, hint):
+    """`--host server:9092` (the form of Flower's addresses) went into the certificate as the
+    DNS name 'server:9092', which no connection matches: the SuperNodes failed later with
+    gRPC's TLS error. Now the value is refused in one line, naming the bare host."""
+    args = _parse(["flower", "certs", str(tmp_path / "certs"), "--host", "localhost",
+                   "--host", host])
+    with pytest.raises(ConfigError) as err:
+        args.func(args)
+    assert str(err.value) == (f"--host: {host!r} is not a host name or IP address (letters, "
+                              f"digits, '-' and '.', no port, scheme or path){hint}")
+    assert not (tmp_path / "certs").exists()
+    args = _parse(["flower", "certs", str(tmp_path / "ok"), "--host", "*.example.org",
+                   "--host", "::1", "--host", "node-3.example.org."])
+    assert args.func(args) == 0
+
+
+def test_certs_do_not_replace_the_files_handed_out_unless_told(tmp_path, capsys):
+    """A second `certs` into the same folder replaced the CA, the server certificate and the
+    node keys without a word: the ca.crt and node keys already copied to the client machines
+    no longer matched. Now it is refused, naming the files; --overwrite replaces them."""
+    args = _parse(["flower", "certs", str(tmp_path), "--host", "localhost", "--nodes", "1"])
+    assert args.func(args) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for more in ([], ["--nodes", "3"]):
+        args = _parse(["flower", "certs", str(tmp_path), "--host", "other", *more])
+        with pytest.raises(ClusterFLError) as err:
+            args.func(args)
+        assert str(err.value) == (f"{tmp_path} already holds ca.crt, ca.key, server.crt ...: "
+                                  "new ones would not match the copies handed out; "
+                                  "--overwrite to replace them, or another folder")
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    args = _parse(["flower", "certs", str(tmp_path), "--host", "other", "--overwrite"])
+    assert args.func(args) == 0
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    x509.load_pem_x509_certificate((tmp_path / "server.crt").read_bytes()
+                                   ).verify_directly_issued_by(ca)
+    assert (tmp_path / "ca.key").read_bytes() != before["ca.key"]
+    assert (tmp_path / "node_0").read_bytes() == before["node_0"]  # --nodes 0: not written
+
+
 def test_run_validates_the_config_first(tmp_path):
     args = _parse(["flower", "run", _config(tmp_path), "--set", "backend.timeout=0"])
     with pytest.raises(ConfigError, match=r"backend\.timeout"):

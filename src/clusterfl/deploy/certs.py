@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from pathlib import Path
 
 from cryptography import x509
@@ -25,6 +26,36 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 VALID_DAYS = 365
+
+TLS_FILES = {"ca": "ca.crt", "ca_key": "ca.key", "server_cert": "server.crt",
+             "server_key": "server.key"}
+"""The files of `make_tls`, by key of the dict it returns."""
+
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_DNS = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*\.?$")
+
+
+def host_problem(host: str) -> str | None:
+    """Why `host` cannot be a name of the server certificate (None: it can): a TLS client
+    matches the bare name or IP address it connects to, never a port, scheme or path."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if _DNS.match(host) and len(host) <= 253:
+        return None
+    bare = re.sub(r"^[a-z]+://", "", host).split("/")[0]
+    bare = re.sub(r":\d+$", "", bare).strip("[]")
+    hint = f"; give {bare!r}" if bare != host and host_problem(bare) is None else ""
+    return (f"{host!r} is not a host name or IP address (letters, digits, '-' and '.', "
+            f"no port, scheme or path){hint}")
+
+
+def files(nodes: int) -> list[str]:
+    """The names of the files `make_tls` and `make_node_keys(..., nodes)` write."""
+    return [*TLS_FILES.values(), *(f"node_{i}{ext}" for i in range(nodes)
+                                   for ext in ("", ".pub"))]
 
 
 def _name(common: str) -> x509.Name:
@@ -68,8 +99,7 @@ def make_tls(out: str | Path, hosts: list[str]) -> dict[str, Path]:
             .add_extension(_san(hosts), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .sign(ca_key, hashes.SHA256()))
-    paths = {"ca": d / "ca.crt", "ca_key": d / "ca.key", "server_cert": d / "server.crt",
-             "server_key": d / "server.key"}
+    paths = {key: d / name for key, name in TLS_FILES.items()}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_key(paths["ca_key"], ca_key)
     paths["server_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
