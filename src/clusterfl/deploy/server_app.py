@@ -125,9 +125,9 @@ def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any], timeout: floa
 
 
 def _check_alike(found: dict[int, tuple[int, dict[str, Any]]]) -> None:
-    """Every node's data has client 0's input shape, number of classes and task."""
+    """Every node's data has client 0's task, input shape and number of classes."""
     node0, first = found[0]
-    for key in ("input_shape", "n_classes", "task"):
+    for key in ("task", "input_shape", "n_classes"):
         odd = {c: info[key] for c, (_, info) in sorted(found.items())
                if str(info[key]) != str(first[key])}
         if odd:
