@@ -297,3 +297,39 @@ def test_node_file_with_string_client_id_or_labels_fails_in_one_line(tmp_path):
     with pytest.raises(DataError, match="NaN or infinite inputs"):
         read_client_file(_node_file(tmp_path / "nan.npz",
                                     x_train=np.full((3, 4), np.nan, np.float32)))
+
+
+@pytest.mark.parametrize(("changes", "said"), [
+    ({"client_id": np.array(-1)}, "client_id -1; client ids are 0..N-1, one node each"),
+    ({"y_test": np.array([1, 7])}, "n_classes = 3 but a label 7 occurs"),
+    ({"y_train": np.array([0, 1])}, "train has 3 inputs but 2 targets"),
+    ({"x_train": np.zeros((0, 4), np.float32), "y_train": np.zeros(0, np.int64)},
+     "the client has no training samples"),
+    ({"cluster": np.array(-2)}, "the client has the true cluster id -2; ids are 0, 1, ... "
+     "(leave every cluster id out when they are not known)"),
+])
+def test_node_file_that_an_npz_folder_refuses_is_refused_on_the_node(tmp_path, changes, said):
+    """A node file skipped the checks of an npz folder's client: a label beyond n_classes
+    or an empty training set was read, the first failing in the node's loss (dropped every
+    round), the second training nothing; client_id -1 ended in an IndexError and mismatched
+    lengths in a ValueError naming no file. Now each is one line naming the file."""
+    path = _node_file(tmp_path / "c.npz", **changes)
+    with pytest.raises(DataError) as err:
+        read_client_file(path)
+    assert str(err.value) == f"{path}: {said}"
+
+
+@pytest.mark.parametrize("write", [lambda p: p.write_text("x_train,y_train\n1,2\n"),
+                                   lambda p: np.save(p, np.zeros(3))])
+def test_a_node_file_that_is_no_npz_says_so(tmp_path, write):
+    """A CSV or .npy file given as data-file: numpy's message spoke of pickled data, or the
+    reader failed on a bare array. Now one line says what the file must be."""
+    path = tmp_path / "client.npz"
+    write(path)
+    if not path.exists():  # np.save added .npy
+        path = tmp_path / "client.npz.npy"
+    with pytest.raises(DataError) as err:
+        read_client_file(str(path))
+    assert str(err.value) == (f"{path}: not an .npz file (a zip of named arrays, as numpy.savez "
+                              "and `clusterfl flower export-partitions` write; node config "
+                              "'data-file')")

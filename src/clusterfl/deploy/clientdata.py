@@ -27,15 +27,16 @@ numbers as the in-process run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from clusterfl.data.federation import Federation, check_client
+from clusterfl.data.federation import Federation, assemble_clients
 from clusterfl.data.own import npz_int, npz_numbers
 from clusterfl.errors import DataError
 
@@ -93,6 +94,9 @@ def read_client_file(path: str) -> tuple[Federation, int, int | None]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"node data file not found: {p} (node config 'data-file')")
+    if not zipfile.is_zipfile(p):  # numpy would try it as a pickle, or read one .npy array
+        raise DataError(f"{p}: not an .npz file (a zip of named arrays, as numpy.savez and "
+                        "`clusterfl flower export-partitions` write; node config 'data-file')")
     try:
         with np.load(p, allow_pickle=False) as z:
             missing = [k for k in REQUIRED if k not in z.files]
@@ -105,22 +109,20 @@ def read_client_file(path: str) -> tuple[Federation, int, int | None]:
     if task not in ("classification", "regression"):
         raise DataError(f"{p}: task must be 'classification' or 'regression', got {task!r}")
     cid = npz_int(d, "client_id", p)
+    if cid < 0:  # a negative id indexed the sparse federation from its end
+        raise DataError(f"{p}: client_id {cid}; client ids are 0..N-1, one node each")
     cluster = npz_int(d, "cluster", p) if "cluster" in d else None
     arrays = {k: npz_numbers(d, k, p) for k in ("x_train", "y_train", "x_test", "y_test")}
-    for split in ("train", "test"):  # NaN inputs, labels that are not class ids: refused
-        check_client(arrays[f"x_{split}"], arrays[f"y_{split}"], task,  # type: ignore[arg-type]
-                     f"{p} ({split})")
-
-    def y(a: torch.Tensor) -> torch.Tensor:
-        return a.to(torch.int64 if task == "classification" else torch.float32)
-
-    one = Federation(
-        arrays["x_train"].float(), y(arrays["y_train"]), np.array([0, len(d["x_train"])]),
-        arrays["x_test"].float(), y(arrays["y_test"]), np.array([0, len(d["x_test"])]), None,
-        npz_int(d, "n_classes", p),
-        task,  # type: ignore[arg-type]  # checked above
-        str(d.get("name", p.stem)),
-    )
+    try:  # the checks of an npz folder's clients: lengths, labels < n_classes, no empty set
+        one = assemble_clients(
+            {s: [(arrays[f"x_{s}"], arrays[f"y_{s}"])] for s in ("train", "test")},
+            None if cluster is None else [cluster], npz_int(d, "n_classes", p),
+            task, str(p), {})  # type: ignore[arg-type]  # task: checked above
+    except DataError as exc:  # the file is the client: no "client 0" of a federation
+        raise DataError(str(exc).replace(f"{p}: client 0 has", f"{p}: the client has")
+                        .replace(f"{p}: client 0 ", f"{p}: ")
+                        .replace(f"{p}: clients [0] have", f"{p}: the client has")) from None
+    one = dataclasses.replace(one, name=str(d.get("name", p.stem)), meta={})
     return sparse_federation(one, cid, cluster), cid, cluster
 
 
