@@ -8,6 +8,7 @@
                 (loopback, insecure), then `flwr run`; everything is stopped at the end
         submit: `flwr run` against an existing SuperLink (`--superlink NAME`, a connection of
                 $FLWR_HOME/config.toml); CONFIG and --out are paths on the SuperLink machine
+                (CONFIG is validated here first: the same path on both machines)
         ray and local print a line per finished round (read from the run's history.jsonl)
         and, at the end, the results table of `clusterfl run`; the run directory defaults
         to runs/<config name>-flower
@@ -54,7 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "and SuperNodes started here; submit: to a running SuperLink (default: ray)")
     r.add_argument("--superlink", help="submit: SuperLink connection name in "
                                        "$FLWR_HOME/config.toml (default: its default)")
-    r.add_argument("--timeout", type=float, default=3600.0,
+    r.add_argument("--timeout", type=float,
                    help="local, ray: give up after this many seconds (default 3600)")
     r.add_argument("--quiet", action="store_true", help="no line per round")
     r.set_defaults(func=cmd_run)
@@ -155,9 +156,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run on Flower in the chosen mode."""
+    _check_mode_options(args)
     if args.mode == "ray":  # the simulation SuperLink (a subprocess) imports it
         require("ray", "ray", load=False)
     require("flower", "flwr", load=False)
+    if args.timeout is None:
+        args.timeout = DEFAULT_TIMEOUT
     if not args.timeout > 0:  # nan too; inf waits without a limit
         raise ConfigError("--timeout", f"must be a number of seconds > 0, got {args.timeout}")
     raw = _raw(args.config, args.set)
@@ -175,6 +179,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = _run_local(args.config, list(args.set or []), raw, out, args.timeout, echo)
     _print_results(summary, out)
     return 0
+
+
+DEFAULT_TIMEOUT = 3600.0
+"""Seconds `flower run --mode local|ray` waits for the run (`--timeout`)."""
+
+
+def _check_mode_options(args: argparse.Namespace) -> None:
+    """Options of one mode given with another are refused (they would change nothing)."""
+    if args.superlink and args.mode != "submit":  # the run would stay on this machine
+        raise ClusterFLError(f"--superlink: only with --mode submit (--mode {args.mode} runs "
+                             "on a SuperLink it starts on this machine)")
+    if args.mode == "submit":
+        extra = [name for name, on in (("--timeout", args.timeout is not None),
+                                       ("--overwrite", args.overwrite),
+                                       ("--quiet", args.quiet)) if on]
+        if extra:
+            raise ClusterFLError(f"{', '.join(extra)}: only with --mode local or ray (submit "
+                                 "streams the run's log from the SuperLink and writes nothing "
+                                 "here)")
 
 
 def _echo(message: str) -> None:

@@ -142,6 +142,30 @@ def test_a_timeout_that_is_not_a_positive_number_fails_before_flower_starts(tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--superlink", "cluster"], "--superlink: only with --mode submit (--mode ray runs on a "
+     "SuperLink it starts on this machine)"),
+    (["--mode", "local", "--superlink", "cluster"], "--superlink: only with --mode submit "
+     "(--mode local runs on a SuperLink it starts on this machine)"),
+    (["--mode", "submit", "--timeout", "60", "--quiet"], "--timeout, --quiet: only with "
+     "--mode local or ray (submit streams the run's log from the SuperLink and writes nothing "
+     "here)"),
+    (["--mode", "submit", "--overwrite"], "--overwrite: only with --mode local or ray (submit "
+     "streams the run's log from the SuperLink and writes nothing here)"),
+])
+def test_options_of_another_mode_are_refused(tmp_path, monkeypatch, argv, said):
+    """`flower run CONFIG --superlink cluster` (no --mode) ran a Ray simulation on this
+    machine instead of submitting to the cluster, and submit ignored --timeout, --overwrite
+    and --quiet; now each is one line before anything starts."""
+    started: list[str] = []
+    for name in ("_run_ray", "_run_local", "_submit"):
+        monkeypatch.setattr(cli_flower, name, lambda *a, name=name: started.append(name))
+    args = _parse(["flower", "run", _config(tmp_path), *argv])
+    with pytest.raises(ClusterFLError) as err:
+        args.func(args)
+    assert str(err.value) == said and started == []
+
+
 def test_run_into_a_used_folder_needs_overwrite(tmp_path, monkeypatch):
     """The run folder is checked before Flower starts; --overwrite empties it first."""
     out = tmp_path / "out"
