@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -292,15 +293,20 @@ class RoundWatch:
 
 
 def n_clients_of(raw: dict[str, Any]) -> int:
-    """Number of SuperNodes a config needs (backend.wait_nodes or scenario.n_clients)."""
+    """Number of SuperNodes `--mode local|ray` starts, partitions 0..n-1 (backend.wait_nodes
+    or scenario.n_clients): more than the scenario's clients is refused, fewer said."""
     from clusterfl.config import load_config
-    from clusterfl.deploy.server_app import flower_settings
+    from clusterfl.deploy.server_app import nodes_wanted
 
-    config = load_config(raw)
-    n = flower_settings(config).wait_nodes or int(
-        config.scenario.model_dump().get("n_clients") or 0)
-    if n < 1:
-        raise ClusterFLError("set backend.wait_nodes (the scenario does not give n_clients)")
+    n, n_clients = nodes_wanted(load_config(raw))
+    if n_clients and n > n_clients:  # the extra nodes' partition-ids are out of range
+        raise ConfigError("backend.wait_nodes", f"{n} SuperNodes, but the scenario has "
+                          f"{n_clients} clients and each node here holds one: at most "
+                          f"{n_clients} (0: all of them)")
+    if n < n_clients:
+        print(f"clusterfl: warning: backend.wait_nodes = {n} of scenario.n_clients = "
+              f"{n_clients}: one SuperNode per client is started for clients 0..{n - 1} "
+              "only, and the run has those", file=sys.stderr, flush=True)
     return n
 
 

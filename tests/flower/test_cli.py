@@ -166,6 +166,36 @@ def test_options_of_another_mode_are_refused(tmp_path, monkeypatch, argv, said):
     assert str(err.value) == said and started == []
 
 
+def test_local_and_ray_start_one_node_per_client_up_to_the_scenario(tmp_path, monkeypatch,
+                                                                     capsys):
+    """`--set backend.wait_nodes=5` on a 4-client scenario started a 5th SuperNode whose
+    partition-id 4 does not exist; 2 started 2 nodes and the run had 2 of the 4 clients
+    without a word. Now more nodes than clients is refused and fewer is said."""
+    started: list[int] = []
+    monkeypatch.setattr(cli_flower, "_flwr_run",
+                        lambda *a, supernodes=0, simulate=0: started.append(supernodes))
+    monkeypatch.setattr(cli_flower, "_print_results", lambda *a: None)
+    config = _config(tmp_path, scenario={**BASE["scenario"], "n_clients": 4})
+    args = _parse(["flower", "run", config, "--mode", "local", "--out", str(tmp_path / "a"),
+                   "--set", "backend.wait_nodes=5"])
+    with pytest.raises(ConfigError) as err:
+        args.func(args)
+    assert str(err.value) == ("backend.wait_nodes: 5 SuperNodes, but the scenario has 4 "
+                              "clients and each node here holds one: at most 4 (0: all of "
+                              "them)") and started == []
+    args = _parse(["flower", "run", config, "--mode", "local", "--out", str(tmp_path / "b"),
+                   "--set", "backend.wait_nodes=2", "--quiet"])
+    assert args.func(args) == 0 and started == [2]
+    assert capsys.readouterr().err == (
+        "clusterfl: warning: backend.wait_nodes = 2 of scenario.n_clients = 4: one SuperNode "
+        "per client is started for clients 0..1 only, and the run has those\n")
+    for wait in ("0", "4"):
+        args = _parse(["flower", "run", config, "--mode", "local", "--quiet", "--out",
+                       str(tmp_path / f"c{wait}"), "--set", f"backend.wait_nodes={wait}"])
+        assert args.func(args) == 0 and started[-1] == 4
+    assert capsys.readouterr().err == ""
+
+
 def test_run_into_a_used_folder_needs_overwrite(tmp_path, monkeypatch):
     """The run folder is checked before Flower starts; --overwrite empties it first."""
     out = tmp_path / "out"

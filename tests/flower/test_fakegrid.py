@@ -169,6 +169,17 @@ def test_nodes_beyond_wait_nodes_that_fail_the_handshake_are_a_warning(capsys):
         "(0..4)\n")
 
 
+def test_a_run_with_another_number_of_clients_than_the_scenario_says_so(capsys):
+    """Nodes for 5 of the scenario's 6 clients (backend.wait_nodes = 5): the run had 5
+    clients while its config.toml says 6, without a word."""
+    grid = FakeGrid([{"partition-id": i} for i in range(5)])
+    history = run_on_grid(grid, {**BASE, "rounds": 1, "algorithm": IFCA,
+                                 "backend": {"wait_nodes": 5}})
+    assert len(history.records[-1].client_accuracy) == 5
+    assert capsys.readouterr().out == ("clusterfl: warning: the run has 5 clients (one per "
+                                       "SuperNode with data), not scenario.n_clients = 6\n")
+
+
 @pytest.mark.parametrize(("key", "change", "shown"), [
     ("n_classes", lambda z: {**z, "n_classes": np.int64(12)}, "10, client 3 (node 103): 12"),
     ("input_shape", lambda z: {**z, "x_train": z["x_train"].reshape(len(z["x_train"]), -1),

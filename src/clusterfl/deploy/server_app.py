@@ -71,6 +71,17 @@ def setup_of(config: Config) -> dict[str, Any]:
     }
 
 
+def nodes_wanted(config: Config) -> tuple[int, int]:
+    """`(SuperNodes to wait for, scenario.n_clients or 0)`: `backend.wait_nodes`, by default
+    the scenario's number of clients."""
+    n_clients = int(config.scenario.model_dump().get("n_clients") or 0)
+    want = flower_settings(config).wait_nodes or n_clients
+    if want < 1:
+        raise ClusterFLError("set backend.wait_nodes: the scenario does not say how many "
+                             "clients to wait for")
+    return want, n_clients
+
+
 def wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
     """Node ids once at least `n` SuperNodes are connected (ClusterFLError after timeout)."""
     t0 = time.monotonic()
@@ -170,14 +181,14 @@ def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[st
     raw.setdefault("backend", {})["name"] = "flower"
     config = load_config(raw)
     b = flower_settings(config)
-    want = b.wait_nodes or int(config.scenario.model_dump().get("n_clients") or 0)
-    if want < 1:
-        raise ClusterFLError("set backend.wait_nodes: the scenario does not say how many "
-                             "clients to wait for")
+    want, n_clients = nodes_wanted(config)
     setup = setup_of(config)
     nodes = wait_for_nodes(grid, want, b.wait_timeout)
     found = handshake(grid, nodes, setup, max(b.timeout, b.wait_timeout),  # workers start
                       want)
+    if n_clients and len(found) != n_clients:
+        print(f"clusterfl: warning: the run has {len(found)} clients (one per SuperNode with "
+              f"data), not scenario.n_clients = {n_clients}", flush=True)
     infos = {c: info for c, (_, info) in found.items()}
     session = FlowerSession(grid, {c: n for c, (n, _) in found.items()}, setup, b.timeout,
                             infos)
