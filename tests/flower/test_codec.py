@@ -333,3 +333,19 @@ def test_a_node_file_that_is_no_npz_says_so(tmp_path, write):
     assert str(err.value) == (f"{path}: not an .npz file (a zip of named arrays, as numpy.savez "
                               "and `clusterfl flower export-partitions` write; node config "
                               "'data-file')")
+
+
+def test_a_folder_given_as_node_file_is_named_as_a_folder(tmp_path):
+    """`data-file="DATA_DIR"` (the export's folder, not the node's file in it) read "node data
+    file not found" for a folder that exists; now the line says it is a folder and shows the
+    client files in it."""
+    with pytest.raises(DataError) as err:
+        read_client_file(str(tmp_path))
+    assert str(err.value) == (f"node config 'data-file' {tmp_path} is a folder; give this "
+                              "node's own file in it")
+    for c in (0, 1, 2):
+        _node_file(tmp_path / f"client_000{c}.npz", client_id=np.array(c))
+    with pytest.raises(DataError) as err:
+        read_client_file(str(tmp_path))
+    assert str(err.value) == (f"node config 'data-file' {tmp_path} is a folder; give this "
+                              "node's own file in it (client_0000.npz, client_0001.npz, ...)")

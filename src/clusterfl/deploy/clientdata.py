@@ -92,6 +92,10 @@ def export_partitions(federation: Federation, out_dir: str | Path) -> list[Path]
 def read_client_file(path: str) -> tuple[Federation, int, int | None]:
     """`(sparse federation, client id, true cluster or None)` from a node data file."""
     p = Path(path)
+    if p.is_dir():  # the folder of an export, say: name this node's own file in it
+        shown = ", ".join(sorted(f.name for f in p.glob("client_*.npz"))[:2])
+        raise DataError(f"node config 'data-file' {p} is a folder; give this node's own file "
+                        f"in it{f' ({shown}, ...)' if shown else ''}")
     if not p.is_file():
         raise DataError(f"node data file not found: {p} (node config 'data-file')")
     if not zipfile.is_zipfile(p):  # numpy would try it as a pickle, or read one .npy array
