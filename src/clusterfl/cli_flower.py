@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from clusterfl.errors import ClusterFLError, ConfigError, require
 
 if TYPE_CHECKING:
+    from clusterfl.deploy.launch import Process
     from clusterfl.records import RunSummary
 
 
@@ -304,9 +305,8 @@ def n_clients_of(raw: dict[str, Any]) -> int:
                           f"{n_clients} clients and each node here holds one: at most "
                           f"{n_clients} (0: all of them)")
     if n < n_clients:
-        print(f"clusterfl: warning: backend.wait_nodes = {n} of scenario.n_clients = "
-              f"{n_clients}: one SuperNode per client is started for clients 0..{n - 1} "
-              "only, and the run has those", file=sys.stderr, flush=True)
+        _warn(f"backend.wait_nodes = {n} of scenario.n_clients = {n_clients}: one SuperNode "
+              f"per client is started for clients 0..{n - 1} only, and the run has those")
     return n
 
 
@@ -355,7 +355,9 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
             dep.start_supernode({"partition-id": i})
         proc = dep.flwr_run(Path(config).resolve(), out_dir, overrides)
         deadline = time.monotonic() + timeout
+        exited: set[int] = set()
         while not (out_dir / FINAL_STATE).exists():
+            _say_exited(dep.supernodes, exited)
             if not proc.alive():
                 why = run_error(proc.log)
                 raise ClusterFLError(f"the Flower run stopped before it finished"
@@ -364,7 +366,35 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
                 raise ClusterFLError(f"the Flower run did not finish within --timeout "
                                      f"{timeout:g} s; logs in {work / 'logs'}")
             time.sleep(0.5)
+        _say_exited(dep.supernodes, exited)
+    _say_dropouts(out_dir)
     return read_summary(out_dir)
+
+
+def _warn(message: str) -> None:
+    print(f"clusterfl: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _say_exited(supernodes: list[Process], said: set[int]) -> None:
+    """A warning for each SuperNode process (index = partition-id) found dead, once."""
+    for i, node in enumerate(supernodes):
+        if i not in said and not node.alive():
+            said.add(i)
+            _warn(f"SuperNode {i} (partition-id {i}) exited with code "
+                  f"{node.popen.returncode} (log {node.log}); the run goes on without its "
+                  "client, dropped from each request once backend.timeout has passed")
+
+
+def _say_dropouts(out_dir: Path) -> None:
+    """A warning when clients were dropped from requests (from the run's flower.json)."""
+    try:
+        dropouts = json.loads((out_dir / "flower.json").read_text())["dropouts"]
+    except (OSError, ValueError, KeyError):
+        return
+    if dropouts:
+        clients = sorted({int(c) for d in dropouts for c in d["clients"]})
+        _warn(f"{len(dropouts)} request(s) went without some clients ({clients}); each "
+              f"dropout and its reason are in {out_dir / 'flower.json'}")
 
 
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")

@@ -276,6 +276,8 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
             return False
 
     class Simulation:
+        supernodes = ()
+
         def start_superlink(self, simulate: int = 0) -> None:
             asked.append(simulate)
 
@@ -302,6 +304,58 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(tmp_path / "q"), "--quiet"])
     assert args.func(args) == 0
     assert "flower: round" not in capsys.readouterr().out
+
+
+def test_local_run_says_when_a_supernode_died_and_clients_were_dropped(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A SuperNode that died during `--mode local` went unmentioned: its client was dropped
+    from every request after backend.timeout, and only flower.json said so. Now the process's
+    exit is a warning naming its log, and the run's dropouts are summed up at the end."""
+    import contextlib
+
+    import clusterfl.deploy.launch as launch
+    from clusterfl.config import read_toml
+    from clusterfl.deploy.server_app import run_on_grid
+
+    class Dead:
+        log = tmp_path / "supernode5.log"
+        popen = argparse.Namespace(returncode=-9)
+
+        def alive(self) -> bool:
+            return False
+
+    class Up(Dead):
+        def alive(self) -> bool:
+            return True
+
+    class Done:
+        def alive(self) -> bool:
+            return False
+
+    class Deployment:
+        supernodes = (Up(), Up(), Up(), Up(), Up(), Dead())
+
+        def start_superlink(self) -> None: ...
+        def start_supernode(self, config) -> None: ...
+        def flwr_run(self, config, out_dir, overrides) -> Done:
+            grid = FakeGrid([{"partition-id": i} for i in range(6)])
+            grid.dead_from = {105: 2}  # answers the handshake and round 1, then nothing:
+            # rounds 2 and 3 and the evaluation go without it
+            run_on_grid(grid, read_toml(config), overrides, out_dir)
+            return Done()
+
+    monkeypatch.setattr(launch, "local_deployment",
+                        lambda work: contextlib.nullcontext(Deployment()))
+    out = tmp_path / "out"
+    args = _parse(["flower", "run", _config(tmp_path, backend={"timeout": 1.0}), "--mode",
+                   "local", "--out", str(out), "--quiet"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().err == (
+        f"clusterfl: warning: SuperNode 5 (partition-id 5) exited with code -9 (log "
+        f"{tmp_path / 'supernode5.log'}); the run goes on without its client, dropped from "
+        "each request once backend.timeout has passed\n"
+        f"clusterfl: warning: 3 request(s) went without some clients ([5]); each dropout and "
+        f"its reason are in {out / 'flower.json'}\n")
 
 
 def test_simulation_superlink_and_its_federation_config(tmp_path):
@@ -331,6 +385,8 @@ def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):
             return True
 
     class Deployment:
+        supernodes = ()
+
         def start_superlink(self) -> None: ...
         def start_supernode(self, config) -> None: ...
         def flwr_run(self, *args) -> Forever:
@@ -382,6 +438,8 @@ def test_a_failed_flower_run_says_why(tmp_path, monkeypatch, log, said):
             return False
 
     class Deployment:
+        supernodes = ()
+
         def start_superlink(self) -> None: ...
         def start_supernode(self, config) -> None: ...
         def flwr_run(self, *args) -> Ended:
@@ -419,6 +477,8 @@ def test_sigterm_stops_the_local_deployment_it_started(tmp_path, monkeypatch, ca
             return True
 
     class Deployment:
+        supernodes = ()
+
         def start_superlink(self) -> None:
             events.append("superlink")
 
