@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from clusterfl.algorithms import Algorithm, Context
-from clusterfl.config import Config
+from clusterfl.config import Config, load_config
 from clusterfl.config_util import flatten
 from clusterfl.data.federation import Federation
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.records import RoundRecord
 from clusterfl.rundir import LOCK_FILE, runs_in, shown_names
 from clusterfl.state import RESTART, read_checkpoint, write_checkpoint
@@ -43,6 +43,9 @@ class Checkpoints:
         self.resume_warnings: list[str] = []
         """After `load`: what a resume with other settings changes while rounds are left to
         run (other `WHERE` settings; checkpoints turned off), for the run to warn."""
+        self.resume_notes: list[str] = []
+        """After `load`: what the run says on resuming that changes nothing (fields the
+        checkpoint's config lacks, taken at their defaults)."""
         self.extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
         """State of the run's driver beyond the method's (a Flower strategy's nodes and
         learned sizes): name → (what to save, how to put it back: given None when the
@@ -148,12 +151,11 @@ class Checkpoints:
                                  + (why if started else "run without --resume"))
         state = read_checkpoint(path, KEYS)
         saved, now = dict(state["config"]), config.to_dict()
-        if comparable(saved) != comparable(now):
-            key, then, later = first_difference(comparable(saved), comparable(now))
+        change, added = config_change(saved, now, f"the checkpoint in {path.parent}")
+        if change is not None:
             raise ClusterFLError(
                 f"--resume: the checkpoint in {path.parent} was made with another config "
-                f"({key}: {then!r} then, {later!r} now); use the same config (see its "
-                "config.toml) or a new --out")
+                f"({change}); use the same config (see its config.toml) or a new --out")
         kept, digests = state.get("federation"), self.digests()
         if kept is not None and digests is not None:  # older checkpoints hold none
             _check_same_data(path.parent, np.asarray(kept), digests)
@@ -179,6 +181,10 @@ class Checkpoints:
         records = [RoundRecord.from_json_dict(r) for r in state["records"]]
         self.round = int(state["round"])
         self.resume_warnings = self._resume_warnings(saved, now, config)
+        self.resume_notes = [] if not added else [
+            f"the checkpoint in {path.parent} was written by an older clusterfl, without "
+            f"{' and '.join(added)}: taken as unchanged, at the default{'s' * (len(added) > 1)} "
+            f"this config has ({', '.join(repr(v) for v in added.values())})"]
         return self.round + 1, float(state["elapsed"]), records, state
 
 
@@ -230,15 +236,58 @@ def _computed(backend: dict[str, Any]) -> dict[str, Any]:
             backend["chunk_size"]}
 
 
-def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, Any]:
-    """The first dotted key whose values differ in `a` and `b`, with both values (None:
-    missing): a table's `name` (the method, the data source, the model...) before its other
-    keys, which depend on it, and otherwise in sorted order; ("the tables", a, b) when only an
-    empty table differs."""
-    fa, fb = flatten(a), flatten(b)
+def config_change(saved: dict[str, Any], now: dict[str, Any],
+                  where: str) -> tuple[str | None, dict[str, Any]]:
+    """How the config `saved` (a checkpoint's, or a run's config.toml, in `where`) differs
+    from `now` (the resumed run's `Config.to_dict`) as `--resume` compares them
+    (`comparable`): the first difference as "key: value then, value now" (None: the same
+    run), and the fields `saved` lacks because an older clusterfl wrote it (dotted key → the
+    default this version reads it with). Such a field is unchanged when `now` holds that
+    default. A field `saved` holds that this version does not know (removed or renamed
+    since; none is mapped to a new name) is a ConfigError naming it."""
+    then, later = comparable(saved), comparable(now)
+    if then == later:
+        return None, {}
+    fa, fb = flatten(then), flatten(later)
+    try:  # the saved config as this version reads it: the fields it lacks at their defaults
+        read: dict[str, Any] | None = flatten(comparable(load_config(
+            {k: v for k, v in saved.items() if k != "output"}).to_dict()))
+    except ConfigError as exc:
+        read = None
+        if exc.message.startswith("unknown") and exc.field not in fb and not any(
+                k.startswith(f"{exc.field}.") for k in fb):
+            value: Any = saved
+            for part in exc.field.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            raise ConfigError("--resume", (
+                f"{where} was made by a clusterfl whose config had {exc.field} ({value!r}), "
+                "a field this version does not know (removed or renamed since): this "
+                "version cannot continue that run; rerun it into a new --out, or resume it "
+                "with the clusterfl that made it")) from None
+    added = {k: v for k, v in (read or {}).items() if k not in fa}
+    fa = {**fa, **added}
+    key = _first_key(fa, fb)
+    if key is None:
+        return None, added
+    was = f"absent then (its default {fa[key]!r})" if key in added else f"{fa.get(key)!r} then"
+    return f"{key}: {was}, {fb.get(key)!r} now", added
+
+
+def _first_key(fa: dict[str, Any], fb: dict[str, Any]) -> str | None:
+    """The first dotted key whose values differ in the flat tables `fa` and `fb` (None:
+    none): a table's `name` (the method, the data source, the model...) before its other
+    keys, which depend on it, and otherwise in sorted order."""
     order = sorted(fa.keys() | fb.keys(), key=lambda k: (k.rsplit(".", 1)[-1] not in
                                                          ("name", "source"), k))
-    key = next((k for k in order if fa.get(k) != fb.get(k)), None)
+    return next((k for k in order if fa.get(k) != fb.get(k)), None)
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, Any, Any]:
+    """The first dotted key whose values differ in `a` and `b`, with both values (None:
+    missing), in `_first_key`'s order; ("the tables", a, b) when only an empty table
+    differs."""
+    fa, fb = flatten(a), flatten(b)
+    key = _first_key(fa, fb)
     return ("the tables", a, b) if key is None else (key, fa.get(key), fb.get(key))
 
 

@@ -202,24 +202,18 @@ def _checked_config(run_dir: Path, experiment: Experiment) -> dict[str, Any] | N
     no method is run or continued before another is refused: a run of another config is
     refused naming the first difference, and one whose `rounds` differ is checked as a
     continuation (`checkpoint.check_continuation`)."""
-    from clusterfl.checkpoint import (
-        CHECKPOINT,
-        check_continuation,
-        comparable,
-        first_difference,
-    )
+    from clusterfl.checkpoint import CHECKPOINT, check_continuation, config_change
 
     if not (run_dir / "config.toml").is_file():
         return None
     saved = _saved_config(run_dir / "config.toml", experiment)
     if saved is None:
         return None
-    then, now = comparable(saved), comparable(experiment.config.to_dict())
-    if then != now:
-        key, was, is_ = first_difference(then, now)
-        raise ConfigError("--resume", f"{run_dir} was run with another config ({key}: "
-                          f"{was!r} then, {is_!r} now); resume with the same config and "
-                          "--set, or use --overwrite or a new --out")
+    change, _ = config_change(saved, experiment.config.to_dict(), str(run_dir))
+    if change is not None:
+        raise ConfigError("--resume", f"{run_dir} was run with another config ({change}); "
+                          "resume with the same config and --set, or use --overwrite or a "
+                          "new --out")
     planned = saved.get("rounds")
     held = None if planned == experiment.config.run.rounds else experiment.saved_round()
     if held is not None:

@@ -289,6 +289,8 @@ class Experiment:
                 redone = self.recorder.continued_last_round(
                     history.records, ctx, dict(saved["config"]).get("rounds"))
             resumed = self.checkpoints.resume_warnings if resume else []
+            for line in self.checkpoints.resume_notes if resume else []:
+                print(self.console_warning(line, "note"), file=sys.stderr, flush=True)
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
                          *self._data_warnings(), *resumed]:
                 print(self.console_warning(line), file=sys.stderr, flush=True)
@@ -333,12 +335,12 @@ class Experiment:
         """Whether `[privacy]` applies (`holdout.private`)."""
         return private(self.config)
 
-    def console_warning(self, line: str) -> str:
-        """A warning of this run as the console shows it; named after the method when
-        `name_in_warnings` (a comparison's runs, whose warnings would otherwise not say
-        which method they are about)."""
+    def console_warning(self, line: str, kind: str = "warning") -> str:
+        """A warning (or another `kind` of line: a note) of this run as the console shows
+        it; named after the method when `name_in_warnings` (a comparison's runs, whose
+        warnings would otherwise not say which method they are about)."""
         named = f"{self.algorithm.label()}: " if self.name_in_warnings else ""
-        return f"clusterfl: warning: {named}{line}"
+        return f"clusterfl: {kind}: {named}{line}"
 
     def _data_warnings(self) -> list[str]:
         """What the run's data leaves out, said before round 1 (the run goes on)."""

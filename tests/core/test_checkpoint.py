@@ -17,10 +17,11 @@ import torch
 from clusterfl.checkpoint import CHECKPOINT, where_changes
 from clusterfl.cli import main
 from clusterfl.cli_util import Terminated
-from clusterfl.config import dump_toml, load_config
+from clusterfl.config import dump_toml, load_config, read_toml
+from clusterfl.errors import ClusterFLError
 from clusterfl.experiment import Experiment
 from clusterfl.state import CheckpointError, read_checkpoint, write_checkpoint
-from tests.crash import StopError
+from tests.crash import StopError, timing_free
 from tests.tiny import tiny_config
 
 CFG = tiny_config(rounds=4, checkpoint_every=2)
@@ -287,3 +288,66 @@ def test_a_resume_with_checkpoints_off_says_which_round_the_checkpoint_keeps(
     assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
     assert history.summary.warnings is not None and line in history.summary.warnings
     assert _round(tmp_path) == 2 and history.records[-1].round == 4
+
+
+def _as_written_before(out: Path, *fields: str, unknown: dict[str, object] | None = None
+                       ) -> None:
+    """The run folder `out` as an older clusterfl wrote it: the dotted `fields` (added to
+    clusterfl since) absent from its checkpoint's config and its config.toml, and the
+    dotted `unknown` ones (a field removed or renamed since) in them."""
+    state = torch.load(out / CHECKPOINT, weights_only=False)
+    saved = read_toml(out / "config.toml")
+    for config in (state["config"], saved):
+        for dotted in fields:
+            table, name = dotted.split(".")
+            del config[table][name]
+        for dotted, value in (unknown or {}).items():
+            table, name = dotted.split(".")
+            config[table][name] = value
+    torch.save(state, out / CHECKPOINT)
+    (out / "config.toml").write_text(dump_toml(saved))
+
+
+def test_a_checkpoint_written_before_a_field_existed_resumes_with_its_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint of a clusterfl without data.standardize and model.dropout was refused
+    as of another config (`data.standardize: None then, False now`), for every field added
+    since; now such a field at its default counts as unchanged (a note says so) and the run
+    ends as an uninterrupted one, while a field that differs is still refused."""
+    _stopped_at_round_3(tmp_path)
+    _as_written_before(tmp_path, "data.standardize", "model.dropout")
+    for table, changed, why in [
+            ("model", {"dropout": 0.5}, "model.dropout: absent then (its default 0.0), 0.5 now"),
+            ("train", {"lr": 0.5}, "train.lr: 0.1 then, 0.5 now")]:
+        other = {**CFG, table: {**CFG[table], **changed}}
+        with pytest.raises(ClusterFLError) as err:
+            Experiment.from_config(other, out_dir=tmp_path).run(resume=True, progress=False)
+        assert str(err.value) == (f"--resume: the checkpoint in {tmp_path / 'checkpoint'} was "
+                                  f"made with another config ({why}); use the same config "
+                                  "(see its config.toml) or a new --out")
+    capsys.readouterr()
+    resumed = Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    assert (f"clusterfl: note: the checkpoint in {tmp_path / 'checkpoint'} was written by an "
+            "older clusterfl, without data.standardize and model.dropout: taken as unchanged, "
+            "at the defaults this config has (False, 0.0)"
+            ) in capsys.readouterr().err.splitlines()
+    whole = Experiment.from_config(CFG).run(progress=False)
+    assert timing_free(resumed.records) == timing_free(whole.records)
+    assert timing_free(resumed.summary) == timing_free(whole.summary)
+
+
+def test_a_checkpoint_holding_a_field_this_version_does_not_know_is_refused_naming_it(
+        tmp_path: Path) -> None:
+    """A field removed or renamed since (no config field is mapped to a new name) read
+    `model.width: 16 then, None now`, as if the config had set it to None."""
+    _stopped_at_round_3(tmp_path)
+    _as_written_before(tmp_path, "data.standardize", unknown={"model.width": 16})
+    with pytest.raises(ClusterFLError) as err:
+        Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    assert str(err.value) == (
+        f"--resume: the checkpoint in {tmp_path / 'checkpoint'} was made by a clusterfl whose "
+        "config had model.width (16), a field this version does not know (removed or renamed "
+        "since): this version cannot continue that run; rerun it into a new --out, or resume "
+        "it with the clusterfl that made it")
+    assert _round(tmp_path) == 2
+

@@ -292,3 +292,25 @@ def test_compare_seeds_refuses_resume_with_overwrite_instead_of_overwriting(
         "clusterfl: error: resume and overwrite exclude each other: resume continues the run "
         "in the folder, overwrite deletes it")
     assert summary.stat().st_mtime_ns == written
+
+
+def test_a_run_whose_config_toml_predates_a_field_is_read_back_not_refused(tmp_path: Path
+                                                                          ) -> None:
+    """A finished FedAvg whose config.toml comes from a clusterfl before data.standardize
+    existed: `compare --resume` refused it as of another config (`data.standardize: None
+    then, False now`); now the field at its default counts as unchanged and the run is read
+    back, while the same field set otherwise is refused naming it."""
+    out = tmp_path / "cmp"
+    run_comparison(load_config(RAW), ["fedavg"], out, progress=False)
+    older = out / "fedavg" / "config.toml"
+    older.write_text(older.read_text().replace("standardize = false\n", ""))
+    assert "standardize" not in older.read_text()
+    summary = out / "fedavg" / "summary.json"
+    written = summary.stat().st_mtime_ns
+    other = load_config({**RAW, "data": {**RAW["data"], "standardize": True}})
+    with pytest.raises(ConfigError, match=r"^--resume: .*fedavg was run with another config "
+                                          r"\(data\.standardize: absent then \(its default "
+                                          r"False\), True now\)"):
+        run_comparison(other, ["fedavg"], out, progress=False, resume=True)
+    run_comparison(load_config(RAW), ["fedavg"], out, progress=False, resume=True)
+    assert summary.stat().st_mtime_ns == written  # read back, not run again
