@@ -45,7 +45,7 @@ class Checkpoints:
         run (other `WHERE` settings; checkpoints turned off), for the run to warn."""
         self.resume_notes: list[str] = []
         """After `load`: what the run says on resuming that changes nothing (fields the
-        checkpoint's config lacks, taken at their defaults)."""
+        checkpoint's config lacks, taken at their defaults; `finished_note`)."""
         self.extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
         """State of the run's driver beyond the method's (a Flower strategy's nodes and
         learned sizes): name → (what to save, how to put it back: given None when the
@@ -186,6 +186,22 @@ class Checkpoints:
             f"{' and '.join(added)}: taken as unchanged, at the default{'s' * (len(added) > 1)} "
             f"this config has ({', '.join(repr(v) for v in added.values())})"]
         return self.round + 1, float(state["elapsed"]), records, state
+
+    def finished_note(self, config: Config, algorithm: Algorithm, placed: bool) -> str | None:
+        """After `load`: what a resume of a run with no round left to run (finished, or
+        `rounds` down to the checkpoint's round) does, for the run to say: it runs no round
+        and writes its files again from the checkpoint; None: rounds are left."""
+        held, rounds = int(self.round or 0), config.run.rounds
+        if self.path is None or held < rounds:
+            return None
+        files = "config.toml, history.jsonl and summary.json" + (
+            ", report.md and figures/" if config.output.figures else "")
+        again = ("; the held-out clients are placed again" if placed else "")
+        more = ("" if getattr(type(algorithm), "uses_planned_rounds", False) else
+                f"; --set rounds=N (N > {rounds}) continues it")
+        return (f"{self.path.parent.parent} had run all {rounds} rounds (its checkpoint holds "
+                f"round {held}): no round is run again, and its {files} are written again "
+                f"from the checkpoint{again}{more}")
 
 
 #: `[backend]` settings that say where a run computes, not what: a checkpoint resumes under

@@ -289,8 +289,11 @@ class Experiment:
                 redone = self.recorder.continued_last_round(
                     history.records, ctx, dict(saved["config"]).get("rounds"))
             resumed = self.checkpoints.resume_warnings if resume else []
-            for line in self.checkpoints.resume_notes if resume else []:
-                print(self.console_warning(line, "note"), file=sys.stderr, flush=True)
+            notes = [*self.checkpoints.resume_notes, self.checkpoints.finished_note(
+                self.config, self.algorithm, held_out)] if resume else []
+            for line in notes:
+                if line is not None:
+                    print(self.console_warning(line, "note"), file=sys.stderr, flush=True)
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
                          *self._data_warnings(), *resumed]:
                 print(self.console_warning(line), file=sys.stderr, flush=True)

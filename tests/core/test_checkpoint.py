@@ -351,3 +351,23 @@ def test_a_checkpoint_holding_a_field_this_version_does_not_know_is_refused_nami
         "it with the clusterfl that made it")
     assert _round(tmp_path) == 2
 
+
+def test_resuming_a_finished_run_says_that_no_round_ran_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--resume` on a finished run wrote its files again without a word (the same bytes);
+    now a note says so, and a resume that continues it to more rounds says nothing of it."""
+    path, out = tmp_path / "run.toml", tmp_path / "out"
+    path.write_text(dump_toml({**CFG, "rounds": 2}))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    summary = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--resume"]) == 0
+    assert (f"clusterfl: note: {out} had run all 2 rounds (its checkpoint holds round 2): no "
+            "round is run again, and its config.toml, history.jsonl and summary.json are "
+            "written again from the checkpoint; --set rounds=N (N > 2) continues it"
+            ) in capsys.readouterr().err.splitlines()
+    assert (out / "summary.json").read_bytes() == summary
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--resume", "--set",
+                 "rounds=3"]) == 0
+    assert "had run all" not in capsys.readouterr().err
+    assert _round(out) == 3
