@@ -198,13 +198,17 @@ def run_comparison(
 
 def _checked_config(run_dir: Path, experiment: Experiment) -> dict[str, Any] | None:
     """The config of the method's run in `run_dir` (None: no run there, or its config.toml
-    cannot be read, said by `_saved_config`), checked before the first method runs, so that
-    no method is run or continued before another is refused: a run of another config is
-    refused naming the first difference, and one whose `rounds` differ is checked as a
-    continuation (`checkpoint.check_continuation`)."""
+    is missing beside a checkpoint or cannot be read, said on stderr), checked before the
+    first method runs, so that no method is run or continued before another is refused: a
+    run of another config is refused naming the first difference, and one whose `rounds`
+    differ is checked as a continuation (`checkpoint.check_continuation`)."""
     from clusterfl.checkpoint import CHECKPOINT, check_continuation, config_change
 
     if not (run_dir / "config.toml").is_file():
+        if experiment.saved_round() is not None:  # resumed: its checkpoint holds its config
+            print(experiment.console_warning(
+                f"{run_dir / 'config.toml'} is missing: the run is checked against its "
+                "checkpoint's config instead"), file=sys.stderr, flush=True)
         return None
     saved = _saved_config(run_dir / "config.toml", experiment)
     if saved is None:
@@ -228,11 +232,12 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None,
     (`_checked_config`): a finished run is read back, an interrupted one continues from its
     checkpoint (and a finished one to more `rounds`, as `run --resume`), one stopped before
     any checkpoint starts over, as does one whose checkpoint cannot be read (said on
-    stderr), one not begun runs."""
+    stderr), one not begun runs. A readable checkpoint without config.toml continues as an
+    interrupted run's (`_checked_config` said so)."""
     from clusterfl.records import SUMMARY_FILE, read_history, read_summary
     from clusterfl.rundir import claim_run_dir
 
-    if (run_dir / "config.toml").is_file():
+    if (run_dir / "config.toml").is_file() or experiment.saved_round() is not None:
         finished = (run_dir / SUMMARY_FILE).is_file() and (  # its report too, if it writes one
             not experiment.config.output.figures or (run_dir / "report.md").is_file())
         if finished and saved is not None and saved.get("rounds") == \

@@ -294,6 +294,37 @@ def test_compare_seeds_refuses_resume_with_overwrite_instead_of_overwriting(
     assert summary.stat().st_mtime_ns == written
 
 
+def test_a_method_without_config_toml_resumes_from_its_checkpoint_and_says_so(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """IFCA stopped after round 2, its config.toml then gone: `compare --resume` threw its
+    checkpoint away and ran IFCA again from round 1 without a word. Now it is checked
+    against its checkpoint's config (a warning says so) and continues from round 3."""
+    config = load_config(RAW)
+    _stop_ifca_after_round_2(monkeypatch)
+    out = tmp_path / "cmp"
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(config, SPECS, out, progress=False)
+    (out / "ifca_n_clusters=2" / "config.toml").unlink()
+    monkeypatch.undo()
+    real, saved = Checkpoints.save, []
+
+    def save(self: Checkpoints, t: int, *args: object, **kwargs: object) -> None:
+        saved.append((self.path.parent.parent.name, t))  # type: ignore[union-attr]
+        real(self, t, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Checkpoints, "save", save)
+    capsys.readouterr()
+    resumed = run_comparison(config, SPECS, out, progress=False, resume=True)
+    assert saved == [("ifca_n_clusters=2", 3)]  # FedAvg read back, IFCA continued
+    assert (f"clusterfl: warning: IFCA (K=2): {out / 'ifca_n_clusters=2' / 'config.toml'} is "
+            "missing: the run is checked against its checkpoint's config instead"
+            ) in capsys.readouterr().err.splitlines()
+    whole = run_comparison(config, SPECS, tmp_path / "whole", progress=False)
+    for (_, a), (_, b) in zip(resumed, whole, strict=True):
+        assert timing_free(a.records) == timing_free(b.records)
+        assert timing_free(a.summary) == timing_free(b.summary)
+
+
 def test_a_run_whose_config_toml_predates_a_field_is_read_back_not_refused(tmp_path: Path
                                                                           ) -> None:
     """A finished FedAvg whose config.toml comes from a clusterfl before data.standardize
