@@ -96,7 +96,7 @@ class Recorder:
         self.warnings: list[str] = []
         """What the run warned of so far (`summary.json`, the report)."""
         self.pending: list[str] = []
-        """The console warnings of the round just recorded."""
+        """The console warnings of the round just recorded (the method's, then rejections)."""
 
     # ------------------------------------------------------------------ divergence
     def watch(self, t: int, ctx: Context) -> str | None:
@@ -163,6 +163,15 @@ class Recorder:
         self.warnings.extend(out)
         return out
 
+    def method_said(self, ctx: Context) -> list[str]:
+        """The method's warnings of the round (`Context.warn`, `Update.warnings`), taken
+        from `ctx`: those the run has not said yet, added to `warnings` (each distinct line
+        once a run, a resumed one included)."""
+        new = [line for line in dict.fromkeys(ctx.log) if line not in self.warnings]
+        ctx.log.clear()
+        self.warnings.extend(new)
+        return new
+
     def stalled(self, records: list[RoundRecord]) -> str | None:
         """The end-of-run warning for models that did not learn (`STALLED`), else None: a
         run can end at a uniform guess without diverging (too small a learning rate, too
@@ -214,11 +223,12 @@ class Recorder:
             client_updates=ctx.client_updates, extras=extras,
             participants=len(ctx.participants),
         )
+        self.pending = self.method_said(ctx)
         if ctx.guard is not None:
             events = ctx.guard.end_round()
             ctx.guard.count_round(events)
             rec.rejected = len(events["rejected"])
-            self.pending = self.rejections(ctx, events)
+            self.pending += self.rejections(ctx, events)
             if self.robust_on or any(events.values()):
                 rec.robust = events
         if evaluate:

@@ -9,6 +9,11 @@ An algorithm is server logic only, written as **ask → update** (docs/architect
   and returns an `Update`: the new state, and either the next phase of the round (`then`) or
   the round's typed extras. It does no I/O.
 
+A method that does not do what its settings ask in some round (a fixed number of clusters
+lowered to the clients that answered) says so in one line: `Update.warnings` from `update`,
+`ctx.warn` from `ask` or `placement`. The run shows each distinct line once, on the console
+and in `summary.json`'s `warnings` (and so in the report).
+
 `Algorithm.run_round` is the one driver of every method: ask, `ctx.send`, update, until a
 phase ends the round; the new state is stored only there. `ctx.send` runs the request
 through the robustness layer and the backend and books its communication cost (the one place
@@ -67,6 +72,8 @@ class Context:
     rounds: int | None = None
     floats_down: float = 0.0
     floats_up: float = 0.0
+    #: the method's warnings not yet shown (`warn`): the run takes them after every round
+    #: (`Recorder.record`), a placement after it placed (`holdout`)
     log: list[str] = field(default_factory=list)
     guard: Guard | None = None
     client_updates: int = 0  # trainings and gradients clients computed so far
@@ -114,6 +121,12 @@ class Context:
         if request.kind != "evaluate":
             self.participants.update(int(c) for c in reply.clients)
 
+    def warn(self, line: str) -> None:
+        """Say that the method does not do what its settings ask (one line, naming the
+        setting): the run shows it on the console and in `summary.json`, once."""
+        if line not in self.log:
+            self.log.append(line)
+
     def next_seed(self) -> int:
         """A fresh request seed from the run's (checkpointed) generator."""
         return int(self.rng.integers(0, 2**31 - 1))
@@ -158,11 +171,13 @@ class Ask(Generic[RE]):
 @dataclass(frozen=True)
 class Update(Generic[S]):
     """What `Algorithm.update` returns: the new state and either `then`, the next phase of the
-    same round, or (`then` None) the end of the round with its `extras`."""
+    same round, or (`then` None) the end of the round with its `extras`; `warnings`: a line
+    for each thing the method did not do as its settings ask (`Context.warn`)."""
 
     state: S
     extras: RoundExtras | None = None
     then: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 class Algorithm(ABC, Generic[C, S]):
@@ -250,6 +265,8 @@ class Algorithm(ABC, Generic[C, S]):
                 self._check_step(step, "update", Update)
             else:
                 self._check_step(step, "ask", Ask | Update)
+            for line in step.warnings:
+                ctx.warn(line)
             state = step.state
             if step.then is None:
                 break

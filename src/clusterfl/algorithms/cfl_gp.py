@@ -405,10 +405,10 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
         if base is None:
             rounds = getattr(ctx, "rounds", None)
             if rounds is None:
-                ctx.log.append(f"cfl_gp: the context does not give the number of rounds T; "
-                               f"clustering stops after {DEFAULT_STABLE_ROUNDS} unchanged "
-                               f"rounds (T/10 for T = 200). Set algorithm.stable_rounds to "
-                               f"choose.")
+                ctx.warn(f"cfl_gp: the context does not give the number of rounds T; "
+                         f"clustering stops after {DEFAULT_STABLE_ROUNDS} unchanged "
+                         f"rounds (T/10 for T = 200). Set algorithm.stable_rounds to "
+                         f"choose.")
                 base = DEFAULT_STABLE_ROUNDS
             else:
                 base = max(1, math.ceil(int(rounds) / 10))

@@ -53,7 +53,8 @@ Our choices (the paper's values could not be read; every one is an option):
 - A client absent from the clustering round (it dropped out, or its update was rejected) has
   no update: with `cluster_clients` "all" it becomes its own cluster, whose model starts at
   θ^n (with a sample it is placed later, above). A fixed `n_clusters`
-  larger than the updates that arrived is lowered to their number.
+  larger than the updates that arrived is lowered to their number, with a warning
+  (`oneshot.lowered_cut`).
 - The clustering is never repeated.
 - Placement of a newcomer (`placement`, not in the paper): it trains from θ^n, kept by the
   server, with the run's local training and sends its model; its update Δθ goes to the
@@ -89,6 +90,7 @@ from clusterfl.algorithms.oneshot import (
     auto_cut_field,
     cut_clients,
     ignored_cut_options,
+    lowered_cut,
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
@@ -358,7 +360,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         work = state.round
         state = replace(state, rounds_done=state.rounds_done + 1, round=None)
         if ask.phase == CLUSTERING:
-            return self._clustered(state, ask, reply)
+            return self._clustered(state, t, ask, reply)
         loss = mean_finite(reply.loss)
         if not state.clustered:  # FedAvg warm-up
             if len(reply.clients):
@@ -388,7 +390,7 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
         work = replace(state.round, placed=int(np.count_nonzero(labels[reply.clients] >= 0)))
         return Update(replace(state, labels=labels, round=work), then=TRAIN)
 
-    def _clustered(self, state: FLHCState, ask: Ask[Any],
+    def _clustered(self, state: FLHCState, t: int, ask: Ask[Any],
                    reply: TrainReply) -> Update[FLHCState]:
         """The clustering round: the updates Δθ_k = θ_k − θ^n cut into clusters
         (`flhc_clusters`), each cluster's model the mean of its members' θ_k. Of all clients,
@@ -422,10 +424,11 @@ class FLHC(Algorithm[FLHCConfig, FLHCState]):
             cluster_sizes=cluster_sizes(labels, k), missing_updates=asked - len(good),
             silhouette=None if cut.silhouette is None else round(cut.silhouette, 6),
             linkage=np.round(z, 6).tolist() if m <= HISTORY_MAX_CLIENTS else None)
+        said = lowered_cut(self.config.n_clusters, t, asked, len(good), "an update", every)
         if every:
-            return Update(new, FLHCClusteringExtras(**common))
+            return Update(new, FLHCClusteringExtras(**common), warnings=said)
         return Update(new, FLHCSampledClusteringExtras(
-            **common, asked=asked, unplaced=int(np.count_nonzero(labels < 0))))
+            **common, asked=asked, unplaced=int(np.count_nonzero(labels < 0))), warnings=said)
 
     # ------------------------------------------------------------------ outputs
     def assignment(self) -> np.ndarray:

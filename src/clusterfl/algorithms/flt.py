@@ -59,7 +59,8 @@ Choices the paper leaves open (or states differently from the authors' code), an
   signature: it is left out of UMAP and the adjacency and becomes its own cluster (counted
   in the round's `rejected_signatures`). A fixed `n_clusters` larger than the signatures that
   arrived is lowered to their number (as PACFL and FL+HC; `oneshot.cut_clients`): each of
-  those clients its own cluster, recorded in `n_clusters_found` and `rejected_signatures`.
+  those clients its own cluster, recorded in `n_clusters_found` and `rejected_signatures`
+  and said in a warning (`oneshot.lowered_cut`).
 - Initial models: one PyTorch default initialisation (seed of the run) for every client (Case I)
   or every cluster (Case II), as FedAvg starts.
 - Encoder fine-tuning (Enc2): Adam, lr 1e-3, binary cross-entropy, minibatch 32, F = 5 epochs
@@ -118,6 +119,7 @@ from clusterfl.algorithms.oneshot import (
     Threshold,
     cut_clients,
     dump_cut,
+    lowered_cut,
     min_silhouette_field,
     own_clusters,
 )
@@ -375,7 +377,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
 
     def fits(self, n_clients: int, rounds: int | None) -> None:
         """A fixed C above the number of clients is refused before the run, as PACFL and
-        FL+HC do (C above the signatures that arrived is refused in `_clustered`)."""
+        FL+HC do (C above the signatures that arrived is lowered to them, with a warning:
+        `oneshot.lowered_cut`)."""
         check_k_fits(self.config.n_clusters or 1, n_clients)
 
     def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
@@ -510,7 +513,10 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
     def update(self, state: FLTState, t: int, ask: Ask[Any], reply: Any) -> Update[FLTState]:
         if ask.phase == SIGNATURES:
             assert isinstance(ask, SignatureAsk)
-            return Update(self._clustered(state, t, ask, reply), then=TRAIN)
+            done = self._clustered(state, t, ask, reply)
+            return Update(done, then=TRAIN, warnings=lowered_cut(
+                self.config.n_clusters, t, len(ask.request.clients),
+                len(done.signature_clients), "a signature"))
         trained: TrainReply = reply
         if self.config.aggregation == "relatedness":  # Case I: every model ← Ω · snapshot
             snapshot = state.models.clone()
@@ -559,8 +565,8 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                                    st.map_seed)
         stored = st.points.reshape(train.shape)
         if not np.allclose(train, stored, atol=1e-6):
-            ctx.log.append(f"{self.label()}: the embedding fitted again differs from the "
-                           "clustering's (UMAP not reproducible here); placing in the new fit")
+            ctx.warn(f"{self.label()}: the embedding fitted again differs from the "
+                     "clustering's (UMAP not reproducible here); placing in the new fit")
         dist = cross_distances(new, train, cfg.distance)  # [answered, clustered]
         related = (dist < cfg.threshold).astype(np.float64) if cfg.threshold is not None \
             else dist

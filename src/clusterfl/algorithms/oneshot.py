@@ -121,6 +121,31 @@ def cut_clients(z: np.ndarray, n: int, good: np.ndarray, threshold: float | None
     return Cut(own_clusters(labels, np.setdiff1d(np.arange(n), good)), score, best)
 
 
+def lowered_cut(n_clusters: int | None, t: int, asked: int, good: int, what: str,
+                absent_own: bool = True) -> tuple[str, ...]:
+    """The warning (`Update.warnings`) when a fixed `n_clusters` is more than the `good` of
+    the `asked` clients that sent `what` in the clustering round `t`: `cut_clients` lowers C
+    to them, so each is a cluster of its own; the others are too (`absent_own`), or are
+    placed later (FL+HC after a sample). Nothing when C was kept."""
+    if n_clusters is None or good >= n_clusters:
+        return ()
+    others = asked - good
+    if good:
+        head = (f"only {good} of the {asked} clients asked in round {t} sent {what} (the "
+                "others did not answer or were rejected)")
+        cut = f"C was lowered to {good}: each of them is a cluster of its own" + (
+            f", as is each of the {others} others ({asked} clusters of one client)"
+            if absent_own else f"; the {others} others are placed in a cluster later, as "
+            "the clients not asked")
+    else:
+        head = (f"none of the {asked} clients asked in round {t} sent {what} (they did not "
+                "answer or were rejected)")
+        cut = (f"each of them is a cluster of its own ({asked} clusters of one client)"
+               if absent_own else "nobody was clustered: all are placed in a cluster later, "
+               "as the clients not asked")
+    return (f"algorithm.n_clusters = {n_clusters}: {head}, so {cut}",)
+
+
 @dataclass(frozen=True)
 class OneOffAsk(Ask[RE]):
     """The request of a one-off step and when it was built (for the step's wall time)."""
@@ -132,4 +157,4 @@ class OneOffAsk(Ask[RE]):
 
 
 __all__ = ["AutoCut", "Cut", "OneOffAsk", "Threshold", "auto_cut_field", "cut_clients",
-           "dump_cut", "min_silhouette_field", "own_clusters"]
+           "dump_cut", "lowered_cut", "min_silhouette_field", "own_clusters"]

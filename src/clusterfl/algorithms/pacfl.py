@@ -43,7 +43,8 @@ Our choices where neither says:
   round, as every method here does.
 - A client absent from the subspace reply (it dropped out, or its basis was rejected as
   non-finite) has no signature: it becomes its own cluster, as in FLT. A fixed `n_clusters`
-  larger than the bases that arrived is lowered to their number.
+  larger than the bases that arrived is lowered to their number, with a warning
+  (`oneshot.lowered_cut`).
 - All cluster models start from one initial model (the code's `initial_state_dict`).
 - Placement of a newcomer (`placement`): its basis from a `SubspaceRequest`, its proximity
   to the N clustered clients, and the cluster at the smallest linkage distance (mean of its
@@ -79,6 +80,7 @@ from clusterfl.algorithms.oneshot import (
     cut_clients,
     dump_cut,
     ignored_cut_options,
+    lowered_cut,
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
@@ -268,7 +270,10 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
                reply: Any) -> Update[PACFLState]:
         if ask.phase == SUBSPACES:
             assert isinstance(ask, OneOffAsk)
-            return Update(self._clustered(state, t, ask, reply), then=TRAIN)
+            done = self._clustered(state, t, ask, reply)
+            return Update(done, then=TRAIN, warnings=lowered_cut(
+                self.config.n_clusters, t, len(ask.request.clients),
+                len(ask.request.clients) - done.missing_signatures, "a basis"))
         trained: TrainReply = reply
         models = average_members(state.models, trained.params, state.labels[trained.clients],
                                  trained.n_samples)
