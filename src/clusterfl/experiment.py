@@ -175,7 +175,8 @@ class Experiment:
                f"{self.algorithm.label()}: it sends no update to the server, so the attackers "
                "only spoil their own models and no other client can be exposed"]
               if not config.algorithm.shares_updates
-              and config.adversary.kind in ("sign_flip", "scale", "random") else [])]
+              and config.adversary.kind in ("sign_flip", "scale", "random") else []),
+            *self._never_partial(fed.n_clients)]
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""
         self.recorder = Recorder(config, fed, self.algorithm, self.adversaries)
@@ -344,6 +345,27 @@ class Experiment:
         warnings would otherwise not say which method they are about)."""
         named = f"{self.algorithm.label()}: " if self.name_in_warnings else ""
         return f"clusterfl: {kind}: {named}{line}"
+
+    def _never_partial(self, n_clients: int) -> list[str]:
+        """A line per option of the method that acts only in a round in which some of the
+        clients asked did not answer (`partial_round_settings`), set in a run that asks every
+        client every round with no `[faults]` that keeps one from answering, on a backend
+        whose clients always answer: only a reply `[validation]` rejects makes such a round."""
+        algo, faults = self.config.algorithm, self.config.faults
+        options = algo.partial_round_settings()
+        if not options or self.config.backend.name.startswith("flower") or faults.dropout > 0 \
+                or faults.drop_clients or (faults.stragglers > 0 and faults.straggler_work == 0):
+            return []
+        everyone = ""
+        if isinstance(algo, SampledConfig):
+            if algo.per_round_count(n_clients) < n_clients:
+                return []
+            everyone = f" ({algo.sampling_setting()})"
+        return [f"{o} does nothing here: it applies in a round in which some of the clients "
+                f"asked do not answer, and this run asks all {n_clients} clients every round"
+                f"{everyone} with no [faults] dropout, drop_clients or stragglers that miss "
+                "the deadline (straggler_work = 0); only a reply that [validation] rejects "
+                "would make such a round" for o in options]
 
     def _data_warnings(self) -> list[str]:
         """What the run's data leaves out, said before round 1 (the run goes on)."""

@@ -551,3 +551,29 @@ def test_running_out_of_memory_is_one_line_naming_what_needs_less(tmp_path, monk
         RuntimeError("an engine bug")))
     with pytest.raises(RuntimeError, match="an engine bug"):  # other errors stay as they are
         main(["run", str(config), "--out", str(tmp_path / "run2")])
+
+
+@pytest.mark.parametrize("auto", [{"significance_sampled": 0.05},
+                                  {"sampled_evidence": "each"}])
+def test_cfl_sampled_round_options_in_a_run_that_never_samples_are_a_warning(auto):
+    """`algorithm.auto.significance_sampled` and `sampled_evidence` act only in a round in
+    which some of a cluster's clients did not answer; set in a run of full participation
+    without [faults] they did nothing, without a word (CFL's config cannot see [faults])."""
+    (option, value), = auto.items()
+    config = tiny_config(n_clients=8, rounds=3, algorithm={"name": "cfl", "auto": auto})
+    assert Experiment(load_config(config)).method_warnings == [
+        f"algorithm.auto.{option} = {value!r} does nothing here: it applies in a round in "
+        "which some of the clients asked do not answer, and this run asks all 8 clients every "
+        "round (algorithm.fraction = 1) with no [faults] dropout, drop_clients or stragglers "
+        "that miss the deadline (straggler_work = 0); only a reply that [validation] rejects "
+        "would make such a round"]
+    late = {"stragglers": 0.2}  # stragglers that finish half their steps still answer
+    assert len(Experiment(load_config({**config, "faults": late})).method_warnings) == 1
+    for faults in ({"dropout": 0.1}, {"drop_clients": [3], "drop_rounds": [2]},
+                   {"stragglers": 0.2, "straggler_work": 0.0}):
+        assert Experiment(load_config({**config, "faults": faults})).method_warnings == []
+    sampled = {**config, "algorithm": {"name": "cfl", "auto": auto, "per_round": 7}}
+    assert Experiment(load_config(sampled)).method_warnings == []
+    off = {**config, "algorithm": {"name": "cfl", "auto": {**auto, "significance": 0}}}
+    assert Experiment(load_config(off)).method_warnings == []  # ignored_settings says it
+

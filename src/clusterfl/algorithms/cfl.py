@@ -194,6 +194,14 @@ class CFLConfig(SampledConfig):
                     for o in changed_fields(self.auto)]
         return self.auto.switched_off() + self.auto.too_few_draws()
 
+    def partial_round_settings(self) -> list[str]:
+        """The auto rule's options of a round in which some of a cluster's clients did not
+        answer, where set (the shuffle test on: with it off `ignored_settings` names them)."""
+        if self.split_rule != "auto" or self.auto.significance == 0:
+            return []
+        return [f"algorithm.auto.{o} = {getattr(self.auto, o)!r}"
+                for o in changed_fields(self.auto, "significance_sampled", "sampled_evidence")]
+
 
 @dataclass
 class RoundWork:

@@ -47,6 +47,13 @@ class AlgorithmConfig(Settings):
         reads (the run goes on; `Experiment` warns on the console and in the report)."""
         return []
 
+    def partial_round_settings(self) -> list[str]:
+        """The options set away from their defaults that act only in a round in which some
+        of the clients asked did not answer (`name = value`, e.g. CFL's
+        `algorithm.auto.significance_sampled = 0.05`): `Experiment`, which also knows
+        `[faults]`, warns when no round of the run can be such a round."""
+        return []
+
 
 class SampledConfig(AlgorithmConfig):
     """A method that trains a sample of the clients each round: `fraction` of them (at least
