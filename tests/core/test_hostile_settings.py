@@ -577,3 +577,35 @@ def test_cfl_sampled_round_options_in_a_run_that_never_samples_are_a_warning(aut
     off = {**config, "algorithm": {"name": "cfl", "auto": {**auto, "significance": 0}}}
     assert Experiment(load_config(off)).method_warnings == []  # ignored_settings says it
 
+
+def test_fedsoft_per_cluster_not_below_the_clients_of_a_round_is_a_warning():
+    """With `per_cluster` at least the round's sample nobody is left out, so FedSoft ran
+    without its selection (the v-weighted means) every round, without a word."""
+    def said(**algorithm):
+        config = tiny_config(n_clients=8, algorithm={"name": "fedsoft", **algorithm})
+        return Experiment(load_config(config)).method_warnings
+
+    assert said(per_cluster=8) == [
+        "algorithm.per_cluster = 8 does nothing: it is not below the 8 clients a round asks "
+        "(algorithm.fraction = 1), so no client would be left out and every round aggregates "
+        "without selection (c_s = the v-weighted mean of the answering clients' models), as "
+        "with per_cluster unset; allowed: per_cluster below 8, or a smaller fraction / "
+        "per_round"]
+    [line] = said(per_cluster=4, fraction=0.5)
+    assert line.startswith("algorithm.per_cluster = 4 does nothing: it is not below the 4 "
+                           "clients a round asks (algorithm.fraction = 0.5)")
+    assert said(per_cluster=7) == [] and said(per_cluster=3, per_round=4) == [] and said() == []
+
+
+def test_cfl_gp_k_max_of_the_clients_or_more_is_a_warning():
+    """The Appendix-G estimate tries at most one fewer clusters than the clients it profiled:
+    a `k_max` of 8 with 8 clients tried 7, without a word."""
+    def said(**algorithm):
+        config = tiny_config(n_clients=8, algorithm={"name": "cfl_gp", "n_clusters": 2,
+                                                     **algorithm})
+        return Experiment(load_config(config)).method_warnings
+
+    assert said(k_max=8) == ["algorithm.k_max = 8: the estimate of the number of clusters "
+                             "tries at most 7 (one fewer than the 8 clients), not 8"]
+    assert said(k_max=7) == [] and said(k_max=8, estimate_k=False) == []
+    assert said() == []  # the default (10) is not the user's choice: not named

@@ -167,6 +167,7 @@ from clusterfl.clustering.spectral import (
     spectral_clustering,
     structure_p,
 )
+from clusterfl.config_util import changed_fields
 from clusterfl.engine.allocator import lazy_zeros
 from clusterfl.engine.transfer import STAYS
 from clusterfl.errors import ConfigError
@@ -308,6 +309,16 @@ class CFLGP(Algorithm[CFLGPConfig, CFLGPState]):
     #: on a GPU the model step and the Gram matrices run there; the profile stays in host
     #: memory and receives the rows of the clients asked (`update_profile`)
     device_update = True
+
+    def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        """A `k_max` set to the clients or more: the estimate tries one fewer than the
+        clients it profiled at most (`_estimate`), not k_max."""
+        cfg = self.config
+        if not cfg.estimate_k or not changed_fields(cfg, "k_max") or cfg.k_max < n_clients:
+            return []
+        return [f"algorithm.k_max = {cfg.k_max}: the estimate of the number of clusters tries "
+                f"at most {n_clients - 1} (one fewer than the {n_clients} clients), not "
+                f"{cfg.k_max}"]
 
     # ------------------------------------------------------------------ setup
     def setup(self, ctx: Context) -> None:

@@ -162,6 +162,18 @@ class FedSoft(Algorithm[FedSoftConfig, FedSoftState]):
     def fits(self, n_clients: int, rounds: int | None) -> None:
         check_k_fits(self.config.n_clusters, n_clients)
 
+    def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        """A `per_cluster` not below the clients of a round leaves nobody out: the selection
+        never runs (`select_clients`), every round uses the rule without it."""
+        cfg, k = self.config, self.config.per_round_count(n_clients)
+        if cfg.per_cluster is None or cfg.per_cluster < k:
+            return []
+        return [f"algorithm.per_cluster = {cfg.per_cluster} does nothing: it is not below the "
+                f"{k} clients a round asks ({cfg.sampling_setting()}), so no client would be "
+                "left out and every round aggregates without selection (c_s = the v-weighted "
+                "mean of the answering clients' models), as with per_cluster unset; allowed: "
+                f"per_cluster below {k}, or a smaller fraction / per_round"]
+
     def setup(self, ctx: Context) -> None:
         s = self.config.n_clusters
         self.fits(ctx.n_clients, ctx.rounds)
