@@ -141,7 +141,7 @@ def _warn(lines: list[str]) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from clusterfl.compare import comparison_configs, run_comparison, unused_options
+    from clusterfl.compare import comparison_configs, run_comparison
     from clusterfl.report import comparison_warnings, summary_table
     from clusterfl.rundir import check_resume_or_overwrite
 
@@ -158,7 +158,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise _spec_hint(exc, "--algorithms") from None
     folders = [f for f, _ in comparison_configs(config, specs)]  # errors before any run
-    _warn(unused_options(config, specs))
     out = Path(args.out or Path("runs") / f"compare-{Path(args.config).stem}")
     try:
         results = run_comparison(config, specs, out, progress=_progress(args),

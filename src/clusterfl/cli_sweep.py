@@ -92,7 +92,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
 
         require("ray", "ray")  # before any folder is touched
     runs = sweep.plan(out)  # every config validated before anything runs
-    _warn_unused(sweep)
+    unused = _warn_unused(sweep)
     idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
     moot = [f for f in ("overwrite", "retry_failed") if getattr(args, f, False)]
     if idle and moot:
@@ -152,7 +152,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
               f"another config than the sweep's now (e.g. {stale[0]['path']}); they are marked "
               "stale in the table and the report, not counted as results; running the sweep "
               "(without --report-only) runs them again", file=sys.stderr)
-    report = write_report(sweep, runs, rows, out, shown, failures)
+    report = write_report(sweep, runs, rows, out, shown, failures, warnings=unused)
     con.print(console_table(rows, sweep.seeds))
     con.print(f"table of every run: {csv_path}" + (f", {parquet}" if parquet else ""))
     con.print(f"report: {report}")
@@ -166,8 +166,9 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     return 0
 
 
-def _warn_unused(sweep: Any) -> None:
-    """The base config's `[algorithm]` options that none of the sweep's methods has."""
+def _warn_unused(sweep: Any) -> list[str]:
+    """The base config's `[algorithm]` options that none of the sweep's methods has, printed
+    on stderr and returned (for the report)."""
     from clusterfl.compare import unused_options
     from clusterfl.config import load_config
     from clusterfl.errors import ConfigError
@@ -175,6 +176,8 @@ def _warn_unused(sweep: Any) -> None:
     try:
         base = load_config(sweep.base)
     except ConfigError:  # valid only with the grid's values: each cell was checked by plan
-        return
-    for line in unused_options(base, sweep.methods):
+        return []
+    lines = unused_options(base, sweep.methods)
+    for line in lines:
         print(f"clusterfl: warning: {line}", file=sys.stderr)
+    return lines

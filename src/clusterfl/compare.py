@@ -70,7 +70,8 @@ def merged_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
 
 def unused_options(config: Config, specs: list[str]) -> list[str]:
     """One line per option written in the config's `[algorithm]` table that none of the
-    compared methods has: `merged_spec` leaves it out of every run (said, not silent)."""
+    compared methods has: `merged_spec` leaves it out of every run (said, not silent: on
+    stderr, in the comparison's report.md and in `Comparison.warnings`)."""
     from clusterfl.algorithms import algorithm_class
 
     names = [parse_algorithm_spec(s)["name"] for s in specs if s.strip()]
@@ -144,12 +145,24 @@ def _warn_other_runs(out: Path, folders: list[str]) -> None:
               "report", file=sys.stderr, flush=True)
 
 
+class Comparison(list[tuple[str, History]]):
+    """What `run_comparison` returns: a list of (label, history), one per method, with
+    `warnings`, the comparison's own warnings (`unused_options`: config options no compared
+    method has), as its report.md and the console give them."""
+
+    def __init__(self, results: list[tuple[str, History]], warnings: list[str]) -> None:
+        super().__init__(results)
+        self.warnings = warnings
+
+
 def run_comparison(
     config: Config, specs: list[str], out_dir: str | Path, progress: bool | None = None,
     overwrite: bool = False, hint: str = "overwrite=True to replace it",
     federation: Federation | None = None, resume: bool = False,
-) -> list[tuple[str, History]]:
-    """Each method on the one federation built from `config`; returns (label, history).
+) -> Comparison:
+    """Each method on the one federation built from `config`; returns (label, history) of
+    each, as a `Comparison` (a list) whose `warnings` are the comparison's own (printed on
+    stderr before the first run and written at the top of its report).
 
     Every run goes to `out_dir/<run folder name>` (`naming.run_folder_name`: the
     method and its non-default options); the comparison report to `out_dir/report.md`.
@@ -162,6 +175,7 @@ def run_comparison(
     _check_arguments(config, specs, out_dir, progress, overwrite, resume)
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
+    unused = unused_options(config, specs)
     from clusterfl.report import write_comparison_report
 
     # after the specs were validated; locked until the report is written
@@ -176,6 +190,8 @@ def run_comparison(
                              runs_inside=True):
         if resume:
             _warn_other_runs(out, [folder for folder, _ in runs])
+        for line in unused:
+            print(f"clusterfl: warning: {line}", file=sys.stderr, flush=True)
         if federation is None:
             federation = build_federation(config)
         # every method checked (its settings against the federation) before the first runs
@@ -192,8 +208,9 @@ def run_comparison(
                        experiment.run(progress=progress))
             results.append((history.summary.label or folder, history))
             run_dirs.append(run_dir)
-        write_comparison_report(run_dirs, out, figures=config.output.figures)
-    return results
+        write_comparison_report(run_dirs, out, figures=config.output.figures,
+                                warnings=unused)
+    return Comparison(results, unused)
 
 
 def _checked_config(run_dir: Path, experiment: Experiment) -> dict[str, Any] | None:

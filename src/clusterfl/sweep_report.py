@@ -289,9 +289,10 @@ def _slug(cell: str | None) -> str:
 
 
 def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any]], out: Path,
-                 command: str, failures: Sequence[str] = (), notes: Sequence[str] = ()
-                 ) -> Path:
-    """`out/report.md` with its figures under `out/figures/`."""
+                 command: str, failures: Sequence[str] = (), notes: Sequence[str] = (),
+                 warnings: Sequence[str] = ()) -> Path:
+    """`out/report.md` with its figures under `out/figures/`; `warnings` (the base config's
+    options no method of the sweep has, `compare.unused_options`) open it."""
     key, header, _, _, higher = primary(rows)
     seeds = sweep.seeds
     counts = {s: sum(r["status"] == s for r in rows)
@@ -304,6 +305,7 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
         f"{len(rows)} ({', '.join(f'{v} {k}' for k, v in counts.items() if v)})\n"
         f"- the table of every run: `results.csv`"
         + (", `results.parquet`" if (out / "results.parquet").is_file() else "") + "\n",
+        "".join(f"> **Warning:** {w}\n>\n" for w in warnings).removesuffix(">\n"),
         "## What differs between cells\n\n" + differs_table(sweep) + "\n",
         f"## Overview: {header}, mean ± std over seeds\n\n"
         + ("" if key else "No run has a metric (accuracy, MSE or perplexity): see the runs "
@@ -341,7 +343,7 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
         f"{ALPHA}.\n")
     parts.extend(notes)
     path = out / "report.md"
-    path.write_text("\n".join(parts), encoding="utf-8")
+    path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
     return path
 
 

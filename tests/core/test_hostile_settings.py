@@ -405,10 +405,32 @@ def test_a_config_option_none_of_the_compared_methods_has_is_a_warning(tmp_path:
     (tmp_path / "c.toml").write_text(dump_toml(raw))
     assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg,cfl", "--out",
                  str(tmp_path / "o"), "--quiet"]) == 0
-    assert f"clusterfl: warning: {words}" in capsys.readouterr().err.splitlines()
+    assert capsys.readouterr().err.splitlines().count(f"clusterfl: warning: {words}") == 1
+    assert f"> **Warning:** {words}\n" in (tmp_path / "o" / "report.md").read_text()
     assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg,cfl", "--seeds",
                  "0", "--out", str(tmp_path / "s"), "--quiet"]) == 0
-    assert f"clusterfl: warning: {words}" in capsys.readouterr().err.splitlines()
+    assert capsys.readouterr().err.splitlines().count(f"clusterfl: warning: {words}") == 1
+    assert f"> **Warning:** {words}\n" in (tmp_path / "s" / "report.md").read_text()
+
+
+def test_a_config_option_none_of_the_compared_methods_has_reaches_the_python_api(
+        tmp_path: Path, capsys):
+    """Before: only the CLI printed it; `run_comparison` said nothing (console, report.md,
+    its result) of the `n_clusters` it left out of every run."""
+    raw = tiny_config(rounds=1, algorithm={"name": "ifca", "n_clusters": 2})
+    words = ("algorithm.n_clusters in the config is an option of none of the compared methods "
+             "(fedavg, fedprox): no run uses it")
+    result = run_comparison(load_config(raw), ["fedavg", "fedprox"], tmp_path / "o",
+                            progress=False)
+    assert result.warnings == [words] and [label for label, _ in result] == [
+        "FedAvg", "FedProx"]
+    assert capsys.readouterr().err.splitlines().count(f"clusterfl: warning: {words}") == 1
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert report.count(words) == 1 and f"> **Warning:** {words}\n" in report
+    result = run_comparison(load_config(raw), ["fedavg", "ifca"], tmp_path / "b",
+                            progress=False)
+    assert result.warnings == [] and "n_clusters in the config" not in (
+        tmp_path / "b" / "report.md").read_text()
 
 
 def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path, capsys):

@@ -437,7 +437,7 @@ def distinct_labels(labels: Sequence[str], run_dirs: Sequence[str | Path]) -> li
 
 def write_comparison_report(
     run_dirs: Sequence[str | Path], out_dir: str | Path, labels: Sequence[str] | None = None,
-    runs_root: str | Path | None = None, figures: bool = True,
+    runs_root: str | Path | None = None, figures: bool = True, warnings: Sequence[str] = (),
 ) -> Path:
     """Draw the comparison figures (unless not `figures`: a comparison of runs with
     `[output] figures = false`) and write `out_dir/report.md`; return its path.
@@ -448,7 +448,8 @@ def write_comparison_report(
     one per diverged run, and ends with each run's options, federation and a link to its own
     `report.md` (else its folder); with `runs_root` (run folders that do not travel with the
     report, e.g. outside the repository) each run is named by its path under `runs_root`
-    instead, never linked.
+    instead, never linked. `warnings`: lines of the comparison's own (its config's options
+    no compared method has, `compare.unused_options`), after those.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -460,7 +461,7 @@ def write_comparison_report(
         summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
     drawn = plot_comparison(run_dirs, out_dir, labels) if figures else []
     federations = sorted({_known(s.federation) for s in summaries})
-    warnings = _differences([Path(d) for d in run_dirs], summaries)
+    warnings = [*_differences([Path(d) for d in run_dirs], summaries), *warnings]
     runs = f"{len(summaries)} run" + ("s" if len(summaries) != 1 else "")
     parts = [
         f"# Comparison of {runs}\n\nFederation: "
