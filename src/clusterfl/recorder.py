@@ -20,7 +20,14 @@ from clusterfl.config import ROBUST_TABLES, Config
 from clusterfl.config_util import changed_fields
 from clusterfl.data.federation import Federation
 from clusterfl.protocol import EvaluateReply, EvaluateRequest, Predictor, subset
-from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary, json_ready
+from clusterfl.records import (
+    FinalMetrics,
+    RoundMetrics,
+    RoundRecord,
+    RunSummary,
+    held_out_mse,
+    json_ready,
+)
 from clusterfl.robust.adversary import benign_vs_adversarial
 from clusterfl.robust.divergence import Divergence, diagnose, loss_scale, noise_cause
 
@@ -281,6 +288,7 @@ class Recorder:
             participation=_participation(records, fed.n_clients),
             placement_ari=None if holdout is None else holdout["placement_ari"],
             holdout_accuracy=None if holdout is None else holdout["holdout_accuracy"],
+            holdout_mse=held_out_mse(holdout)[0],
             placement_match=None if holdout is None else holdout.get("placement_match"),
         )
         return RunSummary(

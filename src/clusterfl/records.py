@@ -293,15 +293,18 @@ class FinalMetrics:
     (`[scenario] holdout`; absent without held-out clients)."""
     holdout_accuracy: float | None = None
     """Mean test accuracy of the held-out clients with the models they were placed on."""
+    holdout_mse: float | None = None
+    """A regression's held-out clients' mean test MSE (`held_out_mse` of `holdout.mse`);
+    older files lack it (`held_out_mse(summary.holdout)` gives it from their `holdout`)."""
     placement_match: float | None = None
     """Share of the held-out clients placed in the cluster holding most trained clients of
     their true group (`holdout.placement_match`)."""
 
     KEYS = ("ari", "n_clusters", "floats_down", "floats_up", "client_updates", "wall_time",
-            "rejected", "participation", "placement_ari", "holdout_accuracy",
+            "rejected", "participation", "placement_ari", "holdout_accuracy", "holdout_mse",
             "placement_match")
     OPTIONAL = ("rejected", "participation", "placement_ari", "holdout_accuracy",
-                "placement_match")
+                "holdout_mse", "placement_match")
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {} if self.metrics is None else self.metrics.to_json_dict()
@@ -327,9 +330,18 @@ class FinalMetrics:
             floats_up=d.get("floats_up"), client_updates=d.get("client_updates"),
             wall_time=d.get("wall_time"), rejected=d.get("rejected"),
             participation=d.get("participation"), placement_ari=d.get("placement_ari"),
-            holdout_accuracy=d.get("holdout_accuracy"),
+            holdout_accuracy=d.get("holdout_accuracy"), holdout_mse=d.get("holdout_mse"),
             placement_match=d.get("placement_match"),
         )
+
+
+def held_out_mse(holdout: Mapping[str, Any] | None) -> tuple[float | None, int, int]:
+    """(mean, finite, clients) of the held-out clients' MSE (`holdout.mse`, a regression's):
+    the mean over the clients with a finite one (null in `summary.json`: none, or an
+    overflow); (None, 0, 0) without."""
+    mse = (holdout or {}).get("mse") or []
+    values = [float(v) for v in mse if v is not None and math.isfinite(float(v))]
+    return (sum(values) / len(values) if values else None), len(values), len(mse)
 
 
 @dataclass(kw_only=True)

@@ -578,10 +578,11 @@ def run_sweep(
 METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
            "perplexity", "ari",
            "n_clusters", "rounds_to_ari1", "floats_down", "floats_up", "client_updates",
-           "rejected", "participation", "placement_ari", "holdout_accuracy",
+           "rejected", "participation", "placement_ari", "holdout_accuracy", "holdout_mse",
            "placement_match", "wall_time")
 """Columns of the tidy table after the run's identity: accuracy and F1 in 0..1 as in
-`summary.json`, fairness variance in %², the rest in their own units."""
+`summary.json`, fairness variance in %², the rest in their own units (`holdout_mse`: a
+regression's held-out clients' mean MSE, from `holdout.mse` for a summary older than it)."""
 
 
 def collect(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -590,7 +591,7 @@ def collect(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[dict[str, 
     The status "stale": the run's folder (or its failure) is of another config than the
     run's now (`config_changed`); its numbers are not this run's and are left out."""
     from clusterfl.bench import rounds_to_perfect
-    from clusterfl.records import SUMMARY_FILE, read_history, read_summary
+    from clusterfl.records import SUMMARY_FILE, held_out_mse, read_history, read_summary
 
     out = _check_runs(runs, out)
     failed = _state(out)["failed"] if (out / STATE_FILE).is_file() else {}
@@ -609,6 +610,8 @@ def collect(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[dict[str, 
             summary = read_summary(run.target)
             final = summary.final.to_json_dict()
             values.update({k: final.get(k) for k in METRICS if k in final})
+            if values["holdout_mse"] is None:  # written before `final` held it
+                values["holdout_mse"] = held_out_mse(summary.holdout)[0]
             values["rounds_to_ari1"] = rounds_to_perfect(read_history(run.target))
             rounds = summary.rounds
             status = "diverged" if summary.divergence else "done"

@@ -742,3 +742,38 @@ def test_a_sweep_without_any_metric_says_so_not_mse(tmp_path: Path) -> None:
     report = write_report(sweep, runs, rows, tmp_path / "o", "x").read_text()
     assert "## Overview: metric, mean ± std over seeds\n\nNo run has a metric" in report
     assert "metric mean ± std [95 % CI]" in report and "Paired comparisons" not in report
+
+
+def test_a_regressions_held_out_mse_is_in_the_summary_and_the_sweep_table(tmp_path: Path
+                                                                          ) -> None:
+    """Before: a regression's held-out clients' mean MSE was in its run report only: not in
+    summary.json's `final` (beside `holdout_accuracy`), so not in results.csv either. A
+    summary written before it (no `final.holdout_mse`) still reads, its value from
+    `holdout.mse`."""
+    import json
+
+    from clusterfl.records import read_summary
+    from clusterfl.sweep import Sweep
+
+    base = {"rounds": 2, "data": {"source": "synthetic_regression"},
+            "scenario": {"name": "linear_regression", "n_clients": 10, "holdout": 0.2},
+            "model": {"name": "linear"}, "train": {"steps": 2, "batch_size": 16, "lr": 0.1},
+            "output": {"figures": False, "progress": "off"}}
+    out = tmp_path / "o"
+    runs = Sweep(base=base, methods=["ifca:n_clusters=2"], seeds=[0]).plan(out)
+    assert run_sweep(runs, out, log=lambda m: None) == []
+    held = json.loads((runs[0].target / "summary.json").read_text())["holdout"]["mse"]
+    assert len(held) == 2 and all(v is not None for v in held)
+    mean = (held[0] + held[1]) / 2
+    assert read_summary(runs[0].target).final.holdout_mse == pytest.approx(mean, rel=1e-12)
+    (row,) = collect(runs, out)
+    assert row["holdout_mse"] == pytest.approx(mean, rel=1e-12)
+    assert row["holdout_accuracy"] is None and row["mse"] is not None
+    csv_path, _, _ = write_table([row], out)
+    (line,) = csv.DictReader(csv_path.open())
+    assert float(line["holdout_mse"]) == pytest.approx(mean, rel=1e-12)
+    summary = json.loads((runs[0].target / "summary.json").read_text())
+    del summary["final"]["holdout_mse"]  # as written before it
+    (runs[0].target / "summary.json").write_text(json.dumps(summary))
+    assert read_summary(runs[0].target).final.holdout_mse is None
+    assert collect(runs, out)[0]["holdout_mse"] == pytest.approx(mean, rel=1e-12)

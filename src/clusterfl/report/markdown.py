@@ -17,7 +17,14 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterfl.config_util import flatten
-from clusterfl.records import FinalMetrics, RoundMetrics, RunSummary, read_history, read_summary
+from clusterfl.records import (
+    FinalMetrics,
+    RoundMetrics,
+    RunSummary,
+    held_out_mse,
+    read_history,
+    read_summary,
+)
 from clusterfl.report.figures import human_units, plot_comparison, plot_run
 from clusterfl.report.history import load_config_text, run_label
 
@@ -121,15 +128,6 @@ HOLDOUT_COLUMNS: list[Column] = [
 HOLDOUT_MSE_COLUMN = Column("held-out MSE", lambda s: held_out_mse(s.holdout)[0], _general)
 """A regression's held-out clients' mean MSE (`held_out_mse`), after their accuracy: shown
 when some run has one."""
-
-
-def held_out_mse(holdout: dict[str, Any] | None) -> tuple[float | None, int, int]:
-    """(mean, finite, clients) of the held-out clients' MSE (`holdout.mse`, a regression's):
-    the mean over the clients with a finite one (null in `summary.json`: none, or an
-    overflow); (None, 0, 0) without."""
-    mse = (holdout or {}).get("mse") or []
-    values = [float(v) for v in mse if v is not None]
-    return (sum(values) / len(values) if values else None), len(values), len(mse)
 
 
 def _regression(summary: RunSummary) -> bool:
