@@ -576,12 +576,13 @@ def run_sweep(
 
 # ---------------------------------------------------------------------------- results
 METRICS = ("accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse",
-           "perplexity", "ari",
+           "perplexity", "accuracy_no_oov_no_eos", "ari",
            "n_clusters", "rounds_to_ari1", "floats_down", "floats_up", "client_updates",
            "rejected", "participation", "placement_ari", "holdout_accuracy", "holdout_mse",
            "placement_match", "wall_time")
 """Columns of the tidy table after the run's identity: accuracy and F1 in 0..1 as in
-`summary.json`, fairness variance in %², the rest in their own units (`holdout_mse`: a
+`summary.json` (a language model's `accuracy_no_oov_no_eos` too), fairness variance in %²,
+the rest in their own units (`holdout_mse`: a
 regression's held-out clients' mean MSE, from `holdout.mse` for a summary older than it)."""
 
 

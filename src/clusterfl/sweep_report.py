@@ -22,6 +22,9 @@ from clusterfl.sweep import Run, Sweep, config_changed
 SHOWN = (("macro_f1", "macro-F1 (%)", 100.0, 1), ("ari", "ARI", 1.0, 2),
          ("n_clusters", "clusters", 1.0, 1), ("rounds_to_ari1", "rounds to ARI 1", 1.0, 1),
          ("wall_time", "wall time (s)", 1.0, 1))
+WORD_ACCURACY = ("accuracy_no_oov_no_eos", "acc. no oov/eos (%)", 100.0, 1)
+"""A language model's accuracy on targets other than <unk> and <eos>: after the perplexity
+(in place of macro-F1, which a language model has not), when some run has it."""
 ALPHA = 0.05
 NO_METRIC = ("", "metric", 1.0, ".4g", False)
 """`primary` when no finished run has an accuracy, MSE or perplexity (every run failed):
@@ -133,9 +136,16 @@ def comparison_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Se
     return "\n".join(lines)
 
 
+def _words(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether some run is a language model with an accuracy without <unk>/<eos>."""
+    return any(r.get(WORD_ACCURACY[0]) is not None for r in rows)
+
+
 def cell_table(rows: Sequence[dict[str, Any]], cell: str | None, seeds: Sequence[int]) -> str:
     key, header, scale, digits, _ = primary(rows)
     shown = [(key, header + " mean ± std [95 % CI]", scale, digits), *SHOWN]
+    if key == "perplexity":  # a language model: no macro-F1; its word accuracy, if known
+        shown = [shown[0], *([WORD_ACCURACY] if _words(rows) else []), *SHOWN[1:]]
     head = ["method", "seeds", *[h for _, h, _, _ in shown]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in methods_of([r for r in rows if r["cell"] == cell]):
@@ -348,24 +358,29 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
 
 
 def console_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> Any:
-    """A rich table: per cell and method, the primary metric and the ARI, mean ± std."""
+    """A rich table: per cell and method, the primary metric (and a language model's accuracy
+    without <unk>/<eos>, `WORD_ACCURACY`) and the ARI, mean ± std."""
     from rich.table import Table
     from rich.text import Text
 
     key, header, scale, digits, _ = primary(rows)
-    table = Table(title=f"{header} and ARI, mean ± std over seeds {list(seeds)}" if key else
-                  "No run has a metric (accuracy, MSE or perplexity); ARI, mean ± std over "
-                  f"seeds {list(seeds)}")
+    words = key == "perplexity" and _words(rows)
+    also = f", {_name(WORD_ACCURACY[1])}" if words else ""
+    table = Table(title=f"{header}{also} and ARI, mean ± std over seeds {list(seeds)}"
+                  if key else "No run has a metric (accuracy, MSE or perplexity); ARI, mean ± "
+                  f"std over seeds {list(seeds)}")
     cells = cells_of(rows)
     if any(cells):
         table.add_column("cell")
-    for name in ("method", "seeds", f"{header} [95 % CI]", "ARI"):
+    for name in ("method", "seeds", f"{header} [95 % CI]",
+                 *([WORD_ACCURACY[1]] if words else []), "ARI"):
         table.add_column(name)
     for cell in cells:
         for method in methods_of([r for r in rows if r["cell"] == cell]):
             acc = describe(values(rows, cell, method, key, seeds))
             ari = describe(values(rows, cell, method, "ari", seeds))
+            word = describe(values(rows, cell, method, WORD_ACCURACY[0], seeds))
             row = [method, seeds_text(rows, cell, method, seeds), acc.text(digits, scale),
-                   _short(ari, 2, 1.0)]
+                   *([_short(word, 1, 100.0)] if words else []), _short(ari, 2, 1.0)]
             table.add_row(*map(Text, [*([cell or ""] if any(cells) else []), *row]))
     return table

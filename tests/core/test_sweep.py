@@ -777,3 +777,46 @@ def test_a_regressions_held_out_mse_is_in_the_summary_and_the_sweep_table(tmp_pa
     (runs[0].target / "summary.json").write_text(json.dumps(summary))
     assert read_summary(runs[0].target).final.holdout_mse is None
     assert collect(runs, out)[0]["holdout_mse"] == pytest.approx(mean, rel=1e-12)
+
+
+def test_a_language_models_word_accuracy_is_in_the_sweep_table_and_report(tmp_path: Path
+                                                                          ) -> None:
+    """Before: `accuracy_no_oov_no_eos` was in each run's summary.json but not a column of
+    results.csv, nor in the report's or the console's tables beside the perplexity."""
+    import io
+    import json
+    import statistics
+
+    from rich.console import Console
+
+    from clusterfl.sweep import Sweep
+    from clusterfl.sweep_report import cell_table, console_table
+
+    base = {"rounds": 3, "data": {"source": "synthetic_topics"},
+            "scenario": {"name": "topics", "n_clients": 8, "seq_len": 6, "vocab_size": 60},
+            "model": {"name": "lstm", "hidden": 8},
+            "train": {"steps": 5, "batch_size": 16, "lr": 1.0},
+            "output": {"figures": False, "progress": "off"}}
+    out = tmp_path / "o"
+    sweep = Sweep(base=base, methods=["fedavg"], seeds=[0, 1])
+    runs = sweep.plan(out)
+    assert run_sweep(runs, out, log=lambda m: None) == []
+    words = [json.loads((r.target / "summary.json").read_text())["final"]
+             ["accuracy_no_oov_no_eos"] for r in runs]
+    assert all(isinstance(w, float) for w in words) and words[0] != words[1]
+    rows = collect(runs, out)
+    assert [r["accuracy_no_oov_no_eos"] for r in rows] == words
+    (line, _) = csv.DictReader(write_table(rows, out)[0].open())
+    assert float(line["accuracy_no_oov_no_eos"]) == words[0]
+    mean, std = 100 * statistics.mean(words), 100 * statistics.stdev(words)
+    head, _, row = cell_table(rows, None, [0, 1]).splitlines()
+    assert head.startswith("| method | seeds | perplexity mean ± std [95 % CI] | acc. no "
+                           "oov/eos (%) | ARI |") and "macro-F1" not in head
+    assert row.split(" | ")[3] == f"{mean:.1f} ± {std:.1f}"
+    report = write_report(sweep, runs, rows, out, "x").read_text()
+    assert f"| {mean:.1f} ± {std:.1f} |" in report
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(console_table(rows, [0, 1]))
+    shown = console.file.getvalue()
+    assert "perplexity, acc. no oov/eos and ARI" in shown and "acc. no oov/eos (%)" in shown
+    assert f"{mean:.1f} ± {std:.1f}" in shown
