@@ -397,7 +397,8 @@ class Experiment:
               files: RunDir, show: bool) -> None:
         run = self.config.run
         t0 = time.perf_counter() - elapsed
-        with Progress(show, run.rounds, start - 1, self.algorithm.label()) as bar:
+        evaluated = next((r for r in reversed(history.records) if r.metrics is not None), None)
+        with Progress(show, run.rounds, start - 1, self.algorithm.label(), evaluated) as bar:
             for t in range(start, run.rounds + 1):
                 self.stage = f"in round {t}"
                 if ctx.guard is not None:

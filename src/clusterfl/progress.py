@@ -27,11 +27,17 @@ def want_progress(progress: bool | None, mode: str) -> bool:
 
 
 class Progress:
-    """A rich progress bar with round, accuracy and clusters; silent when disabled."""
+    """A rich progress bar with round, accuracy and clusters; silent when disabled. A round
+    that is not evaluated (`eval_every` > 1) shows the last evaluated round's metric with its
+    round ("acc 91.2% (r10)"); `evaluated`: that round of a resumed run, before its first."""
 
-    def __init__(self, show: bool, total: int, done: int, label: str) -> None:
+    def __init__(self, show: bool, total: int, done: int, label: str,
+                 evaluated: RoundRecord | None = None) -> None:
         self.show, self.total, self.done, self.label = show, total, done, label
         self._bar: Any = None
+        self._last: tuple[int, str] | None = None
+        if evaluated is not None:
+            self._remember(evaluated)
 
     def __enter__(self) -> Progress:
         if self.show:
@@ -50,10 +56,16 @@ class Progress:
                                             info="")
         return self
 
+    def _remember(self, record: RoundRecord) -> None:
+        if record.metrics is not None:  # evaluated: its metric, or none to show
+            info = metric_info(record)
+            self._last = (record.round, info) if info else None
+
     def update(self, record: RoundRecord) -> None:
         if self._bar is None:
             return
-        self._bar.update(self._task, advance=1, info=round_info(record))
+        self._remember(record)
+        self._bar.update(self._task, advance=1, info=round_info(record, self._last))
 
     def warn(self, text: str) -> None:
         """A line for the user on stderr: above the bar when one is shown (one line, as
@@ -69,10 +81,20 @@ class Progress:
             self._bar.__exit__(*exc)
 
 
-def round_info(record: RoundRecord) -> str:
-    """The bar's text for a round: an evaluated round's main metric (accuracy; a regression's
-    MSE, "mse —" when no client's was finite, as the results table shows it; a language
-    model's perplexity and accuracy without <unk>/<eos>), then the clusters."""
+def round_info(record: RoundRecord, last: tuple[int, str] | None = None) -> str:
+    """The bar's text for a round: an evaluated round's main metric (`metric_info`), or for a
+    round not evaluated the `last` evaluated one's, (round, text), labelled with its round
+    ("acc 91.2% (r10)"), then the clusters."""
+    info = metric_info(record)
+    if record.metrics is None and last is not None:
+        info = f"{last[1]} (r{last[0]})"
+    return "  ".join(part for part in (info, f"clusters {record.n_clusters}") if part)
+
+
+def metric_info(record: RoundRecord) -> str:
+    """An evaluated round's main metric ('' for a round not evaluated): accuracy; a
+    regression's MSE, "mse —" when no client's was finite, as the results table shows it; a
+    language model's perplexity and accuracy without <unk>/<eos>."""
     m = record.metrics or RoundMetrics()
     info = f"acc {100 * m.accuracy:.1f}%" if m.accuracy is not None else ""
     if m.mse is not None:
@@ -83,4 +105,4 @@ def round_info(record: RoundRecord) -> str:
         info = f"perplexity {m.perplexity:.2f}"
         if m.accuracy_no_oov_no_eos is not None:
             info += f"  acc no oov/eos {100 * m.accuracy_no_oov_no_eos:.1f}%"
-    return "  ".join(part for part in (info, f"clusters {record.n_clusters}") if part)
+    return info

@@ -412,6 +412,39 @@ def test_the_progress_line_of_a_regression_says_its_mse_was_not_finite(
         assert shown in capsys.readouterr().err
 
 
+def test_a_round_not_evaluated_shows_the_last_evaluated_metric_with_its_round(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: with eval_every > 1 the bar showed no metric between evaluations ("round 4/4
+    clusters 2"); now the last evaluated one, labelled with its round, and the record (what
+    history.jsonl gets) is left as it is."""
+    from clusterfl.progress import Progress
+
+    def record(t: int, metrics: dict[str, float | None] | None) -> RoundRecord:
+        keys = ["accuracy", "accuracy_weighted", "macro_f1", "fairness_var", "loss", "mse"]
+        return RoundRecord.from_json_dict({
+            "round": t, "wall_time": 0.1, "n_clusters": 2, "assignment": [0, 1], "ari": None,
+            "floats_down": 2.0, "floats_up": 2.0, "rejected": 0, "extras": {},
+            "metrics": None if metrics is None else dict.fromkeys(keys) | metrics,
+            "client_accuracy": None if metrics is None else [None, None]})
+
+    acc, words = {"accuracy": 0.9123}, {"perplexity": 12.345, "accuracy_no_oov_no_eos": 0.25}
+    for records, evaluated, shown in (
+            ([record(1, None), record(2, acc), record(3, None), record(4, None)], None,
+             "round 4/4 acc 91.2% (r2)  clusters 2"),
+            ([record(1, None), record(2, words), record(3, None)], None,
+             "round 3/3 perplexity 12.35  acc no oov/eos 25.0% (r2)  clusters 2"),
+            ([record(2, None)], record(1, acc), "round 2/2 acc 91.2% (r1)  clusters 2"),
+            ([record(1, None)], None, "round 1/1 clusters 2 "),  # nothing evaluated yet
+            ([record(1, acc), record(2, {}), record(3, None)], None,  # r2: no metric to show
+             "round 3/3 clusters 2 ")):
+        done = 0 if evaluated is None else evaluated.round
+        with Progress(True, done + len(records), done, "FedAvg", evaluated) as bar:
+            for rec in records:
+                bar.update(rec)
+        assert shown in capsys.readouterr().err
+        assert records[-1].metrics is None  # the record (history.jsonl) untouched
+
+
 def test_participation_column_only_when_a_run_sampled() -> None:
     full = _summary("a", accuracy=0.5, participation=1.0)
     assert "participation (%)" not in summary_rows([full, _summary("b")])[0]
