@@ -3,7 +3,8 @@
     clusterfl flower run CONFIG.toml [--set K=V ...] [--out DIR] --mode ray|local|submit
         ray:    Flower's simulation engine (Ray), one virtual SuperNode per client: a
                 simulation SuperLink on loopback and `flwr run` on it (a local simulation
-                federation, Flower's supported path)
+                federation, Flower's supported path); --cpus-per-client N: the CPUs and
+                torch threads of each client's actor
         local:  a real SuperLink + one SuperNode process per client on this machine
                 (loopback, insecure), then `flwr run`; everything is stopped at the end
         submit: `flwr run` against an existing SuperLink (`--superlink NAME`, a connection of
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
 import threading
@@ -59,6 +62,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                        "$FLWR_HOME/config.toml (default: its default)")
     r.add_argument("--timeout", type=float,
                    help="local, ray: give up after this many seconds (default 3600)")
+    r.add_argument("--cpus-per-client", type=float,
+                   help="ray: CPUs Ray reserves for each client's actor, and its torch threads "
+                   "(a whole number, at most this machine's cores; default: 1 CPU, torch "
+                   "threads from OMP_NUM_THREADS or 1)")
     r.add_argument("--quiet", action="store_true", help="no line per round")
     r.set_defaults(func=cmd_run)
 
@@ -166,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.timeout = DEFAULT_TIMEOUT
     if not args.timeout > 0:  # nan too; inf waits without a limit
         raise ConfigError("--timeout", f"must be a number of seconds > 0, got {args.timeout}")
+    cpus = None if args.cpus_per_client is None else cpus_per_client(args.cpus_per_client)
     raw = _raw(args.config, args.set)
     if args.mode == "submit":
         return _submit(args.config, list(args.set or []), args.out, args.superlink)
@@ -176,7 +184,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     claim_run_dir(out, overwrite=args.overwrite,
                   hint="--overwrite to replace it, or another --out")
     if args.mode == "ray":
-        summary = _run_ray(args.config, list(args.set or []), raw, out, args.timeout, echo)
+        summary = _run_ray(args.config, list(args.set or []), raw, out, args.timeout, echo,
+                           cpus)
     else:
         summary = _run_local(args.config, list(args.set or []), raw, out, args.timeout, echo)
     _print_results(summary, out)
@@ -187,8 +196,25 @@ DEFAULT_TIMEOUT = 3600.0
 """Seconds `flower run --mode local|ray` waits for the run (`--timeout`)."""
 
 
+def cpus_per_client(cpus: float) -> int:
+    """`--cpus-per-client` as a whole number of CPUs from 1 to this machine's cores, or one
+    line naming the option (Flower's simulation reserves whole CPUs per ClientApp actor; more
+    than the machine has leaves Flower's actor pool empty)."""
+    cores = os.cpu_count() or 1
+    if not (math.isfinite(cpus) and cpus >= 1 and cpus == int(cpus)):
+        raise ConfigError("--cpus-per-client", f"must be a whole number of CPUs from 1 to "
+                          f"{cores} (this machine's cores), got {cpus:g}")
+    if cpus > cores:
+        raise ConfigError("--cpus-per-client", f"{cpus:g} CPUs per client, but this machine "
+                          f"has {cores} cores: at most {cores}")
+    return int(cpus)
+
+
 def _check_mode_options(args: argparse.Namespace) -> None:
     """Options of one mode given with another are refused (they would change nothing)."""
+    if args.cpus_per_client is not None and args.mode != "ray":
+        raise ClusterFLError(f"--cpus-per-client: only with --mode ray (--mode {args.mode} "
+                             "does not run the clients as Ray actors)")
     if args.superlink and args.mode != "submit":  # the run would stay on this machine
         raise ClusterFLError(f"--superlink: only with --mode submit (--mode {args.mode} runs "
                              "on a SuperLink it starts on this machine)")
@@ -317,13 +343,16 @@ def _rounds(raw: dict[str, Any]) -> int:
 
 
 def _run_ray(config: str, overrides: list[str], raw: dict[str, Any], out: str,
-             timeout: float, echo: Callable[[str], None]) -> RunSummary:
+             timeout: float, echo: Callable[[str], None],
+             cpus: int | None = None) -> RunSummary:
     """Flower's supported simulation path: a simulation SuperLink on loopback and `flwr run`
-    on it with `num-supernodes` = n (a local simulation federation; Ray actors)."""
+    on it with `num-supernodes` = n (a local simulation federation; Ray actors of `cpus`
+    CPUs and torch threads each, `--cpus-per-client`)."""
     n = n_clients_of(raw)
-    echo(f"simulating {n} SuperNodes with Ray (flwr run on a local simulation federation); "
-         "rounds are reported as they finish")
-    return _flwr_run(config, overrides, raw, out, timeout, echo, simulate=n)
+    each = f", {cpus} CPUs and torch threads per client" if cpus else ""
+    echo(f"simulating {n} SuperNodes with Ray (flwr run on a local simulation federation"
+         f"{each}); rounds are reported as they finish")
+    return _flwr_run(config, overrides, raw, out, timeout, echo, simulate=n, cpus=cpus)
 
 
 def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str,
@@ -334,9 +363,10 @@ def _run_local(config: str, overrides: list[str], raw: dict[str, Any], out: str,
 
 def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
               timeout: float, echo: Callable[[str], None], supernodes: int = 0,
-              simulate: int = 0) -> RunSummary:
-    """A SuperLink on loopback (`simulate` > 0: a simulation SuperLink), `supernodes`
-    SuperNode processes, `flwr run` of our app; everything stopped at the end."""
+              simulate: int = 0, cpus: int | None = None) -> RunSummary:
+    """A SuperLink on loopback (`simulate` > 0: a simulation SuperLink, `cpus` per client
+    actor), `supernodes` SuperNode processes, `flwr run` of our app; everything stopped at
+    the end."""
     from clusterfl.deploy.launch import local_deployment
     from clusterfl.deploy.server_app import FINAL_STATE
     from clusterfl.records import read_summary
@@ -348,7 +378,7 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
              f"{work / 'logs'})")
     with local_deployment(work) as dep, RoundWatch(out_dir, _rounds(raw), echo):
         if simulate:
-            dep.start_superlink(simulate=simulate)
+            dep.start_superlink(simulate=simulate, num_cpus=cpus)
         else:
             dep.start_superlink()
         for i in range(supernodes):

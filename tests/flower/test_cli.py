@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -152,6 +153,10 @@ def test_a_timeout_that_is_not_a_positive_number_fails_before_flower_starts(tmp_
      "here)"),
     (["--mode", "submit", "--overwrite"], "--overwrite: only with --mode local or ray (submit "
      "streams the run's log from the SuperLink and writes nothing here)"),
+    (["--mode", "local", "--cpus-per-client", "2"], "--cpus-per-client: only with --mode ray "
+     "(--mode local does not run the clients as Ray actors)"),
+    (["--mode", "submit", "--cpus-per-client", "1"], "--cpus-per-client: only with --mode ray "
+     "(--mode submit does not run the clients as Ray actors)"),
 ])
 def test_options_of_another_mode_are_refused(tmp_path, monkeypatch, argv, said):
     """`flower run CONFIG --superlink cluster` (no --mode) ran a Ray simulation on this
@@ -164,6 +169,34 @@ def test_options_of_another_mode_are_refused(tmp_path, monkeypatch, argv, said):
     with pytest.raises(ClusterFLError) as err:
         args.func(args)
     assert str(err.value) == said and started == []
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("0", "must be a whole number of CPUs from 1 to {cores} (this machine's cores), got 0"),
+    ("-2", "must be a whole number of CPUs from 1 to {cores} (this machine's cores), got -2"),
+    ("1.5", "must be a whole number of CPUs from 1 to {cores} (this machine's cores), got 1.5"),
+    ("inf", "must be a whole number of CPUs from 1 to {cores} (this machine's cores), got inf"),
+    ("nan", "must be a whole number of CPUs from 1 to {cores} (this machine's cores), got nan"),
+    ("{more}", "{more} CPUs per client, but this machine has {cores} cores: at most {cores}"),
+])
+def test_cpus_per_client_out_of_range_fails_before_flower_starts(tmp_path, monkeypatch,
+                                                                 value, said):
+    """Ray's CPUs per client were fixed at 1 with no option; `--cpus-per-client` takes a
+    whole number of this machine's cores (Flower reserves whole CPUs; more than the machine
+    has leaves Flower's actor pool empty), and anything else is one line."""
+    import os
+
+    cores = os.cpu_count() or 1
+    started: list[str] = []
+    monkeypatch.setattr(cli_flower, "_run_ray", lambda *a: started.append("ray"))
+    out = tmp_path / "out"
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(out), "--cpus-per-client",
+                   value.format(more=cores + 1)])
+    with pytest.raises(ConfigError) as err:
+        args.func(args)
+    assert err.value.field == "--cpus-per-client"
+    assert err.value.message == said.format(cores=cores, more=cores + 1)
+    assert started == [] and not out.exists()
 
 
 def test_local_and_ray_start_one_node_per_client_up_to_the_scenario(tmp_path, monkeypatch,
@@ -270,6 +303,7 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     from clusterfl.deploy.server_app import run_on_grid
 
     asked: list[int] = []
+    cpus: list[int | None] = []
 
     class Done:
         def alive(self) -> bool:
@@ -278,8 +312,9 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     class Simulation:
         supernodes = ()
 
-        def start_superlink(self, simulate: int = 0) -> None:
+        def start_superlink(self, simulate: int = 0, num_cpus: int | None = None) -> None:
             asked.append(simulate)
+            cpus.append(num_cpus)
 
         def start_supernode(self, config) -> None:  # pragma: no cover - must not happen
             raise AssertionError("a simulation starts no SuperNode")
@@ -294,9 +329,10 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     out = tmp_path / "out"
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(out)])
     assert args.func(args) == 0
-    assert asked == [6]
+    assert asked == [6] and cpus == [None]  # Ray's 1 CPU per client, torch threads unset
     text = capsys.readouterr().out
-    assert "flower: simulating 6 SuperNodes" in text
+    assert "flower: simulating 6 SuperNodes with Ray (flwr run on a local simulation " \
+           "federation); rounds" in text
     assert [line.split("  ")[0] for line in text.splitlines() if "round " in line
             and line.startswith("flower: round")] == [f"flower: round {t}/3" for t in (1, 2, 3)]
     assert "accuracy (%)" in text and "IFCA (K=2)" in text and f"results in {out}/" in text
@@ -304,6 +340,11 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(tmp_path / "q"), "--quiet"])
     assert args.func(args) == 0
     assert "flower: round" not in capsys.readouterr().out
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(tmp_path / "c"),
+                   "--cpus-per-client", "2"])
+    assert args.func(args) == 0 and asked[-1] == 6 and cpus[-1] == 2
+    assert "flower: simulating 6 SuperNodes with Ray (flwr run on a local simulation " \
+           "federation, 2 CPUs and torch threads per client)" in capsys.readouterr().out
 
 
 def test_local_run_says_when_a_supernode_died_and_clients_were_dropped(tmp_path, monkeypatch,
@@ -372,6 +413,53 @@ def test_simulation_superlink_and_its_federation_config(tmp_path):
     proc.stop()
     cmd = proc.popen.args
     assert cmd[cmd.index("--federation-config") + 1] == federation_config(4)
+
+
+def _record_starts(monkeypatch) -> dict[str, dict[str, str]]:
+    """`launch.start` replaced: the environment each process would get, by name."""
+    import clusterfl.deploy.launch as launch
+
+    started: dict[str, dict[str, str]] = {}
+
+    class Up:
+        pid = 0
+
+        def alive(self) -> bool:
+            return True
+
+    def start(name, cmd, log_dir, env=None, cwd=None):
+        started[name] = dict(env or {})
+        return Up()
+
+    monkeypatch.setattr(launch, "start", start)
+    monkeypatch.setattr(launch, "_wait_port", lambda *a: None)
+    return started
+
+
+def _superlink(tmp_path, **kwargs) -> Any:
+    from clusterfl.deploy.launch import LocalDeployment
+
+    dep = LocalDeployment(tmp_path)
+    dep.start_superlink(**kwargs)
+    dep._stopping.set()  # ends the supervisor thread; nothing to stop (no real process)
+    return dep
+
+
+def test_simulation_gets_the_cpus_and_torch_threads_per_client(tmp_path, monkeypatch):
+    """`num_cpus` (`--cpus-per-client`) is Ray's reservation per ClientApp actor and the torch
+    threads of the simulation (OMP_NUM_THREADS, which Ray leaves alone once set); without it
+    1 CPU and the environment's threads, as before."""
+    from clusterfl.deploy.launch import federation_config
+
+    started = _record_starts(monkeypatch)
+    for num_cpus, threads in ((None, None), (3, "3")):
+        dep = _superlink(tmp_path, simulate=4, num_cpus=num_cpus)
+        assert dep.federation_config == ("num-supernodes=4 client-resources-num-cpus="
+                                         f"{num_cpus or 1}")
+        for name in ("superlink", "superexec"):
+            assert started[name].get("OMP_NUM_THREADS") == threads
+    with pytest.raises(ValueError, match="num_cpus"):
+        federation_config(4, 1.5)  # type: ignore[arg-type] - a float is refused
 
 
 def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):

@@ -258,10 +258,12 @@ def write_flwr_home(home: Path, address: str, name: str = "clusterfl",
     return path
 
 
-def federation_config(n: int, num_cpus: float = 1) -> str:
+def federation_config(n: int, num_cpus: int = 1) -> str:
     """`flwr run --federation-config` of a local simulation federation: n virtual
     SuperNodes, `num_cpus` per ClientApp actor (Flower 1.41 takes whole CPUs)."""
-    return f"num-supernodes={int(n)} client-resources-num-cpus={max(1, round(num_cpus))}"
+    if num_cpus != int(num_cpus) or num_cpus < 1:
+        raise ValueError(f"num_cpus: a whole number of 1 or more, got {num_cpus}")
+    return f"num-supernodes={int(n)} client-resources-num-cpus={int(num_cpus)}"
 
 
 def run_config_arg(config: Path, out_dir: Path | None, overrides: Sequence[str] = ()) -> str:
@@ -289,25 +291,31 @@ class LocalDeployment:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ca: Path | None = field(default=None, repr=False)  # the SuperLink's TLS root, if any
     federation_config: str | None = None  # `flwr run --federation-config` (simulation)
+    env: dict[str, str] = field(default_factory=dict)  # for the SuperLink and its SuperExec
 
     def start_superlink(self, tls: Tls | None = None, node_auth: bool = False,
-                        simulate: int = 0, num_cpus: float = 1.0) -> None:
+                        simulate: int = 0, num_cpus: int | None = None) -> None:
         """The SuperLink, its SuperExec, and the supervisor that restarts the SuperExec.
 
         `simulate` = n > 0: a simulation SuperLink instead (Flower's supported path for a
         simulated federation: `flwr run --federation-config 'num-supernodes=n ...'`, each
-        virtual SuperNode's ClientApp in a Ray actor with `num_cpus`); no SuperNodes are
-        started then."""
+        virtual SuperNode's ClientApp in a Ray actor); no SuperNodes are started then.
+        `num_cpus`: the CPUs Ray reserves for each actor (default 1), and the torch threads
+        of the simulation (`OMP_NUM_THREADS` of the SuperLink and its SuperExec; without it,
+        the environment's or 1)."""
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._ca = None if tls is None else tls.ca
+        if num_cpus is not None:
+            self.env["OMP_NUM_THREADS"] = str(int(num_cpus))
         self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth,
                                                           own_superexec=True,
                                                           simulation=simulate > 0),
-                               self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
+                               self.work / "logs",
+                               env={**self.env, "FLWR_HOME": str(self.work / "home")},
                                cwd=self.work)
         self.flwr_home = self.work / "cli-home"
-        self.federation_config = (federation_config(simulate, num_cpus) if simulate > 0
+        self.federation_config = (federation_config(simulate, num_cpus or 1) if simulate > 0
                                   else None)
         write_flwr_home(self.flwr_home, self.address, ca=None if tls is None else tls.ca)
         _wait_port(port, 30.0, self.superlink)
@@ -320,7 +328,8 @@ class LocalDeployment:
         assert self.superlink is not None
         name = "superexec" if self.superexec is None else f"superexec{self.superexec_restarts}"
         self.superexec = start(name, superexec_cmd(self.address, self._ca, self.superlink.pid),
-                               self.work / "logs", env={"FLWR_HOME": str(self.work / "home")},
+                               self.work / "logs",
+                               env={**self.env, "FLWR_HOME": str(self.work / "home")},
                                cwd=self.work)
 
     def _supervise(self) -> None:
