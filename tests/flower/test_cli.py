@@ -462,6 +462,21 @@ def test_simulation_gets_the_cpus_and_torch_threads_per_client(tmp_path, monkeyp
         federation_config(4, 1.5)  # type: ignore[arg-type] - a float is refused
 
 
+def test_simulation_starts_a_ray_instance_of_its_own(tmp_path, monkeypatch):
+    """Ray's `ray.init()` joined a cluster that `ray start --head` had left running on the
+    machine (seen: another sweep's cluster; the run died when it was stopped). The simulation
+    now starts its own (RAY_ADDRESS=local), unless RAY_ADDRESS says where to run."""
+    started = _record_starts(monkeypatch)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _superlink(tmp_path, simulate=4)
+    assert started["superlink"]["RAY_ADDRESS"] == started["superexec"]["RAY_ADDRESS"] == "local"
+    _superlink(tmp_path)  # a real SuperLink (SuperNodes): no Ray
+    assert "RAY_ADDRESS" not in started["superlink"]
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # the user's: inherited as it is
+    _superlink(tmp_path, simulate=4)
+    assert "RAY_ADDRESS" not in started["superlink"]
+
+
 def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):
     """`--mode local` giving up names `--timeout` and its value."""
     import contextlib

@@ -308,6 +308,8 @@ class LocalDeployment:
         self._ca = None if tls is None else tls.ca
         if num_cpus is not None:
             self.env["OMP_NUM_THREADS"] = str(int(num_cpus))
+        if simulate > 0 and not os.environ.get("RAY_ADDRESS"):
+            self.env["RAY_ADDRESS"] = "local"  # not a cluster `ray start` left running here
         self.superlink = start("superlink", superlink_cmd(port, tls=tls, node_auth=node_auth,
                                                           own_superexec=True,
                                                           simulation=simulate > 0),
