@@ -367,12 +367,16 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
     """A SuperLink on loopback (`simulate` > 0: a simulation SuperLink, `cpus` per client
     actor), `supernodes` SuperNode processes, `flwr run` of our app; everything stopped at
     the end."""
-    from clusterfl.deploy.launch import local_deployment
+    from clusterfl.deploy.launch import local_deployment, set_aside_logs
     from clusterfl.deploy.server_app import FINAL_STATE
     from clusterfl.records import read_summary
 
     out_dir = Path(out).resolve()
     work = out_dir.parent / (out_dir.name + ".flower")
+    moved = set_aside_logs(work / "logs")
+    if moved:
+        echo(f"moved the {len(moved)} logs of an earlier run in {work / 'logs'} to "
+             f"{work / 'logs' / 'old'} ({', '.join(moved[:4])}{' ...' if len(moved) > 4 else ''})")
     if supernodes:
         echo(f"starting a SuperLink and {supernodes} SuperNodes on this machine (logs in "
              f"{work / 'logs'})")

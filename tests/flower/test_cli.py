@@ -477,6 +477,55 @@ def test_simulation_starts_a_ray_instance_of_its_own(tmp_path, monkeypatch):
     assert "RAY_ADDRESS" not in started["superlink"]
 
 
+def test_logs_of_an_earlier_run_are_moved_to_old(tmp_path, monkeypatch, capsys):
+    """A reused `<out>.flower/logs` kept an earlier run's logs beside the new ones (e.g.
+    `supernode5.log` of a run with more nodes, `supervisor.log` appended to): they are moved
+    to `logs/old` (replacing what it held under those names), the run says so, and files
+    whose names clusterfl does not write stay where they are."""
+    import contextlib
+
+    import clusterfl.deploy.launch as launch
+
+    logs = tmp_path / "out.flower" / "logs"
+    (logs / "old").mkdir(parents=True)
+    for name in ("superlink.log", "superexec.log", "superexec1.log", "supernode0.log",
+                 "supernode5.log", "flwr-run.log", "supervisor.log", "notes.txt",
+                 "supernode5.log.bak", "mysupernode1.log"):
+        (logs / name).write_text(f"earlier {name}")
+    (logs / "old" / "supernode9.log").write_text("two runs ago")
+    (logs / "old" / "mine.txt").write_text("kept")
+    seen: list[list[str]] = []
+
+    class Done:
+        log = tmp_path / "none.log"
+
+        def alive(self) -> bool:
+            return False
+
+    class Deployment:
+        supernodes = ()
+
+        def start_superlink(self, simulate: int = 0, num_cpus: int | None = None) -> None:
+            seen.append(sorted(p.name for p in logs.iterdir()))
+
+        def flwr_run(self, *args) -> Done:
+            return Done()
+
+    monkeypatch.setattr(launch, "local_deployment",
+                        lambda work: contextlib.nullcontext(Deployment()))
+    args = _parse(["flower", "run", _config(tmp_path), "--out", str(tmp_path / "out")])
+    with pytest.raises(ClusterFLError, match="stopped before it finished"):
+        args.func(args)
+    assert seen == [["mysupernode1.log", "notes.txt", "old", "supernode5.log.bak"]]
+    assert sorted(p.name for p in (logs / "old").iterdir()) == [
+        "flwr-run.log", "mine.txt", "superexec.log", "superexec1.log", "superlink.log",
+        "supernode0.log", "supernode5.log", "supervisor.log"]
+    assert (logs / "old" / "supernode5.log").read_text() == "earlier supernode5.log"
+    assert (f"flower: moved the 7 logs of an earlier run in {logs} to {logs / 'old'} "
+            "(flwr-run.log, superexec.log, superexec1.log, superlink.log ...)"
+            ) in capsys.readouterr().out
+
+
 def test_local_mode_timeout_names_the_option(tmp_path, monkeypatch):
     """`--mode local` giving up names `--timeout` and its value."""
     import contextlib

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -179,6 +180,29 @@ def start(name: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None =
                              start_new_session=True, cwd=cwd)
     fh.close()
     return Process(name, popen, log)
+
+
+LOG_NAME = re.compile(r"(superlink|superexec\d*|supernode\d+|flwr-run|supervisor)\.log")
+"""The names of the logs a `LocalDeployment` writes into its `logs` folder."""
+
+
+def set_aside_logs(log_dir: Path) -> list[str]:
+    """Move the logs an earlier deployment left in `log_dir` (only the names `LOG_NAME`
+    matches: no other file is touched) into `log_dir/old`, replacing the ones there, so
+    that `log_dir` holds only the next deployment's; returns the names moved, sorted."""
+    if not log_dir.is_dir():
+        return []
+    names = sorted(p.name for p in log_dir.iterdir() if p.is_file() and LOG_NAME.fullmatch(p.name))
+    if names:
+        old = log_dir / "old"
+        if old.is_dir():
+            for p in old.iterdir():
+                if p.is_file() and LOG_NAME.fullmatch(p.name):
+                    p.unlink()
+        old.mkdir(exist_ok=True)
+        for name in names:
+            os.replace(log_dir / name, old / name)
+    return names
 
 
 def _abs(path: Path | str) -> str:
