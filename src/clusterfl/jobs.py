@@ -264,7 +264,7 @@ def _local_pool(tasks: list[RunTask], jobs: int, per_run: int, env: dict[str, st
                     outcome = RunOutcome(futures[future], 0.0, error=error)
                 outcomes.append(outcome)
                 log(bar.finished(outcome))
-        except KeyboardInterrupt:  # Ctrl-C reaches the workers too; SIGTERM only this one
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM of this process: the workers ignore Ctrl-C
             _stop_workers(pool)
             raise
     return broken
@@ -275,9 +275,14 @@ _STARTED: Any = None
 
 
 def _worker_start(parent: int, started: Any) -> None:
-    """A local worker's initializer: the queue of started runs, and the end with its parent."""
+    """A local worker's initializer: the queue of started runs, the end with its parent, and
+    Ctrl-C ignored: the sweep's process stops its workers (`_stop_workers`). A worker that took
+    Ctrl-C's KeyboardInterrupt as its run's result went on to the next run queued to it."""
+    import signal
+
     global _STARTED
     _STARTED = started
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _end_with_parent(parent)
 
 
@@ -305,9 +310,11 @@ def _end_with_parent(parent: int, every: float = 0.5) -> None:
 
 def _stop_workers(pool: Any) -> None:
     """Cancel the runs not started and stop the running ones (their folders keep their last
-    checkpoint: the sweep resumes them), so that leaving the pool does not wait for them."""
+    checkpoint: the sweep resumes them), so that leaving the pool does not wait for them.
+    The workers are taken before `shutdown`, which forgets them (`_processes = None`)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
+    for process in processes:
         process.terminate()
 
 

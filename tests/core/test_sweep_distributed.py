@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,7 +134,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _sweep_of_two_workers(tmp_path: Path, seeds: int, rounds: int) -> subprocess.Popen[bytes]:
+def _sweep_of_two_workers(tmp_path: Path, seeds: int, rounds: int,
+                          **popen: Any) -> subprocess.Popen[bytes]:
     """`clusterfl sweep --jobs 2` of FedAvg on `seeds` seeds, started into tmp_path/out."""
     sweep_file = tmp_path / "s.toml"
     sweep_file.write_text(dump_toml({
@@ -141,8 +143,8 @@ def _sweep_of_two_workers(tmp_path: Path, seeds: int, rounds: int) -> subprocess
         "config": {**CONFIG, "rounds": rounds, "checkpoint_every": 1}}))
     return subprocess.Popen(_cli("sweep", str(sweep_file), "--jobs", "2", "--cpus-per-run",
                                  "1", "--out", str(tmp_path / "out")), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            **{"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+                               "start_new_session": True, **popen})
 
 
 def _workers_once_a_run_checkpointed(sweep: subprocess.Popen[bytes], out: Path) -> list[int]:
@@ -197,3 +199,45 @@ def test_a_worker_killed_mid_run_fails_only_the_runs_it_stopped(tmp_path: Path) 
     status = [r["status"] for r in _table(out)]
     assert 1 <= status.count("failed") <= 2 and status.count("done") == 6 - status.count(
         "failed"), status
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """In the child: Ctrl-C's default (a shell's background job inherits SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_ctrl_c_stops_a_sweep_with_jobs_at_once_and_the_same_command_resumes(
+        tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) of `sweep --jobs 2` printed
+    "interrupted" but stopped no worker (`_stop_workers` asked the pool for its processes
+    after `shutdown` had forgotten them), and each worker took its KeyboardInterrupt as its
+    run's result and started the next queued run: the command went on running those after
+    saying it was interrupted. Now the sweep ends at once with 130, starts no run after
+    Ctrl-C, and the same command resumes the interrupted runs from their checkpoints."""
+    out = tmp_path / "out"
+    sweep = _sweep_of_two_workers(tmp_path, seeds=4, rounds=400, stderr=subprocess.PIPE,
+                                  preexec_fn=_sigint_as_in_a_terminal)
+    try:
+        workers = _workers_once_a_run_checkpointed(sweep, out)
+        assert len(workers) == 2
+        os.killpg(sweep.pid, signal.SIGINT)  # Ctrl-C: the sweep and its workers
+        started = {p.name for p in (out / "fedavg").iterdir()}
+        _, err = sweep.communicate(timeout=20)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+            sweep.wait()
+    assert sweep.returncode == 130, err.decode()[-2000:]
+    assert "interrupted; 0 of 4 runs finished" in err.decode()
+    assert not any(_alive(w) for w in workers)
+    assert {p.name for p in (out / "fedavg").iterdir()} == started  # no run began after it
+    checkpointed = sum((out / "fedavg" / name / "checkpoint" / "state.pt").is_file()
+                       for name in started)
+    assert 1 <= checkpointed <= 2
+    again = subprocess.run(sweep.args, env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ran = [line for line in again.stdout.splitlines() if "done," in line and "] " in line]
+    assert len(ran) == 4 and sum(line.endswith("(resumed)") for line in ran) == checkpointed
+    assert {r["status"] for r in _table(out)} == {"done"}
