@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +210,8 @@ def execute(
         return []
     if ray is not None:
         return _execute_ray(tasks, ray, cpus or 1, gpus, threads, log, skipped)
+    for line in local_warnings(len(tasks), jobs, threads, gpus):
+        print(f"clusterfl: warning: {line}", file=sys.stderr, flush=True)
     bar = Progress(len(tasks), jobs, skipped)
     outcomes: list[RunOutcome] = []
     if jobs == 1:
@@ -236,6 +239,25 @@ def execute(
                 outcomes.append(RunOutcome(task, 0.0, error=error))
                 log(bar.finished(outcomes[-1]))
     return outcomes
+
+
+def local_warnings(n_tasks: int, jobs: int, threads: int | None, gpus: float,
+                   cores: int | None = None) -> list[str]:
+    """What the options of runs made on this machine (no Ray) do not do: `--gpus-per-run`
+    reserves nothing, and runs at once × torch threads above the machine's cores compete."""
+    lines = []
+    if gpus:
+        lines.append(f"--gpus-per-run {gpus:g}: only Ray reserves GPUs (--ray); runs on "
+                     "this machine compute where backend.device says (--device), so it has "
+                     "no effect here")
+    cores = cores or os.cpu_count() or 1
+    at_once = min(jobs, n_tasks)
+    per_run = threads or (max(1, cores // jobs) if jobs > 1 else None)
+    if per_run is not None and at_once * per_run > cores:
+        lines.append(f"{at_once} run(s) at once (--jobs {jobs}) × {per_run} torch thread(s) "
+                     f"each (--cpus-per-run) = {at_once * per_run} threads on this machine's "
+                     f"{cores} cores: they compete for them (slower, same numbers)")
+    return lines
 
 
 def _local_pool(tasks: list[RunTask], jobs: int, per_run: int, env: dict[str, str],

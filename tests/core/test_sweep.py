@@ -639,6 +639,34 @@ def test_an_infinite_share_per_run_is_refused_in_one_line(
     assert not out.exists()
 
 
+def test_options_that_do_nothing_or_oversubscribe_locally_are_warned(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweep --jobs 2 --gpus-per-run 1` (no --ray) reserved nothing and said nothing, and
+    `--cpus-per-run 64` on a 2-core machine ran 2 × 64 torch threads without a word; both
+    are warnings now (runs at once: --jobs, or fewer when there are fewer runs)."""
+    from clusterfl.jobs import local_warnings
+
+    assert local_warnings(10, jobs=1, threads=None, gpus=0, cores=2) == []  # the default
+    assert local_warnings(10, jobs=2, threads=None, gpus=0, cores=2) == []  # 2 × 1 thread
+    assert local_warnings(10, jobs=2, threads=1, gpus=0, cores=4) == []
+    assert local_warnings(1, jobs=8, threads=None, gpus=0, cores=2) == []  # 1 run at once
+    assert local_warnings(10, jobs=8, threads=None, gpus=0, cores=2) == [
+        "8 run(s) at once (--jobs 8) × 1 torch thread(s) each (--cpus-per-run) = 8 threads "
+        "on this machine's 2 cores: they compete for them (slower, same numbers)"]
+    assert local_warnings(3, jobs=4, threads=64, gpus=0.5, cores=2) == [
+        "--gpus-per-run 0.5: only Ray reserves GPUs (--ray); runs on this machine compute "
+        "where backend.device says (--device), so it has no effect here",
+        "3 run(s) at once (--jobs 4) × 64 torch thread(s) each (--cpus-per-run) = 192 "
+        "threads on this machine's 2 cores: they compete for them (slower, same numbers)"]
+    out = tmp_path / "o"
+    sweep_file = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0]})
+    assert main(["sweep", str(sweep_file), "--out", str(out), "--gpus-per-run", "1",
+                 "--quiet"]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if "gpus" in line] == [
+        "clusterfl: warning: --gpus-per-run 1: only Ray reserves GPUs (--ray); runs on this "
+        "machine compute where backend.device says (--device), so it has no effect here"]
+
+
 def test_a_long_grid_value_gets_a_cut_folder_name_ending_in_a_hash(tmp_path: Path) -> None:
     """A list value of 150 items made a cell folder name of 327 bytes: the sweep stopped on
     `File name too long` (OSError 36), without saying which value. A normal name stays as it
