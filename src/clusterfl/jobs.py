@@ -281,7 +281,7 @@ def _local_pool(tasks: list[RunTask], jobs: int, per_run: int, env: dict[str, st
                 except Exception as exc:  # the worker process itself died
                     error = f"worker process ended: {type(exc).__name__}: {exc}"
                     if isinstance(exc, BrokenProcessPool):
-                        broken.append((futures[future], error))
+                        broken.append((futures[future], POOL_BROKEN))
                         continue
                     outcome = RunOutcome(futures[future], 0.0, error=error)
                 outcomes.append(outcome)
@@ -291,6 +291,12 @@ def _local_pool(tasks: list[RunTask], jobs: int, per_run: int, env: dict[str, st
             raise
     return broken
 
+
+POOL_BROKEN = ("stopped: a --jobs worker process died (killed by a signal: the out-of-memory "
+               "killer, kill -9), which stops every run of its pool; --retry-failed resumes "
+               "the run from its last checkpoint (or starts it again without one)")
+"""The error of the runs a dead worker stopped (Python's BrokenProcessPool named neither the
+cause nor that this run, perhaps in another worker, keeps its checkpoint)."""
 
 _STARTED: Any = None
 """In a local worker: the queue its runs' targets go into as they start (`_local_pool`)."""

@@ -196,9 +196,14 @@ def test_a_worker_killed_mid_run_fails_only_the_runs_it_stopped(tmp_path: Path) 
     finally:
         if sweep.poll() is None:
             os.killpg(sweep.pid, signal.SIGKILL)
+    from clusterfl.jobs import POOL_BROKEN
+
     status = [r["status"] for r in _table(out)]
     assert 1 <= status.count("failed") <= 2 and status.count("done") == 6 - status.count(
         "failed"), status
+    # the error said "worker process ended: BrokenProcessPool: A process in the process pool
+    # was terminated abruptly ...": neither why nor what keeps the run's work
+    assert {r["error"] for r in _table(out) if r["status"] == "failed"} == {POOL_BROKEN}
 
 
 def _sigint_as_in_a_terminal() -> None:
