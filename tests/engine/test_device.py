@@ -149,6 +149,7 @@ def test_cuda_without_a_gpu_stops_a_comparison_of_seeds_and_a_bench_before_any_r
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("clusterfl: error: backend.device: 'cuda:1' asked but torch")
     assert not (tmp_path / "RESULTS.md").exists()
+    assert not (tmp_path / "runs").exists()  # was left empty (made for its lock first)
 
 
 def _tiny_suite(tmp_path: Path) -> Path:
@@ -168,6 +169,7 @@ def test_a_quote_in_bench_device_is_named_as_given(tmp_path: Path, capsys) -> No
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == [f"clusterfl: error: backend.device: allowed: {ALLOWED} (N a GPU "
                                "index) (got 'c\"u')"], err
+    assert not (tmp_path / "runs").exists()
 
 
 def _federation_and_factory(config):
