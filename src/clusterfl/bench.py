@@ -43,6 +43,7 @@ import numpy as np
 from clusterfl.algorithms import ALGORITHMS, AlgorithmConfig
 from clusterfl.compare import merged_spec, parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
+from clusterfl.config_util import flatten
 from clusterfl.engine.device import check_devices
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.jobs import RunTask, divergence_reason, execute
@@ -203,19 +204,56 @@ def _configs(scenario: Scenario, seed: int) -> tuple[Config, list[Config]]:
                   for s in scenario.methods]
 
 
+def config_difference(text: str, cfg: Config) -> tuple[bool, dict[str, Any]]:
+    """Whether the config `text` (a run's `config.toml`, as `dump_toml` wrote it) is of
+    another run than `cfg`, and the fields it lacks because an older clusterfl wrote it
+    (dotted key → the default this version reads it with).
+
+    Text equal to `cfg`'s dump is the same run at once. Otherwise the text is read as this
+    version reads a config (`load_config`): the same resolved config (the fields it lacks at
+    their defaults, as `cfg` has them) is the same run, as for `--resume`
+    (`checkpoint.config_change`). Unlike `--resume`, every field counts: `rounds` (a finished
+    run of other rounds is not this one's result), `checkpoint_every`, the backend's
+    device, precision and chunk_size (they change the numbers in the last digits) and
+    `[output]` (it decides what a finished run's folder holds: figures, report.md,
+    TensorBoard events), as the text compare counted them. Text this version cannot read
+    (a field it does not know, removed or renamed since; a value it refuses) is of another
+    run."""
+    if text == dump_toml(cfg.to_dict()):
+        return False, {}
+    try:
+        raw = tomllib.loads(text)
+        read = load_config(raw).to_dict()
+    except (tomllib.TOMLDecodeError, ClusterFLError):
+        return True, {}
+    if read != cfg.to_dict():
+        return True, {}
+    written = flatten(raw)
+    return False, {k: v for k, v in flatten(read).items() if k not in written}
+
+
 def stale_config(target: Path, cfg: Config) -> bool:
-    """Whether `target` holds a run of another config than `cfg` (its `config.toml` differs):
-    its results are not `cfg`'s (`prepare_run` starts it again; a sweep's plan counts it as
-    to run)."""
+    """Whether `target` holds a run of another config than `cfg` (`config_difference` of its
+    `config.toml`): its results are not `cfg`'s (`prepare_run` starts it again; a sweep's
+    plan counts it as to run)."""
     stored = target / "config.toml"
-    return stored.is_file() and stored.read_text() != dump_toml(cfg.to_dict())
+    return stored.is_file() and config_difference(stored.read_text(), cfg)[0]
 
 
 def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:
-    """Clear a run whose config changed; True when the run still has to be done."""
-    if stale_config(target, cfg):
+    """Clear a run whose config changed; True when the run still has to be done. A run whose
+    `config.toml` an older clusterfl wrote without fields this config has at their defaults
+    is the same run (`config_difference`): said in one line, then skipped or resumed."""
+    from clusterfl.checkpoint import older_config_note
+
+    stored = target / "config.toml"
+    stale, added = (config_difference(stored.read_text(), cfg) if stored.is_file()
+                    else (False, {}))
+    if stale:
         log(f"{what}: config changed, run again")
         claim_run_dir(target, overwrite=True)  # only its files: refuses anything else
+    elif added:
+        log(f"{what}: {older_config_note('its config.toml', added)}")
     if (target / SUMMARY_FILE).is_file():
         log(f"{what}: done before, skipped")
         return False

@@ -182,9 +182,7 @@ class Checkpoints:
         self.round = int(state["round"])
         self.resume_warnings = self._resume_warnings(saved, now, config)
         self.resume_notes = [] if not added else [
-            f"the checkpoint in {path.parent} was written by an older clusterfl, without "
-            f"{' and '.join(added)}: taken as unchanged, at the default{'s' * (len(added) > 1)} "
-            f"this config has ({', '.join(repr(v) for v in added.values())})"]
+            older_config_note(f"the checkpoint in {path.parent}", added)]
         return self.round + 1, float(state["elapsed"]), records, state
 
     def finished_note(self, config: Config, algorithm: Algorithm, placed: bool) -> str | None:
@@ -287,6 +285,15 @@ def config_change(saved: dict[str, Any], now: dict[str, Any],
         return None, added
     was = f"absent then (its default {fa[key]!r})" if key in added else f"{fa.get(key)!r} then"
     return f"{key}: {was}, {fb.get(key)!r} now", added
+
+
+def older_config_note(where: str, added: dict[str, Any]) -> str:
+    """What a run says of a config (`where`: a checkpoint's, a run's config.toml) that an
+    older clusterfl wrote without the fields `added` (dotted key → the default it is read
+    with), which it takes as unchanged."""
+    return (f"{where} was written by an older clusterfl, without {' and '.join(added)}: "
+            f"taken as unchanged, at the default{'s' * (len(added) > 1)} this config has "
+            f"({', '.join(repr(v) for v in added.values())})")
 
 
 def _first_key(fa: dict[str, Any], fb: dict[str, Any]) -> str | None:

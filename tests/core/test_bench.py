@@ -204,6 +204,39 @@ def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
     assert read_summary(run_dir(runs, full[0], "fedavg", 0)).rounds == 4
 
 
+def test_a_config_toml_of_an_older_clusterfl_is_the_same_run_but_other_rounds_are_not(
+        tmp_path: Path) -> None:
+    """Before: `config.toml` was compared as text, so a run finished by a clusterfl whose
+    config lacked a field (here train.momentum, at its default 0.0 now) was "config changed,
+    run again". Now the stored config read by this version (the field at its default) is the
+    same run: skipped, with a note. Other rounds, or a field this version does not know, are
+    still another run."""
+    runs, logs = tmp_path / "runs", []
+    quick = load_suite(_suite(tmp_path), quick=True)
+    run_suite(quick, runs, log=logs.append)
+    target = run_dir(runs, quick[0], "fedavg", 0)
+    stored, summary = target / "config.toml", (target / "summary.json").read_text()
+    full = stored.read_text()
+    assert "momentum = 0.0\n" in full and "rounds = 2\n" in full
+    stored.write_text(full.replace("momentum = 0.0\n", ""))  # as an older clusterfl wrote it
+    logs.clear()
+    run_suite(quick, runs, log=logs.append)
+    assert logs == [
+        "digits / fedavg / seed 0: its config.toml was written by an older clusterfl, without "
+        "train.momentum: taken as unchanged, at the default this config has (0.0)",
+        "digits / fedavg / seed 0: done before, skipped"]
+    assert (target / "summary.json").read_text() == summary  # not run again
+
+    for edit in (full.replace("rounds = 2\n", "rounds = 3\n"),  # `--resume` ignores rounds
+                 "retired = 1\n" + full):  # a field this version does not know
+        stored.write_text(edit)
+        logs.clear()
+        run_suite(quick, runs, log=logs.append)
+        assert logs[0] == "digits / fedavg / seed 0: config changed, run again", logs
+        assert not any("skipped" in m for m in logs)
+        assert stored.read_text() == full and read_summary(target).rounds == 2
+
+
 def test_parallel_jobs_give_the_same_results_as_one_job(tmp_path: Path) -> None:
     scenarios = load_suite(_suite(tmp_path))
     one, two = tmp_path / "one", tmp_path / "two"
