@@ -26,10 +26,12 @@ do. `clusterfl compare CONFIG --seeds 0,1,2` is the sweep of its methods and see
 grid.
 
 Running a sweep again continues it: a finished run whose resolved config is unchanged is
-skipped; a run whose config changed (a cell edited in the file, another base config) is run
-again from the start; an interrupted one resumes from its checkpoint; one that failed is
-skipped and reported until `retry_failed` (`--retry-failed`). Failures are kept in
-`OUT/sweep-state.json`. The runs go through `clusterfl.jobs.execute` (local processes or Ray).
+skipped (`bench.config_difference`: fields its config.toml lacks because an older clusterfl
+wrote it, at their defaults now, are no change); a run whose config changed (a cell edited
+in the file, another base config) is run again from the start; an interrupted one resumes
+from its checkpoint; one that failed is skipped and reported until `retry_failed`
+(`--retry-failed`). Failures are kept in `OUT/sweep-state.json`. The runs go through
+`clusterfl.jobs.execute` (local processes or Ray).
 
 Results (`collect`): one row per run with every swept value, the method, the seed, the
 status (done, diverged, failed, missing), every final metric and the wall time — written as
@@ -386,8 +388,7 @@ def _key(run: Run, out: Path) -> str:
 
 
 def _config_text(run: Run) -> str:
-    """The run's config as `config.toml` holds it: the text `bench.prepare_run` compares with
-    the stored one before a run ("config changed, run again")."""
+    """The run's config as `config.toml` holds it, kept with a failure in the sweep state."""
     return dump_toml(run.config.to_dict())
 
 
@@ -399,11 +400,21 @@ def config_changed(run: Run) -> bool:
     return stale_config(run.target, run.config)
 
 
+def _failed_with(run: Run, before: dict[str, Any]) -> bool:
+    """Whether the failure record `before` is of the run's present config: its config text is
+    the same run (`bench.config_difference`: fields an older clusterfl did not write, at the
+    defaults the run has, are no change)."""
+    from clusterfl.bench import config_difference
+
+    text = before.get("config")
+    return isinstance(text, str) and not config_difference(text, run.config)[0]
+
+
 def _failed_before(run: Run, failed: dict[str, Any], out: Path) -> dict[str, Any] | None:
     """The run's failure record in the sweep state, when it failed with its present config
     (one of another config is dropped by `run_sweep`: the run is new)."""
     before = failed.get(_key(run, out))
-    return before if before is not None and before.get("config") == _config_text(run) else None
+    return before if before is not None and _failed_with(run, before) else None
 
 
 def run_states(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[str]:
@@ -541,7 +552,7 @@ def run_sweep(
                 claim_run_dir(run.target, overwrite=True)  # only clusterfl's files
                 failed.pop(key, None)
             before = failed.get(key)
-            if before is not None and before.get("config") != _config_text(run):
+            if before is not None and not _failed_with(run, before):
                 failed.pop(key)  # its cell changed: a new run
                 before = None
             if not prepare_run(run.target, run.config, run.what, log):

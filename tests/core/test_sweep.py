@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -384,6 +385,38 @@ def test_plan_and_report_only_do_not_count_runs_whose_config_changed_as_done(
                                                                    ("stale", False)]
     report = (out / "report.md").read_text()
     assert "runs: 2 (1 done, 1 stale)" in report and "`fedavg/seed1`: stale — ran with" in report
+
+
+def test_a_config_of_an_older_clusterfl_is_no_change_for_a_finished_or_failed_run(
+        tmp_path: Path) -> None:
+    """Before: a finished run's config.toml, and a failure's config in the sweep state, were
+    compared as text, so after an upgrade that adds a field (here train.momentum, at its
+    default 0.0) `--plan` said "config changed" for both and the sweep ran them again. Now
+    the stored config read at this version's defaults is the same run."""
+    import json
+
+    from clusterfl.sweep import run_states
+
+    path = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0, 1]})
+    out, logs = tmp_path / "o", []
+    runs = load_sweep(path).plan(out)
+    assert run_sweep(runs, out, log=lambda m: None) == []
+    stored = runs[0].target / "config.toml"
+    older = stored.read_text().replace("momentum = 0.0\n", "")
+    assert older != stored.read_text()
+    stored.write_text(older)
+    shutil.rmtree(runs[1].target)  # seed 1 failed, recorded by the older clusterfl
+    (out / "sweep-state.json").write_text(json.dumps(
+        {"failed": {"fedavg/seed1": {"error": "boom", "config": older.replace(
+            "seed = 0", "seed = 1")}}}))
+    assert run_states(runs, out) == ["done", "failed"]
+    assert run_sweep(runs, out, log=logs.append) == ["FedAvg / seed 1: boom"]
+    assert logs[:2] == [
+        "FedAvg / seed 0: its config.toml was written by an older clusterfl, without "
+        "train.momentum: taken as unchanged, at the default this config has (0.0)",
+        "FedAvg / seed 0: done before, skipped"]
+    assert logs[2].startswith("FedAvg / seed 1: failed before (boom)")
+    assert [r["status"] for r in collect(runs, out)] == ["done", "failed"]
 
 
 @pytest.mark.parametrize(("kwargs", "field", "words"), [
