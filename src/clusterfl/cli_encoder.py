@@ -12,7 +12,8 @@ e<epochs>-s<seed>.pt`, the data folder being `--data-dir`, else `$CLUSTERFL_DATA
 ~/.cache/clusterfl: the folder a run with the same data folder reads), so `[algorithm] encoder =
 "<source>"` with the same `pretrain_epochs` and `encoder_seed` reuses it; with `--out`, point
 `encoder` at the file. A cache folder that cannot be written (or is read-only) is refused
-before any training: give `--out`.
+before any training: give `--out`. So is a `--latent` whose training would not fit in the
+machine's memory (once the dataset is read; nothing is allocated for the model).
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"epoch {epoch}/{args.epochs}  reconstruction loss {loss:.4f}", flush=True)
 
     enc = encoders.pretrain(args.source, args.epochs, args.latent, args.seed, args.data_dir,
-                            args.batch_size, args.lr, args.max_samples, report)
+                            args.batch_size, args.lr, args.max_samples, report,
+                            latent_field="--latent")
     encoders.save(enc, path)
     print(f"wrote {path} ({enc.params.numel()} parameters, sha256 {enc.sha256}) in "
           f"{time.perf_counter() - t0:.0f} s")

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from clusterfl.config_util import physical_memory_bytes
 from clusterfl.data.catalog import resolve_data_dir
 from clusterfl.data.sources import Source, load_source
 from clusterfl.engine.signatures import build_conv_ae, train_autoencoder
@@ -113,6 +114,33 @@ def check_cache_folder(folder: str | Path, field_name: str, fix: str) -> None:
                                       f"{fix}")
 
 
+def conv_ae_size(input_shape: tuple[int, ...], latent: int) -> int:
+    """The parameters of the ConvAE for `input_shape` and `latent`, counted without memory
+    (on the meta device; no random numbers drawn)."""
+    with torch.device("meta"):
+        model = build_conv_ae(tuple(input_shape), latent)
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_fits_in_memory(input_shape: tuple[int, ...], latent: int, field_name: str) -> None:
+    """Refuse, before anything is allocated, a ConvAE whose training needs more than the
+    machine's physical memory: its parameters, gradients and Adam's two moments, 4 float32
+    copies (`--latent 100000000` ran until the system killed it). Shapes the ConvAE cannot
+    take are left to the caller's own message."""
+    have = physical_memory_bytes()
+    try:
+        d = conv_ae_size(input_shape, latent)
+    except (ValueError, RuntimeError):
+        return
+    need = 16 * d
+    if have is not None and need > have:
+        raise ConfigError(field_name, f"{latent:,} gives a ConvAE of {d:,} parameters for "
+                          f"inputs {tuple(input_shape)}; training it holds 4 float32 copies "
+                          f"(parameters, gradients, Adam's two moments), {need / 2**30:,.1f} GiB, "
+                          f"more than this machine's {have / 2**30:,.1f} GiB of memory: choose "
+                          "a smaller latent (default 128)")
+
+
 def cached_path(source: str, latent: int, epochs: int, seed: int,
                 encoder_dir: str | Path | None = None) -> Path:
     """Where the encoder pretrained with these settings is cached."""
@@ -124,7 +152,7 @@ def pretrain(source: str, epochs: int, latent: int = 128, seed: int = 0,
              data_dir: str | Path | None = None, batch_size: int = 64, lr: float = 1e-3,
              max_samples: int | None = None,
              on_epoch: Callable[[int, float], None] | None = None,
-             loaded: Source | None = None) -> EncoderFile:
+             loaded: Source | None = None, latent_field: str = "latent") -> EncoderFile:
     """Train a ConvAE on the training images of dataset `source` (labels unused).
 
     Args:
@@ -136,6 +164,7 @@ def pretrain(source: str, epochs: int, latent: int = 128, seed: int = 0,
         max_samples: use only the first this many training images (quick runs).
         on_epoch: called with (epoch, mean loss) after each epoch (progress).
         loaded: `source` already read (`resolve` checks it first), so it is not read again.
+        latent_field: the setting named when `latent` would not fit in memory.
     """
     if epochs < 1:
         raise ConfigError("epochs", f"must be ≥ 1, got {epochs}")
@@ -143,6 +172,7 @@ def pretrain(source: str, epochs: int, latent: int = 128, seed: int = 0,
     if src.task != "classification" or src.x_train.dim() != 4:
         raise ConfigError("source", f"{source!r} is not an image dataset")
     x = src.x_train if max_samples is None else src.x_train[:max_samples]
+    check_fits_in_memory(tuple(x.shape[1:]), latent, latent_field)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
@@ -171,6 +201,8 @@ def save(encoder: EncoderFile, path: str | Path) -> Path:
 def load(path: str | Path) -> EncoderFile:
     """Read an encoder file; raises DataError when missing, malformed or corrupted."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise DataError(f"{path} is a folder; give an encoder file (.pt)")
     if not path.is_file():
         raise DataError(f"encoder file not found: {path}. Create one with "
                         "`clusterfl encoder train --source fashion_mnist --out PATH`.")
@@ -189,29 +221,48 @@ def load(path: str | Path) -> EncoderFile:
                if "Weights only load failed" in str(exc)
                else (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         raise DataError(f"{path} is not a clusterfl encoder file ({why})") from None
+    again = "train the encoder again with `clusterfl encoder train`"
+    if not isinstance(enc.params, torch.Tensor) or not enc.params.is_floating_point():
+        raise DataError(f"{path} is not a clusterfl encoder file (its 'params' entry is not a "
+                        "tensor of floats)")
     if enc.sha256 != expected:
-        raise DataError(f"{path}: parameter checksum mismatch (file corrupted); "
-                        "train the encoder again with `clusterfl encoder train`")
+        raise DataError(f"{path}: parameter checksum mismatch (file corrupted); {again}")
+    try:
+        size = conv_ae_size(enc.input_shape, enc.latent)
+    except Exception as exc:  # a shape or latent no ConvAE takes
+        raise DataError(f"{path} is not a usable encoder file (input shape "
+                        f"{enc.input_shape}, latent {enc.latent}: {exc})") from None
+    if enc.params.numel() != size:
+        raise DataError(f"{path}: {enc.params.numel():,} parameters, but a ConvAE with latent "
+                        f"{enc.latent} for inputs {enc.input_shape} has {size:,}; {again}")
+    bad = int((~torch.isfinite(enc.params)).sum())
+    if bad:
+        raise DataError(f"{path}: {bad:,} of its {enc.params.numel():,} parameters are NaN or "
+                        f"infinite (every embedding would be); {again}")
     return enc
 
 
 def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
             encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
             field_name: str = "algorithm.encoder",
-            dir_field: str = "algorithm.encoder_dir", verify: bool = True) -> EncoderFile:
+            dir_field: str = "algorithm.encoder_dir", verify: bool = True,
+            latent_field: str = "algorithm.latent") -> EncoderFile:
     """The encoder an FLT config names.
 
     `spec` is a path to an encoder file (anything with a path separator or ending in `.pt`),
     a dataset name (its cached pretrained encoder, trained for `epochs` on first use), or
     "none" (an untrained ConvAE initialised with `seed`). The encoder must fit `input_shape`
-    and `latent`, else a ConfigError names `field_name`. A dataset is read from `data_dir`
+    and `latent`, else a ConfigError names `field_name`; so does a file that cannot be read
+    (corrupted, hand-made) or a cached file whose metadata are not those its name says. A
+    `latent` whose ConvAE would not fit in memory is a ConfigError naming `latent_field`,
+    before anything is allocated. A dataset is read from `data_dir`
     (`load_source`: else `$CLUSTERFL_DATA`, else the cache) and its encoder cached in
     `encoder_dir` (default `<data dir>/encoders`); a cache that cannot be written is a
     ConfigError naming `dir_field`, before pretraining. `verify`: check the dataset's files
     against the catalog's checksums (the run's `data.verify`).
     """
     enc = _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-                   dir_field, train=True, verify=verify)
+                   dir_field, train=True, verify=verify, latent_field=latent_field)
     assert enc is not None  # trained when missing
     return enc
 
@@ -219,18 +270,31 @@ def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, s
 def check(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
           encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
           field_name: str = "algorithm.encoder",
-          dir_field: str = "algorithm.encoder_dir", verify: bool = True) -> None:
+          dir_field: str = "algorithm.encoder_dir", verify: bool = True,
+          latent_field: str = "algorithm.latent") -> None:
     """Everything `resolve` checks (the file, the dataset and their shapes, the cache folder
     it would be saved in), without the minutes of pretraining: a run, or each run of a
     comparison, fails before its first round."""
     _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-             dir_field, train=False, verify=verify)
+             dir_field, train=False, verify=verify, latent_field=latent_field)
 
 
 def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
              encoder_dir: str | Path | None, data_dir: str | Path | None, field_name: str,
-             dir_field: str, train: bool, verify: bool = True) -> EncoderFile | None:
+             dir_field: str, train: bool, verify: bool = True,
+             latent_field: str = "algorithm.latent") -> EncoderFile | None:
     """`resolve`; without `train`, None where it would pretrain."""
+    def read(path: str | Path, cache_of: str = "") -> EncoderFile:
+        try:
+            return load(path)
+        except DataError as exc:
+            hint = (f" (the cached encoder of {cache_of!r}: delete it and the run pretrains "
+                    "it again)" if cache_of else "")
+            raise ConfigError(field_name, f"{exc}{hint}") from None
+
+    is_file = spec.endswith(".pt") or os.sep in spec or "/" in spec
+    if not is_file:  # the ConvAE is made (or pretrained) here: it must fit first
+        check_fits_in_memory(tuple(input_shape), latent, latent_field)
     if spec == RANDOM:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -239,8 +303,8 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
             except ValueError as exc:
                 raise ConfigError(field_name, str(exc)) from None
         return EncoderFile(get_flat(model), latent, tuple(input_shape), RANDOM, 0, seed)
-    if spec.endswith(".pt") or os.sep in spec or "/" in spec:
-        enc = load(spec)
+    if is_file:
+        enc = read(spec)
     else:
         from clusterfl.data.sources import SOURCE_NAMES
 
@@ -250,7 +314,12 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
                               f"or {RANDOM!r}")
         path = cached_path(spec, latent, epochs, seed, encoder_dir or default_encoder_dir(data_dir))
         if path.is_file():
-            enc = load(path)
+            enc = read(path, spec)
+            if (enc.source, enc.epochs, enc.seed) != (spec, epochs, seed):
+                raise ConfigError(field_name, f"the cached encoder {path} was pretrained on "
+                                  f"{enc.source!r} for {enc.epochs} epochs with seed {enc.seed}, "
+                                  f"not on {spec!r} for {epochs} with seed {seed} as its name "
+                                  "says: delete it and the run pretrains it again")
         else:  # before minutes of pretraining: the data is there and has the right shape
             try:
                 src = load_source(spec, data_dir, verify)
@@ -268,7 +337,8 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
             check_cache_folder(path.parent, dir_field, fix)
             if not train:
                 return None
-            enc = pretrain(spec, epochs, latent, seed, data_dir, loaded=src)
+            enc = pretrain(spec, epochs, latent, seed, data_dir, loaded=src,
+                           latent_field=latent_field)
             try:
                 save(enc, path)
             except OSError as exc:  # the check passed, the write did not (full, raced)
@@ -277,7 +347,9 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
     if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:
         raise ConfigError(field_name, f"the encoder was trained on inputs {enc.input_shape} with "
                           f"latent {enc.latent}; this federation needs inputs "
-                          f"{tuple(input_shape)} and latent {latent}")
+                          f"{tuple(input_shape)} and latent {latent}"
+                          + (f" (or set {latent_field} = {enc.latent})"
+                             if tuple(enc.input_shape) == tuple(input_shape) else ""))
     return enc
 
 
@@ -290,7 +362,8 @@ def describe(enc: EncoderFile) -> dict[str, Any]:
 
 
 __all__ = [
-    "EncoderFile", "cached_path", "check", "check_cache_folder", "default_encoder_dir",
+    "EncoderFile", "cached_path", "check", "check_cache_folder", "check_fits_in_memory",
+    "conv_ae_size", "default_encoder_dir",
     "describe", "load",
     "params_sha256", "pretrain", "resolve", "save",
 ]

@@ -4,6 +4,7 @@ server math (A, Ã, Ω, Ward, the automatic C) is tested in tests/clustering/.""
 
 import argparse
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -373,7 +374,7 @@ def test_encoder_train_never_overwrites_what_is_not_an_encoder_and_checks_out_fi
     cli_encoder.add_parser(parser.add_subparsers(dest="command"))
     trained = []
     real = encoders.pretrain
-    monkeypatch.setattr(encoders, "pretrain", lambda *a: trained.append(1) or real(*a))
+    monkeypatch.setattr(encoders, "pretrain", lambda *a, **k: trained.append(1) or real(*a, **k))
 
     def train(out: Path) -> None:
         args = parser.parse_args(["encoder", "train", "--source", "digits", "--epochs", "1",
@@ -514,3 +515,127 @@ def test_a_file_that_is_not_an_encoder_is_one_line(tmp_path, capsys):
         assert main(["encoder", "show", str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and why in err[0], err
+
+
+def test_a_latent_too_large_for_memory_is_refused_before_anything_is_allocated(tmp_path, capsys,
+                                                                              monkeypatch):
+    """`encoder train --latent 100000000` allocated until the system killed it; FLT's
+    `latent` the same in its run. A ConvAE for 8×8 images has 33·latent + 1093 parameters
+    (conv 160 + 580, linear 17·latent and 16·latent + 16, transposed conv 272 + 65); its
+    training holds 4 float32 copies, 16 bytes a parameter."""
+    from clusterfl.cli import main
+
+    monkeypatch.setattr(encoders, "physical_memory_bytes", lambda: 16 * 2**30, raising=False)
+    out = tmp_path / "e.pt"
+    assert main(["encoder", "train", "--source", "digits", "--epochs", "1", "--latent",
+                 "100000000", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("clusterfl: error: --latent: 100,000,000 gives "
+                                               "a ConvAE of 3,300,001,093 parameters"), err
+    assert "49.2 GiB, more than this machine's 16.0 GiB" in err[0] and not out.exists()
+    # the bound is 16 bytes a parameter: one byte less refuses, exactly that trains
+    monkeypatch.setattr(encoders, "physical_memory_bytes", lambda: 16 * 1357 - 1)
+    assert main(["encoder", "train", "--source", "digits", "--epochs", "1", "--latent", "8",
+                 "--max-samples", "20", "--out", str(out), "--quiet"]) == 2
+    assert "1,357 parameters" in capsys.readouterr().err and not out.exists()
+    monkeypatch.setattr(encoders, "physical_memory_bytes", lambda: 16 * 1357)
+    assert main(["encoder", "train", "--source", "digits", "--epochs", "1", "--latent", "8",
+                 "--max-samples", "20", "--out", str(out), "--quiet"]) == 0
+    # FLT: before the run, untrained ("none") or pretrained (nothing pretrained, no cache)
+    monkeypatch.setattr(encoders, "physical_memory_bytes", lambda: 16 * (33 * 16 + 1093) - 1)
+    monkeypatch.setattr(encoders, "pretrain", lambda *a, **k: pytest.fail("pretrained"))
+    for spec in ("none", "digits"):
+        with pytest.raises(ConfigError, match="1,621 parameters") as exc:
+            Experiment.from_config(config({**FAST_FLT, "encoder": spec, "encoder_dir":
+                                           str(tmp_path / "cache")}))
+        assert exc.value.field == "algorithm.latent"
+    assert not (tmp_path / "cache").exists()
+    assert encoders.conv_ae_size((1, 8, 8), 8) == 33 * 8 + 1093 == 1357
+
+
+def _doctored(path: Path, out: Path, **entries) -> Path:
+    """The encoder file at `path` with `entries` replaced and its checksum made to agree."""
+    raw = torch.load(path, weights_only=True)
+    raw.update(entries)
+    if isinstance(raw["params"], torch.Tensor):
+        raw["sha256"] = encoders.params_sha256(raw["params"])
+    torch.save(raw, out)
+    return out
+
+
+def test_encoder_files_that_load_but_cannot_work_are_one_line_before_the_run(tmp_path, capsys):
+    """A file whose parameters are not a tensor was Python's AttributeError; one with the
+    wrong number of parameters (or NaN ones) under an agreeing checksum was accepted by
+    `encoder show` and by FLT's check, then stopped round 1 with a traceback (ConvAE's
+    ValueError, BCE's 'all elements of input should be between 0 and 1')."""
+    from clusterfl.cli import main
+
+    good = encoders.save(encoders.pretrain("digits", 1, 16, 0, max_samples=50), tmp_path / "e.pt")
+    params = encoders.load(good).params
+    nan = params.clone()
+    nan[[0, 5]] = float("nan")
+    cases = [(_doctored(good, tmp_path / "list.pt", params=params.tolist()),
+              "is not a clusterfl encoder file (its 'params' entry is not a tensor of floats)"),
+             (_doctored(good, tmp_path / "short.pt", params=params[:-5].clone()),
+              "1,616 parameters, but a ConvAE with latent 16 for inputs (1, 8, 8) has 1,621"),
+             (_doctored(good, tmp_path / "nan.pt", params=nan),
+              "2 of its 1,621 parameters are NaN or infinite"),
+             (tmp_path, "is a folder; give an encoder file (.pt)")]
+    for path, why in cases:
+        assert main(["encoder", "show", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and why in err[0], err
+        with pytest.raises(ConfigError, match=re.escape(why)) as exc:  # before round 1
+            Experiment.from_config(config({**FAST_FLT, "encoder": str(path)}),
+                                   federation=prototypes_federation())
+        assert exc.value.field == "algorithm.encoder"
+    with pytest.raises(ConfigError, match=r"latent 16; this federation needs inputs \(1, 8, "
+                       r"8\) and latent 8 \(or set algorithm.latent = 16\)"):
+        encoders.resolve(str(good), (1, 8, 8), 8, 1, 0)
+
+
+def test_a_broken_or_mismatched_cached_encoder_names_algorithm_encoder(tmp_path, monkeypatch):
+    """A corrupted cache file was a DataError naming no setting and not saying that deleting
+    it retrains it; a file at the cache's name pretrained on another dataset (or for other
+    epochs or seed) was used as if it were the one named."""
+    cache = tmp_path / "cache"
+    path = encoders.cached_path("digits", 8, 1, 0, cache)
+    encoders.save(encoders.pretrain("digits", 1, 8, 0, max_samples=50), path)
+    good = path.read_bytes()
+    path.write_bytes(good[:200])  # truncated
+    monkeypatch.setattr(encoders, "pretrain", lambda *a, **k: pytest.fail("pretrained"))
+    with pytest.raises(ConfigError) as exc:
+        encoders.check("digits", (1, 8, 8), 8, 1, 0, cache)
+    assert exc.value.field == "algorithm.encoder" and exc.value.message == (
+        f"{path} is not a clusterfl encoder file (not a file torch.save wrote) (the cached "
+        "encoder of 'digits': delete it and the run pretrains it again)")
+    path.write_bytes(good)
+    for entries, what in (({"source": "mnist"}, "'mnist' for 1 epochs with seed 0"),
+                          ({"epochs": 7}, "'digits' for 7 epochs with seed 0"),
+                          ({"seed": 3}, "'digits' for 1 epochs with seed 3")):
+        path.write_bytes(good)
+        _doctored(path, path, **entries)
+        with pytest.raises(ConfigError, match=re.escape(
+                f"the cached encoder {path} was pretrained on {what}, not on 'digits' for 1 "
+                "with seed 0 as its name says: delete it")) as exc:
+            encoders.resolve("digits", (1, 8, 8), 8, 1, 0, cache)
+        assert exc.value.field == "algorithm.encoder"
+    path.write_bytes(good)
+    assert encoders.resolve("digits", (1, 8, 8), 8, 1, 0, cache).sha256 == \
+        encoders.load(path).sha256
+
+
+def test_a_cached_encoder_gives_the_same_run_as_pretraining_it_in_the_run(tmp_path):
+    """The first run pretrains the encoder (and caches it), the second reads the cache: the
+    same encoder, the same clusters and the same numbers in every round."""
+    def run() -> tuple[list, dict]:
+        hist = Experiment.from_config(config({
+            "name": "flt", "encoder": "digits", "pretrain_epochs": 1, "latent": 8, "k": 2,
+            "finetune_epochs": 1, "umap": False, "encoder_dir": str(tmp_path)}, rounds=2)
+        ).run(progress=False)
+        return ([(r.metrics, r.assignment) for r in hist.records],
+                hist.records[0].extras["encoder"])
+
+    pretrained, cached = run(), run()
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    assert cached == pretrained and cached[1]["source"] == "digits"
