@@ -309,6 +309,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     from clusterfl.data import DATASETS, default_data_dir, download, verify
+    from clusterfl.data.catalog import BUILTIN
 
     con = _console()
     if args.action == "shard":
@@ -329,13 +330,17 @@ def cmd_data(args: argparse.Namespace) -> int:
                           f"downloadable: {DATASETS[name].how_to_get})")
                 continue
             con.print(f"  {name:15s} {_list_status(name, root, verify(name, root))}")
-        con.print("  digits          built in (scikit-learn)")
-        con.print("  synthetic_topics generated (four-topic text, docs/language_model.md)")
+        for name, info in BUILTIN.items():  # every source a run reads with no files
+            con.print(f"  {name:15s} built in: {info.description}")
         return 0
     allowed = ", ".join(sorted(n for n in DATASETS if DATASETS[n].files))
+    if args.name in BUILTIN:  # `data list` names them; a run reads them with no files
+        con.print(f"{args.name}: built in: {BUILTIN[args.name].description}")
+        return 0
     if args.name is not None and args.name not in DATASETS:
         raise ClusterFLError(f"dataset: unknown {args.name!r}; allowed: "
-                             f"{', '.join(sorted(DATASETS))}")
+                             f"{', '.join(sorted(DATASETS))} (files), "
+                             f"{', '.join(sorted(BUILTIN))} (built in)")
     if args.action == "download" and args.name is None:
         raise ClusterFLError(f"data download: name the dataset to fetch, one of: {allowed} "
                              "(e.g. `clusterfl data download mnist`)")

@@ -175,3 +175,23 @@ def test_list_does_not_call_extracted_or_wrong_files_missing(
         assert main(["data", "verify", name, "--data-dir", str(root)]) == 0  # what it says
     assert "present, not the official files" in lines["mnist"]
     assert "missing or incomplete" in lines["cifar100"]
+
+
+def test_built_in_sources_are_listed_and_verify_and_download_accept_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`data verify digits` and `data download digits` said "unknown 'digits'" (though
+    `data list` named it and a run reads it), and `data list` left synthetic_regression out."""
+    fetched: list[str] = []
+    monkeypatch.setattr(clusterfl.data, "download", lambda name, *a, **k: fetched.append(name))
+    assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert {"digits", "synthetic_regression", "synthetic_topics"} <= listed
+    for action in ("verify", "download"):
+        for name in ("digits", "synthetic_regression", "synthetic_topics"):
+            assert main(["data", action, name, "--data-dir", str(tmp_path)]) == 0
+            assert capsys.readouterr().out.startswith(f"{name}: built in: ")
+    assert fetched == [] and not any(tmp_path.iterdir())
+    assert main(["data", "verify", "nosuch", "--data-dir", str(tmp_path)]) == 2
+    assert "digits, synthetic_regression, synthetic_topics (built in)" in \
+        capsys.readouterr().err
