@@ -279,3 +279,26 @@ def test_a_run_on_shards_with_too_few_classes_stops_before_training(tmp_path: Pa
                                         r"holds the class id 9"):
         Experiment.from_config(_on_shards(folder), out_dir=tmp_path / "run").run(
             progress=False)
+
+
+def test_a_file_of_the_same_shape_from_other_shards_is_refused_naming_it(
+        tmp_path: Path) -> None:
+    """A `y_test.npy` of another seed's shards (same shapes, other rows), copied in or left
+    by a `data shard` rewriting the folder while a run started, was read silently beside the
+    other files: a federation of two. Now the index keeps a digest of each client's first and
+    last rows per array, and reading names the file whose rows differ."""
+    ours = write_shards(build_federation(load_config(BUILT)), tmp_path / "a")
+    other = write_shards(build_federation(load_config({**BUILT, "seed": 4})), tmp_path / "b")
+    for name in ("x_train", "y_test"):
+        assert not np.array_equal(np.load(ours / f"{name}.npy"),
+                                  np.load(other / f"{name}.npy"))
+        kept = (ours / f"{name}.npy").read_bytes()
+        (ours / f"{name}.npy").write_bytes((other / f"{name}.npy").read_bytes())
+        with pytest.raises(DataError, match=rf"a/{name}\.npy: its rows are not the ones "
+                                            r"federation\.json was written with"):
+            read_shards(ours)
+        (ours / f"{name}.npy").write_bytes(kept)
+        read_shards(ours)  # its own files again: read
+    _edit(ours, ends=_DROP)  # shards written before the digests were kept: still read
+    (ours / "y_test.npy").write_bytes((other / "y_test.npy").read_bytes())
+    assert torch.equal(read_shards(ours).y_test, read_shards(other).y_test)

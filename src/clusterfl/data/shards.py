@@ -20,7 +20,10 @@ The arrays are mapped copy-on-write (`numpy.load(mmap_mode="c")`): a run never w
 files. They were checked when the federation was built (labels, NaN inputs, sizes); reading
 checks that every file is there and has the shape and type `federation.json` gives, and
 that the index's task, classes and input scale agree with the arrays (a hand-edited index),
-and refuses a missing, truncated or foreign file, or a wrong field, in one line naming it.
+and refuses a missing, truncated or foreign file, or a wrong field, in one line naming it:
+a foreign file of the same shape (another seed's, or one a concurrent `data shard` rewrote)
+by the digest of each client's first and last rows that the index keeps per array (`ends`;
+shards written before it was kept are read unchecked).
 The results of a run on the shards are those of a run that builds the same federation (the
 same bits are read).
 
@@ -31,6 +34,8 @@ folder it did not write.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import math
 import os
@@ -126,6 +131,7 @@ def _write_into(federation: Federation, out: Path) -> None:
             "name": federation.name,
             "x_scale": federation.x_scale,
             "meta": federation.meta,
+            "ends": _ends(federation),
         }
         (tmp / INDEX).write_text(json.dumps(index, default=_plain), encoding="utf-8")
         (out / INDEX).unlink(missing_ok=True)  # checked ours (`_check_out`)
@@ -175,7 +181,7 @@ def read_shards(folder: str | Path, field: str = "data.path") -> Federation:
     tensors = {name: _mapped(root, name, specs.get(name)) for name in ARRAYS}
     _check_index(index_file, index, tensors)
     try:
-        return Federation(
+        federation = Federation(
             tensors["x_train"], tensors["y_train"], np.asarray(index["train_offsets"]),
             tensors["x_test"], tensors["y_test"], np.asarray(index["test_offsets"]),
             None if index["clusters"] is None else np.asarray(index["clusters"]),
@@ -184,6 +190,34 @@ def read_shards(folder: str | Path, field: str = "data.path") -> Federation:
         )
     except (KeyError, TypeError, ValueError, DataError) as exc:
         raise DataError(f"{index_file}: does not describe its arrays ({exc})") from None
+    written = index.get("ends")  # absent from shards written before it was kept
+    if isinstance(written, dict):
+        now = _ends(federation)
+        for name in ARRAYS:
+            if written.get(name) != now[name]:
+                raise DataError(f"{root / f'{name}.npy'}: its rows are not the ones {INDEX} "
+                                "was written with (a file of another shard output, or one "
+                                "rewritten since); write the shards again with `clusterfl "
+                                "data shard`")
+    return federation
+
+
+def _ends(federation: Federation) -> dict[str, str]:
+    """Per array, a digest of the first and last rows of every client (what a foreign file
+    of the same shape, from another config or seed or from a `data shard` rewriting the
+    folder meanwhile, changes): a few pages of each file, not the whole of it."""
+    out = {}
+    for split in ("train", "test"):
+        x, y, off = federation.stored(split)
+        rows = sorted({int(r) for a, b in itertools.pairwise(off) if b > a
+                       for r in (a, b - 1)})
+        for name, t in ((f"x_{split}", x), (f"y_{split}", y)):
+            a = t.numpy()
+            h = hashlib.blake2b(repr((a.dtype.str, a.shape)).encode(), digest_size=16)
+            for r in rows:
+                h.update(np.ascontiguousarray(a[r]).tobytes())
+            out[name] = h.hexdigest()
+    return out
 
 
 _FIELDS = ("arrays", "train_offsets", "test_offsets", "clusters", "n_classes", "task",
