@@ -302,3 +302,25 @@ def test_a_file_of_the_same_shape_from_other_shards_is_refused_naming_it(
     _edit(ours, ends=_DROP)  # shards written before the digests were kept: still read
     (ours / "y_test.npy").write_bytes((other / "y_test.npy").read_bytes())
     assert torch.equal(read_shards(ours).y_test, read_shards(other).y_test)
+
+
+def test_shards_being_rewritten_or_left_by_a_killed_shard_are_named_so(tmp_path: Path) -> None:
+    """While `data shard` replaces the arrays, the folder has no `federation.json` but its
+    `.shards-writing-*` folder: a run starting then was told the folder "is not a folder
+    written by `clusterfl data shard`", and resharding over one a killed `data shard` left
+    said that folder was not written by `data shard`. Both now say what it is."""
+    folder = write_shards(_hand_built(), tmp_path / "shards")
+    (folder / "federation.json").unlink()
+    (folder / ".shards-writing-k1ll3d").mkdir()
+    with pytest.raises(DataError, match=r"federation\.json: missing: a `clusterfl data shard` "
+                                        r"is rewriting .*shards \(its temporary folder "
+                                        r"\.shards-writing-k1ll3d\) or was killed"):
+        read_shards(folder)
+    with pytest.raises(ConfigError, match=r"--out: .*shards holds \.shards-writing-k1ll3d, the "
+                                          r"temporary folder of a `clusterfl data shard` "
+                                          r"writing there now or of one that was killed: wait"):
+        write_shards(_hand_built(), folder)
+    (folder / ".shards-writing-k1ll3d").rmdir()
+    with pytest.raises(DataError, match=r"federation\.json: missing; .*shards is not a folder "
+                                        r"written by `clusterfl data shard`"):
+        read_shards(folder)

@@ -52,6 +52,8 @@ from clusterfl.data.federation import TASKS, Federation
 from clusterfl.errors import ConfigError, DataError
 
 FORMAT = "clusterfl-shards/1"
+WRITING = ".shards-writing-"
+"""The name of `write_shards`' temporary folder inside the output folder, and a suffix."""
 INDEX = "federation.json"
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -93,6 +95,11 @@ def _check_out(out: Path) -> None:
     if not entries:
         return
     foreign = next((f for f in entries if not _ours(f)), None)
+    if foreign is not None and foreign.name.startswith(WRITING) and foreign.is_dir():
+        raise ConfigError("--out", f"{out} holds {foreign.name}, the temporary folder of a "
+                                   "`clusterfl data shard` writing there now or of one that was "
+                                   "killed: wait for it to end, or remove that folder if none "
+                                   "is running")
     if foreign is not None:
         raise ConfigError("--out", f"{out} holds {foreign.name}, which `clusterfl data "
                                    "shard` did not write: give a new or empty folder "
@@ -110,7 +117,7 @@ def _write_into(federation: Federation, out: Path) -> None:
     moved into `out` (see `write_shards`). The temporary folder is removed whatever happens:
     this call made it, so it is ours."""
     try:
-        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".shards-writing-"))
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=WRITING))
     except OSError as exc:
         raise ConfigError("--out", f"cannot write into {out} ({exc.strerror or exc}); "
                           "choose another folder") from None
@@ -155,11 +162,18 @@ def read_shards(folder: str | Path, field: str = "data.path") -> Federation:
     if not root.is_dir():
         raise ConfigError(field, f"{root} is not a folder (a folder written by `clusterfl "
                                  "data shard`)")
-    if not index_file.is_file():
-        raise DataError(f"{index_file}: missing; {root} is not a folder written by "
-                        "`clusterfl data shard`")
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        writing = next((f.name for f in root.glob(f"{WRITING}*") if f.is_dir()), None)
+        if writing is not None or index_file.is_file():  # `write_shards` takes the index
+            # away while it replaces the arrays (and may have put it back since)
+            raise DataError(f"{index_file}: missing: a `clusterfl data shard` is rewriting "
+                            f"{root} (its temporary folder {writing or WRITING + '…'}) or "
+                            "was killed doing so; run again when it has ended, or write the "
+                            "shards again") from None
+        raise DataError(f"{index_file}: missing; {root} is not a folder written by "
+                        "`clusterfl data shard`") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{index_file}: not readable JSON ({exc}); write the shards again "
                         "with `clusterfl data shard`") from None
