@@ -312,6 +312,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     from clusterfl.data.catalog import BUILTIN
 
     con = _console()
+    for option, value, actions in (("--out", args.out, ("shard",)),
+                                   ("--set", args.set, ("shard",)),
+                                   ("--base-url", args.base_url, ("download",))):
+        if value is not None and args.action not in actions:  # would be ignored
+            raise ConfigError(option, f"only for `clusterfl data {' / '.join(actions)}`, not "
+                                      f"`data {args.action}`")
     if args.action == "shard":
         return _shard(args, con)
     root = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()

@@ -195,3 +195,23 @@ def test_built_in_sources_are_listed_and_verify_and_download_accept_them(
     assert main(["data", "verify", "nosuch", "--data-dir", str(tmp_path)]) == 2
     assert "digits, synthetic_regression, synthetic_topics (built in)" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("words", "error"), [
+    (["verify", "mnist", "--out", "x"], "--out: only for `clusterfl data shard`, not "
+                                        "`data verify`"),
+    (["list", "--set", "seed=1"], "--set: only for `clusterfl data shard`, not `data list`"),
+    (["shard", "c.toml", "--out", "x", "--base-url", "http://127.0.0.1:9"],
+     "--base-url: only for `clusterfl data download`, not `data shard`"),
+    (["verify", "--base-url", "http://127.0.0.1:9"],
+     "--base-url: only for `clusterfl data download`, not `data verify`"),
+], ids=["out_with_verify", "set_with_list", "base_url_with_shard", "base_url_with_verify"])
+def test_an_option_of_another_data_action_is_refused_not_ignored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        words: list[str], error: str) -> None:
+    """`data verify --out X`, `data list --set ...` and `data shard --base-url URL` did what
+    they do without the option and said nothing of it."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", *words, "--data-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"clusterfl: error: {error}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
