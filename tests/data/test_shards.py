@@ -255,9 +255,14 @@ _DROP = object()
      r"federation\.json: x_scale = 16\.0, but x_train\.npy holds torch\.float32 inputs"),
     ("classification", {"n_classes": "3"}, r"federation\.json: n_classes = '3'; expected a "
                                            r"whole number"),
+    ("classification", {"train_offsets": [0, 4.7, 8]},
+     r"federation\.json: train_offsets holds 4\.7; expected a list of whole numbers"),
+    ("regression", {"clusters": [0, 1.5]},
+     r"federation\.json: clusters holds 1\.5; expected a list of whole numbers"),
 ], ids=["n_classes_below_the_labels", "arrays_removed", "an_array_spec_without_shape",
         "x_scale_null_on_codes", "x_scale_text", "regression_on_class_labels",
-        "classification_on_float_targets", "x_scale_on_float_inputs", "n_classes_text"])
+        "classification_on_float_targets", "x_scale_on_float_inputs", "n_classes_text",
+        "offsets_truncated_silently", "clusters_truncated_silently"])
 def test_a_hand_edited_federation_json_is_refused_naming_the_field(
         tmp_path: Path, task: str, edit: dict[str, object], error: str) -> None:
     """Reading checks the index's fields against the arrays: a hand-edited `federation.json`

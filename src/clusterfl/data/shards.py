@@ -248,6 +248,13 @@ def _check_index(index_file: Path, index: dict[str, Any],
     inputs are not: their dtype says what is needed)."""
     task, n_classes, scale = index["task"], index["n_classes"], index["x_scale"]
     ys, xs = (tensors["y_train"], tensors["y_test"]), (tensors["x_train"], tensors["x_test"])
+    for key in ("train_offsets", "test_offsets", "clusters"):
+        values = index[key]
+        bad = next((v for v in values if not is_whole(v)), None) \
+            if isinstance(values, list) else values
+        if bad is not None and not (key == "clusters" and values is None):
+            raise DataError(f"{index_file}: {key} holds {bad!r}; expected a list of whole "
+                            "numbers (write the shards again)")
     if not is_whole(n_classes) or n_classes < 1:
         raise DataError(f"{index_file}: n_classes = {n_classes!r}; expected a whole number, "
                         "at least 1")
