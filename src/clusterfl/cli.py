@@ -427,6 +427,11 @@ def _shard(args: argparse.Namespace, con: Any) -> int:
     config = load_config(apply_overrides(read_toml(args.name), _overrides(args)))
     federation = build_federation(config)
     out = write_shards(federation, args.out)
+    held = getattr(config.scenario, "holdout", None)
+    if held:  # a run's choice, not the federation's: scenario 'given' (shards) has none
+        _warn([f"scenario.holdout = {held:g} is not kept in the shards: they hold all "
+               f"{federation.n_clients} clients, and a run on them trains on every one and "
+               "places none (its results are not this config's)"])
     size = sum(f.stat().st_size for f in out.iterdir())
     con.print(f"{federation.describe()}\nwritten to {out} ({size / 2**20:,.1f} MiB); run on it "
               f"with [data] source = \"shards\", path = \"{out.resolve()}\" (and no "

@@ -329,3 +329,22 @@ def test_shards_being_rewritten_or_left_by_a_killed_shard_are_named_so(tmp_path:
     with pytest.raises(DataError, match=r"federation\.json: missing; .*shards is not a folder "
                                         r"written by `clusterfl data shard`"):
         read_shards(folder)
+
+
+def test_shard_of_a_config_with_holdout_warns_that_the_shards_hold_every_client(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`[scenario] holdout` is applied by a run, not kept in the federation, and a run on
+    shards takes no `[scenario]`: `data shard` of such a config wrote all clients and said
+    nothing, and the run on the shards trained on every client (other results, no placement)."""
+    config = tmp_path / "held.toml"
+    config.write_text('seed = 3\n[data]\nsource = "digits"\n[scenario]\nname = "rotation"\n'
+                      'n_clients = 6\nangles = [0.0, 180.0]\nholdout = 0.5\n')
+    assert main(["data", "shard", str(config), "--out", str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().err == (
+        "clusterfl: warning: scenario.holdout = 0.5 is not kept in the shards: they hold all "
+        "6 clients, and a run on them trains on every one and places none (its results are "
+        "not this config's)\n")
+    assert read_shards(tmp_path / "a").n_clients == 6
+    assert main(["data", "shard", str(config), "--out", str(tmp_path / "b"),
+                 "--set", "scenario.holdout=0"]) == 0
+    assert capsys.readouterr().err == ""
