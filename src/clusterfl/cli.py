@@ -332,8 +332,10 @@ def cmd_data(args: argparse.Namespace) -> int:
         for name in sorted(DATASETS):
             if not DATASETS[name].files:  # made, not downloaded (FEMNIST): its folder
                 there = (root / name).is_dir() and any((root / name).iterdir())
-                con.print(f"  {name:15s} {'present' if there else 'missing'} (not "
-                          f"downloadable: {DATASETS[name].how_to_get})")
+                state = (f"files present, not read here (`clusterfl data verify {name}` "
+                         "reads them)" if there else "missing")
+                con.print(f"  {name:15s} {state} (not downloadable: "
+                          f"{DATASETS[name].how_to_get})")
                 continue
             con.print(f"  {name:15s} {_list_status(name, root, verify(name, root))}")
         for name, info in BUILTIN.items():  # every source a run reads with no files

@@ -215,3 +215,19 @@ def test_an_option_of_another_data_action_is_refused_not_ignored(
     assert main(["data", *words, "--data-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"clusterfl: error: {error}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_list_does_not_call_a_made_dataset_present_from_any_file_in_its_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`data list` said "present" for femnist/ or ag_news/ holding anything (a notes file),
+    which a run cannot read; it reads nothing of them, so it says so and names `verify`."""
+    for name in ("femnist", "ag_news"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("to do")
+    assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    for name in ("femnist", "ag_news"):
+        assert lines[name].split(None, 1)[1].startswith(
+            f"files present, not read here (`clusterfl data verify {name}` reads them)")
+        assert main(["data", "verify", name, "--data-dir", str(tmp_path)]) == 1
+        assert f"{name}: not readable: " in capsys.readouterr().out
