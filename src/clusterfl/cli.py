@@ -331,7 +331,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         con.print(f"data directory: {root}")
         for name in sorted(DATASETS):
             if not DATASETS[name].files:  # made, not downloaded (FEMNIST): its folder
-                there = (root / name).is_dir() and any((root / name).iterdir())
+                there = _holds_files(root / name)
                 state = (f"files present, not read here (`clusterfl data verify {name}` "
                          "reads them)" if there else "missing")
                 con.print(f"  {name:15s} {state} (not downloadable: "
@@ -358,7 +358,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         # files: CIFAR's extracted batches, a LEAF folder), not the ones a user never fetched
         names = [n for n in sorted(DATASETS)
                  if any((root / f.path).exists() for f in DATASETS[n].files)
-                 or ((root / n).is_dir() and any((root / n).iterdir()))]
+                 or _holds_files(root / n)]
         for n in sorted(n for n in set(DATASETS) - set(names) if DATASETS[n].files):
             con.print(f"{n}: not present in {root} (skipped; `clusterfl data download {n}` "
                       "fetches it)")
@@ -392,11 +392,16 @@ def _list_status(name: str, root: Path, status: list[Any]) -> str:
     if any(s.status in ("wrong_size", "bad_checksum") for s in status):
         return f"present, not the official files (`clusterfl data verify {name}` says which)"
     folder = root / name
-    if all(s.status == "missing" for s in status) and folder.is_dir() and any(
-            folder.iterdir()):
+    if all(s.status == "missing" for s in status) and _holds_files(folder):
         return (f"present as other files (extracted or loose; `clusterfl data verify {name}` "
                 "reads them)")
     return "missing or incomplete"
+
+
+def _holds_files(folder: Path) -> bool:
+    """`folder` holds a file or folder of a dataset: hidden entries do not count (the
+    `.NAME.*.part` a killed `data download` leaves, a `.DS_Store`)."""
+    return folder.is_dir() and any(not f.name.startswith(".") for f in folder.iterdir())
 
 
 def _read_check(name: str, root: Path) -> tuple[bool, str]:

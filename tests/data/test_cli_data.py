@@ -231,3 +231,19 @@ def test_list_does_not_call_a_made_dataset_present_from_any_file_in_its_folder(
             f"files present, not read here (`clusterfl data verify {name}` reads them)")
         assert main(["data", "verify", name, "--data-dir", str(tmp_path)]) == 1
         assert f"{name}: not readable: " in capsys.readouterr().out
+
+
+def test_the_part_file_of_a_killed_download_is_not_a_dataset_present(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A `data download` killed mid-file leaves `mnist/.train-images-idx3-ubyte.gz.*.part`:
+    `data list` then said mnist was "present as other files (extracted or loose ...)" and
+    `data verify` checked it as present; hidden files are no dataset's files."""
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / ".train-images-idx3-ubyte.gz.k1ll3d.part").write_bytes(PAYLOAD)
+    assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["mnist"].split(None, 1)[1] == "missing or incomplete"
+    assert main(["data", "verify", "--data-dir", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert f"mnist: not present in {tmp_path} (skipped;" in said.out
+    assert said.err.startswith(f"clusterfl: error: no dataset files in {tmp_path}; ")
