@@ -163,7 +163,7 @@ def test_data_list_shows_femnist(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert femnist_line() == "femnist missing (not downloadable: no"
     write_leaf(tmp_path)
     assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
-    assert femnist_line() == "femnist present (not downloadable: no"
+    assert femnist_line() == "femnist files present, not read"  # here; `data verify` reads
 
 
 # ---------------------------------------------------------------------- Hugging Face
