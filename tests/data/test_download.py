@@ -96,6 +96,24 @@ def test_server_down_gives_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert list((tmp_path / "kept").iterdir()) == []  # a folder that was there stays
 
 
+def test_a_file_where_the_dataset_folder_goes_is_named(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """A file `data/fake` (or `data`) where the dataset's folder must go stopped `data
+    download` with Python's bare "File exists: ..." / "Not a directory: ..."."""
+    _register(monkeypatch)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "fake").write_text("mine")
+    with pytest.raises(DataError, match=r"^cannot save fake/a\.bin in .*data/fake \(.*data/"
+                                        r"fake is a file, not a folder\); move it away or "
+                                        r"choose another --data-dir$"):
+        download("fake", tmp_path / "data", base_url="http://127.0.0.1:9", timeout=5)
+    with pytest.raises(DataError, match=r"\(.*data/fake is a file, not a folder\)"):
+        download("fake", tmp_path / "data" / "fake" / "deeper", base_url="http://127.0.0.1:9",
+                 timeout=5)
+    assert (tmp_path / "data" / "fake").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["fake"]
+
+
 def test_http_error_and_timeout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                 mirror: tuple[str, Path]) -> None:
     _register(monkeypatch, path="fake/absent.bin")

@@ -153,9 +153,19 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
     """Download one file into `data_dir / f.path` atomically, after checking it."""
     dest = data_dir / f.path
     created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
     url = file_url(f, base_url)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.",
+                                        suffix=".part")
+    except OSError as exc:
+        blocking = next((p for p in (dest.parent, *dest.parent.parents)
+                         if p.exists() and not p.is_dir()), None)
+        why = f"{blocking} is a file, not a folder" if blocking is not None else \
+            exc.strerror or str(exc)
+        _remove_empty(created)
+        raise DataError(f"cannot save {f.path} in {dest.parent} ({why}); move it away or "
+                        "choose another --data-dir") from None
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -169,10 +179,16 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
-        for folder in created:  # a failed download leaves no empty dataset folder behind
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+        _remove_empty(created)
     return dest
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """The folders a failed download made (deepest first), where it left them empty: a failed
+    download leaves no empty dataset folder behind."""
+    for folder in created:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def download(name: str, data_dir: str | Path | None = None, base_url: str | None = None,
