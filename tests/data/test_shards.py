@@ -98,8 +98,14 @@ def test_bad_folders_and_files_are_refused_in_one_line(tmp_path: Path) -> None:
                                           r"data shard` did not write"):
         write_shards(fed, tmp_path / "used")
     assert (tmp_path / "used" / "notes.txt").read_text() == "mine"
-    with pytest.raises(ConfigError, match=r"data\.path: .* is not a folder"):
+    with pytest.raises(ConfigError, match=r"data\.path: .* is not a folder \(a folder written "
+                                          r"by `clusterfl data shard`\)$"):
         read_shards(tmp_path / "nowhere")
+    relative = (rf"data\.path: shards is not a folder \(a folder written by `clusterfl data "
+                rf"shard`, relative to the working folder {tmp_path / 'used'}\)")
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(ConfigError, match=relative):
+        mp.chdir(tmp_path / "used")  # `path = "shards"`, run from another folder
+        read_shards("shards")
     x = folder / "x_train.npy"
     x.write_bytes(x.read_bytes()[:-100])
     with pytest.raises(DataError, match=r"x_train\.npy: not a readable \.npy file .*truncated"):

@@ -160,8 +160,9 @@ def read_shards(folder: str | Path, field: str = "data.path") -> Federation:
     root = Path(folder).expanduser()
     index_file = root / INDEX
     if not root.is_dir():
+        where = "" if root.is_absolute() else f", relative to the working folder {Path.cwd()}"
         raise ConfigError(field, f"{root} is not a folder (a folder written by `clusterfl "
-                                 "data shard`)")
+                                 f"data shard`{where})")
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except FileNotFoundError:
