@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ClusterFLError
 
 SUITE = Path("benchmarks/suite")
 
@@ -84,16 +84,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for s in scenarios:
             s.config = apply_overrides(s.config, [f"backend.device={json.dumps(args.device)}"])
         if args.ray is None and not args.report_only:  # before --runs is made (its lock)
-            import torch
+            from clusterfl.config import load_config
+            from clusterfl.engine.device import check_devices
 
-            from clusterfl.engine.device import DEVICE_FIELD, check_device_name, resolve_device
-
-            try:  # as the config says it
-                check_device_name(args.device)
-            except ValueError as exc:
-                raise ConfigError(DEVICE_FIELD, f"{exc} (got {args.device!r})") from None
-            if not torch.cuda.is_available():  # as check_devices: no CUDA context here
-                resolve_device(args.device)
+            check_devices(load_config(s.config) for s in scenarios)
     failed: BenchError | None = None
     if args.report_only:
         migrate_run_dirs(scenarios, runs, log=lambda m: print(m, flush=True))
