@@ -310,16 +310,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from clusterfl.data import DATASETS, default_data_dir, download, verify
     from clusterfl.data.catalog import BUILTIN
+    from clusterfl.data.download import DEFAULT_TIMEOUT, MAX_TIMEOUT
 
     con = _console()
     for option, value, actions in (("--out", args.out, ("shard",)),
                                    ("--set", args.set, ("shard",)),
-                                   ("--base-url", args.base_url, ("download",))):
+                                   ("--base-url", args.base_url, ("download",)),
+                                   ("--timeout", args.timeout, ("download",))):
         if value is not None and args.action not in actions:  # would be ignored
             raise ConfigError(option, f"only for `clusterfl data {' / '.join(actions)}`, not "
                                       f"`data {args.action}`")
     if args.action == "shard":
         return _shard(args, con)
+    timeout = DEFAULT_TIMEOUT
+    if args.timeout is not None:
+        try:
+            timeout = float(args.timeout)
+        except ValueError:
+            timeout = float("nan")  # refused below, as 0 or -1 is
+        if not 0 < timeout <= MAX_TIMEOUT:
+            raise ConfigError("--timeout", f"must be a number of seconds > 0 and at most "
+                              f"{MAX_TIMEOUT:g} (a day), got {args.timeout!r}")
     root = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     if root.exists() and not root.is_dir():
         source = "--data-dir" if args.data_dir else "$CLUSTERFL_DATA"
@@ -369,7 +380,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     bad = 0
     for name in names:
         if args.action == "download":
-            download(name, root, base_url=args.base_url)
+            download(name, root, base_url=args.base_url, timeout=timeout)
         status = verify(name, root)
         for s in status:
             con.print(f"{name}: {s}")
@@ -574,6 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="shard: override a config value")
     data.add_argument("--data-dir", help="data folder (default: $CLUSTERFL_DATA or cache)")
     data.add_argument("--base-url", help="mirror to download from instead of the official host")
+    data.add_argument("--timeout", metavar="SECONDS", help="download: give up on a server "
+                      "that sends nothing for this long (default 60; > 0, at most 86400)")
     data.set_defaults(func=cmd_data)
 
     cfg = sub.add_parser(

@@ -205,7 +205,10 @@ def test_built_in_sources_are_listed_and_verify_and_download_accept_them(
      "--base-url: only for `clusterfl data download`, not `data shard`"),
     (["verify", "--base-url", "http://127.0.0.1:9"],
      "--base-url: only for `clusterfl data download`, not `data verify`"),
-], ids=["out_with_verify", "set_with_list", "base_url_with_shard", "base_url_with_verify"])
+    (["list", "--timeout", "5"], "--timeout: only for `clusterfl data download`, not "
+                                 "`data list`"),
+], ids=["out_with_verify", "set_with_list", "base_url_with_shard", "base_url_with_verify",
+        "timeout_with_list"])
 def test_an_option_of_another_data_action_is_refused_not_ignored(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         words: list[str], error: str) -> None:

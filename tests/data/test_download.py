@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from clusterfl.data.download import DATASETS, DatasetInfo, RemoteFile, download, verify
+from clusterfl.cli import main
+from clusterfl.data.download import (
+    DATASETS,
+    DatasetInfo,
+    RemoteFile,
+    download,
+    verify,
+)
 from clusterfl.errors import ConfigError, DataError
 from tests.datasets import require, skip_unless
 
 PAYLOAD = b"clusterfl test payload " * 1000
+download_module = importlib.import_module("clusterfl.data.download")  # `download` is the function
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -124,9 +134,75 @@ def test_http_error_and_timeout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        with pytest.raises(DataError, match=r"no answer within 0.3 s|timed out"):
+        with pytest.raises(DataError, match=r"sent nothing for 0.3 s \(--timeout 0.3\)"):
             download("fake", tmp_path / "data", base_url=url, timeout=0.3)
     assert _leftovers(tmp_path / "data" / "fake") == []
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A server on 127.0.0.1 that accepts every connection and never answers (its URL)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.05)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_a_silent_server_is_named_with_the_timeout_and_the_wait_is_said(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, silent_server: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that accepts and never answers kept `data download` silent for 60 s (there
+    was no --timeout); now a line names the host it waits for after `WAIT_NOTICE` seconds, and
+    it gives up after --timeout seconds in one line naming the host and the timeout."""
+    _register(monkeypatch)
+    monkeypatch.setattr(download_module, "WAIT_NOTICE", 0.3)
+    host = silent_server.removeprefix("http://")
+    start = time.monotonic()
+    assert main(["data", "download", "fake", "--data-dir", str(tmp_path / "data"),
+                 "--base-url", silent_server, "--timeout", "1.5"]) == 2
+    took = time.monotonic() - start
+    assert 1.5 <= took < 3.5
+    err = capsys.readouterr().err
+    assert err == (f"clusterfl: waiting for {host}: nothing received for 0.3 s (gives up after "
+                   "1.5 s without data, --timeout)\n"
+                   f"clusterfl: error: download of {silent_server}/fake/a.bin failed: {host} "
+                   "sent nothing for 1.5 s (--timeout 1.5); try again later, a longer "
+                   "--timeout, or a mirror (--base-url)\n")
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "nan", "inf", "86401"])
+def test_a_timeout_out_of_range_is_refused_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        value: str) -> None:
+    _register(monkeypatch)
+    assert main(["data", "download", "fake", "--data-dir", str(tmp_path),
+                 "--base-url", "http://127.0.0.1:9", f"--timeout={value}"]) == 2
+    assert capsys.readouterr().err == (
+        "clusterfl: error: --timeout: must be a number of seconds > 0 and at most 86400 "
+        f"(a day), got {value!r}\n")
+    with pytest.raises(ConfigError, match=r"^--timeout: must be a number of seconds > 0 and "
+                                          r"at most 86400 \(a day\), got 0$"):
+        download("fake", tmp_path, base_url="http://127.0.0.1:9", timeout=0)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_verify_statuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ is the catalog of `clusterfl.data.catalog`; its names are re-exported here (`DAT
 `RemoteFile`, ...) so callers keep importing them from this module.
 `download` streams each missing or invalid file to a temporary file in the destination folder,
 checks size and checksums, and only then renames it into place (`os.replace`, atomic), so an
-interrupted or corrupted download never leaves a file that looks valid.
+interrupted or corrupted download never leaves a file that looks valid. When nothing has come from
+the server for `WAIT_NOTICE` seconds, a line on stderr says which host it waits for; after
+`timeout` seconds without data the download stops with one line naming the host.
 
 A mirror given as `base_url` must mirror the data-directory layout: the file
 `mnist/train-images-idx3-ubyte.gz` is fetched from `BASE_URL/mnist/train-images-idx3-ubyte.gz`
@@ -17,8 +19,12 @@ A mirror given as `base_url` must mirror the data-directory layout: the file
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +44,7 @@ from clusterfl.data.catalog import (
     resolve_data_dir,
 )
 from clusterfl.data.integrity import file_digests
-from clusterfl.errors import DataError
+from clusterfl.errors import ConfigError, DataError
 
 __all__ = [
     "BUILTIN",
@@ -60,6 +66,10 @@ __all__ = [
 
 CHUNK = 1 << 20
 DEFAULT_TIMEOUT = 60.0
+MAX_TIMEOUT = 86400.0
+"""The longest `timeout` (a day): a socket takes no more than about 1e9 s."""
+WAIT_NOTICE = 5.0
+"""Seconds without data from the server before a line on stderr says what is awaited."""
 
 
 @dataclass(frozen=True)
@@ -122,17 +132,56 @@ def file_url(f: RemoteFile, base_url: str | None) -> str:
     return f.url if base_url is None else f"{base_url.rstrip('/')}/{f.path}"
 
 
+def _say(line: str) -> None:
+    print(f"clusterfl: {line}", file=sys.stderr, flush=True)
+
+
+class _Waiting:
+    """While a download runs, says once per stall on stderr which host it waits for, when
+    nothing has come for `WAIT_NOTICE` seconds (`alive()` marks data arriving)."""
+
+    def __init__(self, host: str, timeout: float) -> None:
+        self.host, self.timeout = host, timeout
+        self.last, self.said = time.monotonic(), False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _Waiting:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def alive(self) -> None:
+        self.last, self.said = time.monotonic(), False
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(WAIT_NOTICE, 0.25)):
+            if not self.said and time.monotonic() - self.last >= WAIT_NOTICE:
+                self.said = True
+                _say(f"waiting for {self.host}: nothing received for {WAIT_NOTICE:g} s (gives up "
+                     f"after {self.timeout:g} s without data, --timeout)")
+
+
 def _stream(url: str, out: BinaryIO, timeout: float,
             progress: Callable[[str, int, int | None], None] | None) -> None:
-    """Copy `url` into `out`; every network failure becomes a DataError naming the URL."""
+    """Copy `url` into `out`; every network failure becomes a DataError naming the URL, its
+    host and, for a silent server, the timeout."""
     if not url.startswith(("http://", "https://", "file:")):
         raise DataError(f"refusing to download {url}: only http(s) and file URLs are allowed")
+    host = urllib.parse.urlsplit(url).netloc or url
+    silent = (f"download of {url} failed: {host} sent nothing for {timeout:g} s (--timeout "
+              f"{timeout:g}); try again later, a longer --timeout, or a mirror (--base-url)")
     request = urllib.request.Request(url, headers={"User-Agent": "clusterfl"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _Waiting(host, timeout) as waiting, \
+                urllib.request.urlopen(request, timeout=timeout) as response:
             total = response.headers.get("Content-Length")
             done = 0
-            while chunk := response.read(CHUNK):
+            while chunk := response.read1(CHUNK):  # what has come: no wait for a full CHUNK
+                waiting.alive()
                 out.write(chunk)
                 done += len(chunk)
                 if progress is not None:
@@ -140,9 +189,11 @@ def _stream(url: str, out: BinaryIO, timeout: float,
     except urllib.error.HTTPError as exc:
         raise DataError(f"download of {url} failed: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):  # no connection within `timeout`
+            raise DataError(silent) from None
         raise DataError(f"download of {url} failed: cannot connect ({exc.reason})") from None
     except TimeoutError:
-        raise DataError(f"download of {url} failed: no answer within {timeout:g} s") from None
+        raise DataError(silent) from None
     except OSError as exc:
         raise DataError(f"download of {url} failed: {exc}") from None
 
@@ -200,7 +251,8 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
         name: a key of `DATASETS`.
         data_dir: destination root (default: `default_data_dir()`).
         base_url: mirror root replacing the official hosts (layout as the data directory).
-        timeout: seconds to wait for the server to connect or send data.
+        timeout: seconds to wait for the server to connect or send data (0 < timeout ≤
+            `MAX_TIMEOUT`, else ConfigError naming `--timeout`).
         progress: optional callback `(url, bytes_done, bytes_total_or_None)`.
 
     Returns:
@@ -209,6 +261,9 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
     Raises:
         DataError: network failure (URL and reason) or checksum mismatch (file, expected, got).
     """
+    if not 0 < timeout <= MAX_TIMEOUT:  # nan too
+        raise ConfigError("--timeout", f"must be a number of seconds > 0 and at most "
+                          f"{MAX_TIMEOUT:g} (a day), got {timeout}")
     root = resolve_data_dir(data_dir)[0]  # `~` expanded, as a run reads it
     info = dataset_info(name)
     if info.how_to_get and not info.files:
