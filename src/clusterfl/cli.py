@@ -637,8 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clusterfl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        print("clusterfl: stopped (SIGTERM)" if isinstance(stop, Terminated) else
-              "clusterfl: interrupted", file=sys.stderr)
+        print(("clusterfl: stopped (SIGTERM)" if isinstance(stop, Terminated) else
+               "clusterfl: interrupted") + (f"; {stop}" if stop.args else ""), file=sys.stderr)
         return stop_status(stop)
     except OSError as exc:
         print(f"clusterfl: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import importlib
+import os
 import socket
 import threading
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import clusterfl.data
 from clusterfl.cli import main
 from clusterfl.data.download import (
     DATASETS,
@@ -203,6 +206,85 @@ def test_a_timeout_out_of_range_is_refused_in_one_line(
                                           r"at most 86400 \(a day\), got 0$"):
         download("fake", tmp_path, base_url="http://127.0.0.1:9", timeout=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_names_the_file_and_keeps_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mirror: tuple[str, Path]) -> None:
+    """A write failing with ENOSPC read "download of URL failed: [Errno 28] No space left on
+    device", blaming the server and naming no file."""
+    _register(monkeypatch)
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, fd: int, mode: str) -> None:
+            self.fh = real_fdopen(fd, mode)
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.fh.close()
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(download_module.os, "fdopen", Full)
+    data = tmp_path / "data"
+    with pytest.raises(DataError) as err:
+        download("fake", data, base_url=mirror[0], timeout=5)
+    assert str(err.value) == (f"cannot write fake/a.bin in {data / 'fake'} (No space left on "
+                              "device); nothing of it was kept (free some space, or choose "
+                              "another --data-dir)")
+    assert not data.exists()
+
+
+def test_an_interrupted_download_names_the_file_and_keeps_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mirror: tuple[str, Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C mid-file said only "clusterfl: interrupted"."""
+    _register(monkeypatch)
+
+    def ctrl_c(url: str, done: int, total: int | None) -> None:
+        raise KeyboardInterrupt
+
+    real = clusterfl.data.download
+    monkeypatch.setattr(clusterfl.data, "download",
+                        lambda *a, **k: real(*a, **{**k, "progress": ctrl_c}))
+    data = tmp_path / "data"
+    assert main(["data", "download", "fake", "--data-dir", str(data),
+                 "--base-url", mirror[0]]) == 130
+    assert capsys.readouterr().err == (
+        "clusterfl: interrupted; download of fake/a.bin stopped; nothing of it was kept (the "
+        "files fetched before it are)\n")
+    assert not data.exists()
+
+
+def test_an_unwritable_folder_and_a_wrong_file_are_named(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mirror: tuple[str, Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder without write permission said "move it away" (there is nothing to move); a file
+    of the catalog's name but not its content was replaced without a word."""
+    _register(monkeypatch)
+    data = tmp_path / "data"
+    (data / "fake").mkdir(parents=True)
+    (data / "fake" / "a.bin").write_bytes(b"mine")
+
+    def denied(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    with monkeypatch.context() as m:  # as root, chmod would not stop the write
+        m.setattr(download_module.tempfile, "mkstemp", denied)
+        with pytest.raises(DataError) as err:
+            download("fake", data, base_url=mirror[0], timeout=5)
+    assert str(err.value) == (f"cannot save fake/a.bin in {data / 'fake'} (Permission denied); "
+                              "choose another --data-dir")
+    assert (data / "fake" / "a.bin").read_bytes() == b"mine"
+    capsys.readouterr()
+    assert download("fake", data, base_url=mirror[0], timeout=5) == [data / "fake" / "a.bin"]
+    assert capsys.readouterr().err == (
+        f"clusterfl: {data / 'fake' / 'a.bin'}: wrong_size (size 4 bytes, expected "
+        f"{len(PAYLOAD)}); fetching the official file to replace it (kept if that fails)\n")
+    assert (data / "fake" / "a.bin").read_bytes() == PAYLOAD
 
 
 def test_verify_statuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -165,10 +165,18 @@ class _Waiting:
                      f"after {self.timeout:g} s without data, --timeout)")
 
 
+class _WriteError(Exception):
+    """Writing the downloaded bytes failed (a full disk): the file's fault, not the server's."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _stream(url: str, out: BinaryIO, timeout: float,
             progress: Callable[[str, int, int | None], None] | None) -> None:
     """Copy `url` into `out`; every network failure becomes a DataError naming the URL, its
-    host and, for a silent server, the timeout."""
+    host and, for a silent server, the timeout. A failed write raises `_WriteError`."""
     if not url.startswith(("http://", "https://", "file:")):
         raise DataError(f"refusing to download {url}: only http(s) and file URLs are allowed")
     host = urllib.parse.urlsplit(url).netloc or url
@@ -182,7 +190,10 @@ def _stream(url: str, out: BinaryIO, timeout: float,
             done = 0
             while chunk := response.read1(CHUNK):  # what has come: no wait for a full CHUNK
                 waiting.alive()
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    raise _WriteError(exc) from None
                 done += len(chunk)
                 if progress is not None:
                     progress(url, done, int(total) if total else None)
@@ -212,15 +223,21 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
     except OSError as exc:
         blocking = next((p for p in (dest.parent, *dest.parent.parents)
                          if p.exists() and not p.is_dir()), None)
-        why = f"{blocking} is a file, not a folder" if blocking is not None else \
-            exc.strerror or str(exc)
+        why, fix = (f"{blocking} is a file, not a folder", "move it away or ") \
+            if blocking is not None else (exc.strerror or str(exc), "")
         _remove_empty(created)
-        raise DataError(f"cannot save {f.path} in {dest.parent} ({why}); move it away or "
-                        "choose another --data-dir") from None
+        raise DataError(f"cannot save {f.path} in {dest.parent} ({why}); {fix}choose another "
+                        "--data-dir") from None
     tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out:
-            _stream(url, out, timeout, progress)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                _stream(url, out, timeout, progress)
+        except (_WriteError, OSError) as exc:  # a write, or the flush on close
+            error = exc.error if isinstance(exc, _WriteError) else exc
+            raise DataError(f"cannot write {f.path} in {dest.parent} ({error.strerror or error}); "
+                            "nothing of it was kept (free some space, or choose another "
+                            "--data-dir)") from None
         problem = _mismatch(f, *file_digests(tmp))
         if problem is not None:
             raise DataError(
@@ -228,6 +245,9 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
                 "the file was not saved (try again, or another mirror with --base-url)"
             )
         os.replace(tmp, dest)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM mid-file: say which file stopped
+        raise type(stop)(f"download of {f.path} stopped; nothing of it was kept (the files "
+                         "fetched before it are)") from None
     finally:
         tmp.unlink(missing_ok=True)
         _remove_empty(created)
@@ -270,9 +290,12 @@ def download(name: str, data_dir: str | Path | None = None, base_url: str | None
         raise DataError(f"{name}: {info.how_to_get.replace('DATA_DIR', str(root))}")
     fetched = []
     for f in info.files:
-        if check_file(f, root).ok:
+        status = check_file(f, root)
+        if status.ok:
             continue
         if not f.url:
             raise DataError(f"{name}: {root / f.path} has no download URL; {info.description}")
+        if status.status != "missing":  # a file of the catalog's name, but not its file
+            _say(f"{status}; fetching the official file to replace it (kept if that fails)")
         fetched.append(fetch_file(f, root, base_url, timeout, progress))
     return fetched
