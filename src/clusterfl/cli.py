@@ -348,7 +348,8 @@ def cmd_data(args: argparse.Namespace) -> int:
                 con.print(f"  {name:15s} {state} (not downloadable: "
                           f"{DATASETS[name].how_to_get})")
                 continue
-            con.print(f"  {name:15s} {_list_status(name, root, verify(name, root))}")
+            con.print(f"  {name:15s} {_list_status(name, root, verify(name, root))}"
+                      f"{_leftover_note(name, root)}", soft_wrap=True)
         for name, info in BUILTIN.items():  # every source a run reads with no files
             con.print(f"  {name:15s} built in: {info.description}")
         return 0
@@ -372,7 +373,7 @@ def cmd_data(args: argparse.Namespace) -> int:
                  or _holds_files(root / n)]
         for n in sorted(n for n in set(DATASETS) - set(names) if DATASETS[n].files):
             con.print(f"{n}: not present in {root} (skipped; `clusterfl data download {n}` "
-                      "fetches it)")
+                      f"fetches it){_leftover_note(n, root)}", soft_wrap=True)
         if not names:
             print(f"clusterfl: error: no dataset files in {root}; name one to check, or "
                   f"fetch one with `clusterfl data download NAME` ({allowed})", file=sys.stderr)
@@ -384,6 +385,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         status = verify(name, root)
         for s in status:
             con.print(f"{name}: {s}")
+        if args.action == "verify" and _leftover_note(name, root):
+            con.print(f"{name}: {_leftover_note(name, root).lstrip('; ')}", soft_wrap=True)
         if args.action == "verify" and not all(s.ok for s in status) and any(
                 s.status != "missing" for s in status):
             bad += 1  # a wrong checksum: the reader's verdict would not change that
@@ -407,6 +410,17 @@ def _list_status(name: str, root: Path, status: list[Any]) -> str:
         return (f"present as other files (extracted or loose; `clusterfl data verify {name}` "
                 "reads them)")
     return "missing or incomplete"
+
+
+def _leftover_note(name: str, root: Path) -> str:
+    """"; ..." naming the partial files a killed `data download` of `name` left, or ""."""
+    from clusterfl.data.download import partial_downloads
+
+    parts = partial_downloads(name, root)
+    if not parts:
+        return ""
+    return (f"; left by an interrupted download: {', '.join(str(p) for p in parts)} (not "
+            f"counted; the next `clusterfl data download {name}` removes it)")
 
 
 def _holds_files(folder: Path) -> bool:

@@ -240,13 +240,21 @@ def test_the_part_file_of_a_killed_download_is_not_a_dataset_present(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A `data download` killed mid-file leaves `mnist/.train-images-idx3-ubyte.gz.*.part`:
     `data list` then said mnist was "present as other files (extracted or loose ...)" and
-    `data verify` checked it as present; hidden files are no dataset's files."""
+    `data verify` checked it as present; hidden files are no dataset's files. Both now name
+    it (it was never mentioned, nor removed)."""
     (tmp_path / "mnist").mkdir()
-    (tmp_path / "mnist" / ".train-images-idx3-ubyte.gz.k1ll3d.part").write_bytes(PAYLOAD)
+    part = tmp_path / "mnist" / ".train-images-idx3-ubyte.gz.k1ll3d.part"
+    part.write_bytes(PAYLOAD)
+    note = (f"; left by an interrupted download: {part} (not counted; the next `clusterfl data "
+            "download mnist` removes it)")
     assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
-    assert lines["mnist"].split(None, 1)[1] == "missing or incomplete"
+    assert lines["mnist"].split(None, 1)[1] == "missing or incomplete" + note
+    assert lines["cifar10"].split(None, 1)[1] == "missing or incomplete"
     assert main(["data", "verify", "--data-dir", str(tmp_path)]) == 1
     said = capsys.readouterr()
-    assert f"mnist: not present in {tmp_path} (skipped;" in said.out
+    assert f"mnist: not present in {tmp_path} (skipped; `clusterfl data download mnist` " \
+        f"fetches it){note}\n" in said.out
     assert said.err.startswith(f"clusterfl: error: no dataset files in {tmp_path}; ")
+    assert main(["data", "verify", "mnist", "--data-dir", str(tmp_path)]) == 1
+    assert f"\nmnist: {note.removeprefix('; ')}\n" in capsys.readouterr().out

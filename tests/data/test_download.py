@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import hashlib
 import importlib
@@ -23,6 +24,7 @@ from clusterfl.data.download import (
     DatasetInfo,
     RemoteFile,
     download,
+    partial_downloads,
     verify,
 )
 from clusterfl.errors import ConfigError, DataError
@@ -206,6 +208,34 @@ def test_a_timeout_out_of_range_is_refused_in_one_line(
                                           r"at most 86400 \(a day\), got 0$"):
         download("fake", tmp_path, base_url="http://127.0.0.1:9", timeout=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_partial_file_of_a_killed_download_is_removed_by_the_next_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mirror: tuple[str, Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A killed download leaves `.a.bin.*.part`; it stayed for good beside the file the next
+    download saved. Now the next download removes it and says so once; a partial file that a
+    running download holds (its lock) is left alone."""
+    _register(monkeypatch)
+    folder = tmp_path / "data" / "fake"
+    folder.mkdir(parents=True)
+    (folder / ".a.bin.k1ll3d.part").write_bytes(PAYLOAD[:100])
+    (folder / ".other.bin.x.part").write_bytes(b"not this file's")
+    busy = folder / ".a.bin.busy.part"
+    with busy.open("wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert partial_downloads("fake", tmp_path / "data") == [folder / ".a.bin.k1ll3d.part"]
+        assert download("fake", tmp_path / "data", base_url=mirror[0], timeout=5) == \
+            [folder / "a.bin"]
+        assert partial_downloads("fake", tmp_path / "data") == []
+    assert capsys.readouterr().err == (
+        f"clusterfl: removed 1 partial file(s) of an interrupted download of a.bin in {folder}: "
+        ".a.bin.k1ll3d.part\n")
+    assert _leftovers(folder) == [".a.bin.busy.part", ".other.bin.x.part", "a.bin"]
+    (folder / "a.bin").unlink()  # the lock is let go of: now a leftover too
+    download("fake", tmp_path / "data", base_url=mirror[0], timeout=5)
+    assert capsys.readouterr().err.endswith(f"in {folder}: .a.bin.busy.part\n")
+    assert _leftovers(folder) == [".other.bin.x.part", "a.bin"]
 
 
 def test_a_full_disk_names_the_file_and_keeps_nothing(

@@ -5,7 +5,10 @@ is the catalog of `clusterfl.data.catalog`; its names are re-exported here (`DAT
 `RemoteFile`, ...) so callers keep importing them from this module.
 `download` streams each missing or invalid file to a temporary file in the destination folder,
 checks size and checksums, and only then renames it into place (`os.replace`, atomic), so an
-interrupted or corrupted download never leaves a file that looks valid. When nothing has come from
+interrupted or corrupted download never leaves a file that looks valid. The temporary file
+(`.NAME.*.part`) is locked (`flock`) while it is written: one that nobody holds was left by a
+killed download, and the next download of that file removes it and says so
+(`partial_downloads` lists them for `data list` and `data verify`). When nothing has come from
 the server for `WAIT_NOTICE` seconds, a line on stderr says which host it waits for; after
 `timeout` seconds without data the download stops with one line naming the host.
 
@@ -18,6 +21,7 @@ A mirror given as `base_url` must mirror the data-directory layout: the file
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import tempfile
@@ -61,6 +65,7 @@ __all__ = [
     "download",
     "fetch_file",
     "file_url",
+    "partial_downloads",
     "verify",
 ]
 
@@ -209,6 +214,48 @@ def _stream(url: str, out: BinaryIO, timeout: float,
         raise DataError(f"download of {url} failed: {exc}") from None
 
 
+def _part_pattern(dest: Path) -> str:
+    return f".{dest.name}.*.part"
+
+
+def _is_held(part: Path) -> bool | None:
+    """Whether a download holds `part` (its lock); None when it is gone or unreadable."""
+    try:
+        fd = os.open(part, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also lets go of the lock taken here
+    return False
+
+
+def partial_downloads(name: str, data_dir: str | Path | None = None) -> list[Path]:
+    """The `.FILE.*.part` files of dataset `name` that no download holds: left by a killed
+    `data download` (the next download of that file removes them)."""
+    root = resolve_data_dir(data_dir)[0]
+    found = []
+    for f in dataset_info(name).files:
+        dest = root / f.path
+        if dest.parent.is_dir():
+            found += [p for p in sorted(dest.parent.glob(_part_pattern(dest)))
+                      if _is_held(p) is False]
+    return found
+
+
+def _remove_stale(dest: Path) -> None:
+    """Remove the partial files a killed download of `dest` left, saying so in one line."""
+    stale = [p for p in sorted(dest.parent.glob(_part_pattern(dest))) if _is_held(p) is False]
+    for part in stale:
+        part.unlink(missing_ok=True)
+    if stale:
+        _say(f"removed {len(stale)} partial file(s) of an interrupted download of {dest.name} "
+             f"in {dest.parent}: {', '.join(p.name for p in stale)}")
+
+
 def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
                timeout: float = DEFAULT_TIMEOUT,
                progress: Callable[[str, int, int | None], None] | None = None) -> Path:
@@ -218,6 +265,7 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
     url = file_url(f, base_url)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(dest)
         fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.",
                                         suffix=".part")
     except OSError as exc:
@@ -230,6 +278,7 @@ def fetch_file(f: RemoteFile, data_dir: Path, base_url: str | None = None,
                         "--data-dir") from None
     tmp = Path(tmp_name)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until closed: not a leftover (module doc)
         try:
             with os.fdopen(fd, "wb") as out:
                 _stream(url, out, timeout, progress)
