@@ -545,10 +545,15 @@ def test_a_root_too_small_for_the_shuffle_test_is_a_warning():
     # four of twenty a round: Fisher's combination of three rounds of 0.2 is 0.14, not below
     # significance_sampled = 0.01; five a round pass it together (1.7e-4)
     [line] = warnings(20, per_round=4)
-    assert line.startswith("algorithm.auto.significance_sampled = 0.01: the shuffle test of "
-                           "the 4 clients that answer a round has an exact p-value of at "
-                           "least 0.2 whatever their updates")
-    assert line.endswith("or at least 5 clients a round")
+    assert line == (
+        "algorithm.auto.significance_sampled = 0.01: the shuffle test of the 4 clients that "
+        "answer a round has an exact p-value of at least 0.2 whatever their updates, Fisher's "
+        "combination of 3 such rounds at least 0.14, so the root never passes it: the run will "
+        "not split (it is FedAvg); allowed: significance_sampled above 0.14, or at least 5 "
+        "clients a round")
+    assert warnings(20, per_round=4, auto={"significance_sampled": 0.15}) == []
+    assert warnings(20, per_round=4, auto={"sampled_evidence": "each"})[0].endswith(
+        "allowed: significance_sampled above 0.2, or at least 6 clients a round")  # 1/84 > 0.01
     assert warnings(20, per_round=5) == []
 
 

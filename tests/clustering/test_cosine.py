@@ -18,6 +18,8 @@ from clusterfl.clustering.cosine import (
     Cohesion,
     bipartition,
     cohesion,
+    combined_floor,
+    combined_pvalue,
     complete_linkage_bipartition,
     cross_cosine,
     gamma_bound,
@@ -411,6 +413,41 @@ def test_the_smallest_exact_pvalue_of_n_clients_by_hand_and_brute_force():
     p = shuffle_pvalue(sim, cohesion(sim, cut.first, cut.second).contrast, 10_000,
                        np.random.default_rng(1))
     assert p == pytest.approx(1 / 84, abs=4 * math.sqrt(1 / 84 / 10_000))
+
+
+def test_the_smallest_combined_pvalue_of_sampled_rounds_by_hand_and_brute_force():
+    """`combined_floor`: Fisher's combined p falls as any of its p-values falls, so the least
+    it reaches is the combination of each round's `shuffle_floor`. By hand, χ² with 2m degrees
+    of freedom has the tail e^(−x/2) Σ_{k<m} (x/2)^k / k!: three rounds of four clients
+    (x/2 = 3 ln 5): (1 + 3 ln 5 + 4.5 ln² 5) / 125 = 0.140; five clients: (1 + 3 ln 84 +
+    4.5 ln² 84) / 84³ = 1.7e-4; a round of three (p = 1) and one of four: 0.2 (1 + ln 5)."""
+    five, l84 = math.log(5), math.log(84)
+    assert combined_floor([4, 4, 4]) == pytest.approx((1 + 3 * five + 4.5 * five ** 2) / 125,
+                                                      rel=1e-9)
+    assert combined_floor([4, 4, 4]) == pytest.approx(0.1399, abs=1e-4)
+    assert combined_floor([5, 5, 5]) == pytest.approx((1 + 3 * l84 + 4.5 * l84 ** 2) / 84 ** 3,
+                                                      rel=1e-9)
+    assert combined_floor([3, 4]) == pytest.approx(0.2 * (1 + five), rel=1e-9)
+    assert combined_floor([2]) == combined_floor([3]) == 1.0
+    assert combined_floor([41, 4]) == 0.0 and math.isnan(combined_floor([]))
+    # brute force: every order of four clients' six cosines (three value sets) and its exact
+    # p-value (the share of orders whose cut is at least as contrasting); Fisher's p of every
+    # three of these p-values never falls below the floor, and reaches it
+    rng = np.random.default_rng(3)
+    rows, cols = np.triu_indices(4, k=1)
+    grid = set()
+    for _ in range(3):
+        contrasts = []
+        for order in itertools.permutations(rng.uniform(-1, 1, 6)):
+            sim = np.eye(4)
+            sim[rows, cols] = sim[cols, rows] = order
+            cut = optimal_bipartition(sim)
+            contrasts.append(cohesion(sim, cut.first, cut.second).contrast)
+        c = np.array(contrasts)
+        grid |= {round(float(np.mean(c >= x - TIE)), 12) for x in c}
+    assert min(grid) == pytest.approx(shuffle_floor(4))
+    least = min(combined_pvalue(t) for t in itertools.combinations_with_replacement(grid, 3))
+    assert least == pytest.approx(combined_floor([4, 4, 4]), rel=1e-9)
 
 
 def test_a_shuffled_cut_tying_the_observed_contrast_counts_whatever_its_rounding():

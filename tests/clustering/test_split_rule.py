@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -378,8 +379,9 @@ def test_a_cluster_too_small_for_the_shuffle_test_is_refused_saying_so():
                         "exact p ≥ 0.0119)")
     # ... combined (rule v7): three rounds of 1 / 84 pass Fisher's test (-2 · 3 · ln(1/84)
     # = 26.6, chi-square(6) tail 1.7e-4 < 0.01): no such warning; four clients (0.2) fail it
+    # (Fisher's combination of three rounds of 0.2: 0.140, `combined_floor`)
     assert RULE.options.hopeless(5, sampled=True) is None
-    assert RULE.options.hopeless(4, sampled=True) == pytest.approx((0.2, 0.01))
+    assert RULE.options.hopeless(4, sampled=True) == pytest.approx((0.1399, 0.01), abs=1e-4)
     # six clients can pass (1 / 3003 < 0.002): a refused cut is the plain refusal
     six = measured([[2.0, 1.0]] * 3 + [[-2.0, 1.0]] * 3, node=0, formed=None)
     assert RULE.options.hopeless(6, sampled=False) is None
@@ -504,6 +506,49 @@ def test_sampled_rounds_count_and_split_on_their_combined_evidence():
         assert d.refusal is Refusal.NOT_SIGNIFICANT and d.node is None
 
 
+def test_sampled_rounds_too_few_to_pass_together_are_refused_saying_so():
+    """Four of eight clients a round: each shuffle p-value is at least 0.2, Fisher's
+    combination of three such rounds at least 0.140 (`combined_floor`), never below
+    significance_sampled = 0.01; the refusal said only "cuts of the streak not beyond shuffled
+    cosines together", as for rounds that could have passed. The decision is the same: the
+    streak and its evidence kept, the same p-value."""
+    four = measured(TWO_GROUPS, node=0, formed=None, size=8)
+    state = RuleState()
+    for t in (1, 2):
+        d = RULE.decide(four, state, t=t)
+        assert d.reason == f"patience {t}/3" and d.node.sizes == [4] * t
+        state = RuleState(nodes={0: d.node})
+    d = RULE.decide(four, state, t=3)
+    assert d.refusal is Refusal.TOO_FEW_TOGETHER and d.p_value >= 0.2
+    assert d.node.streak == 3 and len(d.node.evidence) == 3 and d.node.sizes == [4, 4, 4]
+    assert d.reason == ("cuts of the streak not beyond shuffled cosines together (rounds of "
+                        "4, 4, 4 clients never reach p < 0.01: exact p ≥ 0.14)")
+    assert RULE.options.hopeless(4, sampled=True) == pytest.approx((0.1399, 0.01), abs=1e-4)
+    # a level above the floor: a failed combination is the plain refusal
+    loose = rule(significance_sampled=0.15).decide(four, state, t=3)
+    assert loose.refusal in (Refusal.NOT_SIGNIFICANT_TOGETHER, None)
+    # sizes unknown (a checkpoint written before they were kept): the plain refusal
+    old = RuleState(nodes={0: replace(state.nodes[0], sizes=[])})
+    assert RULE.decide(four, old, t=3).refusal is Refusal.NOT_SIGNIFICANT_TOGETHER
+
+
+def test_two_answering_clients_of_a_larger_cluster_are_one_cosine():
+    """min_side = 1, two of six answering the root: the shuffle test raised "a shuffle test
+    needs at least 3 clients" (a traceback in the run); their one cosine has p = 1."""
+    two = measured([[2.0, 1.0], [-2.0, 1.0]], node=0, formed=None, size=6)
+    assert shuffle_test(two, RULE, t=1) == 1.0
+    d = rule(min_side=1, sampled_evidence="each").decide(two, RuleState(), t=1)
+    assert d.refusal is Refusal.TOO_FEW_TO_SHUFFLE and d.node is None
+    assert d.reason == ("cut not beyond shuffled cosines (2 clients never reach p < 0.01: "
+                        "exact p ≥ 1)")
+    r, state = rule(min_side=1), RuleState()
+    for t in (1, 2, 3):
+        d = r.decide(two, state, t=t)
+        state = RuleState(nodes={0: d.node})
+    assert d.reason == ("cuts of the streak not beyond shuffled cosines together (rounds of "
+                        "2, 2, 2 clients never reach p < 0.01: exact p ≥ 1)")
+
+
 def test_a_pair_needs_twice_the_patience():
     pair = measured([[1.0, 0.2], [-1.0, 0.1]], size=2, node=1, formed=0.5, peak=1.0,
                     drift=-0.5)
@@ -556,7 +601,7 @@ def test_epsilon_rule():
 def test_refusals_read_back_from_their_text():
     for member in Refusal:
         text = member.text(bar=0.95, share=0.25, streak=2, need=3, reference="ln 10", n=5,
-                           level=0.002, floor=1 / 84)
+                           level=0.002, floor=1 / 84, sizes="4, 4, 5")
         assert Refusal.read(text)[0] is member
     assert Refusal.read("cut not beyond shuffled cosines (5 clients never reach p < 0.002: "
                         "exact p ≥ 0.0119)") == (Refusal.TOO_FEW_TO_SHUFFLE, {

@@ -82,7 +82,7 @@ from clusterfl.algorithms.common import (
     too_few_per_round,
 )
 from clusterfl.clustering.aggregate import weighted_mean
-from clusterfl.clustering.cosine import SHUFFLE_FLOOR_EXACT, separation_gap
+from clusterfl.clustering.cosine import SHUFFLE_FLOOR_EXACT, separation_gap, shuffle_floor
 from clusterfl.clustering.split_rule import (
     AutoRule,
     AutoRuleConfig,
@@ -286,10 +286,13 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         need = next((m for m in range(k + 1, SHUFFLE_FLOOR_EXACT)
                      if cfg.auto.hopeless(m, sampled) is None), k + 1)
         name = "significance_sampled" if sampled else "significance"
+        together = f", Fisher's combination of {cfg.auto.patience} such rounds at least " \
+            f"{floor:.3g}" if sampled and cfg.auto.sampled_evidence == "combined" else ""
         return [f"algorithm.auto.{name} = {level:g}: the shuffle test of the {k} clients that "
-                f"answer a round has an exact p-value of at least {floor:.3g} whatever their "
-                "updates, so the root never passes it: the run will not split (it is FedAvg); "
-                f"allowed: {name} above {floor:.3g}, or at least {need} clients a round"]
+                f"answer a round has an exact p-value of at least {shuffle_floor(k):.3g} "
+                f"whatever their updates{together}, so the root never passes it: the run will "
+                f"not split (it is FedAvg); allowed: {name} above {floor:.3g}, or at least "
+                f"{need} clients a round"]
 
     def migrate_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint written before the split rule had its own state (the auto rule's

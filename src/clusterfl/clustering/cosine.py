@@ -46,12 +46,14 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 import torch
+from scipy.stats import combine_pvalues
 
 BipartitionMethod = Literal["optimal", "complete"]
 
@@ -416,6 +418,23 @@ def shuffle_floor(n: int) -> float:
 
 SHUFFLE_FLOOR_EXACT = 40
 """`shuffle_floor` is computed exactly up to this many clients (0 beyond: it underflows)."""
+
+
+def combined_pvalue(p_values: Sequence[float]) -> float:
+    """Fisher's combination of independent p-values (−2 Σ ln p against χ² with 2m degrees of
+    freedom; `scipy.stats.combine_pvalues`); NaN for none, 0 if one is 0."""
+    if not p_values:
+        return math.nan
+    if min(p_values) <= 0:
+        return 0.0
+    return float(combine_pvalues(p_values, method="fisher").pvalue)
+
+
+def combined_floor(sizes: Sequence[int]) -> float:
+    """The smallest exact p-value of Fisher's combination of shuffle tests of rounds in which
+    `sizes` clients answered (each ≥ 2; two clients have one cosine: p = 1): Fisher's p falls
+    as any of its p-values falls, so it is least with each at its round's `shuffle_floor`."""
+    return combined_pvalue([shuffle_floor(n) if n > 2 else 1.0 for n in sizes])
 
 
 def structure_pvalue(sim: np.ndarray, draws: int, rng: np.random.Generator) -> float:

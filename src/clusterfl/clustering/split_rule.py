@@ -42,7 +42,6 @@ from typing import Literal, TypedDict
 import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator
-from scipy.stats import combine_pvalues
 
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.clustering.cosine import (
@@ -54,11 +53,12 @@ from clusterfl.clustering.cosine import (
     Cohesion,
     bipartition,
     cohesion,
+    combined_floor,
+    combined_pvalue,
     cross_cosine,
     gamma_bound,
     gamma_criterion,
     pairwise_cosine,
-    shuffle_floor,
     shuffle_pvalue,
     stationarity_ratio,
 )
@@ -179,18 +179,17 @@ class AutoRuleConfig(Settings):
         return out
 
     def hopeless(self, n: int, sampled: bool) -> tuple[float, float] | None:
-        """(`shuffle_floor(n)`, the level) where the shuffle test of `n` answering clients can
+        """(the floor, the level) where the shuffle test of `n` answering clients (n ≥ 2) can
         never pass, its exact p-value never below the level of the round (`sampled`: some of
-        the cluster's clients did not answer; under "combined", Fisher's combination of
-        `patience` such floors); None where it can, or is off."""
-        if self.significance == 0 or n < 3:
+        the cluster's clients did not answer); the floor is `shuffle_floor(n)`, or, sampled
+        under "combined", Fisher's combination of `patience` such floors (`combined_floor`);
+        None where it can, or is off."""
+        if self.significance == 0:
             return None
-        floor = shuffle_floor(n)
-        if not sampled:
-            return (floor, self.significance) if floor >= self.significance else None
-        combined = self.sampled_evidence == "combined" and floor > 0
-        p = combined_pvalue([floor] * self.patience) if combined else floor
-        return (floor, self.significance_sampled) if p >= self.significance_sampled else None
+        together = sampled and self.sampled_evidence == "combined"
+        floor = combined_floor([n] * (self.patience if together else 1))
+        level = self.significance_sampled if sampled else self.significance
+        return (floor, level) if floor >= level else None
 
     def switched_off(self) -> list[str]:
         """A warning per option set that another option turns off (it would do nothing)."""
@@ -228,6 +227,10 @@ class Refusal(Enum):
     TOO_FEW_TO_SHUFFLE = ("cut not beyond shuffled cosines ({n} clients never reach p < "
                           "{level:g}: exact p ≥ {floor:.3g})")
     NOT_SIGNIFICANT_TOGETHER = "cuts of the streak not beyond shuffled cosines together"
+    #: NOT_SIGNIFICANT_TOGETHER where the streak's rounds had too few answering clients (their
+    #: counts, `sizes`) for Fisher's combination ever to pass (`combined_floor`)
+    TOO_FEW_TOGETHER = ("cuts of the streak not beyond shuffled cosines together (rounds of "
+                        "{sizes} clients never reach p < {level:g}: exact p ≥ {floor:.3g})")
     PATIENCE = "patience {streak}/{need}"
 
     def text(self, **values: float | str) -> str:
@@ -373,8 +376,9 @@ class AutoNodeState:
     streak: int = 0  # consecutive rounds its test passed with consistent bipartitions ...
     candidate: list[list[int]] | None = None  # ... the blocks all those cuts are unions of
     last_mean: torch.Tensor | None = None  # its mean update of the last round it had members
-    #: the shuffle p-values of the streak's tested rounds (the last `patience`; rule v7)
+    #: the shuffle p-values of the streak's tested rounds (the last `patience`; rule v7) ...
     evidence: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # ... and their answering clients
 
 
 @dataclass
@@ -577,7 +581,8 @@ reason recorded, and resets the cluster's streak). The evidence that the cut is 
 def shuffle_test(v: ClusterView, r: AutoRule, t: int) -> float:
     """The p-value of the candidate's contrast against `null_draws` shuffles of the cluster's
     cosines (`shuffle_pvalue`, each shuffle cut by the cluster's `bipartition` method); NaN
-    where the test does not apply (off, a pair, not the root with `test_every` off). The draws
+    where the test does not apply (off, a pair, not the root with `test_every` off); 1 for two
+    answering clients of a larger cluster (one cosine: every shuffle is the same). The draws
     come from a generator seeded by the run's seed, the round and the node, so a resumed run
     repeats them and the run's other random numbers are untouched."""
     c = r.options
@@ -586,6 +591,8 @@ def shuffle_test(v: ClusterView, r: AutoRule, t: int) -> float:
             (below and len(v.members) < SHUFFLE_MIN):
         return math.nan
     assert v.similarity is not None and v.cohesion is not None
+    if len(v.members) < 3:  # two of a larger cluster answered (min_side = 1): one cosine,
+        return 1.0  # every order of it a relabelling (shuffle_pvalue raised, a traceback)
     rng = np.random.default_rng([r.seed, t, v.node])
     return shuffle_pvalue(v.similarity, v.cohesion.contrast, c.null_draws, rng, v.method)
 
@@ -599,14 +606,6 @@ def significant(p_value: float, r: AutoRule, sampled: bool = False) -> bool:
     c = r.options
     return math.isnan(p_value) or p_value < (c.significance_sampled if sampled else
                                              c.significance)
-
-
-def combined_pvalue(p_values: Sequence[float]) -> float:
-    """Fisher's combination of independent p-values (−2 Σ ln p against χ² with 2m degrees of
-    freedom; `scipy.stats.combine_pvalues`); NaN for none."""
-    if not p_values:
-        return math.nan
-    return float(combine_pvalues(p_values, method="fisher").pvalue)
 
 
 def significant_together(p_values: Sequence[float], r: AutoRule) -> bool:
@@ -732,7 +731,7 @@ class AutoRule(SplitRule):
         for refusal, holds in CONDITIONS:
             if not holds(v, self):
                 return self.refuse(refusal, node=replace(mine, streak=0, candidate=None,
-                                                         evidence=[]))
+                                                         evidence=[], sizes=[]))
         # the evidence that the cut is beyond noise: a round without it (a weak contrast, a
         # shuffle p-value not small) neither counts nor resets the streak
         if not contrasting(v, self):
@@ -750,15 +749,21 @@ class AutoRule(SplitRule):
         blocks = meet(mine.candidate, sides, c.min_side)
         streak = 1 if blocks is None else mine.streak + 1
         need = c.patience * (PAIR_PATIENCE if v.pair else 1)
-        tested = [] if math.isnan(p) else [p]
+        tested, n = ([], []) if math.isnan(p) else ([p], [len(v.members)])
         evidence = (tested if blocks is None else mine.evidence + tested)[-c.patience:]
+        sizes = (n if blocks is None else mine.sizes + n)[-c.patience:]
         kept = replace(mine, streak=streak, candidate=sides if blocks is None else blocks,
-                       evidence=evidence)
+                       evidence=evidence, sizes=sizes)
         if streak < need:
             return Decision(Refusal.PATIENCE, Refusal.PATIENCE.text(streak=streak, need=need),
                             p_value=p, node=kept)
         if together and not significant_together(evidence, self):
-            return self.refuse(Refusal.NOT_SIGNIFICANT_TOGETHER, p_value=p, node=kept)
+            floor = combined_floor(sizes) if sizes and len(sizes) == len(evidence) else 0.0
+            if floor < c.significance_sampled:  # (sizes unknown: a checkpoint before them)
+                return self.refuse(Refusal.NOT_SIGNIFICANT_TOGETHER, p_value=p, node=kept)
+            return Decision(Refusal.TOO_FEW_TOGETHER, Refusal.TOO_FEW_TOGETHER.text(
+                sizes=", ".join(map(str, sizes)), level=c.significance_sampled, floor=floor),
+                p_value=p, node=kept)
         event = base_event(v, True)
         event["stationarity"] = v.stationarity
         event["within"] = [v.cohesion.within_first, v.cohesion.within_second]

@@ -234,6 +234,7 @@ def refusal_series(records: list[RoundRecord]) -> dict[int, tuple[list[int], lis
 SHORT = {Refusal.NOT_NESTED: "less apart than when formed",
          Refusal.NOT_SIGNIFICANT: "not beyond shuffles",
          Refusal.TOO_FEW_TO_SHUFFLE: "not beyond shuffles ({n}: too few)",
+         Refusal.TOO_FEW_TOGETHER: "not beyond shuffles together (too few)",
          Refusal.FEW_FOR_SIDES: "< 2 × min_side answered",
          Refusal.SMALL_CLUSTER: "< min_split_size",
          Refusal.FEW_ANSWERED: "< 2 answered",
