@@ -653,3 +653,23 @@ def test_test_rows_matched_in_the_other_subsampling_scenarios(
         worst[rows] = round(float((0.5 * np.abs(train / train.sum(1, keepdims=True) - test
                                                 / test.sum(1, keepdims=True)).sum(1)).max()), 3)
     assert worst == {"all": before, "matched": after}
+
+
+def test_power_law_takes_test_rows_as_the_other_label_set_scenarios(digits: Source) -> None:
+    """power_law had no test_rows ("unknown parameter"), though cluster_labels, its sibling,
+    has. Its clients share out every row of their cluster's classes (but the sizes' rounding:
+    534 of the 539 rows of two clusters here), so "all" is its data as it was and "matched",
+    which would move one test row of 179, is refused as for n_class without
+    samples_per_client."""
+    params = {"n_clients": 10, "n_clusters": 2}
+    default = make_federation(digits, "power_law", params, seed=0)
+    explicit = make_federation(digits, "power_law", {**params, "test_rows": "all"}, seed=0)
+    for split in ("train", "test"):
+        assert (_class_mixes(explicit, split) == _class_mixes(default, split)).all()
+    assert _class_mixes(default, "train").sum() == 534
+    assert _class_mixes(default, "test").sum() == 179
+    with pytest.raises(ConfigError) as err:
+        make_federation(digits, "power_law", {**params, "test_rows": "matched"}, seed=0)
+    assert err.value.field == "scenario.test_rows"
+    assert "changes nothing here: power_law hands out every training row" in str(err.value)
+    assert "allowed: 'all'" in str(err.value)

@@ -222,14 +222,15 @@ TEST_ROWS = ("all (the default): every test row of a class goes to the clients h
 """What `test_rows` does (the scenarios that can leave training rows unused)."""
 
 
-def _test_rows_used(params: ScenarioParams, unused: bool) -> None:
+def _test_rows_used(params: ScenarioParams, unused: bool,
+                    why: str = "without samples_per_client every training row of a held "
+                    "class is used", fix: str = "; or set samples_per_client") -> None:
     """`test_rows = "matched"` where every training row of a held class is used changes
-    nothing: a ConfigError naming it."""
+    nothing: a ConfigError naming it (`why`, and what to do: `fix`)."""
     if getattr(params, "test_rows", "all") == "matched" and not unused:
-        raise ConfigError("scenario.test_rows", "'matched' changes nothing here: without "
-                          "samples_per_client every training row of a held class is used, so "
-                          "each client's test mix follows its training mix already; set "
-                          "samples_per_client or leave test_rows out")
+        raise ConfigError("scenario.test_rows", f"'matched' changes nothing here: {why}, so "
+                          "each client's test mix follows its training mix already; allowed: "
+                          f"'all' (or leave test_rows out){fix}")
 
 
 class NClassParams(ScenarioParams):
@@ -278,6 +279,7 @@ class _LabelSetParams(ScenarioParams):
         None, ge=1, description="default 2 (disjoint) or 3 (overlapping)")
     class_sets: list[list[int]] | None = Field(
         None, description="explicit label set of every cluster (overrides the two above)")
+    test_rows: Literal["all", "matched"] | None = Field(None, description=TEST_ROWS)
 
 
 class ClusterLabelsParams(_LabelSetParams):
@@ -286,7 +288,6 @@ class ClusterLabelsParams(_LabelSetParams):
     model_config = ConfigDict(extra="forbid")
     samples_per_client: int | None = Field(
         None, ge=1, description="default: the most every client can get (600 on MNIST)")
-    test_rows: Literal["all", "matched"] | None = Field(None, description=TEST_ROWS)
 
 
 class PowerLawParams(_LabelSetParams):
@@ -295,6 +296,14 @@ class PowerLawParams(_LabelSetParams):
     model_config = ConfigDict(extra="forbid")
     alpha: int = Field(10, ge=0, description="minimum samples per client (the paper's α)")
     delta: float = Field(0.5, gt=0.0, le=4.0, description="power exponent δ")
+
+    @model_validator(mode="after")
+    def _matched_changes_nothing(self) -> PowerLawParams:
+        """Each cluster's clients share out all its rows (all but the sizes' rounding, under
+        one row a client: 'matched' moved 1-3 of 179-360 digits test rows)."""
+        _test_rows_used(self, False, "power_law hands out every training row of a cluster's "
+                        "classes (but the rounding of its sizes)", "")
+        return self
 
 
 class LinearRegressionParams(ScenarioParams):

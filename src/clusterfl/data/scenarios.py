@@ -472,9 +472,8 @@ def _flt_plan(source: Source, p: _LabelSetParams, sizes: Sequence[np.ndarray], p
     train_pool, test_pool = source_pools(source)
     train = _carve(pools, sizes)
     counts = class_counts(train_pool.labels, train, source.n_classes)
-    matched = getattr(p, "test_rows", "all") == "matched"  # power_law has no test_rows
     test = matched_test(test_pool.labels, counts, rng,
-                        _class_totals(source) if matched else None)
+                        _class_totals(source) if p.test_rows == "matched" else None)
     return Plan(train_pool, train, test_pool, test, client_groups(p.n_clients, p.n_clusters),
                 info)
 
