@@ -4,6 +4,7 @@ the rotation presets they name.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -27,11 +28,20 @@ ROTATION_PRESETS: dict[str, tuple[float, ...]] = {"ifca": IFCA_ANGLES, "cflgp": 
 # ====================================================================== parameters
 
 
+def _within_a_turn(angles: Sequence[float]) -> None:
+    """Angles in degrees within -360..360 (1e308 was taken, a rotation whose float remainder
+    modulo 360 has no digits left: a typo, unsaid)."""
+    wild = next((a for a in angles if abs(a) > 360), None)
+    if wild is not None:
+        raise ValueError(f"{wild:g} is no angle in degrees; allowed: -360..360")
+
+
 def distinct_rotations(value: list[float]) -> list[float]:
     """The angles of a scenario's rotation clusters, each a rotation of its own (0 and 360 are
     one: two groups at one rotation would be one distribution under two labels)."""
     if not value:
         raise ValueError("needs at least one angle")
+    _within_a_turn(value)
     seen: dict[float, float] = {}
     for a in value:
         if a % 360 in seen:
@@ -134,7 +144,7 @@ class RotationParams(_RotationLayoutParams):
             return self
         if len(counts) != len(self.angles) or min(counts) < 1 or sum(counts) != self.n_clients:
             raise ValueError(f"clients_per_group needs {len(self.angles)} positive counts (one "
-                             f"per angle) summing to n_clients = {self.n_clients}, got {counts}")
+                             f"per angle) summing to n_clients = {self.n_clients}")
         if self.layout != "split":
             raise ValueError("clients_per_group works with layout 'split' only")
         return self
@@ -161,6 +171,7 @@ class RotationMixtureParams(_RotationLayoutParams):
     @field_validator("angles")
     @classmethod
     def _two(cls, value: tuple[float, float]) -> tuple[float, float]:
+        _within_a_turn(value)
         if value[0] % 360 == value[1] % 360:
             raise ValueError(f"{value[0]:g} and {value[1]:g} are the same rotation: the three "
                              "groups would share one distribution")
@@ -317,4 +328,6 @@ class LinearRegressionParams(ScenarioParams):
         None, description="φ_k in degrees (default: evenly spaced from +Δφ to −Δφ)")
     samples_per_client: int = Field(10, ge=1, description="the paper's b")
     test_samples_per_client: int = Field(100, ge=1)
-    noise_std: float = Field(0.2, ge=0.0)
+    noise_std: float = Field(
+        0.2, ge=0.0, le=1e6, description="σ; at most 1e6 (the targets x tan φ are at most 1 "
+        "in size; 1e39 overflowed float32 to inf, unsaid)")

@@ -52,6 +52,8 @@ def flower_split(labels: np.ndarray, n_parts: int, kind: str, options: dict[str,
             {"label": labels.astype(np.int64), "pos": np.arange(len(labels))})
         return [np.asarray(part.load_partition(i)["pos"], dtype=np.int64)
                 for i in range(n_parts)]
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError) as exc:
+        # IndexError, ZeroDivisionError: a shard partitioner with more shards a partition than
+        # rows (num_shards_per_partition = 10**6) divided by zero in flwr_datasets
         raise ConfigError("options", f"the {PARTITIONERS[kind]} of flwr_datasets refused "
                                      f"{kwargs}: {exc}") from None

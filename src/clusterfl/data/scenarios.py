@@ -555,11 +555,22 @@ def _regression_pool(phi_rows: np.ndarray, noise_std: float, rng: np.random.Gene
                 (torch.from_numpy(y.astype(np.float32)),))
 
 
+REGRESSION_ROWS = 10**7
+"""The most rows `linear_regression` generates (train and test, all clients: 80 MB as
+float32, a few times that while they are drawn)."""
+
+
 def plan_linear_regression(source: Source, p: LinearRegressionParams,
                            rng: np.random.Generator) -> Plan:
     """CFL-GP §5.1 / F.4: client of cluster k draws x ~ U(0, cos φ_k) and
     y = x tan φ_k + N(0, σ²) (σ = 0.2); the source is ignored (use 'synthetic_regression')."""
     _need_clusters(p.n_clusters, p.n_clients)
+    rows = p.n_clients * (p.samples_per_client + p.test_samples_per_client)
+    if rows > REGRESSION_ROWS:  # a million clients ran out of memory
+        blame = "n_clients" if 2 * p.n_clients > REGRESSION_ROWS else "samples_per_client" \
+            if p.samples_per_client >= p.test_samples_per_client else "test_samples_per_client"
+        raise ConfigError(blame, f"n_clients × (samples_per_client + test_samples_per_client) "
+                          f"= {rows} rows to generate; allowed: at most {REGRESSION_ROWS}")
     phis = np.deg2rad(regression_angles(p))
     clusters = client_groups(p.n_clients, p.n_clusters)
     parts = []
@@ -608,6 +619,8 @@ class ScenarioSpec:
                                        reference=self.reference,
                                        params=params.model_dump(mode="json"))
                 return federation
+            if self.needs != "synthetic":  # linear_regression makes its own rows
+                _rows_for_clients(source, params.n_clients)
             plan = self.plan(source, params, rng)
             check_plan(plan)
         except ConfigError as exc:  # planners name bare fields; say where they live
@@ -671,13 +684,18 @@ def _validation_message(exc: ValidationError, model: type[BaseModel], prefix: st
     errors = exc.errors()
     first = errors[0]
     loc = ".".join(str(part) for part in first["loc"])
+    text, got = str(first["msg"]).removeprefix("Value error, "), first.get("input")
+    named = text.split(" ", 1)[0]
+    if not loc and named in model.model_fields and isinstance(got, dict):
+        # a check of several fields (a model validator) whose message starts with the field
+        # it blames: name that field, and its value (it said `scenario` and the whole table)
+        loc, got = named, got.get(named)
     where = f"{prefix}.{loc}" if loc else prefix
     if first["type"] == "extra_forbidden":
         message = (f"unknown parameter of scenario {scenario!r}; allowed: "
                    f"{', '.join(model.model_fields)}")
     else:
-        message = f"{str(first['msg']).removeprefix('Value error, ')} " \
-                  f"(got {first.get('input')!r})"
+        message = f"{text} (got {got!r})"
     if len(errors) > 1:
         message += f" [and {len(errors) - 1} more problem(s)]"
     return ConfigError(where, message)
@@ -699,6 +717,16 @@ def scenario_params(name: str, raw: dict[str, Any] | None = None,
         return spec.params.model_validate(raw)
     except ValidationError as exc:
         raise _validation_message(exc, spec.params, field_prefix, name) from None
+
+
+def _rows_for_clients(source: Source, n_clients: int) -> None:
+    """Every client needs a training and a test row: more clients than the source has rows
+    are a ConfigError before a plan is made (a billion clients ran out of memory making it)."""
+    most = min(len(source.y_train), len(source.y_test))
+    if n_clients > most:
+        raise ConfigError("n_clients", f"{n_clients} clients need a training and a test row "
+                          f"each; {source.name!r} has {len(source.y_train)} training and "
+                          f"{len(source.y_test)} test rows; allowed: 1..{most}")
 
 
 def check_source(spec: ScenarioSpec, source: Source) -> None:
