@@ -31,6 +31,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -198,6 +200,88 @@ def save(encoder: EncoderFile, path: str | Path) -> Path:
     return path
 
 
+LOCK_POLL_S = 0.5  # how often a run waiting for another's pretraining looks again
+
+
+def lock_path(path: str | Path) -> Path:
+    """The lock file beside the cache entry `path` while a process pretrains it."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (one we may not signal counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder(lock: Path) -> int | None:
+    """The process id written in `lock` (None: gone, or not yet written / unreadable)."""
+    try:
+        text = lock.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return -1
+    return int(text) if text.isdigit() else -1
+
+
+def pretrain_once(path: str | Path, make: Callable[[], EncoderFile],
+                  say: Callable[[str], None] | None = None) -> EncoderFile | None:
+    """Run `make` (pretrain and save to `path`) unless another process is doing it: one run
+    holds `<path>.lock` (created exclusively, holding its process id) while it pretrains; the
+    others say for whom they wait, wait until the lock is gone and return None (the caller
+    reads `path`). A lock whose process is dead (killed mid-pretraining) is taken over; so is
+    one whose holder left without writing `path` (it failed: this run pretrains). Raises
+    OSError when the lock cannot be created (a folder that cannot be written)."""
+    path = Path(path)
+    lock = lock_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tell = say if say is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    told: int | None = None
+    while True:
+        if path.is_file() and told is not None:
+            return None
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = _holder(lock)
+            if pid is None:  # released in between: look again
+                continue
+            if pid == -1:  # being written this instant, or garbage: give it one poll
+                time.sleep(LOCK_POLL_S)
+                if _holder(lock) != -1:
+                    continue
+                pid = 0
+            if not _alive(pid):
+                tell(f"encoder cache: taking over the stale lock {lock} (process {pid} "
+                     "is gone)")
+                lock.unlink(missing_ok=True)
+                continue
+            if told != pid:
+                tell(f"encoder cache: waiting for process {pid}, which is pretraining "
+                     f"{path.name} (lock {lock})")
+                told = pid
+            time.sleep(LOCK_POLL_S)
+            continue
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            if path.is_file():  # finished by another between our look and our lock
+                return None
+            return make()
+        finally:  # unless a waiter took it over as stale meanwhile (then it is theirs)
+            if _holder(lock) == os.getpid():
+                lock.unlink(missing_ok=True)
+
+
 def load(path: str | Path) -> EncoderFile:
     """Read an encoder file; raises DataError when missing, malformed or corrupted."""
     path = Path(path).expanduser()
@@ -337,13 +421,24 @@ def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, 
             check_cache_folder(path.parent, dir_field, fix)
             if not train:
                 return None
-            enc = pretrain(spec, epochs, latent, seed, data_dir, loaded=src,
-                           latent_field=latent_field)
+
+            def make() -> EncoderFile:
+                made = pretrain(spec, epochs, latent, seed, data_dir, loaded=src,
+                                latent_field=latent_field)
+                try:
+                    save(made, path)
+                except OSError as exc:  # the check passed, the write did not (full, raced)
+                    raise ConfigError(dir_field, f"the encoder pretrained on {spec!r} cannot "
+                                      f"be saved to {path} ({exc.strerror or exc}): "
+                                      f"{fix}") from None
+                return made
+
             try:
-                save(enc, path)
-            except OSError as exc:  # the check passed, the write did not (full, raced)
-                raise ConfigError(dir_field, f"the encoder pretrained on {spec!r} cannot be "
-                                  f"saved to {path} ({exc.strerror or exc}): {fix}") from None
+                made = pretrain_once(path, make)
+            except OSError as exc:  # its folder or the lock file cannot be made
+                raise ConfigError(dir_field, f"the lock {lock_path(path)} cannot be made "
+                                  f"({exc.strerror or exc}): {fix}") from None
+            enc = made if made is not None else read(path, spec)
     if tuple(enc.input_shape) != tuple(input_shape) or enc.latent != latent:
         raise ConfigError(field_name, f"the encoder was trained on inputs {enc.input_shape} with "
                           f"latent {enc.latent}; this federation needs inputs "
@@ -365,5 +460,5 @@ __all__ = [
     "EncoderFile", "cached_path", "check", "check_cache_folder", "check_fits_in_memory",
     "conv_ae_size", "default_encoder_dir",
     "describe", "load",
-    "params_sha256", "pretrain", "resolve", "save",
+    "lock_path", "params_sha256", "pretrain", "pretrain_once", "resolve", "save",
 ]
