@@ -50,6 +50,7 @@ from clusterfl.progress import Progress, want_progress
 from clusterfl.recorder import Recorder, evaluate_all
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary
 from clusterfl.robust.adversary import choose_adversaries, flip_labels, training_ids
+from clusterfl.robust.config import median_rule_warnings
 from clusterfl.robust.guard import Guard
 from clusterfl.rundir import RunDir, RunDirInUseError, claim_run_dir
 
@@ -176,6 +177,11 @@ class Experiment:
                "only spoil their own models and no other client can be exposed"]
               if not config.algorithm.shares_updates
               and config.adversary.kind in ("sign_flip", "scale", "random") else []),
+            *median_rule_warnings(
+                config.validation, fed.n_clients,
+                *((config.algorithm.per_round_count(fed.n_clients),
+                   config.algorithm.sampling_setting())
+                  if isinstance(config.algorithm, SampledConfig) else ())),
             *self._never_partial(fed.n_clients)]
         self.holdout: dict[str, Any] | None = None
         """The held-out clients' placement after the run (`summary.json`'s `holdout`)."""

@@ -145,3 +145,26 @@ def test_model_poisoning_under_local_says_it_reaches_nobody(algorithm, kind, war
     said = [w for w in Experiment(load_config(cfg)).method_warnings
             if "reaches nobody" in w]
     assert len(said) == int(warned)
+
+
+@pytest.mark.parametrize(("algorithm", "validation", "said"), [
+    ({"name": "fedavg"}, {"min_replies_for_median": 20},
+     "at least validation.min_replies_for_median = 20 clients, and only 8 clients train: it "
+     "never applies; allowed min_replies_for_median: 1..8"),
+    ({"name": "fedavg", "fraction": 0.25}, {"median_multiple": 5.0},
+     "median_multiple = 5 applies only to replies of at least validation.min_replies_for_median "
+     "= 3 clients, and a sampled round asks 2 (algorithm.fraction = 0.25)"),
+    ({"name": "fedavg", "per_round": 3}, {"median_multiple": 5.0}, None),
+    ({"name": "fedavg", "fraction": 0.25}, {}, None),  # defaults never warn
+    ({"name": "fedavg"}, {"min_replies_for_median": 20, "median_multiple": None}, None),
+])
+def test_a_median_rule_no_reply_is_large_enough_for_is_said(algorithm, validation, said):
+    """8 clients: `min_replies_for_median = 20`, or 2 clients a round (fraction 0.25) with the
+    default 3, and the median rule the user set never looked at a reply, without a word."""
+    from clusterfl.experiment import Experiment
+
+    cfg = config(rounds=2, algorithm=algorithm, validation=validation)
+    lines = [w for w in Experiment(load_config(cfg)).method_warnings if "median" in w]
+    assert len(lines) == (0 if said is None else 1), lines
+    if said is not None:
+        assert said in lines[0]

@@ -184,5 +184,27 @@ def check_robust(rounds: int, validation: ValidationConfig, faults: FaultsConfig
                               "delta out")
 
 
+def median_rule_warnings(validation: ValidationConfig, n_clients: int,
+                         per_round: int | None = None, sampling: str = "") -> list[str]:
+    """A line when the median rule a user set (`median_multiple` or `min_replies_for_median`
+    away from their defaults) can never, or never in a sampled round, see a reply of
+    `min_replies_for_median` clients: with `n_clients` that train, or `per_round` clients
+    asked a round (`sampling`: the setting that says so). Defaults never warn."""
+    need = validation.min_replies_for_median
+    if not validation.enabled or validation.median_multiple is None or not changed_fields(
+            validation, "median_multiple", "min_replies_for_median"):
+        return []
+    rule = (f"validation.median_multiple = {validation.median_multiple:g} applies only to "
+            f"replies of at least validation.min_replies_for_median = {need} clients")
+    if need > n_clients:
+        return [f"{rule}, and only {n_clients} clients train: it never applies; allowed "
+                f"min_replies_for_median: 1..{n_clients}"]
+    if per_round is not None and need > per_round:
+        return [f"{rule}, and a sampled round asks {per_round} ({sampling}): it applies only "
+                "in rounds that ask more clients (if the method has any); allowed "
+                f"min_replies_for_median: 1..{per_round}"]
+    return []
+
+
 __all__ = ["AdversaryConfig", "AttackKind", "FaultsConfig", "PrivacyConfig",
-           "ValidationConfig", "check_adversary", "check_robust"]
+           "ValidationConfig", "check_adversary", "check_robust", "median_rule_warnings"]
