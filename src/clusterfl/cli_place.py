@@ -253,6 +253,16 @@ def _check_model_fits(was: dict[str, Any], exp: Any) -> None:
             "run's shape")
 
 
+def _warn_other_dataset(was: dict[str, Any], now: dict[str, Any]) -> None:
+    """One warning line when `--set data.source` names another dataset than the run's (of the
+    same shape, else `_check_model_fits` refused it): the clusters were learnt on other data."""
+    then, source = (c.get("data", {}).get("source") for c in (was, now))
+    if then != source:
+        print(f"clusterfl: warning: --set data.source = {source!r}: the run trained on "
+              f"{then!r}: its clusters and models were learnt on another dataset than that "
+              "of the clients placed", file=sys.stderr)
+
+
 def _check_vocabulary(run_dir: Path, words: list[str] | None) -> None:
     """A language model's clients must be tokenized with the run's vocabulary (`vocab.txt`):
     ClusterFLError when the federation rebuilt now has another one (the data changed)."""
@@ -305,6 +315,7 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
     exp = Experiment(config)  # the federation, the held-out split, the method
     if not same_federation:
         _check_model_fits(was, exp)
+        _warn_other_dataset(was, now)
     alg = exp.algorithm
     full = exp.full_federation
     if same_federation and saved.get("federation") is not None:

@@ -383,3 +383,25 @@ def test_placing_on_data_that_changed_since_the_run_warns_naming_the_clients(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["clusterfl: warning: the data changed since the run's checkpoint (the "
                    "training data of client 4): clients are placed with their data as it is now"]
+
+
+def test_clients_of_another_dataset_of_the_same_shape_warn_naming_both(tmp_path, capsys):
+    # before: `--set data.source=fashion_mnist` on a run of MNIST (the same 28×28 inputs and
+    # 10 classes) placed the clients into clusters learnt on other data without a word
+    from tests.paper_files import write_idx_set
+
+    for name in ("mnist", "fashion_mnist"):
+        write_idx_set(tmp_path / "data", name, train=240, test=60, seed=len(name))
+    cfg = tiny_config(rounds=1, n_clients=4, hidden=8, steps=1, checkpoint_every=1,
+                      algorithm={"name": "ifca", "n_clusters": 2})
+    cfg["data"] = {"source": "mnist", "verify": False, "data_dir": str(tmp_path / "data")}
+    Experiment(load_config(cfg), tmp_path / "run").run(progress=False)
+    capsys.readouterr()
+    place = ["place", str(tmp_path / "run"), "--clients", "0-1"]
+    assert main([*place, "--set", "data.source=fashion_mnist"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == ["clusterfl: warning: --set data.source = 'fashion_mnist': the run trained "
+                      "on 'mnist': its clusters and models were learnt on another dataset than "
+                      "that of the clients placed"]
+    assert main([*place, "--set", "seed=5"]) == 0  # the run's own dataset: no word
+    assert "warning" not in capsys.readouterr().err
