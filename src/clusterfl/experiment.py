@@ -172,6 +172,11 @@ class Experiment:
               if self._private() and config.privacy.noise_multiplier > 0
               and config.privacy.noise == "aggregate"
               and not config.algorithm.averages_noise_groups else []),
+            *([f"[privacy] the reported ε covers the training replies only: "
+               f"{self.algorithm.label()}'s clustering receives "
+               f"{config.algorithm.unnoised_signatures}, neither clipped nor noised"]
+              if self._private() and config.privacy.noise_multiplier > 0
+              and config.algorithm.unnoised_signatures else []),
             *([f"[adversary] kind = {config.adversary.kind!r} reaches nobody under "
                f"{self.algorithm.label()}: it sends no update to the server, so the attackers "
                "only spoil their own models and no other client can be exposed"]

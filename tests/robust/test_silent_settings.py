@@ -168,3 +168,24 @@ def test_a_median_rule_no_reply_is_large_enough_for_is_said(algorithm, validatio
     assert len(lines) == (0 if said is None else 1), lines
     if said is not None:
         assert said in lines[0]
+
+
+@pytest.mark.parametrize(("algorithm", "sigma", "sent"), [
+    ({"name": "pacfl"}, 1.0, "the top singular vectors of each client's data"),
+    ({"name": "pca_km_hc"}, 1.0, "each client's k-means centroids of its embedded data"),
+    ({"name": "pacfl"}, 0.0, None),  # clipping only: no ε is reported
+    ({"name": "ifca", "n_clusters": 2}, 1.0, None),
+])
+def test_an_epsilon_that_leaves_out_the_clustering_signatures_says_so(algorithm, sigma, sent):
+    """PACFL's subspace signatures (each client's top singular vectors of its raw data) and
+    FLT / PCA+kM+HC's centroids go to the server unclipped and un-noised; a private run
+    reported an ε for it as if it covered everything the clients sent."""
+    from clusterfl.experiment import Experiment
+
+    cfg = config(rounds=2, algorithm=algorithm,
+                 privacy={"clip": 1.0, "noise_multiplier": sigma})
+    said = [w for w in Experiment(load_config(cfg)).method_warnings
+            if "covers the training replies only" in w]
+    assert len(said) == (0 if sent is None else 1), said
+    if sent is not None:
+        assert f"clustering receives {sent}" in said[0] and "neither clipped nor noised" in said[0]

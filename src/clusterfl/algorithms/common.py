@@ -40,6 +40,10 @@ class AlgorithmConfig(Settings):
     #: request (the noise groups of `[privacy] noise = "aggregate"`); FeSEM regroups them by
     #: k-means after training, so the reported ε needs `noise = "local"` there
     averages_noise_groups: ClassVar[bool] = True
+    #: what the method's clustering receives from every client beside its updates, derived
+    #: from its data and neither clipped nor noised by `[privacy]` (a run warns: its ε does
+    #: not cover it); "" when nothing
+    unnoised_signatures: ClassVar[str] = ""
     name: str
 
     def ignored_settings(self) -> list[str]:

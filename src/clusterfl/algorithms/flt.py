@@ -160,6 +160,8 @@ HISTORY_MAX_CLIENTS = 500  # above this, A/Ã/linkage/points go to ARTIFACT only
 class _OneShotConfig(SampledConfig):
     """Settings shared by FLT and PCA+kM+HC."""
 
+    unnoised_signatures: ClassVar[str] = ("each client's k-means centroids of its embedded "
+                                          "data (its signature)")
     fraction: float = Field(0.2, gt=0.0, le=1.0, description="ρ, the share of the clients "
                           "sampled per round (at least one); or set per_round")
     k: int = Field(5, ge=1, description="k-means centroids per client (never from labels)")

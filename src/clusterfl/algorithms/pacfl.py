@@ -105,6 +105,8 @@ class PACFLConfig(SampledConfig):
 
     name: Literal["pacfl"] = "pacfl"
     display: ClassVar[str] = "PACFL"
+    unnoised_signatures: ClassVar[str] = ("the top singular vectors of each client's data "
+                                          "(its subspace signature)")
     fraction: float = Field(0.1, gt=0.0, le=1.0, description="share of the clients sampled "
                             "each round (the paper's and code's 0.1)")
     p: int = Field(3, ge=1, description="leading left singular vectors per basis (the "
