@@ -50,7 +50,7 @@ from clusterfl.progress import Progress, want_progress
 from clusterfl.recorder import Recorder, evaluate_all
 from clusterfl.records import FinalMetrics, RoundMetrics, RoundRecord, RunSummary
 from clusterfl.robust.adversary import choose_adversaries, flip_labels, training_ids
-from clusterfl.robust.config import median_rule_warnings
+from clusterfl.robust.config import delta_warnings, median_rule_warnings
 from clusterfl.robust.guard import Guard
 from clusterfl.rundir import RunDir, RunDirInUseError, claim_run_dir
 
@@ -182,6 +182,7 @@ class Experiment:
                "only spoil their own models and no other client can be exposed"]
               if not config.algorithm.shares_updates
               and config.adversary.kind in ("sign_flip", "scale", "random") else []),
+            *(delta_warnings(config.privacy, fed.n_clients) if self._private() else []),
             *median_rule_warnings(
                 config.validation, fed.n_clients,
                 *((config.algorithm.per_round_count(fed.n_clients),

@@ -189,3 +189,22 @@ def test_an_epsilon_that_leaves_out_the_clustering_signatures_says_so(algorithm,
     assert len(said) == (0 if sent is None else 1), said
     if sent is not None:
         assert f"clustering receives {sent}" in said[0] and "neither clipped nor noised" in said[0]
+
+
+@pytest.mark.parametrize(("privacy", "warned"), [
+    ({"clip": 1.0, "noise_multiplier": 1.0, "delta": 0.125}, True),  # 1/8 of SMALL's 8
+    ({"clip": 1.0, "noise_multiplier": 1.0, "delta": 0.5}, True),
+    ({"clip": 1.0, "noise_multiplier": 1.0, "delta": 0.12}, False),
+    ({"clip": 1.0, "noise_multiplier": 1.0}, False),  # the default 1e-5
+])
+def test_a_delta_of_one_over_n_or_more_says_the_epsilon_protects_nobody(privacy, warned):
+    """client-level (ε, δ)-DP with δ ≥ 1/n is met by publishing one client's update outright;
+    δ = 0.5 over 8 clients ran and reported its ε without a word."""
+    from clusterfl.experiment import Experiment
+
+    said = [w for w in Experiment(load_config(config(rounds=2, privacy=privacy))).method_warnings
+            if w.startswith("privacy.delta")]
+    assert len(said) == int(warned), said
+    if warned:
+        assert f"privacy.delta = {privacy['delta']:g} is not below 1/n = 1/8" in said[0]
+        assert "allowed for a guarantee: delta < 0.125" in said[0]

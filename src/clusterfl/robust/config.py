@@ -206,5 +206,18 @@ def median_rule_warnings(validation: ValidationConfig, n_clients: int,
     return []
 
 
+def delta_warnings(privacy: PrivacyConfig, n_clients: int) -> list[str]:
+    """A line when the reported (ε, δ) guarantees nothing: a δ of at least 1/n for client-level
+    DP over `n_clients` (a mechanism that publishes one random client's update outright is
+    (0, 1/n)-DP). Only with noise (else no ε is reported)."""
+    if privacy.clip is None or privacy.noise_multiplier == 0 or privacy.delta * n_clients < 1:
+        return []
+    return [f"privacy.delta = {privacy.delta:g} is not below 1/n = 1/{n_clients} (the clients "
+            "that train): with δ ≥ 1/n, (ε, δ)-DP allows publishing one client's update "
+            "outright, so the reported ε protects nobody; allowed for a guarantee: delta < "
+            f"{1 / n_clients:.3g} (usually far below; default 1e-5)"]
+
+
 __all__ = ["AdversaryConfig", "AttackKind", "FaultsConfig", "PrivacyConfig",
-           "ValidationConfig", "check_adversary", "check_robust", "median_rule_warnings"]
+           "ValidationConfig", "check_adversary", "check_robust", "delta_warnings",
+           "median_rule_warnings"]
