@@ -106,10 +106,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"epoch {epoch}/{args.epochs}  reconstruction loss {loss:.4f}", flush=True)
 
-    enc = encoders.pretrain(args.source, args.epochs, args.latent, args.seed, args.data_dir,
-                            args.batch_size, args.lr, args.max_samples, report,
-                            latent_field="--latent")
-    encoders.save(enc, path)
+    def make() -> encoders.EncoderFile:
+        made = encoders.pretrain(args.source, args.epochs, args.latent, args.seed,
+                                 args.data_dir, args.batch_size, args.lr, args.max_samples,
+                                 report, latent_field="--latent")
+        encoders.save(made, path)
+        return made
+
+    if args.out:
+        enc = make()
+    else:  # the cache a run reads: pretrained once, as a run does (encoders.pretrain_once)
+        got = encoders.pretrain_once(path, make)
+        if got is None:
+            enc = encoders.load(path)
+            print(f"{path} was pretrained meanwhile by another process ("
+                  f"{enc.params.numel()} parameters, sha256 {enc.sha256}); not trained again")
+            return 0
+        enc = got
     print(f"wrote {path} ({enc.params.numel()} parameters, sha256 {enc.sha256}) in "
           f"{time.perf_counter() - t0:.0f} s")
     return 0

@@ -84,3 +84,39 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(
     assert enc.sha256 == encoders.load(env / "enc" / CACHED).sha256
     err = capsys.readouterr().err
     assert f"taking over the stale lock {lock} (process {gone.pid} is gone)" in err
+
+
+def test_encoder_train_into_the_cache_waits_for_a_run_pretraining_it(
+        env: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`clusterfl encoder train` without --out writes the cache a run reads: while another
+    process (here a live `sleep`) holds the lock, it waits, then uses that process's file."""
+    from clusterfl.cli import main
+
+    write_idx(env / "data", "fashion_mnist")
+    monkeypatch.setattr(encoders, "LOCK_POLL_S", 0.02)
+    theirs = resolve(env)  # what the other process writes when it is done
+    cached = env / "data" / "encoders" / CACHED
+    lock = encoders.lock_path(cached)
+    lock.parent.mkdir()
+    holder = subprocess.Popen(["sleep", "30"])
+    lock.write_text(str(holder.pid))
+
+    def finish() -> None:
+        encoders.save(theirs, cached)
+        lock.unlink()
+        holder.kill()
+
+    monkeypatch.setattr(encoders, "pretrain", lambda *a, **k: pytest.fail("pretrained"))
+    timer = threading.Timer(0.3, finish)
+    timer.start()
+    try:
+        assert main(["--data-dir", str(env / "data"), "encoder", "train", "--source",
+                     "fashion_mnist", "--epochs", "1", "--latent", "8", "--quiet"]) == 0
+    finally:
+        timer.join()
+        holder.wait()
+    captured = capsys.readouterr()
+    assert f"waiting for process {holder.pid}, which is pretraining {CACHED}" in captured.err
+    assert "was pretrained meanwhile by another process" in captured.out
+    assert theirs.sha256 in captured.out
