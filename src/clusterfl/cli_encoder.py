@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,20 @@ def _check_out(path: Path) -> None:
                           f"({exc.strerror or exc})") from None
 
 
+def _warn_unnamed_settings(args: argparse.Namespace) -> None:
+    """One warning line when an encoder with settings its cache name does not hold (the name
+    says source, latent, epochs and seed) goes into the cache: a run naming the dataset would
+    load it as the encoder it pretrains by default."""
+    odd = [f"--{k.replace('_', '-')} {v:g}" for k, v, default in (
+        ("max_samples", args.max_samples, None), ("batch_size", args.batch_size, 64),
+        ("lr", args.lr, 1e-3)) if v != default]
+    if odd:
+        print(f"clusterfl: warning: {', '.join(odd)} is not in the cache name: an FLT run with "
+              f"encoder = {args.source!r} (latent {args.latent}, pretrain_epochs "
+              f"{args.epochs}, encoder_seed {args.seed}) will load this encoder as its "
+              "default one; write a variant elsewhere with --out", file=sys.stderr)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Pretrain and save; prints the file, its checksum and the final loss."""
     from clusterfl import encoders
@@ -100,6 +115,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:  # the cache in the data folder: writable, or the way out before any training
         encoders.check_cache_folder(path.parent, "--out", "write it elsewhere with --out "
                                     "PATH (and set algorithm.encoder = PATH in the run)")
+        _warn_unnamed_settings(args)
     t0 = time.perf_counter()
 
     def report(epoch: int, loss: float) -> None:
@@ -116,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.out:
         enc = make()
     else:  # the cache a run reads: pretrained once, as a run does (encoders.pretrain_once)
-        got = encoders.pretrain_once(path, make)
+        got = encoders.pretrain_once(path, make, replace=True)
         if got is None:
             enc = encoders.load(path)
             print(f"{path} was pretrained meanwhile by another process ("

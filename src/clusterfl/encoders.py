@@ -234,12 +234,15 @@ def _holder(lock: Path) -> int | None:
 
 
 def pretrain_once(path: str | Path, make: Callable[[], EncoderFile],
-                  say: Callable[[str], None] | None = None) -> EncoderFile | None:
+                  say: Callable[[str], None] | None = None,
+                  replace: bool = False) -> EncoderFile | None:
     """Run `make` (pretrain and save to `path`) unless another process is doing it: one run
     holds `<path>.lock` (created exclusively, holding its process id) while it pretrains; the
     others say for whom they wait, wait until the lock is gone and return None (the caller
     reads `path`). A lock whose process is dead (killed mid-pretraining) is taken over; so is
-    one whose holder left without writing `path` (it failed: this run pretrains). Raises
+    one whose holder left without writing `path` (it failed: this run pretrains). `replace`:
+    a `path` that was there before is trained again (unless another process wrote it while
+    this one waited). Raises
     OSError when the lock cannot be created (a folder that cannot be written)."""
     path = Path(path)
     lock = lock_path(path)
@@ -274,7 +277,7 @@ def pretrain_once(path: str | Path, make: Callable[[], EncoderFile],
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
-            if path.is_file():  # finished by another between our look and our lock
+            if path.is_file() and (told is not None or not replace):  # finished by another
                 return None
             return make()
         finally:  # unless a waiter took it over as stale meanwhile (then it is theirs)

@@ -263,3 +263,26 @@ def test_pretraining_follows_the_runs_data_verify(tmp_path: Path,
             Experiment.from_config(checked)
     finally:
         sources.forget_decoded()
+
+
+def test_encoder_train_into_the_cache_with_settings_its_name_lacks_warns(
+        env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The cache name holds source, latent, epochs and seed only: `--max-samples 40` (or
+    another --lr / --batch-size) wrote an encoder a run would load as its default one without
+    a word; with --out it is the user's own file and nothing is said."""
+    data = env / "data"
+    write_idx(data, "fashion_mnist")
+    train = ["--data-dir", str(data), "encoder", "train", "--source", "fashion_mnist",
+             "--epochs", "1", "--latent", "8", "--quiet"]
+    assert main([*train, "--max-samples", "40", "--lr", "0.01"]) == 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "clusterfl: warning: --max-samples 40, --lr 0.01 is not in the cache name: an FLT run "
+        "with encoder = 'fashion_mnist' (latent 8, pretrain_epochs 1, encoder_seed 0) will "
+        "load this encoder as its default one; write a variant elsewhere with --out"]
+    assert main([*train, "--max-samples", "40", "--out", str(env / "mine.pt")]) == 0
+    assert capsys.readouterr().err == ""
+    before = encoders.load(data / "encoders" / CACHED)
+    assert main(train) == 0  # an existing cache entry is trained again, as asked
+    again = encoders.load(data / "encoders" / CACHED)
+    assert again.sha256 != before.sha256 and again.lr == 1e-3
+    assert "wrote " in capsys.readouterr().out
