@@ -209,80 +209,39 @@ def lock_path(path: str | Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists on this machine (one we may not signal counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _holder(lock: Path) -> int | None:
-    """The process id written in `lock` (None: gone, or not yet written / unreadable)."""
-    try:
-        text = lock.read_text().strip()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return -1
-    return int(text) if text.isdigit() else -1
+def _wait() -> None:
+    """A run waiting for another's pretraining looks again after `LOCK_POLL_S`."""
+    time.sleep(LOCK_POLL_S)
 
 
 def pretrain_once(path: str | Path, make: Callable[[], EncoderFile],
                   say: Callable[[str], None] | None = None,
                   replace: bool = False) -> EncoderFile | None:
     """Run `make` (pretrain and save to `path`) unless another process is doing it: one run
-    holds `<path>.lock` (created exclusively, holding its process id) while it pretrains; the
-    others say for whom they wait, wait until the lock is gone and return None (the caller
-    reads `path`). A lock whose process is dead (killed mid-pretraining) is taken over; so is
-    one whose holder left without writing `path` (it failed: this run pretrains). `replace`:
-    a `path` that was there before is trained again (unless another process wrote it while
-    this one waited). Raises
-    OSError when the lock cannot be created (a folder that cannot be written)."""
+    holds `<path>.lock` (`rundir.FileLock`: an flock the kernel releases when its holder
+    dies, so a lock left by a killed run is taken over) while it pretrains; the others say
+    for whom they wait, wait for the lock, and return None if the holder wrote `path` (the
+    caller reads it), else pretrain themselves. `replace`: a `path` that was there before is
+    trained again (unless another process wrote it while this one waited). Raises OSError
+    when the lock cannot be created (a folder that cannot be written)."""
+    from clusterfl.filelock import FileLock
+
     path = Path(path)
-    lock = lock_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tell = say if say is not None else (lambda line: print(line, file=sys.stderr, flush=True))
-    told: int | None = None
-    while True:
-        if path.is_file() and told is not None:
+    lock, waited = FileLock(lock_path(path)), False
+    while (holder := lock.try_acquire()) is not None:
+        if not waited:
+            tell(f"encoder cache: waiting for {holder}, which is pretraining {path.name} "
+                 f"(lock {lock.path})")
+            waited = True
+        _wait()
+    try:
+        if path.is_file() and (waited or not replace):  # finished by another
             return None
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            pid = _holder(lock)
-            if pid is None:  # released in between: look again
-                continue
-            if pid == -1:  # being written this instant, or garbage: give it one poll
-                time.sleep(LOCK_POLL_S)
-                if _holder(lock) != -1:
-                    continue
-                pid = 0
-            if not _alive(pid):
-                tell(f"encoder cache: taking over the stale lock {lock} (process {pid} "
-                     "is gone)")
-                lock.unlink(missing_ok=True)
-                continue
-            if told != pid:
-                tell(f"encoder cache: waiting for process {pid}, which is pretraining "
-                     f"{path.name} (lock {lock})")
-                told = pid
-            time.sleep(LOCK_POLL_S)
-            continue
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            if path.is_file() and (told is not None or not replace):  # finished by another
-                return None
-            return make()
-        finally:  # unless a waiter took it over as stale meanwhile (then it is theirs)
-            if _holder(lock) == os.getpid():
-                lock.unlink(missing_ok=True)
+        return make()
+    finally:
+        lock.release()
 
 
 def load(path: str | Path) -> EncoderFile:

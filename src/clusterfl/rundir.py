@@ -16,19 +16,18 @@ that process. The lock file is removed when the holder ends normally.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import inspect
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from clusterfl.errors import ClusterFLError
+from clusterfl.filelock import FileLock
 from clusterfl.records import HISTORY_FILE, SUMMARY_FILE, RoundRecord, RunSummary
 
 LOCK_FILE = ".clusterfl.lock"
@@ -63,34 +62,6 @@ class RunDirInUseError(ClusterFLError):
 # ------------------------------------------------------------------ the lock
 
 
-def _command_line(most: int = 120) -> str:
-    """This process's command line for the lock file: the program's name and its arguments,
-    without the value of an option that holds a secret (Flower's `--token`), at most `most`
-    characters."""
-    args, hide = [Path(sys.argv[0]).name], False
-    for arg in sys.argv[1:]:
-        args.append("…" if hide else arg)
-        hide = arg in SECRET_OPTIONS
-    text = " ".join(args).replace("\n", " ")
-    return text if len(text) <= most else text[:most - 1] + "…"
-
-
-SECRET_OPTIONS = ("--token",)
-"""Options whose value the lock file does not repeat (a Flower ServerApp's run token)."""
-
-
-def _holder(path: Path) -> str:
-    """Who holds the lock at `path`, as its file says ("process 123 (clusterfl run ...)")."""
-    try:
-        pid, _, command = path.read_text(encoding="utf-8").strip().partition(" ")
-    except OSError:
-        pid, command = "", ""
-    who = f"process {pid}" if pid.isdigit() else "another process"
-    if pid == str(os.getpid()):
-        who += ", this one"
-    return f"{who} ({command})" if command else who
-
-
 def running_process(folder: Path) -> str | None:
     """'process N' when `folder`'s lock file names a live process (a run that ended normally
     removed it), else None. Reads the file only: taking the lock, even for a moment, could
@@ -110,45 +81,20 @@ def running_process(folder: Path) -> str | None:
     return f"process {pid}"
 
 
-class FolderLock:
+class FolderLock(FileLock):
     """The lock of one folder (module doc); `acquire` raises `RunDirInUseError` naming the
     process that holds it."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
-        self.path = self.folder / LOCK_FILE
-        self._fd: int | None = None
+        super().__init__(self.folder / LOCK_FILE)
 
     def acquire(self) -> None:
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RunDirInUseError(
-                    f"{self.folder} is in use by {_holder(self.path)}; wait for it to end (or "
-                    "stop it) and try again, or choose another output folder") from None
-            try:  # the holder may have ended, removing the file, between open and flock
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        command = _command_line()
-        os.ftruncate(fd, 0)  # a stale lock (its process dead) is taken over here
-        os.write(fd, f"{os.getpid()} {command}\n".encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        try:
-            self.path.unlink(missing_ok=True)  # still ours: nobody else could lock it
-        finally:
-            os.close(self._fd)
-            self._fd = None
+        holder = self.try_acquire()
+        if holder is not None:
+            raise RunDirInUseError(
+                f"{self.folder} is in use by {holder}; wait for it to end (or stop it) and "
+                "try again, or choose another output folder")
 
     def __enter__(self) -> FolderLock:
         self.acquire()

@@ -426,11 +426,11 @@ def test_report_on_a_comparison_folder_names_the_runs_it_holds(tmp_path, capsys)
 def test_the_lock_file_names_the_command_without_its_secrets(monkeypatch):
     """A Flower ServerApp holding a run folder was named with its whole command line,
     `--token` value included, in the "is in use by" error."""
-    from clusterfl.rundir import _command_line
+    from clusterfl.filelock import command_line
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/flwr-serverapp", "--runtime-api-address",
                                       "127.0.0.1:36583", "--token", "730f5d2a679de175"])
-    assert _command_line() == "flwr-serverapp --runtime-api-address 127.0.0.1:36583 --token …"
+    assert command_line() == "flwr-serverapp --runtime-api-address 127.0.0.1:36583 --token …"
     monkeypatch.setattr(sys, "argv", ["clusterfl", "run", "x" * 200])
-    line = _command_line()
+    line = command_line()
     assert len(line) == 120 and line.startswith("clusterfl run xxx") and line.endswith("…")
