@@ -137,6 +137,11 @@ class Experiment:
             raise ConfigError("model.name", f"{config.model.name!r} reads real-valued inputs; "
                               "task 'language_model' has token ids: use 'lstm' (or a model "
                               "of one's own that embeds them)")
+        if full.task != "language_model" and config.model.name == "lstm":
+            raise ConfigError("model.name", f"'lstm' is a language model (next-token logits "
+                              f"of token ids [N, T]); this federation's task is {full.task!r}: "
+                              "use 'mlp', 'linear' or an image model (or task "
+                              "'language_model')")
         if full.task == "language_model" and self.algorithm.needs_real_inputs:
             raise ConfigError("algorithm.name", f"{config.algorithm.name!r} clusters by "
                               f"{self.algorithm.needs_real_inputs}; task 'language_model' has "

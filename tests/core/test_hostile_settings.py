@@ -17,7 +17,7 @@ from clusterfl.config import dump_toml, load_config, read_toml
 from clusterfl.engine.schedule import MAX_PADDING, batch_schedule
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import Experiment
-from tests.tiny import tiny_config
+from tests.tiny import blobs, tiny_config
 
 
 def test_compare_applies_the_config_fraction_to_every_method_that_has_one(tmp_path: Path):
@@ -375,7 +375,8 @@ def test_text_where_true_or_false_is_expected_is_refused(key, value, field):
 
 @pytest.mark.parametrize("config, words", [
     (tiny_config(model={"name": "lstm", "hidden": 8}),  # ValueError traceback
-     "'lstm': an LSTM language model reads token sequences [T]; the data has inputs (1, 8, 8)"),
+     "'lstm' is a language model (next-token logits of token ids [N, T]); this federation's "
+     "task is 'classification'"),
     (tiny_config(model={"name": "cfl_cnn"}), "'cfl_cnn': images of 8x8 are too small"),
     (tiny_config(model={"name": "conv_ae"}), "'conv_ae' is FLT's autoencoder"),  # traceback
     ({**tiny_config(model={"name": "mlp", "hidden": [8]}), "data": {"source":  # dtype
@@ -386,6 +387,30 @@ def test_text_where_true_or_false_is_expected_is_refused(key, value, field):
 def test_a_model_that_cannot_take_the_federation_is_one_line_naming_model_name(config, words):
     with pytest.raises(ConfigError) as err:
         Experiment(load_config(config))
+    assert err.value.field == "model.name" and words in err.value.message
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model, words", [
+    ("lenet", "a convolutional model reads images (channels, height, width); the data has "
+              "inputs (4,): use 'mlp' or 'linear'"),
+    ("cfl_cnn", "a convolutional model reads images"),  # "not enough values to unpack"
+    ("leaf_cnn", "a convolutional model reads images"),
+    ("resnet18", "a convolutional model reads images"),  # "cannot be trained by the
+    # simulation backend (...); use [backend] name = "sequential"" after setup
+    ("lstm", "'lstm' is a language model (next-token logits of token ids [N, T]); this "
+             "federation's task is 'classification'"),  # the same misleading backend line
+])
+def test_an_image_or_language_model_on_flat_features_is_one_line_naming_model_name(
+        model, words):
+    """Clients of 4 features each (`Federation.from_clients`) under `lenet`, `cfl_cnn`,
+    `leaf_cnn` ended in "not enough values to unpack (expected 3, got 1)"; under `resnet18`
+    and `lstm` the run started and stopped saying the simulation backend could not train
+    the model and to use the sequential backend, which fails the same way."""
+    config = {k: v for k, v in tiny_config(model={"name": model}).items()
+              if k not in ("data", "scenario")}
+    with pytest.raises(ConfigError) as err:
+        Experiment(load_config(config), federation=blobs(4))
     assert err.value.field == "model.name" and words in err.value.message
     assert "\n" not in str(err.value)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from clusterfl.models.zoo import dense_head
+from clusterfl.models.zoo import dense_head, image_shape
 
 
 class ValidCNN(nn.Module):
@@ -35,7 +35,7 @@ class ValidCNN(nn.Module):
     def __init__(self, input_shape: tuple[int, ...], n_outputs: int,
                  channels: tuple[int, int] = (6, 16), hidden: tuple[int, ...] = ()) -> None:
         super().__init__()
-        c_in, h, w = input_shape
+        c_in, h, w = image_shape(input_shape)
         side_h, side_w = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
         if side_h < 1 or side_w < 1:
             raise ValueError(f"images of {h}x{w} are too small for two valid 5x5 convolutions "

@@ -25,6 +25,17 @@ def _flat_size(input_shape: tuple[int, ...]) -> int:
     return int(math.prod(input_shape))
 
 
+def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """`(channels, height, width)` of a convolutional model's input, or a ValueError saying
+    that the data's samples are not images (flat features, sequences) and what reads them."""
+    if len(input_shape) != 3:
+        raise ValueError(f"a convolutional model reads images (channels, height, width); the "
+                         f"data has inputs {tuple(input_shape)}: use 'mlp' or 'linear' for "
+                         "other inputs (or give images their channel axis, [N, 1, H, W])")
+    c_in, h, w = input_shape
+    return c_in, h, w
+
+
 class MLP(nn.Module):
     def __init__(
         self,
@@ -84,7 +95,7 @@ class LeNet(nn.Module):
         super().__init__()
         if downsample not in ("maxpool", "stride"):
             raise ValueError(f"downsample must be 'maxpool' or 'stride', got {downsample!r}")
-        c_in, h, w = input_shape
+        c_in, h, w = image_shape(input_shape)
         c1, c2 = channels
         stride = 2 if downsample == "stride" else 1
 
@@ -114,7 +125,7 @@ class LeafCNN(nn.Module):
         self, input_shape: tuple[int, ...], n_outputs: int, hidden: int = 2048, groups: int = 0
     ) -> None:
         super().__init__()
-        c_in, h, w = input_shape
+        c_in, h, w = image_shape(input_shape)
         self.features = nn.Sequential(
             nn.Conv2d(c_in, 32, 5, padding=2), _norm(32, groups), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 5, padding=2), _norm(64, groups), nn.ReLU(), nn.MaxPool2d(2),
@@ -141,7 +152,7 @@ class ConvAE(nn.Module):
 
     def __init__(self, input_shape: tuple[int, ...], latent: int = 128) -> None:
         super().__init__()
-        c_in, h, w = input_shape
+        c_in, h, w = image_shape(input_shape)
         if h % 4 or w % 4:
             raise ValueError(f"ConvAE needs image sides divisible by 4, got {h}x{w}")
         self.grid = (4, h // 4, w // 4)
@@ -214,7 +225,7 @@ class ResNet18(nn.Module):
         self, input_shape: tuple[int, ...], n_outputs: int, groups: int = 2, width: int = 64
     ) -> None:
         super().__init__()
-        c_in = input_shape[0]
+        c_in = image_shape(input_shape)[0]
         self.conv1 = nn.Conv2d(c_in, width, 3, padding=1, bias=False)
         self.norm1 = nn.GroupNorm(min(groups, width), width)
 
