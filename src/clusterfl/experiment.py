@@ -94,7 +94,8 @@ class History:
     def series(self, key: str) -> list[float | None]:
         """A metric (a `RoundMetrics` field) per evaluated round, e.g. `series("accuracy")`."""
         if key not in RoundMetrics.KEYS:
-            raise KeyError(f"{key!r} is not a round metric (one of {RoundMetrics.KEYS})")
+            raise ConfigError("key", f"{key!r} is not a round metric; allowed: "
+                              f"{', '.join(RoundMetrics.KEYS)}")
         return [getattr(r.metrics, key) for r in self.records if r.metrics is not None]
 
     @property
@@ -120,8 +121,11 @@ class Experiment:
         (`rundir.claim_run_dir`). `callbacks`: trackers told of every round
         (`clusterfl.tracking`), besides those of `[output] callbacks` and `tensorboard`."""
         _check_arguments(config, out_dir, federation, overwrite, callbacks)
+        self._given, self._given_dict = config, _settings(config)
+        config = load_config(self._given_dict)  # fields set in Python are checked as loaded
         self.config = config if federation is None else _with_data_of(config, federation)
         config = self.config
+        self._built = _settings(config)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.overwrite = overwrite
         full = federation if federation is not None else build_federation(config)
@@ -210,8 +214,8 @@ class Experiment:
         overwrite: bool = False, callbacks: list[Any] | tuple[Any, ...] = (),
     ) -> Experiment:
         if not isinstance(source, dict | str | Path):
-            raise TypeError(f"source: a TOML file's path or a dict of tables, not "
-                            f"{type(source).__name__}")
+            raise ConfigError("source", f"got {type(source).__name__}: give a TOML file's "
+                              "path or a dict of tables")
         raw = source if isinstance(source, dict) else read_toml(source)
         if overrides is None or isinstance(overrides, Mapping):  # {"train.lr": 0.05}
             listed: list[str] | Mapping[str, Any] = overrides or {}
@@ -272,6 +276,13 @@ class Experiment:
         folder's lock."""
         check_flag("resume", resume)
         check_flag("progress", progress, none=PROGRESS_NONE)
+        for now, then in ((self._given, self._given_dict), (self.config, self._built)):
+            changed = _changed(then, _settings(now))
+            if changed:
+                raise ConfigError("config", f"{', '.join(changed)} changed after the Experiment "
+                                  "was built, which has already used the old settings (its "
+                                  "method, model and checks): build a new Experiment from the "
+                                  "changed config")
         self.stage = "before round 1"
         try:
             return self._run(resume, progress)
@@ -512,6 +523,28 @@ def _with_data_of(config: Config, federation: Federation) -> Config:
                              "'given', without holdout)" if scenario["name"] == own.GIVEN
                              else ""))
     return made
+
+
+def _settings(config: Config) -> dict[str, Any]:
+    """`config.to_dict()`, quietly: a field set in Python to a value of another type makes
+    pydantic warn while dumping it; `load_config` then names the field."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return config.to_dict()
+
+
+def _changed(before: Mapping[str, Any], after: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two config dicts."""
+    out = []
+    for key in sorted({*before, *after}, key=str):
+        a, b = before.get(key), after.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _changed(a, b, f"{prefix}{key}.")
+        elif a != b or type(a) is not type(b):
+            out.append(f"{prefix}{key}")
+    return out
 
 
 def _check_fault_clients(config: Config, n_clients: int, held_out: int) -> None:

@@ -197,8 +197,8 @@ def test_from_config_takes_one_override_as_a_string_and_names_a_wrong_source():
     assert one.config.run.rounds == 3
     assert Experiment.from_config(tiny_config(rounds=2), overrides=["rounds=3"]).config.run \
         .rounds == 3
-    with pytest.raises(TypeError, match="source: a TOML file's path or a dict of tables, not "
-                                        "list"):
+    with pytest.raises(ConfigError, match="source: got list: give a TOML file's path or a "
+                                          "dict of tables"):
         Experiment.from_config(["rounds", 2])  # type: ignore[arg-type]
 
 

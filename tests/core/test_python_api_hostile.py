@@ -19,7 +19,7 @@ from clusterfl.config import load_config
 from clusterfl.data import make_federation
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError, DataError
-from clusterfl.experiment import Experiment, build_backend
+from clusterfl.experiment import Experiment, History, build_backend
 from clusterfl.plugins import OwnCodeError
 from clusterfl.tracking import CallbackError
 
@@ -50,11 +50,48 @@ def _clients(n: int = 6, d: int = 5) -> list[tuple[np.ndarray, ...]]:
     (lambda: Experiment.from_config(DIGITS, callbacks=object()), "callbacks"),
     (lambda: Experiment.from_config(DIGITS, overrides=5), "overrides"),
     (lambda: Experiment.from_config(DIGITS).run(resume="yes"), "resume"),
+    (lambda: Experiment.from_config(3), "source"),  # was a TypeError, unlike the others
+    (lambda: History().series("acc"), "key"),  # was a KeyError (its message in quotes)
 ])
 def test_an_argument_of_the_wrong_kind_is_one_line_naming_it(make: Any, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         make()
     assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_a_config_field_set_in_python_is_checked_as_if_loaded() -> None:
+    """pydantic does not check assignments: `config.run.rounds = -1` reached the method's
+    check ("allowed: 0..-2"), `n_clusters = "x"` a bare TypeError of `>` deep in ifca."""
+    config = load_config({**DIGITS, "algorithm": {"name": "ifca", "n_clusters": 2}})
+    config.algorithm.n_clusters = "x"  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="valid integer") as err:
+        Experiment(config)
+    assert err.value.field == "algorithm.n_clusters"
+    config = load_config(DIGITS)
+    config.run.rounds = -1
+    with pytest.raises(ConfigError, match="greater than or equal to 1") as err:
+        Experiment(config)
+    assert err.value.field == "rounds"
+
+
+def test_a_config_changed_after_the_experiment_was_built_is_refused_naming_the_field() -> None:
+    """`rounds` set on the config after `Experiment(config)` ran the new number of rounds
+    with the method and its checks built for the old one (and `model.hidden` kept the old
+    model): half of the change applied, without a word."""
+    config = load_config(DIGITS)
+    exp = Experiment(config)
+    first = exp.run(progress=False)
+    assert exp.run(progress=False).series("loss") == first.series("loss")  # unchanged: runs
+    config.run.rounds = 3
+    with pytest.raises(ConfigError, match=r"^config: rounds changed after the Experiment was "
+                                          "built.*build a new Experiment") as err:
+        exp.run(progress=False)
+    assert "\n" not in str(err.value)
+    assert len(Experiment(config).run(progress=False).records) == 3  # a new one takes it
+    exp = Experiment(load_config(DIGITS))
+    exp.config.model.hidden = [4, 4]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"^config: model\.hidden changed after"):
+        exp.run(progress=False)
 
 
 def test_overrides_given_as_a_dict_or_none() -> None:
