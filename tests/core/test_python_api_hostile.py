@@ -4,6 +4,7 @@ numpy, torch or pathlib, or ran on and recorded something else than what trained
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,26 @@ def test_progress_false_in_python_or_toml_reads_as_off() -> None:
 
 
 # ------------------------------------------------------------------ the data a run records
+def test_federation_subset_and_client_rows_refuse_clients_that_do_not_exist() -> None:
+    """`subset([0.5])` was client 0 (numpy's cast), `subset([9])` and `client_train(9)` of
+    6 clients numpy's IndexError, and `client_train(-1)` an empty client without a word."""
+    fed = Federation.from_clients(_clients())
+    x, y = fed.client_train(5)
+    assert (x.shape, y.tolist()) == ((30, 5), torch.from_numpy(_clients()[5][1]).tolist())
+    assert fed.subset(np.array([5, 0])).n_clients == 2
+    for bad, words in (([0.5], "[0.5]: give a list of client ids, whole numbers in 0..5"),
+                       ([9], "client 9 does not exist; ids are 0..5"),
+                       ([1, 1], "client 1 is named twice")):
+        with pytest.raises(ConfigError, match=re.escape(words)) as err:
+            fed.subset(bad)
+        assert err.value.field == "clients"
+    for i in (-1, 6, 1.0, True):
+        with pytest.raises(ConfigError, match=re.escape(f"{i!r}: give a client id, a whole "
+                                                        "number in 0..5")) as err:
+            fed.client_test(i)  # type: ignore[arg-type]
+        assert err.value.field == "i"
+
+
 def test_a_make_federation_federation_is_what_config_toml_records(tmp_path: Path) -> None:
     """Before: config.toml recorded the config's default rotation of 32 clients while the run
     trained on the label swap of 8 (and `--resume` then named the wrong data)."""

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from clusterfl.config_util import is_whole
+from clusterfl.config_util import client_ids, is_whole
 from clusterfl.data.codes import decode_codes
-from clusterfl.errors import DataError
+from clusterfl.errors import ConfigError, DataError
 
 Task = Literal["classification", "regression", "language_model"]
 TASKS: tuple[str, ...] = ("classification", "regression", "language_model")
@@ -116,12 +116,20 @@ class Federation:
 
     # ------------------------------------------------------------------ access
     def client_train(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        a, b = self.train_offsets[i], self.train_offsets[i + 1]
+        a, b = self._rows(self.train_offsets, i)
         return self.decode(self.x_train[a:b]), self.y_train[a:b]
 
     def client_test(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        a, b = self.test_offsets[i], self.test_offsets[i + 1]
+        a, b = self._rows(self.test_offsets, i)
         return self.decode(self.x_test[a:b]), self.y_test[a:b]
+
+    def _rows(self, offsets: np.ndarray, i: Any) -> tuple[int, int]:
+        """Client `i`'s rows; a client that does not exist is one line naming `i` (-1 gave
+        an empty client, an id past the last numpy's IndexError)."""
+        n = self.n_clients
+        if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < n:
+            raise ConfigError("i", f"{i!r}: give a client id, a whole number in 0..{n - 1}")
+        return int(offsets[i]), int(offsets[i + 1])
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Stored inputs (rows of `x_train` / `x_test`) as float32 inputs (a no-op without
@@ -156,7 +164,7 @@ class Federation:
     def subset(self, clients: np.ndarray | list[int]) -> Federation:
         """A federation made of the given clients only (in that order). Inputs that hold no
         data (a zero-stride view, as the Flower server's sizes-only federation) stay so."""
-        idx = np.asarray(clients, dtype=np.int64)
+        idx = client_ids(clients, self.n_clients, "clients")  # 0.5 was read as client 0
         parts = {}
         for split in ("train", "test"):
             x, y, off = self.stored(split)
