@@ -305,6 +305,10 @@ class Experiment:
     def _run(self, resume: bool, progress: bool | None) -> History:
         with RunDir(self.out_dir).claimed(resume, self.overwrite) as files:
             torch.manual_seed(self.config.run.seed)
+            # a fresh record of this run: a second run() of this Experiment counted the
+            # first one's rounds and kept its warnings (not shown again)
+            self.recorder = Recorder(self.config, self.federation, self.algorithm,
+                                     self.adversaries)
             inner = build_backend(self.config, self.full_federation, self.factory)
             held_out = len(self.holdout_ids) > 0
             ctx = self._context(SubsetBackend(inner, self.train_ids) if held_out else inner)

@@ -95,6 +95,17 @@ def test_a_config_changed_after_the_experiment_was_built_is_refused_naming_the_f
         exp.run(progress=False)
 
 
+def test_running_one_experiment_twice_records_the_second_run_afresh(capsys) -> None:
+    """The second `run()` of one Experiment kept the first one's record: its divergence
+    counted 4 rounds of a 2-round run, and its warning was not shown again."""
+    exp = Experiment.from_config({**DIGITS, "train": {"lr": 1e6}})
+    first, second = exp.run(progress=False), exp.run(progress=False)
+    assert first.summary.divergence is not None and first.summary.divergence["rounds"] == 2
+    assert second.summary.divergence == first.summary.divergence
+    assert second.summary.warnings == first.summary.warnings
+    assert capsys.readouterr().err.count("the training loss exploded") == 2
+
+
 def test_overrides_given_as_a_dict_or_none() -> None:
     exp = Experiment.from_config(DIGITS, overrides={"rounds": 3, "train.lr": 0.05})
     assert (exp.config.run.rounds, exp.config.train.lr) == (3, 0.05)
