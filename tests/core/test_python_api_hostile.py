@@ -146,6 +146,18 @@ def test_federation_subset_and_client_rows_refuse_clients_that_do_not_exist() ->
         assert err.value.field == "i"
 
 
+def test_describe_names_the_task_not_one_class_of_a_regression() -> None:
+    """A regression federation described itself as having "1 classes"."""
+    clients = [(x, x[:, 0] * 2.0, xt, xt[:, 0] * 2.0) for x, _, xt, _ in _clients(2)]
+    assert Federation.from_clients(clients, task="regression").describe().endswith(
+        "input (5,), regression (one real-valued target)")
+    assert Federation.from_clients(_clients(2)).describe().endswith("input (5,), 2 classes")
+    tokens = [(np.array([[1, 2, 3]] * 4), np.array([[2, 3, 4]] * 4),
+               np.array([[1, 2, 3]]), np.array([[2, 3, 4]]))] * 2
+    assert Federation.from_clients(tokens, task="language_model").describe().endswith(
+        "input (3,), language model (vocabulary of 5 tokens)")
+
+
 def test_a_make_federation_federation_is_what_config_toml_records(tmp_path: Path) -> None:
     """Before: config.toml recorded the config's default rotation of 32 clients while the run
     trained on the label swap of 8 (and `--resume` then named the wrong data)."""

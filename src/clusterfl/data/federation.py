@@ -249,7 +249,9 @@ class Federation:
             f"{sizes.min()}–{sizes.max()} (total {sizes.sum()}), "
             f"test total {self.test_sizes.sum()}, "
             f"{'?' if k is None else k} true clusters, input {self.input_shape}, "
-            f"{self.n_classes} classes"
+            + {"regression": "regression (one real-valued target)",
+               "language_model": f"language model (vocabulary of {self.n_classes} tokens)"}
+            .get(self.task, f"{self.n_classes} classes")
         )
 
 
