@@ -269,3 +269,41 @@ def test_a_request_for_no_client_sends_nothing_and_returns_an_empty_reply():
     reply = backend.execute(TrainRequest(np.zeros(0, np.int64), factory.init_many(2, 0),
                                          np.zeros(0, np.int64), LocalTraining(), seed=1))
     assert reply.params.shape == (0, factory.size) and grid.sent == []
+
+
+def test_a_client_id_beyond_the_run_is_refused_at_the_handshake(tmp_path):
+    """A node file with client_id 10**12 made the node build a sparse federation of 10**12
+    rows (MemoryError), and a server given such an id would range over 0..10**12 in its gap
+    check. Now the node refuses it in one line naming the file, the id and the allowed range
+    (the server sends the number of SuperNodes it found), and the server refuses any id
+    outside 0..nodes-1 itself, naming the node."""
+    from clusterfl.deploy.clientdata import export_partitions
+    from clusterfl.experiment import build_federation
+
+    raw = {**BASE, "algorithm": IFCA}
+    paths = export_partitions(build_federation(Experiment.from_config(raw).config),
+                              tmp_path / "parts")
+    with np.load(paths[5]) as z:
+        np.savez(tmp_path / "far.npz", **{**{k: z[k] for k in z.files},
+                                          "client_id": np.int64(10**12)})
+    grid = ErrorReplies([{"partition-id": i} for i in range(5)]
+                        + [{"data-file": str(tmp_path / "far.npz")}])
+    with pytest.raises(ClusterFLError) as err:
+        run_on_grid(grid, raw)
+    assert str(err.value).endswith(
+        f"node 105: DataError: {tmp_path / 'far.npz'}: client_id 1000000000000 out of range; "
+        "this run's client ids are 0..5 (one per SuperNode, 6 connected)")
+
+    class FarReply(FakeGrid):  # a node that skips the check (another ClientApp, say)
+        def _answer(self, msg):
+            reply = super()._answer(msg)
+            if msg.metadata.group_id == "handshake" and int(msg.metadata.dst_node_id) == 105:
+                reply.content.config_records["info"]["client_id"] = 10**12
+            return reply
+
+    with pytest.raises(ClusterFLError) as err:
+        run_on_grid(FarReply([{"partition-id": i} for i in range(6)]), raw)
+    assert str(err.value) == (
+        "5 of 6 SuperNodes described their data in the handshake, the run needs 6 "
+        "(backend.wait_nodes or scenario.n_clients): node 105: client_id 1000000000000 out "
+        "of range; this run's client ids are 0..5 (one per SuperNode, 6 connected)")

@@ -89,8 +89,13 @@ def export_partitions(federation: Federation, out_dir: str | Path) -> list[Path]
 
 
 @functools.lru_cache(maxsize=4)
-def read_client_file(path: str) -> tuple[Federation, int, int | None]:
-    """`(sparse federation, client id, true cluster or None)` from a node data file."""
+def read_client_file(path: str, n_clients: int | None = None
+                     ) -> tuple[Federation, int, int | None]:
+    """`(sparse federation, client id, true cluster or None)` from a node data file.
+
+    `n_clients`: the run's number of clients (the SuperNodes the server found connected),
+    when known; a `client_id` at or above it is refused before the sparse federation, whose
+    size grows with the id, is built."""
     p = Path(path)
     if p.is_dir():  # the folder of an export, say: name this node's own file in it
         shown = ", ".join(sorted(f.name for f in p.glob("client_*.npz"))[:2])
@@ -115,6 +120,9 @@ def read_client_file(path: str) -> tuple[Federation, int, int | None]:
     cid = npz_int(d, "client_id", p)
     if cid < 0:  # a negative id indexed the sparse federation from its end
         raise DataError(f"{p}: client_id {cid}; client ids are 0..N-1, one node each")
+    if n_clients is not None and cid >= n_clients:  # the sparse federation holds cid + 2 rows
+        raise DataError(f"{p}: client_id {cid} out of range; this run's client ids are "
+                        f"0..{n_clients - 1} (one per SuperNode, {n_clients} connected)")
     cluster = npz_int(d, "cluster", p) if "cluster" in d else None
     arrays = {k: npz_numbers(d, k, p) for k in ("x_train", "y_train", "x_test", "y_test")}
     try:  # the checks of an npz folder's clients: lengths, labels < n_classes, no empty set

@@ -29,11 +29,13 @@ def node_data(node_config: dict[str, Any], setup: dict[str, Any]) -> tuple[Feder
     """`(sparse federation, global client id, true cluster)` of this node.
 
     `data-file` in the node config wins (real deployment); otherwise `partition-id` picks a
-    client of the federation described by `setup["recipe"]`.
+    client of the federation described by `setup["recipe"]`. `setup["clients"]`, when the
+    server sent it, is the run's number of clients: a data file's `client_id` must be below.
     """
     path = node_config.get("data-file")
     if path:
-        fed, cid, cluster = read_client_file(str(path))
+        bound = setup.get("clients")
+        fed, cid, cluster = read_client_file(str(path), None if bound is None else int(bound))
         if "partition-id" in node_config and int(node_config["partition-id"]) != cid:
             raise ConfigError("node-config.partition-id",
                               f"{node_config['partition-id']} disagrees with client_id {cid} "

@@ -114,7 +114,12 @@ def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any], timeout: floa
             errors.append(f"node {node}: {msg.error.reason}")
             continue
         info = dict(msg.content.config_records["info"])
-        cid = int(str(info["client_id"]))
+        cid = _client_id(info.get("client_id"))
+        if cid is None or not 0 <= cid < len(nodes):  # a gap check over 0..cid would not fit
+            errors.append(f"node {node}: client_id {info.get('client_id')!r} out of range; "
+                          f"this run's client ids are 0..{len(nodes) - 1} (one per SuperNode, "
+                          f"{len(nodes)} connected)")
+            continue
         if cid in out:
             raise ClusterFLError(f"nodes {out[cid][0]} and {node} both hold client {cid}; "
                                  "give every SuperNode its own partition-id / data-file")
@@ -133,6 +138,14 @@ def handshake(grid: Grid, nodes: list[int], setup: dict[str, Any], timeout: floa
         print(f"clusterfl: warning: {len(errors)} SuperNode(s) left out of the run (the "
               f"handshake failed): " + "; ".join(errors), flush=True)
     return out
+
+
+def _client_id(value: Any) -> int | None:
+    """A handshake's `client_id` as an int (None: not a whole number)."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
 
 
 def _check_alike(found: dict[int, tuple[int, dict[str, Any]]]) -> None:
@@ -184,6 +197,7 @@ def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[st
     want, n_clients = nodes_wanted(config)
     setup = setup_of(config)
     nodes = wait_for_nodes(grid, want, b.wait_timeout)
+    setup["clients"] = len(nodes)  # a node's client_id is below it (node_data)
     found = handshake(grid, nodes, setup, max(b.timeout, b.wait_timeout),  # workers start
                       want)
     if n_clients and len(found) != n_clients:
