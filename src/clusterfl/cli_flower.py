@@ -367,7 +367,7 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
     """A SuperLink on loopback (`simulate` > 0: a simulation SuperLink, `cpus` per client
     actor), `supernodes` SuperNode processes, `flwr run` of our app; everything stopped at
     the end."""
-    from clusterfl.deploy.launch import local_deployment, set_aside_logs
+    from clusterfl.deploy.launch import clear_stale_workers, local_deployment, set_aside_logs
     from clusterfl.deploy.server_app import FINAL_STATE
     from clusterfl.records import read_summary
 
@@ -377,6 +377,14 @@ def _flwr_run(config: str, overrides: list[str], raw: dict[str, Any], out: str,
     if moved:
         echo(f"moved the {len(moved)} logs of an earlier run in {work / 'logs'} to "
              f"{work / 'logs' / 'old'} ({', '.join(moved[:4])}{' ...' if len(moved) > 4 else ''})")
+    removed, kept = clear_stale_workers(work / "workers")
+    if removed:
+        echo(f"removed the {len(removed)} node worker files an earlier run left in "
+             f"{work / 'workers'} (no worker of it runs)")
+    if kept:
+        _warn(f"{len(kept)} node worker files in {work / 'workers'} may belong to a worker "
+              "that still runs (a process names that folder, or holds a start lock there: an "
+              "earlier run not stopped?); they are kept")
     if supernodes:
         echo(f"starting a SuperLink and {supernodes} SuperNodes on this machine (logs in "
              f"{work / 'logs'})")

@@ -327,10 +327,16 @@ def test_run_ray_prints_rounds_and_the_results_table(tmp_path, monkeypatch, caps
     monkeypatch.setattr(launch, "local_deployment",
                         lambda work: contextlib.nullcontext(Simulation()))
     out = tmp_path / "out"
+    stale = tmp_path / "out.flower" / "workers"  # an earlier run's node worker, killed
+    stale.mkdir(parents=True)
+    (stale / "0123456789abcdef.log").write_text("")
     args = _parse(["flower", "run", _config(tmp_path), "--out", str(out)])
     assert args.func(args) == 0
     assert asked == [6] and cpus == [None]  # Ray's 1 CPU per client, torch threads unset
     text = capsys.readouterr().out
+    assert (f"flower: removed the 1 node worker files an earlier run left in {stale} (no "
+            "worker of it runs)") in text
+    assert list(stale.iterdir()) == []
     assert "flower: simulating 6 SuperNodes with Ray (flwr run on a local simulation " \
            "federation); rounds" in text
     assert [line.split("  ")[0] for line in text.splitlines() if "round " in line
@@ -657,3 +663,44 @@ def test_sigterm_stops_the_local_deployment_it_started(tmp_path, monkeypatch, ca
         signal.signal(signal.SIGTERM, previous)
     assert rc == 143 and events[0] == "superlink" and events[-1] == "stopped"
     assert capsys.readouterr().err == "clusterfl: stopped (SIGTERM)\n"
+
+
+def test_a_deployment_removes_the_node_worker_files_it_wrote(tmp_path):
+    """The node workers' hash-named files (`<16 hex>.sock/.lock/.log`) piled up in
+    `<out>.flower/workers/` run after run. Now a deployment's `stop()` (also on an error or
+    Ctrl-C: `local_deployment` stops it in `finally`) removes the files its nodes wrote and
+    nothing else, and the files of an earlier killed run are removed before the next run
+    only when no process names the folder and no start lock is held."""
+    import fcntl
+
+    from clusterfl.deploy.launch import LocalDeployment, clear_stale_workers
+
+    work = tmp_path / "x.flower"
+    folder = work / "workers"
+    folder.mkdir(parents=True)
+    earlier = {f"0123456789abcdef.{ext}" for ext in ("sock", "lock", "log")}
+    for name in [*earlier, "notes.txt"]:
+        (folder / name).write_text("")
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              str(folder / "0123456789abcdef.sock")])
+    try:  # a process names the folder: maybe a worker of a run still going
+        assert clear_stale_workers(folder) == ([], sorted(earlier))
+    finally:
+        alive.kill()
+        alive.wait()
+    with open(folder / "0123456789abcdef.lock", "rb") as fh:  # a ClientApp starting a worker
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        assert clear_stale_workers(folder) == ([], sorted(earlier))
+    dep = LocalDeployment(work)  # notes what is there before its nodes write anything
+    ours = {f"fedcba9876543210.{ext}" for ext in ("sock", "lock", "log")}
+    for name in ours:
+        (folder / name).write_text("")
+    dep.stop()
+    assert {p.name for p in folder.iterdir()} == earlier | {"notes.txt"}
+    assert clear_stale_workers(folder) == (sorted(earlier), [])
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    (folder / "notes.txt").unlink()
+    dep = LocalDeployment(work)
+    (folder / "fedcba9876543210.log").write_text("")
+    assert dep.remove_worker_files() == ["fedcba9876543210.log"]
+    assert not folder.exists()  # the folder, empty, went with them

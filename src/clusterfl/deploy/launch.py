@@ -205,6 +205,59 @@ def set_aside_logs(log_dir: Path) -> list[str]:
     return names
 
 
+WORKER_FILE = re.compile(r"[0-9a-f]{16}\.(sock|lock|log)")
+"""The names of a node worker's files: its socket, start lock and log (`<16 hex>.sock`, from
+the ClientApp's `_socket_path`, with `.lock` and `.log` beside it)."""
+
+
+def worker_files(folder: Path) -> set[str]:
+    """The node worker files (names `WORKER_FILE` matches) in `folder`."""
+    if not folder.is_dir():
+        return set()
+    return {p.name for p in folder.iterdir() if WORKER_FILE.fullmatch(p.name)}
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a process holds the `flock` of `path` (a ClientApp starting its worker)."""
+    import fcntl
+
+    try:
+        with open(path, "rb") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
+
+
+def clear_stale_workers(folder: Path) -> tuple[list[str], list[str]]:
+    """Remove the node worker files an earlier deployment left in `folder` (killed before
+    its `stop()`): `(removed, kept)`, names sorted. They are removed only when provably
+    stale: no live process names `folder` on its command line (every worker does, in
+    `--socket`) and no start lock is held; otherwise all are kept. Other files are left
+    alone."""
+    names = sorted(worker_files(folder))
+    if not names:
+        return [], []
+    mine = os.getpid()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in cmd and int(entry.name) != mine:
+            return [], names
+    if any(_lock_held(folder / n) for n in names if n.endswith(".lock")):
+        return [], names
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+    return names, []
+
+
 def _abs(path: Path | str) -> str:
     """Paths on command lines are absolute: the processes run in the deployment's folder."""
     return str(Path(path).expanduser().resolve())
@@ -316,6 +369,10 @@ class LocalDeployment:
     _ca: Path | None = field(default=None, repr=False)  # the SuperLink's TLS root, if any
     federation_config: str | None = None  # `flwr run --federation-config` (simulation)
     env: dict[str, str] = field(default_factory=dict)  # for the SuperLink and its SuperExec
+    _earlier_workers: set[str] = field(default_factory=set, repr=False)  # not ours: kept
+
+    def __post_init__(self) -> None:
+        self._earlier_workers = worker_files(self.worker_dir)
 
     def start_superlink(self, tls: Tls | None = None, node_auth: bool = False,
                         simulate: int = 0, num_cpus: int | None = None) -> None:
@@ -424,7 +481,8 @@ class LocalDeployment:
         return self.work / "workers"
 
     def stop(self) -> None:
-        """Stop every process this deployment started, and its node workers."""
+        """Stop every process this deployment started, and its node workers, and remove
+        the workers' files."""
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=10.0)
@@ -433,6 +491,19 @@ class LocalDeployment:
                      *([self.superlink] if self.superlink else [])]
         stop_all(procs)
         kill_matching(str(self.worker_dir))
+        self.remove_worker_files()
+
+    def remove_worker_files(self) -> list[str]:
+        """Remove the node worker files this deployment's nodes wrote (those not there when
+        it was made; no other file) and the workers folder if that leaves it empty; returns
+        the names removed, sorted. `stop()` calls it once the workers are killed."""
+        ours = sorted(worker_files(self.worker_dir) - self._earlier_workers)
+        for name in ours:
+            with contextlib.suppress(FileNotFoundError):
+                (self.worker_dir / name).unlink()
+        with contextlib.suppress(OSError):  # not empty, or not there: left as it is
+            self.worker_dir.rmdir()
+        return ours
 
     def __enter__(self) -> LocalDeployment:
         return self
