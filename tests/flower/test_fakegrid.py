@@ -275,8 +275,8 @@ def test_a_client_id_beyond_the_run_is_refused_at_the_handshake(tmp_path):
     """A node file with client_id 10**12 made the node build a sparse federation of 10**12
     rows (MemoryError), and a server given such an id would range over 0..10**12 in its gap
     check. Now the node refuses it in one line naming the file, the id and the allowed range
-    (the server sends the number of SuperNodes it found), and the server refuses any id
-    outside 0..nodes-1 itself, naming the node."""
+    (the server sends the number of SuperNodes it found), and the server's gap check looks
+    at 0..N-1 only."""
     from clusterfl.deploy.clientdata import export_partitions
     from clusterfl.experiment import build_federation
 
@@ -303,7 +303,54 @@ def test_a_client_id_beyond_the_run_is_refused_at_the_handshake(tmp_path):
 
     with pytest.raises(ClusterFLError) as err:
         run_on_grid(FarReply([{"partition-id": i} for i in range(6)]), raw)
-    assert str(err.value) == (
-        "5 of 6 SuperNodes described their data in the handshake, the run needs 6 "
-        "(backend.wait_nodes or scenario.n_clients): node 105: client_id 1000000000000 out "
-        "of range; this run's client ids are 0..5 (one per SuperNode, 6 connected)")
+    assert str(err.value) == ("client ids must be 0..N-1 with one node each; no node holds "
+                              "[5] (answers: [0, 1, 2, 3, 4, 1000000000000]; errors: [])")
+
+
+class OddReplies(FakeGrid):
+    """Node 105 answers every request with a reply that does not fit it (`how`)."""
+
+    how = ""
+
+    def _answer(self, msg):
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        from clusterfl.backends.flower import codec
+
+        reply = super()._answer(msg)
+        if msg.metadata.group_id == "handshake" or int(msg.metadata.dst_node_id) != 105:
+            return reply
+        if self.how == "garbage":
+            return Message(RecordDict({"x": ConfigRecord({"a": 1})}), reply_to=msg)
+        obj, _ = codec.from_recorddict(reply.content)
+        if self.how == "narrow" and hasattr(obj, "params"):
+            obj.params = obj.params[:, :5]
+        elif self.how == "other client":
+            obj.clients = np.array([3])
+        elif self.how == "other type":
+            from clusterfl.protocol import LossReply
+
+            obj = LossReply(np.array([5]), np.zeros((1, 2)), np.zeros((1, 2)))
+        return Message(codec.to_recorddict(obj), reply_to=msg)
+
+
+@pytest.mark.parametrize(("how", "why"), [
+    ("narrow", "client 5's reply does not fit the TrainRequest: params has shape [1, 5], not "
+               "[1, 2410]"),
+    ("other client", "client 5's reply does not fit the TrainRequest: rows for clients [3]"),
+    ("other type", "client 5's reply does not fit the TrainRequest: a LossReply, not a "
+                   "TrainReply"),
+    ("garbage", "client 5's reply could not be read: KeyError: 'meta'"),
+])
+def test_a_reply_that_does_not_fit_its_request_drops_its_client(tmp_path, how, why):
+    """A node's reply of another width, for another client or of another type stopped the
+    ServerApp with a traceback (torch.cat's 'Sizes of tensors must match', join's 'reply rows
+    for clients [5] that were not asked'), and one without our records with KeyError: 'meta'.
+    Now the client is dropped from that request with the reason, as a silent one is, and
+    flower.json lists it."""
+    grid = OddReplies([{"partition-id": i} for i in range(6)])
+    grid.how = how
+    run_on_grid(grid, {**BASE, "rounds": 1, "algorithm": {"name": "fedavg"}},
+                out_dir=tmp_path / "out")
+    dropouts = json.loads((tmp_path / "out" / "flower.json").read_text())["dropouts"]
+    assert dropouts[0]["clients"] == [5] and dropouts[0]["reasons"] == {"5": why}

@@ -30,7 +30,8 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Self, cast
 
 import numpy as np
@@ -113,6 +114,51 @@ def message_type(request: Asks[Any]) -> str:
     return "evaluate.request" if request.kind == "evaluate" else "query.request"
 
 
+@contextmanager
+def unusable(reasons: dict[int, str], client: int) -> Iterator[None]:
+    """Reading one client's reply: a reply that cannot be read (a metric it lacks, a
+    parameter of another shape, an array record missing) drops that client from the request
+    with the reason, as a silent client is (`FlowerBackend._assemble`), instead of stopping
+    the run."""
+    try:
+        yield
+    except ClusterFLError as exc:
+        reasons[client] = str(exc)
+    except (KeyError, StopIteration, ValueError, TypeError) as exc:
+        reasons[client] = (f"client {client}'s reply could not be read: {type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}")
+
+
+def misfit(reply: Any, template: Any, client: int) -> str | None:
+    """Why `reply`, one client's decoded reply, is not one of `template`'s type (a request's
+    `empty_reply()`) with rows of `client` only, and `template`'s widths where it gives
+    them (a width of 0 there: not known in advance); None when it fits. A reply that does
+    not fit would stop the request's `join` (or be taken as another client's)."""
+    if type(reply) is not type(template):
+        return f"a {type(reply).__name__}, not a {type(template).__name__}"
+    parts, want = parts_of(reply), parts_of(template)
+    if want is not None:
+        if parts is None or len(parts) != len(want):
+            return f"{len(parts or [])} parts, not {len(want)}"
+        return next((why for p, w in zip(parts, want, strict=True)
+                     if (why := misfit(p, w, client))), None)
+    rows = np.asarray(reply.clients).reshape(-1).tolist()
+    if any(int(r) != client for r in rows):
+        return f"rows for clients {rows}"
+    for f in fields(reply):
+        if not f.metadata.get("per_client") or f.name == "clients":
+            continue
+        got, empty = getattr(reply, f.name), getattr(template, f.name)
+        if not hasattr(got, "shape") or not hasattr(empty, "shape"):
+            continue
+        shape, like = tuple(got.shape), tuple(empty.shape)
+        if len(shape) != len(like) or shape[0] != len(rows) or any(
+                w and s != w for s, w in zip(shape[1:], like[1:], strict=True)):
+            wanted = ", ".join(str(w or "*") for w in (len(rows), *like[1:]))
+            return f"{f.name} has shape {list(shape)}, not [{wanted}]"
+    return None
+
+
 class FlowerBackend(Relay):
     """Executes protocol requests on Flower SuperNodes through the ServerApp's Grid.
 
@@ -164,9 +210,17 @@ class FlowerBackend(Relay):
                  if int(c) in self.session.node_of_client]  # the others: "no node holds ..."
         replies, reasons = self._send(items, clients)
         got: dict[int, Any] = {}
+        template = request.empty_reply()
         for (c, _, _), msg in zip(items, replies):
-            if msg is not None:
-                got[int(c)], _ = codec.from_recorddict(msg.content)
+            if msg is None:
+                continue
+            with unusable(reasons, int(c)):  # a reply that cannot be read: dropped, said why
+                reply, _ = codec.from_recorddict(msg.content)
+                why = misfit(reply, template, int(c))
+                if why:
+                    raise ClusterFLError(f"client {c}'s reply does not fit the "
+                                         f"{request_name(request)}: {why}")
+                got[int(c)] = reply
         return self._assemble(request, clients, got, reasons)
 
     def _send(self, items: list[tuple[int, str, Any]], asked: Any = None

@@ -50,8 +50,7 @@ strategy was built with — buffers are not aggregated.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, cast
 
@@ -60,7 +59,7 @@ import torch
 from pydantic import Field
 
 from clusterfl.backends.base import BackendConfig
-from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession
+from clusterfl.backends.flower.backend import FlowerBackend, FlowerSession, unusable
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.models import ModelFactory
@@ -169,21 +168,6 @@ def from_arrays(factory: ModelFactory, arrays: Any, where: str) -> torch.Tensor:
                                  f"the strategy's model has {e.shape}")
         rows.append(t.reshape(-1))
     return torch.cat(rows)
-
-
-@contextmanager
-def _unusable(reasons: dict[int, str], client: int) -> Iterator[None]:
-    """Reading one client's reply: a reply that cannot be read (a metric it lacks, a
-    parameter of another shape, an array record missing) drops that client from the request
-    with the reason, as a silent client is (`FlowerBackend._assemble`), instead of stopping
-    the run."""
-    try:
-        yield
-    except ClusterFLError as exc:
-        reasons[client] = str(exc)
-    except (KeyError, StopIteration, ValueError, TypeError) as exc:
-        reasons[client] = (f"client {client}'s reply could not be read: {type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())[:200]}")
 
 
 def _metric(metrics: Any, keys: tuple[str, ...], default: float | None, where: str) -> float:
@@ -376,7 +360,7 @@ class StandardBackend(FlowerBackend):
             {"server-round": int(self.std.round), "split": req.split}))
         got: dict[int, Any] = {}
         for c, msg in answers:
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 m, where = _first_metrics(msg), f"client {c}'s query.offset_losses reply"
                 got[c] = pr.LossReply(
                     np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
@@ -428,7 +412,7 @@ class StandardBackend(FlowerBackend):
         answers, reasons = self._ask_rich(clients, kind, content)
         got: dict[int, Any] = {}
         for c, msg in answers:
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 m, where = _first_metrics(msg), f"client {c}'s {kind} reply"
                 n = np.array([_metric(m, ("num-examples",), None, where)])
                 if kind == "query.best_counts":
@@ -504,7 +488,7 @@ class StandardBackend(FlowerBackend):
         losses: dict[int, Any] = {}
         trained: dict[int, Any] = {}
         for (c, _, _), msg in zip(items, replies):
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 if msg is None:
                     continue
                 where = f"client {c}'s train.pick reply"
@@ -552,7 +536,7 @@ class StandardBackend(FlowerBackend):
         `reasons` instead."""
         got: dict[int, Any] = {}
         for c, msg in answers:
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 where = f"client {c}'s {kind} reply"
                 vector = _returned(self.factory, msg, where, coords)
                 if isinstance(vector, str):
@@ -591,7 +575,7 @@ class StandardBackend(FlowerBackend):
         got: dict[int, Any] = {}
         want = (int(req.k), int(req.signature_dim))
         for (c, _, _), msg in zip(items, replies):
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 if msg is None:
                     continue
                 where = f"client {c}'s query.signature reply"
@@ -617,7 +601,7 @@ class StandardBackend(FlowerBackend):
         replies, reasons = self._send(items)
         got: dict[int, Any] = {}
         for (c, _, _), msg in zip(items, replies):
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 if msg is None:
                     continue
                 where = f"client {c}'s query.subspace reply"
@@ -653,7 +637,7 @@ class StandardBackend(FlowerBackend):
             replies, reasons = self._send(items)
             got: dict[int, Any] = {}
             for (c, _, _), msg in zip(items, replies):
-                with _unusable(reasons, c):  # this client dropped, the reason kept
+                with unusable(reasons, c):  # this client dropped, the reason kept
                     if msg is not None:
                         m = _first_metrics(msg)
                         where = f"client {c}'s query.losses reply"
@@ -669,7 +653,7 @@ class StandardBackend(FlowerBackend):
         replies, reasons = self._send(items)
         got = {}
         for i, c in enumerate(clients.tolist()):
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 mine = replies[i * k:(i + 1) * k]
                 if any(m is None for m in mine):
                     reasons.setdefault(c, "not every model's evaluation came back")
@@ -695,7 +679,7 @@ class StandardBackend(FlowerBackend):
                    answers: list[tuple[int, Any]], reasons: dict[int, str]) -> pr.EvaluateReply:
         got: dict[int, Any] = {}
         for c, msg in answers:
-            with _unusable(reasons, c):  # this client dropped, the reason kept
+            with unusable(reasons, c):  # this client dropped, the reason kept
                 where = f"client {c}'s evaluate reply"
                 m = _first_metrics(msg)
                 if not any(k in m for k in ACCURACY_KEYS):
