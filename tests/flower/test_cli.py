@@ -704,3 +704,27 @@ def test_a_deployment_removes_the_node_worker_files_it_wrote(tmp_path):
     (folder / "fedcba9876543210.log").write_text("")
     assert dep.remove_worker_files() == ["fedcba9876543210.log"]
     assert not folder.exists()  # the folder, empty, went with them
+
+
+def test_a_superlink_that_exits_before_listening_is_one_line(tmp_path):
+    """A SuperLink that exits at start (its port taken, a certificate file it cannot read)
+    was a RuntimeError carrying the last 2000 characters of its log, which `clusterfl`
+    printed as a traceback. Now it is one line: the process, its exit code, the port, the
+    log's last line and the log's path; a SuperLink that never listens is one line too."""
+    from clusterfl.deploy.launch import _wait_port, free_port, start
+
+    port = free_port()
+    said = "OSError: [Errno 98] Address already in use"
+    code = f"import sys; print('Traceback ...\\n  File x'); sys.exit({said!r})"
+    proc = start("superlink", [sys.executable, "-c", code], tmp_path)
+    with pytest.raises(ClusterFLError) as err:
+        _wait_port(port, 10.0, proc)
+    assert str(err.value) == (f"the superlink exited (code 1) before it opened port {port}: "
+                              f"{said}; log {tmp_path / 'superlink.log'}")
+    quiet = start("superlink", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path)
+    try:
+        with pytest.raises(ClusterFLError, match=f"the superlink did not open port {port} "
+                           r"within 0\.5 s; log "):
+            _wait_port(port, 0.5, quiet)
+    finally:
+        quiet.stop()

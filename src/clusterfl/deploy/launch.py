@@ -49,7 +49,7 @@ from pathlib import Path
 
 import tomli_w
 
-from clusterfl.errors import require
+from clusterfl.errors import ClusterFLError, require
 
 APP_DIR = Path(__file__).parent / "app"
 """The Flower App project (pyproject.toml naming our ServerApp and ClientApp)."""
@@ -512,16 +512,32 @@ class LocalDeployment:
         self.stop()
 
 
+def last_line(log: Path) -> str:
+    """The last non-empty line of a process's log (its error, as a rule), colour codes out."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [x.strip() for x in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
 def _wait_port(port: int, timeout: float, proc: Process) -> None:
+    """Until `proc` listens on `port`; one line (ClusterFLError) when it exits first (a port
+    in use, a certificate file it cannot read) or is not listening after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited: {proc.log.read_text()[-2000:]}")
+            why = last_line(proc.log)
+            raise ClusterFLError(f"the {proc.name} exited (code {proc.popen.returncode}) before "
+                                 f"it opened port {port}{f': {why}' if why else ''}; log "
+                                 f"{proc.log}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.2)
-    raise TimeoutError(f"{proc.name} did not open port {port} within {timeout:g} s")
+    raise ClusterFLError(f"the {proc.name} did not open port {port} within {timeout:g} s; log "
+                         f"{proc.log}")
 
 
 @contextlib.contextmanager
