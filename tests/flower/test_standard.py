@@ -313,6 +313,38 @@ def test_an_evaluate_reply_without_accuracy_is_said_once_and_left_out() -> None:
         assert record.metrics.accuracy == pytest.approx(float(np.mean(others)), abs=1e-12)
 
 
+class _MoreThanRead(FakeGrid):
+    """Node 102's replies also hold an `f1` metric and a ConfigRecord `echo`."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        from flwr.app import ConfigRecord
+
+        reply = super()._answer(msg)
+        if int(msg.metadata.dst_node_id) != 102 or reply is None or msg.metadata.group_id == \
+                "probe":
+            return reply
+        content = reply.content
+        content["metrics"] = MetricRecord({**dict(content["metrics"]), "f1": 0.5})
+        content["echo"] = ConfigRecord({"a": 1})
+        return Message(content, reply_to=msg)
+
+
+def test_reply_parts_the_strategy_never_reads_are_said_once_per_node() -> None:
+    """Before: a reply's metrics and records that the strategy never reads (a metric under
+    another name, a second MetricRecord, a ConfigRecord) were ignored without a word. Now
+    one warning per node names them, each part once; the results are those without them."""
+    lines: list[str] = []
+    result = _strategy("fedavg", log=lines.append).start(
+        _MoreThanRead([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                      app=standard_app), 2)
+    assert [x for x in lines if "warning" in x] == [
+        "flower: warning: node 102's train reply holds 'f1', ConfigRecord 'echo', which the "
+        "strategy never reads (it reads the first MetricRecord's num-examples, train_loss, "
+        "eval_loss, eval_acc, ... and the ArrayRecord: docs/flower.md)"]
+    plain = _strategy("fedavg").start(_grid(), 2)
+    assert result.history.final.metrics.accuracy == plain.history.final.metrics.accuracy
+
+
 class _SomeReportCluster(FakeGrid):
     """Every node but 103 reports its true group (`cluster`) in its first evaluate reply."""
 

@@ -50,6 +50,7 @@ strategy was built with — buffers are not aggregated.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, cast
@@ -438,6 +439,24 @@ class StandardBackend(FlowerBackend):
                                                                 where)]), pi)
         return self._assemble(cast(Any, req), clients, got, reasons)
 
+    def _send(self, items: list[tuple[int, str, Any]], asked: Any = None
+              ) -> tuple[list[Any | None], dict[int, str]]:
+        """`FlowerBackend._send`, then one warning per node for what its replies hold that
+        the strategy never reads (`unread_parts`), each part said once."""
+        replies, reasons = super()._send(items, asked)
+        for (c, kind, _), msg in zip(items, replies):
+            if msg is None:
+                continue
+            node = self.std.node(int(c))
+            new = [p for p in unread_parts(msg) if f"unread {node} {p}" not in self.std.warned]
+            if new:
+                self.std.warned.update(f"unread {node} {p}" for p in new)
+                self.std.log(f"flower: warning: node {node}'s {kind} reply holds {', '.join(new)}, "
+                             "which the strategy never reads (it reads the first MetricRecord's "
+                             "num-examples, train_loss, eval_loss, eval_acc, ... and the "
+                             "ArrayRecord: docs/flower.md)")
+        return replies, reasons
+
     def _ask_each(self, clients: np.ndarray, kind: str,
                   model_of: Callable[[int], torch.Tensor], config: dict[str, Any]
                   ) -> tuple[list[tuple[int, Any]], dict[int, str]]:
@@ -752,6 +771,22 @@ def _returned(factory: ModelFactory, msg: Any, where: str,
         return narrow(from_arrays(factory, arrays[0], where)[None], coords)
     except ClusterFLError as exc:
         return str(exc)
+
+
+READ_METRICS = re.compile(r"num-examples|train_loss|loss|eval_loss|eval-loss|eval_acc|"
+                          r"eval-acc|accuracy|rank|cluster|picked|(loss|acc|weight|count)-\d+")
+"""The metrics the strategy reads from a reply's first MetricRecord for some message (the
+probe's `cluster` included; `picked`, `add_pick_train`'s note of the model it trained, is
+the helper's own): a key outside them is never read."""
+
+
+def unread_parts(msg: Any) -> list[str]:
+    """What a standard client's reply holds that the strategy never reads: metrics outside
+    `READ_METRICS`, MetricRecords after the first, ConfigRecords."""
+    metrics = list(msg.content.metric_records.items())
+    out = [repr(k) for k in (metrics[0][1] if metrics else {}) if not READ_METRICS.fullmatch(k)]
+    out += [f"MetricRecord {name!r}" for name, _ in metrics[1:]]
+    return out + [f"ConfigRecord {name!r}" for name in msg.content.config_records]
 
 
 def _first_metrics(msg: Any) -> Any:
