@@ -176,6 +176,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cpus = None if args.cpus_per_client is None else cpus_per_client(args.cpus_per_client)
     raw = _raw(args.config, args.set)
     if args.mode == "submit":
+        if args.superlink:
+            check_superlink(args.superlink)
         return _submit(args.config, list(args.set or []), args.out, args.superlink)
     out = args.out or str(Path("runs") / f"{Path(args.config).stem}-flower")
     echo: Callable[[str], None] = (lambda m: None) if args.quiet else _echo
@@ -226,6 +228,28 @@ def _check_mode_options(args: argparse.Namespace) -> None:
             raise ClusterFLError(f"{', '.join(extra)}: only with --mode local or ray (submit "
                                  "streams the run's log from the SuperLink and writes nothing "
                                  "here)")
+
+
+def check_superlink(name: str) -> None:
+    """`--superlink` names a connection of flwr's `config.toml` (`$FLWR_HOME`, default
+    `~/.flwr`), when that file exists; one line naming the known ones otherwise (flwr's own
+    message is a box about an unexpected error), with the way to add an address."""
+    import tomllib
+
+    path = Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr") / "config.toml"
+    try:
+        known = tomllib.loads(path.read_text())["superlink"]
+    except (OSError, ValueError, KeyError):
+        return  # no readable file: flwr makes its default one, or says what is wrong
+    names = sorted(k for k, v in known.items() if isinstance(v, dict))
+    if name in names:
+        return
+    port = "" if re.search(r":\d+$", name) else ":PORT"
+    hint = (f'; an address goes into that file as [superlink.NAME] address = "{name}{port}", '
+            "then --superlink NAME (docs/deploy.md, section 5)"
+            ) if "." in name or ":" in name else ""  # an address, not a name
+    raise ClusterFLError(f"--superlink: {name!r} is not a SuperLink connection of {path} "
+                         f"(it has {', '.join(names) or 'none'}){hint}")
 
 
 def _echo(message: str) -> None:

@@ -728,3 +728,36 @@ def test_a_superlink_that_exits_before_listening_is_one_line(tmp_path):
             _wait_port(port, 0.5, quiet)
     finally:
         quiet.stop()
+
+
+@pytest.mark.parametrize(("superlink", "hint"), [
+    ("server.example.org:9092", '; an address goes into that file as [superlink.NAME] address '
+                                '= "server.example.org:9092", then --superlink NAME '
+                                "(docs/deploy.md, section 5)"),
+    ("10.0.0.5", '; an address goes into that file as [superlink.NAME] address = '
+                 '"10.0.0.5:PORT", then --superlink NAME (docs/deploy.md, section 5)'),
+    ("clustr", ""),
+])
+def test_submit_to_a_superlink_flwr_does_not_know_is_one_line(tmp_path, monkeypatch,
+                                                              superlink, hint):
+    """`--mode submit --superlink 10.0.0.5` (an address, with or without its port, or a
+    misspelt name) ran `flwr run`, whose answer was a boxed 'unexpected error occurred while
+    reading the Flower configuration file'. Now one line names the connections flwr's file
+    has and, for an address, how to add it; a known name is submitted as before."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "cluster"\n\n'
+                                      '[superlink.cluster]\naddress = "server:9092"\n')
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    started: list[Any] = []
+    monkeypatch.setattr(cli_flower, "_submit", lambda *a: started.append(a[3]) or 0)
+    args = _parse(["flower", "run", _config(tmp_path), "--mode", "submit", "--superlink",
+                   superlink])
+    with pytest.raises(ClusterFLError) as err:
+        args.func(args)
+    assert str(err.value) == (f"--superlink: {superlink!r} is not a SuperLink connection of "
+                              f"{home / 'config.toml'} (it has cluster){hint}")
+    assert started == []
+    args = _parse(["flower", "run", _config(tmp_path), "--mode", "submit", "--superlink",
+                   "cluster"])
+    assert args.func(args) == 0 and started == ["cluster"]
