@@ -323,7 +323,9 @@ class OddReplies(FakeGrid):
         if self.how == "garbage":
             return Message(RecordDict({"x": ConfigRecord({"a": 1})}), reply_to=msg)
         obj, _ = codec.from_recorddict(reply.content)
-        if self.how == "narrow" and hasattr(obj, "params"):
+        if self.how == "nan" and hasattr(obj, "params"):
+            obj.params[:, 3] = float("nan")
+        elif self.how == "narrow" and hasattr(obj, "params"):
             obj.params = obj.params[:, :5]
         elif self.how == "other client":
             obj.clients = np.array([3])
@@ -354,3 +356,16 @@ def test_a_reply_that_does_not_fit_its_request_drops_its_client(tmp_path, how, w
                 out_dir=tmp_path / "out")
     dropouts = json.loads((tmp_path / "out" / "flower.json").read_text())["dropouts"]
     assert dropouts[0]["clients"] == [5] and dropouts[0]["reasons"] == {"5": why}
+
+
+def test_a_node_that_sends_nan_weights_is_said_once(tmp_path, capsys):
+    """A node whose trained model held a NaN: the guard rejected its reply every round, seen
+    only in the history's 'rejected' count. Now one warning names the client and its node."""
+    grid = OddReplies([{"partition-id": i} for i in range(6)])
+    grid.how = "nan"
+    history = run_on_grid(grid, {**BASE, "rounds": 2, "algorithm": {"name": "fedavg"}})
+    assert [r.rejected for r in history.records] == [1, 1]
+    assert capsys.readouterr().out == (
+        "clusterfl: warning: client 5 (node 105) sent non-finite values in its TrainReply; "
+        "the guard rejects such a reply (rounds' 'rejected' in history.jsonl), as a diverged "
+        "client's in-process; said once per client\n")

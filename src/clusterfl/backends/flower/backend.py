@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Self, cast
 
 import numpy as np
+import torch
 from pydantic import Field, field_validator
 
 from clusterfl.backends.base import BackendConfig, Relay
@@ -182,6 +183,7 @@ class FlowerBackend(Relay):
         self._setup_json = json.dumps(session.setup, sort_keys=True)
         self._group = 0
         self.suspects: set[int] = set()
+        self.said_non_finite: set[int] = set()  # clients warned of (`_say_non_finite`)
         self.last_ids: list[str] = []
         """The message ids of the last `_exchange`, in the order of its messages."""
 
@@ -221,7 +223,28 @@ class FlowerBackend(Relay):
                     raise ClusterFLError(f"client {c}'s reply does not fit the "
                                          f"{request_name(request)}: {why}")
                 got[int(c)] = reply
+                self._say_non_finite(int(c), reply)
         return self._assemble(request, clients, got, reasons)
+
+    def _say_non_finite(self, client: int, reply: Any) -> None:
+        """One warning per client whose uploaded vector (model, gradient, K models) holds a
+        NaN or an infinity: the guard rejects such a reply, which only the history's
+        `rejected` count would show."""
+        if client in self.said_non_finite:
+            return
+        for part in parts_of(reply) or [reply]:
+            try:
+                rows = part.update_rows()
+            except TypeError:  # a reply that uploads no vector (losses, metrics)
+                continue
+            if not bool(torch.isfinite(rows).all()):
+                self.said_non_finite.add(client)
+                print(f"clusterfl: warning: client {client} (node "
+                      f"{self.session.node_of_client.get(client)}) sent non-finite values in "
+                      f"its {type(part).__name__}; the guard rejects such a reply (rounds' "
+                      "'rejected' in history.jsonl), as a diverged client's in-process; said "
+                      "once per client", flush=True)
+                return
 
     def _send(self, items: list[tuple[int, str, Any]], asked: Any = None
               ) -> tuple[list[Any | None], dict[int, str]]:
