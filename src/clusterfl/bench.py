@@ -232,12 +232,26 @@ def config_difference(text: str, cfg: Config) -> tuple[bool, dict[str, Any]]:
     return False, {k: v for k, v in flatten(read).items() if k not in written}
 
 
+def stored_difference(target: Path, cfg: Config) -> tuple[bool, dict[str, Any]]:
+    """`config_difference` of the `config.toml` in `target` (no difference without one)."""
+    stored = target / "config.toml"
+    return config_difference(stored.read_text(), cfg) if stored.is_file() else (False, {})
+
+
 def stale_config(target: Path, cfg: Config) -> bool:
     """Whether `target` holds a run of another config than `cfg` (`config_difference` of its
     `config.toml`): its results are not `cfg`'s (`prepare_run` starts it again; a sweep's
     plan counts it as to run)."""
-    stored = target / "config.toml"
-    return stored.is_file() and config_difference(stored.read_text(), cfg)[0]
+    return stored_difference(target, cfg)[0]
+
+
+def older_note(target: Path, cfg: Config) -> str | None:
+    """The line a run in `target` whose `config.toml` an older clusterfl wrote (without
+    fields `cfg` has at their defaults) gets: it is taken as the same run; None otherwise."""
+    from clusterfl.checkpoint import older_config_note
+
+    stale, added = stored_difference(target, cfg)
+    return older_config_note("its config.toml", added) if added and not stale else None
 
 
 def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]) -> bool:
@@ -246,9 +260,7 @@ def prepare_run(target: Path, cfg: Config, what: str, log: Callable[[str], None]
     is the same run (`config_difference`): said in one line, then skipped or resumed."""
     from clusterfl.checkpoint import older_config_note
 
-    stored = target / "config.toml"
-    stale, added = (config_difference(stored.read_text(), cfg) if stored.is_file()
-                    else (False, {}))
+    stale, added = stored_difference(target, cfg)
     if stale:
         log(f"{what}: config changed, run again")
         claim_run_dir(target, overwrite=True)  # only its files: refuses anything else

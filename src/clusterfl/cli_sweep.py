@@ -101,8 +101,13 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     con = console()
     if idle == "plan":
         states = run_states(runs, out)  # what a run would do: as run_sweep decides
+        from clusterfl.bench import older_note
+
         for r, state in zip(runs, states):
-            con.print(f"{state:14s} {r.what}  ({r.target})")
+            con.print(f"{state:14s} {r.what}  ({r.target})", markup=False, soft_wrap=True)
+            note = older_note(r.target, r.config)  # as the sweep says it when it runs
+            if note is not None:
+                con.print(f"{'':14s} {r.what}: {note}", markup=False, soft_wrap=True)
         count = {s: states.count(s) for s in ("done", "to run", "config changed", "failed")}
         con.print(f"{len(runs)} runs in {len(sweep.cells())} cell(s): {count['done']} done, "
                   f"{count['to run'] + count['config changed']} to run"

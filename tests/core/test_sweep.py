@@ -419,6 +419,27 @@ def test_a_config_of_an_older_clusterfl_is_no_change_for_a_finished_or_failed_ru
     assert [r["status"] for r in collect(runs, out)] == ["done", "failed"]
 
 
+def test_plan_says_a_config_of_an_older_clusterfl_is_taken_as_unchanged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--plan` counted a finished run whose config.toml an older clusterfl wrote
+    (without train.momentum, at its default 0.0) as done, as the sweep does, but did not say
+    why, as the sweep does; now it prints the sweep's note under the run's line."""
+    path = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0, 1]})
+    out = tmp_path / "o"
+    runs = load_sweep(path).plan(out)
+    assert run_sweep(runs, out, log=lambda m: None) == []
+    stored = runs[1].target / "config.toml"
+    stored.write_text(stored.read_text().replace("momentum = 0.0\n", ""))
+    assert main(["sweep", str(path), "--out", str(out), "--plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"done           FedAvg / seed 0  ({runs[0].target})",
+        f"done           FedAvg / seed 1  ({runs[1].target})",
+        " " * 15 + "FedAvg / seed 1: its config.toml was written by an older clusterfl, "
+        "without train.momentum: taken as unchanged, at the default this config has (0.0)",
+        "2 runs in 1 cell(s): 2 done, 0 to run"]
+
+
 @pytest.mark.parametrize(("kwargs", "field", "words"), [
     ({"seeds": 0}, "sweep.seeds", "non-empty list of integers in 0..2**63-1, got 0 (int)"),
     ({"seeds": [0, 0]}, "sweep.seeds", "a seed is listed twice: [0, 0]"),
