@@ -7,6 +7,7 @@ not when the parser is built, so `clusterfl --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -172,17 +173,28 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
 
 
 def _warn_unused(sweep: Any) -> list[str]:
-    """The base config's `[algorithm]` options that none of the sweep's methods has, printed
-    on stderr and returned (for the report)."""
-    from clusterfl.compare import unused_options
+    """The base config's `[algorithm]` options that some of the sweep's methods do not use
+    (`compare.unused_options`), and the grid's `algorithm.X` keys that some methods do not
+    have, printed on stderr and returned (for the report)."""
+    from clusterfl.algorithms import algorithm_class
+    from clusterfl.compare import parse_algorithm_spec, unused_options
     from clusterfl.config import load_config
     from clusterfl.errors import ConfigError
 
-    try:
-        base = load_config(sweep.base)
-    except ConfigError:  # valid only with the grid's values: each cell was checked by plan
-        return []
-    lines = unused_options(base, sweep.methods)
+    swept = [k.removeprefix("algorithm.") for k in sweep.grid if k.startswith("algorithm.")]
+    names = [parse_algorithm_spec(m)["name"] for m in sweep.methods]  # checked by plan
+    lines = []
+    with contextlib.suppress(ConfigError):  # else valid only with the grid's values: each
+        lines = unused_options(load_config(sweep.base), sweep.methods, swept)  # cell checked
+    for option in swept:  # one that no method has was refused by plan
+        lacking = list(dict.fromkeys(
+            n for n in names if option not in algorithm_class(n, "sweep.methods").Config
+            .model_fields))
+        if lacking:
+            lines.append(f"sweep.grid.algorithm.{option} applies only to the methods with "
+                         f"option {option!r}: {', '.join(lacking)} "
+                         f"{'has' if len(lacking) == 1 else 'have'} none and run"
+                         f"{'s' * (len(lacking) == 1)} every cell without it")
     for line in lines:
         print(f"clusterfl: warning: {line}", file=sys.stderr)
     return lines

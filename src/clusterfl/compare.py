@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,18 +69,39 @@ def merged_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
     return {**{k: table[k] for k in sorted(written) if k in own and k in table}, **spec}
 
 
-def unused_options(config: Config, specs: list[str]) -> list[str]:
-    """One line per option written in the config's `[algorithm]` table that none of the
-    compared methods has: `merged_spec` leaves it out of every run (said, not silent: on
-    stderr, in the comparison's report.md and in `Comparison.warnings`)."""
+def unused_options(config: Config, specs: list[str], swept: Sequence[str] = ()) -> list[str]:
+    """One line per option written in the config's `[algorithm]` table that some compared
+    method does not use: `merged_spec` leaves it out of a method that does not have it, and
+    a spec's own value replaces it (as does a swept `algorithm.X` of a sweep, `swept`: the
+    option names). Said, not silent: on stderr, in the comparison's report.md and in
+    `Comparison.warnings`. An option of none of the methods, or replaced in every method
+    that has it, is used by no run; one that only some methods have names the others."""
     from clusterfl.algorithms import algorithm_class
 
-    names = [parse_algorithm_spec(s)["name"] for s in specs if s.strip()]
+    given = [s.strip() for s in specs if s.strip()]
+    parsed = [parse_algorithm_spec(s) for s in given]
+    names = [p["name"] for p in parsed]
     fields = [algorithm_class(n, "--algorithms").Config.model_fields for n in names]
-    return [f"algorithm.{k} in the config is an option of none of the compared methods "
-            f"({', '.join(names)}): no run uses it"
-            for k in sorted(config.algorithm.model_fields_set - {"name"})
-            if not any(k in f for f in fields)]
+    lines = []
+    for k in sorted(config.algorithm.model_fields_set - {"name"}):
+        rule = {"fraction", "per_round"} if k in ("fraction", "per_round") else {k}
+        have = [i for i, f in enumerate(fields) if k in f]
+        used = [i for i in have if not rule & parsed[i].keys() and k not in swept]
+        lacking = list(dict.fromkeys(n for i, n in enumerate(names) if i not in have))
+        if not have:
+            lines.append(f"algorithm.{k} in the config is an option of none of the compared "
+                         f"methods ({', '.join(names)}): no run uses it")
+        elif not used:
+            by = "its spec" + (" or the sweep's grid" if k in swept else "")
+            lines.append(f"algorithm.{k} in the config is replaced in every compared method "
+                         f"that has it (by {by}: "
+                         f"{', '.join(given[i] for i in have)}): no run uses it")
+        elif lacking:
+            lines.append(f"algorithm.{k} in the config applies to "
+                         f"{', '.join(dict.fromkeys(names[i] for i in used))} only: "
+                         f"{', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no "
+                         f"option {k!r} and run{'s' * (len(lacking) == 1)} without it")
+    return lines
 
 
 def comparison_configs(config: Config, specs: list[str]) -> list[tuple[str, Config]]:

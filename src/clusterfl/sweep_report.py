@@ -302,7 +302,8 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
                  command: str, failures: Sequence[str] = (), notes: Sequence[str] = (),
                  warnings: Sequence[str] = ()) -> Path:
     """`out/report.md` with its figures under `out/figures/`; `warnings` (the base config's
-    options no method of the sweep has, `compare.unused_options`) open it."""
+    options and grid keys some method of the sweep does not use, `cli_sweep._warn_unused`)
+    open it."""
     key, header, _, _, higher = primary(rows)
     seeds = sweep.seeds
     counts = {s: sum(r["status"] == s for r in rows)

@@ -426,7 +426,7 @@ def test_a_config_option_none_of_the_compared_methods_has_is_a_warning(tmp_path:
     words = ("algorithm.n_clusters in the config is an option of none of the compared methods "
              "(fedavg, cfl): no run uses it")
     assert unused_options(config, ["fedavg", "cfl"]) == [words]
-    assert unused_options(config, ["fedavg", "ifca:n_clusters=3"]) == []  # IFCA has it
+    assert unused_options(config, ["ifca", "ifca_cam"]) == []  # both have it
     (tmp_path / "c.toml").write_text(dump_toml(raw))
     assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg,cfl", "--out",
                  str(tmp_path / "o"), "--quiet"]) == 0
@@ -452,10 +452,47 @@ def test_a_config_option_none_of_the_compared_methods_has_reaches_the_python_api
     assert capsys.readouterr().err.splitlines().count(f"clusterfl: warning: {words}") == 1
     report = (tmp_path / "o" / "report.md").read_text()
     assert report.count(words) == 1 and f"> **Warning:** {words}\n" in report
-    result = run_comparison(load_config(raw), ["fedavg", "ifca"], tmp_path / "b",
-                            progress=False)
+    result = run_comparison(load_config(raw), ["ifca", "ifca_cam:warmup_rounds=0"],
+                            tmp_path / "b", progress=False)
     assert result.warnings == [] and "n_clusters in the config" not in (
         tmp_path / "b" / "report.md").read_text()
+
+
+def test_a_config_option_only_some_compared_methods_have_names_the_others(tmp_path: Path,
+                                                                         capsys):
+    """Before: `mu = 0.5` in the config's [algorithm] table, compared as fedprox, fedavg,
+    fedsoft, local, ran FedProx and FedSoft with mu 0.5 and FedAvg and Local without it, without
+    a word (and a spec's own value replacing it in every method that has it left it unused,
+    silently). Now one warning per option names the methods that run without it."""
+    from clusterfl.compare import unused_options
+
+    config = load_config(tiny_config(rounds=1, algorithm={"name": "fedprox", "mu": 0.5,
+                                                          "fraction": 0.5}))
+    assert unused_options(config, ["fedprox", "fedavg", "fedsoft", "local"]) == [
+        "algorithm.mu in the config applies to fedprox, fedsoft only: fedavg, local have no "
+        "option 'mu' and run without it"]
+    assert unused_options(config, ["fedprox", "ifca:n_clusters=2"]) == [
+        "algorithm.mu in the config applies to fedprox only: ifca has no option 'mu' and "
+        "runs without it"]
+    assert unused_options(config, ["fedprox:per_round=2", "fedavg:fraction=1.0"]) == [
+        "algorithm.fraction in the config is replaced in every compared method that has it "
+        "(by its spec: fedprox:per_round=2, fedavg:fraction=1.0): no run uses it",
+        "algorithm.mu in the config applies to fedprox only: fedavg has no option 'mu' and "
+        "runs without it"]
+    assert unused_options(config, ["fedprox:mu=0.1", "fedsoft:mu=1", "fedavg"]) == [
+        "algorithm.mu in the config is replaced in every compared method that has it (by its "
+        "spec: fedprox:mu=0.1, fedsoft:mu=1): no run uses it"]
+    assert unused_options(config, ["fedprox", "fedsoft"], swept=["mu"]) == [
+        "algorithm.mu in the config is replaced in every compared method that has it (by its "
+        "spec or the sweep's grid: fedprox, fedsoft): no run uses it"]
+    raw = tiny_config(rounds=1, algorithm={"name": "fedprox", "mu": 0.5})
+    (tmp_path / "c.toml").write_text(dump_toml(raw))
+    assert main(["compare", str(tmp_path / "c.toml"), "--algorithms", "fedprox,fedavg",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    words = ("algorithm.mu in the config applies to fedprox only: fedavg has no option 'mu' "
+             "and runs without it")
+    assert capsys.readouterr().err.splitlines().count(f"clusterfl: warning: {words}") == 1
+    assert f"> **Warning:** {words}\n" in (tmp_path / "o" / "report.md").read_text()
 
 
 def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path, capsys):

@@ -69,6 +69,22 @@ def test_a_grid_key_of_the_algorithm_applies_to_the_methods_that_have_it(tmp_pat
     assert fedavg[0].config.to_dict() == fedavg[1].config.to_dict()
 
 
+def test_an_algorithm_option_only_some_methods_of_a_sweep_have_is_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a grid key algorithm.n_clusters, and the base config's algorithm.mu, applied to
+    the methods that have the option, and fedavg ran every cell without them, silently. Now
+    one warning per option names the methods that run without it."""
+    config = {**TINY, "algorithm": {"name": "fedprox", "mu": 0.5}}
+    path = _write(tmp_path, {"methods": ["fedavg", "ifca", "fedprox"], "seeds": [0],
+                             "grid": {"algorithm.n_clusters": [2, 3]}}, config)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--plan"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "clusterfl: warning: algorithm.mu in the config applies to fedprox only: fedavg, ifca "
+        "have no option 'mu' and run without it",
+        "clusterfl: warning: sweep.grid.algorithm.n_clusters applies only to the methods with "
+        "option 'n_clusters': fedavg, fedprox have none and run every cell without it"]
+
+
 @pytest.mark.parametrize(("sweep", "field", "words"), [
     ({"methods": ["fedavg"], "seeds": [0], "rounds": 3}, "sweep.rounds", "allowed"),
     ({"methods": [], "seeds": [0]}, "sweep.methods", "non-empty list"),

@@ -447,7 +447,7 @@ def write_comparison_report(
     `report.md` (else its folder); with `runs_root` (run folders that do not travel with the
     report, e.g. outside the repository) each run is named by its path under `runs_root`
     instead, never linked. `warnings`: lines of the comparison's own (its config's options
-    no compared method has, `compare.unused_options`), after those.
+    some compared method does not use, `compare.unused_options`), after those.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
