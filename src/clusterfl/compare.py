@@ -198,6 +198,10 @@ def run_comparison(
     out = Path(out_dir)
     runs = comparison_configs(config, specs)
     unused = unused_options(config, specs)
+    if len(runs) == 1:  # a table of one row: said, as a one-method --algorithms is a slip
+        unused.append(f"one method ({next(s.strip() for s in specs if s.strip())}): "
+                      "the comparison has nothing to compare it with; list two or more, "
+                      "separated by commas (`clusterfl run` runs one method)")
     from clusterfl.report import write_comparison_report
 
     # after the specs were validated; locked until the report is written

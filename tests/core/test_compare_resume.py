@@ -135,6 +135,18 @@ def test_a_comparisons_console_warnings_name_their_method(tmp_path: Path, capsys
     assert all(x.startswith("clusterfl: warning: ") for x in lines)
 
 
+def test_a_comparison_of_one_method_says_it_has_nothing_to_compare(tmp_path: Path, capsys):
+    """Before: `--algorithms fedavg` (or `fedavg,`: a comma left over) wrote a comparison of
+    one row, silently. Now a warning says so, on the console and in its report.md."""
+    words = ("one method (fedavg): the comparison has nothing to compare it with; list two or "
+             "more, separated by commas (`clusterfl run` runs one method)")
+    result = run_comparison(load_config(RAW), ["fedavg", " "], tmp_path / "cmp",
+                            progress=False)
+    assert result.warnings == [words]
+    assert f"clusterfl: warning: {words}" in capsys.readouterr().err.splitlines()
+    assert f"> **Warning:** {words}\n" in (tmp_path / "cmp" / "report.md").read_text()
+
+
 @pytest.mark.parametrize("figures", [False, True])
 def test_a_comparison_draws_its_own_figures_only_with_figures_on(tmp_path: Path,
                                                                  figures: bool) -> None:
