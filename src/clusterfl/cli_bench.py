@@ -70,6 +70,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         run_suite,
         write_results,
     )
+    from clusterfl.rundir import check_folder
 
     if args.data_dir:
         os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
@@ -77,6 +78,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     runs = Path(args.runs) if args.runs else Path("benchmarks/runs") / kind
     results = Path(args.results) if args.results else Path(
         "benchmarks/RESULTS_quick.md" if args.quick else "benchmarks/RESULTS.md")
+    if results.is_dir():  # found before the runs, not after them
+        raise ClusterFLError(f"--results: {results} is a folder; give the results file's "
+                             f"path, e.g. {results / 'RESULTS.md'}")
+    check_folder(results, "--results", file=True)
     scenarios = load_suite(Path(args.suite), args.quick, args.only, args.methods)
     if args.device:
         from clusterfl.config import apply_overrides

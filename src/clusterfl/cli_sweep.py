@@ -84,10 +84,12 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     """Plan, run (unless --plan/--report-only), tabulate, report; the exit code."""
     from clusterfl.cli_util import DIVERGED_EXIT, console
     from clusterfl.jobs import check_resources
+    from clusterfl.rundir import check_folder
     from clusterfl.sweep import SweepError, collect, run_states, run_sweep, write_table
     from clusterfl.sweep_report import console_table, write_report
 
     check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
+    check_folder(out)  # --plan and --report-only too: a run would stop on it
     if getattr(args, "ray", None):
         from clusterfl.errors import require
 

@@ -107,12 +107,27 @@ class FolderLock(FileLock):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def check_folder(path: Path, flag: str = "--out", *, file: bool = False) -> None:
+    """Without writing anything: `path` (with `file`: the folder of the file `path`) is a
+    folder or can be made one, or the line `make_folder` would stop with: a file in the way
+    (the folder itself, or one above it)."""
+    folder = path.parent if file else path
+    for above in (folder, *folder.parents):
+        if above.exists():
+            if above == folder and not above.is_dir():
+                raise ClusterFLError(f"{flag}: {folder} is a file, not a folder; choose "
+                                     "another one")
+            if not above.is_dir():
+                raise ClusterFLError(f"{flag}: cannot create the output folder {folder} (Not "
+                                     "a directory); choose another one")
+            return
+
+
 def make_folder(path: Path, flag: str = "--out") -> None:
     """`path` created with its parents (or already a folder); a path that cannot be one (a
     file in the way, no permission, a read-only or full disk) is one line naming the output
     folder."""
-    if path.exists() and not path.is_dir():
-        raise ClusterFLError(f"{flag}: {path} is a file, not a folder; choose another one")
+    check_folder(path, flag)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -46,6 +46,7 @@ import itertools
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -349,6 +350,10 @@ def load_sweep(path: str | Path) -> Sweep:
     if not isinstance(grid, dict):
         raise ConfigError("sweep.grid", "expected a table of key = [values]")
     grid = flatten(grid, field="sweep.grid")
+    if "grid" in sweep and not grid:  # a table left without its keys: not a silent no-op
+        print(f"clusterfl: warning: sweep.grid in {path} is empty: the sweep has one cell "
+              "(each method once per seed); give settings as \"key\" = [values] or remove "
+              "the table", file=sys.stderr)
     for alias in ("seeds", "seed"):  # the seeds may be written among the grid's keys
         if alias in grid:
             if "seeds" in sweep:

@@ -192,6 +192,28 @@ def test_cli_bench_report_only_without_finished_runs_keeps_the_results_file(
     assert out.read_text() == "earlier results\n"
 
 
+def test_a_results_path_that_cannot_be_written_is_refused_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--results` a folder stopped with Python's bare 'Is a directory: ...', and one
+    under a file with 'File exists: ...', only after every run had finished. Now one line
+    names --results before anything runs; a folder that does not exist yet is made."""
+    suite, runs = _suite(tmp_path), tmp_path / "runs"
+    (tmp_path / "afile").write_text("")
+    for results, words in (
+            (tmp_path, f"--results: {tmp_path} is a folder; give the results file's path, "
+                       f"e.g. {tmp_path / 'RESULTS.md'}"),
+            (tmp_path / "afile" / "R.md", f"--results: {tmp_path / 'afile'} is a file, not a "
+                                          "folder; choose another one"),
+            (tmp_path / "afile" / "x" / "R.md", f"--results: cannot create the output folder "
+                                                f"{tmp_path / 'afile' / 'x'} (Not a directory); "
+                                                "choose another one")):
+        rc = main(["bench", "--suite", str(suite), "--runs", str(runs), "--results",
+                   str(results)])
+        assert rc == 2 and capsys.readouterr().err.strip().splitlines() == [
+            f"clusterfl: error: {words}"]
+        assert not runs.exists()
+
+
 def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
     runs, logs = tmp_path / "runs", []
     quick = load_suite(_suite(tmp_path), quick=True)

@@ -85,6 +85,27 @@ def test_an_algorithm_option_only_some_methods_of_a_sweep_have_is_a_warning(
         "option 'n_clusters': fedavg, fedprox have none and run every cell without it"]
 
 
+def test_an_out_folder_a_file_blocks_is_refused_by_plan_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--plan --out FILE/sub` (or `--out FILE`) listed every run as "to run", and
+    `--report-only --out FILE` said the folder holds no finished run; the run itself stops on
+    it. Now each says in one line that a file is in the way. An empty [sweep.grid] table was
+    silently one cell; now a warning says so."""
+    path = tmp_path / "s.toml"
+    path.write_text(dump_toml({"sweep": {"methods": ["fedavg"], "seeds": [0], "grid": {}},
+                               "config": TINY}))
+    (tmp_path / "f").write_text("")
+    for flag, out, what in (
+            ("--plan", tmp_path / "f" / "o", f"cannot create the output folder "
+                                             f"{tmp_path / 'f' / 'o'} (Not a directory)"),
+            ("--report-only", tmp_path / "f", f"{tmp_path / 'f'} is a file, not a folder")):
+        assert main(["sweep", str(path), "--out", str(out), flag]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"clusterfl: warning: sweep.grid in {path} is empty: the sweep has one cell (each "
+            "method once per seed); give settings as \"key\" = [values] or remove the table",
+            f"clusterfl: error: --out: {what}; choose another one"]
+
+
 @pytest.mark.parametrize(("sweep", "field", "words"), [
     ({"methods": ["fedavg"], "seeds": [0], "rounds": 3}, "sweep.rounds", "allowed"),
     ({"methods": [], "seeds": [0]}, "sweep.methods", "non-empty list"),
