@@ -85,7 +85,14 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     from clusterfl.cli_util import DIVERGED_EXIT, console
     from clusterfl.jobs import check_resources
     from clusterfl.rundir import check_folder
-    from clusterfl.sweep import SweepError, collect, run_states, run_sweep, write_table
+    from clusterfl.sweep import (
+        SweepError,
+        collect,
+        other_runs,
+        run_states,
+        run_sweep,
+        write_table,
+    )
     from clusterfl.sweep_report import console_table, write_report
 
     check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
@@ -151,6 +158,11 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
                   f"from their checkpoints): {again}", file=sys.stderr)
             return stop_status(stop)
     rows = collect(runs, out)
+    others = other_runs(runs, out)
+    if others:
+        print(f"clusterfl: warning: {out} also holds {len(others)} run(s) this sweep does not "
+              f"list (e.g. {others[0]}): they are kept as they are and left out of its table "
+              "and report", file=sys.stderr)
     csv_path, parquet, why = write_table(rows, out)
     if why:
         print(f"clusterfl: warning: {why}", file=sys.stderr)

@@ -463,6 +463,18 @@ def _check_runs(runs: Any, out: Any) -> Path:
     return out
 
 
+def other_runs(runs: Sequence[Run], out: str | os.PathLike[str]) -> list[str]:
+    """The run folders in `out` (`METHOD/seedN`, `CELL/METHOD/seedN`) that are none of
+    `runs`: another sweep's, or an earlier version of this one's; left out of its table."""
+    from clusterfl.rundir import holds_run
+
+    out = _check_runs(runs, out)
+    planned = {r.target for r in runs}
+    found = sorted({p for pattern in ("*/seed*", "*/*/seed*") for p in out.glob(pattern)
+                    if p not in planned and p.is_dir() and holds_run(p)})
+    return [p.relative_to(out).as_posix() for p in found]
+
+
 def _unreadable_checkpoint(target: Path) -> bool:
     """A run folder whose checkpoint is there but cannot be read (truncated, damaged,
     foreign): `--retry-failed` starts such a run again instead of failing on it again."""

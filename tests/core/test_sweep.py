@@ -85,6 +85,23 @@ def test_an_algorithm_option_only_some_methods_of_a_sweep_have_is_a_warning(
         "option 'n_clusters': fedavg, fedprox have none and run every cell without it"]
 
 
+def test_a_folder_holding_another_sweeps_runs_is_named_when_tabulated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--report-only` of a sweep of fedavg into the folder of a sweep of fedavg and
+    local rewrote results.csv and report.md without Local's run, without a word. Now a
+    warning names the runs it leaves out."""
+    first = _write(tmp_path, {"methods": ["fedavg", "local"], "seeds": [0]}, name="a.toml")
+    out = tmp_path / "o"
+    assert run_sweep(load_sweep(first).plan(out), out, log=lambda m: None) == []
+    second = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0]}, name="b.toml")
+    assert main(["sweep", str(second), "--out", str(out), "--report-only"]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if "also holds" in line] == [
+        f"clusterfl: warning: {out} also holds 1 run(s) this sweep does not list (e.g. "
+        "local/seed0): they are kept as they are and left out of its table and report"]
+    assert main(["sweep", str(first), "--out", str(out), "--report-only"]) == 0
+    assert "also holds" not in capsys.readouterr().err
+
+
 def test_an_out_folder_a_file_blocks_is_refused_by_plan_too(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: `--plan --out FILE/sub` (or `--out FILE`) listed every run as "to run", and
