@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
 
 class ClusterFLError(Exception):
     """Base of every error clusterfl raises on purpose."""
@@ -33,6 +36,24 @@ EXTRAS: dict[str, tuple[str, str]] = {
 }
 """The optional extras of `pip install 'clusterfl[...]'`: extra → (what it installs, what
 needs it). Without them the core install runs every method (FLT with `umap = false`)."""
+
+
+NO_SPACE = {errno.ENOSPC: "no space left on {}", errno.EDQUOT: "the disk quota is full on {}",
+            errno.EFBIG: "the file-size limit (ulimit -f) was reached on {}"}
+"""The errors of a write that ran out of room → their words (`{}`: the file's folder)."""
+
+
+def write_error(exc: OSError, path: Path, what: str, kept: str) -> ClusterFLError:
+    """One line for a write of `path` (`what` it holds) that failed with `exc`: a full disk
+    or file-size limit (`NO_SPACE`), a file where a folder belongs, or another OS error
+    (its words), then `kept`: what is intact and how the run can go on."""
+    if exc.errno in NO_SPACE:
+        why = NO_SPACE[exc.errno].format(path.parent)
+    elif exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        why = f"{exc.filename or path.parent} is a file where a folder belongs"
+    else:
+        why = f"{exc.strerror or exc}"
+    return ClusterFLError(f"{why}: cannot write {path} ({what}); {kept}")
 
 
 class MissingExtraError(ClusterFLError):

@@ -303,7 +303,8 @@ class Experiment:
                 if not str(getattr(v, "__module__", "")).startswith("clusterfl.")}
 
     def _run(self, resume: bool, progress: bool | None) -> History:
-        with RunDir(self.out_dir).claimed(resume, self.overwrite) as files:
+        with RunDir(self.out_dir, lambda: self.checkpoints.round).claimed(
+                resume, self.overwrite) as files:
             torch.manual_seed(self.config.run.seed)
             # a fresh record of this run: a second run() of this Experiment counted the
             # first one's rounds and kept its warnings (not shown again)

@@ -26,7 +26,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, write_error
 from clusterfl.filelock import FileLock
 from clusterfl.records import HISTORY_FILE, SUMMARY_FILE, RoundRecord, RunSummary
 
@@ -295,8 +295,19 @@ class RunDir:
     """The folder of one run (`path` None: a run that writes no files): claimed and locked for
     the run (`claimed`), its config, history lines and summary written."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None,
+                 saved: Callable[[], int | None] = lambda: None) -> None:
         self.path = None if path is None else Path(path)
+        self.saved = saved
+        """The round of the run's last checkpoint (None: none), for a write that fails."""
+
+    def _kept(self) -> str:
+        """How the run goes on after a write into its folder failed."""
+        saved = self.saved()
+        if saved is None:
+            return "no checkpoint was written: the run can restart with --overwrite"
+        return (f"the checkpoint of round {saved} is intact: --resume continues from it "
+                "(it rewrites this file) once there is room")
 
     @contextmanager
     def claimed(self, resume: bool = False, overwrite: bool = False,
@@ -327,30 +338,65 @@ class RunDir:
         if self.path is None:
             return
         (self.path / SUMMARY_FILE).unlink(missing_ok=True)
-        write_whole(self.path / "config.toml", config_toml)
-        with open(self.path / HISTORY_FILE, "w") as fh:
-            fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
+        config = self.path / "config.toml"
+        try:
+            write_whole(config, config_toml)
+        except OSError as exc:
+            raise write_error(exc, config, "the run's config", self._kept()) from None
+        history = self.path / HISTORY_FILE
+        try:
+            with open(history, "w") as fh:
+                fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
+        except OSError as exc:
+            raise write_error(exc, history, f"rounds 1 to {len(records)}", self._kept()) \
+                from None
 
     def append(self, record: RoundRecord) -> None:
-        if self.path is not None:
-            with open(self.path / HISTORY_FILE, "a") as fh:
-                fh.write(json.dumps(record.to_json_dict()) + "\n")
+        """Add round `record.round`'s line to the history, whole or not at all: a write that
+        fails (a full disk, a file-size limit) cuts the file back to its earlier rounds and is
+        one line naming it."""
+        if self.path is None:
+            return
+        path = self.path / HISTORY_FILE
+        line = memoryview((json.dumps(record.to_json_dict()) + "\n").encode())
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                while line:  # a write may take part of the line
+                    line = line[os.write(fd, line):]
+            except OSError as exc:
+                os.ftruncate(fd, size)
+                raise write_error(exc, path, f"round {record.round}; it keeps the rounds "
+                                  "before, whole", self._kept()) from None
+        finally:
+            os.close(fd)
 
     def write_summary(self, summary: RunSummary) -> None:
         if self.path is None:
             return
-        write_whole(self.path / SUMMARY_FILE, json.dumps(summary.to_json_dict(), indent=2))
+        path = self.path / SUMMARY_FILE
+        try:
+            write_whole(path, json.dumps(summary.to_json_dict(), indent=2))
+        except OSError as exc:
+            raise write_error(exc, path, "the run's summary; history.jsonl holds every round",
+                              self._kept()) from None
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all: into `path.tmp`, renamed over `path`; a
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` whole or not at all: into `path.tmp`, renamed over `path`; a
     write that fails (a full disk) or is interrupted leaves the old file as it was."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text)
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's error names none
+            exc.filename = str(path)
         raise
 
 

@@ -21,7 +21,6 @@ error for a full disk, a file-size limit, and an empty, truncated or foreign fil
 from __future__ import annotations
 
 import dataclasses
-import errno
 import io
 import os
 import types
@@ -34,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import NO_SPACE, ClusterFLError
 
 T = TypeVar("T")
 
@@ -155,8 +154,6 @@ class CheckpointError(ClusterFLError):
     """A checkpoint file could not be written (no space) or read (empty, truncated, foreign)."""
 
 
-_NO_SPACE = {errno.ENOSPC: "no space left on {}", errno.EDQUOT: "the disk quota is full on {}",
-             errno.EFBIG: "the file-size limit (ulimit -f) was reached on {}"}
 RESTART = "the run can restart with --overwrite"
 
 
@@ -178,11 +175,11 @@ def write_checkpoint(path: Path, payload: dict[str, Any], round_: int,
         os.replace(tmp, path)
     except BaseException as exc:  # Ctrl-C or SIGTERM too: no half-written file is left
         tmp.unlink(missing_ok=True)
-        if not isinstance(exc, OSError) or exc.errno not in _NO_SPACE:
+        if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
             raise
         kept = ("no earlier checkpoint was written" if intact is None
                 else f"the checkpoint of round {intact} is intact")
-        raise CheckpointError(f"{_NO_SPACE[exc.errno].format(path.parent)} while writing the "
+        raise CheckpointError(f"{NO_SPACE[exc.errno].format(path.parent)} while writing the "
                               f"checkpoint of round {round_}; {kept}") from None
 
 

@@ -1,0 +1,114 @@
+"""A run's other files on a full disk or under a file-size limit: history.jsonl and
+summary.json each fail in one line naming the file and what is intact, never with a bare OS
+message or a cut-off line; the checkpoint then resumes the run exactly."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterfl.config import dump_toml
+from clusterfl.errors import ClusterFLError
+from clusterfl.experiment import Experiment
+from clusterfl.records import read_history
+from tests.tiny import tiny_config
+
+CFG = tiny_config(rounds=4, checkpoint_every=2)
+
+
+def _limited_run(tmp_path: Path, config: dict, limit: int) -> tuple[int, str, Path]:
+    """`clusterfl run` under `ulimit -f` of `limit` bytes (a real limit, in a subprocess):
+    its exit status, its stderr and the run folder."""
+    path, out = tmp_path / "run.toml", tmp_path / "out"
+    path.write_text(dump_toml(config))
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-m", "clusterfl.cli", "run", str(path), "--out",
+                        str(out), "--quiet"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=small_files)
+    return r.returncode, r.stderr.strip(), out
+
+
+def test_file_size_limit_in_history_keeps_whole_lines(tmp_path: Path) -> None:
+    """Round 2's line crosses the limit: it read "File too large: " (no file named) and left
+    half a line at the end of history.jsonl; now one line naming it, the file cut back to
+    round 1."""
+    config = tiny_config(rounds=2)  # no checkpoint: config.toml and round 1 fit in 1 KiB
+    code, err, out = _limited_run(tmp_path, config, 1024)
+    history = out / "history.jsonl"
+    assert code == 2 and err == (
+        f"clusterfl: error: the file-size limit (ulimit -f) was reached on {out}: cannot "
+        f"write {history} (round 2; it keeps the rounds before, whole); no checkpoint was "
+        "written: the run can restart with --overwrite")
+    lines = history.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["round"] == 1
+
+
+
+def test_full_disk_in_history_resumes_from_the_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up in the middle of round 3's line: history.jsonl keeps rounds 1-2 whole,
+    the message names the checkpoint of round 2, and --resume ends as an unbroken run."""
+    state = {"lines": 0}
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/history.jsonl"):
+            state["lines"] += 1
+            if state["lines"] == 3:  # half of round 3's line goes in, then the disk is full
+                real(fd, bytes(data)[:len(data) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(ClusterFLError) as err:
+        Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
+    history = tmp_path / "history.jsonl"
+    assert str(err.value) == (
+        f"no space left on {tmp_path}: cannot write {history} (round 3; it keeps the rounds "
+        "before, whole); the checkpoint of round 2 is intact: --resume continues from it (it "
+        "rewrites this file) once there is room")
+    assert [r.round for r in read_history(tmp_path)] == [1, 2]
+    monkeypatch.setattr(os, "write", real)
+    ref = Experiment.from_config(CFG).run(progress=False)
+    resumed = Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    assert resumed.summary.final.metrics == ref.summary.final.metrics
+    assert [r.metrics for r in read_history(tmp_path)] == [r.metrics for r in ref.records]
+
+
+def test_full_disk_in_summary_is_one_line_and_resume_writes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """summary.json's write fails: it was a bare OSError; now one line naming the file and
+    the last round's checkpoint, no temporary file left, and --resume writes the summary."""
+    real = Path.write_text
+
+    def write_text(self: Path, *args: object, **kwargs: object) -> int:
+        if self.name == "summary.json.tmp":
+            real(self, "{")  # a part of it, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(ClusterFLError) as err:
+        Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
+    assert str(err.value) == (
+        f"no space left on {tmp_path}: cannot write {tmp_path / 'summary.json'} (the run's "
+        "summary; history.jsonl holds every round); the checkpoint of round 4 is intact: "
+        "--resume continues from it (it rewrites this file) once there is room")
+    assert not (tmp_path / "summary.json").exists()
+    assert not (tmp_path / "summary.json.tmp").exists()
+    monkeypatch.setattr(Path, "write_text", real)
+    ref = Experiment.from_config(CFG).run(progress=False)
+    resumed = Experiment.from_config(CFG, out_dir=tmp_path).run(resume=True, progress=False)
+    assert resumed.summary.final.metrics == ref.summary.final.metrics
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 4
+
