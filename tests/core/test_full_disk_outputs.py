@@ -1,6 +1,7 @@
-"""A run's other files on a full disk or under a file-size limit: history.jsonl and
-summary.json each fail in one line naming the file and what is intact, never with a bare OS
-message or a cut-off line; the checkpoint then resumes the run exactly."""
+"""A run's other files on a full disk or under a file-size limit: history.jsonl, summary.json,
+the figures and report.md each fail in one line naming the file and what is intact, never
+with a bare OS message or a cut-off file; the checkpoint then resumes the run exactly. A
+figures folder replaced by a file is one line too (`clusterfl report`, a resumed run)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import errno
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from clusterfl.cli import main
 from clusterfl.config import dump_toml
 from clusterfl.errors import ClusterFLError
 from clusterfl.experiment import Experiment
@@ -52,6 +55,21 @@ def test_file_size_limit_in_history_keeps_whole_lines(tmp_path: Path) -> None:
     lines = history.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["round"] == 1
 
+
+def test_file_size_limit_in_a_figure_leaves_no_cut_off_image(tmp_path: Path) -> None:
+    """The first figure crosses the limit: it read "File too large: " and left accuracy.png
+    cut at the limit; now one line naming the figure, and no image at all."""
+    config = tiny_config(rounds=2, checkpoint_every=1, output={"figures": True,
+                                                              "progress": "off"})
+    code, err, out = _limited_run(tmp_path, config, 20 * 1024)  # the checkpoint fits
+    err = err.splitlines()[-1]  # after the warning that the tiny models did not learn
+    assert code == 2 and err == (
+        f"clusterfl: error: the file-size limit (ulimit -f) was reached on {out / 'figures'}: "
+        f"cannot write {out / 'figures' / 'accuracy.png'} (the report); its history.jsonl and "
+        f"summary.json are intact: `clusterfl report {out}` writes the report again once "
+        "there is room")
+    assert list((out / "figures").iterdir()) == []
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
 
 
 def test_full_disk_in_history_resumes_from_the_checkpoint(
@@ -112,3 +130,24 @@ def test_full_disk_in_summary_is_one_line_and_resume_writes_it(
     assert resumed.summary.final.metrics == ref.summary.final.metrics
     assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 4
 
+
+def test_a_figures_folder_replaced_by_a_file_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`figures` is a file: report and a resumed run said "File exists: DIR/figures"."""
+    config = tiny_config(rounds=2, checkpoint_every=1, output={"figures": True,
+                                                              "progress": "off"})
+    path, out = tmp_path / "run.toml", tmp_path / "out"
+    path.write_text(dump_toml(config))
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    shutil.rmtree(out / "figures")
+    (out / "figures").write_text("not a folder")
+    capsys.readouterr()
+    line = (f"clusterfl: error: {out / 'figures'} is a file where a folder belongs: cannot "
+            f"write {out / 'figures'} (the report); its history.jsonl and summary.json are "
+            f"intact: `clusterfl report {out}` writes the report again once there is room")
+    for argv in (["report", str(out)], ["run", str(path), "--out", str(out), "--resume"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == line, (argv, err)
+        assert not any(e.startswith("Traceback") for e in err)
+    assert (out / "figures").read_text() == "not a folder"

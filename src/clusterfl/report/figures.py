@@ -6,6 +6,7 @@ figures can be made from worker threads and in headless CI.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from clusterfl.report.history import (
     run_label,
     split_rounds,
 )
+from clusterfl.rundir import write_whole
 
 DPI = 110
 FIGURES_DIR = "figures"
@@ -77,12 +79,19 @@ def _new_figure(
     return fig, axes
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
-    """Save `fig` as a PNG at `path` (parent folders are created) and return the path."""
+def save_png(fig: Figure, path: str | Path, dpi: int = DPI) -> Path:
+    """Save `fig` as a PNG at `path` (parent folders are created), whole or not at all
+    (`rundir.write_whole`: a full disk leaves no cut-off image), and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format="png")
+    data = io.BytesIO()
+    fig.savefig(data, dpi=dpi, format="png")
+    write_whole(path, data.getvalue())
     return path
+
+
+_save = save_png
+"""The name this module's figures are saved through (tests replace it)."""
 
 
 def _note(ax: Axes, text: str) -> None:

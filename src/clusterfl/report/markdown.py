@@ -8,7 +8,8 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterfl.config_util import flatten
+from clusterfl.errors import write_error
 from clusterfl.records import (
     FinalMetrics,
     RoundMetrics,
@@ -27,6 +29,7 @@ from clusterfl.records import (
 )
 from clusterfl.report.figures import human_units, plot_comparison, plot_run
 from clusterfl.report.history import load_config_text, run_label
+from clusterfl.rundir import write_whole
 
 REPORT_FILE = "report.md"
 CONFIG_EXCERPT_LINES = 40
@@ -208,6 +211,12 @@ def write_run_report(run_dir: str | Path) -> Path:
     """Draw the run's figures (`plot_run`) and write `run_dir/report.md`; return its path."""
     run_dir = Path(run_dir)
     summary = read_summary(run_dir)
+    with _writing(run_dir, f"its history.jsonl and summary.json are intact: `clusterfl report "
+                           f"{run_dir}` writes the report again once there is room"):
+        return _write_run_report(run_dir, summary)
+
+
+def _write_run_report(run_dir: Path, summary: RunSummary) -> Path:
     figures = plot_run(run_dir) + method_figures(run_dir, summary)
     parts = [
         _run_header(summary, run_dir),
@@ -219,8 +228,19 @@ def write_run_report(run_dir: str | Path) -> Path:
         "## Figures\n\n" + _figure_links(figures, run_dir),
     ]
     path = run_dir / REPORT_FILE
-    path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
+    write_whole(path, "\n".join(p for p in parts if p).encode())
     return path
+
+
+@contextmanager
+def _writing(folder: Path, kept: str) -> Iterator[None]:
+    """A report's figures and report.md written into `folder`: a write that fails (a full
+    disk, a file where the figures folder belongs) is one line naming the file and `kept`."""
+    try:
+        yield
+    except OSError as exc:
+        path = Path(exc.filename) if exc.filename else folder / REPORT_FILE
+        raise write_error(exc, path, "the report", kept) from None
 
 
 def method_figures(run_dir: Path, summary: RunSummary) -> list[Path]:
@@ -457,6 +477,15 @@ def write_comparison_report(
                                                                   strict=True)], run_dirs)
     if labels is not None:
         summaries = [replace(s, label=lab) for s, lab in zip(summaries, labels, strict=True)]
+    with _writing(out_dir, "the compared runs are untouched: `clusterfl report` of them "
+                           "writes the comparison again once there is room"):
+        return _write_comparison(run_dirs, out_dir, summaries, labels, figures, runs_root,
+                                 warnings)
+
+
+def _write_comparison(run_dirs: Sequence[str | Path], out_dir: Path,
+                      summaries: list[RunSummary], labels: Sequence[str] | None, figures: bool,
+                      runs_root: str | Path | None, warnings: Sequence[str]) -> Path:
     drawn = plot_comparison(run_dirs, out_dir, labels) if figures else []
     federations = sorted({_known(s.federation) for s in summaries})
     warnings = [*_differences([Path(d) for d in run_dirs], summaries), *warnings]
@@ -471,7 +500,7 @@ def write_comparison_report(
         "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir, runs_root),
     ]
     path = out_dir / REPORT_FILE
-    path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
+    write_whole(path, "\n".join(p for p in parts if p).encode())
     return path
 
 

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from clusterfl.algorithms.cfl import CFLExtras
 from clusterfl.clustering.split_rule import AutoRuleConfig, Refusal
 from clusterfl.records import RoundRecord, RunSummary
-from clusterfl.report.figures import integer_ticks
+from clusterfl.report.figures import integer_ticks, save_png
 
 
 def figures(run_dir: Path, records: list[RoundRecord], summary: RunSummary) -> list[Path]:
@@ -116,8 +116,7 @@ def _marks(ax: Any, rounds: list[int]) -> None:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return save_png(fig, path, 110)
 
 
 def plot_norms(records: list[RoundRecord], path: Path, eps: dict[str, float]) -> Path:

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from clusterfl.algorithms.cfl_gp import CFLGPClusteringExtras, CFLGPExtras
 from clusterfl.records import RoundRecord, RunSummary
-from clusterfl.report.figures import integer_ticks
+from clusterfl.report.figures import integer_ticks, save_png
 
 MAX_SPECTRA = 6  # spectra drawn in one figure
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
@@ -65,8 +65,7 @@ def _new_figure(width: float = 7.0, height: float = 4.2, ncols: int = 1) -> tupl
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return save_png(fig, path, 110)
 
 
 def plot_spectrum(rounds: list[RoundRecord], path: Path) -> Path:

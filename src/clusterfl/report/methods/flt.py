@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from clusterfl.algorithms.flt import FLTClusteringExtras
 from clusterfl.records import RoundRecord, RunSummary
-from clusterfl.report.figures import plot_matrix
+from clusterfl.report.figures import plot_matrix, save_png
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
@@ -106,8 +106,7 @@ def plot_dendrogram(z: np.ndarray, labels: np.ndarray, path: Path) -> Path:
     ax.set_xlabel("client")
     ax.set_ylabel("Ward merge height")
     ax.set_title("Hierarchical clustering of the clients", fontsize="medium")
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return save_png(fig, path, 110)
 
 
 def plot_points(points: np.ndarray, labels: np.ndarray, truth: list[int] | None,
@@ -130,8 +129,7 @@ def plot_points(points: np.ndarray, labels: np.ndarray, truth: list[int] | None,
     ax.set_xlabel("UMAP 1")
     ax.set_ylabel("UMAP 2")
     ax.set_title("Client centroids after UMAP (colour = cluster found)", fontsize="medium")
-    fig.savefig(path, dpi=110, format="png")
-    return path
+    return save_png(fig, path, 110)
 
 
 __all__ = ["clustering_data", "cut_height", "figures", "leaf_order", "plot_dendrogram",
