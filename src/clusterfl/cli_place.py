@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, ConfigError
 
 if TYPE_CHECKING:  # numpy and torch are imported when the command runs (fast --help)
     import numpy as np
@@ -293,7 +293,12 @@ def place_clients(run_dir: Path, saved: dict[str, Any], clients: str | None,
     if data_dir:
         overrides = [*overrides, f"data.data_dir={json.dumps(data_dir)}"]
     raw = read_toml(run_dir / "config.toml")
-    base = load_config(raw).to_dict()  # the run's own config, which --set changes
+    try:
+        base = load_config(raw).to_dict()  # the run's own config, which --set changes
+    except ConfigError as exc:  # edited by hand since the run: name the file
+        raise ClusterFLError(f"{run_dir / 'config.toml'}: {exc} (the run's config, edited "
+                             "since it ran? place reads it as the run wrote it: put the "
+                             "value back)") from None
     config = load_config(_override(raw, base, overrides))
     now = config.to_dict()
     _check_overrides(base, now, overrides)

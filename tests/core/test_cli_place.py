@@ -4,6 +4,7 @@ one-line errors (bad --clients, no checkpoint, a changed model)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,20 @@ def test_place_refuses_a_changed_model_and_folders_that_are_not_runs(ifca_run, t
     (tmp_path / "empty").mkdir()
     assert main(["place", str(tmp_path / "empty")]) == 2
     assert "no config.toml; not a run directory" in capsys.readouterr().err
+
+
+def test_a_config_toml_edited_with_a_wrong_value_is_one_line_naming_it(ifca_run, tmp_path,
+                                                                      capsys):
+    """rounds = "two" in the run's config.toml read "rounds: Input should be a valid
+    integer ..." with no word of which file (place takes no config argument)."""
+    run = tmp_path / "run"
+    shutil.copytree(ifca_run, run)
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("rounds = 4", 'rounds = "two"', 1))
+    assert main(["place", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {config}: rounds: ")
+    assert "(got 'two')" in err[0] and "put the value back" in err[0]
 
 
 @pytest.mark.parametrize("where", ["folder", "missing_parent", "name_too_long"])
