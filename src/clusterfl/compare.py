@@ -277,7 +277,7 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None,
     any checkpoint starts over, as does one whose checkpoint cannot be read (said on
     stderr), one not begun runs. A readable checkpoint without config.toml continues as an
     interrupted run's (`_checked_config` said so)."""
-    from clusterfl.records import SUMMARY_FILE, read_history, read_summary
+    from clusterfl.records import SUMMARY_FILE, RunDirError, read_history, read_summary
     from clusterfl.rundir import claim_run_dir
 
     if (run_dir / "config.toml").is_file() or experiment.saved_round() is not None:
@@ -285,7 +285,14 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None,
             not experiment.config.output.figures or (run_dir / "report.md").is_file())
         if finished and saved is not None and saved.get("rounds") == \
                 experiment.config.run.rounds:
-            return History(read_history(run_dir), read_summary(run_dir))
+            try:
+                return History(read_history(run_dir), read_summary(run_dir))
+            except RunDirError as exc:  # damaged since: its checkpoint writes them again
+                if experiment.saved_round() is None:
+                    raise
+                print(experiment.console_warning(f"{exc}: the run's files are written again "
+                                                 "from its checkpoint"),
+                      file=sys.stderr, flush=True)
         if experiment.saved_round() is not None:
             return experiment.run(resume=True, progress=progress)
         torn = experiment.checkpoints.unreadable()
@@ -298,18 +305,19 @@ def resume_run(run_dir: Path, experiment: Experiment, progress: bool | None,
 
 def _saved_config(path: Path, experiment: Experiment) -> dict[str, Any] | None:
     """The config a method's `config.toml` holds; None, said on stderr, when the file is
-    empty or not TOML (its write cut short): the run's checkpoint, which holds its config, is
-    compared with it instead (`Checkpoints.load`)."""
-    from clusterfl.config import read_toml
+    empty, not TOML (its write cut short) or holds a value no config allows (edited by hand):
+    the run's checkpoint, which holds its config, is compared with it instead
+    (`Checkpoints.load`)."""
+    from clusterfl.config import load_config, read_toml
 
     try:
         saved = read_toml(path)
-    except ConfigError as exc:
-        why = str(exc)
-    else:
         if saved:
+            load_config(saved)  # a value edited by hand since the run (rounds = "two")
             return saved
         why = f"{path} is empty"
+    except ConfigError as exc:
+        why = str(exc) if not exc.field else f"{path}: {exc}"
     print(experiment.console_warning(f"{why}: the run is checked against its checkpoint's "
                                      "config instead"), file=sys.stderr, flush=True)
     return None

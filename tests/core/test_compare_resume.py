@@ -6,6 +6,7 @@ folder and only --overwrite (rerunning every method) was offered."""
 from __future__ import annotations
 
 import errno
+import json
 from pathlib import Path
 
 import pytest
@@ -233,8 +234,11 @@ def test_a_full_disk_or_a_torn_config_toml_does_not_block_compare_resume(tmp_pat
         return real(self, data, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Path, "write_text", write_text)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ClusterFLError) as err:
         run_comparison(config, SPECS, out, progress=False, resume=True)
+    assert str(err.value) == (f"no space left on {saved.parent}: cannot write {saved} (the "
+                              "run's config); the checkpoint of round 2 is intact: --resume "
+                              "continues from it (it rewrites this file) once there is room")
     assert saved.read_text() == text  # the old one, whole
     assert sorted(p.name for p in saved.parent.iterdir()) == [
         "checkpoint", "config.toml", "history.jsonl"]
@@ -251,6 +255,45 @@ def test_a_full_disk_or_a_torn_config_toml_does_not_block_compare_resume(tmp_pat
     for (_, a), (_, b) in zip(resumed, whole, strict=True):
         assert timing_free(a.records) == timing_free(b.records)
         assert timing_free(a.summary) == timing_free(b.summary)
+
+
+def test_a_finished_methods_damaged_files_are_written_again_from_its_checkpoint(
+        tmp_path: Path, capsys) -> None:
+    """A finished comparison, then FedAvg's summary.json emptied, IFCA's history.jsonl given a
+    garbage line and FedAvg's config.toml edited to rounds = "two": `compare --resume`
+    stopped at "summary.json: not valid JSON" (the checkpoint could write it again) and took
+    the edited config.toml without a word. Now each is a warning naming the file, and the
+    run's files are written again from its checkpoint, as the uninterrupted run's."""
+    config = load_config(RAW)
+    out = tmp_path / "cmp"
+    whole = run_comparison(config, SPECS, out, progress=False)
+    fedavg, ifca = out / "fedavg", out / "ifca_n_clusters=2"
+    summary, history = (fedavg / "summary.json").read_text(), (ifca / "history.jsonl").read_text()
+    (fedavg / "summary.json").write_text("")
+    (ifca / "history.jsonl").write_text(history + "garbage\n")
+    capsys.readouterr()
+    resumed = run_comparison(config, SPECS, out, progress=False, resume=True)
+    err = [x for x in capsys.readouterr().err.splitlines() if "warning" in x and "again" in x]
+    assert err == [
+        f"clusterfl: warning: FedAvg: {fedavg / 'summary.json'}: not valid JSON (Expecting "
+        "value, line 1): the run's files are written again from its checkpoint",
+        f"clusterfl: warning: IFCA (K=2): {ifca / 'history.jsonl'}:4: not valid JSON "
+        "(Expecting value): the run's files are written again from its checkpoint"]
+    assert (ifca / "history.jsonl").read_text() == history
+    assert json.loads((fedavg / "summary.json").read_text())["final"] == \
+        json.loads(summary)["final"]
+    for (_, a), (_, b) in zip(resumed, whole, strict=True):
+        assert timing_free(a.summary) == timing_free(b.summary)
+    saved = fedavg / "config.toml"
+    text = saved.read_text()
+    saved.write_text(text.replace("rounds = 3", 'rounds = "two"', 1))
+    capsys.readouterr()
+    run_comparison(config, SPECS, out, progress=False, resume=True)
+    warned = [x for x in capsys.readouterr().err.splitlines() if "instead" in x]
+    assert len(warned) == 1 and warned[0].startswith(
+        f"clusterfl: warning: FedAvg: {saved}: rounds: Input should be a valid integer")
+    assert warned[0].endswith(": the run is checked against its checkpoint's config instead")
+    assert saved.read_text() == text  # rewritten from the checkpoint
 
 
 def test_a_comparison_continued_to_more_rounds_refuses_before_any_method_runs(
