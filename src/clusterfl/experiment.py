@@ -42,7 +42,7 @@ from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
 from clusterfl.data.text import VOCAB_FILE, TopicsParams, Vocab
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError, write_error
 from clusterfl.holdout import Holdout, private
 from clusterfl.models import MODELS, ModelFactory
 from clusterfl.plugins import own_code_error
@@ -470,7 +470,11 @@ class Experiment:
     def _write_outputs(self, history: History, files: RunDir) -> None:
         if self.out_dir is None:
             return
-        self.algorithm.save_artifacts(self.out_dir, self.config.run.rounds)
+        try:
+            self.algorithm.save_artifacts(self.out_dir, self.config.run.rounds)
+        except OSError as exc:
+            raise write_error(exc, Path(exc.filename or self.out_dir), "the method's own file, "
+                              "after the last round", files.kept()) from None
         files.write_summary(history.summary)
         if self.config.output.figures:
             from clusterfl.report import write_run_report

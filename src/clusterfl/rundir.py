@@ -301,7 +301,7 @@ class RunDir:
         self.saved = saved
         """The round of the run's last checkpoint (None: none), for a write that fails."""
 
-    def _kept(self) -> str:
+    def kept(self) -> str:
         """How the run goes on after a write into its folder failed."""
         saved = self.saved()
         if saved is None:
@@ -342,13 +342,13 @@ class RunDir:
         try:
             write_whole(config, config_toml)
         except OSError as exc:
-            raise write_error(exc, config, "the run's config", self._kept()) from None
+            raise write_error(exc, config, "the run's config", self.kept()) from None
         history = self.path / HISTORY_FILE
         try:
             with open(history, "w") as fh:
                 fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
         except OSError as exc:
-            raise write_error(exc, history, f"rounds 1 to {len(records)}", self._kept()) \
+            raise write_error(exc, history, f"rounds 1 to {len(records)}", self.kept()) \
                 from None
 
     def append(self, record: RoundRecord) -> None:
@@ -368,7 +368,7 @@ class RunDir:
             except OSError as exc:
                 os.ftruncate(fd, size)
                 raise write_error(exc, path, f"round {record.round}; it keeps the rounds "
-                                  "before, whole", self._kept()) from None
+                                  "before, whole", self.kept()) from None
         finally:
             os.close(fd)
 
@@ -380,7 +380,7 @@ class RunDir:
             write_whole(path, json.dumps(summary.to_json_dict(), indent=2))
         except OSError as exc:
             raise write_error(exc, path, "the run's summary; history.jsonl holds every round",
-                              self._kept()) from None
+                              self.kept()) from None
 
 
 def write_whole(path: Path, data: str | bytes) -> None:

@@ -151,3 +151,15 @@ def test_a_figures_folder_replaced_by_a_file_is_one_line(
         assert err[-1] == line, (argv, err)
         assert not any(e.startswith("Traceback") for e in err)
     assert (out / "figures").read_text() == "not a folder"
+
+
+def test_file_size_limit_in_cfls_tree_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """CFL's cfl_tree.pt, written after the last round, crosses the limit: torch's writer
+    raised "RuntimeError: ... unexpected pos" with a traceback; now one line naming it."""
+    config = tiny_config(rounds=2, algorithm={"name": "cfl"})  # the tree: ~10 KB
+    code, err, out = _limited_run(tmp_path, config, 4096)  # config and history fit
+    assert code == 2 and err.splitlines()[-1] == (
+        f"clusterfl: error: the file-size limit (ulimit -f) was reached on {out}: cannot "
+        f"write {out / 'cfl_tree.pt'} (the method's own file, after the last round); no "
+        "checkpoint was written: the run can restart with --overwrite")
+    assert "Traceback" not in err and not (out / "cfl_tree.pt.tmp").exists()

@@ -56,6 +56,7 @@ Where the paper leaves a choice open, or the authors' code differs, we do:
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -106,6 +107,7 @@ from clusterfl.protocol import (
     TrainRequest,
     mean_finite,
 )
+from clusterfl.rundir import write_whole
 
 TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `place`)."""
@@ -638,8 +640,10 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         """Write `run_dir/cfl_tree.pt` (the full state, read by `clusterfl place`)."""
         path = Path(run_dir) / TREE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
+        data = io.BytesIO()  # torch writing to a full disk raises RuntimeError, not OSError
         torch.save({"round": round_, "algorithm": self.state_dict(),
-                    "config": self.config.model_dump()}, path)
+                    "config": self.config.model_dump()}, data)
+        write_whole(path, data.getvalue())
         return [path]
 
 
