@@ -30,7 +30,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from clusterfl.algorithms import AlgorithmConfig, algorithm_config
 from clusterfl.backends import BACKENDS
-from clusterfl.config_util import MAX_SEED, Settings, flatten, is_number, is_whole, parse, pick
+from clusterfl.config_util import (
+    MAX_SEED,
+    Settings,
+    flatten,
+    is_number,
+    is_whole,
+    parse,
+    pick,
+    with_none_words,
+)
 from clusterfl.data.own import (
     GIVEN,
     OWN_SOURCES,
@@ -237,18 +246,20 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=lambda: PrivacyConfig())
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = self.run.model_dump()
-        out["data"] = _drop_none(self.data.model_dump())
-        out["scenario"] = {"name": self.scenario_name, **_drop_none(self.scenario.model_dump())}
-        out["model"] = _drop_none(self.model.model_dump())
-        out["train"] = self.train.model_dump()
-        out["algorithm"] = _drop_none(self.algorithm.model_dump())
-        out["backend"] = self.backend.model_dump()
-        out["output"] = self.output.model_dump()
+        """The config as TOML writes it: Nones left out, but a field whose default is not
+        None written "none" when it is (`config_util.with_none_words`), so it loads again."""
+        out: dict[str, Any] = _dump(self.run)
+        out["data"] = _dump(self.data)
+        out["scenario"] = {"name": self.scenario_name, **_dump(self.scenario)}
+        out["model"] = _dump(self.model)
+        out["train"] = _dump(self.train)
+        out["algorithm"] = _dump(self.algorithm)
+        out["backend"] = _dump(self.backend)
+        out["output"] = _dump(self.output)
         for name in ROBUST_TABLES:  # robustness tables only when they change something
             table = getattr(self, name)
             if table != type(table)():
-                out[name] = _drop_none(table.model_dump())
+                out[name] = _dump(table)
         return _tomlable(out)
 
     def unwritten(self) -> list[tuple[str, Any]]:
@@ -271,8 +282,10 @@ class Config:
         return load_config({**self.to_dict(), "algorithm": raw})
 
 
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
+def _dump(table: BaseModel) -> dict[str, Any]:
+    """A table's `model_dump` with "none" for the Nones TOML must still say
+    (`with_none_words`); `_tomlable` drops the others."""
+    return with_none_words(table, table.model_dump())
 
 
 def _tomlable(v: Any) -> Any:
@@ -328,7 +341,7 @@ _HF_KEYS = ("input", "label", "train_split", "test_split", "test_fraction")
 
 def data_table(raw: dict[str, Any]) -> dict[str, Any]:
     """A `[data]` table as a resolved config writes it (defaults filled in, None left out)."""
-    return _drop_none(parse(DataConfig, raw, "data").model_dump())
+    return _tomlable(_dump(parse(DataConfig, raw, "data")))
 
 
 def _check_data(data: DataConfig) -> None:

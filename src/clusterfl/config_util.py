@@ -99,6 +99,9 @@ class Settings(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if field is None:
             return value
+        if isinstance(value, str) and value.strip().lower() == NONE_WORD and \
+                info.field_name in none_words(cls):
+            return None  # TOML has no None: "none" turns off what is on by default
         annotation = field.annotation
         list_of = "a list of numbers" if typing.get_origin(annotation) is list else "a number"
         if isinstance(value, str) and _takes(annotation, bool) and not _takes(annotation, str):
@@ -115,6 +118,26 @@ class Settings(BaseModel):
                 not _takes_text(annotation):
             raise ValueError(f"expected {list_of}, not text: write the number without quotes")
         return value
+
+
+NONE_WORD = "none"
+"""How a TOML file (and a run's `config.toml`) writes None for a field whose default is not
+None: TOML has no None, and leaving the field out would bring its default back."""
+
+
+def none_words(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` that take None but default to something else: written as
+    `NONE_WORD` when None (`with_none_words`), and read back from it."""
+    return frozenset(name for name, f in model.model_fields.items()
+                     if f.default is not None and f.default_factory is None
+                     and not f.is_required() and _takes(f.annotation, type(None)))
+
+
+def with_none_words(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
+    """`dumped` (a `model_dump` of `model`) with `NONE_WORD` for each field of `none_words`
+    that is None, so that dropping the other Nones (TOML has none) keeps the setting."""
+    words = none_words(type(model))
+    return {k: NONE_WORD if v is None and k in words else v for k, v in dumped.items()}
 
 
 def _describe(err: Mapping[str, Any], prefix: str) -> tuple[str, str]:
@@ -214,9 +237,10 @@ def check_flag(name: str, value: Any, none: str = "") -> None:
                           + (f" (or None: {none})" if none else ""))
 
 
-def client_ids(values: Any, n: int, field: str, among: str = "the federation's") -> Any:
+def client_ids(values: Any, n: int, field: str, among: str = "the federation's",
+               repeats: bool = False) -> Any:
     """`values` as distinct client ids in 0..n−1 (an int64 array), or one line naming
-    `field`: not a list of whole numbers, out of range, or repeated."""
+    `field`: not a list of whole numbers, out of range, or repeated (unless `repeats`)."""
     import numpy as np
 
     ids = np.asarray(values if values is not None else [])
@@ -230,7 +254,7 @@ def client_ids(values: Any, n: int, field: str, among: str = "the federation's")
     if out.size:
         raise ConfigError(field, f"client {int(out[0])} does not exist; ids are 0..{n - 1} "
                           f"({among} {n} clients)")
-    if len(np.unique(ids)) != len(ids):
+    if not repeats and len(np.unique(ids)) != len(ids):
         seen, twice = set(), None
         for i in ids.tolist():
             if i in seen:

@@ -14,6 +14,34 @@ def test_defaults_resolve_and_roundtrip():
     assert cfg.algorithm.name == "fedavg" and cfg.run.rounds >= 1
 
 
+@pytest.mark.parametrize(("raw", "where"), [
+    ({"validation": {"median_multiple": None}}, ("validation", "median_multiple")),
+    ({"data": {"source": "digits"}, "scenario": {"name": "dirichlet_rotation",
+                                                  "n_samples": None}}, ("scenario", "n_samples")),
+    ({"algorithm": {"name": "flt", "aggregation": "clusters", "threshold": None}},
+     ("algorithm", "threshold")),
+])
+def test_a_none_whose_default_is_not_none_is_written_none_and_loads_again(tmp_path, raw, where):
+    """TOML has no None, and `to_dict` left every None out: a setting turned off by None
+    whose default is on (the median rule, `median_multiple = None`) came back on from a
+    run's config.toml (resume, place, compare) and from the Python API's check of a config.
+    Now it is written "none", which loads as None (and can be written in a TOML file)."""
+    import tomli_w
+
+    table, name = where
+    cfg = load_config(raw)
+    assert getattr(getattr(cfg, table), name) is None
+    written = cfg.to_dict()
+    assert written[table][name] == "none"
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(written))
+    again = load_config(read_toml(tmp_path / "c.toml"))
+    assert getattr(getattr(again, table), name) is None
+    assert again.to_dict() == written
+    default = load_config({k: {f: x for f, x in v.items() if f != name}
+                           for k, v in raw.items()})
+    assert getattr(getattr(default, table), name) is not None  # the default it lost before
+
+
 @pytest.mark.parametrize(
     "raw, field, words",
     [

@@ -162,9 +162,11 @@ class Federation:
                                    x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 
     def subset(self, clients: np.ndarray | list[int]) -> Federation:
-        """A federation made of the given clients only (in that order). Inputs that hold no
-        data (a zero-stride view, as the Flower server's sizes-only federation) stay so."""
-        idx = client_ids(clients, self.n_clients, "clients")  # 0.5 was read as client 0
+        """A federation made of the given clients only (in that order; a client given twice
+        is two clients of the same data, as a benchmark tiles a federation). Inputs that hold
+        no data (a zero-stride view, as the Flower server's sizes-only federation) stay so."""
+        # 0.5 was read as client 0
+        idx = client_ids(clients, self.n_clients, "clients", repeats=True)
         parts = {}
         for split in ("train", "test"):
             x, y, off = self.stored(split)
