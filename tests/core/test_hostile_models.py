@@ -16,6 +16,7 @@ from clusterfl.engine.generic import GenericKernel
 from clusterfl.errors import ClusterFLError, ConfigError
 from clusterfl.experiment import Experiment
 from clusterfl.models import ParamLayout
+from clusterfl.plugins import OwnCodeError
 from tests.core.conftest import blob_federation
 
 HERE = "tests.core.test_hostile_models"
@@ -133,13 +134,27 @@ def test_the_generic_kernel_loop_gives_each_clients_autograd_gradient():
             assert torch.allclose(got[i][c], e, atol=1e-6)
 
 
-def test_a_model_vmap_and_autograd_cannot_train_says_use_the_sequential_backend():
+@pytest.mark.parametrize("backend", ["simulation", "sequential"])
+@pytest.mark.parametrize(("model", "batch_size", "error", "line"), [
+    ("TrainsNowhere", 8, "RuntimeError: this layer cannot train", "in forward"),
+    # BatchNorm on a batch of one sample: torch refuses to train it, under either backend
+    ("BatchNormNet", 1, "ValueError: Expected more than 1 value per channel", "in forward"),
+])
+def test_a_model_that_cannot_train_under_autograd_names_its_line_on_either_backend(
+        backend: str, model: str, batch_size: int, error: str, line: str):
+    """Before: the simulation backend said `use [backend] name = "sequential"`, where the
+    model fails the same way (it runs the same autograd): now both name the model's line."""
     fed = blob_federation(n_clients=3, per_client=10)
-    exp = Experiment(load_config(_config({"name": f"{HERE}:TrainsNowhere"})), federation=fed)
-    with pytest.raises(ClusterFLError) as err:
+    config = _config({"name": f"{HERE}:{model}"}, backend)
+    config["train"]["batch_size"] = batch_size
+    exp = Experiment(load_config(config), federation=fed)
+    with pytest.raises(OwnCodeError) as err:
         exp.run(progress=False)
     text = str(err.value)
-    assert "TrainsNowhere" in text and 'name = "sequential"' in text and "\n" not in text
+    kind, message = error.split(": ", 1)
+    assert text.startswith(f"model.name {HERE}:{model} raised {kind} in round 1: {message}")
+    assert "test_hostile_models.py:" in text and text.endswith(f"{line})")
+    assert "sequential" not in text and "\n" not in text
 
 
 @pytest.mark.parametrize(("model", "got"), [

@@ -5,8 +5,11 @@ clients' gradients in one call. When vmap cannot trace the module (data-dependen
 in-place buffer updates such as BatchNorm's running statistics, ...), or when the module says
 so (`stack_with_vmap = False`: `models.lstm`'s fused LSTM), the kernel falls back to a loop
 over clients with plain autograd, on each client's real samples only (padding rows, of
-weight 0, would skew batch statistics), and remembers that choice; a module that fails there
-too is a one-line `ClusterFLError` pointing at the sequential backend. Buffers (BatchNorm's
+weight 0, would skew batch statistics), and remembers that choice. A module whose own code
+fails in that loop (BatchNorm on a batch of one sample) would fail as well in the sequential
+backend, which runs it the same way: its error goes on unchanged, and a run names the
+model's line (`plugins.own_code_error`); any other failure there is a one-line
+`ClusterFLError` pointing at the sequential backend. Buffers (BatchNorm's
 running statistics) are the module's own, shared by all clients and never federated, as in
 the sequential backend. The optimizer update is the shared stacked one.
 
@@ -30,6 +33,7 @@ from clusterfl.engine.device import low_precision
 from clusterfl.engine.stacked import Sink, StackedKernel, StepBatch
 from clusterfl.errors import ClusterFLError
 from clusterfl.models.params import ParamLayout
+from clusterfl.plugins import own_code_error
 
 Tensor = torch.Tensor
 log = logging.getLogger(__name__)
@@ -88,6 +92,8 @@ class GenericKernel(StackedKernel):
                                    for p, d in zip(own, g)))
                 losses.append(value)
         except Exception as exc:
+            if own_code_error(exc, {"model": type(self.module)}, "") is not None:
+                raise  # the model's own code: it fails as in the sequential backend
             raise self._unsupported(exc) from None
         stacked = tuple(torch.stack([g[j] for g in grads]) for j in range(len(params)))
         return stacked, torch.stack(losses)
@@ -137,4 +143,6 @@ class GenericKernel(StackedKernel):
             return torch.stack(
                 [self._apply(tuple(p[i] for p in params), x[i]) for i in range(x.shape[0])])
         except Exception as exc:
+            if own_code_error(exc, {"model": type(self.module)}, "") is not None:
+                raise  # the model's own code: it fails as in the sequential backend
             raise self._unsupported(exc) from None
