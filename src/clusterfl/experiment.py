@@ -419,6 +419,11 @@ class Experiment:
             out.append(f"scenario.vocab_size = {scen.vocab_size} does nothing here: "
                        f"scenario.vocab_file ({scen.vocab_file}) gives the vocabulary, "
                        f"{len(words)} words (<unk> and <eos> included)")
+        batch, largest = self.config.train.batch_size, int(self.federation.train_sizes.max())
+        if batch > largest:  # the number holds for no client: said, not silently clamped
+            out.append(f"train.batch_size = {batch} is more than any client's training "
+                       f"samples (at most {largest}): every local step takes all of a "
+                       f"client's samples (full-batch steps, as batch_size = {largest})")
         empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
         if empty:
             more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""

@@ -538,6 +538,36 @@ def test_eval_clients_with_only_the_last_round_evaluated_is_a_warning(rounds, ev
                for x in lines) == warned
 
 
+@pytest.mark.parametrize("work", [{"steps": 2}, {"epochs": 2, "steps": 0}])
+def test_a_batch_larger_than_every_client_is_a_warning_and_trains_as_the_largest(
+        tmp_path: Path, capsys, work):
+    """`batch_size = 10000` with clients of at most a few hundred samples ran full-batch
+    steps without a word: the number held for no client."""
+    import torch
+
+    from clusterfl.records import read_summary
+
+    def run(batch: int, out: Path) -> Experiment:
+        cfg = tiny_config(train={"lr": 0.1, "batch_size": batch, **work})
+        exp = Experiment(load_config(cfg), out)
+        exp.run(progress=False)
+        return exp
+
+    big = run(10_000, tmp_path / "big")
+    largest = int(big.federation.train_sizes.max())
+    assert 100 < largest < 10_000
+    line = (f"train.batch_size = 10000 is more than any client's training samples (at most "
+            f"{largest}): every local step takes all of a client's samples (full-batch steps, "
+            f"as batch_size = {largest})")
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
+    assert line in read_summary(tmp_path / "big").warnings
+    same = run(largest, tmp_path / "same")  # what the warning says it trains as
+    assert not any("batch_size" in w for w in read_summary(tmp_path / "same").warnings or [])
+    assert torch.allclose(big.algorithm.state.model, same.algorithm.state.model, atol=1e-6)
+    assert not torch.equal(big.algorithm.state.model,
+                           run(largest - 1, tmp_path / "less").algorithm.state.model)
+
+
 def test_tf32_on_the_cpu_is_a_warning():
     """`backend.precision = "tf32"` on the CPU computed in float32 without a word."""
     def warnings(precision):
