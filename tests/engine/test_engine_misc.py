@@ -375,3 +375,42 @@ def test_strided_bmm_writes_only_its_block_and_keeps_the_thread_count(
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    # ran as SGD on the stacked engine (torch.optim's names are lower case, no AdamW here)
+    ({"optimizer": "adamw"}, "LocalTraining.optimizer: 'adamw'; allowed: 'sgd', 'adam'"),
+    ({"optimizer": "SGD"}, "LocalTraining.optimizer: 'SGD'; allowed: 'sgd', 'adam'"),
+    # gradient ascent on the stacked engine, refused by torch.optim on the sequential one
+    ({"lr": -0.1}, "LocalTraining.lr: -0.1; allowed: a finite number >= 0"),
+    ({"lr": float("nan")}, "LocalTraining.lr: nan; allowed: a finite number >= 0"),
+    ({"weight_decay": -1.0}, "LocalTraining.weight_decay: -1.0; allowed: a finite number >= 0"),
+    ({"mu": -1.0}, "LocalTraining.mu: -1.0; allowed: a finite number >= 0"),  # dropped
+    ({"momentum": 1.5}, "LocalTraining.momentum: 1.5; allowed: a number in [0, 1)"),
+    # ZeroDivisionError, and a complex-number RuntimeError, from the stacked Adam
+    ({"optimizer": "adam", "betas": (1.0, 0.999)},
+     "LocalTraining.betas: (1.0, 0.999); allowed: two numbers in [0, 1)"),
+    ({"optimizer": "adam", "betas": (0.9, 1.5)},
+     "LocalTraining.betas: (0.9, 1.5); allowed: two numbers in [0, 1)"),
+    ({"batch_size": 2.5}, "LocalTraining.batch_size: 2.5; allowed: a whole number >= 1"),
+    ({"epochs": 2.7}, "LocalTraining.epochs: 2.7; allowed: a whole number >= 0"),  # TypeError
+    ({"steps": -1}, "LocalTraining.steps: -1; allowed: a whole number >= 0"),  # ran epochs
+    ({"epochs": 0, "steps": 0},  # trained anyway
+     "LocalTraining.epochs: 0; allowed: a whole number >= 1, or steps >= 1 (both are 0)"),
+])
+def test_local_training_out_of_range_is_one_line_naming_the_field(setting, message) -> None:
+    """The Python API's LocalTraining (a run's [train] table is checked before it): settings
+    the engines misread, or the two backends read differently, are refused when made."""
+    from clusterfl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        LocalTraining(**{"lr": 0.1, **setting})
+    assert str(err.value) == message
+    fed = Federation.from_clients([(np.ones((3, 2), np.float32), np.array([0, 1, 0]),
+                                    np.ones((1, 2), np.float32), np.array([1]))], n_classes=2)
+    fac = ModelFactory(model_config({"name": "linear"}), fed.input_shape, fed.n_outputs)
+    ok = LocalTraining(lr=0.0, eps=0.0, betas=(0.0, 0.5), optimizer="adam", steps=1)
+    start = fac.init(0)[None]  # lr = 0: the bounds' edges are taken, and leave the model
+    reply = SimulationBackend(fed, fac).execute(TrainRequest(np.arange(1), start,
+                                                             np.zeros(1, np.int64), ok, 1))
+    assert torch.equal(reply.params, start)

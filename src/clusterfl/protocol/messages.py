@@ -16,13 +16,15 @@ Fields marked `PER_CLIENT` have one entry per listed client on their first axis.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 import numpy as np
 import torch
 
-from clusterfl.errors import ClusterFLError
+from clusterfl.config_util import is_number, is_whole
+from clusterfl.errors import ClusterFLError, ConfigError
 
 Combine = Literal["single", "sum_logits", "mean_probs", "mean_outputs"]
 Split = Literal["train", "test"]
@@ -51,6 +53,38 @@ class LocalTraining:
     mu: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        """One ConfigError naming `LocalTraining.<field>` and its allowed values for a setting
+        the engines would misread (a run's `[train]` table is checked before; this is the
+        Python API's): before, the stacked engine ran `optimizer = "adamw"` as SGD, a
+        negative lr, weight decay or mu, `epochs = steps = 0`, and failed on betas >= 1 with
+        ZeroDivisionError or a complex-number RuntimeError, on a fractional epoch count
+        with a TypeError."""
+        def bad(name: str, allowed: str) -> ConfigError:
+            return ConfigError(f"LocalTraining.{name}", f"{getattr(self, name)!r}; allowed: "
+                               f"{allowed}")
+
+        if self.optimizer not in ("sgd", "adam"):
+            raise bad("optimizer", "'sgd', 'adam'")
+        for name, low, high in (("lr", 0.0, math.inf), ("weight_decay", 0.0, math.inf),
+                                ("mu", 0.0, math.inf), ("eps", 0.0, math.inf),
+                                ("momentum", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not is_number(value) or not low <= value < high:
+                raise bad(name, f"a number in [{low:g}, 1)" if high == 1.0 else
+                          "a finite number >= 0")
+        betas = self.betas
+        if not isinstance(betas, tuple | list) or len(betas) != 2 or not all(
+                is_number(b) and 0.0 <= b < 1.0 for b in betas):
+            raise bad("betas", "two numbers in [0, 1)")
+        if not is_whole(self.batch_size) or self.batch_size < 1:
+            raise bad("batch_size", "a whole number >= 1")
+        for name in ("epochs", "steps"):
+            if not is_whole(getattr(self, name)) or getattr(self, name) < 0:
+                raise bad(name, "a whole number >= 0")
+        if self.epochs == 0 and self.steps == 0:
+            raise bad("epochs", "a whole number >= 1, or steps >= 1 (both are 0)")
 
 
 PER_CLIENT = {"per_client": True}
