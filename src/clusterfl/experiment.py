@@ -93,9 +93,7 @@ class History:
 
     def series(self, key: str) -> list[float | None]:
         """A metric (a `RoundMetrics` field) per evaluated round, e.g. `series("accuracy")`."""
-        if key not in RoundMetrics.KEYS:
-            raise ConfigError("key", f"{key!r} is not a round metric; allowed: "
-                              f"{', '.join(RoundMetrics.KEYS)}")
+        RoundMetrics.check_key(key, "key")
         return [getattr(r.metrics, key) for r in self.records if r.metrics is not None]
 
     @property

@@ -23,7 +23,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from clusterfl.errors import ClusterFLError
+from clusterfl.errors import ClusterFLError, ConfigError
 
 HISTORY_FILE = "history.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -111,6 +111,13 @@ class RoundMetrics:
             "perplexity", "accuracy_no_oov_no_eos")
     OPTIONAL = ("perplexity", "accuracy_no_oov_no_eos")
     """The keys written only when known (a language model's)."""
+
+    @classmethod
+    def check_key(cls, key: object, field: str) -> None:
+        """ConfigError naming the argument `field` when `key` is not one of `KEYS`."""
+        if key not in cls.KEYS:
+            raise ConfigError(field, f"{key!r} is not a round metric; allowed: "
+                              f"{', '.join(cls.KEYS)}")
 
     def to_json_dict(self) -> dict[str, Any]:
         d = {

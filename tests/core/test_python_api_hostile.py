@@ -60,6 +60,21 @@ def test_an_argument_of_the_wrong_kind_is_one_line_naming_it(make: Any, field: s
     assert err.value.field == field and "\n" not in str(err.value)
 
 
+def test_metric_series_of_an_unknown_metric_is_history_series_one_line() -> None:
+    """`report.metric_series(history, "acc")` raised a bare KeyError (its message in quotes)
+    where `History.series("acc")` gives a ConfigError; now the same line, naming `name`."""
+    from clusterfl.report import metric_series
+
+    with pytest.raises(ConfigError) as err:
+        metric_series([], "acc")
+    with pytest.raises(ConfigError) as series:
+        History().series("acc")
+    assert err.value.field == "name" and err.value.message == series.value.message
+    assert str(err.value) == ("name: 'acc' is not a round metric; allowed: accuracy, "
+                              "accuracy_weighted, macro_f1, fairness_var, loss, mse, "
+                              "perplexity, accuracy_no_oov_no_eos")
+
+
 def test_a_config_field_set_in_python_is_checked_as_if_loaded() -> None:
     """pydantic does not check assignments: `config.run.rounds = -1` reached the method's
     check ("allowed: 0..-2"), `n_clusters = "x"` a bare TypeError of `>` deep in ifca."""

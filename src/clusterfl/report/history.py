@@ -49,8 +49,7 @@ def evaluated_rounds(history: Sequence[RoundRecord]) -> np.ndarray:
 def metric_series(history: Sequence[RoundRecord], name: str) -> tuple[np.ndarray, np.ndarray]:
     """(rounds, values) of the metric `name` (a `RoundMetrics` field, e.g. "accuracy") over
     the evaluated rounds where it is not null."""
-    if name not in RoundMetrics.KEYS:
-        raise KeyError(f"{name!r} is not a round metric (one of {RoundMetrics.KEYS})")
+    RoundMetrics.check_key(name, "name")  # ConfigError, as `History.series`
     rounds, values = [], []
     for r in history:
         value = None if r.metrics is None else getattr(r.metrics, name)
