@@ -145,6 +145,10 @@ def load_suite(folder: Path, quick: bool = False, only: Sequence[str] = (),
     if not files:
         raise ConfigError("--suite", f"no suite files (*.toml) in {folder}")
     names = [f.stem for f in files]
+    for flag, given in (("--only", only), ("--methods", methods)):
+        twice = next((x for i, x in enumerate(given) if x in given[:i]), None)
+        if twice is not None:  # as a sweep's method listed twice: refused, not dropped
+            raise ConfigError(flag, f"{twice!r} is listed twice; list each once")
     missing = sorted(set(only) - set(names))
     if missing:
         raise ConfigError("--only", f"unknown scenario(s) {missing}; available: {names}")

@@ -341,6 +341,22 @@ def test_suite_labels_and_twice_the_same_method_are_refused(tmp_path: Path) -> N
         load_suite(folder)
 
 
+@pytest.mark.parametrize(("option", "names"), [("--only", "digits,digits"),
+                                                ("--methods", "ifca,fedavg,ifca")])
+def test_a_scenario_or_algorithm_listed_twice_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, names: str) -> None:
+    """`bench --only digits,digits` quietly ran the scenario once (the second name dropped);
+    a sweep refuses a method listed twice, and bench now refuses a name given twice, before
+    anything runs or is written."""
+    runs = tmp_path / "runs"
+    assert main(["bench", "--suite", str(_suite(tmp_path)), "--runs", str(runs),
+                 "--results", str(tmp_path / "R.md"), option, names]) == 2
+    twice = names.split(",")[0]
+    assert capsys.readouterr().err.strip() == (
+        f"clusterfl: error: {option}: {twice!r} is listed twice; list each once")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["suite"]
+
+
 def test_an_unfinished_run_without_checkpoint_is_run_again(tmp_path: Path) -> None:
     """The suite manages its own run folders: a run killed before its first checkpoint left
     config.toml and part of history.jsonl; the next suite run replaces it (no error)."""
