@@ -83,6 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              f"path, e.g. {results / 'RESULTS.md'}")
     check_folder(results, "--results", file=True)
     scenarios = load_suite(Path(args.suite), args.quick, args.only, args.methods)
+    _warn_unused(scenarios)
     if args.device:
         from clusterfl.config import apply_overrides
 
@@ -119,6 +120,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if failed is not None:
         raise failed
     return 0
+
+
+def _warn_unused(scenarios: list[Any]) -> None:
+    """Each scenario's `[config.algorithm]` options that some of its methods do not use
+    (`compare.unused_options`, as compare and sweep say them), on stderr."""
+    from clusterfl.compare import unused_options
+    from clusterfl.config import load_config
+
+    for s in scenarios:
+        for line in unused_options(load_config(s.config), s.methods):
+            print(f"clusterfl: warning: {s.name}: {line}", file=sys.stderr)
 
 
 def _extra_sections() -> list[str]:

@@ -391,6 +391,25 @@ def test_methods_filter_keeps_the_specs_of_the_named_algorithms(tmp_path: Path) 
     assert "| fedavg |" not in table.lower()
 
 
+def test_a_config_option_only_some_suite_methods_have_names_the_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `mu = 0.5` in a suite file's [config.algorithm] with methods fedprox, fedavg,
+    ifca ran FedProx with it and the others without it, silently (compare and sweep warn).
+    Now bench gives compare's warning, naming the scenario, in every mode."""
+    folder = _suite(tmp_path)
+    path = folder / "digits.toml"
+    path.write_text(path.read_text().replace(
+        'methods = ["fedavg", "ifca:n_clusters=2"]',
+        'methods = ["fedprox", "fedavg", "ifca:n_clusters=2"]', 1).replace(
+        '[config.algorithm]\nname = "fedavg"', '[config.algorithm]\nname = "fedprox"\nmu = 0.5'))
+    assert main(["bench", "--suite", str(folder), "--runs", str(tmp_path / "runs"),
+                 "--results", str(tmp_path / "R.md"), "--report-only"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == ("clusterfl: warning: digits: algorithm.mu in the config applies to "
+                      "fedprox only: fedavg, ifca have no option 'mu' and run without it")
+    assert len(err) == 2 and "holds no finished run" in err[1]
+
+
 def test_the_suite_configs_algorithm_table_is_merged_into_each_method(tmp_path: Path) -> None:
     """A `[config.algorithm]` option every method has (`fraction`) applies to each method
     spec, as in `compare`; a spec's own value wins; the runs are made with it."""
