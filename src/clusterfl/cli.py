@@ -150,6 +150,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         return _compare_seeds(args, specs)
     extra = [name for name, on in (("--jobs", args.jobs != 1), ("--ray", args.ray),
+                                   ("--cpus-per-run", args.cpus_per_run is not None),
+                                   ("--gpus-per-run", args.gpus_per_run != 0),
                                    ("--retry-failed", args.retry_failed)) if on]
     if extra:
         raise ClusterFLError(f"{', '.join(extra)}: only with --seeds (several runs per method)")

@@ -70,8 +70,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         run_suite,
         write_results,
     )
+    from clusterfl.cli_sweep import check_run_options
     from clusterfl.rundir import check_folder
 
+    check_run_options(args, "report_only" if args.report_only else None)  # before any file
     if args.data_dir:
         os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
     kind = "quick" if args.quick else "full"

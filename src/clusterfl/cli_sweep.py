@@ -34,6 +34,26 @@ def add_run_options(q: argparse.ArgumentParser) -> None:
                    help="GPUs Ray reserves for each run (default 0; fractions share a GPU)")
 
 
+RUN_OPTIONS = {"jobs": 1, "ray": None, "cpus_per_run": None, "gpus_per_run": 0}
+"""The options of `add_run_options` (as argparse names them) and their defaults."""
+
+
+def check_run_options(args: argparse.Namespace, idle: str | None,
+                      also: tuple[str, ...] = ()) -> None:
+    """`--jobs`, `--cpus-per-run` and `--gpus-per-run` checked in every mode
+    (`jobs.check_resources`); with `idle` (`plan`, `report_only`: a mode that runs nothing),
+    a run option given (one of `RUN_OPTIONS` off its default, or a flag of `also`) is refused
+    in one line, as it would do nothing."""
+    from clusterfl.jobs import check_resources
+
+    check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
+    moot = [n for n in also if getattr(args, n, False)] + [
+        n for n, default in RUN_OPTIONS.items() if getattr(args, n) != default]
+    if idle and moot:
+        raise ClusterFLError(f"--{moot[0].replace('_', '-')}: says how to run, and "
+                             f"--{idle.replace('_', '-')} runs nothing; give one of the two")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s = subparsers.add_parser(
         "sweep", help="methods × a grid of settings × seeds, with mean ± std and paired tests",
@@ -83,7 +103,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str) -> int:
     """Plan, run (unless --plan/--report-only), tabulate, report; the exit code."""
     from clusterfl.cli_util import DIVERGED_EXIT, console
-    from clusterfl.jobs import check_resources
     from clusterfl.rundir import check_folder
     from clusterfl.sweep import (
         SweepError,
@@ -95,7 +114,8 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     )
     from clusterfl.sweep_report import console_table, write_report
 
-    check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
+    idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
+    check_run_options(args, idle, ("overwrite", "retry_failed"))
     check_folder(out)  # --plan and --report-only too: a run would stop on it
     if getattr(args, "ray", None):
         from clusterfl.errors import require
@@ -103,11 +123,6 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
         require("ray", "ray")  # before any folder is touched
     runs = sweep.plan(out)  # every config validated before anything runs
     unused = _warn_unused(sweep)
-    idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
-    moot = [f for f in ("overwrite", "retry_failed") if getattr(args, f, False)]
-    if idle and moot:
-        raise ClusterFLError(f"--{moot[0].replace('_', '-')}: says how to run, and "
-                             f"--{idle.replace('_', '-')} runs nothing; give one of the two")
     con = console()
     if idle == "plan":
         states = run_states(runs, out)  # what a run would do: as run_sweep decides

@@ -391,6 +391,27 @@ def test_methods_filter_keeps_the_specs_of_the_named_algorithms(tmp_path: Path) 
     assert "| fedavg |" not in table.lower()
 
 
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--jobs", "0"], "--jobs: must be at least 1, got 0"),
+    (["--jobs", "2"], "--jobs: says how to run, and --report-only runs nothing; give one of "
+     "the two"),
+    (["--ray", "auto"], "--ray: says how to run, and --report-only runs nothing; give one of "
+     "the two"),
+    (["--cpus-per-run", "2"], "--cpus-per-run: says how to run, and --report-only runs "
+     "nothing; give one of the two"),
+])
+def test_run_options_with_report_only_are_refused_as_sweep_refuses_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
+    """`bench --report-only --jobs 0` was accepted (bench checked --jobs only when it ran),
+    and --jobs 2, --ray, --cpus-per-run did nothing without a word. Now the checks and the
+    refusal of `sweep --report-only`, before anything is read or written."""
+    runs, results = tmp_path / "runs", tmp_path / "R.md"
+    assert main(["bench", "--suite", str(_suite(tmp_path)), "--runs", str(runs),
+                 "--results", str(results), "--report-only", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"clusterfl: error: {said}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["suite"]
+
+
 def test_a_config_option_only_some_suite_methods_have_names_the_others(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: `mu = 0.5` in a suite file's [config.algorithm] with methods fedprox, fedavg,

@@ -219,6 +219,38 @@ def test_flags_that_run_nothing_refuse_flags_about_running(
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--plan", "--jobs", "2"], "--jobs: says how to run, and --plan runs nothing; give one "
+     "of the two"),
+    (["--report-only", "--ray", "auto"], "--ray: says how to run, and --report-only runs "
+     "nothing; give one of the two"),
+    (["--plan", "--cpus-per-run", "2"], "--cpus-per-run: says how to run, and --plan runs "
+     "nothing; give one of the two"),
+    (["--report-only", "--gpus-per-run", "1"], "--gpus-per-run: says how to run, and "
+     "--report-only runs nothing; give one of the two"),
+    (["--plan", "--jobs", "0"], "--jobs: must be at least 1, got 0"),
+    (["--report-only", "--cpus-per-run", "0"], "--cpus-per-run: must be a finite number above "
+     "0, got 0.0"),
+    (["compare", "--cpus-per-run", "2"], "--cpus-per-run: only with --seeds (several runs "
+     "per method)"),
+])
+def test_run_options_with_a_mode_that_runs_nothing_are_refused_and_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
+    """`sweep --plan --jobs 2` (or --ray, --cpus-per-run, --gpus-per-run; and with
+    --report-only) planned without a word about the option, which did nothing, and
+    `--plan --jobs 0` was accepted; compare without --seeds ignored --cpus-per-run and
+    --gpus-per-run (it refused --jobs and --ray). Now each is one line, nothing written."""
+    out = tmp_path / "o"
+    if flags[0] == "compare":
+        (tmp_path / "c.toml").write_text(dump_toml(TINY))
+        argv = ["compare", str(tmp_path / "c.toml"), "--algorithms", "fedavg", *flags[1:]]
+    else:
+        argv = ["sweep", str(_write(tmp_path, {"methods": ["fedavg"], "seeds": [0]})), *flags]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"clusterfl: error: {said}"]
+    assert not out.exists()
+
+
 def _sweep(tmp_path: Path, lrs: list[float]) -> Path:
     return _write(tmp_path, {"methods": ["fedavg", "ifca:n_clusters=4"], "seeds": [0, 1],
                              "grid": {"train.lr": lrs}})
