@@ -313,6 +313,35 @@ def test_an_evaluate_reply_without_accuracy_is_said_once_and_left_out() -> None:
         assert record.metrics.accuracy == pytest.approx(float(np.mean(others)), abs=1e-12)
 
 
+class _NanModel(FakeGrid):
+    """Node 103's trained model holds a NaN (a diverged client)."""
+
+    def _answer(self, msg: Message) -> Message | None:
+        reply = super()._answer(msg)
+        if int(msg.metadata.dst_node_id) != 103 or msg.metadata.message_type != "train" \
+                or reply is None:
+            return reply
+        state = reply.content["arrays"].to_torch_state_dict()
+        state["fc1.weight"][0, 0] = float("nan")
+        return Message(RecordDict({"arrays": ArrayRecord(state),
+                                   "metrics": reply.content["metrics"]}), reply_to=msg)
+
+
+def test_a_node_that_sends_nan_weights_is_said_once_on_the_standard_path() -> None:
+    """Before: a standard client whose trained model held a NaN had its reply rejected by the
+    guard every round, seen only in the rounds' 'rejected' count (our ClientApp path warned).
+    Now the same warning, once, through the strategy's log; the guard still rejects it."""
+    lines: list[str] = []
+    result = _strategy("fedavg", log=lines.append).start(
+        _NanModel([{"partition-id": i, "groups": GROUPS} for i in range(N)],
+                  app=standard_app), 3)
+    assert [r.rejected for r in result.history.records] == [1, 1, 1]
+    assert [x for x in lines if "warning" in x] == [
+        "flower: warning: client 3 (node 103) sent non-finite values in its TrainReply; the "
+        "guard rejects such a reply (rounds' 'rejected' in history.jsonl), as a diverged "
+        "client's in-process; said once per client"]
+
+
 class _MoreThanRead(FakeGrid):
     """Node 102's replies also hold an `f1` metric and a ConfigRecord `echo`."""
 

@@ -91,6 +91,13 @@ class FlowerSession:
     timeout: float = 600.0
     infos: dict[int, dict[str, Any]] = field(default_factory=dict)
     backends: list[FlowerBackend] = field(default_factory=list)
+    warned: set[str] = field(default_factory=set)
+    """The warnings given (each once; a strategy's checkpoint keeps them)."""
+
+    def warn_once(self, key: str, line: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            print(f"clusterfl: warning: {line}", flush=True)
 
 
 _ACTIVE: list[FlowerSession] = []
@@ -183,7 +190,6 @@ class FlowerBackend(Relay):
         self._setup_json = json.dumps(session.setup, sort_keys=True)
         self._group = 0
         self.suspects: set[int] = set()
-        self.said_non_finite: set[int] = set()  # clients warned of (`_say_non_finite`)
         self.last_ids: list[str] = []
         """The message ids of the last `_exchange`, in the order of its messages."""
 
@@ -223,14 +229,15 @@ class FlowerBackend(Relay):
                     raise ClusterFLError(f"client {c}'s reply does not fit the "
                                          f"{request_name(request)}: {why}")
                 got[int(c)] = reply
-                self._say_non_finite(int(c), reply)
         return self._assemble(request, clients, got, reasons)
 
     def _say_non_finite(self, client: int, reply: Any) -> None:
         """One warning per client whose uploaded vector (model, gradient, K models) holds a
         NaN or an infinity: the guard rejects such a reply, which only the history's
-        `rejected` count would show."""
-        if client in self.said_non_finite:
+        `rejected` count would show. Said through the session (`warn_once`: a standard
+        strategy's goes to its `log`), for our ClientApps and standard ones alike."""
+        key = f"non-finite {client}"
+        if key in self.session.warned:
             return
         for part in parts_of(reply) or [reply]:
             try:
@@ -238,12 +245,11 @@ class FlowerBackend(Relay):
             except TypeError:  # a reply that uploads no vector (losses, metrics)
                 continue
             if not bool(torch.isfinite(rows).all()):
-                self.said_non_finite.add(client)
-                print(f"clusterfl: warning: client {client} (node "
-                      f"{self.session.node_of_client.get(client)}) sent non-finite values in "
-                      f"its {type(part).__name__}; the guard rejects such a reply (rounds' "
-                      "'rejected' in history.jsonl), as a diverged client's in-process; said "
-                      "once per client", flush=True)
+                self.session.warn_once(key, (
+                    f"client {client} (node {self.session.node_of_client.get(client)}) sent "
+                    f"non-finite values in its {type(part).__name__}; the guard rejects such "
+                    "a reply (rounds' 'rejected' in history.jsonl), as a diverged client's "
+                    "in-process; said once per client"))
                 return
 
     def _send(self, items: list[tuple[int, str, Any]], asked: Any = None
@@ -324,6 +330,8 @@ class FlowerBackend(Relay):
 
     def _assemble(self, request: Asks[RE], clients: np.ndarray, got: dict[int, Any],
                   reasons: dict[int, str]) -> RE:
+        for c, reply in got.items():  # every reply that is used, whichever client sent it
+            self._say_non_finite(int(c), reply)
         if reasons:
             self.dropouts.append({
                 "request": request_name(request), "message_group": self._group,

@@ -108,8 +108,6 @@ class StandardSession(FlowerSession):
     """Which clients' `train_sizes` are known (given or learned)."""
     log: Callable[[str], None] = print
     """Where the warnings about the clients' replies go (the strategy's `log`)."""
-    warned: set[str] = field(default_factory=set)
-    """The warnings given (each once)."""
 
     def warn_once(self, key: str, line: str) -> None:
         if key not in self.warned:
