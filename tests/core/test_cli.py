@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from clusterfl.cli import DEMO_METHODS, main
 from clusterfl.config import dump_toml
+from clusterfl.errors import ConfigError
 from tests.tiny import tiny_config
 
 #: what building the parser must not import (each costs a second or more of CPU)
@@ -353,3 +355,126 @@ def test_an_unknown_option_names_the_command_and_its_nearest_option(tmp_path: Pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {said}")
     assert list(tmp_path.iterdir()) == [config]
+
+
+# --------------------------------------------------------------------------- docs drift
+
+REPO = Path(__file__).resolve().parents[2]
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def _doc_commands() -> list[tuple[str, list[str]]]:
+    """Every `clusterfl ...` command line the README and docs/ show, in backticks or in a
+    code block, as (page, its words up to a comment, a pipe or the end of the span)."""
+    found = []
+    for page in DOC_PAGES:
+        text = page.read_text(encoding="utf-8")
+        spans = [line for _, body in FENCE.findall(text) for line in body.splitlines()]
+        spans += re.findall(r"`([^`\n]+)`", FENCE.sub("", text))
+        for span in spans:
+            for m in re.finditer(r"(?:^|[\s(\"$])clusterfl((?: +[^\s#|;)\"`]+)+)", span):
+                found.append((page.name, m.group(1).split()))
+    return found
+
+
+def _parsers(parser) -> dict[str, object]:
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_every_command_and_option_the_docs_show_exists():
+    """A subcommand or an option renamed in the code and not in the README or docs/ (or
+    written wrongly there) fails here: each `clusterfl SUB [ACTION] --flag` shown must parse
+    to an existing subcommand and option."""
+    from clusterfl.cli import build_parser
+
+    top = build_parser()
+    commands = _doc_commands()
+    seen, bad = set(), []
+    for page, words in commands:
+        while words and words[0].startswith("-"):  # `clusterfl --data-dir DIR run ...`
+            words = words[2:] if words[0] == "--data-dir" else words[1:]
+        if not words or not re.fullmatch(r"[a-z][a-z-]*", words[0]):
+            continue  # `clusterfl <command>`, `clusterfl: error: ...`
+        sub = _parsers(top).get(words[0])
+        if sub is None:
+            bad.append(f"{page}: no subcommand {words[0]!r} ({' '.join(words)})")
+            continue
+        action = _parsers(sub).get(words[1]) if len(words) > 1 else None
+        name = " ".join(words[:2] if action else words[:1])
+        seen.add(name)
+        options = {o for p in (top, action or sub) for a in p._actions for o in a.option_strings}
+        for word in words[1:]:
+            flag = re.match(r"\[?(--[a-z][a-z0-9-]*)", word)
+            if flag and flag.group(1) not in options:
+                bad.append(f"{page}: `clusterfl {name}` has no option {flag.group(1)}")
+    assert not bad, "\n".join(bad)
+    assert len(commands) >= 100
+    # every subcommand of the command line is shown somewhere (cfl-place: a former name)
+    assert set(_parsers(top)) - {"cfl-place"} <= {s.split()[0] for s in seen}
+
+
+def _anchors(page: Path) -> set[str]:
+    heads = re.findall(r"^#+ +(.+)$", FENCE.sub("", page.read_text(encoding="utf-8")), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_the_links_of_the_readme_docs_and_results_point_at_what_exists():
+    """Markdown links between the README, docs/ and the benchmarks' result pages name files
+    (and headings) that exist; `benchmarks/RESULTS_quick.md` linked its figures under
+    `bq3_figures/`, the folder of the results file it was first written as."""
+    pages = [*DOC_PAGES, *sorted((REPO / "benchmarks").glob("*.md"))]
+    links, bad = 0, []
+    for page in pages:
+        text = FENCE.sub("", page.read_text(encoding="utf-8"))
+        for target in re.findall(r"\]\(<?([^)\s>]+)>?\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            links += 1
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path) if path else page
+            if not file.exists():
+                bad.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+                bad.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+        for named in re.findall(r"`(docs/\w+\.md)`", text):  # `docs/placement.md` in prose
+            links += 1
+            if not (REPO / named).is_file():
+                bad.append(f"{page.relative_to(REPO)}: {named} (no such file)")
+    assert not bad, "\n".join(bad)
+    assert links >= 60
+
+
+def test_every_config_the_readme_and_docs_show_loads():
+    """Each TOML block of the README and docs/ (docs/extending.md's run in their own test)
+    loads as what it is: a run config, every field validated, or a sweep file; the only
+    other kind is Flower's own `~/.flwr/config.toml` (a `[superlink]` table)."""
+    from clusterfl.config import load_config
+    from clusterfl.sweep import load_sweep
+
+    loaded = {"run": 0, "sweep": 0}
+    for page in DOC_PAGES:
+        if page.name == "extending.md":
+            continue
+        for lang, body in FENCE.findall(page.read_text(encoding="utf-8")):
+            if lang != "toml":
+                continue
+            raw = tomllib.loads(body)
+            if "superlink" in raw:
+                continue
+            try:
+                if "sweep" in raw:
+                    file = Path(tempfile.mkdtemp()) / "sweep.toml"
+                    file.write_text(body, encoding="utf-8")
+                    load_sweep(file)
+                    loaded["sweep"] += 1
+                else:
+                    load_config(raw)
+                    loaded["run"] += 1
+            except ConfigError as exc:
+                raise AssertionError(f"{page.name}: {exc}\n{body[:300]}") from None
+    assert loaded["run"] >= 12 and loaded["sweep"] >= 1
