@@ -648,7 +648,11 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["CLUSTERFL_DATA"] = folder
     previous = _stop_on_sigterm()
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone (`| head -1`) is met here, not in Python's exit
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except ClusterFLError as exc:
         print(f"clusterfl: error: {exc}", file=sys.stderr)
         return 2
@@ -668,6 +672,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`clusterfl config show | head -1`): say nothing (it
+    printed `clusterfl: error: Broken pipe:`), point stdout at the null device so that
+    Python's last flush does not fail again, and exit 1, as the commands that print through
+    rich's console do there (rich's `Console.on_broken_pipe`)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return 1
 
 
 def out_of_memory(exc: BaseException) -> str | None:

@@ -270,6 +270,24 @@ def test_readme_python_snippet_runs_from_any_folder(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "python-ifca" / "summary.json").is_file()
 
 
+@pytest.mark.parametrize(("argv", "status"), [(["config", "show"], 1), (["run", "--help"], 0)])
+def test_a_reader_that_went_away_ends_the_command_without_an_error_line(tmp_path, argv,
+                                                                        status):
+    """`clusterfl config show | head -1`: the pipe's reader is gone before the command
+    writes. It printed `clusterfl: error: Broken pipe:` and exited 2; now nothing is said
+    and the status is 1, as for the commands that print through rich (which handles it
+    so), and --help's 0 is kept."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+           "CLUSTERFL_DATA": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "clusterfl.cli", *argv], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the only read end: the command's first write meets no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == status
+    assert err == ""
+
+
 def test_sigterm_handler_is_installed_over_the_default_only_and_fires_once(monkeypatch):
     """The first SIGTERM unwinds the command (`Terminated`, a KeyboardInterrupt); the handler
     then gives SIGTERM back to the default, so a second one ends the process at once while
