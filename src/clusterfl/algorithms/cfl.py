@@ -280,8 +280,7 @@ class CFL(Algorithm[CFLConfig, CFLState]):
         test ever to pass (`AutoRuleConfig.hopeless`): the run would be FedAvg, unsaid."""
         cfg, k = self.config, self.config.per_round_count(n_clients)
         sampled = k < n_clients
-        hopeless = cfg.auto.hopeless(k, sampled) if cfg.split_rule == "auto" and k > 2 \
-            else None
+        hopeless = cfg.auto.hopeless(k, sampled) if cfg.split_rule == "auto" and k > 2 else None
         if hopeless is None:
             return []
         floor, level = hopeless
