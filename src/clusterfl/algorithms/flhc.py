@@ -91,6 +91,7 @@ from clusterfl.algorithms.oneshot import (
     cut_clients,
     ignored_cut_options,
     lowered_cut,
+    max_clusters_field,
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
@@ -148,8 +149,8 @@ class FLHCConfig(SampledConfig):
     threshold: Threshold = Field(None, gt=0.0, description="merge while the linkage "
                                  "distance ≤ threshold (the paper's rule; \"none\": no threshold)")
     n_clusters: int | None = Field(None, ge=1, description="cut into C clusters instead")
-    max_clusters: int | None = Field(None, ge=1, description="bound on the automatic C "
-                                     "(threshold and n_clusters unset)")
+    max_clusters: int | None = max_clusters_field(
+        "bound on the automatic C (threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
     significance: float = Field(0.002, ge=0.0, lt=1.0, description=SIGNIFICANCE_HELP)

@@ -120,6 +120,7 @@ from clusterfl.algorithms.oneshot import (
     cut_clients,
     dump_cut,
     lowered_cut,
+    max_clusters_field,
     min_silhouette_field,
     own_clusters,
 )
@@ -140,6 +141,7 @@ from clusterfl.clustering.relatedness import (
     umap_embed_new,
 )
 from clusterfl.config_util import MAX_SEED, changed_fields
+from clusterfl.errors import ConfigError
 from clusterfl.protocol import (
     EmbedReply,
     EmbedRequest,
@@ -175,8 +177,7 @@ class _OneShotConfig(SampledConfig):
         "relatedness", description="Alg. 3 case I (relatedness matrix) or case II (clusters)")
     n_clusters: int | None = Field(
         None, ge=1, description="C for hierarchical clustering (None: chosen automatically)")
-    max_clusters: int | None = Field(
-        None, ge=1, description="upper bound on the automatic C")
+    max_clusters: int | None = max_clusters_field("upper bound on the automatic C")
     auto_clusters: Literal["silhouette", "gap", "components"] = Field(
         "silhouette", description="automatic C: the cut of highest mean silhouette (one "
         "cluster below min_silhouette), the largest gap of Ward's merge heights, or the "
@@ -391,6 +392,10 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             encoders.check(cfg.encoder, tuple(input_shape), cfg.latent, cfg.pretrain_epochs,
                            cfg.encoder_seed, cfg.encoder_dir, self.pretraining_data_dir(),
                            verify=self.data_verify)
+        d = int(np.prod(input_shape))
+        if isinstance(cfg, PCAKMHCConfig) and cfg.pca_components > d:  # PCA keeps at most e
+            raise ConfigError("algorithm.pca_components", f"{cfg.pca_components} PCA "
+                              f"components exceed the input size e = {d}; allowed: 1..{d}")
         return []
 
     def setup(self, ctx: Context) -> None:

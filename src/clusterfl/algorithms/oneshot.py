@@ -79,6 +79,13 @@ def ignored_cut_options(config: Any, names: tuple[str, ...]) -> list[str]:
             "cut only)" for o in changed_fields(config, *names)]
 
 
+def max_clusters_field(description: str) -> Any:
+    """The `max_clusters` bound on the automatic C: at least 2, since a bound of 1 would put
+    every client into one cluster whatever the cut finds (`n_clusters = 1` says that)."""
+    return Field(None, ge=2, description=f"{description}; at least 2 (n_clusters = 1 for one "
+                 "cluster)")
+
+
 def min_silhouette_field() -> Any:
     """The `min_silhouette` setting (`MIN_SILHOUETTE`, Kaufman & Rousseeuw's bound)."""
     return Field(MIN_SILHOUETTE, ge=-1.0, le=1.0, description="mean silhouette a cut needs "

@@ -81,6 +81,7 @@ from clusterfl.algorithms.oneshot import (
     dump_cut,
     ignored_cut_options,
     lowered_cut,
+    max_clusters_field,
     min_silhouette_field,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
@@ -122,8 +123,8 @@ class PACFLConfig(SampledConfig):
         None, gt=0.0, description="β in degrees: merge while the linkage distance ≤ β (the "
         "authors' code: 3.5; default none: the automatic cut, auto_cut)")
     n_clusters: int | None = Field(None, ge=1, description="cut into C clusters instead of β")
-    max_clusters: int | None = Field(None, ge=1, description="bound on the automatic C "
-                                     "(threshold and n_clusters unset)")
+    max_clusters: int | None = max_clusters_field(
+        "bound on the automatic C (threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
 
