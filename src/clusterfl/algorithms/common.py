@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from clusterfl.config_util import Settings
+from clusterfl.config_util import Settings, changed_fields
 from clusterfl.engine.allocator import lazy_rows
 from clusterfl.errors import ConfigError
 from clusterfl.protocol import Predictor
@@ -198,6 +198,17 @@ def too_few_per_round(config: SampledConfig, n_clients: int, need: int,
     return [f"{setting}: {words} of its clients answer in the same round, and the federation "
             f"has {n_clients}: the run will never split (it is FedAvg); allowed: {allowed}"
             ] if setting and 2 < n_clients < need else []
+
+
+def one_cluster_ignores(config: AlgorithmConfig, names: tuple[str, ...], k: str = "n_clusters",
+                        what: str = "one cluster model, which every client joins") -> list[str]:
+    """The options among `names` that `config` sets away from their defaults while its
+    `k` is 1 (`what` there is), where they choose between clusters that are not there: one
+    line each for `ignored_settings` (the run goes on, as FedAvg under the method's name)."""
+    if getattr(config, k) != 1:
+        return []
+    return [f"algorithm.{o} = {getattr(config, o)!r} does nothing: algorithm.{k} = 1 ({what})"
+            for o in changed_fields(config, *names)]
 
 
 def check_k_fits(k: int, n_clients: int, field: str = "algorithm.n_clusters",

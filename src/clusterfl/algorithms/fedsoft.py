@@ -73,7 +73,13 @@ import torch
 from pydantic import Field
 
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
-from clusterfl.algorithms.common import ClientModels, Placement, SampledConfig, check_k_fits
+from clusterfl.algorithms.common import (
+    ClientModels,
+    Placement,
+    SampledConfig,
+    check_k_fits,
+    one_cluster_ignores,
+)
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.engine.transfer import STAYS
 from clusterfl.protocol import (
@@ -102,14 +108,18 @@ class FedSoftConfig(SampledConfig):
         None, ge=1, description="clients selected per cluster with probabilities v_s (the "
         "paper's selection); None: every sampled client trains, cluster models are the "
         "v-weighted means")
-    sigma: float = Field(1e-4, ge=0.0, description="σ, the importance weight of a cluster no "
-                         "sample chose")
+    sigma: float = Field(1e-4, ge=0.0, le=1.0, description="σ, the importance weight of a "
+                         "cluster no sample chose (at most 1, the weight of one all chose)")
     predict_with: Literal["personal", "cluster"] = Field(
         "personal", description="each client predicts with its personalised model (paper) "
         "or with the cluster model of its largest importance weight")
     estimate_among: Literal["all", "sampled"] = Field(
         "all", description="the clients an estimation round asks for their least-loss "
         "counts: all of them (the authors' code) or only the round's sample")
+
+    def ignored_settings(self) -> list[str]:
+        """With S = 1 every sample chooses the one cluster: σ is never given."""
+        return one_cluster_ignores(self, ("sigma",))
 
 
 @dataclass(kw_only=True)

@@ -95,6 +95,7 @@ from clusterfl.algorithms.common import (
     answered,
     check_k_fits,
     check_warmup_leaves_rounds,
+    one_cluster_ignores,
 )
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
@@ -143,6 +144,11 @@ class FeSEMConfig(SampledConfig):
     empty_centers: Literal["reseed", "keep"] = Field(
         "reseed", description="a center left without members: restart it from the round's "
         "client farthest from its center, or keep its parameters")
+
+    def ignored_settings(self) -> list[str]:
+        """With K = 1 k-means has one center, every client's, never empty: settled at once."""
+        return one_cluster_ignores(self, ("kmeans_iters", "kmeans_restarts", "empty_centers"),
+                                   what="one center, which every client joins")
 
 
 @dataclass(kw_only=True)

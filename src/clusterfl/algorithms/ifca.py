@@ -75,6 +75,7 @@ from clusterfl.algorithms.common import (
     answered,
     check_k_fits,
     check_warmup_leaves_rounds,
+    one_cluster_ignores,
 )
 from clusterfl.clustering.aggregate import (
     average_members,
@@ -127,6 +128,10 @@ class IFCAConfig(SampledConfig):
                 raise ValueError(f"{option} only applies to averaging = 'gradient' (option "
                                  "I); averaging = 'model' trains locally with [train]")
         return self
+
+    def ignored_settings(self) -> list[str]:
+        """With K = 1 the cluster estimate has one choice and every layer is shared anyway."""
+        return one_cluster_ignores(self, ("assign_by", "weight_sharing"))
 
 
 @dataclass(kw_only=True)
