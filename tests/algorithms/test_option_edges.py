@@ -82,3 +82,34 @@ def test_a_fedsoft_sigma_above_one_is_refused():
         load_config(tiny_config(algorithm={"name": "fedsoft", "sigma": 1.5}))
     assert err.value.field == "algorithm.sigma"
     assert "less than or equal to 1 (got 1.5)" in err.value.message
+
+
+@pytest.mark.parametrize("name", ["fesem", "fesem_cam"])
+def test_a_first_clustering_the_sample_can_never_reach_is_refused_before_the_run(name):
+    # 3 of 4 clients' models awaited, 1 a round for 2 rounds: FeSEM never clustered, unsaid
+    algorithm = {"name": name, "n_clusters": 2, "per_round": 1, "first_clustering": 0.75,
+                 "warmup_rounds": 0}
+    with pytest.raises(ConfigError) as err:
+        Experiment(load_config(tiny_config(rounds=2, algorithm=algorithm)))
+    assert err.value.field == "algorithm.first_clustering"
+    assert err.value.message == (
+        "0.75 waits for the models of 3 of the 4 clients before the first k-means, and 1 a "
+        "round (algorithm.per_round = 1) send at most 2 in 2 rounds: the run would never "
+        "cluster; allowed: at most 0.5, or more rounds, a larger sample or warmup_rounds")
+    # three rounds can bring three models; a warm-up clusters every client in its last round
+    Experiment(load_config(tiny_config(rounds=3, algorithm=algorithm)))
+    Experiment(load_config(tiny_config(rounds=2, algorithm={**algorithm, "warmup_rounds": 1})))
+
+
+def test_fesem_options_for_clients_not_yet_clustered_are_named_when_every_client_answers():
+    """Before: newcomer_start and first_clustering ran without a word with every client
+    every round, where all are clustered in round 1 (docs/cam.md: "both values give the
+    same run"); with a sample they act, and nothing is said."""
+    settings = {"name": "fesem", "n_clusters": 2, "newcomer_start": "start",
+                "first_clustering": 0.25}
+    said = Experiment(load_config(tiny_config(algorithm=settings))).method_warnings
+    assert [w.split(" does nothing here: ")[0] for w in said] == [
+        "algorithm.newcomer_start = 'start'", "algorithm.first_clustering = 0.25"]
+    assert "this run asks all 4 clients every round (algorithm.fraction = 1)" in said[0]
+    sampled = Experiment(load_config(tiny_config(algorithm={**settings, "fraction": 0.5})))
+    assert sampled.method_warnings == []

@@ -99,8 +99,10 @@ from clusterfl.algorithms.common import (
 )
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.clustering.kmeans import farthest_movable, kmeans, lloyd, weighted_centroids
+from clusterfl.config_util import changed_fields
 from clusterfl.engine.allocator import disk_room, disk_rows, disk_write, drop_resident
 from clusterfl.engine.transfer import STAYS
+from clusterfl.errors import ConfigError
 from clusterfl.models import ModelFactory
 from clusterfl.models.params import linear_layer_prefixes
 from clusterfl.protocol import (
@@ -149,6 +151,13 @@ class FeSEMConfig(SampledConfig):
         """With K = 1 k-means has one center, every client's, never empty: settled at once."""
         return one_cluster_ignores(self, ("kmeans_iters", "kmeans_restarts", "empty_centers"),
                                    what="one center, which every client joins")
+
+    def partial_round_settings(self) -> list[str]:
+        """Where a client not yet clustered starts, and how many models the first k-means
+        waits for: both act only while some client has sent no model (never, when every
+        client answers every round: all are clustered in the first round)."""
+        return [f"algorithm.{o} = {getattr(self, o)!r}"
+                for o in changed_fields(self, "newcomer_start", "first_clustering")]
 
 
 @dataclass(kw_only=True)
@@ -348,6 +357,15 @@ class FeSEM(Algorithm[FeSEMConfig, FeSEMState]):
         check_k_fits(self.config.n_clusters, n_clients)
         check_warmup_leaves_rounds(self.config.warmup_rounds, rounds, "local training only",
                                    clusters_in_last=True)
+        cfg = self.config  # without a warm-up the first k-means waits for `first_clustering`
+        k, need = cfg.per_round_count(n_clients), math.ceil(cfg.first_clustering * n_clients)
+        if rounds is not None and cfg.warmup_rounds == 0 and k * rounds < need:
+            raise ConfigError("algorithm.first_clustering", f"{cfg.first_clustering} waits for "
+                              f"the models of {need} of the {n_clients} clients before the "
+                              f"first k-means, and {k} a round ({cfg.sampling_setting()}) send "
+                              f"at most {k * rounds} in {rounds} rounds: the run would never "
+                              f"cluster; allowed: at most {k * rounds / n_clients:.4g}, or more "
+                              "rounds, a larger sample or warmup_rounds")
 
     def setup(self, ctx: Context) -> None:
         self.fits(ctx.n_clients, ctx.rounds)
