@@ -113,3 +113,27 @@ def test_fesem_options_for_clients_not_yet_clustered_are_named_when_every_client
     assert "this run asks all 4 clients every round (algorithm.fraction = 1)" in said[0]
     sampled = Experiment(load_config(tiny_config(algorithm={**settings, "fraction": 0.5})))
     assert sampled.method_warnings == []
+
+
+def test_a_cfl_gp_cluster_rounds_of_one_is_refused():
+    # T_cl = 1: clustering only in rounds t < 1, so never; the run went on without a word
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config(algorithm={"name": "cfl_gp", "n_clusters": 2,
+                                           "cluster_rounds": 1}))
+    assert err.value.field == "algorithm.cluster_rounds"
+    assert "greater than or equal to 2 (got 1)" in err.value.message
+
+
+@pytest.mark.parametrize(("settings", "lines"), [
+    ({"estimate_k": False, "k_max": 5, "k_significance": 0.05, "kmeans_n_init": 3},
+     ["algorithm.k_max = 5 does nothing: estimate_k = false (no estimate of the number of "
+      "clusters)", "algorithm.k_significance = 0.05 does nothing: estimate_k = false (no "
+      "estimate of the number of clusters)"]),
+    ({"k_criterion": "gap", "k_min_silhouette": 0.5, "k_max": 3},
+     ["algorithm.k_min_silhouette = 0.5 does nothing: k_criterion = 'gap' (no silhouette)"]),
+    ({"k_min_silhouette": 0.5, "k_max": 3}, []),  # the silhouette estimate reads both
+])
+def test_cfl_gp_options_of_the_estimate_it_does_not_make_are_named(settings, lines):
+    config = load_config(tiny_config(algorithm={"name": "cfl_gp", "n_clusters": 2,
+                                                **settings})).algorithm
+    assert config.ignored_settings() == lines

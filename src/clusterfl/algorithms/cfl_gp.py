@@ -205,8 +205,8 @@ class CFLGPConfig(SampledConfig):
         "experiments and code) or 'sum' (Algorithm 1 as written)")
     server_lr: float | None = Field(
         None, gt=0.0, description="γ of the gradient protocol (default: [train] lr)")
-    cluster_rounds: int | None = Field(
-        None, ge=1, description="T_cl: clustering only in rounds t < T_cl (default: no limit)")
+    cluster_rounds: int | None = Field(None, ge=2, description="T_cl: clustering only in "
+                                       "rounds t < T_cl, so at least 2 (default: no limit)")
     stable_rounds: int | None = Field(
         None, ge=0, description="stop clustering once the assignment is unchanged for this "
         "many rounds; default T/10 (the paper), 0 = never stop")
@@ -246,6 +246,16 @@ class CFLGPConfig(SampledConfig):
             raise ValueError("server_lr only applies to protocol = 'gradient' (Algorithm 4 "
                              "adds the mean model gap)")
         return self
+
+    def ignored_settings(self) -> list[str]:
+        """The Appendix-G estimate's options without it; `k_min_silhouette` under 'gap'."""
+        names: tuple[str, ...] = ("k_criterion", "k_max", "k_min_silhouette", "k_significance")
+        why = "estimate_k = false (no estimate of the number of clusters)"
+        if self.estimate_k:
+            names, why = ("k_min_silhouette",), "k_criterion = 'gap' (no silhouette)"
+        return [f"algorithm.{o} = {getattr(self, o)!r} does nothing: {why}"
+                for o in changed_fields(self, *names)
+                if not self.estimate_k or self.k_criterion == "gap"]
 
 
 def _layer_index(layout: ParamLayout, prefixes: list[str] | None, field: str) -> torch.Tensor:
