@@ -137,3 +137,19 @@ def test_cfl_gp_options_of_the_estimate_it_does_not_make_are_named(settings, lin
     config = load_config(tiny_config(algorithm={"name": "cfl_gp", "n_clusters": 2,
                                                 **settings})).algorithm
     assert config.ignored_settings() == lines
+
+
+@pytest.mark.parametrize(("name", "plain", "more"), [
+    ("fedprox", "fedavg", {}), ("fedprox_plus", "fedavg_plus", {"n_models": 2})])
+def test_fedprox_without_its_proximal_term_says_it_is_fedavg(name, plain, more, capsys):
+    """mu = 0 gives FedAvg's (FedAvg+'s) run to the last loss, under FedProx's name: said."""
+    def run(**algorithm):
+        exp = Experiment(load_config(tiny_config(algorithm={**more, **algorithm})))
+        return [(r.extras, r.metrics) for r in exp.run(progress=False).records]
+
+    assert run(name=name, mu=0.0) == run(name=plain)
+    line = (f"algorithm.mu = 0 turns off the proximal term: the run is {plain}'s under another "
+            f"name (use name = '{plain}')")
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err
+    assert load_config(tiny_config(algorithm={**more, "name": name, "mu": 0.1})) \
+        .algorithm.ignored_settings() == []

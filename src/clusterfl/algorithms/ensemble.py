@@ -33,6 +33,7 @@ from pydantic import Field
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig
+from clusterfl.algorithms.fedavg import proximal_off
 from clusterfl.clustering.aggregate import weighted_mean
 from clusterfl.protocol import Predictor, Steps, StepsReply, TrainReply, TrainRequest, mean_finite
 from clusterfl.records import RoundExtras
@@ -52,6 +53,9 @@ class FedProxPlusConfig(FedAvgPlusConfig):
     name: Literal["fedprox_plus"] = "fedprox_plus"  # type: ignore[assignment]  # narrows the literal
     display: ClassVar[str] = "FedProx+"
     mu: float = Field(0.01, ge=0.0, description="proximal weight μ")
+
+    def ignored_settings(self) -> list[str]:
+        return proximal_off(self.mu, "fedavg_plus")
 
 
 @dataclass(kw_only=True)

@@ -34,6 +34,15 @@ class FedProxConfig(FedAvgConfig):
     display: ClassVar[str] = "FedProx"
     mu: float = Field(0.01, ge=0.0, description="proximal weight")
 
+    def ignored_settings(self) -> list[str]:
+        return proximal_off(self.mu, "fedavg")
+
+
+def proximal_off(mu: float, plain: str) -> list[str]:
+    """FedProx (or FedProx+) with mu = 0: no proximal term, the run of `plain`, said."""
+    return [] if mu != 0 else [f"algorithm.mu = 0 turns off the proximal term: the run is "
+                               f"{plain}'s under another name (use name = {plain!r})"]
+
 
 @dataclass
 class FedAvgState:
