@@ -422,6 +422,10 @@ class Experiment:
             out.append(f"train.batch_size = {batch} is more than any client's training "
                        f"samples (at most {largest}): every local step takes all of a "
                        f"client's samples (full-batch steps, as batch_size = {largest})")
+        out += [f"algorithm.{name} = {value} is more than any client's training samples (at "
+                f"most {largest}): {does}"
+                for name, (value, does) in self.config.algorithm.sample_counts().items()
+                if value > largest]
         empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
         if empty:
             more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""

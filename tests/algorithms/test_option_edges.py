@@ -153,3 +153,20 @@ def test_fedprox_without_its_proximal_term_says_it_is_fedavg(name, plain, more, 
     assert f"clusterfl: warning: {line}" in capsys.readouterr().err
     assert load_config(tiny_config(algorithm={**more, "name": name, "mu": 0.1})) \
         .algorithm.ignored_settings() == []
+
+
+@pytest.mark.parametrize(("algorithm", "line"), [
+    ({"name": "ifca", "n_clusters": 2, "averaging": "gradient", "gradient_batch_size": 400},
+     "algorithm.gradient_batch_size = 400 is more than any client's training samples (at most "
+     "337): each gradient takes all of a client's samples (as gradient_batch_size unset)"),
+    ({"name": "pca_km_hc", "k": 400},
+     "algorithm.k = 400 is more than any client's training samples (at most 337): k-means "
+     "does nothing: each client's centroids are its own samples, repeated to k rows"),
+])
+def test_a_count_of_samples_above_every_client_s_is_said(algorithm, line, capsys):
+    # the 4 digits clients hold at most 337 training samples; the number held for none, unsaid
+    Experiment(load_config(tiny_config(algorithm=algorithm))).run(progress=False)
+    assert f"clusterfl: warning: {line}" in capsys.readouterr().err
+    key = "gradient_batch_size" if "gradient_batch_size" in algorithm else "k"
+    Experiment(load_config(tiny_config(algorithm={**algorithm, key: 337}))).run(progress=False)
+    assert "is more than any client's training samples" not in capsys.readouterr().err

@@ -51,6 +51,12 @@ class AlgorithmConfig(Settings):
         reads (the run goes on; `Experiment` warns on the console and in the report)."""
         return []
 
+    def sample_counts(self) -> dict[str, tuple[int, str]]:
+        """Options that count a client's training samples, set: name → (value, what a value
+        above every client's count does). `Experiment` warns when one is more than any
+        client holds (as it does for `train.batch_size`)."""
+        return {}
+
     def partial_round_settings(self) -> list[str]:
         """The options set away from their defaults that act only in a round in which some
         of the clients asked did not answer (`name = value`, e.g. CFL's

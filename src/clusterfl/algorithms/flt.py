@@ -196,6 +196,10 @@ class _OneShotConfig(SampledConfig):
                              "auto_clusters = 'gap'")
         return self
 
+    def sample_counts(self) -> dict[str, tuple[int, str]]:
+        return {"k": (self.k, "k-means does nothing: each client's centroids are its own "
+                      "samples, repeated to k rows")}
+
     def ignored_settings(self) -> list[str]:
         """The options of the automatic C that the rule in force never reads: all three
         beside `n_clusters`, `max_clusters` and `min_silhouette` under `auto_clusters =

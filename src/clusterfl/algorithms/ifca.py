@@ -129,6 +129,12 @@ class IFCAConfig(SampledConfig):
                                  "I); averaging = 'model' trains locally with [train]")
         return self
 
+    def sample_counts(self) -> dict[str, tuple[int, str]]:
+        if self.gradient_batch_size is None:
+            return {}
+        return {"gradient_batch_size": (self.gradient_batch_size, "each gradient takes all of "
+                                        "a client's samples (as gradient_batch_size unset)")}
+
     def ignored_settings(self) -> list[str]:
         """With K = 1 the cluster estimate has one choice and every layer is shared anyway."""
         return one_cluster_ignores(self, ("assign_by", "weight_sharing"))
