@@ -665,6 +665,33 @@ def test_the_held_out_section_says_what_privacy_did_for_the_placement(tmp_path: 
     assert f"Privacy of the placement: {note}." in section.split("\n## ", 1)[0]
 
 
+def test_the_run_report_says_what_faults_attacks_and_privacy_did(tmp_path: Path) -> None:
+    """Before: summary.json's `robust` (the dropouts, stragglers, adversaries, clipped
+    updates and the run's (ε, δ)) was in no section of report.md: a private run's report
+    never gave its ε, a run with dropouts only its participation."""
+    run = make_run(tmp_path / "dp", "ifca", "IFCA")
+    summary = json.loads((run / "summary.json").read_text())
+    privacy = {"clip": 0.5, "noise_multiplier": 1.0, "noise": "aggregate", "delta": 1e-05,
+               "releases": 3, "unsampled_releases": 0, "sampling_rate": 1.0,
+               "epsilon": 9.087861628831664, "accountant": "dp_accounting RDP"}
+    summary["robust"] = {"adversaries": [2, 7], "adversary_kind": "sign_flip", "rejected": 1,
+                         "dropped": 8, "straggled": 3, "clipped": 5, "privacy": privacy}
+    (run / "summary.json").write_text(json.dumps(summary))
+    text = write_run_report(run).read_text()
+    section = text.split("## Faults, attacks and privacy\n", 1)[1].split("\n## ", 1)[0]
+    assert "- adversarial clients (sign_flip): 2, ids 2, 7" in section
+    assert "8 dropped out, 3 straggled, 1 replies rejected by the guard" in section
+    assert ("clipped to S = 0.5 (5 above it), noise multiplier σ = 1 (aggregate); "
+            "(ε, δ) = (9.088, 1e-05) over 3 noised release(s) at sampling rate 1") in section
+    privacy.update(epsilon=None, noise_multiplier=0.0)  # clipping alone: no ε
+    summary["robust"]["adversaries"] = []
+    (run / "summary.json").write_text(json.dumps(summary))
+    section = write_run_report(run).read_text().split("## Faults, attacks", 1)[1]
+    assert "no noise (noise_multiplier 0), so no ε" in section and "adversarial" not in section
+    assert "## Faults" not in write_run_report(make_run(tmp_path / "plain", "ifca", "IFCA")
+                                              ).read_text()  # no `robust`: no section
+
+
 def test_the_cfl_and_cfl_gp_figures_tick_whole_rounds(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
     """A CFL run of 2 rounds had round ticks 1.0, 1.2, ..., 2.0 in cfl_norms.png,

@@ -224,6 +224,7 @@ def _write_run_report(run_dir: Path, summary: RunSummary) -> Path:
         _config_excerpt(load_config_text(run_dir)),
         "## Results\n\n" + summary_markdown([summary]),
         _holdout_section(summary.holdout),
+        _robust_section(summary.robust),
         _extras_section(summary.extras),
         "## Figures\n\n" + _figure_links(figures, run_dir),
     ]
@@ -373,6 +374,34 @@ def _numbering(holdout: dict[str, Any]) -> str:
     return (f" Client ids below are the whole federation's; the figures above number the "
             f"{len(trained)} trained clients 0..{len(trained) - 1} (federation clients "
             f"{shown}).")
+
+
+def _robust_section(robust: dict[str, Any] | None) -> str:
+    """What the run's faults, adversaries and `[privacy]` did (`summary.json`'s `robust`):
+    the guard's totals and the (ε, δ) of the training replies ('' without `robust`)."""
+    if not robust:
+        return ""
+    lines = ["## Faults, attacks and privacy\n"]
+    adversaries = robust.get("adversaries") or []
+    if adversaries:
+        lines.append(f"- adversarial clients ({robust.get('adversary_kind')}): "
+                     f"{len(adversaries)}, ids {', '.join(map(str, adversaries))}")
+    lines.append("- over the whole run (a client counted once per round): "
+                 f"{_integer(robust.get('dropped'))} dropped out, "
+                 f"{_integer(robust.get('straggled'))} straggled, "
+                 f"{_integer(robust.get('rejected'))} replies rejected by the guard")
+    privacy = robust.get("privacy")
+    if privacy:
+        eps = privacy.get("epsilon")
+        said = (f"(ε, δ) = ({eps:.4g}, {privacy.get('delta'):g}) over "
+                f"{_integer(privacy.get('releases'))} noised release(s) at sampling rate "
+                f"{_general(privacy.get('sampling_rate'))} ({privacy.get('accountant')})"
+                if eps is not None else "no noise (noise_multiplier 0), so no ε")
+        lines.append(f"- privacy: every update clipped to S = {_general(privacy.get('clip'))} "
+                     f"({_integer(robust.get('clipped'))} above it), noise multiplier σ = "
+                     f"{_general(privacy.get('noise_multiplier'))} ({privacy.get('noise')}); "
+                     f"{said}")
+    return "\n".join(lines) + "\n"
 
 
 def _extras_section(extras: dict[str, Any]) -> str:
