@@ -340,6 +340,7 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
         parts.append("## Runs that did not finish normally\n\n" + "\n".join(
             f"- `{r['path']}`: {r['status']}" + (f" — {r['error']}" if r["error"] else "")
             for r in bad) + "\n")
+    parts.append(_run_warnings(rows, out))
     parts.append(
         "## How to read the statistics\n\n"
         "- mean ± sample standard deviation over the seeds that finished; [95 % CI]: the "
@@ -356,6 +357,16 @@ def write_report(sweep: Sweep, runs: Sequence[Run], rows: Sequence[dict[str, Any
     path = out / "report.md"
     path.write_text("\n".join(p for p in parts if p), encoding="utf-8")
     return path
+
+
+def _run_warnings(rows: Sequence[dict[str, Any]], out: Path) -> str:
+    """The warnings each finished run gave (its `summary.json`'s `warnings`), one item per run
+    and warning ('' when none warned)."""
+    from clusterfl.records import read_summary
+
+    items = [f"- `{r['path']}`: {w}" for r in rows if r["status"] in ("done", "diverged")
+             for w in read_summary(out / r["path"]).warnings or []]
+    return ("## Warnings the runs gave\n\n" + "\n".join(items) + "\n") if items else ""
 
 
 def console_table(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> Any:

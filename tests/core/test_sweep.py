@@ -5,6 +5,7 @@ report, `compare --seeds`. The distributed runs (`--jobs 2`, a killed sweep, Ray
 from __future__ import annotations
 
 import csv
+import json
 import math
 import shutil
 import subprocess
@@ -277,7 +278,18 @@ def test_a_sweep_runs_tabulates_and_continues_only_what_is_missing(tmp_path: Pat
     # learning does happen: the larger step beats the smaller one for FedAvg on every seed
     acc = {(r["train.lr"], r["method"], r["seed"]): r["accuracy"] for r in rows}
     assert all(acc[(0.2, "FedAvg", s)] > acc[(0.05, "FedAvg", s)] for s in (0, 1))
+    # before: the runs' warnings (summary.json's `warnings`) were in no part of the report
+    summary_path = out / rows[0]["path"] / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["warnings"] = [*summary.get("warnings", []), "a warning of this run"]
+    summary_path.write_text(json.dumps(summary))
     report = write_report(sweep, runs, rows, out, "clusterfl sweep s.toml").read_text()
+    warned = report.split("## Warnings the runs gave\n\n", 1)[1].split("\n## ", 1)[0]
+    said = [f"- `{r['path']}`: {w}" for r in rows
+            for w in json.loads((out / r["path"] / "summary.json").read_text()).get(
+                "warnings", [])]
+    assert warned.strip().splitlines() == said
+    assert f"- `{rows[0]['path']}`: a warning of this run" in said
     assert "## What differs between cells" in report and "| `train.lr=0.05` | 0.05 |" in report
     assert "Paired comparisons" in report and "![train.lr = 0.2](figures/train.lr=0.2.png)" \
         in report
