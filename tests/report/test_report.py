@@ -357,6 +357,7 @@ def test_summary_markdown_formats_numbers() -> None:
                  fairness_var=12.345, ari=0.91234, n_clusters=4, floats_down=1.2e6,
                  floats_up=3.4e9, rejected=7, wall_time=12.34),
         _summary("fedavg", accuracy=0.5),
+        _summary("fast", accuracy=0.5, wall_time=0.0258),  # before: "0.0" s for a run of 26 ms
     ]
     text = summary_markdown(summaries)
     lines = text.strip().splitlines()
@@ -367,6 +368,7 @@ def test_summary_markdown_formats_numbers() -> None:
     assert cells == ["ifca(K=4)", "87.34", "90.00", "81.23", "12.35", "0.912", "4", "1.2M",
                      "3.4G", "7", "12.3"]
     assert re.fullmatch(r"\| fedavg \| 50\.00 (\| — ){9}\|", lines[3])
+    assert lines[4].endswith("| 0.026 |")
 
 
 def test_mse_column_only_with_regression() -> None:

@@ -66,6 +66,14 @@ def _fixed(digits: int) -> Callable[[Any], str]:
     return lambda value: MISSING if value is None else f"{float(value):.{digits}f}"
 
 
+def _seconds(value: Any) -> str:
+    """A duration: one decimal from 0.1 s on, two significant digits below (0.0258 ->
+    "0.026", not "0.0")."""
+    if value is None:
+        return MISSING
+    return f"{float(value):.1f}" if abs(float(value)) >= 0.1 else f"{float(value):.2g}"
+
+
 def _integer(value: Any) -> str:
     return MISSING if value is None else str(int(value))
 
@@ -110,7 +118,7 @@ COLUMNS: list[Column] = [
     Column("floats ↑", lambda s: s.final.floats_up, _human),
     Column("rejected", lambda s: s.final.rejected, _integer),
     PARTICIPATION_COLUMN,
-    Column("wall time (s)", lambda s: s.final.wall_time, _fixed(1)),
+    Column("wall time (s)", lambda s: s.final.wall_time, _seconds),
 ]
 """`rejected`: client replies the guard's validation rejected over the whole run;
 `participation`: the mean share of the clients that took part in a round."""
