@@ -148,7 +148,8 @@ def make_run(
         "final": final,
         "client_accuracy": last["client_accuracy"],
         "assignment": last["assignment"],
-        "extras": {"cfl_gap": 0.42, "singular_values": [3.0, 1.0], "train_loss": None},
+        "extras": {"cfl_gap": 0.42, "singular_values": [3.0, 1.0], "train_loss": None,
+                   "split": False, "n_found": 3},
     }
     (run_dir / "summary.json").write_text(json.dumps(summary))
     (run_dir / "config.toml").write_text(f'algorithm = "{kind}"\n[scenario]\nn_clients = 12\n')
@@ -475,6 +476,7 @@ def test_write_run_report(runs: list[Path]) -> None:
     assert f"| {100 * summary.final.metrics.accuracy:.2f} |" in text
     assert "| cfl_gap | 0.42 |" in text and "singular_values" not in text
     assert "| train_loss | — |" in text  # null (a diverged run's loss): shown, not dropped
+    assert "| split | false |" in text and "| n_found | 3 |" in text  # before: "False"
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert len(links) == 5 and all((runs[2] / link).is_file() for link in links)
 

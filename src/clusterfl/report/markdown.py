@@ -414,15 +414,23 @@ def _robust_section(robust: dict[str, Any] | None) -> str:
 
 def _extras_section(extras: dict[str, Any]) -> str:
     """Scalar algorithm-specific values of the summary (lists are left to the figures); a
-    null one (none this round, or not finite: a diverged run's loss) reads "—"."""
+    null one (none this round, or not finite: a diverged run's loss) reads "—", a bool
+    "true"/"false"."""
     scalars = {k: v for k, v in extras.items()
                if v is None or isinstance(v, int | float | str | bool)}
     if not scalars:
         return ""
-    rows = [f"| {k} | {_general(v) if v is None or isinstance(v, float) else v} |"
-            for k, v in scalars.items()]
+    rows = [f"| {k} | {_extra_value(v)} |" for k, v in scalars.items()]
     return ("## Algorithm specifics (the last round's)\n\n| key | value |\n|:---|---:|\n"
             + "\n".join(rows) + "\n")
+
+
+def _extra_value(value: Any) -> str:
+    """An extras cell: a float in 4 significant digits, null "—", a bool as TOML/JSON writes it
+    ("false", as the runs' options read; not Python's "False")."""
+    if isinstance(value, bool):
+        return json.dumps(value)
+    return _general(value) if value is None or isinstance(value, float) else str(value)
 
 
 def _figure_links(figures: Sequence[Path], base: Path) -> str:
