@@ -239,7 +239,9 @@ def config_difference(text: str, cfg: Config) -> tuple[bool, dict[str, Any]]:
 def stored_difference(target: Path, cfg: Config) -> tuple[bool, dict[str, Any]]:
     """`config_difference` of the `config.toml` in `target` (no difference without one)."""
     stored = target / "config.toml"
-    return config_difference(stored.read_text(), cfg) if stored.is_file() else (False, {})
+    if not stored.is_file():
+        return False, {}
+    return config_difference(stored.read_text(encoding="utf-8"), cfg)
 
 
 def stale_config(target: Path, cfg: Config) -> bool:

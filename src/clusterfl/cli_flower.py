@@ -238,7 +238,7 @@ def check_superlink(name: str) -> None:
 
     path = Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr") / "config.toml"
     try:
-        known = tomllib.loads(path.read_text())["superlink"]
+        known = tomllib.loads(path.read_text(encoding="utf-8"))["superlink"]
     except (OSError, ValueError, KeyError):
         return  # no readable file: flwr makes its default one, or says what is wrong
     names = sorted(k for k, v in known.items() if isinstance(v, dict))
@@ -454,7 +454,7 @@ def _say_exited(supernodes: list[Process], said: set[int]) -> None:
 def _say_dropouts(out_dir: Path) -> None:
     """A warning when clients were dropped from requests (from the run's flower.json)."""
     try:
-        dropouts = json.loads((out_dir / "flower.json").read_text())["dropouts"]
+        dropouts = json.loads((out_dir / "flower.json").read_text(encoding="utf-8"))["dropouts"]
     except (OSError, ValueError, KeyError):
         return
     if dropouts:

@@ -33,7 +33,7 @@ SECRET_OPTIONS = ("--token",)
 def holder(path: Path) -> str:
     """Who holds the lock at `path`, as its file says ("process 123 (clusterfl run ...)")."""
     try:
-        pid, _, command = path.read_text(encoding="utf-8").strip().partition(" ")
+        pid, _, command = path.read_text(encoding="utf-8", errors="replace").strip().partition(" ")
     except OSError:
         pid, command = "", ""
     who = f"process {pid}" if pid.isdigit() else "another process"
@@ -68,7 +68,7 @@ class FileLock:
                 break
             os.close(fd)
         os.ftruncate(fd, 0)  # a stale lock (its process dead) is taken over here
-        os.write(fd, f"{os.getpid()} {command_line()}\n".encode())
+        os.write(fd, f"{os.getpid()} {command_line()}\n".encode(errors="surrogateescape"))
         self._fd = fd
         return None
 

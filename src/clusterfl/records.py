@@ -458,7 +458,7 @@ def _require_file(run_dir: str | Path, name: str) -> Path:
 def _last_round(history: Path) -> str:
     """The last round a history file records ('none' when it holds no round yet)."""
     last = "none"
-    for line in history.read_text(errors="replace").splitlines():
+    for line in history.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             last = str(json.loads(line)["round"])
         except (ValueError, KeyError, TypeError):

@@ -345,7 +345,7 @@ class RunDir:
             raise write_error(exc, config, "the run's config", self.kept()) from None
         history = self.path / HISTORY_FILE
         try:
-            with open(history, "w") as fh:
+            with open(history, "w", encoding="utf-8") as fh:
                 fh.writelines(json.dumps(r.to_json_dict()) + "\n" for r in records)
         except OSError as exc:
             raise write_error(exc, history, f"rounds 1 to {len(records)}", self.kept()) \
@@ -391,7 +391,7 @@ def write_whole(path: Path, data: str | bytes) -> None:
         if isinstance(data, bytes):
             tmp.write_bytes(data)
         else:
-            tmp.write_text(data)
+            tmp.write_text(data, encoding="utf-8", errors="surrogateescape")
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)

@@ -237,7 +237,7 @@ def _write_run_report(run_dir: Path, summary: RunSummary) -> Path:
         "## Figures\n\n" + _figure_links(figures, run_dir),
     ]
     path = run_dir / REPORT_FILE
-    write_whole(path, "\n".join(p for p in parts if p).encode())
+    write_whole(path, "\n".join(p for p in parts if p))
     return path
 
 
@@ -545,7 +545,7 @@ def _write_comparison(run_dirs: Sequence[str | Path], out_dir: Path,
         "## Runs\n\n" + _run_links(run_dirs, summaries, out_dir, runs_root),
     ]
     path = out_dir / REPORT_FILE
-    write_whole(path, "\n".join(p for p in parts if p).encode())
+    write_whole(path, "\n".join(p for p in parts if p))
     return path
 
 

@@ -93,8 +93,9 @@ def _thresholds(run_dir: Path) -> dict[str, float]:
     unreadable); the auto rule's options are read from `[algorithm.auto]`, or flat in
     `[algorithm]` as runs wrote them before it."""
     try:
-        algo = tomllib.loads((run_dir / "config.toml").read_text()).get("algorithm", {})
-    except (OSError, tomllib.TOMLDecodeError):
+        text = (run_dir / "config.toml").read_text(encoding="utf-8")
+        algo = tomllib.loads(text).get("algorithm", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return {}
     if algo.get("split_rule", "epsilon" if {"eps1", "eps2"} & set(algo) else "auto") != "epsilon":
         auto = {**algo, **algo.get("auto", {})}
