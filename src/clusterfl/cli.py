@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clusterfl.cli_util import DIVERGED_EXIT, Terminated, console, stop_status
+from clusterfl.cli_util import (
+    DIVERGED_EXIT,
+    Parser,
+    Terminated,
+    console,
+    encodable_streams,
+    stop_status,
+)
 from clusterfl.config_util import MAX_SEED
 from clusterfl.errors import ClusterFLError, ConfigError, DataError
 
@@ -505,7 +512,7 @@ def fail_on_divergence(q: argparse.ArgumentParser, default: bool = False) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="clusterfl", description="Clustered federated learning: run, compare, report."
     )
     p.add_argument("--data-dir", dest="global_data_dir", metavar="DATA_DIR",
@@ -628,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    encodable_streams()  # before --help: its text holds × and ±
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own line, not the top-level usage

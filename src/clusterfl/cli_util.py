@@ -4,7 +4,10 @@ imports the other's module)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -32,3 +35,57 @@ class Terminated(KeyboardInterrupt):
     that it stops as after Ctrl-C: the run keeps its checkpoint and frees its folder, and
     the processes it started (Flower's SuperLink and SuperNodes, sweep workers) are stopped
     instead of left running."""
+
+
+def encodable_streams() -> None:
+    """Let stdout and stderr print any text: a character their encoding lacks (`×`, `ε`
+    under PYTHONIOENCODING=ascii or a Latin-1 locale) is written as its `\\xd7` escape, a
+    file name's undecodable bytes (a non-UTF-8 locale's surrogates) as those bytes, instead
+    of a UnicodeEncodeError's traceback."""
+    import codecs
+
+    try:
+        codecs.lookup_error(ESCAPE)
+    except LookupError:
+        codecs.register_error(ESCAPE, _escape)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and stream.errors in (
+                "strict", "surrogateescape", "backslashreplace"):
+            stream.reconfigure(errors=ESCAPE)
+
+
+ESCAPE = "clusterfl.escape"
+"""The codec error handler of `encodable_streams`."""
+
+
+def _escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    import codecs
+
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start:exc.end]
+    if all(0xDC80 <= ord(c) <= 0xDCFF for c in bad):  # bytes decoded with surrogateescape
+        return bytes(ord(c) - 0xDC00 for c in bad), exc.end
+    return codecs.backslashreplace_errors(exc)
+
+
+class Parser(argparse.ArgumentParser):
+    """clusterfl's argument parser (its subcommands' too): long options only in full (an
+    abbreviation that works today, `--over` for `--overwrite`, would change meaning or fail
+    once an option is added: `main` names the option meant instead), and a command name
+    given wrong gets the nearest one (`compar` → `did you mean 'compare'?`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+
+        wrong = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if wrong:
+            choices = re.findall(r"'([^']*)'", wrong.group(2))
+            near = difflib.get_close_matches(wrong.group(1), choices, n=1, cutoff=0.6)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
+        super().error(message)

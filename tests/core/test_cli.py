@@ -26,6 +26,7 @@ HELP_SECONDS = 2.5
 SAFE_NAME = re.compile(r"[A-Za-z0-9_=.-]+")
 
 TINY = tiny_config()
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, **changes: object) -> str:
@@ -362,6 +363,10 @@ def test_bench_with_an_empty_name_list_is_refused_not_the_whole_suite(tmp_path: 
      "(`clusterfl flower export-partitions --help` lists its options)"),
     (["sweep", "CONFIG", "--jbos=2"],
      "unrecognized arguments for `clusterfl sweep`: --jbos=2; did you mean --jobs?"),
+    (["run", "CONFIG", "--out", "OUT", "--over"],  # a prefix was taken for the option
+     "unrecognized arguments for `clusterfl run`: --over; did you mean --overwrite?"),
+    (["compare", "CONFIG", "--algorithms", "fedavg", "--out", "OUT", "--seed", "0"],
+     "unrecognized arguments for `clusterfl compare`: --seed 0; did you mean --seeds?"),
 ])
 def test_an_unknown_option_names_the_command_and_its_nearest_option(tmp_path: Path, capsys,
                                                                     argv, said):
@@ -369,15 +374,68 @@ def test_an_unknown_option_names_the_command_and_its_nearest_option(tmp_path: Pa
     arguments", whichever command was given."""
     config = tmp_path / "c.toml"
     config.write_text(dump_toml(tiny_config()))
-    assert main([str(config) if a == "CONFIG" else a for a in argv]) == 2
+    given = {"CONFIG": str(config), "OUT": str(tmp_path / "out")}
+    assert main([given.get(a, a) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {said}")
     assert list(tmp_path.iterdir()) == [config]
 
 
-# --------------------------------------------------------------------------- docs drift
+@pytest.mark.parametrize(("argv", "near"), [
+    (["compar"], "argument command: invalid choice: 'compar' (choose from 'run', 'compare', "),
+    (["flower", "rn"], "invalid choice: 'rn' (choose from 'run', "),
+])
+def test_a_command_name_given_wrong_gets_the_nearest_one(capsys, argv, near) -> None:
+    """argparse listed the commands without a word on the one meant."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert near in last
+    assert last.endswith(f"; did you mean {'compare' if argv == ['compar'] else 'run'!r}?")
 
-REPO = Path(__file__).resolve().parents[2]
+
+def test_an_ascii_only_output_gets_escapes_not_a_traceback(tmp_path: Path) -> None:
+    """PYTHONIOENCODING=ascii (or a Latin-1 terminal): `--help` (its ×, ±) and `config show`
+    of a config holding ε× ended in a UnicodeEncodeError's traceback, status 1; now the
+    characters the stream cannot hold are written as escapes."""
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml({**TINY, "data": {"source": "digits", "data_dir": "/d/ε×"}}),
+                      encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PYTHONIOENCODING": "ascii"}
+    for argv, shown in ((["--help"], "\\xd7"), (["compare", "--help"], "\\xb1"),
+                        (["config", "show", str(config)], 'data_dir = "/d/\\u03b5\\xd7"')):
+        r = subprocess.run([sys.executable, "-m", "clusterfl.cli", *argv], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert (r.returncode, r.stderr) == (0, ""), argv
+        assert shown in r.stdout
+
+
+def test_a_non_utf8_locale_runs_with_non_ascii_paths_and_values(tmp_path: Path) -> None:
+    """Under an ASCII locale (no UTF-8 mode), a run into `é/` with a --set value holding ε×,
+    and its `report`, crashed with UnicodeEncodeError tracebacks: the lock file's command
+    line, config.toml (written in the locale's encoding) and report.md (encoded strictly)
+    could not hold the arguments' undecodable bytes. Now every file is UTF-8 and the bytes
+    given are kept."""
+    config = _write(tmp_path / "c.toml", output=dict(figures=False, progress="off"))
+    out = tmp_path / "é"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "LC_ALL": "C", "LANG": "C",
+           "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    env.pop("PYTHONIOENCODING", None)
+    for argv in (["run", config, "--out", str(out), "--set", 'data.data_dir="/d/ε×"'],
+                 ["report", str(out)]):
+        r = subprocess.run([sys.executable, "-m", "clusterfl.cli", *argv], capture_output=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")[-800:]
+        assert b"Traceback" not in r.stderr
+        assert str(out).encode() in r.stdout  # the folder's name as given, not as escapes
+    assert tomllib.loads((out / "config.toml").read_text(encoding="utf-8"))["data"][
+        "data_dir"] == "/d/ε×"
+    assert "/d/ε×" in (out / "report.md").read_text(encoding="utf-8")
+
+
+
+# --------------------------------------------------------------------------- docs drift
 DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
