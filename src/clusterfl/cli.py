@@ -23,6 +23,7 @@ from clusterfl.cli_util import (
     Terminated,
     console,
     encodable_streams,
+    given_twice,
     stop_status,
 )
 from clusterfl.config_util import MAX_SEED
@@ -654,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             args.data_dir = folder
         else:  # a command without its own option (flower, report, ...): as $CLUSTERFL_DATA
             os.environ["CLUSTERFL_DATA"] = folder
+    _warn(given_twice(_path(parser, args), sys.argv[1:] if argv is None else argv))
     previous = _stop_on_sigterm()
     try:
         status = int(args.func(args) or 0)

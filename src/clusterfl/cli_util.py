@@ -89,3 +89,30 @@ class Parser(argparse.ArgumentParser):
             if near:
                 message += f"; did you mean {near[0]!r}?"
         super().error(message)
+
+
+def given_twice(parsers: list[argparse.ArgumentParser], argv: list[str]) -> list[str]:
+    """A warning for each option of `parsers` (a command's, with the ones above it) that
+    `argv` gives more than once with different values (`--out a --out b`, `--resume
+    --no-resume`): argparse keeps the last without a word; a repeat is allowed (a wrapper
+    script's defaults, then the user's), but said. `--set`-like lists are left alone."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    lines = []
+    # one option of two parsers (clusterfl's --data-dir and its command's) counted once
+    for action in {tuple(a.option_strings): a for p in parsers for a in p._actions}.values():
+        if not action.option_strings or isinstance(action, (
+                argparse._AppendAction, argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        given = []
+        for i, word in enumerate(words):
+            name, eq, value = word.partition("=")
+            if name not in action.option_strings:
+                continue
+            if action.nargs == 0:  # a flag: which of its spellings (--x, --no-x)
+                given.append(name)
+            else:
+                given.append(value if eq else words[i + 1] if i + 1 < len(words) else "")
+        if len(set(given)) > 1:
+            lines.append(f"{action.option_strings[0]} given {len(given)} times "
+                         f"({', '.join(given)}): the last, {given[-1]}, is used")
+    return lines

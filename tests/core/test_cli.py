@@ -395,6 +395,25 @@ def test_a_command_name_given_wrong_gets_the_nearest_one(capsys, argv, near) -> 
     assert last.endswith(f"; did you mean {'compare' if argv == ['compar'] else 'run'!r}?")
 
 
+def test_an_option_given_twice_with_different_values_is_said(tmp_path: Path, capsys) -> None:
+    """argparse kept the last of `--out A --out B` without a word (a script that adds its own
+    --out ran into the other folder); now a warning names both and the one used. The same
+    value twice, and --set (a list), are not repeats."""
+    config = _write(tmp_path / "c.toml")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["run", config, "--out", str(a), f"--out={b}", "--quiet", "--quiet",
+                 "--no-fail-on-divergence", "--fail-on-divergence", "--set", "rounds=1",
+                 "--set", "rounds=2"]) == 0
+    err = capsys.readouterr().err.splitlines()  # (and the tiny run's "did not learn")
+    assert [line for line in err if " given " in line] == [
+        f"clusterfl: warning: --out given 2 times ({a}, {b}): the last, {b}, is used",
+        "clusterfl: warning: --fail-on-divergence given 2 times (--no-fail-on-divergence, "
+        "--fail-on-divergence): the last, --fail-on-divergence, is used"]
+    assert (b / "summary.json").is_file() and not a.exists()
+    assert main(["--data-dir", "x", "config", "show", "--data-dir", "x"]) == 0  # one value
+    assert capsys.readouterr().err == ""
+
+
 def test_an_ascii_only_output_gets_escapes_not_a_traceback(tmp_path: Path) -> None:
     """PYTHONIOENCODING=ascii (or a Latin-1 terminal): `--help` (its ×, ±) and `config show`
     of a config holding ε× ended in a UnicodeEncodeError's traceback, status 1; now the
