@@ -224,7 +224,7 @@ def pretrain_once(path: str | Path, make: Callable[[], EncoderFile],
     caller reads it), else pretrain themselves. `replace`: a `path` that was there before is
     trained again (unless another process wrote it while this one waited). Raises OSError
     when the lock cannot be created (a folder that cannot be written)."""
-    from clusterfl.filelock import FileLock
+    from clusterfl.files import FileLock
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

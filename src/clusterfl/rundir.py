@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from clusterfl.errors import ClusterFLError, write_error
-from clusterfl.filelock import FileLock
+from clusterfl.files import FileLock, write_whole
 from clusterfl.records import HISTORY_FILE, SUMMARY_FILE, RoundRecord, RunSummary
 
 LOCK_FILE = ".clusterfl.lock"
@@ -381,23 +381,6 @@ class RunDir:
         except OSError as exc:
             raise write_error(exc, path, "the run's summary; history.jsonl holds every round",
                               self.kept()) from None
-
-
-def write_whole(path: Path, data: str | bytes) -> None:
-    """Write `data` to `path` whole or not at all: into `path.tmp`, renamed over `path`; a
-    write that fails (a full disk) or is interrupted leaves the old file as it was."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8", errors="surrogateescape")
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:  # a write's error names none
-            exc.filename = str(path)
-        raise
 
 
 # ------------------------------------------------------------------ other writers

@@ -30,7 +30,7 @@ FLOORS: dict[str, int] = {
     "": 0,  # clusterfl/__init__.py: every import runs it, so it imports nothing of ours
     "errors": 0,
     "config_util": 0,
-    "filelock": 0,  # an flock on a file that names its holder (run folders, encoder cache)
+    "files": 0,  # a lock that names its holder, a write whole or not at all
     "metrics": 0,
     "protocol": 0,
     "records": 0,

@@ -426,7 +426,7 @@ def test_report_on_a_comparison_folder_names_the_runs_it_holds(tmp_path, capsys)
 def test_the_lock_file_names_the_command_without_its_secrets(monkeypatch):
     """A Flower ServerApp holding a run folder was named with its whole command line,
     `--token` value included, in the "is in use by" error."""
-    from clusterfl.filelock import command_line
+    from clusterfl.files import command_line
 
     monkeypatch.setattr(sys, "argv", ["/venv/bin/flwr-serverapp", "--runtime-api-address",
                                       "127.0.0.1:36583", "--token", "730f5d2a679de175"])

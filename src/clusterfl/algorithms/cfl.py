@@ -99,6 +99,7 @@ from clusterfl.clustering.split_rule import (
 )
 from clusterfl.config_util import changed_fields
 from clusterfl.errors import ConfigError
+from clusterfl.files import write_whole
 from clusterfl.protocol import (
     LocalTraining,
     LossReply,
@@ -107,7 +108,6 @@ from clusterfl.protocol import (
     TrainRequest,
     mean_finite,
 )
-from clusterfl.rundir import write_whole
 
 TREE_FILE = "cfl_tree.pt"
 """Name of the file `CFL.save_artifacts` writes into a run directory (read by `place`)."""

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from clusterfl.files import write_whole
 from clusterfl.records import RoundRecord, read_history, read_summary
 from clusterfl.report.history import (
     accuracy_series,
@@ -33,7 +34,6 @@ from clusterfl.report.history import (
     run_label,
     split_rounds,
 )
-from clusterfl.rundir import write_whole
 
 DPI = 110
 FIGURES_DIR = "figures"
@@ -81,7 +81,7 @@ def _new_figure(
 
 def save_png(fig: Figure, path: str | Path, dpi: int = DPI) -> Path:
     """Save `fig` as a PNG at `path` (parent folders are created), whole or not at all
-    (`rundir.write_whole`: a full disk leaves no cut-off image), and return the path."""
+    (`files.write_whole`: a full disk leaves no cut-off image), and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = io.BytesIO()

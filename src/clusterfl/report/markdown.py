@@ -19,6 +19,7 @@ from rich.text import Text
 
 from clusterfl.config_util import flatten
 from clusterfl.errors import write_error
+from clusterfl.files import write_whole
 from clusterfl.records import (
     FinalMetrics,
     RoundMetrics,
@@ -29,7 +30,6 @@ from clusterfl.records import (
 )
 from clusterfl.report.figures import human_units, plot_comparison, plot_run
 from clusterfl.report.history import load_config_text, run_label
-from clusterfl.rundir import write_whole
 
 REPORT_FILE = "report.md"
 CONFIG_EXCERPT_LINES = 40

@@ -1,9 +1,12 @@
-"""A lock on one file that says who holds it.
+"""Files written safely: a lock that says who holds it, and a write that is whole or not at all.
 
 `FileLock` takes an `flock` on its file and writes the holder's process id and command line
 into it; the kernel lets go of an flock when its process ends, so a lock file left by a killed
 process is simply taken over, and a live holder is named ("process 123 (clusterfl run ...)").
 Run folders (`rundir.FolderLock`) and the FLT encoder cache (`encoders.pretrain_once`) use it.
+`write_whole` writes a file through a temporary name renamed over it, so a full disk or an
+interrupted write leaves the old file as it was (a run's files, its report and figures, CFL's
+tree).
 """
 
 from __future__ import annotations
@@ -80,3 +83,20 @@ class FileLock:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` whole or not at all: into `path.tmp`, renamed over `path`; a
+    write that fails (a full disk) or is interrupted leaves the old file as it was."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8", errors="surrogateescape")
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's error names none
+            exc.filename = str(path)
+        raise
