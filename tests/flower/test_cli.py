@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -683,6 +685,11 @@ def test_a_deployment_removes_the_node_worker_files_it_wrote(tmp_path):
         (folder / name).write_text("")
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                               str(folder / "0123456789abcdef.sock")])
+    cmdline = Path(f"/proc/{alive.pid}/cmdline")
+    for _ in range(500):  # the premise: its command line names the folder (a loaded machine
+        if str(folder).encode() in cmdline.read_bytes():  # may show it a moment later)
+            break
+        time.sleep(0.01)
     try:  # a process names the folder: maybe a worker of a run still going
         assert clear_stale_workers(folder) == ([], sorted(earlier))
     finally:
