@@ -20,12 +20,15 @@ hook, the round, the exception and where it was raised (`CallbackError`, chained
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from clusterfl.errors import ClusterFLError, ConfigError, require
+from clusterfl.errors import ClusterFLError, ConfigError, require, write_error
 from clusterfl.plugins import describe, load_object
 from clusterfl.records import RoundMetrics, RoundRecord, RunSummary
 
@@ -90,17 +93,41 @@ class TensorBoardCallback:
         from torch.utils.tensorboard import SummaryWriter
 
         purge = self.purge_from if self.purge_from is not None else (start if start > 1 else None)
-        self._writer = SummaryWriter(str(self.log_dir), purge_step=purge)
-        if start == 1:
-            from clusterfl.config import dump_toml
+        _quiet_writer_threads()
+        with self._writing():
+            self._writer = SummaryWriter(str(self.log_dir), purge_step=purge)
+            if start == 1:
+                from clusterfl.config import dump_toml
 
-            text = "```toml\n" + dump_toml(config) + "\n```"
-            self._writer.add_text("config", text, 0)
+                text = "```toml\n" + dump_toml(config) + "\n```"
+                self._writer.add_text("config", text, 0)
 
     def on_round_end(self, record: RoundRecord) -> None:
-        for tag, value in round_scalars(record).items():
-            self._writer.add_scalar(tag, value, record.round)
-        self._writer.flush()
+        with self._writing():
+            for tag, value in round_scalars(record).items():
+                self._writer.add_scalar(tag, value, record.round)
+            self._writer.flush()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """An OSError of the writer (a full disk: raised in its thread, then again here at
+        its next call) names the events file, which TensorBoard's error does not."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self.events_file())
+            raise
+
+    def events_file(self) -> Path:
+        """The events file being written (else the newest in `log_dir`, else `log_dir`)."""
+        writer = getattr(getattr(self._writer, "file_writer", None), "event_writer", None)
+        name = getattr(writer, "_file_name", None)
+        if isinstance(name, str):
+            return Path(name)
+        events = sorted(self.log_dir.glob("events.out.tfevents.*"),
+                        key=lambda p: p.stat().st_mtime)
+        return events[-1] if events else self.log_dir
 
     def on_run_end(self, summary: RunSummary, run_dir: Path | None) -> None:
         import matplotlib.image as mpimg
@@ -108,13 +135,36 @@ class TensorBoardCallback:
         figures = sorted((run_dir / "figures").glob("*.png")) \
             if run_dir is not None and self.figures else []
         step = summary.rounds or 0
-        for png in figures:
-            image = np.asarray(mpimg.imread(png))
-            if image.ndim == 2:
-                image = image[:, :, None]
-            self._writer.add_image(f"figures/{png.stem}", image[:, :, :3], step,
-                                   dataformats="HWC")
-        self._writer.close()
+        with self._writing():
+            for png in figures:
+                image = np.asarray(mpimg.imread(png))
+                if image.ndim == 2:
+                    image = image[:, :, None]
+                self._writer.add_image(f"figures/{png.stem}", image[:, :, :3], step,
+                                       dataformats="HWC")
+            self._writer.close()
+
+
+_WRITER_THREAD = "_AsyncWriterThread"
+"""The class of TensorBoard's writer thread (tensorboard.summary.writer.event_file_writer)."""
+
+
+def _quiet_writer_threads() -> None:
+    """Keep TensorBoard's writer thread from printing its traceback when a write fails (a full
+    disk): the writer raises the same error again at its next call in the run's thread,
+    where the callback turns it into one line (`_callback_error`). Other threads' errors go
+    to the hook that was there before."""
+    before = threading.excepthook
+    if getattr(before, "_quiets", None) == _WRITER_THREAD:
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == _WRITER_THREAD and isinstance(args.exc_value, OSError):
+            return
+        before(args)
+
+    hook._quiets = _WRITER_THREAD  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def make_callback(ref: str, field: str = "output.callbacks") -> Any:
@@ -176,7 +226,6 @@ def _callback_error(cb: Any, hook: str, exc: Exception, args: tuple[Any, ...],
     """The one line of a callback that raised: where, and what became of the run."""
     import traceback
 
-    frame = traceback.extract_tb(exc.__traceback__)[-1]
     when = (f" in round {args[0].round}" if hook == "on_round_end"
             and isinstance(args[0], RoundRecord) else "")
     if hook == "on_run_end":
@@ -187,6 +236,12 @@ def _callback_error(cb: Any, hook: str, exc: Exception, args: tuple[Any, ...],
         after = "the run stopped before continuing: --resume continues it from its checkpoint"
     else:
         after = "the run stopped (with checkpoints, --resume continues it from the last one)"
+    if isinstance(cb, TensorBoardCallback) and isinstance(exc, OSError) and exc.filename:
+        kept = f"the run's own files and checkpoints are intact; {after}"
+        line = write_error(exc, Path(exc.filename), f"TensorBoard's events{when}, [output] "
+                           "tensorboard", kept)
+        return CallbackError(str(line))
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
     return CallbackError(
         f"callback {describe(type(cb))}: {hook}{when} raised {type(exc).__name__}: "
         f"{exc} ({Path(frame.filename).name}:{frame.lineno}); {after}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -146,3 +148,23 @@ def test_a_continuation_rewrites_the_old_last_rounds_events(tmp_path):
     assert _series(got, "metrics/accuracy") == _series(want, "metrics/accuracy")
     assert [s for s, _ in _series(got, "clustering/ari")] == [1, 2, 3, 4, 5, 6]
     assert {e.step for e in got.Images("figures/accuracy")} == {6}
+
+
+def test_file_size_limit_in_the_events_file_is_one_line_naming_it(tmp_path):
+    """TensorBoard's events file crosses `ulimit -f` in round 1: its writer thread printed
+    "Exception in thread Thread-1: Traceback ... OSError: [Errno 27] File too large" and the
+    error line named "gfile.py:171", not the file; now one line naming it, nothing else."""
+    from tests.core.test_full_disk_outputs import _limited_run
+    from tests.tiny import tiny_config
+
+    config = tiny_config(rounds=2, output={"figures": False, "progress": "off",
+                                           "tensorboard": True})
+    code, err, out = _limited_run(tmp_path, config, 1000)  # config.toml, round 1's line fit
+    events, = (out / "tensorboard").glob("events.out.tfevents.*")
+    assert code == 2 and err == (
+        f"clusterfl: error: the file-size limit (ulimit -f) was reached on {events.parent}: "
+        f"cannot write {events} (TensorBoard's events in round 1, [output] tensorboard); the "
+        "run's own files and checkpoints are intact; the run stopped (with checkpoints, "
+        "--resume continues it from the last one)")
+    assert [json.loads(line)["round"] for line in
+            (out / "history.jsonl").read_text().splitlines()] == [1]
