@@ -45,7 +45,8 @@ from clusterfl.compare import merged_spec, parse_algorithm_spec
 from clusterfl.config import Config, apply_overrides, dump_toml, load_config
 from clusterfl.config_util import flatten
 from clusterfl.engine.device import check_devices
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError, write_error
+from clusterfl.files import write_whole
 from clusterfl.jobs import RunTask, divergence_reason, execute
 from clusterfl.naming import method_label, run_folder_name
 from clusterfl.records import (
@@ -567,5 +568,9 @@ def write_results(
             parts.append(f"Curves and figures (seed {seed}): [{link}]({link})\n")
     parts.extend(sections)
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text("\n".join(parts), encoding="utf-8")
+    try:
+        write_whole(results, "\n".join(parts))
+    except OSError as exc:
+        raise write_error(exc, results, "the bench's results", f"the runs under {runs} are "
+                          "intact: the same command writes the results again") from None
     return results

@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
                "clusterfl: interrupted") + (f"; {stop}" if stop.args else ""), file=sys.stderr)
         return stop_status(stop)
     except OSError as exc:
-        print(f"clusterfl: error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        print(f"clusterfl: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as exc:
         line = out_of_memory(exc)
@@ -682,6 +682,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error no command turned into its own line: its words and the file it names
+    (both, when it names two: a rename); a write's error names no file, and then the line
+    ends with the words, not with an empty name after ': '."""
+    words = exc.strerror or str(exc) or type(exc).__name__
+    names = [str(n) for n in (exc.filename, exc.filename2) if n not in (None, "")]
+    return f"{words}: {' -> '.join(names)}" if names else words
 
 
 def _reader_gone() -> int:

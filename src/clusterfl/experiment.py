@@ -334,7 +334,12 @@ class Experiment:
             files.start(dump_toml(self.config.to_dict()), history.records)
             words = self.full_federation.meta.get("vocab")
             if words is not None and self.out_dir is not None:  # a language model's
-                Vocab(tuple(words)).save(self.out_dir / VOCAB_FILE)
+                vocab = self.out_dir / VOCAB_FILE
+                try:
+                    Vocab(tuple(words)).save(vocab)
+                except OSError as exc:
+                    raise write_error(exc, vocab, "the language model's vocabulary",
+                                      files.kept()) from None
             boards = [c for c in self.callbacks if isinstance(c, tracking.TensorBoardCallback)]
             if redone is None and start > self.config.run.rounds and history.records:
                 redone = history.records[-1]  # a finished run resumed: its figures come again

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import itertools
 import json
 import math
@@ -55,7 +56,8 @@ from typing import Any
 from clusterfl.config import Config, dump_toml, load_config, set_dotted
 from clusterfl.config_util import MAX_SEED, flatten, is_number, is_whole
 from clusterfl.engine.device import check_devices
-from clusterfl.errors import ClusterFLError, ConfigError
+from clusterfl.errors import ClusterFLError, ConfigError, write_error
+from clusterfl.files import write_whole
 
 STATE_FILE = "sweep-state.json"
 MAX_CELL = 200
@@ -674,11 +676,17 @@ def write_table(rows: list[dict[str, Any]], out: str | os.PathLike[str]
     for row in rows:
         columns.extend(k for k in row if k not in columns)
     csv_path = out / CSV_FILE
-    with csv_path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv(row.get(k)) for k in columns})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv(row.get(k)) for k in columns})
+    try:
+        write_whole(csv_path, text.getvalue().encode("utf-8"))
+    except OSError as exc:
+        raise write_error(exc, csv_path, "the sweep's table", "every run's folder is intact: "
+                          "the same command with --report-only writes the table and report "
+                          "again") from None
     try:
         import pandas as pd
         import pyarrow  # noqa: F401  (pandas' Parquet engine)

@@ -163,3 +163,79 @@ def test_file_size_limit_in_cfls_tree_is_one_line_not_a_traceback(tmp_path: Path
         f"write {out / 'cfl_tree.pt'} (the method's own file, after the last round); no "
         "checkpoint was written: the run can restart with --overwrite")
     assert "Traceback" not in err and not (out / "cfl_tree.pt.tmp").exists()
+
+
+def _limited(args: list[str], limit: int) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` under `ulimit -f` of `limit` bytes."""
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=300, preexec_fn=small_files)
+
+
+def test_an_os_error_naming_no_file_ends_with_its_words(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's last resort for an OSError printed "clusterfl: error: Input/output error: "
+    with an empty name after the colon when the error named no file (a write's)."""
+    import clusterfl.config
+
+    def fail(*args: object, **kwargs: object) -> str:
+        raise errors.pop(0)
+
+    errors = [OSError(errno.EIO, "Input/output error"),
+              OSError(errno.EACCES, "Permission denied", "/srv/a.toml"),
+              OSError(errno.EXDEV, "Invalid cross-device link", "/a/x.tmp", None, "/b/x")]
+    monkeypatch.setattr(clusterfl.config, "dump_toml", fail)
+    lines = []
+    for _ in range(3):
+        assert main(["config", "show"]) == 2
+        lines.append(capsys.readouterr().err)
+    assert lines == ["clusterfl: error: Input/output error\n",
+                     "clusterfl: error: Permission denied: /srv/a.toml\n",
+                     "clusterfl: error: Invalid cross-device link: /a/x.tmp -> /b/x\n"]
+
+
+def test_file_size_limit_in_flts_archive_names_it_and_leaves_none(tmp_path: Path) -> None:
+    """FLT's flt_relatedness.npz (~4.7 KB) crosses the limit after the last round: the line
+    named the run folder, not the file, and a cut-off archive was left."""
+    config = tiny_config(rounds=2, algorithm={"name": "flt", "encoder": "none", "latent": 16,
+                                              "k": 3, "finetune_epochs": 0, "umap": False})
+    code, err, out = _limited_run(tmp_path, config, 3000)  # config and history (~2.2 KB) fit
+    npz = out / "flt_relatedness.npz"
+    assert code == 2 and err.splitlines()[-1] == (
+        f"clusterfl: error: the file-size limit (ulimit -f) was reached on {out}: cannot "
+        f"write {npz} (the method's own file, after the last round); no checkpoint was "
+        "written: the run can restart with --overwrite")
+    assert not npz.exists() and not (out / "flt_relatedness.npz.tmp").exists()
+
+
+def test_file_size_limit_in_a_sweeps_table_names_it(tmp_path: Path) -> None:
+    """results.csv crosses the limit: a bare "OSError: [Errno 27] File too large" traceback
+    (the CLI's line named no file) and a cut-off table; now one line naming it."""
+    code = ("import sys\nfrom clusterfl.errors import ClusterFLError\n"
+            "from clusterfl.sweep import write_table\n"
+            "rows = [{'path': f'run{i}', 'status': 'done', 'accuracy': i / 7} for i in "
+            "range(100)]\ntry:\n    write_table(rows, sys.argv[1])\n"
+            "except ClusterFLError as exc:\n    print(exc)\n")
+    r = _limited(["-c", code, str(tmp_path)], 1024)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"the file-size limit (ulimit -f) was reached on {tmp_path}: cannot write "
+        f"{tmp_path / 'results.csv'} (the sweep's table); every run's folder is intact: the "
+        "same command with --report-only writes the table and report again")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_file_size_limit_in_exported_partitions_names_the_client_file(tmp_path: Path) -> None:
+    """`flower export-partitions`: a client file crossing the limit read "clusterfl: error:
+    File too large: " (no file named) and was left cut off; now one line naming it."""
+    path, out = tmp_path / "run.toml", tmp_path / "parts"
+    path.write_text(dump_toml(tiny_config()))
+    r = _limited(["-m", "clusterfl.cli", "flower", "export-partitions", str(path), str(out)],
+                 32 * 1024)  # a client's digits: ~100 KB
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"clusterfl: error: the file-size limit (ulimit -f) was reached on {out}: cannot "
+        f"write {out / 'client_0000.npz'} (client 0 of 4); 0 client files before it are "
+        "whole; the same command writes the export again")
+    assert list(out.iterdir()) == []

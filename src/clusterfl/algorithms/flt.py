@@ -104,6 +104,7 @@ between rounds is `FLTState`.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -142,6 +143,7 @@ from clusterfl.clustering.relatedness import (
 )
 from clusterfl.config_util import MAX_SEED, changed_fields
 from clusterfl.errors import ConfigError
+from clusterfl.files import write_whole
 from clusterfl.protocol import (
     EmbedReply,
     EmbedRequest,
@@ -627,7 +629,9 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             return []
         arrays: dict[str, Any] = {"labels": self.state.labels, **self.relatedness()}
         path = Path(run_dir) / ARTIFACT
-        np.savez_compressed(path, **arrays)
+        data = io.BytesIO()  # whole or not at all: a full disk leaves no cut-off archive
+        np.savez_compressed(data, **arrays)
+        write_whole(path, data.getvalue())
         return [path]
 
 

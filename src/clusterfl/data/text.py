@@ -40,6 +40,7 @@ from pydantic import Field
 from clusterfl.data.federation import Federation
 from clusterfl.data.params import ScenarioParams
 from clusterfl.errors import ConfigError, DataError
+from clusterfl.files import write_whole
 
 UNK, EOS = "<unk>", "<eos>"
 VOCAB_FILE = "vocab.txt"
@@ -94,7 +95,9 @@ class Vocab:
         return [get(w, 0) for w in tokenize(text)] + [1]
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text("\n".join(self.words) + "\n", encoding="utf-8")
+        """Write one word a line, whole or not at all (`files.write_whole`: an OSError
+        names the file)."""
+        write_whole(Path(path), "\n".join(self.words) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Vocab:

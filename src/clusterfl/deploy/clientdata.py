@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -38,7 +39,8 @@ import numpy as np
 
 from clusterfl.data.federation import Federation, assemble_clients
 from clusterfl.data.own import npz_int, npz_numbers
-from clusterfl.errors import DataError
+from clusterfl.errors import DataError, write_error
+from clusterfl.files import write_whole
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test", "client_id", "n_classes")
 
@@ -77,15 +79,24 @@ def write_client_file(path: str | Path, federation: Federation, client: int) -> 
         arrays["cluster"] = np.int64(federation.clusters[client])
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(p, **arrays)
+    data = io.BytesIO()  # whole or not at all (`files.write_whole`)
+    np.savez(data, **arrays)
+    write_whole(p, data.getvalue())
     return p
 
 
 def export_partitions(federation: Federation, out_dir: str | Path) -> list[Path]:
     """One file per client, `out_dir/client_0000.npz` ...; returns the paths."""
-    out = Path(out_dir)
-    return [write_client_file(out / f"client_{c:04d}.npz", federation, c)
-            for c in range(federation.n_clients)]
+    out, paths = Path(out_dir), []
+    for c in range(federation.n_clients):
+        path = out / f"client_{c:04d}.npz"
+        try:
+            paths.append(write_client_file(path, federation, c))
+        except OSError as exc:
+            raise write_error(exc, path, f"client {c} of {federation.n_clients}",
+                              f"{c} client files before it are whole; the same command "
+                              "writes the export again") from None
+    return paths
 
 
 @functools.lru_cache(maxsize=4)

@@ -33,7 +33,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from clusterfl.backends.flower import FLOWER_VERSION
+from clusterfl.backends.flower import FLOWER_VERSION, write_flower_json
 from clusterfl.backends.flower.backend import FlowerConfig, FlowerSession, active_session
 from clusterfl.config import Config, apply_overrides, load_config, read_toml
 from clusterfl.data.federation import Federation
@@ -214,7 +214,7 @@ def run_on_grid(grid: Grid, raw: dict[str, Any], overrides: list[str] | tuple[st
                   "nodes": {str(c): n for c, n in session.node_of_client.items()},
                   "dropouts": be.dropouts, "messages": be.n_messages,
                   "message_seconds": be.seconds}
-        (Path(out_dir) / "flower.json").write_text(json.dumps(report, indent=2))
+        write_flower_json(Path(out_dir), report)
         torch.save(exp.algorithm.state_dict(), Path(out_dir) / FINAL_STATE)
     return history
 

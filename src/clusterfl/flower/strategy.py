@@ -291,17 +291,17 @@ class ClusteredStrategy:
             placing, placement_messages = self._place(exp, factory, config, session, joined,
                                                       result)
         if self.out_dir is not None and session.backends:
-            import json
+            from clusterfl.backends.flower import write_flower_json  # not at import: its deps
 
             be = session.backends[0]
-            (Path(self.out_dir) / "flower.json").write_text(json.dumps({
+            write_flower_json(Path(self.out_dir), {
                 "nodes": {str(c): n for c, n in session.node_of_client.items()},
                 "dropouts": be.dropouts, "messages": be.n_messages,
                 "messages_outside_rounds": {"first_evaluate": first,
                                             "placement": placement_messages},
                 "message_seconds": be.seconds, "clients": "standard ClientApps",
                 "placed": {str(n): c for n, c in result.placed.items()},
-                "placement_dropouts": placing}, indent=2))
+                "placement_dropouts": placing})
         return result
 
     def _place(self, exp: Any, factory: Any, config: Any, session: Any, joined: list[int],

@@ -13,5 +13,29 @@ with a message, the node worker, the local launcher and test certificates — is
 authentication.
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
 FLOWER_VERSION = "1.41.0"
 """The Flower release this backend is built and tested against (pinned)."""
+
+FLOWER_FILE = "flower.json"
+"""A Flower run's node map, dropouts and message counts, in its run directory."""
+
+
+def write_flower_json(run_dir: Path, report: dict[str, Any]) -> None:
+    """`run_dir/flower.json`, whole or not at all; a write that fails (a full disk) is one
+    line naming it (the run's own files, written before it, are intact)."""
+    import json
+
+    from clusterfl.errors import write_error
+    from clusterfl.files import write_whole
+
+    path = run_dir / FLOWER_FILE
+    try:
+        write_whole(path, json.dumps(report, indent=2))
+    except OSError as exc:
+        raise write_error(exc, path, "the Flower run's node map and message counts", "the "
+                          "run's own files (summary.json, history.jsonl) are intact") from None
