@@ -305,13 +305,14 @@ def run_suite(
          for i, seed in enumerate(scenario.seeds)), key=lambda t: (t[0], t[1]))
     todo: list[tuple[Scenario, int, str, Config, Path, str]] = []
     failures: list[str] = []
+    divergences: list[str] = []  # the failures that are divergences (fail_on_divergence)
     done_before = 0
 
     def diverged(what: str, reason: str | None) -> None:
         if reason is not None:
             log(f"{what}: DIVERGED ({reason})")
             if fail_on_divergence:
-                failures.append(f"{what}: diverged: {reason}")
+                divergences.append(f"{what}: diverged: {reason}")
 
     for _i, _s, scenario, seed in ordered:
         _base, configs = _configs(scenario, seed)  # validates every method first
@@ -334,9 +335,9 @@ def run_suite(
         if not outcome.ok:
             failures.append(f"{outcome.task.what}: {outcome.error}")
         elif outcome.divergence is not None and fail_on_divergence:
-            failures.append(f"{outcome.task.what}: diverged: {outcome.divergence}")
-    if failures:
-        raise BenchError(failures)
+            divergences.append(f"{outcome.task.what}: diverged: {outcome.divergence}")
+    if failures or divergences:
+        raise BenchError(failures + divergences, diverged=len(divergences))
 
 
 def check_data(runs: Sequence[tuple[str, Config]], keep: bool = True) -> None:
@@ -365,11 +366,15 @@ def check_data(runs: Sequence[tuple[str, Config]], keep: bool = True) -> None:
 
 
 class BenchError(ClusterFLError):
-    """Some suite runs failed or diverged (the others finished and are kept)."""
+    """Some suite runs failed or diverged (the others finished and are kept); `diverged`:
+    every failure is a divergence (the command's exit status is then DIVERGED_EXIT)."""
 
-    def __init__(self, failures: list[str]) -> None:
+    def __init__(self, failures: list[str], diverged: int = 0) -> None:
         self.failures = failures
-        super().__init__(f"{len(failures)} suite run(s) failed:\n  " + "\n  ".join(failures))
+        self.diverged = 0 < diverged == len(failures)
+        super().__init__(f"{len(failures)} suite run(s) "
+                         f"{'diverged' if self.diverged else 'failed'}:\n  "
+                         + "\n  ".join(failures))
 
 
 # ---------------------------------------------------------------------------- results

@@ -119,6 +119,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     path = write_results(scenarios, runs, results, command, preamble=preamble,
                          sections=_extra_sections())
     print(f"results written to {path}")
+    if failed is not None and failed.diverged:  # as run/compare/sweep: status 3, not 2
+        from clusterfl.cli_util import DIVERGED_EXIT
+
+        print(f"clusterfl: error: {failed}", file=sys.stderr)
+        return DIVERGED_EXIT
     if failed is not None:
         raise failed
     return 0

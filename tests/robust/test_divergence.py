@@ -193,6 +193,36 @@ def test_bench_fails_on_a_diverged_run_and_keeps_it(tmp_path: Path):
     run_suite(scenarios, runs, log=logs.append, fail_on_divergence=False)
 
 
+def test_bench_exits_3_when_its_only_failures_are_divergences(tmp_path, monkeypatch, capsys):
+    """As run/compare/sweep with --fail-on-divergence: status 3 when every failed run of the
+    suite diverged (the table written), 2 when some other run failed, 0 without the option."""
+    import clusterfl.experiment as experiment
+
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    suite = {"title": "exploding", "seeds": [0], "methods": ["fedavg"]}
+    (folder / "lr.toml").write_text(dump_toml({"suite": suite, "config": EXPLODING}))
+    line = ["bench", "--suite", str(folder), "--runs", str(tmp_path / "runs"),
+            "--results", str(tmp_path / "R.md")]
+    assert main(line) == DIVERGED_EXIT == 3
+    err = capsys.readouterr().err
+    assert "clusterfl: error: 1 suite run(s) diverged:" in err and "round 1" in err
+    assert (tmp_path / "R.md").is_file()
+    assert main([*line, "--no-fail-on-divergence"]) == 0
+
+    class Breaks(experiment.Experiment):  # type: ignore[misc, valid-type]
+        def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise RuntimeError("broken")
+
+    monkeypatch.setattr(experiment, "Experiment", Breaks)
+    suite["methods"] = ["fedavg", "local"]  # fedavg diverged before, local fails now
+    (folder / "lr.toml").write_text(dump_toml({"suite": suite, "config": EXPLODING}))
+    assert main(line) == 2
+    err = capsys.readouterr().err
+    assert "clusterfl: error: 2 suite run(s) failed:" in err
+    assert "RuntimeError: broken" in err and "diverged: round 1" in err
+
+
 def test_a_client_whose_regression_diverged_makes_the_mse_infinite():
     """MSE 1, 3 and NaN (a diverged client's model): the mean was 2, over the other two,
     while an inf (a client less far gone) made it infinite. Now both do; a client without
