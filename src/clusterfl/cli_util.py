@@ -95,24 +95,54 @@ def given_twice(parsers: list[argparse.ArgumentParser], argv: list[str]) -> list
     """A warning for each option of `parsers` (a command's, with the ones above it) that
     `argv` gives more than once with different values (`--out a --out b`, `--resume
     --no-resume`): argparse keeps the last without a word; a repeat is allowed (a wrapper
-    script's defaults, then the user's), but said. `--set`-like lists are left alone."""
+    script's defaults, then the user's), but said; so is a `--set` key given different
+    values (`--set rounds=3 --set rounds=4`). Other lists are left alone."""
     words = argv[:argv.index("--")] if "--" in argv else argv
     lines = []
     # one option of two parsers (clusterfl's --data-dir and its command's) counted once
     for action in {tuple(a.option_strings): a for p in parsers for a in p._actions}.values():
+        if "--set" in action.option_strings:
+            lines += _set_twice(_values(action, words))
         if not action.option_strings or isinstance(action, (
                 argparse._AppendAction, argparse._HelpAction, argparse._SubParsersAction)):
             continue
-        given = []
-        for i, word in enumerate(words):
-            name, eq, value = word.partition("=")
-            if name not in action.option_strings:
-                continue
-            if action.nargs == 0:  # a flag: which of its spellings (--x, --no-x)
-                given.append(name)
-            else:
-                given.append(value if eq else words[i + 1] if i + 1 < len(words) else "")
+        given = _values(action, words)
         if len(set(given)) > 1:
             lines.append(f"{action.option_strings[0]} given {len(given)} times "
                          f"({', '.join(given)}): the last, {given[-1]}, is used")
     return lines
+
+
+def _values(action: argparse.Action, words: list[str]) -> list[str]:
+    """What `words` give `action`, in order: its values, or a flag's spellings."""
+    given = []
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name not in action.option_strings:
+            continue
+        if action.nargs == 0:  # a flag: which of its spellings (--x, --no-x)
+            given.append(name)
+        else:
+            given.append(value if eq else words[i + 1] if i + 1 < len(words) else "")
+    return given
+
+
+def _set_twice(items: list[str]) -> list[str]:
+    """A line for each key that the `--set` items give different values (the same value
+    twice, `3` and `3`, or `0.1` and `.1`, is no change); the command refuses bad items."""
+    if len(items) < 2:  # the config module is not imported for nothing
+        return []
+    from clusterfl.config import parse_override
+    from clusterfl.errors import ClusterFLError
+
+    by_key: dict[str, list[tuple[str, Any]]] = {}
+    for item in items:
+        try:
+            key, value = parse_override(item)
+        except ClusterFLError:
+            continue
+        by_key.setdefault(key.strip(), []).append((item.split("=", 1)[1], value))
+    return [f"--set {key} given {len(got)} times ({', '.join(t for t, _ in got)}): the "
+            f"last, {got[-1][0]}, is used"
+            for key, got in by_key.items()
+            if len({(type(v).__name__, repr(v)) for _, v in got}) > 1]

@@ -418,14 +418,7 @@ def apply_overrides(raw: dict[str, Any],
     if isinstance(overrides, Mapping):
         pairs = [(str(k), v) for k, v in overrides.items()]
     for item in [] if isinstance(overrides, Mapping) else overrides:
-        if not isinstance(item, str) or "=" not in item:
-            raise ConfigError("--set", f"expected key=value, got {item!r}")
-        key, text = item.split("=", 1)
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = _bare_number(text)
-        pairs.append((key, value))
+        pairs.append(parse_override(item))
     for key, value in pairs:
         parts = key.strip().split(".")
         if not all(parts):
@@ -433,6 +426,17 @@ def apply_overrides(raw: dict[str, Any],
                               f"between dots), got {key!r}")
         set_dotted(out, parts, value, ".".join(parts))
     return out
+
+
+def parse_override(item: Any) -> tuple[str, Any]:
+    """`key.sub=value` as (key, value): the value a TOML literal, else plain text."""
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError("--set", f"expected key=value, got {item!r}")
+    key, text = item.split("=", 1)
+    try:
+        return key, tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, _bare_number(text)
 
 
 def _bare_number(text: str) -> Any:

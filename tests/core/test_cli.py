@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -9,11 +10,13 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from clusterfl.cli import DEMO_METHODS, main
+from clusterfl.cli import DEMO_METHODS, build_parser, main
+from clusterfl.cli_util import given_twice
 from clusterfl.config import dump_toml
 from clusterfl.errors import ConfigError
 from tests.tiny import tiny_config
@@ -397,8 +400,8 @@ def test_a_command_name_given_wrong_gets_the_nearest_one(capsys, argv, near) -> 
 
 def test_an_option_given_twice_with_different_values_is_said(tmp_path: Path, capsys) -> None:
     """argparse kept the last of `--out A --out B` without a word (a script that adds its own
-    --out ran into the other folder); now a warning names both and the one used. The same
-    value twice, and --set (a list), are not repeats."""
+    --out ran into the other folder); now a warning names both and the one used, and the
+    same for a --set key given different values. The same value twice is not a repeat."""
     config = _write(tmp_path / "c.toml")
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(["run", config, "--out", str(a), f"--out={b}", "--quiet", "--quiet",
@@ -407,11 +410,42 @@ def test_an_option_given_twice_with_different_values_is_said(tmp_path: Path, cap
     err = capsys.readouterr().err.splitlines()  # (and the tiny run's "did not learn")
     assert [line for line in err if " given " in line] == [
         f"clusterfl: warning: --out given 2 times ({a}, {b}): the last, {b}, is used",
+        "clusterfl: warning: --set rounds given 2 times (1, 2): the last, 2, is used",
         "clusterfl: warning: --fail-on-divergence given 2 times (--no-fail-on-divergence, "
         "--fail-on-divergence): the last, --fail-on-divergence, is used"]
     assert (b / "summary.json").is_file() and not a.exists()
     assert main(["--data-dir", "x", "config", "show", "--data-dir", "x"]) == 0  # one value
     assert capsys.readouterr().err == ""
+
+
+def test_a_set_key_given_twice_with_different_values_is_said(capsys) -> None:
+    """`--set rounds=3 --set rounds=4` used 4 without a word; now it is said as an option
+    given twice is, in every command that takes --set; the same value twice (`train.lr=0.1`
+    and `train.lr=.1` are one number), or other keys, are no repeat."""
+    assert main(["config", "show", "--set", "rounds=3", "--set", "train.lr=0.1",
+                 "--set=rounds=4", "--set", "train.lr=.1", "--set", "seed=2"]) == 0
+    out, err = capsys.readouterr()
+    assert "rounds = 4" in out.splitlines()
+    assert err == ("clusterfl: warning: --set rounds given 2 times (3, 4): the last, 4, "
+                   "is used\n")
+    assert main(["config", "show", "--set", "rounds=3", "--set", "rounds=3"]) == 0
+    assert capsys.readouterr().err == ""
+
+    def with_set(parser: argparse.ArgumentParser, name: str
+                 ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+        for action in parser._actions:
+            if "--set" in action.option_strings:
+                yield name, parser
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    yield from with_set(p, f"{name} {sub}".strip())
+
+    commands = dict(with_set(build_parser(), ""))
+    assert sorted(commands) == ["cfl-place", "compare", "config", "data", "demo",
+                               "flower export-partitions", "flower run", "place", "run"]
+    for name, parser in commands.items():
+        assert given_twice([parser], ["--set", "a.b=1", "--set", "a.b=2"]) == [
+            "--set a.b given 2 times (1, 2): the last, 2, is used"], name
 
 
 def test_an_ascii_only_output_gets_escapes_not_a_traceback(tmp_path: Path) -> None:
