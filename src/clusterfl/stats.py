@@ -54,8 +54,16 @@ class Described:
         return out
 
 
+SECONDS = "seconds"
+"""`number`'s digits for a duration: one decimal from 0.1 s on, two significant digits below
+(0.0258 -> "0.026", not "0.0")."""
+
+
 def number(value: float, digits: int | str) -> str:
-    """`value` with `digits` decimals, or in the format spec `digits` (".4g")."""
+    """`value` with `digits` decimals, or in the format spec `digits` (".4g"), or as a
+    duration (`SECONDS`)."""
+    if digits == SECONDS:
+        return f"{value:.1f}" if abs(value) >= 0.1 else f"{value:.2g}"
     return f"{value:{f'.{digits}f' if isinstance(digits, int) else digits}}"
 
 

@@ -1000,3 +1000,51 @@ def test_a_language_models_word_accuracy_is_in_the_sweep_table_and_report(tmp_pa
     shown = console.file.getvalue()
     assert "perplexity, acc. no oov/eos and ARI" in shown and "acc. no oov/eos (%)" in shown
     assert f"{mean:.1f} ± {std:.1f}" in shown
+
+
+def test_a_sweeps_wall_time_below_a_tenth_of_a_second_keeps_two_significant_digits() -> None:
+    """The sweep tables wrote wall time with one decimal: runs of 21 and 25.8 ms read
+    "0.0 ± 0.0"; now as a run's report writes it (`stats.SECONDS`): mean 0.0234 s, sample
+    std 0.0048/√2 = 0.00339 s; from 0.1 s on one decimal, as before."""
+    from clusterfl.sweep_report import cell_table
+
+    walls = {"fast": [0.021, 0.0258], "slow": [3.21, 3.4]}
+    rows = [{"cell": None, "method": m, "seed": s, "status": "done", "accuracy": 0.5,
+             "ari": 1.0, "wall_time": w} for m, ws in walls.items() for s, w in enumerate(ws)]
+    lines = cell_table(rows, None, [0, 1]).splitlines()
+    assert lines[0].endswith("| wall time (s) |")
+    assert lines[2].startswith("| fast |") and lines[2].endswith("| 0.023 ± 0.0034 |")
+    assert lines[3].startswith("| slow |") and lines[3].endswith("| 3.3 ± 0.1 |")
+
+
+def test_an_interval_outside_the_metrics_range_is_said_in_a_footnote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accuracies 11 % and 16.5 % over 2 seeds: mean 13.75 %, std 5.5/√2 %, Student's t
+    (t_0.975,1 = 12.7062) half-width 12.7062 × 5.5 / 2 = 34.94: [-21.2, 48.7], below 0 %.
+    The interval is kept, and the report now says it leaves the range; 50 % and 52 %
+    ([38.3, 63.7]) and a sweep whose intervals all lie inside get no footnote."""
+    import clusterfl.sweep_report as sweep_report
+
+    monkeypatch.setattr(sweep_report, "_run_warnings", lambda rows, out: "")  # no summaries
+    sweep = load_sweep(_sweep(tmp_path, [0.1]))
+    out = tmp_path / "o"
+    runs = sweep.plan(out)
+    rows = collect(runs, out)
+    accuracy = {"FedAvg": [0.11, 0.165], "IFCA": [0.5, 0.52]}
+    for r in rows:
+        method = "FedAvg" if r["method"].startswith("FedAvg") else "IFCA"
+        r.update(status="done", accuracy=accuracy[method][r["seed"]], ari=0.5)
+    out.mkdir()
+    report = write_report(sweep, runs, rows, out, "x").read_text()
+    fedavg = next(r["method"] for r in rows if r["method"].startswith("FedAvg"))
+    assert f"| {fedavg} | 2/2 | 13.8 ± 3.9 [-21.2, 48.7] |" in report  # kept as computed
+    notes = [x for x in report.splitlines() if "intervals outside the range" in x]
+    assert len(notes) == 1
+    assert ("the 95 % interval reaches outside the values accuracy can take (0–100 %; a "
+            f"difference of two: ±100 % points) for {fedavg} in `train.lr=0.1` [-21.2, 48.7]. "
+            ) in notes[0]
+    assert "IFCA" not in notes[0]
+    for r in rows:
+        r["accuracy"] = 0.5 + 0.02 * r["seed"]
+    assert "outside the range" not in write_report(sweep, runs, rows, out, "x").read_text()

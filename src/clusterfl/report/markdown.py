@@ -30,6 +30,7 @@ from clusterfl.records import (
 )
 from clusterfl.report.figures import human_units, plot_comparison, plot_run
 from clusterfl.report.history import load_config_text, run_label
+from clusterfl.stats import SECONDS, number
 
 REPORT_FILE = "report.md"
 CONFIG_EXCERPT_LINES = 40
@@ -68,10 +69,8 @@ def _fixed(digits: int) -> Callable[[Any], str]:
 
 def _seconds(value: Any) -> str:
     """A duration: one decimal from 0.1 s on, two significant digits below (0.0258 ->
-    "0.026", not "0.0")."""
-    if value is None:
-        return MISSING
-    return f"{float(value):.1f}" if abs(float(value)) >= 0.1 else f"{float(value):.2g}"
+    "0.026", not "0.0"; `stats.SECONDS`, as a sweep's tables write it)."""
+    return MISSING if value is None else number(float(value), SECONDS)
 
 
 def _integer(value: Any) -> str:
