@@ -184,7 +184,7 @@ def test_an_os_error_naming_no_file_ends_with_its_words(
         raise errors.pop(0)
 
     errors = [OSError(errno.EIO, "Input/output error"),
-              OSError(errno.EACCES, "Permission denied", "/srv/a.toml"),
+              OSError(errno.EACCES, "Permission denied", "cfg/a.toml"),
               OSError(errno.EXDEV, "Invalid cross-device link", "/a/x.tmp", None, "/b/x")]
     monkeypatch.setattr(clusterfl.config, "dump_toml", fail)
     lines = []
@@ -192,7 +192,7 @@ def test_an_os_error_naming_no_file_ends_with_its_words(
         assert main(["config", "show"]) == 2
         lines.append(capsys.readouterr().err)
     assert lines == ["clusterfl: error: Input/output error\n",
-                     "clusterfl: error: Permission denied: /srv/a.toml\n",
+                     "clusterfl: error: Permission denied: cfg/a.toml\n",
                      "clusterfl: error: Invalid cross-device link: /a/x.tmp -> /b/x\n"]
 
 
