@@ -1,5 +1,6 @@
 """A run's other files on a full disk or under a file-size limit: history.jsonl, summary.json,
-the figures and report.md each fail in one line naming the file and what is intact, never
+the figures, report.md, a language model's vocab.txt, flower.json and the bench's
+results file each fail in one line naming the file and what is intact, never
 with a bare OS message or a cut-off file; the checkpoint then resumes the run exactly. A
 figures folder replaced by a file is one line too (`clusterfl report`, a resumed run)."""
 
@@ -239,3 +240,78 @@ def test_file_size_limit_in_exported_partitions_names_the_client_file(tmp_path: 
         f"write {out / 'client_0000.npz'} (client 0 of 4); 0 client files before it are "
         "whole; the same command writes the export again")
     assert list(out.iterdir()) == []
+
+
+TOPICS = tiny_config(rounds=2, data={"source": "synthetic_topics"},
+                     scenario={"name": "topics", "n_clients": 4, "seq_len": 5,
+                               "vocab_size": 50},
+                     model={"name": "lstm", "hidden": 8})
+
+
+def test_full_disk_in_a_language_models_vocab_is_one_line_and_leaves_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vocab.txt (Vocab.save, at the run's start) fails part way: one line naming the file
+    and what is intact, no vocab.txt nor its temporary file left; --overwrite then runs."""
+    real = Path.write_text
+
+    def write_text(self: Path, *args: object, **kwargs: object) -> int:
+        if self.name == "vocab.txt.tmp":
+            real(self, "<unk>\n")  # a part of it, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(ClusterFLError) as err:
+        Experiment.from_config(TOPICS, out_dir=tmp_path).run(progress=False)
+    vocab = tmp_path / "vocab.txt"
+    assert str(err.value) == (
+        f"no space left on {tmp_path}: cannot write {vocab} (the language model's "
+        "vocabulary); no checkpoint was written: the run can restart with --overwrite")
+    assert not vocab.exists() and not (tmp_path / "vocab.txt.tmp").exists()
+    monkeypatch.setattr(Path, "write_text", real)
+    Experiment.from_config(TOPICS, out_dir=tmp_path, overwrite=True).run(progress=False)
+    assert vocab.read_text().splitlines()[:2] == ["<unk>", "<eos>"]
+
+
+def test_file_size_limit_in_flower_json_names_it_and_keeps_the_old_one(tmp_path: Path
+                                                                        ) -> None:
+    """flower.json (write_flower_json, after a Flower run) crosses the limit: one line naming
+    it and the run's own files, and the flower.json already there is left as it was."""
+    (tmp_path / "flower.json").write_text('{"messages": 1}')
+    code = ("import sys\nfrom pathlib import Path\nfrom clusterfl.errors import ClusterFLError\n"
+            "from clusterfl.backends.flower import write_flower_json\n"
+            "try:\n    write_flower_json(Path(sys.argv[1]), {'nodes': {str(c): 10 ** 12 + c "
+            "for c in range(200)}})\nexcept ClusterFLError as exc:\n    print(exc)\n")
+    r = _limited(["-c", code, str(tmp_path)], 1024)  # the node map: ~5.7 KB
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"the file-size limit (ulimit -f) was reached on {tmp_path}: cannot write "
+        f"{tmp_path / 'flower.json'} (the Flower run's node map and message counts); the "
+        "run's own files (summary.json, history.jsonl) are intact")
+    assert (tmp_path / "flower.json").read_text() == '{"messages": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flower.json"]
+
+
+def test_file_size_limit_in_the_bench_results_names_it_and_keeps_the_old_one(
+        tmp_path: Path) -> None:
+    """The bench's results file (bench.write_results) crosses the limit: one line naming it
+    and the runs, and the results file already there is left as it was."""
+    from tests.core.test_bench import SUITE
+
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "digits.toml").write_text(SUITE.format(paper=50.0))
+    results, runs = tmp_path / "RESULTS.md", tmp_path / "runs"
+    results.write_text("the last results")
+    code = ("import sys\nfrom pathlib import Path\nfrom clusterfl.errors import ClusterFLError\n"
+            "from clusterfl.bench import load_suite, write_results\n"
+            "t = Path(sys.argv[1])\ntry:\n    write_results(load_suite(t / 'suite'), "
+            "t / 'runs', t / 'RESULTS.md', 'clusterfl bench')\n"
+            "except ClusterFLError as exc:\n    print(exc)\n")
+    r = _limited(["-c", code, str(tmp_path)], 1024)  # the table without runs: ~2.4 KB
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        f"the file-size limit (ulimit -f) was reached on {tmp_path}: cannot write {results} "
+        f"(the bench's results); the runs under {runs} are intact: the same command writes "
+        "the results again")
+    assert results.read_text() == "the last results"
+    assert not (tmp_path / "RESULTS.md.tmp").exists()
