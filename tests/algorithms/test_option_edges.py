@@ -115,6 +115,26 @@ def test_fesem_options_for_clients_not_yet_clustered_are_named_when_every_client
     assert sampled.method_warnings == []
 
 
+@pytest.mark.parametrize("name", ["fesem", "fesem_cam"])
+def test_fesem_options_for_clients_not_yet_clustered_are_named_after_a_warm_up(name):
+    """Before: with a warm-up, whose last round's k-means clusters every client (those that
+    did not answer with their last model), newcomer_start and first_clustering never act,
+    with a sample too, and nothing was said (every client every round: a line that blamed
+    the sample, not the warm-up)."""
+    settings = {"name": name, "n_clusters": 2, "newcomer_start": "start",
+                "first_clustering": 0.25, "warmup_rounds": 1}
+    why = ("does nothing: algorithm.warmup_rounds = 1 (the last warm-up round's k-means "
+           "clusters every client, so no client is ever waiting for a cluster)")
+    for more in ({}, {"fraction": 0.5}):
+        exp = Experiment(load_config(tiny_config(algorithm={**settings, **more})))
+        assert exp.config.algorithm.ignored_settings() == [
+            f"algorithm.newcomer_start = 'start' {why}", f"algorithm.first_clustering = 0.25 "
+            f"{why}"]
+        assert exp.method_warnings == []  # said once, not again as a round's option
+    default = load_config(tiny_config(algorithm={**settings, "warmup_rounds": 0}))
+    assert default.algorithm.ignored_settings() == []
+
+
 def test_a_cfl_gp_cluster_rounds_of_one_is_refused():
     # T_cl = 1: clustering only in rounds t < 1, so never; the run went on without a word
     with pytest.raises(ConfigError) as err:

@@ -148,14 +148,25 @@ class FeSEMConfig(SampledConfig):
         "client farthest from its center, or keep its parameters")
 
     def ignored_settings(self) -> list[str]:
-        """With K = 1 k-means has one center, every client's, never empty: settled at once."""
-        return one_cluster_ignores(self, ("kmeans_iters", "kmeans_restarts", "empty_centers"),
-                                   what="one center, which every client joins")
+        """With K = 1 k-means has one center, every client's, never empty: settled at once.
+        After a warm-up no client is unclustered (its last round's k-means takes every
+        client's table row, answered or not), so the options for such a client never act."""
+        out = one_cluster_ignores(self, ("kmeans_iters", "kmeans_restarts", "empty_centers"),
+                                  what="one center, which every client joins")
+        if self.warmup_rounds > 0:
+            out += [f"algorithm.{o} = {getattr(self, o)!r} does nothing: algorithm."
+                    f"warmup_rounds = {self.warmup_rounds} (the last warm-up round's k-means "
+                    "clusters every client, so no client is ever waiting for a cluster)"
+                    for o in changed_fields(self, "newcomer_start", "first_clustering")]
+        return out
 
     def partial_round_settings(self) -> list[str]:
         """Where a client not yet clustered starts, and how many models the first k-means
         waits for: both act only while some client has sent no model (never, when every
-        client answers every round: all are clustered in the first round)."""
+        client answers every round: all are clustered in the first round). After a warm-up:
+        never, whoever answers (`ignored_settings` says so)."""
+        if self.warmup_rounds > 0:
+            return []
         return [f"algorithm.{o} = {getattr(self, o)!r}"
                 for o in changed_fields(self, "newcomer_start", "first_clustering")]
 
