@@ -135,6 +135,46 @@ def test_fesem_options_for_clients_not_yet_clustered_are_named_after_a_warm_up(n
     assert default.algorithm.ignored_settings() == []
 
 
+def test_fedem_place_iterations_with_one_component_is_named():
+    """Before: with M = 1 the mixture weight π is [1] from its start 1/M, so no EM step of
+    a placement moves it, and place_iterations set anyway was silent."""
+    def said(**settings):
+        return load_config(tiny_config(algorithm={"name": "fedem", **settings})
+                           ).algorithm.ignored_settings()
+
+    assert said(n_components=1, place_iterations=5) == [
+        "algorithm.place_iterations = 5 does nothing: algorithm.n_components = 1 (one "
+        "component, whose mixture weight is 1 before any EM step)"]
+    assert said(n_components=2, place_iterations=5) == said(n_components=1) == []
+
+
+ONE_SHOT = {"flhc": {"warmup_rounds": 1}, "pacfl": {}, "pca_km_hc": {},
+            "flt": {"encoder": "none", "latent": 16, "k": 3, "finetune_epochs": 0,
+                    "umap": False}}
+
+
+@pytest.mark.parametrize("name", list(ONE_SHOT))
+def test_a_max_clusters_of_at_least_the_clients_is_named(name):
+    """Before: max_clusters = 4 with 4 clients that train bounds nothing (a cut of 4 clients
+    has at most 4 clusters) and was silent; 3 can bind, and with a fixed n_clusters the
+    existing line says it does nothing (not twice)."""
+    def said(**settings):
+        config = load_config(tiny_config(algorithm={"name": name, **ONE_SHOT[name],
+                                                    **settings}))
+        exp = Experiment(config)
+        return [w for w in [*config.algorithm.ignored_settings(), *exp.method_warnings]
+                if w.startswith("algorithm.max_clusters")]
+
+    assert said(max_clusters=4) == [
+        "algorithm.max_clusters = 4 does nothing: the automatic cut of the 4 clients that "
+        "train has at most 4 clusters"]
+    assert said(max_clusters=3) == []
+    assert [w.split(" does nothing: ")[1] for w in said(max_clusters=4, n_clusters=2)] == [
+        "algorithm.n_clusters = 2 fixes " + ("C" if name in ("flt", "pca_km_hc") else
+                                             "the cut (the option applies to the automatic "
+                                             "cut only)")]
+
+
 def test_a_cfl_gp_cluster_rounds_of_one_is_refused():
     # T_cl = 1: clustering only in rounds t < 1, so never; the run went on without a word
     with pytest.raises(ConfigError) as err:

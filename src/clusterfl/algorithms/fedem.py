@@ -56,7 +56,12 @@ import torch
 from pydantic import Field
 
 from clusterfl.algorithms.base import Algorithm, Ask, Context, Update
-from clusterfl.algorithms.common import Placement, SampledConfig, check_k_fits
+from clusterfl.algorithms.common import (
+    Placement,
+    SampledConfig,
+    check_k_fits,
+    one_cluster_ignores,
+)
 from clusterfl.clustering.aggregate import cluster_sizes
 from clusterfl.protocol import (
     Combine,
@@ -81,6 +86,12 @@ class FedEMConfig(SampledConfig):
         "component (the authors' code)")
     place_iterations: int = Field(
         20, ge=1, description="EM steps a new client runs to fit its mixture weights")
+
+    def ignored_settings(self) -> list[str]:
+        """With M = 1 a placement's π starts at 1/M = [1] and no EM step moves it."""
+        return [*super().ignored_settings(), *one_cluster_ignores(
+            self, ("place_iterations",), k="n_components",
+            what="one component, whose mixture weight is 1 before any EM step")]
 
 
 @dataclass(kw_only=True)

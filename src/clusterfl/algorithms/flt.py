@@ -124,6 +124,7 @@ from clusterfl.algorithms.oneshot import (
     max_clusters_field,
     min_silhouette_field,
     own_clusters,
+    unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members
 from clusterfl.clustering.hierarchical import (
@@ -402,7 +403,7 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         if isinstance(cfg, PCAKMHCConfig) and cfg.pca_components > d:  # PCA keeps at most e
             raise ConfigError("algorithm.pca_components", f"{cfg.pca_components} PCA "
                               f"components exceed the input size e = {d}; allowed: 1..{d}")
-        return []
+        return unbound_max_clusters(cfg, n_clients)
 
     def setup(self, ctx: Context) -> None:
         self.fits(ctx.n_clients, ctx.rounds)

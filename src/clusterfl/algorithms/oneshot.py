@@ -79,6 +79,18 @@ def ignored_cut_options(config: Any, names: tuple[str, ...]) -> list[str]:
             "cut only)" for o in changed_fields(config, *names)]
 
 
+def unbound_max_clusters(config: Any, n_clients: int) -> list[str]:
+    """The line for a `max_clusters` of at least the `n_clients` that train, where the cut
+    reads it (`ignored_settings` names it otherwise): a cut of at most `n_clients` clients
+    has at most that many clusters, so the bound never binds (for `Algorithm.check`)."""
+    bound = config.max_clusters
+    if bound is None or bound < n_clients or any(
+            w.startswith("algorithm.max_clusters = ") for w in config.ignored_settings()):
+        return []
+    return [f"algorithm.max_clusters = {bound} does nothing: the automatic cut of the "
+            f"{n_clients} clients that train has at most {n_clients} clusters"]
+
+
 def max_clusters_field(description: str) -> Any:
     """The `max_clusters` bound on the automatic C: at least 2, since a bound of 1 would put
     every client into one cluster whatever the cut finds (`n_clusters = 1` says that)."""

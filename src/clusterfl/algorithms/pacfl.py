@@ -83,6 +83,7 @@ from clusterfl.algorithms.oneshot import (
     lowered_cut,
     max_clusters_field,
     min_silhouette_field,
+    unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
 from clusterfl.clustering.hierarchical import distance_linkage, linkage_to_clusters
@@ -239,6 +240,9 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
 
     def fits(self, n_clients: int, rounds: int | None) -> None:
         check_k_fits(self.config.n_clusters or 1, n_clients)
+
+    def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        return unbound_max_clusters(self.config, n_clients)
 
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients
