@@ -116,8 +116,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "`[suite.quick]`): a check that every method runs end to end, *not* a "
                 "reproduction — the paper columns are there for orientation only\n"
                 if args.quick else "")
-    path = write_results(scenarios, runs, results, command, preamble=preamble,
-                         sections=_extra_sections())
+    try:
+        path = write_results(scenarios, runs, results, command, preamble=preamble,
+                             sections=_extra_sections())
+    except ClusterFLError:  # a full disk: the runs' own failure is said too, not lost
+        if failed is not None:
+            print(f"clusterfl: error: {failed}", file=sys.stderr)
+        raise
     print(f"results written to {path}")
     if failed is not None and failed.diverged:  # as run/compare/sweep: status 3, not 2
         from clusterfl.cli_util import DIVERGED_EXIT

@@ -214,6 +214,33 @@ def test_a_results_path_that_cannot_be_written_is_refused_before_any_run(
         assert not runs.exists()
 
 
+def test_runs_that_failed_are_still_said_when_the_results_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A suite whose runs failed and whose results file then could not be written (a full
+    disk) reported only the write's error: the runs' failure was lost."""
+    import errno
+
+    import clusterfl.bench as bench
+    from clusterfl.errors import write_error
+
+    def failing_suite(*args: object, **kwargs: object) -> None:
+        raise BenchError(["digits / fedavg / seed 0: boom"])
+
+    def full(scenarios: object, runs: object, results: Path, *a: object, **k: object) -> Path:
+        raise write_error(OSError(errno.ENOSPC, "No space left on device"), results,
+                          "the bench's results", "the runs are intact")
+
+    monkeypatch.setattr(bench, "run_suite", failing_suite)
+    monkeypatch.setattr(bench, "write_results", full)
+    rc = main(["bench", "--suite", str(_suite(tmp_path)), "--runs", str(tmp_path / "runs"),
+               "--results", str(tmp_path / "R.md")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[:2] == ["clusterfl: error: 1 suite run(s) failed:",
+                                   "  digits / fedavg / seed 0: boom"]
+    assert len(err) == 3 and "cannot write" in err[2] and err[2].endswith("the runs are intact")
+
+
 def test_a_changed_config_is_run_again(tmp_path: Path) -> None:
     runs, logs = tmp_path / "runs", []
     quick = load_suite(_suite(tmp_path), quick=True)
