@@ -53,7 +53,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     b.add_argument("--data-dir", help="dataset folder (default: $CLUSTERFL_DATA or cache)")
     b.add_argument("--device", help="where the runs compute: auto, cpu, cuda or cuda:N "
                    "(sets backend.device of every run; default auto)")
-    b.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction, default=True,
+    b.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction, default=None,
                    help="a diverged run (every update of a round rejected, or a non-finite or "
                    "exploding training loss) counts as a failed run: the command exits "
                    "non-zero after writing the table (default: on)")
@@ -73,7 +73,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from clusterfl.cli_sweep import check_run_options
     from clusterfl.rundir import check_folder
 
-    check_run_options(args, "report_only" if args.report_only else None)  # before any file
+    check_run_options(args, "report_only" if args.report_only else None,  # before any file
+                      {"fail_on_divergence": None})  # only run_suite reads it
+    if args.fail_on_divergence is None:
+        args.fail_on_divergence = True  # on by default
     if args.data_dir:
         os.environ["CLUSTERFL_DATA"] = str(args.data_dir)
     kind = "quick" if args.quick else "full"

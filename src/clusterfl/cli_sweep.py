@@ -38,19 +38,28 @@ RUN_OPTIONS = {"jobs": 1, "ray": None, "cpus_per_run": None, "gpus_per_run": 0}
 """The options of `add_run_options` (as argparse names them) and their defaults."""
 
 
+IDLE_WORDS = {"quiet": "hides the line per run",
+              "fail_on_divergence": "sets the exit status when a run diverged"}
+"""What an option that `check_run_options` refuses in a mode that runs nothing does (else
+"says how to run")."""
+
+
 def check_run_options(args: argparse.Namespace, idle: str | None,
-                      also: tuple[str, ...] = ()) -> None:
+                      also: dict[str, Any] | None = None) -> None:
     """`--jobs`, `--cpus-per-run` and `--gpus-per-run` checked in every mode
     (`jobs.check_resources`); with `idle` (`plan`, `report_only`: a mode that runs nothing),
-    a run option given (one of `RUN_OPTIONS` off its default, or a flag of `also`) is refused
-    in one line, as it would do nothing."""
+    an option that would do nothing (one of `RUN_OPTIONS`, or of `also`: name → default, off
+    its default) is refused in one line. A default of None is a `--X/--no-X` pair not given:
+    False is said as --no-X."""
     from clusterfl.jobs import check_resources
 
     check_resources(args.jobs, args.cpus_per_run, args.gpus_per_run)
-    moot = [n for n in also if getattr(args, n, False)] + [
-        n for n, default in RUN_OPTIONS.items() if getattr(args, n) != default]
+    moot = [n for n, default in {**(also or {}), **RUN_OPTIONS}.items()
+            if getattr(args, n, default) != default]
     if idle and moot:
-        raise ClusterFLError(f"--{moot[0].replace('_', '-')}: says how to run, and "
+        name = moot[0]
+        flag = ("no-" if getattr(args, name) is False else "") + name.replace("_", "-")
+        raise ClusterFLError(f"--{flag}: {IDLE_WORDS.get(name, 'says how to run')}, and "
                              f"--{idle.replace('_', '-')} runs nothing; give one of the two")
 
 
@@ -82,7 +91,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true",
                    help="no line per run (the table, the failures and the paths are printed)")
     s.add_argument("--fail-on-divergence", action=argparse.BooleanOptionalAction,
-                   default=False, help="exit with code 3 when a run diverged (the results "
+                   default=None, help="exit with code 3 when a run diverged (the results "
                    "are written; default: off)")
     s.set_defaults(func=cmd_sweep)
     return s
@@ -115,7 +124,10 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
     from clusterfl.sweep_report import console_table, write_report
 
     idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
-    check_run_options(args, idle, ("overwrite", "retry_failed"))
+    moot: dict[str, bool | None] = {"overwrite": False, "retry_failed": False, "quiet": False}
+    if idle == "plan":  # reads no result: no exit status for a diverged run either
+        moot["fail_on_divergence"] = None
+    check_run_options(args, idle, moot)
     check_folder(out)  # --plan and --report-only too: a run would stop on it
     if getattr(args, "ray", None):
         from clusterfl.errors import require

@@ -426,11 +426,16 @@ def test_methods_filter_keeps_the_specs_of_the_named_algorithms(tmp_path: Path) 
      "the two"),
     (["--cpus-per-run", "2"], "--cpus-per-run: says how to run, and --report-only runs "
      "nothing; give one of the two"),
+    (["--fail-on-divergence"], "--fail-on-divergence: sets the exit status when a run "
+     "diverged, and --report-only runs nothing; give one of the two"),
+    (["--no-fail-on-divergence"], "--no-fail-on-divergence: sets the exit status when a run "
+     "diverged, and --report-only runs nothing; give one of the two"),
 ])
 def test_run_options_with_report_only_are_refused_as_sweep_refuses_them(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
     """`bench --report-only --jobs 0` was accepted (bench checked --jobs only when it ran),
-    and --jobs 2, --ray, --cpus-per-run did nothing without a word. Now the checks and the
+    and --jobs 2, --ray, --cpus-per-run, --[no-]fail-on-divergence (only a run reads it) did
+    nothing without a word. Now the checks and the
     refusal of `sweep --report-only`, before anything is read or written."""
     runs, results = tmp_path / "runs", tmp_path / "R.md"
     assert main(["bench", "--suite", str(_suite(tmp_path)), "--runs", str(runs),

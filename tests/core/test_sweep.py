@@ -252,6 +252,32 @@ def test_run_options_with_a_mode_that_runs_nothing_are_refused_and_checked(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--plan", "--quiet"], "--quiet: hides the line per run, and --plan runs nothing; give "
+     "one of the two"),
+    (["--report-only", "--quiet"], "--quiet: hides the line per run, and --report-only runs "
+     "nothing; give one of the two"),
+    (["--plan", "--fail-on-divergence"], "--fail-on-divergence: sets the exit status when a "
+     "run diverged, and --plan runs nothing; give one of the two"),
+    (["--plan", "--no-fail-on-divergence"], "--no-fail-on-divergence: sets the exit status "
+     "when a run diverged, and --plan runs nothing; give one of the two"),
+    (["--report-only", "--fail-on-divergence"], "--report-only: {out} holds no finished "
+     "run of this sweep; run it first (without --report-only), or give its folder with "
+     "--out"),  # acts with --report-only (exit 3 on a diverged run): not refused
+])
+def test_quiet_and_fail_on_divergence_are_refused_where_they_do_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
+    """`sweep --plan --quiet` (and --report-only --quiet: no run, so no line per run to
+    hide) and `--plan --[no-]fail-on-divergence` (the plan reads no result) went through
+    without a word; now refused as the run options are."""
+    out = tmp_path / "o"
+    argv = ["sweep", str(_write(tmp_path, {"methods": ["fedavg"], "seeds": [0]})), *flags]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"clusterfl: error: {said.format(out=out)}"]
+    assert not out.exists()
+
+
 def _sweep(tmp_path: Path, lrs: list[float]) -> Path:
     return _write(tmp_path, {"methods": ["fedavg", "ifca:n_clusters=4"], "seeds": [0, 1],
                              "grid": {"train.lr": lrs}})
