@@ -121,7 +121,7 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
         run_sweep,
         write_table,
     )
-    from clusterfl.sweep_report import console_table, write_report
+    from clusterfl.sweep_report import console_table, range_note, write_report
 
     idle = next((f for f in ("plan", "report_only") if getattr(args, f, False)), None)
     moot: dict[str, bool | None] = {"overwrite": False, "retry_failed": False, "quiet": False}
@@ -201,6 +201,9 @@ def run_and_report(sweep: Any, out: Path, args: argparse.Namespace, command: str
               "(without --report-only) runs them again", file=sys.stderr)
     report = write_report(sweep, runs, rows, out, shown, failures, warnings=unused)
     con.print(console_table(rows, sweep.seeds))
+    note = range_note(rows, sweep.seeds, plain=True)  # as the report's footnote
+    if note:
+        con.print(note, markup=False, soft_wrap=True)
     con.print(f"table of every run: {csv_path}" + (f", {parquet}" if parquet else ""))
     con.print(f"report: {report}")
     if failures:

@@ -294,10 +294,12 @@ def plot_bands(runs: Sequence[Run], key: str, path: Path, title: str) -> Path:
     return path
 
 
-def range_note(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
+def range_note(rows: Sequence[dict[str, Any]], seeds: Sequence[int],
+               plain: bool = False) -> str:
     """A footnote naming each 95 % interval of the primary metric (a cell's, or of a paired
     difference) that reaches outside the values the metric can take (accuracy: 0–100 %;
-    with 2 seeds Student's t gives [-21.2, 48.7] for 11 % and 16.5 %); '' when none does."""
+    with 2 seeds Student's t gives [-21.2, 48.7] for 11 % and 16.5 %); '' when none does.
+    Markdown (a bullet of the report), or with `plain` one line of text (the console's)."""
     key, header, scale, digits, _ = primary(rows)
     if key not in RANGES:
         return ""
@@ -305,7 +307,7 @@ def range_note(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     width = high - low  # a difference of two values lies within ± the range's width
     found = []
     for cell in cells_of(rows):
-        where = f" in `{cell}`" if cell else ""
+        where = (f" in {cell}" if plain else f" in `{cell}`") if cell else ""
         for method in methods_of([r for r in rows if r["cell"] == cell]):
             d = describe(values(rows, cell, method, key, seeds))
             if d.low is not None and d.high is not None and (d.low < low or d.high > high):
@@ -321,10 +323,11 @@ def range_note(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     bounds = (f"{number(low * scale, 0)}–{number(high * scale, 0)}{unit}; a difference of two: "
               f"±{number(width * scale, 0)}{unit} points" if np.isfinite(high)
               else f"at least {number(low * scale, 0)}")
-    return (f"- **intervals outside the range**: the 95 % interval reaches outside the values "
+    lead = "intervals outside the range:" if plain else "- **intervals outside the range**:"
+    return (f"{lead} the 95 % interval reaches outside the values "
             f"{_name(header)} can take ({bounds}) for {', '.join(found)}. Student's t interval "
             "is symmetric around the mean and not cut to the range: with few seeds it is "
-            "wide. It is kept as computed; more seeds narrow it.\n")
+            "wide. It is kept as computed; more seeds narrow it." + "\n" * (not plain))
 
 
 def _interval(low: float, high: float, digits: int | str, scale: float) -> str:
