@@ -422,6 +422,12 @@ class Experiment:
             out.append(f"scenario.vocab_size = {scen.vocab_size} does nothing here: "
                        f"scenario.vocab_file ({scen.vocab_file}) gives the vocabulary, "
                        f"{len(words)} words (<unk> and <eos> included)")
+        elif words is not None and isinstance(scen, TopicsParams) and not scen.vocab_file and \
+                scen.vocab_size != TopicsParams.model_fields["vocab_size"].default and \
+                len(words) < scen.vocab_size:  # the cap binds nowhere: every word is kept
+            out.append(f"scenario.vocab_size = {scen.vocab_size} does nothing here: the "
+                       f"clients' training articles have only {len(words) - 2} distinct "
+                       f"words, all kept ({len(words)} entries with <unk> and <eos>)")
         batch, largest = self.config.train.batch_size, int(self.federation.train_sizes.max())
         if batch > largest:  # the number holds for no client: said, not silently clamped
             out.append(f"train.batch_size = {batch} is more than any client's training "

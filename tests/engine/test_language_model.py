@@ -315,3 +315,26 @@ def test_vocab_size_under_a_vocab_file_warns_that_it_does_nothing(
         err = capsys.readouterr().err
         assert err.count("scenario.vocab_size = 5 does nothing") == int(warned), err
         assert any("vocab_size" in w for w in h.summary.warnings or []) == warned
+
+
+def test_a_vocab_size_above_the_corpus_words_warns_that_it_does_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The synthetic corpus has 40 distinct words: a `vocab_size` set above 42 (40 + <unk>
+    and <eos>) kept them all without a word (10**9 ran as 42). It warns once with the count;
+    42 (the cap binds exactly) and the default (not the user's number) say nothing."""
+    raw = _config("fedavg", 1)
+    for size, warned in ((42, False), (43, True), (10**9, True), (None, False)):
+        if size is None:
+            del raw["scenario"]["vocab_size"]  # the default, 10,000
+        else:
+            raw["scenario"]["vocab_size"] = size
+        capsys.readouterr()
+        e = Experiment(load_config(raw))
+        assert len(e.full_federation.meta["vocab"]) == 42
+        h = e.run(progress=False)
+        err = capsys.readouterr().err
+        line = (f"scenario.vocab_size = {size} does nothing here: the clients' training "
+                "articles have only 40 distinct words, all kept (42 entries with <unk> and "
+                "<eos>)")
+        assert err.count(line) == int(warned), err
+        assert any("vocab_size" in w for w in h.summary.warnings or []) == warned
