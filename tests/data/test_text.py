@@ -49,6 +49,23 @@ def test_vocab_file_round_trip_and_bad_file(tmp_path: Path) -> None:
         Vocab.load(tmp_path / "bad.txt")
 
 
+def test_a_hand_edited_vocab_file_names_the_line_no_text_can_give(tmp_path: Path) -> None:
+    """A vocab.txt edited by hand was read as is: "Hello", "world " (a trailing space) or a
+    blank line became entries whose id no tokenized text ever has (a silently dead word,
+    and "hello" then <unk>). Now the line is named; blank lines at the end are ignored."""
+    path = tmp_path / "vocab.txt"
+    for text, line, word in (("<unk>\n<eos>\nHello\nx\n", 3, "'Hello'"),
+                             ("<unk>\n<eos>\nx\nworld \n", 4, "'world '"),
+                             ("<unk>\n<eos>\nx\n\ny\n", 4, "''")):
+        path.write_text(text)
+        with pytest.raises(DataError) as info:
+            Vocab.load(path)
+        assert str(info.value).startswith(f"{path}: line {line} ({word}) is not a word the "
+                                          "tokenizer gives")
+    path.write_text("<unk>\n<eos>\nx\ndon't\n\n\n")
+    assert Vocab.load(path).words == ("<unk>", "<eos>", "x", "don't")
+
+
 def test_windows_are_inputs_and_their_next_tokens() -> None:
     x, y = windows([1, 2, 3, 4, 5, 6, 7, 8], 3)  # two windows of 3 + 1, the rest dropped
     np.testing.assert_array_equal(x, [[1, 2, 3], [4, 5, 6]])

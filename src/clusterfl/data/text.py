@@ -106,9 +106,16 @@ class Vocab:
             words = tuple(p.read_text(encoding="utf-8").splitlines())
         except OSError as exc:
             raise DataError(f"{p}: cannot read the vocabulary ({exc.strerror})") from None
+        while words and not words[-1].strip():  # an editor's blank lines at the end
+            words = words[:-1]
         if len(words) < 3 or words[:2] != (UNK, EOS) or len(set(words)) != len(words):
             raise DataError(f"{p}: not a vocabulary file (one word per line, {UNK} and {EOS} "
                             "first, no repeats)")
+        for n, word in enumerate(words[2:], 3):  # one no text yields: its id never occurs
+            if tokenize(word) != [word]:
+                raise DataError(f"{p}: line {n} ({word!r}) is not a word the tokenizer gives "
+                                f"({KEPT}, lowercase, one word a line): a hand edit? fix or "
+                                "remove it")
         return cls(words)
 
 
