@@ -326,6 +326,7 @@ class Experiment:
             for line in notes:
                 if line is not None:
                     print(self.console_warning(line, "note"), file=sys.stderr, flush=True)
+            resumed += self._edited_vocab() if resume else []
             for line in [*self.config.algorithm.ignored_settings(), *self.method_warnings,
                          *self._data_warnings(), *resumed]:
                 print(self.console_warning(line), file=sys.stderr, flush=True)
@@ -402,6 +403,23 @@ class Experiment:
                 f"{everyone} with no [faults] dropout, drop_clients or stragglers that miss "
                 "the deadline (straggler_work = 0); only a reply that [validation] rejects "
                 "would make such a round" for o in options]
+
+    def _edited_vocab(self) -> list[str]:
+        """A resumed run's `vocab.txt` that is not the vocabulary its data gives (a hand edit):
+        it is written again, which is said (its models read the data's ids, not the file's)."""
+        words = self.full_federation.meta.get("vocab")
+        if words is None or self.out_dir is None:
+            return []
+        path = self.out_dir / VOCAB_FILE
+        try:
+            if not path.is_file() or path.read_bytes() == ("\n".join(words) + "\n").encode():
+                return []
+        except OSError:
+            return []  # unreadable: the write that follows names the problem
+        return [f"{path} is not the vocabulary the run's data gives (edited by hand?): it is "
+                f"written again ({len(words)} words); the run's models use the data's "
+                "vocabulary, not the edited file (to use another vocabulary, start a new run "
+                "with scenario.vocab_file)"]
 
     def _data_warnings(self) -> list[str]:
         """What the run's data leaves out, said before round 1 (the run goes on)."""

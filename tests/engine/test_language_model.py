@@ -338,3 +338,26 @@ def test_a_vocab_size_above_the_corpus_words_warns_that_it_does_nothing(
                 "<eos>)")
         assert err.count(line) == int(warned), err
         assert any("vocab_size" in w for w in h.summary.warnings or []) == warned
+
+
+def test_a_resumed_runs_hand_edited_vocab_file_is_said_and_written_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A resumed run rebuilds its vocabulary from config.toml and wrote it over a `vocab.txt`
+    edited by hand without a word (the edit seemingly taken, silently lost). Now it warns,
+    naming the file, and writes the data's vocabulary again; an unedited file says nothing."""
+    raw = _config("fedavg", 1)
+    raw["checkpoint_every"] = 1
+    run = tmp_path / "run"
+    Experiment(load_config(raw), run).run(progress=False)
+    words = Vocab.load(run / "vocab.txt").words
+    for rounds, edited in ((2, False), (3, True)):
+        if edited:
+            Vocab(words[:-1]).save(run / "vocab.txt")  # the last word removed by hand
+        raw["rounds"] = rounds
+        capsys.readouterr()
+        h = Experiment(load_config(raw), run).run(resume=True, progress=False)
+        err = capsys.readouterr().err
+        said = f"{run / 'vocab.txt'} is not the vocabulary the run's data gives (edited by hand?)"
+        assert err.count(said) == int(edited), err
+        assert any(said in w for w in h.summary.warnings or []) == edited
+        assert Vocab.load(run / "vocab.txt").words == words
