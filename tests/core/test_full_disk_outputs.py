@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,19 +105,26 @@ def test_full_disk_in_history_resumes_from_the_checkpoint(
     assert [r.metrics for r in read_history(tmp_path)] == [r.metrics for r in ref.records]
 
 
-def test_full_disk_in_summary_is_one_line_and_resume_writes_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """summary.json's write fails: it was a bare OSError; now one line naming the file and
-    the last round's checkpoint, no temporary file left, and --resume writes the summary."""
+def _disk_full_in(monkeypatch: pytest.MonkeyPatch, name: str, part: str) -> Any:
+    """Writing the file `name` writes `part` of it, then finds the disk full; returns the
+    real `Path.write_text`, to put back."""
     real = Path.write_text
 
     def write_text(self: Path, *args: object, **kwargs: object) -> int:
-        if self.name == "summary.json.tmp":
-            real(self, "{")  # a part of it, then the disk is full
+        if self.name == name:
+            real(self, part)
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Path, "write_text", write_text)
+    return real
+
+
+def test_full_disk_in_summary_is_one_line_and_resume_writes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """summary.json's write fails: it was a bare OSError; now one line naming the file and
+    the last round's checkpoint, no temporary file left, and --resume writes the summary."""
+    real = _disk_full_in(monkeypatch, "summary.json.tmp", "{")
     with pytest.raises(ClusterFLError) as err:
         Experiment.from_config(CFG, out_dir=tmp_path).run(progress=False)
     assert str(err.value) == (
@@ -252,15 +260,7 @@ def test_full_disk_in_a_language_models_vocab_is_one_line_and_leaves_none(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """vocab.txt (Vocab.save, at the run's start) fails part way: one line naming the file
     and what is intact, no vocab.txt nor its temporary file left; --overwrite then runs."""
-    real = Path.write_text
-
-    def write_text(self: Path, *args: object, **kwargs: object) -> int:
-        if self.name == "vocab.txt.tmp":
-            real(self, "<unk>\n")  # a part of it, then the disk is full
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Path, "write_text", write_text)
+    real = _disk_full_in(monkeypatch, "vocab.txt.tmp", "<unk>\n")
     with pytest.raises(ClusterFLError) as err:
         Experiment.from_config(TOPICS, out_dir=tmp_path).run(progress=False)
     vocab = tmp_path / "vocab.txt"
