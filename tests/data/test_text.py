@@ -247,6 +247,25 @@ def test_articles_without_words_are_refused_not_scored(tmp_path: Path) -> None:
         make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
 
 
+def test_a_non_utf8_ag_news_csv_names_the_line_and_byte(tmp_path: Path) -> None:
+    """A Latin-1 "é" on line 3001 read "'utf-8' codec can't decode byte 0xe9 in position
+    7744": no line, and a position inside the chunk read, not the file. Now the file, the
+    1-based line and the byte of the file (the byte-order mark counted) are named."""
+    row = b'"3","Oil prices rise","Crude climbed on Monday."\n'
+    bad = tmp_path / "train.csv"
+    bad.write_bytes(row * 3000 + b'"3","Caf\xe9 prices","Latin-1."\n' + row)
+    with pytest.raises(DataError) as info:
+        read_ag_news_csv(bad)
+    at = 3000 * len(row) + len(b'"3","Caf') + 1
+    assert str(info.value) == (f"{bad}: line 3001 holds a byte that is not UTF-8 (0xe9, byte "
+                               f"{at:,} of the file); AG News is UTF-8: a file saved in another "
+                               "encoding? save it as UTF-8")
+    bad.write_bytes(b"\xef\xbb\xbf" + b'"3","Caf\xe9","x"\n' + row)  # after a BOM, line 1
+    with pytest.raises(DataError, match=r"line 1 holds a byte that is not UTF-8 \(0xe9, byte "
+                                        r"12 of the file\)"):
+        read_ag_news_csv(bad)
+
+
 def test_missing_test_csv_is_named(tmp_path: Path) -> None:
     folder = _ag_news(tmp_path, ROWS, ROWS)
     (folder / "test.csv").unlink()

@@ -217,7 +217,11 @@ def read_ag_news_csv(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
                                     f"{hint}")
                 topics.append(int(row[0]) - 1)
                 texts.append(f"{row[1]} {row[2]}")
-    except (csv.Error, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:  # its position counts from a read chunk, not the file
+        where = _bad_utf8(path) or f"a byte that is not UTF-8 ({exc.reason})"
+        raise DataError(f"{path}: {where}; AG News is UTF-8: a file saved in another "
+                        "encoding? save it as UTF-8") from None
+    except csv.Error as exc:
         raise DataError(f"{path}: not a readable AG News CSV file ({exc}); truncated or "
                         "not AG News") from None
     except OSError as exc:
@@ -225,6 +229,27 @@ def read_ag_news_csv(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
     if not texts:
         raise DataError(f"{path}: no rows; AG News has 'class index, title, description' rows")
     return tuple(texts), np.asarray(topics, dtype=np.int64)
+
+
+def _bad_utf8(path: Path) -> str | None:
+    """Where `path` first stops being UTF-8: "line L holds a byte that is not UTF-8 (0xXX,
+    byte B of the file)", L and B 1-based (a byte-order mark at the start is allowed); None
+    if it all decodes (or cannot be read)."""
+    start = 0
+    try:
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, 1):  # b"\n" is never part of a multi-byte character
+                try:
+                    line.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    bom = 3 if n == 1 and line.startswith(b"\xef\xbb\xbf") else 0
+                    at = exc.start + bom
+                    return (f"line {n} holds a byte that is not UTF-8 (0x{line[at]:02x}, byte "
+                            f"{start + at + 1:,} of the file)")
+                start += len(line)
+    except OSError:
+        return None
+    return None
 
 
 def read_ag_news_hf(folder: Path) -> tuple[tuple[tuple[str, ...], np.ndarray], ...]:
