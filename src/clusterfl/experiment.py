@@ -41,7 +41,7 @@ from clusterfl.data import own
 from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import SOURCE_NAMES, Source, load_source, standardize
-from clusterfl.data.text import VOCAB_FILE, TopicsParams, Vocab
+from clusterfl.data.text import VOCAB_FILE, TopicsParams, Vocab, token_warnings
 from clusterfl.errors import ClusterFLError, ConfigError, write_error
 from clusterfl.holdout import Holdout, private
 from clusterfl.models import MODELS, ModelFactory
@@ -446,6 +446,11 @@ class Experiment:
             out.append(f"scenario.vocab_size = {scen.vocab_size} does nothing here: the "
                        f"clients' training articles have only {len(words) - 2} distinct "
                        f"words, all kept ({len(words)} entries with <unk> and <eos>)")
+        if words is not None:
+            vocabulary = (f"the vocabulary ({len(words)} entries)" if not isinstance(
+                scen, TopicsParams) else f"scenario.vocab_file's vocabulary ({len(words)} "
+                "entries)" if scen.vocab_file else f"scenario.vocab_size = {scen.vocab_size}")
+            out += token_warnings(self.full_federation, vocabulary)
         batch, largest = self.config.train.batch_size, int(self.federation.train_sizes.max())
         if batch > largest:  # the number holds for no client: said, not silently clamped
             out.append(f"train.batch_size = {batch} is more than any client's training "

@@ -361,3 +361,37 @@ def test_a_resumed_runs_hand_edited_vocab_file_is_said_and_written_again(
         assert err.count(said) == int(edited), err
         assert any(said in w for w in h.summary.warnings or []) == edited
         assert Vocab.load(run / "vocab.txt").words == words
+
+
+def test_a_tiny_vocab_size_that_makes_most_tokens_unk_warns(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`vocab_size = 3` keeps one word of the synthetic corpus' 40: 94 % of the tokens are
+    <unk> and FedAvg's token accuracy was 94 % after one round, without a word. Now a run
+    warns once when <unk> is more than half of the training tokens (counted here by hand),
+    naming the setting and the share; 42 (every word kept) and the docs' demo (vocab_size =
+    50, 20 clients) say nothing. Above one half <unk> is the commonest target."""
+    from clusterfl.data.text import token_warnings
+
+    raw = _config("fedavg", 1)
+    raw["scenario"]["vocab_size"] = 3
+    e = Experiment(load_config(raw))
+    y = e.full_federation.y_train
+    unk, total = int((y == 0).sum()), y.numel()
+    assert unk / total > 0.9
+    capsys.readouterr()
+    h = e.run(progress=False)
+    line = (f"scenario.vocab_size = 3: {round(100 * unk / total)} % of the training tokens are "
+            f"<unk> ({unk:,} of {total:,}; words outside the vocabulary): <unk> is the most "
+            "frequent target, so the token accuracy (accuracy) then mostly counts <unk>")
+    assert capsys.readouterr().err.count(line) == 1
+    assert [w[: len(line)] for w in h.summary.warnings or [] if "<unk>" in w] == [line]
+    # 14 (the tests' federation): 67 %; 20: 52.2 %, 21: 49.8 % (either side of one half)
+    for scenario, warned in (({"vocab_size": 14}, True), ({"vocab_size": 20}, True),
+                             ({"vocab_size": 21}, False), ({"vocab_size": 42}, False),
+                             ({"n_clients": 20, "seq_len": 10, "vocab_size": 50}, False)):
+        raw["scenario"].update(scenario)
+        fed = Experiment(load_config(raw)).full_federation
+        share = float((fed.y_train == 0).float().mean())
+        assert (share > 0.5) == warned, (scenario, share)
+        assert sum("<unk>" in w for w in token_warnings(fed, "v")) == int(warned), scenario
+    assert share == 0.0  # the demo: every word in the vocabulary

@@ -127,6 +127,23 @@ def not_word_ids(fed: Federation) -> tuple[int, ...]:
     return (0, 1) if fed.task == "language_model" and vocab[:2] == [UNK, EOS] else ()
 
 
+def token_warnings(fed: Federation, vocabulary: str) -> list[str]:
+    """What a language model's training tokens hide, when its vocabulary is known
+    (`not_word_ids`): `<unk>` as most of them (`vocabulary` names the setting that made the
+    vocabulary, e.g. "scenario.vocab_size = 5"). The run goes on."""
+    if not not_word_ids(fed):
+        return []
+    out = []
+    unk, total = int((fed.y_train == 0).sum()), fed.y_train.numel()
+    if total and 2 * unk > total:  # <unk> the commonest target: always guessing it wins
+        out.append(f"{vocabulary}: {100 * unk / total:.0f} % of the training tokens are {UNK} "
+                   f"({unk:,} of {total:,}; words outside the vocabulary): {UNK} is the most "
+                   f"frequent target, so the token accuracy (accuracy) then mostly counts "
+                   f"{UNK} (a model predicting only {UNK} beats every real word); "
+                   f"accuracy_no_oov_no_eos leaves it out; a larger vocabulary lowers the share")
+    return out
+
+
 def windows(ids: Sequence[int], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """A token stream cut into consecutive windows of `seq_len` + 1 tokens (the rest
     dropped): inputs `[N, seq_len]` and their next tokens `[N, seq_len]`."""
@@ -420,6 +437,6 @@ def _check_words(where: str, wordless: int, articles: int) -> None:
 __all__ = [
     "AG_NEWS_TOPICS", "EOS", "UNK", "VOCAB_FILE", "TextCorpus", "TopicsParams", "Vocab",
     "not_word_ids", "read_ag_news",
-    "read_ag_news_csv", "read_ag_news_hf", "synthetic_topics", "tokenize", "topic_federation",
-    "windows",
+    "read_ag_news_csv", "read_ag_news_hf", "synthetic_topics", "token_warnings", "tokenize",
+    "topic_federation", "windows",
 ]
