@@ -17,6 +17,7 @@ from clusterfl.data.text import (
     read_ag_news,
     read_ag_news_csv,
     synthetic_topics,
+    token_warnings,
     tokenize,
     windows,
 )
@@ -245,6 +246,33 @@ def test_articles_without_words_are_refused_not_scored(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"test\.csv: 4 of 4 articles yield no word .*empty "
                                         r"titles and descriptions"):
         make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+
+
+def test_a_client_whose_articles_have_no_word_trains_on_eos_only_and_is_named(
+        tmp_path: Path) -> None:
+    """Topic 4's six training articles in Cyrillic: a quarter of the articles, under the
+    refusal's half, so client 3 trained on <eos> alone without a word. Now the run warns,
+    naming the client and its training targets; a seq_len that leaves it no sequence is
+    refused, saying its articles give no word. The files as written say nothing."""
+    folder = _ag_news(tmp_path, ROWS * 6, ROWS * 2)
+    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+    assert token_warnings(fed, "v") == []
+    _write_csv(folder / "train.csv", [r if r[0] != "4" else ("4", "Новый чип", "")
+                                      for r in ROWS] * 6)
+    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+    x, y = fed.client_train(3)
+    assert x.tolist() == y.tolist() == [[1, 1, 1]]  # six <eos>: one window of 3 + 1 tokens
+    assert token_warnings(fed, "v") == [
+        "1 client(s) train on <eos> only: client 3 (3 training targets); their articles yield "
+        "no word (the tokenizer keeps words of Latin letters a-z and digits: empty titles and "
+        "descriptions, or text in another script?), so their models learn <eos> after <eos>"]
+    with pytest.raises(ConfigError) as info:
+        make_federation(load_source("ag_news", tmp_path), "topics", {**TOPICS, "seq_len": 6},
+                        seed=0)
+    assert info.value.message.startswith(
+        "6 leaves client 3 without a train sequence (it has 6 train tokens, a sequence takes "
+        "seq_len + 1; its articles yield no word, only <eos> (the tokenizer keeps words of "
+        "Latin letters a-z and digits)); allowed: 1 to 5")
 
 
 def test_a_non_utf8_ag_news_csv_names_the_line_and_byte(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -130,7 +131,8 @@ def not_word_ids(fed: Federation) -> tuple[int, ...]:
 def token_warnings(fed: Federation, vocabulary: str) -> list[str]:
     """What a language model's training tokens hide, when its vocabulary is known
     (`not_word_ids`): `<unk>` as most of them (`vocabulary` names the setting that made the
-    vocabulary, e.g. "scenario.vocab_size = 5"). The run goes on."""
+    vocabulary, e.g. "scenario.vocab_size = 5"), and clients whose tokens are all `<eos>`
+    (articles without a word: they learn `<eos>` after `<eos>`). The run goes on."""
     if not not_word_ids(fed):
         return []
     out = []
@@ -141,6 +143,17 @@ def token_warnings(fed: Federation, vocabulary: str) -> list[str]:
                    f"frequent target, so the token accuracy (accuracy) then mostly counts "
                    f"{UNK} (a model predicting only {UNK} beats every real word); "
                    f"accuracy_no_oov_no_eos leaves it out; a larger vocabulary lowers the share")
+    offsets = fed.train_offsets
+    eos_only = [(i, int(fed.y_train[a:b].numel())) for i, (a, b) in
+                enumerate(pairwise(offsets)) if b > a and
+                bool((fed.x_train[a:b] == 1).all()) and bool((fed.y_train[a:b] == 1).all())]
+    if eos_only:
+        shown = ", ".join(f"client {i} ({n:,} training targets)" for i, n in eos_only[:5])
+        more = f" and {len(eos_only) - 5} more" if len(eos_only) > 5 else ""
+        out.append(f"{len(eos_only)} client(s) train on {EOS} only: {shown}{more}; "
+                   f"their articles yield no word (the tokenizer keeps {KEPT}: empty titles "
+                   f"and descriptions, or text in another script?), so their models learn "
+                   f"{EOS} after {EOS}")
     return out
 
 
@@ -418,9 +431,11 @@ def _check_seq_len(streams: dict[str, list[list[int]]], seq_len: int) -> None:
     if tokens < seq_len + 1:
         allowed = (f"allowed: 1 to {tokens - 1} with these articles" if tokens > 1
                    else "no seq_len fits")
+        wordless = (f"; its articles yield no word, only {EOS} (the tokenizer keeps {KEPT})"
+                    if set(streams[split][client]) == {1} else "")
         raise ConfigError("seq_len", f"{seq_len} leaves client {client} without a {split} "
                           f"sequence (it has {tokens} {split} tokens, a sequence takes seq_len "
-                          f"+ 1); {allowed}, or give each client more {split} articles "
+                          f"+ 1{wordless}); {allowed}, or give each client more {split} articles "
                           f"(scenario.n_{split}_per_client) or use fewer clients")
 
 
