@@ -255,12 +255,15 @@ def test_app_dir_holds_a_valid_flower_app(tmp_path):
     config, _ = load_and_validate(APP_DIR / "pyproject.toml")
     comps = config["tool"]["flwr"]["app"]["components"]
     assert comps["serverapp"].startswith("clusterfl.deploy.server_app")
-    # the ClientApp a SuperNode imports per message must not pull in torch
+    # the ClientApp a SuperNode imports per message must not pull in torch, and answers the
+    # four message types the server sends (one handler under the three `request` ones)
     code = (f"import sys; sys.path.insert(0, {str(APP_DIR)!r}); import clusterfl_app.client; "
-            "print('torch' in sys.modules)")
+            "print('torch' in sys.modules); "
+            "print(' '.join(sorted(clusterfl_app.client.app._registered_funcs)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split("\n")[:2] == [
+        "False", "evaluate.request query.describe query.request train.request"]
 
 
 def test_local_superlink_state_is_in_memory_and_its_superexec_is_ours(tmp_path):

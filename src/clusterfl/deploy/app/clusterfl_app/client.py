@@ -206,18 +206,10 @@ def describe(message: Message, context: Context) -> Message:
 
 
 @app.train("request")
-def train(message: Message, context: Context) -> Message:
-    """Local training (TrainRequest)."""
-    return _answer("request", message, context)
-
-
 @app.evaluate("request")
-def evaluate(message: Message, context: Context) -> Message:
-    """Evaluation (EvaluateRequest)."""
-    return _answer("request", message, context)
-
-
 @app.query("request")
-def query(message: Message, context: Context) -> Message:
-    """Any other protocol request: gradients, losses of K models, embeddings, ..."""
+def request(message: Message, context: Context) -> Message:
+    """A protocol request, whatever its message type: local training (`train.request`,
+    TrainRequest), evaluation (`evaluate.request`) or any other (`query.request`: gradients,
+    losses of K models, embeddings, ...); Flower's decorators return the function as is."""
     return _answer("request", message, context)
