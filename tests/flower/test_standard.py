@@ -549,6 +549,21 @@ def test_ifca_in_one_message_per_client_and_round_with_the_pick_helper() -> None
     assert one.final.metrics.accuracy == two.final.metrics.accuracy
 
 
+@pytest.mark.parametrize("ext", ["train.pick", "query.losses"])
+def test_a_silent_node_is_dropped_from_ifcas_one_message_rounds_too(tmp_path: Path,
+                                                                     ext: str) -> None:
+    from tests.flower.extended_app import app as extended
+
+    grid = _grid(app=extended)
+    grid.dead_from = {103: 4}
+    result = _strategy("ifca:n_clusters=4:warmup_rounds=2", true_clusters=TRUTH, extensions={ext},
+                       out_dir=tmp_path, timeout=0.5).start(grid, 4)
+    assert len(result.history.records) == 4
+    dropped = json.loads((tmp_path / "flower.json").read_text())["dropouts"]
+    assert dropped and all(d["clients"] == [3] for d in dropped)
+    assert "LossRequest" in {d["request"] for d in dropped}  # the one-message round's too
+
+
 def test_cfl_gps_gradient_protocol_through_a_client_with_the_gradient_helper() -> None:
     from collections import Counter
 

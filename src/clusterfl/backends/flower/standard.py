@@ -310,8 +310,7 @@ class StandardBackend(FlowerBackend):
                 config[f"n-{prefix}"] = int(models.shape[0])
             records["config"] = ConfigRecord({**config, "client": int(c)})
             items.append((int(c), kind, RecordDict(records)))
-        replies, reasons = self._send(items)
-        return [(c, msg) for (c, _, _), msg in zip(items, replies) if msg is not None], reasons
+        return self._answered(items)
 
     def _extended_config(self, req: pr.TrainRequest | pr.MixtureTrainRequest) -> dict[str, Any]:
         tr = req.training
@@ -352,19 +351,21 @@ class StandardBackend(FlowerBackend):
         """The K losses of model + frozen offset (`"query.offset_losses"`)."""
         clients = np.asarray(req.clients, dtype=np.int64)
         offset = cast(pr.Predictor, req.offset)
-        k = int(req.models.shape[0])
         answers, reasons = self._ask_rich(clients, "query.offset_losses", lambda i, c: (
             {"model": req.models, "offset": offset.models[torch.from_numpy(
                 np.asarray(offset.members[i], dtype=np.int64))]},
             {"server-round": int(self.std.round), "split": req.split}))
+        return self._loss_reply(req, clients, answers, reasons, "query.offset_losses")
+
+    def _loss_reply(self, req: pr.LossRequest, clients: np.ndarray,
+                    answers: list[tuple[int, Any]], reasons: dict[int, str], kind: str
+                    ) -> pr.LossReply:
+        """The K losses of each `kind` answer (`_k_losses`) as `req`'s reply."""
         got: dict[int, Any] = {}
         for c, msg in answers:
             with unusable(reasons, c):  # this client dropped, the reason kept
-                m, where = _first_metrics(msg), f"client {c}'s query.offset_losses reply"
-                got[c] = pr.LossReply(
-                    np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
-                                              for j in range(k)]]),
-                    np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
+                got[c] = _k_losses(c, _first_metrics(msg), int(req.models.shape[0]),
+                                   f"client {c}'s {kind} reply")
         return self._assemble(req, clients, got, reasons)
 
     def _combined(self, req: pr.EvaluateRequest) -> pr.EvaluateReply:
@@ -460,8 +461,13 @@ class StandardBackend(FlowerBackend):
                   ) -> tuple[list[tuple[int, Any]], dict[int, str]]:
         """One `kind` message per client (client i gets `model_of(i)` and `config`); the
         (client, reply) of those that answered, and why the others did not."""
-        items = [(int(c), kind, self._content(model_of(i), config))
-                 for i, c in enumerate(clients.tolist())]
+        return self._answered([(int(c), kind, self._content(model_of(i), config))
+                               for i, c in enumerate(clients.tolist())])
+
+    def _answered(self, items: list[tuple[int, str, Any]]
+                  ) -> tuple[list[tuple[int, Any]], dict[int, str]]:
+        """`_send(items)`: the (client, reply) of those that answered, and why the others
+        did not."""
         replies, reasons = self._send(items)
         return [(c, msg) for (c, _, _), msg in zip(items, replies) if msg is not None], reasons
 
@@ -501,23 +507,18 @@ class StandardBackend(FlowerBackend):
                 self.factory, self.std.template, train_req.models[j]) for j in range(k)},
                 "config": ConfigRecord(config)})
             items.append((int(c), "train.pick", content))
-        replies, reasons = self._send(items)
+        answers, reasons = self._answered(items)
         losses: dict[int, Any] = {}
         trained: dict[int, Any] = {}
-        for (c, _, _), msg in zip(items, replies):
+        for c, msg in answers:
             with unusable(reasons, c):  # this client dropped, the reason kept
-                if msg is None:
-                    continue
                 where = f"client {c}'s train.pick reply"
                 m = _first_metrics(msg)
                 params = _returned(self.factory, msg, where, train_req.coords)
                 if isinstance(params, str):
                     reasons[c] = params
                     continue
-                loss = pr.LossReply(
-                    np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where)
-                                              for j in range(k)]]),
-                    np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
+                loss = _k_losses(c, m, k, where)
                 trained[c] = pr.TrainReply(
                     np.array([c]), params,
                     np.array([_metric(m, ("num-examples",), None, where)]),
@@ -588,13 +589,11 @@ class StandardBackend(FlowerBackend):
             if encoder is not None:
                 content["encoder"] = encoder
             items.append((int(c), "query.signature", RecordDict(content)))
-        replies, reasons = self._send(items)
+        answers, reasons = self._answered(items)
         got: dict[int, Any] = {}
         want = (int(req.k), int(req.signature_dim))
-        for (c, _, _), msg in zip(items, replies):
+        for c, msg in answers:
             with unusable(reasons, c):  # this client dropped, the reason kept
-                if msg is None:
-                    continue
                 where = f"client {c}'s query.signature reply"
                 sig = np.asarray(msg.content.array_records["arrays"].to_torch_state_dict()
                                  ["signatures"], dtype=np.float64)
@@ -613,14 +612,12 @@ class StandardBackend(FlowerBackend):
         config = ConfigRecord({"input-dim": int(req.input_dim), "p": int(req.p),
                                "per-label": bool(req.per_label), "n-labels": int(req.n_labels),
                                "rtol": float(req.rtol)})
-        items = [(int(c), "query.subspace", RecordDict({"config": config}))
-                 for c in clients.tolist()]
-        replies, reasons = self._send(items)
+        answers, reasons = self._answered([(int(c), "query.subspace",
+                                            RecordDict({"config": config}))
+                                           for c in clients.tolist()])
         got: dict[int, Any] = {}
-        for (c, _, _), msg in zip(items, replies):
+        for c, msg in answers:
             with unusable(reasons, c):  # this client dropped, the reason kept
-                if msg is None:
-                    continue
                 where = f"client {c}'s query.subspace reply"
                 m = _first_metrics(msg)
                 basis = np.asarray(next(iter(msg.content.array_records.values()))
@@ -651,24 +648,13 @@ class StandardBackend(FlowerBackend):
                     self.factory, self.std.template, req.models[j]) for j in range(k)},
                     "config": ConfigRecord({**config, "n-models": k, "split": req.split})})
                 items.append((int(c), "query.losses", content))
-            replies, reasons = self._send(items)
-            got: dict[int, Any] = {}
-            for (c, _, _), msg in zip(items, replies):
-                with unusable(reasons, c):  # this client dropped, the reason kept
-                    if msg is not None:
-                        m = _first_metrics(msg)
-                        where = f"client {c}'s query.losses reply"
-                        got[c] = pr.LossReply(
-                            np.array([c]),
-                            np.array([[_metric(m, (f"loss-{j}",), None, where) for j in range(k)]]),
-                            np.array([[_metric(m, (f"acc-{j}",), math.nan, where)
-                                       for j in range(k)]]))
-            return self._assemble(req, clients, got, reasons)
+            answers, reasons = self._answered(items)
+            return self._loss_reply(req, clients, answers, reasons, "query.losses")
         config["split"] = req.split  # honoured by a client that can (the paper's: "train")
         items = [(int(c), "evaluate", self._content(req.models[j], config))
                  for c in clients.tolist() for j in range(k)]
         replies, reasons = self._send(items)
-        got = {}
+        got: dict[int, Any] = {}
         for i, c in enumerate(clients.tolist()):
             with unusable(reasons, c):  # this client dropped, the reason kept
                 mine = replies[i * k:(i + 1) * k]
@@ -785,6 +771,14 @@ def unread_parts(msg: Any) -> list[str]:
     out = [repr(k) for k in (metrics[0][1] if metrics else {}) if not READ_METRICS.fullmatch(k)]
     out += [f"MetricRecord {name!r}" for name, _ in metrics[1:]]
     return out + [f"ConfigRecord {name!r}" for name in msg.content.config_records]
+
+
+def _k_losses(c: int, m: Any, k: int, where: str) -> pr.LossReply:
+    """Client `c`'s losses of K models from its metrics `m`: `loss-j` (required) and `acc-j`
+    (NaN when missing)."""
+    return pr.LossReply(
+        np.array([c]), np.array([[_metric(m, (f"loss-{j}",), None, where) for j in range(k)]]),
+        np.array([[_metric(m, (f"acc-{j}",), math.nan, where) for j in range(k)]]))
 
 
 def _first_metrics(msg: Any) -> Any:
