@@ -92,11 +92,17 @@ class DatasetInfo:
 
 
 def _idx_files(folder: str, url: str,
-               rows: list[tuple[str, int, str, str]]) -> tuple[RemoteFile, ...]:
+               rows: list[tuple[str, int, str | None, str]]) -> tuple[RemoteFile, ...]:
     return tuple(
         RemoteFile(f"{folder}/{fname}", url + fname, size, sha, md5)
         for fname, size, sha, md5 in rows
     )
+
+
+def _cifar(classes: int, description: str, size: int, md5: str) -> DatasetInfo:
+    """CIFAR-`classes`: one archive of the authors' page, in folder `cifar<classes>`."""
+    name, fname = f"cifar{classes}", f"cifar-{classes}-python.tar.gz"
+    return DatasetInfo(name, description, _idx_files(name, CIFAR10_URL, [(fname, size, None, md5)]))
 
 
 BUILTIN: dict[str, DatasetInfo] = {
@@ -147,19 +153,11 @@ DATASETS: dict[str, DatasetInfo] = {
              "bb300cfdad3c16e7a12a480ee83cd310"),
         ]),
     ),
-    "cifar10": DatasetInfo(
-        "cifar10",
-        "CIFAR-10 (Krizhevsky 2009), 50k/10k 32x32 colour images, python batches",
-        (RemoteFile("cifar10/cifar-10-python.tar.gz", CIFAR10_URL + "cifar-10-python.tar.gz",
-                    170498071, None, "c58f30108f718f92721af3b95e74349a"),),
-    ),
-    "cifar100": DatasetInfo(
-        "cifar100",
-        "CIFAR-100 (Krizhevsky 2009), 50k/10k 32x32 colour images, 100 fine / 20 coarse "
-        "labels, python pickles",
-        (RemoteFile("cifar100/cifar-100-python.tar.gz", CIFAR10_URL + "cifar-100-python.tar.gz",
-                    169001437, None, "eb9058c3a382ffc7106e4002c42a8d85"),),
-    ),
+    "cifar10": _cifar(10, "CIFAR-10 (Krizhevsky 2009), 50k/10k 32x32 colour images, python "
+                      "batches", 170498071, "c58f30108f718f92721af3b95e74349a"),
+    "cifar100": _cifar(100, "CIFAR-100 (Krizhevsky 2009), 50k/10k 32x32 colour images, 100 "
+                       "fine / 20 coarse labels, python pickles", 169001437,
+                       "eb9058c3a382ffc7106e4002c42a8d85"),
     "emnist": DatasetInfo(
         "emnist",
         "EMNIST (Cohen et al. 2017, NIST), 28x28 handwritten characters, six splits in one "
