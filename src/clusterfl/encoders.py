@@ -290,46 +290,43 @@ def load(path: str | Path) -> EncoderFile:
 
 def resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
             encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
-            field_name: str = "algorithm.encoder",
-            dir_field: str = "algorithm.encoder_dir", verify: bool = True,
-            latent_field: str = "algorithm.latent") -> EncoderFile:
+            verify: bool = True) -> EncoderFile:
     """The encoder an FLT config names.
 
     `spec` is a path to an encoder file (anything with a path separator or ending in `.pt`),
     a dataset name (its cached pretrained encoder, trained for `epochs` on first use), or
     "none" (an untrained ConvAE initialised with `seed`). The encoder must fit `input_shape`
-    and `latent`, else a ConfigError names `field_name`; so does a file that cannot be read
-    (corrupted, hand-made) or a cached file whose metadata are not those its name says. A
-    `latent` whose ConvAE would not fit in memory is a ConfigError naming `latent_field`,
+    and `latent`, else a ConfigError names `algorithm.encoder`; so does a file that cannot be
+    read (corrupted, hand-made) or a cached file whose metadata are not those its name says. A
+    `latent` whose ConvAE would not fit in memory is a ConfigError naming `algorithm.latent`,
     before anything is allocated. A dataset is read from `data_dir`
     (`load_source`: else `$CLUSTERFL_DATA`, else the cache) and its encoder cached in
     `encoder_dir` (default `<data dir>/encoders`); a cache that cannot be written is a
-    ConfigError naming `dir_field`, before pretraining. `verify`: check the dataset's files
-    against the catalog's checksums (the run's `data.verify`).
+    ConfigError naming `algorithm.encoder_dir`, before pretraining. `verify`: check the
+    dataset's files against the catalog's checksums (the run's `data.verify`).
     """
-    enc = _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-                   dir_field, train=True, verify=verify, latent_field=latent_field)
+    enc = _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, train=True,
+                   verify=verify)
     assert enc is not None  # trained when missing
     return enc
 
 
 def check(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
           encoder_dir: str | Path | None = None, data_dir: str | Path | None = None,
-          field_name: str = "algorithm.encoder",
-          dir_field: str = "algorithm.encoder_dir", verify: bool = True,
-          latent_field: str = "algorithm.latent") -> None:
+          verify: bool = True) -> None:
     """Everything `resolve` checks (the file, the dataset and their shapes, the cache folder
     it would be saved in), without the minutes of pretraining: a run, or each run of a
     comparison, fails before its first round."""
-    _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, field_name,
-             dir_field, train=False, verify=verify, latent_field=latent_field)
+    _resolve(spec, input_shape, latent, epochs, seed, encoder_dir, data_dir, train=False,
+             verify=verify)
 
 
 def _resolve(spec: str, input_shape: tuple[int, ...], latent: int, epochs: int, seed: int,
-             encoder_dir: str | Path | None, data_dir: str | Path | None, field_name: str,
-             dir_field: str, train: bool, verify: bool = True,
-             latent_field: str = "algorithm.latent") -> EncoderFile | None:
+             encoder_dir: str | Path | None, data_dir: str | Path | None, train: bool,
+             verify: bool = True) -> EncoderFile | None:
     """`resolve`; without `train`, None where it would pretrain."""
+    field_name, dir_field, latent_field = ("algorithm.encoder", "algorithm.encoder_dir",
+                                           "algorithm.latent")  # the settings it names
     def read(path: str | Path, cache_of: str = "") -> EncoderFile:
         try:
             return load(path)
