@@ -213,12 +213,15 @@ class DirichletParams(ScenarioParams):
     min_samples: int = Field(1, ge=1, description="minimum training rows per client")
 
 
-class ClusterDirichletParams(ScenarioParams):
+class _CamClustersParams(ScenarioParams):
+    n_clients: int = Field(200, ge=1)
+    n_clusters: int = Field(5, ge=1)
+
+
+class ClusterDirichletParams(_CamClustersParams):
     """CAM §5: per class Dir(α1) over clusters, then Dir(α2) over each cluster's clients."""
 
     model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(200, ge=1)
-    n_clusters: int = Field(5, ge=1)
     alpha1: float = Field(0.1, gt=0.0)
     alpha2: float = Field(10.0, gt=0.0)
     min_samples: int = Field(1, ge=1, description="minimum training rows per client")
@@ -264,12 +267,10 @@ class NClassParams(ScenarioParams):
         return self
 
 
-class ClusterNClassParams(ScenarioParams):
+class ClusterNClassParams(_CamClustersParams):
     """CAM §5: each cluster gets n1 classes, each client n2 of its cluster's classes."""
 
     model_config = ConfigDict(extra="forbid")
-    n_clients: int = Field(200, ge=1)
-    n_clusters: int = Field(5, ge=1)
     n1: int = Field(3, ge=1)
     n2: int = Field(2, ge=1)
     samples_per_client: int | None = Field(None, ge=1)
