@@ -5,7 +5,9 @@ subfolders of `RUN_SUBDIRS`, the files those accept (`checkpoint/state.pt`, the 
 `figures/`, TensorBoard's event files); a comparison folder holds a `report.md`, its figures
 and one run folder per method (a folder holding a run's config, history or summary).
 `--overwrite` removes exactly these files, by name, and refuses a folder holding anything
-else, naming it: clusterfl never deletes what it did not write.
+else, naming it: clusterfl never deletes what it did not write. No output folder lies inside
+a run's folder (`check_outside_runs`); a comparison's folder is no run's, so its runs go
+inside it.
 
 While a process writes into a folder it holds the folder's lock, `LOCK_FILE` with its process
 id and command line, locked with `flock`: the kernel lets go of it when the process ends, so a
@@ -123,11 +125,43 @@ def check_folder(path: Path, flag: str = "--out", *, file: bool = False) -> None
             return
 
 
+def run_record(folder: Path) -> str | None:
+    """The file that makes `folder` a run's folder: the history or summary a run writes when
+    it starts or ends (None: neither). A `config.toml` alone is not one: a project's own
+    folder may hold one."""
+    for name in (HISTORY_FILE, SUMMARY_FILE):
+        try:
+            if (folder / name).is_file():
+                return name
+        except OSError:
+            continue
+    return None
+
+
+def check_outside_runs(path: Path, flag: str = "--out") -> None:
+    """Refuse an output folder that lies inside another run's folder (at any depth; links
+    followed): a run's folder holds that run's files only, and its `--overwrite` and `report`
+    would meet the foreign folder. A comparison's, sweep's or suite's folder is no run's, so
+    the run folders they make inside their own are not refused."""
+    try:
+        full = Path(path).resolve()
+    except (OSError, RuntimeError):
+        full = Path(path).absolute()
+    for above in full.parents:
+        record = run_record(above)
+        if record is not None:
+            raise RunDirInUseError(
+                f"{flag}: {path} lies inside the folder of the run {above} (it holds that "
+                f"run's {record}); a run's folder holds that run's files only: choose a "
+                "folder outside it")
+
+
 def make_folder(path: Path, flag: str = "--out") -> None:
     """`path` created with its parents (or already a folder); a path that cannot be one (a
-    file in the way, no permission, a read-only or full disk) is one line naming the output
-    folder."""
+    file in the way, no permission, a read-only or full disk) or that lies inside another
+    run's folder (`check_outside_runs`) is one line naming the output folder."""
     check_folder(path, flag)
+    check_outside_runs(path, flag)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -283,6 +317,8 @@ def claim_run_dir(path: str | Path, resume: bool = False, overwrite: bool = Fals
     """
     path = Path(path)
     _check_folder(path, resume, overwrite)
+    if not resume:  # a run resumed where it is adds no folder anywhere
+        check_outside_runs(path)
     if path.is_dir():
         with FolderLock(path):
             _claim(path, resume, overwrite, hint, runs_inside)
@@ -319,7 +355,8 @@ class RunDir:
             return
         _check_folder(self.path, resume, overwrite)
         created = not self.path.exists()
-        make_folder(self.path)
+        if not (resume and self.path.is_dir()):  # a run resumed where it is adds no folder
+            make_folder(self.path)
         try:
             with FolderLock(self.path):
                 _claim(self.path, resume, overwrite, hint, runs_inside)
@@ -425,6 +462,7 @@ __all__ = [
     "FolderLock",
     "RunDir",
     "RunDirInUseError",
+    "check_outside_runs",
     "check_report_out",
     "check_resume_or_overwrite",
     "claim_run_dir",
@@ -432,6 +470,7 @@ __all__ = [
     "foreign_entry",
     "holds_run",
     "locking",
+    "run_record",
     "running_process",
     "runs_in",
     "shown_names",

@@ -93,7 +93,8 @@ def test_overwrite_refuses_folder_with_foreign_file(tmp_path: Path) -> None:
     assert (a / "checkpoint" / "model.pt").read_text() == "weights"
 
 
-def test_overwrite_removes_only_run_files_by_name(tmp_path: Path) -> None:
+def test_overwrite_removes_only_run_files_by_name(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     _run_folder(tmp_path)  # a comparison's folder (its methods' runs inside)
     assert foreign_entry(tmp_path) is None
     claim_run_dir(tmp_path, overwrite=True, runs_inside=True)
@@ -105,10 +106,12 @@ def test_overwrite_removes_only_run_files_by_name(tmp_path: Path) -> None:
     assert (tmp_path / "summary.json").exists()
     (tmp_path / "figures" / "mine.pdf").unlink()
     notes = tmp_path / "notes"  # a run's file name, but neither a run nor a comparison
-    notes.mkdir()
-    (notes / "report.md").write_text("mine")
+    alone = tmp_path_factory.mktemp("notes")  # the same outside any run's folder
+    for folder in (notes, alone):
+        folder.mkdir(exist_ok=True)
+        (folder / "report.md").write_text("mine")
     with pytest.raises(RunDirInUseError, match=r"holds report\.md"):
-        claim_run_dir(notes, overwrite=True)
+        claim_run_dir(alone, overwrite=True)
     assert foreign_entry(tmp_path) == notes
 
 
@@ -434,3 +437,74 @@ def test_the_lock_file_names_the_command_without_its_secrets(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["clusterfl", "run", "x" * 200])
     line = command_line()
     assert len(line) == 120 and line.startswith("clusterfl run xxx") and line.endswith("…")
+
+
+# ------------------------------------------------------------------ run folders nested
+
+
+def test_an_out_inside_another_runs_folder_is_refused_naming_that_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --out A/sub` with A a run's folder wrote the new run inside the old one, exit 0
+    (as did compare, sweep, bench, export-partitions and `report --out A/x/rep` deeper than
+    A's own subfolder): refused in one line naming A; A keeps exactly its files."""
+    from tests.core.test_bench import _suite
+    from tests.core.test_sweep import _write
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    a = tmp_path / "a"
+    assert main(["run", str(path), "--out", str(a), "--quiet"]) == 0
+    (tmp_path / "link").symlink_to(a)
+    before = _files(a)
+    sweep = _write(tmp_path, {"methods": ["fedavg"], "seeds": [0], "grid": {"train.lr": [0.1]}})
+    for argv, flag in [
+            (["run", str(path), "--out", str(a / "sub"), "--quiet"], "--out"),
+            (["run", str(path), "--out", str(a / "x" / "y"), "--quiet", "--overwrite"], "--out"),
+            (["run", str(path), "--out", str(tmp_path / "link" / "sub"), "--quiet"], "--out"),
+            (["compare", str(path), "--algorithms", "fedavg,local", "--out", str(a / "cmp"),
+              "--quiet"], "--out"),
+            (["sweep", str(sweep), "--out", str(a / "sw"), "--quiet"], "--out"),
+            (["bench", "--quick", "--suite", str(_suite(tmp_path)), "--runs", str(a / "r"),
+              "--results", str(tmp_path / "R.md")], "--out"),
+            (["report", str(a), "--out", str(a / "x" / "rep")], "--out"),
+            (["flower", "export-partitions", str(path), str(a / "parts")], "out_dir")]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"clusterfl: error: {flag}: "), (argv, err)
+        assert (f"lies inside the folder of the run {a.resolve()} (it holds that run's "
+                "history.jsonl)") in err[0] and "choose a folder outside it" in err[0], err
+        assert _files(a) == before, argv
+    assert not (tmp_path / "R.md").exists()
+    with pytest.raises(RunDirInUseError, match="lies inside the folder of the run"):
+        Experiment.from_config(TINY, out_dir=a / "sub").run(progress=False)
+    # a project folder holding its own config.toml is no run's; a comparison's folder is
+    # neither, so its methods' run folders (and runs kept side by side) still go inside
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.toml").write_text(dump_toml(TINY))
+    assert main(["compare", str(path), "--algorithms", "fedavg,local", "--out",
+                 str(project / "cmp"), "--quiet"]) == 0
+    assert main(["run", str(path), "--out", str(project / "cmp" / "extra"), "--quiet"]) == 0
+    assert (project / "cmp" / "local" / "summary.json").is_file()
+
+
+def test_a_run_nested_before_is_resumed_where_it_is_but_not_overwritten(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run folder an older clusterfl let a run make inside another's: `--resume` continues
+    it where it is (it adds no folder); `--overwrite` is refused, as a new run there is."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    a, sub = tmp_path / "a", tmp_path / "sub"
+    for out in (a, sub):
+        assert main(["run", str(path), "--out", str(out), "--quiet", "--set",
+                     "checkpoint_every=1"]) == 0
+    sub.rename(a / "sub")
+    argv = ["run", str(path), "--out", str(a / "sub"), "--quiet", "--set", "checkpoint_every=1"]
+    assert main([*argv, "--resume", "--set", "rounds=3"]) == 0
+    assert len((a / "sub" / "history.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert main([*argv, "--overwrite"]) == 2
+    assert f"lies inside the folder of the run {a.resolve()}" in capsys.readouterr().err
+    assert (a / "sub" / "summary.json").is_file()
+
