@@ -6,8 +6,8 @@ subfolders of `RUN_SUBDIRS`, the files those accept (`checkpoint/state.pt`, the 
 and one run folder per method (a folder holding a run's config, history or summary).
 `--overwrite` removes exactly these files, by name, and refuses a folder holding anything
 else, naming it: clusterfl never deletes what it did not write. No output folder lies inside
-a run's folder (`check_outside_runs`); a comparison's folder is no run's, so its runs go
-inside it.
+a run's folder (`check_outside_runs`), and no run goes into a folder holding other runs
+(`runs_below`); a comparison's folder is no run's, so its runs go inside it.
 
 While a process writes into a folder it holds the folder's lock, `LOCK_FILE` with its process
 id and command line, locked with `flock`: the kernel lets go of it when the process ends, so a
@@ -255,6 +255,20 @@ def runs_in(folder: Path) -> list[str]:
             and _ours_in(e) is None and any(e.iterdir()) and _is_run(e)]
 
 
+def runs_below(folder: Path) -> list[str]:
+    """The run folders below `folder` at any depth, as paths relative to it, sorted: its
+    subfolders `runs_in` names and any deeper folder (or run subfolder such as `figures/`)
+    holding a run's history or summary; the search stops at each one found, follows no link."""
+    found = runs_in(folder)
+    for here, dirs, _ in os.walk(folder):
+        at = Path(here)
+        name = at.relative_to(folder).as_posix()
+        if at != folder and (name in found or run_record(at) is not None):
+            found.append(name)
+            dirs.clear()
+    return sorted(set(found))
+
+
 def shown_names(names: list[str], most: int = 4) -> str:
     """`names` as a message lists them: the first `most`, then "...". """
     return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
@@ -266,15 +280,15 @@ def _claim(path: Path, resume: bool, overwrite: bool, hint: str,
     entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
     if resume or not entries:
         return
-    shown = shown_names(entries)
-    if not overwrite:
-        raise RunDirInUseError(f"{path} is not empty (it holds {shown}); pass {hint}")
-    runs = [] if runs_inside else runs_in(path)
-    if runs:  # one run's overwrite never takes the runs of a comparison or of a parent
+    runs = [] if runs_inside else runs_below(path)
+    if runs:  # a run never goes above others; its overwrite never takes them
         named = shown_names(runs)
         raise RunDirInUseError(
-            f"{path} holds other runs ({named}); overwrite replaces the files of one run, "
-            "not the runs in its subfolders: choose another output folder")
+            f"{path} holds other runs ({named}); a run's folder holds that run's files only "
+            "and overwrite never removes other runs: choose another output folder")
+    if not overwrite:
+        raise RunDirInUseError(f"{path} is not empty (it holds {shown_names(entries)}); "
+                               f"pass {hint}")
     bad = foreign_entry(path, runs_inside)
     if bad is not None:
         raise RunDirInUseError(
@@ -472,6 +486,7 @@ __all__ = [
     "locking",
     "run_record",
     "running_process",
+    "runs_below",
     "runs_in",
     "shown_names",
     "write_whole",

@@ -508,3 +508,29 @@ def test_a_run_nested_before_is_resumed_where_it_is_but_not_overwritten(
     assert f"lies inside the folder of the run {a.resolve()}" in capsys.readouterr().err
     assert (a / "sub" / "summary.json").is_file()
 
+
+def test_an_out_above_a_run_nested_deeper_is_refused_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --out B` (with or without --overwrite) when a run's folder lies deeper in B
+    (B/x/y) said "B holds x/y/summary.json, which clusterfl did not write" (clusterfl did) or
+    "B is not empty ...; pass --resume ... or --overwrite" (refused too); a run moved into
+    A/figures made A's overwrite name figures/config.toml as foreign. Each is now one line
+    naming the runs inside; nothing removed."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(TINY))
+    b, a, moved = tmp_path / "b", tmp_path / "a", tmp_path / "moved"
+    for out in (b / "x" / "y", a, moved):
+        assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    moved.rename(a / "figures")
+    for folder, named in ((b, "x/y"), (a, "figures")):
+        before = _files(folder)
+        for extra in ([], ["--overwrite"]):
+            capsys.readouterr()
+            assert main(["run", str(path), "--out", str(folder), "--quiet", *extra]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert err == [f"clusterfl: error: {folder} holds other runs ({named}); a run's "
+                           "folder holds that run's files only and overwrite never removes "
+                           "other runs: choose another output folder"], err
+        with pytest.raises(RunDirInUseError, match=rf"holds other runs \({named}\)"):
+            claim_run_dir(folder, overwrite=True)
+        assert _files(folder) == before
