@@ -255,12 +255,19 @@ def runs_in(folder: Path) -> list[str]:
             and _ours_in(e) is None and any(e.iterdir()) and _is_run(e)]
 
 
+WALK_MOST = 10_000
+"""The most folders `runs_below` looks into."""
+
+
 def runs_below(folder: Path) -> list[str]:
     """The run folders below `folder` at any depth, as paths relative to it, sorted: its
     subfolders `runs_in` names and any deeper folder (or run subfolder such as `figures/`)
-    holding a run's history or summary; the search stops at each one found, follows no link."""
+    holding a run's history or summary; the search stops at each one found, follows no link,
+    and looks into `WALK_MOST` folders at most (a huge unrelated folder is refused anyway)."""
     found = runs_in(folder)
-    for here, dirs, _ in os.walk(folder):
+    for seen, (here, dirs, _) in enumerate(os.walk(folder)):
+        if seen >= WALK_MOST:
+            break
         at = Path(here)
         name = at.relative_to(folder).as_posix()
         if at != folder and (name in found or run_record(at) is not None):

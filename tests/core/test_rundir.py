@@ -534,3 +534,24 @@ def test_an_out_above_a_run_nested_deeper_is_refused_naming_it(
         with pytest.raises(RunDirInUseError, match=rf"holds other runs \({named}\)"):
             claim_run_dir(folder, overwrite=True)
         assert _files(folder) == before
+
+
+def test_the_search_for_runs_below_a_folder_stops_after_walk_most_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runs_below` walks a folder to find runs at any depth; in a huge unrelated folder (a
+    home folder given as --out) the walk stops after `WALK_MOST` folders instead of reading
+    the whole tree: a run beyond them is not named, the folder is still refused (not empty,
+    or foreign files under --overwrite), and nothing is removed."""
+    import clusterfl.rundir as rundir
+
+    deep = tmp_path / "big" / "d1" / "d2" / "d3"
+    deep.mkdir(parents=True)
+    (deep / "summary.json").write_text("{}")
+    assert rundir.runs_below(tmp_path / "big") == ["d1/d2/d3"]
+    monkeypatch.setattr(rundir, "WALK_MOST", 2)  # big, d1: d2 and d3 are not looked into
+    assert rundir.runs_below(tmp_path / "big") == []
+    for overwrite in (False, True):
+        with pytest.raises(RunDirInUseError, match="not empty" if not overwrite
+                           else "which clusterfl did not write"):
+            claim_run_dir(tmp_path / "big", overwrite=overwrite)
+    assert (deep / "summary.json").read_text() == "{}"
