@@ -244,9 +244,12 @@ def test_pretrain_save_load_and_checksum(tmp_path):
 
 
 def test_flt_recovers_clusters_through_umap_without_knowing_c():
+    """Rule v1's automatic C (what HC reads for a given C: the rows of Ã after UMAP, the
+    silhouette bound); rule v2's, the default, is tests/algorithms/test_flt_auto_c.py's."""
     fed = prototypes_federation()
-    exp = Experiment.from_config(config({**FAST_FLT, "aggregation": "clusters"}, rounds=4),
-                                 federation=fed)
+    v1 = {"auto_on": "relatedness", "significance": 0.0}
+    exp = Experiment.from_config(config({**FAST_FLT, "aggregation": "clusters", **v1},
+                                        rounds=4), federation=fed)
     hist = exp.run(progress=False)
     first = hist.records[0]
     assert first.ari == 1.0 and first.n_clusters == 3  # C found, not given

@@ -115,8 +115,10 @@ def test_ifca_placement_follows_assign_by():
 
 
 def test_flt_places_in_the_same_umap_embedding():
-    """FLT with UMAP: the newcomers' signatures mapped into the clustering's embedding."""
-    cfg = flt_config({**FAST_FLT, "aggregation": "clusters"}, rounds=3)
+    """FLT with UMAP: the newcomers' signatures mapped into the clustering's embedding (and
+    joined by Ward's criterion on their rows of Ã: rule v1's automatic C)."""
+    cfg = flt_config({**FAST_FLT, "aggregation": "clusters", "auto_on": "relatedness",
+                      "significance": 0.0}, rounds=3)
     cfg["scenario"]["holdout"] = 1 / 3
     exp = Experiment.from_config(cfg, federation=prototypes_federation(n_clients=18))
     summary = exp.run(progress=False).summary
@@ -128,7 +130,8 @@ def test_flt_places_in_the_same_umap_embedding():
 
 def test_flt_case_one_gives_a_newcomer_its_related_clients_mean_model():
     algo = {**FAST_FLT, "umap": False, "distance": "matched", "threshold": 0.003, "k": 2,
-            "finetune_epochs": 0, "fraction": 1.0}
+            "finetune_epochs": 0, "fraction": 1.0, "auto_on": "relatedness",
+            "significance": 0.0}  # HC on the rows of Ã: its clusters are the related ones
     cfg = flt_config(algo, rounds=3)
     cfg["scenario"]["holdout"] = 1 / 3
     exp = Experiment.from_config(cfg, federation=prototypes_federation(n_clients=18))

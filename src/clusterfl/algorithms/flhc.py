@@ -97,10 +97,9 @@ from clusterfl.algorithms.oneshot import (
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
 from clusterfl.clustering.cosine import (
-    SHUFFLE_DRAWS,
     SHUFFLE_MIN,
     pairwise_cosine,
-    structure_pvalue,
+    shuffle_structured,
 )
 from clusterfl.clustering.hierarchical import (
     feature_linkage,
@@ -270,18 +269,10 @@ def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
     z = feature_linkage(updates, cfg.metric, cfg.linkage)
     distances = pairwise_distances(updates, updates, cfg.metric) \
         if cfg.auto_cut == "silhouette" else None
-    structured = None
+    structured = None  # a cluster shows groups: its cosines' shuffle test (module docstring)
     if distances is not None and cfg.significance > 0:
-        sim = pairwise_cosine(updates)
-
-        def structured(leaves: np.ndarray, score: float) -> bool:
-            """A cluster shows groups: its cosines' shuffle test (module docstring); below
-            SHUFFLE_MIN clients the silhouette bound. The shuffles are seeded by the members."""
-            if len(leaves) < SHUFFLE_MIN or (not cfg.test_every and len(leaves) < len(sim)):
-                return score >= cfg.min_silhouette
-            rng = np.random.default_rng(np.sort(leaves))
-            return structure_pvalue(sim[np.ix_(leaves, leaves)], SHUFFLE_DRAWS,
-                                    rng) < cfg.significance
+        structured = shuffle_structured(pairwise_cosine(updates), cfg.significance,
+                                        cfg.min_silhouette, cfg.test_every)
     return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters,
                        cfg.auto_cut, distances, cfg.min_silhouette, structured), z
 

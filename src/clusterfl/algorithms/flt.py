@@ -35,7 +35,17 @@ Choices the paper leaves open (or states differently from the authors' code), an
   Ward linkage (scipy). Without a threshold (`threshold = "none"`, the PCA+kM+HC default), the
   rows of A instead.
 - Number of clusters C when `n_clusters` is not given (the paper: "HC proposes the best fitting
-  number of clusters"): by default (`auto_clusters = "silhouette"`, issue 36) the divisive
+  number of clusters", without saying how; ours): by default (`auto_clusters =
+  "silhouette"`, `auto_on = "signatures"`, rule v2, issue 36) Ward's tree of the rows of
+  the signatures' own distances D (`distance` between the clients' centroid sets in the
+  encoder's space, before UMAP), cut by the divisive silhouette cut under the distances of
+  those rows: a cluster is cut where its best cut's silhouette reaches `min_silhouette`
+  and, for a cluster of `SHUFFLE_MIN` (5) clients or more, CFL's shuffle test of its
+  members' D gives p < `significance` (0.002, FL+HC's and CFL's level) (`signature_cut`).
+  Why: UMAP and the threshold γ make tight sub-groups of one group's clients, the bound
+  alone cuts small groups of noise, the test alone the many clients of an iid federation
+  (docs/transfer.md, "FLT's rule v2"). The relatedness Ã (Case I) and a given C still read
+  the UMAP pipeline. Rule v1 (`auto_on = "relatedness"`, `significance = 0`): the divisive
   silhouette cut of the Ward tree under the Euclidean distances of the rows HC reads, one
   cluster when no cut reaches `min_silhouette` (`silhouette_cut`). `"gap"`: cut the
   dendrogram in the largest gap between consecutive merge
@@ -90,7 +100,8 @@ no map for PCA+kM+HC), computes its distances A_new,j to every clustered client 
 clustering's distance (`distance`), thresholds them with γ (Ã_new,j = [A_new,j < γ]) when
 the clustering did, and joins the cluster that Ward's criterion — the one the hierarchical
 clustering merged by — would merge it into: the least increase n_c/(n_c+1)‖x − μ_c‖² of the
-within-cluster sum of squares, x its row of Ã (or of A without a threshold), μ_c the mean of
+within-cluster sum of squares, x its row of Ã (or of A without a threshold; of D, its
+signature's distances in the encoder's space, under rule v2's automatic C), μ_c the mean of
 the members' rows. Case II: it predicts with its cluster's model. Case I: with the p-weighted
 mean of the current models of the clients related to it (Alg. 3's case-I rule applied to its
 row Ã_new; the nearest client's model when it is related to none). The clustering state
@@ -105,6 +116,7 @@ between rounds is `FLTState`.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -116,6 +128,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
 from clusterfl.algorithms.oneshot import (
+    Cut,
     OneOffAsk,
     Threshold,
     cut_clients,
@@ -127,6 +140,7 @@ from clusterfl.algorithms.oneshot import (
     unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members
+from clusterfl.clustering.cosine import distance_similarity, shuffle_structured
 from clusterfl.clustering.hierarchical import (
     connected_groups,
     pairwise_distances,
@@ -254,10 +268,26 @@ class FLTConfig(_OneShotConfig):
     umap: bool = Field(True, description="map the centroids with UMAP (2-d) before distances")
     umap_neighbors: int = Field(15, ge=2)
     umap_min_dist: float = Field(0.1, ge=0.0)
+    auto_on: Literal["signatures", "relatedness"] = Field(
+        "signatures", description="what the automatic C reads: the distances (`distance`) "
+        "between the clients' signatures in the encoder's space, before UMAP (rule v2, issue "
+        "36), or the rows of Ã after UMAP, as HC does for a given C (rule v1)")
+    significance: float = Field(
+        0.002, ge=0.0, lt=1.0, description="the automatic C cuts a cluster of 5 clients or "
+        "more only where, beside the min_silhouette bound, CFL's shuffle test of the "
+        "distances it reads gives a p-value below this (999 shuffles; FL+HC's level); 0: the "
+        "bound alone")
 
     def ignored_settings(self) -> list[str]:
-        """`_OneShotConfig`'s, and UMAP's options without UMAP, fine-tuning's without it."""
+        """`_OneShotConfig`'s, UMAP's options without UMAP, fine-tuning's without it, and the
+        silhouette cut's options when C is fixed or chosen otherwise."""
+        other = (f"algorithm.n_clusters = {self.n_clusters} fixes C"
+                 if self.n_clusters is not None else
+                 f"auto_clusters = {self.auto_clusters!r} chooses C without the silhouette cut"
+                 if self.auto_clusters != "silhouette" else None)
         return [*super().ignored_settings(), *[
+            f"algorithm.{o} = {getattr(self, o)!r} does nothing: {other}"
+            for o in (changed_fields(self, "auto_on", "significance") if other else [])], *[
             f"algorithm.{o} = {getattr(self, o)!r} does nothing: umap = false (no UMAP)"
             for o in (changed_fields(self, "umap_neighbors", "umap_min_dist")
                       if not self.umap else [])], *[
@@ -307,6 +337,47 @@ class FLTClusteringExtras(FLTExtras):
     umap_points: list[list[float]] | None = None
     encoder: dict[str, Any] | None = None  # the encoder used (None for PCA+kM+HC)
     silhouette: float | None = None  # best mean silhouette of the automatic cut (None: none)
+
+
+# ============================================================================ the automatic C
+
+
+def signature_distances(signatures: np.ndarray, distance: Literal["min", "matched"]
+                        ) -> np.ndarray:
+    """`[M, M]` `distance` (`adjacency`) between the M clients' signatures `[M, k, e]` in
+    the encoder's space, with a zero diagonal."""
+    d = adjacency(signatures, distance)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def both_structured(sim: np.ndarray, significance: float, min_silhouette: float
+                    ) -> Callable[[np.ndarray, float], bool] | None:
+    """A cluster shows groups when its best cut's silhouette reaches `min_silhouette` and,
+    with `significance` > 0, the shuffle test of its members' similarities `sim` agrees
+    (`shuffle_structured`; below `SHUFFLE_MIN` members the bound alone). None (the bound
+    alone, `silhouette_cut`'s default) without a significance."""
+    if not significance:
+        return None
+    test = shuffle_structured(sim, significance, min_silhouette)
+    return lambda leaves, score: score >= min_silhouette and test(leaves, score)
+
+
+def signature_cut(signatures: np.ndarray, distance: Literal["min", "matched"],
+                  significance: float, min_silhouette: float,
+                  max_clusters: int | None) -> tuple[Cut, np.ndarray]:
+    """FLT's automatic C, rule v2 (module doc): Ward's linkage of the rows of the
+    signatures' distances D (`signature_distances`), cut by the divisive silhouette cut under
+    the distances between those rows where the best cut reaches `min_silhouette` and (with
+    `significance` > 0, for a cluster of `SHUFFLE_MIN` clients or more) CFL's shuffle test of
+    the members' D gives a smaller p-value (`both_structured`). Returns the cut and the
+    linkage."""
+    d = signature_distances(signatures, distance)
+    m = len(d)
+    structured = both_structured(distance_similarity(d), significance, min_silhouette)
+    z = ward_linkage(d)
+    return cut_clients(z, m, np.arange(m), None, None, max_clusters, "silhouette",
+                       pairwise_distances(d, d), min_silhouette, structured), z
 
 
 # ============================================================================ the method
@@ -451,6 +522,12 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                                         seed, cfg.umap_neighbors, cfg.umap_min_dist)
         return fitted.reshape(m, k, 2), mapped.reshape(n, k, 2)
 
+    def _auto_on_signatures(self) -> bool:
+        """Whether the automatic C reads the signatures' distances (FLT's rule v2)."""
+        cfg = self.config
+        return (isinstance(cfg, FLTConfig) and cfg.n_clusters is None
+                and cfg.auto_clusters == "silhouette" and cfg.auto_on == "signatures")
+
     def _clustered(self, state: FLTState, t: int, ask: SignatureAsk,
                    reply: EmbedReply) -> FLTState:
         """Alg. 2 on the server: the signatures mapped (UMAP), A, Ã, Ward, the cut; every
@@ -473,11 +550,19 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         if cfg.n_clusters is None and cfg.auto_clusters == "components":
             labels[good] = connected_groups(related[np.ix_(good, good)])
         else:
-            seen = feats[np.ix_(good, good)]
-            cut = cut_clients(z, len(good), np.arange(len(good)), None, cfg.n_clusters,
-                              cfg.max_clusters, "gap" if cfg.auto_clusters == "gap"
-                              else "silhouette", pairwise_distances(seen, seen),
-                              cfg.min_silhouette)
+            if self._auto_on_signatures():  # rule v2: the signatures' own distances
+                assert isinstance(cfg, FLTConfig)
+                cut, z = signature_cut(signatures, cfg.distance, cfg.significance,
+                                       cfg.min_silhouette, cfg.max_clusters)
+            else:
+                seen = feats[np.ix_(good, good)]
+                between = pairwise_distances(seen, seen)
+                structured = None if not isinstance(cfg, FLTConfig) else both_structured(
+                    distance_similarity(between), cfg.significance, cfg.min_silhouette)
+                cut = cut_clients(z, len(good), np.arange(len(good)), None, cfg.n_clusters,
+                                  cfg.max_clusters, "gap" if cfg.auto_clusters == "gap"
+                                  else "silhouette", between, cfg.min_silhouette,
+                                  structured)
             labels[good], score = cut.labels, cut.silhouette
         labels = own_clusters(labels, np.setdiff1d(np.arange(n), good))
         n_groups = int(labels.max(initial=-1)) + 1
@@ -586,7 +671,12 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
             else dist
         feats = (st.relatedness if cfg.threshold is not None
                  else st.adjacency)[np.ix_(good, good)]
-        best, cost = ward_nearest(feats, st.labels[good], related)
+        row = related
+        if self._auto_on_signatures():  # Ward's criterion on what the clustering read
+            feats = signature_distances(st.signatures, cfg.distance)
+            row = cross_distances(np.array(reply.signatures, dtype=np.float64), st.signatures,
+                                  cfg.distance)
+        best, cost = ward_nearest(feats, st.labels[good], row)
         clusters = answered(ids, reply.clients, best)
         models, rows = self._placed_models(ids, reply.clients, dist, related, clusters)
         costs = answered(ids, reply.clients, cost, np.nan)
@@ -654,4 +744,4 @@ class PCAKMHC(FLT):
 
 
 __all__ = ["FLT", "PCAKMHC", "FLTClusteringExtras", "FLTConfig", "FLTExtras", "FLTState",
-           "PCAKMHCConfig"]
+           "PCAKMHCConfig", "signature_cut", "signature_distances"]

@@ -46,7 +46,7 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -442,6 +442,36 @@ def structure_pvalue(sim: np.ndarray, draws: int, rng: np.random.Generator) -> f
     Algorithm 1's cut (`optimal_bipartition`) of their similarities `sim` (n ≥ 3)."""
     split = optimal_bipartition(sim)
     return shuffle_pvalue(sim, cohesion(sim, split.first, split.second).contrast, draws, rng)
+
+
+def shuffle_structured(sim: np.ndarray, significance: float, min_silhouette: float,
+                       test_every: bool = True) -> Callable[[np.ndarray, float], bool]:
+    """`silhouette_cut`'s `structured` rule by the shuffle test: a cluster (its `leaves`,
+    positions in `sim`) shows groups when `structure_pvalue` of its members' similarities,
+    `SHUFFLE_DRAWS` shuffles seeded by the sorted members, is below `significance`; a
+    cluster of fewer than `SHUFFLE_MIN` clients (or, with `test_every` off, any but the
+    whole) when its best cut's silhouette `score` reaches `min_silhouette`."""
+    everyone = len(sim)
+
+    def structured(leaves: np.ndarray, score: float) -> bool:
+        if len(leaves) < SHUFFLE_MIN or (not test_every and len(leaves) < everyone):
+            return score >= min_silhouette
+        rng = np.random.default_rng(np.sort(leaves))
+        return structure_pvalue(sim[np.ix_(leaves, leaves)], SHUFFLE_DRAWS,
+                                rng) < significance
+    return structured
+
+
+def distance_similarity(distances: np.ndarray) -> np.ndarray:
+    """Distances (`[M, M]`, symmetric, ≥ 0) as similarities for the shuffle test: 1 − d /
+    max d with a unit diagonal. Algorithm 1's cut and a cut's contrast relative to the
+    shuffled ones do not change under any increasing affine map of the off-diagonal entries,
+    so the distances' scale does not matter."""
+    d = np.asarray(distances, dtype=np.float64)
+    top = float(d.max()) if d.size else 0.0
+    sim = 1.0 - d / top if top > 0 else np.ones_like(d)
+    np.fill_diagonal(sim, 1.0)
+    return sim
 
 
 def _block_cohesion(sim: np.ndarray, second: np.ndarray) -> Cohesion:
