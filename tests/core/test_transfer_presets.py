@@ -29,6 +29,7 @@ RULES: dict[str, dict[str, Any]] = {
     "v2": {**V1, "progress_from": "uniform", "contrast_min": 0.5},
     "v3": V3, "v4": V3, "v5": V5, "v6": V5,
     "v7": {**V5, "progress": 0.0},
+    "v8": {**V5, "progress": 0.0, "sampled_evidence": "combined"},  # today's (rule v7)
 }
 
 
@@ -49,3 +50,19 @@ def test_each_preset_runs_its_versions_cfl_rule(run_grid: Any) -> None:
         auto = load_config(raw).algorithm.auto  # type: ignore[attr-defined]
         assert {k: getattr(auto, k) for k in rule} == rule, version
         assert load_config(raw).algorithm.ignored_settings() == [], version
+
+
+def test_each_preset_runs_flts_rule_v1(run_grid: Any) -> None:
+    """Grid versions v1-v8 ran FLT's rule v1 (the rows of Ã after UMAP, the silhouette bound
+    alone); v9 (FLT's rule v2) changed its default, so each earlier preset carries rule v1
+    (v0: the largest gap, where neither option is read)."""
+    fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
+    for version in RULES:
+        algo = load_config(run_grid.config(fed, "flt", [], preset=version)).algorithm
+        if version == "v0":
+            assert algo.auto_clusters == "gap"  # type: ignore[attr-defined]
+            continue
+        assert (algo.auto_on, algo.significance) == ("relatedness", 0.0), version  # type: ignore[attr-defined]
+        assert algo.ignored_settings() == [], version
+    today = load_config(run_grid.config(fed, "flt", [])).algorithm
+    assert (today.auto_on, today.significance) == ("signatures", 0.002)  # type: ignore[attr-defined]

@@ -93,6 +93,7 @@ from clusterfl.algorithms.oneshot import (
     lowered_cut,
     max_clusters_field,
     min_silhouette_field,
+    significance_field,
     unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
@@ -153,7 +154,7 @@ class FLHCConfig(SampledConfig):
         "bound on the automatic C (threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
-    significance: float = Field(0.002, ge=0.0, lt=1.0, description=SIGNIFICANCE_HELP)
+    significance: float = significance_field(SIGNIFICANCE_HELP)
     test_every: bool = Field(
         True, description="the structure test (significance) for every cluster the cut "
         "examines; false: for the whole federation only, min_silhouette below it")

@@ -137,6 +137,7 @@ from clusterfl.algorithms.oneshot import (
     max_clusters_field,
     min_silhouette_field,
     own_clusters,
+    significance_field,
     unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members
@@ -272,11 +273,10 @@ class FLTConfig(_OneShotConfig):
         "signatures", description="what the automatic C reads: the distances (`distance`) "
         "between the clients' signatures in the encoder's space, before UMAP (rule v2, issue "
         "36), or the rows of Ã after UMAP, as HC does for a given C (rule v1)")
-    significance: float = Field(
-        0.002, ge=0.0, lt=1.0, description="the automatic C cuts a cluster of 5 clients or "
-        "more only where, beside the min_silhouette bound, CFL's shuffle test of the "
-        "distances it reads gives a p-value below this (999 shuffles; FL+HC's level); 0: the "
-        "bound alone")
+    significance: float = significance_field(
+        "the automatic C cuts a cluster of 5 clients or more only where, beside the "
+        "min_silhouette bound, CFL's shuffle test of the distances it reads gives a p-value "
+        "below this (999 shuffles; FL+HC's level); 0: the bound alone")
 
     def ignored_settings(self) -> list[str]:
         """`_OneShotConfig`'s, UMAP's options without UMAP, fine-tuning's without it, and the

@@ -98,6 +98,12 @@ def max_clusters_field(description: str) -> Any:
                  "cluster)")
 
 
+def significance_field(description: str) -> Any:
+    """A `significance` setting of the shuffle test deciding a cut (FL+HC's, FLT's): 0.002,
+    the level of CFL's test where every client answered; 0 turns the test off."""
+    return Field(0.002, ge=0.0, lt=1.0, description=description)
+
+
 def min_silhouette_field() -> Any:
     """The `min_silhouette` setting (`MIN_SILHOUETTE`, Kaufman & Rousseeuw's bound)."""
     return Field(MIN_SILHOUETTE, ge=-1.0, le=1.0, description="mean silhouette a cut needs "
