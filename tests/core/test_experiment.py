@@ -101,9 +101,10 @@ def test_resume_refuses_other_config_or_missing_checkpoint(tmp_path):
     # another method: its name, not the first of its options in sorted order (an IFCA run
     # resumed as FedAvg named "algorithm.assign_by: 'loss' then, None now")
     ifca = {**cfg, "algorithm": {"name": "ifca", "n_clusters": 2}}
-    Experiment.from_config(ifca, out_dir=tmp_path / "ifca").run(progress=False)
+    ifca_dir = tmp_path.parent / f"{tmp_path.name}_ifca"  # not inside the first run's folder
+    Experiment.from_config(ifca, out_dir=ifca_dir).run(progress=False)
     with pytest.raises(ClusterFLError, match=r"\(algorithm\.name: 'ifca' then, 'fedavg' now\)"):
-        Experiment.from_config(cfg, out_dir=tmp_path / "ifca").run(resume=True)
+        Experiment.from_config(cfg, out_dir=ifca_dir).run(resume=True)
 
 
 def _write_clients(folder: Path, n: int) -> None:

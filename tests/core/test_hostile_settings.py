@@ -505,8 +505,9 @@ def test_eval_clients_above_the_federation_is_a_warning_in_the_summary(tmp_path,
             "evaluated (as without eval_clients)")
     assert f"clusterfl: warning: {line}" in capsys.readouterr().err.splitlines()
     assert line in read_summary(tmp_path).warnings
-    Experiment(load_config({**cfg, "eval_clients": 3}), tmp_path / "b").run(progress=False)
-    assert not any("eval_clients" in w for w in read_summary(tmp_path / "b").warnings or [])
+    other = tmp_path.parent / f"{tmp_path.name}_b"  # beside the run's folder, not inside it
+    Experiment(load_config({**cfg, "eval_clients": 3}), other).run(progress=False)
+    assert not any("eval_clients" in w for w in read_summary(other).warnings or [])
 
 
 @pytest.mark.parametrize(("eval_clients", "how"), [
