@@ -642,3 +642,22 @@ def test_a_cached_encoder_gives_the_same_run_as_pretraining_it_in_the_run(tmp_pa
     pretrained, cached = run(), run()
     assert len(list(tmp_path.glob("*.pt"))) == 1
     assert cached == pretrained and cached[1]["source"] == "digits"
+
+
+def test_a_dendrogram_whose_merges_are_all_at_height_zero_draws_without_a_library_warning(
+        tmp_path):
+    """Every client related to every other (all rows of Ã equal): Ward merges everything at
+    height 0, and scipy's dendrogram set the axis limits [0, 0], printing matplotlib's
+    "Attempting to set identical low and high ylims" UserWarning into the user's console
+    after the run. The figure is drawn with a unit axis and a note instead, silently."""
+    import warnings
+
+    from clusterfl.clustering.hierarchical import ward_linkage
+    from clusterfl.report.methods.flt import plot_dendrogram
+
+    z = ward_linkage(np.ones((6, 6)))
+    assert not z[:, 2].any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = plot_dendrogram(z, np.zeros(6, dtype=np.int64), tmp_path / "d.png")
+    assert path.stat().st_size > 1000

@@ -12,6 +12,7 @@ The data comes from the first round's `extras` in the history (or `flt_relatedne
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,17 @@ def plot_dendrogram(z: np.ndarray, labels: np.ndarray, path: Path) -> Path:
     cut = cut_height(z, n_found)
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
-    dendrogram(z, ax=ax, no_labels=len(labels) > 60, leaf_font_size=6,
-               color_threshold=cut if cut is not None else 0.0, above_threshold_color="0.5")
+    flat = not np.asarray(z, dtype=np.float64)[:, 2].any()  # every merge at height 0
+    with warnings.catch_warnings():
+        if flat:  # scipy sets the limits [0, 0] and warns in the user's console
+            warnings.simplefilter("ignore", UserWarning)
+        dendrogram(z, ax=ax, no_labels=len(labels) > 60, leaf_font_size=6,
+                   color_threshold=cut if cut is not None else 0.0,
+                   above_threshold_color="0.5")
+    if flat:
+        ax.set_ylim(0.0, 1.0)
+        ax.text(0.5, 0.5, "every merge height is 0 (the clients' rows are equal)",
+                transform=ax.transAxes, ha="center", fontsize="small")
     if cut is not None:
         ax.axhline(cut, color="k", ls="--", lw=1, label=f"cut: {n_found} clusters")
         ax.legend(loc="upper right", fontsize="small")
