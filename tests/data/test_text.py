@@ -275,6 +275,23 @@ def test_a_client_whose_articles_have_no_word_trains_on_eos_only_and_is_named(
         "Latin letters a-z and digits)); allowed: 1 to 5")
 
 
+def test_a_client_whose_test_articles_have_no_word_is_scored_on_eos_only_and_is_named(
+        tmp_path: Path) -> None:
+    """The same with topic 4's four test articles in Cyrillic (its training articles have
+    words): client 3 was scored on <eos> after <eos> alone, its accuracy meaning nothing,
+    without a word. Now the run warns, naming the client and its test targets."""
+    _ag_news(tmp_path, ROWS * 6, [r if r[0] != "4" else ("4", "Новый чип", "")
+                                  for r in ROWS] * 4)
+    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+    x, y = fed.client_test(3)
+    assert x.tolist() == y.tolist() == [[1, 1, 1]]  # four <eos>: one window of 3 + 1 tokens
+    assert token_warnings(fed, "v") == [
+        "1 client(s) are scored on <eos> only: client 3 (3 test targets); their test articles "
+        "yield no word (the tokenizer keeps words of Latin letters a-z and digits: empty "
+        "titles and descriptions, or text in another script?), so their accuracy counts <eos> "
+        "after <eos> only"]
+
+
 def test_a_non_utf8_ag_news_csv_names_the_line_and_byte(tmp_path: Path) -> None:
     """A Latin-1 "é" on line 3001 read "'utf-8' codec can't decode byte 0xe9 in position
     7744": no line, and a position inside the chunk read, not the file. Now the file, the

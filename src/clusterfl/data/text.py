@@ -143,17 +143,19 @@ def token_warnings(fed: Federation, vocabulary: str) -> list[str]:
                    f"frequent target, so the token accuracy (accuracy) then mostly counts "
                    f"{UNK} (a model predicting only {UNK} beats every real word); "
                    f"accuracy_no_oov_no_eos leaves it out; a larger vocabulary lowers the share")
-    offsets = fed.train_offsets
-    eos_only = [(i, int(fed.y_train[a:b].numel())) for i, (a, b) in
-                enumerate(pairwise(offsets)) if b > a and
-                bool((fed.x_train[a:b] == 1).all()) and bool((fed.y_train[a:b] == 1).all())]
-    if eos_only:
-        shown = ", ".join(f"client {i} ({n:,} training targets)" for i, n in eos_only[:5])
-        more = f" and {len(eos_only) - 5} more" if len(eos_only) > 5 else ""
-        out.append(f"{len(eos_only)} client(s) train on {EOS} only: {shown}{more}; "
-                   f"their articles yield no word (the tokenizer keeps {KEPT}: empty titles "
-                   f"and descriptions, or text in another script?), so their models learn "
-                   f"{EOS} after {EOS}")
+    for split, x, y, offsets, doing, what, then in (
+            ("training", fed.x_train, fed.y_train, fed.train_offsets, "train on",
+             "articles", f"their models learn {EOS} after {EOS}"),
+            ("test", fed.x_test, fed.y_test, fed.test_offsets, "are scored on",
+             "test articles", f"their accuracy counts {EOS} after {EOS} only")):
+        eos_only = [(i, int(y[a:b].numel())) for i, (a, b) in enumerate(pairwise(offsets))
+                    if b > a and bool((x[a:b] == 1).all()) and bool((y[a:b] == 1).all())]
+        if eos_only:
+            shown = ", ".join(f"client {i} ({n:,} {split} targets)" for i, n in eos_only[:5])
+            more = f" and {len(eos_only) - 5} more" if len(eos_only) > 5 else ""
+            out.append(f"{len(eos_only)} client(s) {doing} {EOS} only: {shown}{more}; "
+                       f"their {what} yield no word (the tokenizer keeps {KEPT}: empty "
+                       f"titles and descriptions, or text in another script?), so {then}")
     return out
 
 
