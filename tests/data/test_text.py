@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clusterfl.data.federation import Federation
 from clusterfl.data.scenarios import make_federation
 from clusterfl.data.sources import load_source, text_source
 from clusterfl.data.text import (
@@ -248,20 +249,28 @@ def test_articles_without_words_are_refused_not_scored(tmp_path: Path) -> None:
         make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
 
 
+def _wordless_topic_4(tmp_path: Path, train: int, test: int, split: str) -> Federation:
+    """The topics federation of AG News files holding ROWS `train` and `test` times, topic
+    4's articles of `split` ("train", "test" or "" for none) in Cyrillic, which the tokenizer
+    drops: client 3's tokens of that split are then all <eos> (checked)."""
+    wordless = [r if r[0] != "4" else ("4", "Новый чип", "") for r in ROWS]
+    _ag_news(tmp_path, (wordless if split == "train" else ROWS) * train,
+             (wordless if split == "test" else ROWS) * test)
+    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
+    if split:
+        x, y = fed.client_train(3) if split == "train" else fed.client_test(3)
+        assert x.tolist() == y.tolist() == [[1, 1, 1]]
+    return fed
+
+
 def test_a_client_whose_articles_have_no_word_trains_on_eos_only_and_is_named(
         tmp_path: Path) -> None:
     """Topic 4's six training articles in Cyrillic: a quarter of the articles, under the
     refusal's half, so client 3 trained on <eos> alone without a word. Now the run warns,
     naming the client and its training targets; a seq_len that leaves it no sequence is
     refused, saying its articles give no word. The files as written say nothing."""
-    folder = _ag_news(tmp_path, ROWS * 6, ROWS * 2)
-    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
-    assert token_warnings(fed, "v") == []
-    _write_csv(folder / "train.csv", [r if r[0] != "4" else ("4", "Новый чип", "")
-                                      for r in ROWS] * 6)
-    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
-    x, y = fed.client_train(3)
-    assert x.tolist() == y.tolist() == [[1, 1, 1]]  # six <eos>: one window of 3 + 1 tokens
+    assert token_warnings(_wordless_topic_4(tmp_path, 6, 2, ""), "v") == []
+    fed = _wordless_topic_4(tmp_path, 6, 2, "train")  # six <eos>: one window of 3 + 1 tokens
     assert token_warnings(fed, "v") == [
         "1 client(s) train on <eos> only: client 3 (3 training targets); their articles yield "
         "no word (the tokenizer keeps words of Latin letters a-z and digits: empty titles and "
@@ -280,11 +289,7 @@ def test_a_client_whose_test_articles_have_no_word_is_scored_on_eos_only_and_is_
     """The same with topic 4's four test articles in Cyrillic (its training articles have
     words): client 3 was scored on <eos> after <eos> alone, its accuracy meaning nothing,
     without a word. Now the run warns, naming the client and its test targets."""
-    _ag_news(tmp_path, ROWS * 6, [r if r[0] != "4" else ("4", "Новый чип", "")
-                                  for r in ROWS] * 4)
-    fed = make_federation(load_source("ag_news", tmp_path), "topics", TOPICS, seed=0)
-    x, y = fed.client_test(3)
-    assert x.tolist() == y.tolist() == [[1, 1, 1]]  # four <eos>: one window of 3 + 1 tokens
+    fed = _wordless_topic_4(tmp_path, 6, 4, "test")  # four <eos>: one window of 3 + 1 tokens
     assert token_warnings(fed, "v") == [
         "1 client(s) are scored on <eos> only: client 3 (3 test targets); their test articles "
         "yield no word (the tokenizer keeps words of Latin letters a-z and digits: empty "
