@@ -180,6 +180,8 @@ HISTORY_MAX_CLIENTS = 500  # above this, A/Ã/linkage/points go to ARTIFACT only
 class _OneShotConfig(SampledConfig):
     """Settings shared by FLT and PCA+kM+HC."""
 
+    #: options that only the automatic silhouette cut reads (FLT's rule v2: auto_on, ...)
+    silhouette_only: ClassVar[tuple[str, ...]] = ()
     unnoised_signatures: ClassVar[str] = ("each client's k-means centroids of its embedded "
                                           "data (its signature)")
     fraction: float = Field(0.2, gt=0.0, le=1.0, description="ρ, the share of the clients "
@@ -221,16 +223,18 @@ class _OneShotConfig(SampledConfig):
     def ignored_settings(self) -> list[str]:
         """The options of the automatic C that the rule in force never reads: all three
         beside `n_clusters`, `max_clusters` and `min_silhouette` under `auto_clusters =
-        "components"`, `min_silhouette` under `"gap"`."""
+        "components"`, `min_silhouette` under `"gap"`; and the options only the silhouette
+        cut reads (`silhouette_only`) whenever C is not the silhouette cut's."""
         if self.n_clusters is not None:
             why = f"algorithm.n_clusters = {self.n_clusters} fixes C"
-            names: tuple[str, ...] = ("auto_clusters", "max_clusters", "min_silhouette")
+            names: tuple[str, ...] = ("auto_clusters", "max_clusters", "min_silhouette",
+                                      *self.silhouette_only)
         elif self.auto_clusters == "components":
             why = "auto_clusters = 'components' takes the connected components of Ã"
-            names = ("max_clusters", "min_silhouette")
+            names = ("max_clusters", "min_silhouette", *self.silhouette_only)
         elif self.auto_clusters == "gap":
             why = "auto_clusters = 'gap' cuts at the largest gap of merge heights"
-            names = ("min_silhouette",)
+            names = ("min_silhouette", *self.silhouette_only)
         else:
             return []
         return [f"algorithm.{o} = {getattr(self, o)!r} does nothing: {why}"
@@ -251,6 +255,7 @@ class FLTConfig(_OneShotConfig):
 
     name: Literal["flt"] = "flt"
     display: ClassVar[str] = "FLT"
+    silhouette_only: ClassVar[tuple[str, ...]] = ("auto_on", "significance")
     locations: ClassVar[frozenset[str]] = frozenset({"encoder_dir", "data_dir"})
     encoder: str = Field(
         "fashion_mnist", description="encoder file (.pt), a dataset to pretrain on (cached), "
@@ -279,15 +284,9 @@ class FLTConfig(_OneShotConfig):
         "below this (999 shuffles; FL+HC's level); 0: the bound alone")
 
     def ignored_settings(self) -> list[str]:
-        """`_OneShotConfig`'s, UMAP's options without UMAP, fine-tuning's without it, and the
-        silhouette cut's options when C is fixed or chosen otherwise."""
-        other = (f"algorithm.n_clusters = {self.n_clusters} fixes C"
-                 if self.n_clusters is not None else
-                 f"auto_clusters = {self.auto_clusters!r} chooses C without the silhouette cut"
-                 if self.auto_clusters != "silhouette" else None)
+        """`_OneShotConfig`'s (`auto_on` and `significance` among them), UMAP's options
+        without UMAP, fine-tuning's without it."""
         return [*super().ignored_settings(), *[
-            f"algorithm.{o} = {getattr(self, o)!r} does nothing: {other}"
-            for o in (changed_fields(self, "auto_on", "significance") if other else [])], *[
             f"algorithm.{o} = {getattr(self, o)!r} does nothing: umap = false (no UMAP)"
             for o in (changed_fields(self, "umap_neighbors", "umap_min_dist")
                       if not self.umap else [])], *[
