@@ -1,4 +1,5 @@
-"""A development probe (issue 36): which server-side rule lets FLT choose its number of clusters?
+"""A development probe (issue 36): which server-side rule lets FLT (or PCA+kM+HC, `--method
+pca_km_hc`) choose its number of clusters?
 FLT's rule v1 (UMAP of the clients' centroids, the paper's minimum distance, the threshold
 γ = 1, Ward on the rows of Ã, the divisive silhouette cut with a bound of 0.25) found the true K
 in 3 of 32 validation federations with structure (validation21-24): it over-splits (a
@@ -26,6 +27,17 @@ in git), and then applies each rule:
     python benchmarks/transfer/probe_flt.py --halves validation21 validation22 \\
         validation23 validation24 > benchmarks/transfer/results/probe_flt.md
 
+`--method pca_km_hc` (PCA+kM+HC's rule v2, docs/transfer.md): the same for the baseline's
+signatures (each client's k-means centroids of its own PCA, in input space; every federation
+of the halves, the 8x8 digits and the regressions too), cached in runs/probe_pca/, with its
+own list of rules: `v1` (as it runs: Ward on the rows of the minimum distances D, the
+silhouette bound), `min+test(D)` (FLT's rule v2, `signature_cut`: a cut needs the bound and
+the shuffle test of D), `min+test(rows)` (the test of the distances between D's rows, which
+the silhouettes read), `matched` and `matched+test(D)` (the authors' matched distance).
+
+    python benchmarks/transfer/probe_flt.py --method pca_km_hc --halves validation21 \
+        validation22 validation23 validation24 > benchmarks/transfer/results/probe_pca.md
+
 A cluster of fewer than 5 clients is cut by the silhouette bound, as in FL+HC (the shuffle
 test has no power there). Label swaps and permutations are listed but not counted: the
 signatures see the inputs only.
@@ -40,15 +52,16 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-CACHE = HERE / "runs" / "probe_flt"
-RULES = ("v1", "v1+shuffle", "emb-min", "emb-min+shuffle", "emb-matched",
-         "emb-matched+shuffle", "v2")
+CACHES = {"flt": HERE / "runs" / "probe_flt", "pca_km_hc": HERE / "runs" / "probe_pca"}
+RULES = {"flt": ("v1", "v1+shuffle", "emb-min", "emb-min+shuffle", "emb-matched",
+                 "emb-matched+shuffle", "v2"),
+         "pca_km_hc": ("v1", "min+test(D)", "min+test(rows)", "matched", "matched+test(D)")}
 SIGNIFICANCE, DRAWS = 0.002, 999  # FL+HC's and CFL's test, as they use it (not tuned here)
 
 
-def signatures(name: str) -> Path | None:
-    """The cached npz of federation `name` (FLT run once for one round), None if FLT refuses
-    it (8x8 digits, regressions)."""
+def signatures(name: str, method: str = "flt") -> Path | None:
+    """The cached npz of federation `name` (`method` run once for one round), None if the
+    method refuses it (FLT: the 8x8 digits, the regressions)."""
     import torch
 
     sys.path.insert(0, str(HERE))
@@ -57,23 +70,26 @@ def signatures(name: str) -> Path | None:
     from clusterfl.errors import ConfigError
     from clusterfl.experiment import Experiment
 
-    path = CACHE / f"{name}.npz"
+    cache = CACHES[method]
+    path = cache / f"{name}.npz"
     if path.exists():
         return path
     fed = run_grid.GRID["federation"][name]
-    if fed["source"] not in ("mnist", "fashion_mnist"):
+    if method == "flt" and fed["source"] not in ("mnist", "fashion_mnist"):
         return None
     torch.set_num_threads(1)
-    cfg = run_grid.config(fed, "flt", [])
+    cfg = run_grid.config(fed, method, [])
     assert cfg is not None
     cfg.update(rounds=1, eval_every=1)
     try:
-        exp = Experiment.from_config(cfg, out_dir=CACHE / "runs" / name, overwrite=True)
+        exp = Experiment.from_config(cfg, out_dir=cache / "runs" / name, overwrite=True)
         exp.run(progress=False)
-    except ConfigError:
+    except ConfigError as exc:  # refused (PCA+kM+HC: the regressions' inputs of size 1)
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / f"{name}.refused").write_text(f"{exc}\n")
         return None
     state = exp.algorithm.state
-    CACHE.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     np.savez(path, signatures=state.signatures, points=state.points, labels=state.labels,
              truth=np.asarray(exp.federation.clusters), k=fed["k"])
     return path
@@ -87,7 +103,43 @@ def _similarity(d: np.ndarray) -> np.ndarray:
     return s
 
 
-def labels(rule: str, data: dict[str, np.ndarray]) -> np.ndarray:
+def pca_labels(rule: str, data: dict[str, np.ndarray]) -> np.ndarray:
+    """PCA+kM+HC's candidate rules (module doc) on the cached signatures."""
+    from clusterfl.algorithms.flt import (
+        both_structured,
+        rows_cut,
+        signature_cut,
+        signature_distances,
+    )
+    from clusterfl.clustering.cosine import distance_similarity
+    from clusterfl.clustering.hierarchical import (
+        pairwise_distances,
+        silhouette_cut,
+        ward_linkage,
+    )
+
+    sig = data["signatures"]
+    if rule == "v1":  # rule v1 recomputed: the cached labels are those of the code that ran
+        feats = signature_distances(sig, "min")
+        return rows_cut(feats, ward_linkage(feats), None, None, "silhouette", 0.25, 0.0).labels
+    if rule in ("min+test(D)", "matched+test(D)"):
+        return signature_cut(sig, "matched" if rule.startswith("matched") else "min",
+                             SIGNIFICANCE, 0.25, None)[0].labels
+    feats = signature_distances(sig, "matched" if rule == "matched" else "min")
+    d = pairwise_distances(feats, feats)
+    if rule == "matched":
+        return silhouette_cut(ward_linkage(feats), d, None, 0.25).labels
+    assert rule == "min+test(rows)", rule  # PCA+kM+HC's rule v2, as `rows_cut` runs it
+    structured = both_structured(distance_similarity(d), SIGNIFICANCE, 0.25)
+    labels = silhouette_cut(ward_linkage(feats), d, None, 0.25, structured).labels
+    assert (labels == rows_cut(feats, ward_linkage(feats), None, None, "silhouette", 0.25,
+                               SIGNIFICANCE).labels).all()
+    return labels
+
+
+def labels(rule: str, data: dict[str, np.ndarray], method: str = "flt") -> np.ndarray:
+    if method == "pca_km_hc":
+        return pca_labels(rule, data)
     from clusterfl.clustering.cosine import SHUFFLE_MIN, structure_pvalue
     from clusterfl.clustering.hierarchical import (
         pairwise_distances,
@@ -132,28 +184,42 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--halves", nargs="+", required=True)
+    parser.add_argument("--method", choices=sorted(CACHES), default="flt")
     parser.add_argument("--cached", action="store_true",
                         help="only the federations whose signatures are cached (no runs)")
     args = parser.parse_args()
+    rules, cache = RULES[args.method], CACHES[args.method]
     names = [n for n, f in run_grid.GRID["federation"].items() if f["half"] in args.halves]
-    print(f"| federation | K | {' | '.join(RULES)} |")
-    print("|---|---|" + "---|" * len(RULES))
-    right = {r: [0, 0, 0, 0] for r in RULES}  # K right, structured visible, iid at 1, iid
+    print(f"| federation | K | {' | '.join(rules)} |")
+    print("|---|---|" + "---|" * len(rules))
+    right = {r: [0, 0, 0, 0] for r in rules}  # K right, structured visible, iid at 1, iid
     for name in names:
         fed = run_grid.GRID["federation"][name]
-        if args.cached and not (CACHE / f"{name}.npz").exists():
-            if fed["source"] in ("mnist", "fashion_mnist"):
-                print(f"| {name} | {fed['k']} | not extracted |" + " |" * (len(RULES) - 1))
+        refused = cache / f"{name}.refused"
+        if refused.exists():
+            print(f"| {name} | {fed['k']} | refused: {refused.read_text().strip()} |"
+                  + " |" * (len(rules) - 1))
             continue
-        path = signatures(name)
+        if args.cached and not (cache / f"{name}.npz").exists():
+            if args.method != "flt" or fed["source"] in ("mnist", "fashion_mnist"):
+                print(f"| {name} | {fed['k']} | not extracted |" + " |" * (len(rules) - 1))
+            continue
+        path = signatures(name, args.method)
         if path is None:
+            if refused.exists():
+                print(f"| {name} | {fed['k']} | refused: {refused.read_text().strip()} |"
+                      + " |" * (len(rules) - 1))
             continue
         data = dict(np.load(path))
         k, truth = int(data["k"]), data["truth"]
         visible = not name.startswith(("swap", "perm"))
         cells = []
-        for rule in RULES:
-            found = labels(rule, data)
+        if args.method == "pca_km_hc" and not (
+                labels("v1", data, args.method) == data["labels"]).all():
+            sys.exit(f"{name}: rule v1 recomputed differs from the labels cached from a run "
+                     "of rule v1; the cache was made by another rule (delete runs/probe_pca/)")
+        for rule in rules:
+            found = labels(rule, data, args.method)
             kf = len(set(found.tolist()))
             cells.append(f"{kf} ({adjusted_rand_score(truth, found):.2f})")
             if k == 1:

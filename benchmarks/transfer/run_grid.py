@@ -88,6 +88,7 @@ V3_CFL = ["algorithm.auto.significance=0.01", *BEFORE_V7]  # v3, v4: one level, 
 V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
 V2_FLHC = ["algorithm.significance=0.01"]  # FL+HC's rule v2: the test at 0.01
 V1_FLT = ["algorithm.auto_on=relatedness", "algorithm.significance=0"]  # FLT's rule v1
+V1_PCA = ["algorithm.significance=0"]  # PCA+kM+HC's rule v1: the silhouette bound alone
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
@@ -102,22 +103,24 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     # v1's CFL rule where v2 and v3 changed it (progress against the first round's loss, no
     # contrast bound, the test at 0.05); FL+HC's bound, which v4 replaced by a test; the
     # other methods' rules are the same in v1-v4
-    "v1": {"cfl": V1_CFL, "flhc": V1_FLHC, "flt": V1_FLT},
+    "v1": {"cfl": V1_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v2's CFL rule where v3 changed it (the contrast bound 0.5, the test at 0.05)
-    "v2": {"cfl": V2_CFL, "flhc": V1_FLHC, "flt": V1_FLT},
+    "v2": {"cfl": V2_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v3: CFL's one level 0.01, FL+HC's rule v1
-    "v3": {"cfl": V3_CFL, "flhc": V1_FLHC, "flt": V1_FLT},
+    "v3": {"cfl": V3_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v4: CFL's one level 0.01 (v5: 0.002 where every client of the cluster answered),
     # FL+HC's rule v2
-    "v4": {"cfl": V3_CFL, "flhc": V2_FLHC, "flt": V1_FLT},
+    "v4": {"cfl": V3_CFL, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v5: CFL's rule v5 (two levels), FL+HC's rule v2 (v6: its test at 0.002)
-    "v5": {"cfl": BEFORE_V7, "flhc": V2_FLHC, "flt": V1_FLT},
+    "v5": {"cfl": BEFORE_V7, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v6: CFL's rule v5, with the progress condition (v7: off, CFL's rule v6)
-    "v6": {"cfl": BEFORE_V7, "flt": V1_FLT},
+    "v6": {"cfl": BEFORE_V7, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v7: CFL's rule v6, each sampled round at its own level (v8: combined, CFL's rule v7)
-    "v7": {"cfl": BEFORE_V8, "flt": V1_FLT},
+    "v7": {"cfl": BEFORE_V8, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v8: FLT's rule v1 (v9: the signatures' distances with the shuffle test, FLT's rule v2)
-    "v8": {"flt": V1_FLT},
+    "v8": {"flt": V1_FLT, "pca_km_hc": V1_PCA},
+    # v9: PCA+kM+HC's rule v1 (v10: the shuffle test of its distance rows, its rule v2)
+    "v9": {"pca_km_hc": V1_PCA},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

@@ -31,6 +31,7 @@ RULES: dict[str, dict[str, Any]] = {
     "v7": {**V5, "progress": 0.0},
     "v8": {**V5, "progress": 0.0, "sampled_evidence": "combined"},  # today's (rule v7)
 }
+RULES["v9"] = RULES["v8"]  # v9 and v10 changed FLT's and PCA+kM+HC's rules, not CFL's
 
 
 @pytest.fixture
@@ -59,6 +60,9 @@ def test_each_preset_runs_flts_rule_v1(run_grid: Any) -> None:
     fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
     for version in RULES:
         algo = load_config(run_grid.config(fed, "flt", [], preset=version)).algorithm
+        if version == "v9":  # FLT's rule v2 is v9's default
+            assert (algo.auto_on, algo.significance) == ("signatures", 0.002)  # type: ignore[attr-defined]
+            continue
         if version == "v0":
             assert algo.auto_clusters == "gap"  # type: ignore[attr-defined]
             continue
@@ -66,3 +70,20 @@ def test_each_preset_runs_flts_rule_v1(run_grid: Any) -> None:
         assert algo.ignored_settings() == [], version
     today = load_config(run_grid.config(fed, "flt", [])).algorithm
     assert (today.auto_on, today.significance) == ("signatures", 0.002)  # type: ignore[attr-defined]
+
+
+def test_each_preset_runs_pca_km_hcs_rule_v1(run_grid: Any) -> None:
+    """Grid versions v1-v9 ran PCA+kM+HC's rule v1 (Ward on D's rows, the silhouette bound
+    alone); v10 (its rule v2: the bound and the shuffle test of the distances between those
+    rows) changed its default, so each earlier preset carries `significance = 0` (v0: the
+    largest gap, where it is not read)."""
+    fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
+    for version in RULES:
+        algo = load_config(run_grid.config(fed, "pca_km_hc", [], preset=version)).algorithm
+        if version == "v0":
+            assert algo.auto_clusters == "gap"  # type: ignore[attr-defined]
+            continue
+        assert algo.significance == 0.0, version  # type: ignore[attr-defined]
+        assert algo.ignored_settings() == [], version
+    today = load_config(run_grid.config(fed, "pca_km_hc", [])).algorithm
+    assert today.significance == 0.002  # type: ignore[attr-defined]

@@ -47,7 +47,11 @@ Choices the paper leaves open (or states differently from the authors' code), an
   (docs/transfer.md, "FLT's rule v2"). The relatedness Ã (Case I) and a given C still read
   the UMAP pipeline. Rule v1 (`auto_on = "relatedness"`, `significance = 0`): the divisive
   silhouette cut of the Ward tree under the Euclidean distances of the rows HC reads, one
-  cluster when no cut reaches `min_silhouette` (`silhouette_cut`). `"gap"`: cut the
+  cluster when no cut reaches `min_silhouette` (`silhouette_cut`). PCA+kM+HC (no UMAP, no
+  threshold: HC reads the rows of D in input space) cuts that tree where the bound is
+  reached and, for a cluster of 5 clients or more, the shuffle test of the distances between
+  those rows gives p < `significance` (its rule v2, `rows_cut`; `significance = 0`: rule v1,
+  the bound alone; docs/transfer.md, "PCA+kM+HC's rule v2"). `"gap"`: cut the
   dendrogram in the largest gap between consecutive merge
   heights h_1 ≤ … ≤ h_{M−1}; cutting between h_j and h_{j+1} gives M − j clusters, j ≥ 1
   (never all singletons). If every merge height is 0 (all profiles equal), C = 1.
@@ -128,6 +132,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from clusterfl.algorithms.base import FIRST, Algorithm, Ask, Context, Update
 from clusterfl.algorithms.common import Placement, SampledConfig, answered, check_k_fits
 from clusterfl.algorithms.oneshot import (
+    AutoCut,
     Cut,
     OneOffAsk,
     Threshold,
@@ -181,7 +186,7 @@ class _OneShotConfig(SampledConfig):
     """Settings shared by FLT and PCA+kM+HC."""
 
     #: options that only the automatic silhouette cut reads (FLT's rule v2: auto_on, ...)
-    silhouette_only: ClassVar[tuple[str, ...]] = ()
+    silhouette_only: ClassVar[tuple[str, ...]] = ("significance",)
     unnoised_signatures: ClassVar[str] = ("each client's k-means centroids of its embedded "
                                           "data (its signature)")
     fraction: float = Field(0.2, gt=0.0, le=1.0, description="ρ, the share of the clients "
@@ -203,6 +208,10 @@ class _OneShotConfig(SampledConfig):
         "cluster below min_silhouette), the largest gap of Ward's merge heights, or the "
         "connected components of the thresholded adjacency Ã")
     min_silhouette: float = min_silhouette_field()
+    significance: float = significance_field(
+        "the automatic C cuts a cluster of 5 clients or more only where, beside the "
+        "min_silhouette bound, CFL's shuffle test of the distances it reads gives a p-value "
+        "below this (999 shuffles; FL+HC's level); 0: the bound alone")
     kmeans_n_init: int = Field(10, ge=1, description="k-means restarts on each client")
 
     @model_validator(mode="after")
@@ -278,10 +287,6 @@ class FLTConfig(_OneShotConfig):
         "signatures", description="what the automatic C reads: the distances (`distance`) "
         "between the clients' signatures in the encoder's space, before UMAP (rule v2, issue "
         "36), or the rows of Ã after UMAP, as HC does for a given C (rule v1)")
-    significance: float = significance_field(
-        "the automatic C cuts a cluster of 5 clients or more only where, beside the "
-        "min_silhouette bound, CFL's shuffle test of the distances it reads gives a p-value "
-        "below this (999 shuffles; FL+HC's level); 0: the bound alone")
 
     def ignored_settings(self) -> list[str]:
         """`_OneShotConfig`'s (`auto_on` and `significance` among them), UMAP's options
@@ -377,6 +382,22 @@ def signature_cut(signatures: np.ndarray, distance: Literal["min", "matched"],
     z = ward_linkage(d)
     return cut_clients(z, m, np.arange(m), None, None, max_clusters, "silhouette",
                        pairwise_distances(d, d), min_silhouette, structured), z
+
+
+def rows_cut(rows: np.ndarray, z: np.ndarray, n_clusters: int | None,
+             max_clusters: int | None, auto_cut: AutoCut, min_silhouette: float,
+             significance: float) -> Cut:
+    """The cut of the M clients whose Ward linkage `z` was built on `rows` (`[M, ·]`, the
+    rows HC reads: Ã's, or D's without a threshold): into `n_clusters`, else `auto_cut`; the
+    silhouette cut reads the distances between the rows and, with `significance` > 0 (for a
+    cluster of `SHUFFLE_MIN` clients or more), needs the shuffle test of those distances as
+    well as the bound (`both_structured`; PCA+kM+HC's rule v2, FLT's with `auto_on =
+    "relatedness"`)."""
+    between = pairwise_distances(rows, rows)
+    structured = both_structured(distance_similarity(between), significance, min_silhouette)
+    m = len(rows)
+    return cut_clients(z, m, np.arange(m), None, n_clusters, max_clusters, auto_cut, between,
+                       min_silhouette, structured)
 
 
 # ============================================================================ the method
@@ -554,14 +575,9 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
                 cut, z = signature_cut(signatures, cfg.distance, cfg.significance,
                                        cfg.min_silhouette, cfg.max_clusters)
             else:
-                seen = feats[np.ix_(good, good)]
-                between = pairwise_distances(seen, seen)
-                structured = None if not isinstance(cfg, FLTConfig) else both_structured(
-                    distance_similarity(between), cfg.significance, cfg.min_silhouette)
-                cut = cut_clients(z, len(good), np.arange(len(good)), None, cfg.n_clusters,
-                                  cfg.max_clusters, "gap" if cfg.auto_clusters == "gap"
-                                  else "silhouette", between, cfg.min_silhouette,
-                                  structured)
+                cut = rows_cut(feats[np.ix_(good, good)], z, cfg.n_clusters,
+                               cfg.max_clusters, "gap" if cfg.auto_clusters == "gap"
+                               else "silhouette", cfg.min_silhouette, cfg.significance)
             labels[good], score = cut.labels, cut.silhouette
         labels = own_clusters(labels, np.setdiff1d(np.arange(n), good))
         n_groups = int(labels.max(initial=-1)) + 1
@@ -743,4 +759,4 @@ class PCAKMHC(FLT):
 
 
 __all__ = ["FLT", "PCAKMHC", "FLTClusteringExtras", "FLTConfig", "FLTExtras", "FLTState",
-           "PCAKMHCConfig", "signature_cut", "signature_distances"]
+           "PCAKMHCConfig", "rows_cut", "signature_cut", "signature_distances"]
