@@ -182,7 +182,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     if not (run_dir / "config.toml").is_file():
         raise ClusterFLError(f"{run_dir}: no config.toml; not a run directory")
     if args.json:
-        check_json_target(Path(args.json))
+        check_json_target(Path(args.json), run_dir)
     saved, origin = load_state(run_dir)
     rows, label, privacy = place_clients(run_dir, saved, args.clients,
                                          list(args.set or []), args.data_dir)
@@ -201,8 +201,11 @@ def cmd_place(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_json_target(path: Path) -> None:
-    """Before any placement is computed: `--json` names a file in an existing folder."""
+def check_json_target(path: Path, run_dir: Path) -> None:
+    """Before any placement is computed: `--json` names a file in an existing folder that
+    is no run's (`run_dir`, the run placed from, or any other: `check_outside_runs`)."""
+    from clusterfl.rundir import check_outside_runs
+
     try:
         folder, parent = path.is_dir(), path.parent.is_dir()
     except OSError as err:  # e.g. a name longer than the file system allows
@@ -212,6 +215,7 @@ def check_json_target(path: Path) -> None:
     if not parent:
         raise ClusterFLError(f"--json: the folder {path.parent} does not exist; create it or "
                              "give a file in an existing folder")
+    check_outside_runs(path, "--json", run_dir)
     if path.exists() and not _is_placements(path):
         raise ClusterFLError(f"--json: {path} exists and is not a placements file (what "
                              "`place --json` writes); it is not overwritten: give a new name")

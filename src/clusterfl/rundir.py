@@ -138,17 +138,23 @@ def run_record(folder: Path) -> str | None:
     return None
 
 
-def check_outside_runs(path: Path, flag: str = "--out") -> None:
-    """Refuse an output folder that lies inside another run's folder (at any depth; links
-    followed): a run's folder holds that run's files only, and its `--overwrite` and `report`
-    would meet the foreign folder. A comparison's, sweep's or suite's folder is no run's, so
-    the run folders they make inside their own are not refused."""
+def _resolved(path: Path) -> Path:
     try:
-        full = Path(path).resolve()
+        return Path(path).resolve()
     except (OSError, RuntimeError):
-        full = Path(path).absolute()
+        return Path(path).absolute()
+
+
+def check_outside_runs(path: Path, flag: str = "--out", run: Path | None = None) -> None:
+    """Refuse an output folder (or file) that lies inside another run's folder (at any depth;
+    links followed): a run's folder holds that run's files only, and its `--overwrite` and
+    `report` would meet the foreign folder. A comparison's, sweep's or suite's folder is no
+    run's, so the run folders they make inside their own are not refused. `run`: a folder
+    known to be a run's though it may hold neither history nor summary (the run `place`
+    reads, by its config.toml)."""
+    full, known = _resolved(path), None if run is None else _resolved(run)
     for above in full.parents:
-        record = run_record(above)
+        record = run_record(above) or ("config.toml" if above == known else None)
         if record is not None:
             raise RunDirInUseError(
                 f"{flag}: {path} lies inside the folder of the run {above} (it holds that "

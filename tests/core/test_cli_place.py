@@ -343,19 +343,50 @@ def test_json_never_overwrites_a_file_that_is_not_a_placement(ifca_run, tmp_path
     summary = ifca_run / "summary.json"
     before = summary.read_bytes()
     assert main(["place", str(ifca_run), "--clients", "0", "--json", str(summary)]) == 2
-    err = capsys.readouterr().err
-    assert err == (f"clusterfl: error: --json: {summary} exists and is not a placements file "
-                   "(what `place --json` writes); it is not overwritten: give a new name\n")
+    assert "lies inside the folder of the run" in capsys.readouterr().err  # the run's folder
     assert summary.read_bytes() == before
     notes = tmp_path / "notes.json"
     notes.write_text('{"mine": 1}')
     assert main(["place", str(ifca_run), "--clients", "0", "--json", str(notes)]) == 2
+    assert capsys.readouterr().err == (
+        f"clusterfl: error: --json: {notes} exists and is not a placements file (what "
+        "`place --json` writes); it is not overwritten: give a new name\n")
     assert notes.read_text() == '{"mine": 1}'
     capsys.readouterr()
     placed = tmp_path / "placed.json"  # an earlier placement is replaced
     assert main(["place", str(ifca_run), "--clients", "0", "--json", str(placed)]) == 0
     assert main(["place", str(ifca_run), "--clients", "1-2", "--json", str(placed)]) == 0
     assert [r["client"] for r in json.loads(placed.read_text())] == [1, 2]
+
+
+@pytest.mark.parametrize("where", ["the_run_placed", "the_run_placed_without_history",
+                                   "another_run"])
+def test_json_into_a_run_folder_is_refused_naming_that_run(ifca_run, tmp_path, capsys, where):
+    # before: `--json RUN/placed.json` wrote the placements into the run's folder (exit 0),
+    # whose `run --out RUN --overwrite` then refused 'RUN holds placed.json, which clusterfl
+    # did not write'; likewise into any other run's folder
+    run, record = ifca_run, "history.jsonl"
+    if where == "the_run_placed_without_history":  # config.toml and checkpoint/ alone
+        run, record = tmp_path / "run", "config.toml"
+        shutil.copytree(ifca_run, run)
+        (run / "history.jsonl").unlink()
+        (run / "summary.json").unlink()
+    holder = run if where != "another_run" else tmp_path / "other"
+    if where == "another_run":  # a run's folder: it holds that run's history
+        (holder / "sub").mkdir(parents=True)
+        (holder / "history.jsonl").write_text("")
+    target = holder / ("sub" if where == "another_run" else "") / "placed.json"
+    rc = main(["place", str(run), "--clients", "0", "--json", str(target)])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.err == (
+        f"clusterfl: error: --json: {target} lies inside the folder of the run {holder} (it "
+        f"holds that run's {record}); a run's folder holds that run's files only: choose a "
+        "folder outside it\n")
+    assert captured.out.strip() == "" and not target.exists()  # refused before placing
+    if where == "the_run_placed_without_history":  # the check does not stop a placement
+        out = tmp_path / "placed.json"
+        assert main(["place", str(run), "--clients", "0", "--json", str(out)]) == 0
+        assert [r["client"] for r in json.loads(out.read_text())] == [0]
 
 
 @pytest.mark.parametrize("text", [
