@@ -14,7 +14,7 @@ from clusterfl.config_util import check_flag
 from clusterfl.data.federation import Federation
 from clusterfl.errors import ConfigError
 from clusterfl.experiment import PROGRESS_NONE, Experiment, History, build_federation
-from clusterfl.rundir import LOCK_FILE, RunDir, holds_run
+from clusterfl.rundir import LOCK_FILE, RunDir, holds_run, runs_below, shown_names
 
 
 def parse_algorithm_spec(spec: str) -> dict[str, Any]:
@@ -167,6 +167,20 @@ def _warn_other_runs(out: Path, folders: list[str]) -> None:
               "report", file=sys.stderr, flush=True)
 
 
+def _check_no_seeds(out: Path, folders: list[str]) -> None:
+    """A comparison without seeds resumed where `compare --seeds` wrote its runs
+    (`METHOD/seedN`): refused naming them, before anything is written (a method's folder
+    was then claimed as a fresh run and refused as holding other runs, in words of
+    --overwrite)."""
+    for folder in folders:
+        below = runs_below(out / folder) if (out / folder).is_dir() else []
+        if below:
+            shown = shown_names([f"{folder}/{b}" for b in below])
+            raise ConfigError("--resume", f"{out} holds the runs of a comparison with --seeds "
+                              f"({shown}); continue it with --seeds (the seeds it ran with, "
+                              "or more), or give a comparison without --seeds another --out")
+
+
 class Comparison(list[tuple[str, History]]):
     """What `run_comparison` returns: a list of (label, history), one per method, with
     `warnings`, the comparison's own warnings (`unused_options`: config options no compared
@@ -212,6 +226,8 @@ def run_comparison(
         raise ConfigError("--resume", f"{out} holds one run (its config.toml, history or "
                           "summary), not a comparison: `clusterfl run CONFIG --out "
                           f"{out} --resume` continues it; give compare another --out")
+    if resume:
+        _check_no_seeds(out, [folder for folder, _ in runs])
     with RunDir(out).claimed(resume=resume, overwrite=overwrite, hint=hint,
                              runs_inside=True):
         if resume:

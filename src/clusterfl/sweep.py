@@ -505,10 +505,12 @@ def _check_no_other_runs(runs: Sequence[Run], out: Path) -> None:
     found = next((p for p in [*tops, *sorted(between)] if holds_run(p)), None)
     if found is not None:
         what = "is" if found == out else f"holds {found.relative_to(out).as_posix()}, which is"
+        hint = "" if found == out else (" (a comparison without --seeds continues with "
+                                        "`compare --resume` without --seeds)")
         raise RunDirInUseError(
             f"{out} {what} the folder of a run, not of a sweep's runs (`compare` without "
             "--seeds or `run` wrote it); a sweep writes each run into METHOD/seedN: give "
-            "another --out")
+            f"another --out{hint}")
 
 
 def _check_run_options(jobs: Any, ray: Any, cpus_per_run: Any, gpus_per_run: Any,

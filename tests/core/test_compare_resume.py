@@ -400,3 +400,58 @@ def test_a_run_whose_config_toml_predates_a_field_is_read_back_not_refused(tmp_p
         run_comparison(other, ["fedavg"], out, progress=False, resume=True)
     run_comparison(load_config(RAW), ["fedavg"], out, progress=False, resume=True)
     assert summary.stat().st_mtime_ns == written  # read back, not run again
+
+
+def _compare(config: Path, out: Path, *extra: str) -> int:
+    return main(["compare", str(config), "--algorithms", "fedavg", "--out", str(out),
+                 "--quiet", *extra])
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != ".clusterfl.lock"}
+
+
+def test_resuming_a_comparison_without_seeds_with_two_seeds_is_refused(tmp_path: Path,
+                                                                       capsys):
+    # the seed list changed against the comparison resumed: none (the config's seed) → 0,1;
+    # refused before, saying only 'give another --out'
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml({**RAW, "rounds": 1}))
+    out = tmp_path / "cmp"
+    assert _compare(config, out) == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert _compare(config, out, "--seeds", "0,1", "--resume") == 2
+    err = capsys.readouterr().err
+    assert err == (f"clusterfl: error: {out} holds fedavg, which is the folder of a run, not "
+                   "of a sweep's runs (`compare` without --seeds or `run` wrote it); a sweep "
+                   "writes each run into METHOD/seedN: give another --out (a comparison "
+                   "without --seeds continues with `compare --resume` without --seeds)\n")
+    assert _files(out) == before  # no seed folder, no table, the report as it was
+    assert _compare(config, out, "--resume") == 0  # as the line says
+
+
+def test_resuming_a_comparison_with_seeds_without_them_is_refused_naming_its_seeds(
+        tmp_path: Path, capsys):
+    # before: '.../fedavg holds other runs (seed0, seed1); a run's folder holds that run's
+    # files only and overwrite never removes other runs' (a --resume, not an overwrite)
+    config = tmp_path / "c.toml"
+    config.write_text(dump_toml({**RAW, "rounds": 1}))
+    out = tmp_path / "cmp"
+    assert _compare(config, out, "--seeds", "0,1") == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert _compare(config, out, "--resume") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"clusterfl: error: --resume: {out} holds the runs of a comparison "
+                       "with --seeds (fedavg/seed0, fedavg/seed1); continue it with --seeds "
+                       "(the seeds it ran with, or more), or give a comparison without "
+                       "--seeds another --out")
+    assert all(line.startswith("clusterfl: warning: one method") for line in err[:-1])
+    assert _files(out) == before
+    assert _compare(config, out, "--seeds", "0-2", "--resume") == 0  # one seed more runs
+    assert sorted(p.name for p in (out / "fedavg").iterdir()) == ["seed0", "seed1", "seed2"]
+    assert {k: v for k, v in _files(out).items() if "/seed2/" not in k and
+            k.startswith("fedavg/seed")} == {k: v for k, v in before.items()
+                                            if k.startswith("fedavg/seed")}
