@@ -247,6 +247,38 @@ def test_run_into_a_used_folder_needs_overwrite(tmp_path, monkeypatch):
     assert args.func(args) == 0 and started == ["local"] and not any(out.iterdir())
 
 
+@pytest.mark.parametrize("mode", ["local", "ray"])
+def test_an_out_inside_another_runs_folder_is_refused_before_flower_starts(tmp_path,
+                                                                           monkeypatch,
+                                                                           capsys, mode):
+    """`flower run --out A/sub` with A a run's folder: one line naming A (the check of
+    `clusterfl run`, `rundir.check_outside_runs`), before a SuperLink, SuperNode or Ray
+    starts and before A/sub or its A/sub.flower work folder exist; A keeps its files."""
+    from clusterfl.cli import main
+
+    config = _config(tmp_path, rounds=1)
+    a = tmp_path / "a"
+    assert main(["run", config, "--out", str(a), "--quiet"]) == 0
+    before = {p.relative_to(a): p.read_bytes() for p in a.rglob("*") if p.is_file()}
+    started: list[str] = []
+    for name in ("_run_ray", "_run_local", "_submit"):
+        monkeypatch.setattr(cli_flower, name, lambda *a, name=name: started.append(name))
+    monkeypatch.setattr(cli_flower, "_print_results", lambda *a: None)
+    capsys.readouterr()
+    for out in (a / "sub", a / "x" / "y"):
+        assert main(["flower", "run", config, "--mode", mode, "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (
+            f"clusterfl: error: --out: {out} lies inside the folder of the run {a.resolve()} "
+            "(it holds that run's history.jsonl); a run's folder holds that run's files only: "
+            "choose a folder outside it\n")
+        assert started == [] and not out.exists()
+        assert not out.with_name(out.name + ".flower").exists()
+    assert {p.relative_to(a): p.read_bytes() for p in a.rglob("*") if p.is_file()} == before
+    beside = tmp_path / "beside"  # a folder outside it: Flower is started (here, its stub)
+    assert main(["flower", "run", config, "--mode", mode, "--out", str(beside)]) == 0
+    assert started == [f"_run_{mode}"]
+
+
 def test_app_dir_holds_a_valid_flower_app(tmp_path):
     from flwr.cli.config_utils import load_and_validate
 
