@@ -691,13 +691,13 @@ def test_split_test_figure_names_each_refusal():
                   "p ≥ 0.0119)") == "not beyond shuffles (5: too few)"
 
 
-def test_cli_place(label_swap_run, capsys):
+def test_cli_place(label_swap_run, capsys, tmp_path):
     from clusterfl.cli_place import add_parser, parse_clients
 
     out, _ = label_swap_run
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    dest = out / "placed.json"
+    dest = tmp_path / "placed.json"  # outside the run's folder (a run's folder is its own)
     # ten clients of 130 samples: new data, the same label swaps (drawn before the split);
     # client 4 now belongs to cluster 0 (it was in cluster 1 during training)
     args = parser.parse_args(["cfl-place", str(out), "--clients", "4,8-9", "--json",
