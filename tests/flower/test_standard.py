@@ -18,6 +18,7 @@ from flwr.clientapp import ClientApp
 
 from clusterfl.cli import main
 from clusterfl.config import load_config
+from clusterfl.data.federation import Federation
 from clusterfl.errors import ClusterFLError
 from clusterfl.experiment import Experiment, build_federation
 from clusterfl.flower import ClusteredStrategy
@@ -662,10 +663,9 @@ def test_a_combined_predictors_result_gives_each_nodes_members_not_the_first_alo
 def test_flts_encoder_signatures_through_the_signature_helper_equal_in_process() -> None:
     """FLT's client step (Alg. 2 lines 3-8: the sent ConvAE fine-tuned on the client's 8x8
     images, their codes, k-means) through `add_signature_query` on `[1, 8, 8]` digits: the
-    signatures are the in-process backend's, bit for bit. (A whole FLT run is not tested
-    here: on rotated 8x8 digits it does not find the groups in-process either — ARI 0.08 to
-    0.36 measured with an untrained or a digits-pretrained encoder — and its UMAP map costs
-    more than the suite can spend.)"""
+    signatures are the in-process backend's, bit for bit. (A whole FLT run is tested on the
+    prototypes below: on rotated 8x8 digits FLT does not find the groups in-process either —
+    ARI 0.08 to 0.36 measured with an untrained or a digits-pretrained encoder.)"""
     from clusterfl.backends.flower.standard import StandardBackend, StandardSession
     from clusterfl.backends.sequential import SequentialBackend
     from clusterfl.engine.signatures import build_conv_ae
@@ -720,11 +720,13 @@ BASE = {"seed": 0, "rounds": 10, "eval_every": 10, "checkpoint_every": 0,
         "output": {"figures": False}}
 
 
-def matched_app(helpers: bool = False, base: dict[str, Any] = BASE) -> ClientApp:
+def matched_app(helpers: bool = False, base: dict[str, Any] = BASE,
+                federation: Federation | None = None) -> ClientApp:
     """A ClientApp whose local training is clusterfl's engine's (same batch schedule and seed):
-    it holds partition `partition-id` of `base`'s federation. With `helpers`, it also has
-    CAM's and the mixtures' handlers (`add_cam_handlers`, `add_mixture_handlers`) on that
-    data and architecture."""
+    it holds partition `partition-id` of `base`'s federation (or of `federation`). With
+    `helpers`, it also has CAM's and the mixtures' handlers (`add_cam_handlers`,
+    `add_mixture_handlers`) on that data and architecture; with `federation`, the signature
+    query (`add_signature_query`)."""
     from clusterfl.engine import reference as ref
     from clusterfl.engine.common import per_sample_loss
     from clusterfl.engine.schedule import batch_schedule
@@ -733,7 +735,7 @@ def matched_app(helpers: bool = False, base: dict[str, Any] = BASE) -> ClientApp
     from clusterfl.protocol import LocalTraining, client_seed
 
     config = load_config(base)
-    fed = build_federation(config)
+    fed = build_federation(config) if federation is None else federation
     factory = ModelFactory(config.model, fed.input_shape, fed.n_outputs)
     module = factory.build()
     app = ClientApp()
@@ -780,27 +782,38 @@ def matched_app(helpers: bool = False, base: dict[str, Any] = BASE) -> ClientApp
 
         add_cam_handlers(app, factory.build, load_data)
         add_mixture_handlers(app, factory.build, load_data)
+    if federation is not None:
+        from clusterfl.flower.client import add_signature_query
+
+        add_signature_query(app, lambda context: fed.client_train(
+            int(context.node_config["partition-id"])))
     return app
 
 
 def _equals_clusterfl_run(algo: dict[str, Any], rounds: int = 10, helpers: bool = False,
-                          base: dict[str, Any] = BASE, **kw: Any) -> FakeGrid:
-    """The strategy on engine-matched clients of `base`'s federation against `clusterfl run`
-    in-process: the same assignment (ARI 1 where `base` has groups), accuracy and models
-    (1e-5); the grid the strategy ran on. `kw`: more of the strategy's arguments."""
+                          base: dict[str, Any] = BASE, fed: Federation | None = None,
+                          **kw: Any) -> FakeGrid:
+    """The strategy on engine-matched clients of `base`'s federation (or of `fed`, with the
+    signature query) against `clusterfl run` in-process: the same assignment (ARI 1 where
+    the federation has groups), accuracy and models (1e-5); the grid the strategy ran on.
+    `kw`: more of the strategy's arguments."""
     from clusterfl.flower.client import CAM_HANDLERS, MIXTURE_HANDLERS
 
     base = {**base, "rounds": rounds, "eval_every": rounds}
-    exp = Experiment.from_config({**base, "algorithm": algo})
+    exp = Experiment.from_config({**base, "algorithm": algo}, federation=fed)
     ref_history = exp.run(progress=False)
     extensions = (set(CAM_HANDLERS) | set(MIXTURE_HANDLERS)) if helpers else set()
-    strategy = ClusteredStrategy(algo, model=BASE["model"], input_shape=(64,), n_classes=10,
+    if fed is not None:
+        extensions.add("query.signature")
+    strategy = ClusteredStrategy(algo, model=BASE["model"],
+                                 input_shape=(64,) if fed is None else fed.input_shape,
+                                 n_classes=10 if fed is None else fed.n_outputs,
                                  train=BASE["train"], seed=0, eval_every=rounds,
                                  true_clusters={100 + i: int(c) for i, c in
                                                 enumerate(ref_history.summary.true_clusters or [])}
                                  or None, extensions=extensions, log=kw.pop("log", lambda m: None),
                                  **kw)
-    grid = _grid(app=matched_app(helpers, base), n=6)
+    grid = _grid(app=matched_app(helpers, base, fed), n=6 if fed is None else fed.n_clients)
     result = strategy.start(grid, rounds)
     groups = ref_history.summary.true_clusters is not None
     assert ref_history.final.ari == (1.0 if groups else None)  # CFL splits in round 9: too
@@ -848,6 +861,26 @@ def test_cam_and_the_mixtures_through_the_helpers_equal_clusterfl_run(method: st
     algo, handlers = HELPED[method]
     grid = _equals_clusterfl_run(algo, rounds=3, helpers=True)
     assert handlers <= {m.metadata.message_type for m in grid.sent}
+
+
+def test_a_whole_flt_run_through_the_signature_helper_equals_clusterfl_run() -> None:
+    """FLT through the strategy, its signatures from `add_signature_query`. The standard
+    app's 16 features are no image (FLT's ConvAE refuses them: algorithm.encoder), so the
+    clients hold the 8x8 prototypes of tests/algorithms/test_flt.py (12 clients in 3 groups)
+    and train with clusterfl's engine. FLT's default automatic C (rule v2, on the
+    signatures' distances), an untrained frozen encoder, FedAvg in the clusters and no UMAP:
+    the 3 groups (ARI 1.0), accuracy and models as in-process; one signature query per
+    node and none again."""
+    from collections import Counter
+
+    from tests.algorithms.test_flt import FAST_FLT, prototypes_federation
+
+    fed = prototypes_federation()
+    algo = {**FAST_FLT, "aggregation": "clusters", "finetune_epochs": 0, "umap": False}
+    grid = _equals_clusterfl_run(algo, rounds=3, fed=fed)
+    sent = Counter((m.metadata.message_type, int(m.metadata.dst_node_id)) for m in grid.sent
+                   if m.metadata.message_type == "query.signature")
+    assert sent == {("query.signature", 100 + c): 1 for c in range(12)}
 
 
 UNEQUAL = {**BASE, "scenario": {"name": "dirichlet", "n_clients": 6, "alpha": 0.5}}
