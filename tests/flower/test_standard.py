@@ -949,6 +949,22 @@ def test_a_size_not_known_when_read_is_warned_and_train_sizes_gives_it() -> None
     assert not [x for x in lines if "flower: warning" in x]
 
 
+def test_a_batch_size_is_judged_only_against_the_training_set_sizes_known(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the server's federation counts one row per client until the replies give the
+    sizes, so every strategy run with batch_size > 1 warned "train.batch_size = 20 is more
+    than any client's training samples (at most 1) ..." of clients of 200 samples (FLT's
+    k = 3 alike). Now the sizes judged are those known: given in train_sizes."""
+    train = {"lr": 0.3, "batch_size": 20}
+    _strategy("fedavg", train=train).start(_grid(n=2), 1)
+    said = capsys.readouterr()
+    assert "training samples" not in said.out + said.err
+    _strategy("fedavg", train=train, train_sizes={100: 5, 101: 8}).start(_grid(n=2), 1)
+    said = capsys.readouterr()
+    assert ("clusterfl: warning: train.batch_size = 20 is more than any client's training "
+            "samples (at most 8)") in said.out + said.err
+
+
 class _DiesInRound(FakeGrid):
     """The ServerApp dies (an exception) at its first message of round `die`."""
 

@@ -107,6 +107,12 @@ class Federation:
         return np.diff(self.train_offsets)
 
     @property
+    def known_train_sizes(self) -> np.ndarray:
+        """The training-set sizes known before round 1: all of them (a Flower strategy's
+        server learns its clients' from their replies: `ServerFederation`)."""
+        return self.train_sizes
+
+    @property
     def test_sizes(self) -> np.ndarray:
         return np.diff(self.test_offsets)
 

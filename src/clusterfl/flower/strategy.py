@@ -477,6 +477,7 @@ class ClusteredStrategy:
         fed = ServerFederation(*blank(n), tr, *blank(int(te[-1])), te, clusters,
                                self.n_classes, "classification", "flower:standard ClientApps")
         fed.sizes = session.train_sizes  # the method reads each size as it is learned
+        fed.sized = session.sized  # before they are, no size is judged (`_data_warnings`)
         return fed
 
 

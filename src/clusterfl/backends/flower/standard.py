@@ -124,10 +124,15 @@ class ServerFederation(Federation):
     `sizes` is set."""
 
     sizes: np.ndarray | None = None
+    sized: np.ndarray | None = None  # which are known (`StandardSession.sized`)
 
     @property
     def train_sizes(self) -> np.ndarray:
         return super().train_sizes if self.sizes is None else self.sizes
+
+    @property
+    def known_train_sizes(self) -> np.ndarray:
+        return self.train_sizes if self.sized is None else self.train_sizes[self.sized]
 
 
 def on_training_data(request: Any) -> bool:
