@@ -475,6 +475,14 @@ class _UnusedGrid:
     # a shape or class count the model does not fit: was refused only by start
     ({"input_shape": (8,)}, "model.name", "failed on a batch of shape [2, 8]"),
     ({"n_classes": 5}, "model.name", "(5 classes)"),
+    # the method's own input checks against input_shape: were refused only by start, after
+    # the nodes were waited for and sent the first evaluate message
+    ({"method": {"name": "flt", "encoder": "none"}}, "algorithm.encoder",
+     "a convolutional model reads images (channels, height, width); the data has inputs (16,)"),
+    ({"method": "pca_km_hc:pca_components=32"}, "algorithm.pca_components",
+     "32 PCA components exceed the input size e = 16; allowed: 1..16"),
+    ({"method": "pacfl:p=32"}, "algorithm.p",
+     "p = 32 basis vectors exceed the input size e = 16; allowed: 1..16"),
 ])
 def test_wrong_strategy_arguments_are_one_line_when_it_is_built(
         kw: dict[str, Any], field: str, says: str) -> None:

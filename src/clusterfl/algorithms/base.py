@@ -232,6 +232,12 @@ class Algorithm(ABC, Generic[C, S]):
         ever split). Nothing by default."""
         return []
 
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        """Raise a ConfigError for settings one sample's shape cannot run (FLT's encoder,
+        PCA components or PACFL's basis vectors above the input size), known before any
+        client is: called by `check` or `setup`, and by `ClusteredStrategy` when it is built.
+        Nothing by default."""
+
     @abstractmethod
     def setup(self, ctx: Context) -> None:
         """Create the initial state (models, assignments) in `self.state`."""

@@ -483,6 +483,10 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         check_k_fits(self.config.n_clusters or 1, n_clients)
 
     def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
+        self.check_input(input_shape)
+        return unbound_max_clusters(self.config, n_clients)
+
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
         cfg = self.config
         if isinstance(cfg, FLTConfig):
             from clusterfl import encoders
@@ -494,7 +498,6 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         if isinstance(cfg, PCAKMHCConfig) and cfg.pca_components > d:  # PCA keeps at most e
             raise ConfigError("algorithm.pca_components", f"{cfg.pca_components} PCA "
                               f"components exceed the input size e = {d}; allowed: 1..{d}")
-        return unbound_max_clusters(cfg, n_clients)
 
     def setup(self, ctx: Context) -> None:
         self.fits(ctx.n_clients, ctx.rounds)

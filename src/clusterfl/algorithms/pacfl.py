@@ -244,12 +244,16 @@ class PACFL(Algorithm[PACFLConfig, PACFLState]):
     def check(self, input_shape: tuple[int, ...], n_clients: int, rounds: int) -> list[str]:
         return unbound_max_clusters(self.config, n_clients)
 
+    def check_input(self, input_shape: tuple[int, ...]) -> None:
+        e = int(np.prod(input_shape))
+        if self.config.p > e:  # a basis of R^e has at most e vectors: the rest is padding
+            raise ConfigError("algorithm.p", f"p = {self.config.p} basis vectors exceed the "
+                              f"input size e = {e}; allowed: 1..{e}")
+
     def setup(self, ctx: Context) -> None:
         cfg, n = self.config, ctx.n_clients
+        self.check_input(tuple(ctx.factory.input_shape))
         self.input_dim = int(np.prod(ctx.factory.input_shape))
-        if cfg.p > self.input_dim:  # a basis of R^e has at most e vectors: the rest is padding
-            raise ConfigError("algorithm.p", f"p = {cfg.p} basis vectors exceed the input size "
-                              f"e = {self.input_dim}; allowed: 1..{self.input_dim}")
         self.n_labels = int(ctx.factory.n_outputs) if cfg.per_label else 0
         if cfg.per_label and self.n_labels < 2:
             raise ConfigError("algorithm.per_label", "a per-label SVD needs a classification "
