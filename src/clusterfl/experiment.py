@@ -55,6 +55,15 @@ from clusterfl.robust.guard import Guard
 from clusterfl.rundir import RunDir, RunDirInUseError, claim_run_dir
 
 
+def build_method(config: Config) -> Algorithm:
+    """The run's method, given the run's data folder (a dataset of its own, FLT's encoder's,
+    is read from the same folder) and the same checks of the files (`data.verify`)."""
+    method: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
+    method.data_dir = config.data.data_dir
+    method.data_verify = config.data.verify is not False
+    return method
+
+
 def build_federation(config: Config) -> Federation:
     if config.data.source not in SOURCE_NAMES:  # data of one's own (`clusterfl.data.own`)
         data = config.to_dict()["data"]
@@ -127,9 +136,7 @@ class Experiment:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.overwrite = overwrite
         full = federation if federation is not None else build_federation(config)
-        self.algorithm: Algorithm = algorithm_class(config.algorithm.name)(config.algorithm)
-        self.algorithm.data_dir = config.data.data_dir  # a dataset of its own: same folder
-        self.algorithm.data_verify = config.data.verify is not False  # ... and the same checks
+        self.algorithm: Algorithm = build_method(config)
         if config.model.name == "conv_ae":
             raise ConfigError("model.name", "'conv_ae' is FLT's autoencoder (it outputs an "
                               "image, not a prediction): no run trains it; FLT's encoder is "

@@ -377,24 +377,23 @@ def signature_cut(signatures: np.ndarray, distance: Literal["min", "matched"],
     the members' D gives a smaller p-value (`both_structured`). Returns the cut and the
     linkage."""
     d = signature_distances(signatures, distance)
-    m = len(d)
-    structured = both_structured(distance_similarity(d), significance, min_silhouette)
     z = ward_linkage(d)
-    return cut_clients(z, m, np.arange(m), None, None, max_clusters, "silhouette",
-                       pairwise_distances(d, d), min_silhouette, structured), z
+    return rows_cut(d, z, None, max_clusters, "silhouette", min_silhouette, significance,
+                    tested=d), z
 
 
 def rows_cut(rows: np.ndarray, z: np.ndarray, n_clusters: int | None,
              max_clusters: int | None, auto_cut: AutoCut, min_silhouette: float,
-             significance: float) -> Cut:
+             significance: float, tested: np.ndarray | None = None) -> Cut:
     """The cut of the M clients whose Ward linkage `z` was built on `rows` (`[M, ·]`, the
     rows HC reads: Ã's, or D's without a threshold): into `n_clusters`, else `auto_cut`; the
     silhouette cut reads the distances between the rows and, with `significance` > 0 (for a
-    cluster of `SHUFFLE_MIN` clients or more), needs the shuffle test of those distances as
-    well as the bound (`both_structured`; PCA+kM+HC's rule v2, FLT's with `auto_on =
-    "relatedness"`)."""
+    cluster of `SHUFFLE_MIN` clients or more), needs the shuffle test of `tested` (default:
+    those distances; FLT's rule v2: D itself) as well as the bound (`both_structured`;
+    PCA+kM+HC's rule v2, FLT's with `auto_on = "relatedness"`)."""
     between = pairwise_distances(rows, rows)
-    structured = both_structured(distance_similarity(between), significance, min_silhouette)
+    structured = both_structured(distance_similarity(between if tested is None else tested),
+                                 significance, min_silhouette)
     m = len(rows)
     return cut_clients(z, m, np.arange(m), None, n_clusters, max_clusters, auto_cut, between,
                        min_silhouette, structured)
@@ -567,21 +566,22 @@ class FLT(Algorithm[_OneShotConfig, FLTState]):
         np.fill_diagonal(a, 0.0)
         related = threshold(a, cfg.threshold) if cfg.threshold is not None else np.eye(n)
         feats = related if cfg.threshold is not None else a
-        z = ward_linkage(feats[np.ix_(good, good)])
         labels = np.full(n, -1, dtype=np.int64)
         score = None
-        if cfg.n_clusters is None and cfg.auto_clusters == "components":
-            labels[good] = connected_groups(related[np.ix_(good, good)])
+        if self._auto_on_signatures():  # rule v2: the signatures' own distances
+            assert isinstance(cfg, FLTConfig)
+            cut, z = signature_cut(signatures, cfg.distance, cfg.significance,
+                                   cfg.min_silhouette, cfg.max_clusters)
+            labels[good], score = cut.labels, cut.silhouette
         else:
-            if self._auto_on_signatures():  # rule v2: the signatures' own distances
-                assert isinstance(cfg, FLTConfig)
-                cut, z = signature_cut(signatures, cfg.distance, cfg.significance,
-                                       cfg.min_silhouette, cfg.max_clusters)
+            z = ward_linkage(feats[np.ix_(good, good)])
+            if cfg.n_clusters is None and cfg.auto_clusters == "components":
+                labels[good] = connected_groups(related[np.ix_(good, good)])
             else:
                 cut = rows_cut(feats[np.ix_(good, good)], z, cfg.n_clusters,
                                cfg.max_clusters, "gap" if cfg.auto_clusters == "gap"
                                else "silhouette", cfg.min_silhouette, cfg.significance)
-            labels[good], score = cut.labels, cut.silhouette
+                labels[good], score = cut.labels, cut.silhouette
         labels = own_clusters(labels, np.setdiff1d(np.arange(n), good))
         n_groups = int(labels.max(initial=-1)) + 1
         rows = n if cfg.aggregation == "relatedness" else max(n_groups, 1)

@@ -148,9 +148,9 @@ class ClusteredStrategy:
         train_sizes: Mapping[int, int] | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        from clusterfl.algorithms import algorithm_class
         from clusterfl.compare import parse_algorithm_spec
         from clusterfl.config import load_config
+        from clusterfl.experiment import build_method
         from clusterfl.models import ModelFactory
 
         if not isinstance(method, str | Mapping):
@@ -200,10 +200,8 @@ class ClusteredStrategy:
         checked = load_config(self.config(1))  # a wrong option: one line now, not at start
         ModelFactory(checked.model, self.input_shape, self.n_classes)  # the model fits them
         algo = checked.algorithm
-        method_of = algorithm_class(algo.name)(algo)  # its checks of the shape (FLT's encoder,
-        method_of.data_dir = checked.data.data_dir  # PCA's components), with the data folder
-        method_of.data_verify = checked.data.verify is not False  # `Experiment` gives it
-        method_of.check_input(self.input_shape)
+        # the method's checks of one sample's shape (FLT's encoder, PCA's components)
+        build_method(checked).check_input(self.input_shape)
         for (method, option, value), (handler, helper) in GRADIENT_OPTIONS.items():
             if name == method and getattr(algo, option, None) == value \
                     and handler not in self.extensions:
