@@ -21,6 +21,7 @@ hook, the round, the exception and where it was raised (`CallbackError`, chained
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,6 +95,7 @@ class TensorBoardCallback:
 
         purge = self.purge_from if self.purge_from is not None else (start if start > 1 else None)
         _quiet_writer_threads()
+        _after_older_events(self.log_dir)
         with self._writing():
             self._writer = SummaryWriter(str(self.log_dir), purge_step=purge)
             if start == 1:
@@ -143,6 +145,21 @@ class TensorBoardCallback:
                 self._writer.add_image(f"figures/{png.stem}", image[:, :, :3], step,
                                        dataformats="HWC")
             self._writer.close()
+
+
+def _after_older_events(log_dir: Path) -> None:
+    """TensorBoard reads a folder's events files in the order of their names, and a name
+    starts with the second its writer opened, then host, process id and a counter compared
+    as text ("10" before "9"). A writer opened in the second of the folder's newest events
+    file (a continuation in the same process, or a quick one) waits for the next second, so
+    that its events come after the earlier part's and the purge of the old last round takes
+    effect."""
+    names = [p.name.split(".") for p in log_dir.glob("events.out.tfevents.*")]
+    stamps = [int(parts[3]) for parts in names if len(parts) > 3 and parts[3].isdigit()]
+    if stamps:
+        wait = max(stamps) + 1 - time.time()
+        if wait > 0:
+            time.sleep(wait)
 
 
 _WRITER_THREAD = "_AsyncWriterThread"

@@ -168,3 +168,24 @@ def test_file_size_limit_in_the_events_file_is_one_line_naming_it(tmp_path):
         "--resume continues it from the last one)")
     assert [json.loads(line)["round"] for line in
             (out / "history.jsonl").read_text().splitlines()] == [1]
+
+
+def test_a_writer_opened_in_the_second_of_older_events_sorts_after_them(tmp_path):
+    """TensorBoard reads events files in name order: second, host, process id, counter (as
+    text). An older file stamped with the next second (the same second, as a continuation in
+    one process makes it, with the counter's "10" before "9") made the new events sort first,
+    so the old last round's events were read after the purge (a flaky
+    test_a_continuation_rewrites_the_old_last_rounds_events). The new writer waits past it."""
+    import time
+
+    from clusterfl.tracking import TensorBoardCallback
+
+    log = tmp_path / "tensorboard"
+    log.mkdir()
+    old = log / f"events.out.tfevents.{int(time.time()) + 1}.~host.1.0"
+    old.write_bytes(b"")
+    callback = TensorBoardCallback(log, figures=False)
+    callback.on_run_start({}, None)
+    callback._writer.close()
+    new, = [p.name for p in log.glob("events.out.tfevents.*") if p != old]
+    assert sorted([old.name, new]) == [old.name, new]
