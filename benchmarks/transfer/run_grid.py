@@ -86,7 +86,10 @@ V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05",
           "algorithm.auto.significance_sampled=0.05", *BEFORE_V7]
 V3_CFL = ["algorithm.auto.significance=0.01", *BEFORE_V7]  # v3, v4: one level, sampled or not
 V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
-V2_FLHC = ["algorithm.significance=0.01"]  # FL+HC's rule v2: the test at 0.01
+# FL+HC's rule v3: the test of the update cosines, alone, at 0.002 (v11, its rule v4: the
+# test of the rows of update distances, and the bound)
+V3_FLHC = ["algorithm.tested=cosines"]
+V2_FLHC = ["algorithm.significance=0.01", *V3_FLHC]  # FL+HC's rule v2: the test at 0.01
 V1_FLT = ["algorithm.auto_on=relatedness", "algorithm.significance=0"]  # FLT's rule v1
 V1_PCA = ["algorithm.significance=0"]  # PCA+kM+HC's rule v1: the silhouette bound alone
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -114,13 +117,16 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     # v5: CFL's rule v5 (two levels), FL+HC's rule v2 (v6: its test at 0.002)
     "v5": {"cfl": BEFORE_V7, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v6: CFL's rule v5, with the progress condition (v7: off, CFL's rule v6)
-    "v6": {"cfl": BEFORE_V7, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v6": {"cfl": BEFORE_V7, "flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v7: CFL's rule v6, each sampled round at its own level (v8: combined, CFL's rule v7)
-    "v7": {"cfl": BEFORE_V8, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v7": {"cfl": BEFORE_V8, "flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v8: FLT's rule v1 (v9: the signatures' distances with the shuffle test, FLT's rule v2)
-    "v8": {"flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v8": {"flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
     # v9: PCA+kM+HC's rule v1 (v10: the shuffle test of its distance rows, its rule v2)
-    "v9": {"pca_km_hc": V1_PCA},
+    "v9": {"flhc": V3_FLHC, "pca_km_hc": V1_PCA},
+    # v10: FL+HC's rule v3 (v11: the test of the rows of update distances and the bound, its
+    # rule v4; CFL-GP's estimate unchanged, its candidates were not kept)
+    "v10": {"flhc": V3_FLHC},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

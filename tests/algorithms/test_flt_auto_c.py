@@ -13,13 +13,13 @@ import pytest
 
 from clusterfl.algorithms.flt import (
     FLTConfig,
-    both_structured,
     signature_cut,
     signature_distances,
 )
 from clusterfl.algorithms.oneshot import cut_clients
 from clusterfl.clustering.cosine import (
     SHUFFLE_DRAWS,
+    both_structured,
     distance_similarity,
     single_linkage_labels,
     structure_pvalue,

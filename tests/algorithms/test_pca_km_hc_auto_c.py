@@ -11,9 +11,14 @@ import numpy as np
 import pytest
 from tests.algorithms.test_flt_auto_c import groups
 
-from clusterfl.algorithms.flt import PCAKMHCConfig, both_structured, rows_cut, signature_distances
+from clusterfl.algorithms.flt import PCAKMHCConfig, rows_cut, signature_distances
 from clusterfl.algorithms.oneshot import cut_clients
-from clusterfl.clustering.cosine import SHUFFLE_DRAWS, distance_similarity, structure_pvalue
+from clusterfl.clustering.cosine import (
+    SHUFFLE_DRAWS,
+    both_structured,
+    distance_similarity,
+    structure_pvalue,
+)
 from clusterfl.clustering.hierarchical import pairwise_distances, ward_linkage
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

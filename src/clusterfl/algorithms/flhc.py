@@ -19,10 +19,14 @@ Our choices (the paper's values could not be read; every one is an option):
   neither (the default), `auto_cut`: the divisive silhouette cut (`silhouette_cut`): a
   cluster is cut into the subtrees of highest mean silhouette under `metric` if it shows
   structure, and each part examined again. Whether a cluster of at least `SHUFFLE_MIN` clients
-  shows structure is a test (rule v2, issue 36): Algorithm 1's cut of its members' update
-  cosines is beyond `SHUFFLE_DRAWS` shuffles of those cosines at level `significance` (0.002
-  since rule v3, 0.01 in v2; `structure_pvalue`, CFL's shuffle test); a smaller cluster, or
-  any with `significance = 0` (rule v1), needs a silhouette of `min_silhouette` (0.25). Or
+  shows structure is a test (issue 36): Algorithm 1's cut of its members' similarities is
+  beyond `SHUFFLE_DRAWS` shuffles of them at level `significance` (0.002 since rule v3, 0.01
+  in v2; `structure_pvalue`, CFL's shuffle test). Rule v4 (`tested = "distance_rows"`, the
+  default): the similarities of the members' rows of the update distances (each client's
+  distances to all clients, `profile_similarity`), and the best cut's silhouette must reach
+  `min_silhouette` as well (`both_structured`); rules v2 and v3 (`"cosines"`): the update
+  cosines, the test alone. A smaller cluster, or any with `significance = 0` (rule v1), needs
+  a silhouette of `min_silhouette` (0.25). Or
   `"gap"`, the largest gap between consecutive merge heights (`auto_n_clusters`), which
   always cuts somewhere, iid federations included. A raw threshold depends on the model, the
   learning rate and the local work, and the paper's recommended value is not known.
@@ -99,7 +103,9 @@ from clusterfl.algorithms.oneshot import (
 from clusterfl.clustering.aggregate import average_members, cluster_sizes, weighted_mean
 from clusterfl.clustering.cosine import (
     SHUFFLE_MIN,
+    both_structured,
     pairwise_cosine,
+    profile_similarity,
     shuffle_structured,
 )
 from clusterfl.clustering.hierarchical import (
@@ -115,9 +121,9 @@ from clusterfl.records import RoundExtras
 HISTORY_MAX_CLIENTS = 200  # above this, the linkage is not written into the history
 SIGNIFICANCE_HELP = (
     f"auto_cut 'silhouette': a cluster of at least {SHUFFLE_MIN} clients is cut (into its "
-    "best-silhouette cut) only if Algorithm 1's cut of its members' update cosines is beyond "
-    "shuffled cosines at this level (CFL's shuffle test), whatever its silhouette; smaller "
-    "clusters, or all with 0 (rule v1), need min_silhouette")
+    "best-silhouette cut) only if Algorithm 1's cut of its members' similarities (see "
+    "tested) is beyond shuffled ones at this level (CFL's shuffle test); smaller clusters, "
+    "or all with 0 (rule v1), need min_silhouette")
 CLUSTER_CLIENTS_ALLOWED = '"all", a number of clients >= 2, or a fraction in (0, 1]'
 
 
@@ -158,6 +164,10 @@ class FLHCConfig(SampledConfig):
     test_every: bool = Field(
         True, description="the structure test (significance) for every cluster the cut "
         "examines; false: for the whole federation only, min_silhouette below it")
+    tested: Literal["distance_rows", "cosines"] = Field(
+        "distance_rows", description="what the structure test reads: 'distance_rows' (rule "
+        "v4), the similarities of the clients' rows of update distances, and a cut needs "
+        "min_silhouette too; 'cosines' (rules v2, v3), the update cosines, the test alone")
     cluster_clients: ClusterClients = Field(
         "all", description="clients asked in the clustering round: 'all' (the paper's), a "
         "number >= 2 or a fraction in (0, 1] drawn at random; the others are placed by the "
@@ -174,7 +184,7 @@ class FLHCConfig(SampledConfig):
 
     def ignored_settings(self) -> list[str]:
         return ignored_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette",
-                                          "significance", "test_every"))
+                                          "significance", "test_every", "tested"))
 
 
 @dataclass(kw_only=True)
@@ -270,10 +280,13 @@ def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
     z = feature_linkage(updates, cfg.metric, cfg.linkage)
     distances = pairwise_distances(updates, updates, cfg.metric) \
         if cfg.auto_cut == "silhouette" else None
-    structured = None  # a cluster shows groups: its cosines' shuffle test (module docstring)
-    if distances is not None and cfg.significance > 0:
+    structured = None  # a cluster shows groups: the shuffle test (module docstring)
+    if distances is not None and cfg.significance > 0 and cfg.tested == "cosines":
         structured = shuffle_structured(pairwise_cosine(updates), cfg.significance,
                                         cfg.min_silhouette, cfg.test_every)
+    elif distances is not None and cfg.significance > 0:
+        structured = both_structured(profile_similarity(distances), cfg.significance,
+                                     cfg.min_silhouette, cfg.test_every)
     return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters,
                        cfg.auto_cut, distances, cfg.min_silhouette, structured), z
 

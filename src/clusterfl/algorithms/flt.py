@@ -120,7 +120,6 @@ between rounds is `FLTState`.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -146,7 +145,7 @@ from clusterfl.algorithms.oneshot import (
     unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members
-from clusterfl.clustering.cosine import distance_similarity, shuffle_structured
+from clusterfl.clustering.cosine import both_structured, distance_similarity
 from clusterfl.clustering.hierarchical import (
     connected_groups,
     pairwise_distances,
@@ -353,18 +352,6 @@ def signature_distances(signatures: np.ndarray, distance: Literal["min", "matche
     d = adjacency(signatures, distance)
     np.fill_diagonal(d, 0.0)
     return d
-
-
-def both_structured(sim: np.ndarray, significance: float, min_silhouette: float
-                    ) -> Callable[[np.ndarray, float], bool] | None:
-    """A cluster shows groups when its best cut's silhouette reaches `min_silhouette` and,
-    with `significance` > 0, the shuffle test of its members' similarities `sim` agrees
-    (`shuffle_structured`; below `SHUFFLE_MIN` members the bound alone). None (the bound
-    alone, `silhouette_cut`'s default) without a significance."""
-    if not significance:
-        return None
-    test = shuffle_structured(sim, significance, min_silhouette)
-    return lambda leaves, score: score >= min_silhouette and test(leaves, score)
 
 
 def signature_cut(signatures: np.ndarray, distance: Literal["min", "matched"],

@@ -462,6 +462,32 @@ def shuffle_structured(sim: np.ndarray, significance: float, min_silhouette: flo
     return structured
 
 
+def both_structured(sim: np.ndarray, significance: float, min_silhouette: float,
+                    test_every: bool = True) -> Callable[[np.ndarray, float], bool] | None:
+    """A cluster shows groups when its best cut's silhouette reaches `min_silhouette` and,
+    with `significance` > 0, the shuffle test of its members' similarities `sim` agrees
+    (`shuffle_structured`, with its `test_every`; below `SHUFFLE_MIN` members the bound
+    alone). None (the bound alone, `silhouette_cut`'s default) without a significance."""
+    if not significance:
+        return None
+    test = shuffle_structured(sim, significance, min_silhouette, test_every)
+    return lambda leaves, score: score >= min_silhouette and test(leaves, score)
+
+
+def profile_similarity(distances: np.ndarray) -> np.ndarray:
+    """How alike the rows of `distances` (`[M, M]`, every client's distances to all) are:
+    their Euclidean distances, from one matrix product (‖a‖² + ‖b‖² − 2 a·b, clipped at 0),
+    as similarities (`distance_similarity`). Two clients of one group lie at about the same
+    distances from everyone else, whatever their own noise, so the rows show groups more
+    plainly than the distances themselves (FL+HC's rule v4, docs/transfer.md)."""
+    x = np.asarray(distances, dtype=np.float64)
+    sq = np.einsum("ij,ij->i", x, x)
+    d2 = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
+    d = np.sqrt(np.maximum(d2, 0.0))
+    np.fill_diagonal(d, 0.0)
+    return distance_similarity((d + d.T) / 2.0)
+
+
 def distance_similarity(distances: np.ndarray) -> np.ndarray:
     """Distances (`[M, M]`, symmetric, ≥ 0) as similarities for the shuffle test: 1 − d /
     max d with a unit diagonal. Algorithm 1's cut and a cut's contrast relative to the
