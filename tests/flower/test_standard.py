@@ -800,11 +800,11 @@ def matched_app(helpers: bool = False, base: dict[str, Any] = BASE,
 
 def _equals_clusterfl_run(algo: dict[str, Any], rounds: int = 10, helpers: bool = False,
                           base: dict[str, Any] = BASE, fed: Federation | None = None,
-                          grouped: bool = True, **kw: Any) -> FakeGrid:
+                          **kw: Any) -> FakeGrid:
     """The strategy on engine-matched clients of `base`'s federation (or of `fed`, with the
     signature query) against `clusterfl run` in-process: the same assignment (ARI 1 where
-    the federation has groups, unless not `grouped`), accuracy and models (1e-5); the grid
-    the strategy ran on. `kw`: more of the strategy's arguments."""
+    the federation has groups), accuracy and models (1e-5); the grid the strategy ran on.
+    `kw`: more of the strategy's arguments."""
     from clusterfl.flower.client import CAM_HANDLERS, MIXTURE_HANDLERS
 
     base = {**base, "rounds": rounds, "eval_every": rounds}
@@ -824,7 +824,7 @@ def _equals_clusterfl_run(algo: dict[str, Any], rounds: int = 10, helpers: bool 
     grid = _grid(app=matched_app(helpers, base, fed), n=6 if fed is None else fed.n_clients)
     result = strategy.start(grid, rounds)
     groups = ref_history.summary.true_clusters is not None
-    assert not grouped or ref_history.final.ari == (1.0 if groups else None)  # CFL: round 9
+    assert ref_history.final.ari == (1.0 if groups else None)  # CFL splits in round 9: too
     ours = result.history
     assert ours.summary.assignment == ref_history.summary.assignment
     assert ours.final.ari == ref_history.final.ari
@@ -889,19 +889,6 @@ def test_a_whole_flt_run_through_the_signature_helper_equals_clusterfl_run() -> 
     sent = Counter((m.metadata.message_type, int(m.metadata.dst_node_id)) for m in grid.sent
                    if m.metadata.message_type == "query.signature")
     assert sent == {("query.signature", 100 + c): 1 for c in range(12)}
-
-
-def test_flt_case_one_with_umap_through_the_signature_helper_equals_clusterfl_run() -> None:
-    """FLT's defaults on the 12 prototype clients through the strategy: Case I (every client
-    keeps its own model, averaged over its related clients, then fine-tuned), the UMAP map
-    of the signatures' centroids and the relatedness graph, as `clusterfl run` in-process:
-    the same assignment, accuracy and models. Case I's assignment is the relatedness
-    graph's, not the 3 groups (ARI 0.65 in both), so the reference's ARI is not asked."""
-    from tests.algorithms.test_flt import FAST_FLT, prototypes_federation
-
-    fed = prototypes_federation()
-    grid = _equals_clusterfl_run(dict(FAST_FLT), rounds=3, fed=fed, grouped=False)
-    assert sum(m.metadata.message_type == "query.signature" for m in grid.sent) == 12
 
 
 UNEQUAL = {**BASE, "scenario": {"name": "dirichlet", "n_clients": 6, "alpha": 0.5}}
