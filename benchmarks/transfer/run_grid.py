@@ -86,8 +86,8 @@ V2_CFL = ["algorithm.auto.contrast_min=0.5", "algorithm.auto.significance=0.05",
           "algorithm.auto.significance_sampled=0.05", *BEFORE_V7]
 V3_CFL = ["algorithm.auto.significance=0.01", *BEFORE_V7]  # v3, v4: one level, sampled or not
 V1_FLHC = ["algorithm.significance=0"]  # FL+HC's rule v1: the silhouette bound everywhere
-# FL+HC's rule v3: the test of the update cosines, alone, at 0.002 (v11, its rule v4: the
-# test of the rows of update distances, and the bound)
+# FL+HC's rule v3: the test of the update cosines, alone, at 0.002 (v11: its rule v4, the
+# test of the rows of update distances and the bound; v12: rule v3 again, the default)
 V3_FLHC = ["algorithm.tested=cosines"]
 V2_FLHC = ["algorithm.significance=0.01", *V3_FLHC]  # FL+HC's rule v2: the test at 0.01
 V1_FLT = ["algorithm.auto_on=relatedness", "algorithm.significance=0"]  # FLT's rule v1
@@ -127,6 +127,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     # v10: FL+HC's rule v3 (v11: the test of the rows of update distances and the bound, its
     # rule v4; CFL-GP's estimate unchanged, its candidates were not kept)
     "v10": {"flhc": V3_FLHC},
+    # v11: FL+HC's rule v4 (v12: back to rule v3 after v11's validation run, the v10 rules)
+    "v11": {"flhc": ["algorithm.tested=distance_rows"]},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

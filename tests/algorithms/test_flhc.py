@@ -236,10 +236,10 @@ def test_the_structure_test_against_the_silhouette_bound(seed):
     """Hand-built updates Δθ = common direction (norm 3) + group direction (norm 1) + noise.
     Two groups of six with noise of norm 1.4: the best silhouette is below 0.25, so the bound
     alone (significance 0, rule v1) keeps one cluster; the shuffle test of their cosines
-    (rule v3, `tested = "cosines"`) sees the groups and the silhouette cut finds them; rule v4
-    (the default) needs the bound as well and keeps one cluster. One group whose clients
-    differ only in their update norms (×0.5 to ×2): Ward on Euclidean distances cuts by norm
-    past the bound, both tests keep one cluster."""
+    (rule v3, the default) sees the groups and the silhouette cut finds them; rule v4
+    (`tested = "distance_rows"`) needs the bound as well and keeps one cluster. One group
+    whose clients differ only in their update norms (×0.5 to ×2): Ward on Euclidean
+    distances cuts by norm past the bound, both tests keep one cluster."""
     rng = np.random.default_rng(seed)
     d = 400
     common = rng.normal(size=d)
@@ -248,15 +248,16 @@ def test_the_structure_test_against_the_silhouette_bound(seed):
     group /= np.linalg.norm(group, axis=1, keepdims=True)
     two = np.array([common + group[i // 6] + 1.4 * rng.normal(size=d) / np.sqrt(d)
                     for i in range(12)])
-    test, bound = FLHCConfig(tested="cosines"), FLHCConfig(significance=0.0)
+    test, bound = FLHCConfig(), FLHCConfig(significance=0.0)
+    v4 = FLHCConfig(tested="distance_rows")
     found, _ = flhc_clusters(two, 12, np.arange(12), test)
     assert found.labels.tolist() == [0] * 6 + [1] * 6
     assert found.silhouette < MIN_SILHOUETTE
     assert flhc_clusters(two, 12, np.arange(12), bound)[0].labels.tolist() == [0] * 12
-    assert flhc_clusters(two, 12, np.arange(12), FLHCConfig())[0].labels.tolist() == [0] * 12
+    assert flhc_clusters(two, 12, np.arange(12), v4)[0].labels.tolist() == [0] * 12
     scale = np.linspace(0.5, 2.0, 10)[rng.permutation(10)]
     one = np.array([s * (common + 0.3 * rng.normal(size=d) / np.sqrt(d)) for s in scale])
     by_norm, _ = flhc_clusters(one, 10, np.arange(10), bound)
     assert by_norm.silhouette >= MIN_SILHOUETTE and by_norm.labels.max() >= 1
     assert flhc_clusters(one, 10, np.arange(10), test)[0].labels.tolist() == [0] * 10
-    assert flhc_clusters(one, 10, np.arange(10), FLHCConfig())[0].labels.tolist() == [0] * 10
+    assert flhc_clusters(one, 10, np.arange(10), v4)[0].labels.tolist() == [0] * 10

@@ -1,6 +1,7 @@
-"""FL+HC's rule v4 (docs/transfer.md, grid version v11): a cluster of 5 or more clients is cut
-when its best cut reaches the silhouette bound and the shuffle test of its members' rows of
-update distances (`profile_similarity`) agrees; hand-built inputs, no federation run."""
+"""FL+HC's rule v4 (`tested = "distance_rows"`; docs/transfer.md, grid version v11, not kept as
+the default): a cluster of 5 or more clients is cut when its best cut reaches the silhouette
+bound and the shuffle test of its members' rows of update distances (`profile_similarity`)
+agrees; hand-built inputs, no federation run."""
 
 from __future__ import annotations
 
@@ -75,20 +76,21 @@ def test_rule_v4_finds_separated_groups_and_keeps_noise_whole(seed):
     """Three groups of ten, group directions of norm 3 against noise of norm 1: both tests
     find them. The same clients without groups (separation 0): both keep one cluster."""
     x, truth = _updates(seed, 3.0, groups=3)
-    for config in (FLHCConfig(), FLHCConfig(tested="cosines")):
+    for config in (FLHCConfig(tested="distance_rows"), FLHCConfig()):
         cut, _ = flhc_clusters(x, len(x), np.arange(len(x)), config)
         assert cut.labels.tolist() == truth.tolist()
     flat, _ = _updates(seed, 0.0, groups=3)
-    for config in (FLHCConfig(), FLHCConfig(tested="cosines")):
+    for config in (FLHCConfig(tested="distance_rows"), FLHCConfig()):
         assert set(flhc_clusters(flat, 30, np.arange(30), config)[0].labels.tolist()) == {0}
 
 
 def test_rule_v4_options():
-    """The default is rule v4; `tested` does nothing (and is named) when n_clusters fixes the
-    cut; an unknown value is one line naming the field and the allowed values."""
-    assert FLHCConfig().tested == "distance_rows"
-    assert any(w.startswith("algorithm.tested = 'cosines' does nothing")
-               for w in FLHCConfig(n_clusters=2, tested="cosines").ignored_settings())
+    """The default is rule v3 (the cosines); `tested` does nothing (and is named) when
+    n_clusters fixes the cut; an unknown value is one line naming the field and the allowed
+    values."""
+    assert FLHCConfig().tested == "cosines"
+    assert any(w.startswith("algorithm.tested = 'distance_rows' does nothing")
+               for w in FLHCConfig(n_clusters=2, tested="distance_rows").ignored_settings())
     with pytest.raises(ConfigError) as err:
         load_config(tiny_config(algorithm={"name": "flhc", "tested": "updates"}))
     msg = str(err.value)

@@ -21,12 +21,12 @@ Our choices (the paper's values could not be read; every one is an option):
   structure, and each part examined again. Whether a cluster of at least `SHUFFLE_MIN` clients
   shows structure is a test (issue 36): Algorithm 1's cut of its members' similarities is
   beyond `SHUFFLE_DRAWS` shuffles of them at level `significance` (0.002 since rule v3, 0.01
-  in v2; `structure_pvalue`, CFL's shuffle test). Rule v4 (`tested = "distance_rows"`, the
-  default): the similarities of the members' rows of the update distances (each client's
-  distances to all clients, `profile_similarity`), and the best cut's silhouette must reach
-  `min_silhouette` as well (`both_structured`); rules v2 and v3 (`"cosines"`): the update
-  cosines, the test alone. A smaller cluster, or any with `significance = 0` (rule v1), needs
-  a silhouette of `min_silhouette` (0.25). Or
+  in v2; `structure_pvalue`, CFL's shuffle test), on the members' update cosines (`tested =
+  "cosines"`, the default), whatever the silhouette. Rule v4 (`"distance_rows"`, an option:
+  tried as grid version v11 and not kept, docs/transfer.md): the similarities of the
+  members' rows of the update distances (`profile_similarity`), and the best cut's
+  silhouette must reach `min_silhouette` as well (`both_structured`). A smaller cluster, or
+  any with `significance = 0` (rule v1), needs a silhouette of `min_silhouette` (0.25). Or
   `"gap"`, the largest gap between consecutive merge heights (`auto_n_clusters`), which
   always cuts somewhere, iid federations included. A raw threshold depends on the model, the
   learning rate and the local work, and the paper's recommended value is not known.
@@ -164,10 +164,11 @@ class FLHCConfig(SampledConfig):
     test_every: bool = Field(
         True, description="the structure test (significance) for every cluster the cut "
         "examines; false: for the whole federation only, min_silhouette below it")
-    tested: Literal["distance_rows", "cosines"] = Field(
-        "distance_rows", description="what the structure test reads: 'distance_rows' (rule "
-        "v4), the similarities of the clients' rows of update distances, and a cut needs "
-        "min_silhouette too; 'cosines' (rules v2, v3), the update cosines, the test alone")
+    tested: Literal["cosines", "distance_rows"] = Field(
+        "cosines", description="what the structure test reads: 'cosines' (rules v2, v3), the "
+        "update cosines, the test alone; 'distance_rows' (rule v4, not kept), the "
+        "similarities of the clients' rows of update distances, and a cut needs "
+        "min_silhouette too")
     cluster_clients: ClusterClients = Field(
         "all", description="clients asked in the clustering round: 'all' (the paper's), a "
         "number >= 2 or a fraction in (0, 1] drawn at random; the others are placed by the "
