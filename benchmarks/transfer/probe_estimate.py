@@ -18,6 +18,11 @@ fixed list of rules to them:
 - FL+HC: `f1` rule v3 as it runs (the test of the update cosines for every cluster of 5 or
   more); `f2` the test of the distances between the updates (what its silhouettes read);
   `f3` of the distances between the rows of that distance matrix; `f4` f3 and the bound.
+- PACFL (`--method pacfl`, grid version v13's protocol): its one-off cut of the principal
+  angles A between the clients' data subspaces: `p1` rule v1 as it runs (the silhouette bound
+  alone); `p2` the bound and the test of A itself; `p3` the bound and the test of the
+  distances between the rows of A (PCA+kM+HC's rule v2). Label swaps and permutations are
+  listed, not counted (the subspaces see the inputs only); the regressions are refused.
 
     cd benchmarks/transfer
     python probe_estimate.py --method cfl_gp --halves validation21 validation22 \\
@@ -42,7 +47,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "runs" / "probe_estimate"
-RULES = {"cfl_gp": ("e1", "e2", "e3", "e4", "e5"), "flhc": ("f1", "f2", "f3", "f4")}
+RULES = {"cfl_gp": ("e1", "e2", "e3", "e4", "e5"), "flhc": ("f1", "f2", "f3", "f4"),
+         "pacfl": ("p1", "p2", "p3")}
 SIGNIFICANCE, BOUND = 0.002, 0.25  # the levels every other rule uses (not tuned here)
 
 
@@ -79,6 +85,19 @@ def capture(job: tuple[str, str]) -> Path:
             return out
 
         mod.CFLGP._estimate = spy  # type: ignore[method-assign]
+    elif method == "pacfl":
+        import clusterfl.algorithms.pacfl as mod
+
+        cfg["rounds"] = cfg["eval_every"] = 1  # the one-off clustering is in round 1
+        original = mod.pacfl_clusters
+
+        def spy(a: np.ndarray, n: int, good: np.ndarray, c: Any) -> Any:
+            out = original(a, n, good, c)
+            seen.update(a=np.array(a, np.float64), n=n, good=np.asarray(good),
+                        labels=out[0].labels, config=json.dumps(c.model_dump(mode="json")))
+            return out
+
+        mod.pacfl_clusters = spy
     else:
         import clusterfl.algorithms.flhc as mod
         from clusterfl.clustering.cosine import pairwise_cosine
@@ -99,9 +118,15 @@ def capture(job: tuple[str, str]) -> Path:
             return out
 
         mod.flhc_clusters = spy
-    with tempfile.TemporaryDirectory() as folder:
-        Experiment.from_config(cfg, out_dir=folder, overwrite=True).run(progress=False)
+    from clusterfl.errors import ConfigError
+
     path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            Experiment.from_config(cfg, out_dir=folder, overwrite=True).run(progress=False)
+        except ConfigError as exc:  # refused (PACFL: the regressions' inputs of size 1)
+            path.with_suffix(".refused").write_text(f"{exc}\n")
+            return path
     np.savez(path, truth=np.asarray(fed["k"]), **seen)
     return path
 
@@ -158,6 +183,24 @@ def flhc_k(rule: str, data: dict[str, Any]) -> int:
     return len(set(cut.labels[good].tolist()))
 
 
+def pacfl_k(rule: str, data: dict[str, Any]) -> int:
+    from clusterfl.algorithms.oneshot import cut_clients
+    from clusterfl.algorithms.pacfl import PACFLConfig
+    from clusterfl.clustering.cosine import both_structured, distance_similarity, profile_similarity
+    from clusterfl.clustering.hierarchical import distance_linkage
+
+    c = PACFLConfig(**json.loads(str(data["config"])))
+    a, good = data["a"], data["good"]
+    structured = None if rule == "p1" else both_structured(
+        distance_similarity(a) if rule == "p2" else profile_similarity(a), SIGNIFICANCE, BOUND)
+    threshold, k = c.cut()
+    cut = cut_clients(distance_linkage(a, c.linkage), int(data["n"]), good, threshold, k,
+                      c.max_clusters, c.auto_cut, a, c.min_silhouette, structured)
+    if rule == "p1" and not (cut.labels == data["labels"]).all():
+        raise SystemExit("p1 recomputed differs from the run's labels")
+    return len(set(cut.labels[good].tolist()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--halves", nargs="+", required=True)
@@ -178,9 +221,17 @@ def main() -> None:
     print("|---|---|" + "---|" * len(rules))
     right = {r: [0, 0, 0, 0, 0] for r in rules}  # structured at K, structured, iid at 1, iid, >2
     for name, path in zip(names, paths):
+        if path.with_suffix(".refused").exists():
+            print(f"| {name} | – | refused |" + " |" * (len(rules) - 1))
+            continue
         data = dict(np.load(path, allow_pickle=False))
         k = int(data["truth"])
-        found = [(cfl_gp_k if args.method == "cfl_gp" else flhc_k)(r, data) for r in rules]
+        if args.method == "pacfl" and name.startswith(("swap", "perm")):
+            found = [pacfl_k(r, data) for r in rules]  # inputs alike: listed, not counted
+            print(f"| {name} (not counted) | {k} | {' | '.join(map(str, found))} |")
+            continue
+        count = {"cfl_gp": cfl_gp_k, "flhc": flhc_k, "pacfl": pacfl_k}[args.method]
+        found = [count(r, data) for r in rules]
         if args.method == "cfl_gp" and found[0] != int(data["k"]):
             raise SystemExit(f"{name}: e1 recomputed {found[0]}, the run {int(data['k'])}")
         for rule, kf in zip(rules, found):
