@@ -92,6 +92,7 @@ V3_FLHC = ["algorithm.tested=cosines"]
 V2_FLHC = ["algorithm.significance=0.01", *V3_FLHC]  # FL+HC's rule v2: the test at 0.01
 V1_FLT = ["algorithm.auto_on=relatedness", "algorithm.significance=0"]  # FLT's rule v1
 V1_PCA = ["algorithm.significance=0"]  # PCA+kM+HC's rule v1: the silhouette bound alone
+V1_PACFL = ["algorithm.significance=0"]  # PACFL's rule v1 (v13, its rule v2: the shuffle test)
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
@@ -106,29 +107,34 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     # v1's CFL rule where v2 and v3 changed it (progress against the first round's loss, no
     # contrast bound, the test at 0.05); FL+HC's bound, which v4 replaced by a test; the
     # other methods' rules are the same in v1-v4
-    "v1": {"cfl": V1_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v1": {"cfl": V1_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA, "pacfl": V1_PACFL},
     # v2's CFL rule where v3 changed it (the contrast bound 0.5, the test at 0.05)
-    "v2": {"cfl": V2_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v2": {"cfl": V2_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA, "pacfl": V1_PACFL},
     # v3: CFL's one level 0.01, FL+HC's rule v1
-    "v3": {"cfl": V3_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v3": {"cfl": V3_CFL, "flhc": V1_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA, "pacfl": V1_PACFL},
     # v4: CFL's one level 0.01 (v5: 0.002 where every client of the cluster answered),
     # FL+HC's rule v2
-    "v4": {"cfl": V3_CFL, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v4": {"cfl": V3_CFL, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA, "pacfl": V1_PACFL},
     # v5: CFL's rule v5 (two levels), FL+HC's rule v2 (v6: its test at 0.002)
-    "v5": {"cfl": BEFORE_V7, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v5": {"cfl": BEFORE_V7, "flhc": V2_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA,
+           "pacfl": V1_PACFL},
     # v6: CFL's rule v5, with the progress condition (v7: off, CFL's rule v6)
-    "v6": {"cfl": BEFORE_V7, "flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v6": {"cfl": BEFORE_V7, "flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA,
+           "pacfl": V1_PACFL},
     # v7: CFL's rule v6, each sampled round at its own level (v8: combined, CFL's rule v7)
-    "v7": {"cfl": BEFORE_V8, "flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v7": {"cfl": BEFORE_V8, "flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA,
+           "pacfl": V1_PACFL},
     # v8: FLT's rule v1 (v9: the signatures' distances with the shuffle test, FLT's rule v2)
-    "v8": {"flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA},
+    "v8": {"flhc": V3_FLHC, "flt": V1_FLT, "pca_km_hc": V1_PCA, "pacfl": V1_PACFL},
     # v9: PCA+kM+HC's rule v1 (v10: the shuffle test of its distance rows, its rule v2)
-    "v9": {"flhc": V3_FLHC, "pca_km_hc": V1_PCA},
+    "v9": {"flhc": V3_FLHC, "pca_km_hc": V1_PCA, "pacfl": V1_PACFL},
     # v10: FL+HC's rule v3 (v11: the test of the rows of update distances and the bound, its
     # rule v4; CFL-GP's estimate unchanged, its candidates were not kept)
-    "v10": {"flhc": V3_FLHC},
+    "v10": {"flhc": V3_FLHC, "pacfl": V1_PACFL},
     # v11: FL+HC's rule v4 (v12: back to rule v3 after v11's validation run, the v10 rules)
-    "v11": {"flhc": ["algorithm.tested=distance_rows"]},
+    "v11": {"flhc": ["algorithm.tested=distance_rows"], "pacfl": V1_PACFL},
+    # v12: PACFL's rule v1 (v13: the bound and the shuffle test of its angles, its rule v2)
+    "v12": {"pacfl": V1_PACFL},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

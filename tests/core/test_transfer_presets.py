@@ -31,7 +31,7 @@ RULES: dict[str, dict[str, Any]] = {
     "v7": {**V5, "progress": 0.0},
     "v8": {**V5, "progress": 0.0, "sampled_evidence": "combined"},  # today's (rule v7)
 }
-RULES["v9"] = RULES["v10"] = RULES["v11"] = RULES["v8"]  # v9-v12: other methods' rules
+RULES["v9"] = RULES["v10"] = RULES["v11"] = RULES["v12"] = RULES["v8"]  # others' rules
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_each_preset_runs_flts_rule_v1(run_grid: Any) -> None:
     fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
     for version in RULES:
         algo = load_config(run_grid.config(fed, "flt", [], preset=version)).algorithm
-        if version in ("v9", "v10", "v11"):  # FLT's rule v2 is v9's default
+        if version in ("v9", "v10", "v11", "v12"):  # FLT's rule v2 is v9's default
             assert (algo.auto_on, algo.significance) == ("signatures", 0.002)  # type: ignore[attr-defined]
             continue
         if version == "v0":
@@ -83,7 +83,7 @@ def test_each_preset_runs_pca_km_hcs_rule_v1(run_grid: Any) -> None:
         if version == "v0":
             assert algo.auto_clusters == "gap"  # type: ignore[attr-defined]
             continue
-        if version in ("v10", "v11"):  # PCA+kM+HC's rule v2 is v10's default
+        if version in ("v10", "v11", "v12"):  # PCA+kM+HC's rule v2 is v10's default
             assert algo.significance == 0.002  # type: ignore[attr-defined]
             continue
         assert algo.significance == 0.0, version  # type: ignore[attr-defined]
@@ -96,7 +96,7 @@ def test_each_preset_runs_its_versions_flhc_rule(run_grid: Any) -> None:
     """FL+HC's rule per grid version (docs/transfer.md): v0 the largest gap; v1-v3 the
     silhouette bound alone (rule v1); v4, v5 the test of the update cosines at 0.01 (rule
     v2); v6-v10 at 0.002 (rule v3); v11 the test of the rows of update distances with the
-    bound (rule v4); v12, today's default, rule v3 again."""
+    bound (rule v4); v12 and today's default rule v3 again."""
     fed = next(iter(run_grid.GRID["federation"].values()))
     for version in RULES:
         algo = load_config(run_grid.config(fed, "flhc", [], preset=version)).algorithm
@@ -112,3 +112,19 @@ def test_each_preset_runs_its_versions_flhc_rule(run_grid: Any) -> None:
         assert algo.ignored_settings() == [], version
     today = load_config(run_grid.config(fed, "flhc", [])).algorithm
     assert (today.significance, today.tested) == (0.002, "cosines")  # type: ignore[attr-defined]
+
+
+def test_each_preset_runs_pacfls_rule_v1(run_grid: Any) -> None:
+    """Grid versions v1-v12 ran PACFL's rule v1 (the silhouette bound alone); v13 (its rule
+    v2: the bound and the shuffle test of the angles) changed its default, so each earlier
+    preset carries `significance = 0` (v0: the authors' β = 3.5°, where it is not read)."""
+    fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
+    for version in RULES:
+        algo = load_config(run_grid.config(fed, "pacfl", [], preset=version)).algorithm
+        if version == "v0":
+            assert algo.threshold == 3.5  # type: ignore[attr-defined]
+            continue
+        assert algo.significance == 0.0, version  # type: ignore[attr-defined]
+        assert algo.ignored_settings() == [], version
+    today = load_config(run_grid.config(fed, "pacfl", [])).algorithm
+    assert today.significance == 0.002  # type: ignore[attr-defined]

@@ -32,8 +32,11 @@ Our choices where neither says:
 - Angles in degrees, as in the code. β is not set by default: an angle threshold depends
   on the data's dimension and sample count (3.5°, the code's value, puts the 20 clients of
   the demo federation into 16 clusters). The default cut is `auto_cut = "silhouette"`: the
-  cut of the tree whose clusters have the highest mean silhouette under A, one cluster when
-  that is below `min_silhouette` (0.25); `"gap"` is the largest gap between merge heights.
+  cut of the tree whose clusters have the highest mean silhouette under A, made (and each
+  part examined again) only when that silhouette reaches `min_silhouette` (0.25) and, for a
+  cluster of 5 clients or more, CFL's shuffle test of the members' angles (as
+  similarities) gives p < `significance` (0.002; rule v2, grid version v13; 0: the bound
+  alone, rule v1); `"gap"` is the largest gap between merge heights.
   `threshold = 3.5` is the authors' rule; `n_clusters` cuts into C clusters. Evidence:
   docs/transfer.md. p is at most e (a basis of R^e has at most e vectors; more
   would only book zero padding): a larger p is refused.
@@ -83,9 +86,11 @@ from clusterfl.algorithms.oneshot import (
     lowered_cut,
     max_clusters_field,
     min_silhouette_field,
+    significance_field,
     unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
+from clusterfl.clustering.cosine import SHUFFLE_MIN, both_structured, distance_similarity
 from clusterfl.clustering.hierarchical import distance_linkage, linkage_to_clusters
 from clusterfl.clustering.subspace import proximity
 from clusterfl.errors import ConfigError
@@ -128,6 +133,11 @@ class PACFLConfig(SampledConfig):
         "bound on the automatic C (threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
+    significance: float = significance_field(
+        f"auto_cut 'silhouette': a cluster of at least {SHUFFLE_MIN} clients is cut only if, "
+        "beside min_silhouette, Algorithm 1's cut of its members' angles A (as similarities) "
+        "is beyond shuffled ones at this level (CFL's shuffle test; rule v2); 0: "
+        "min_silhouette alone (rule v1)")
 
     @model_validator(mode="after")
     def _one_cut(self) -> PACFLConfig:
@@ -137,7 +147,8 @@ class PACFLConfig(SampledConfig):
         return self
 
     def ignored_settings(self) -> list[str]:
-        return ignored_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette"))
+        return ignored_cut_options(self, ("auto_cut", "max_clusters", "min_silhouette",
+                                          "significance"))
 
     @model_serializer(mode="wrap")
     def _dump_one_rule(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -225,8 +236,10 @@ def pacfl_clusters(a: np.ndarray, n: int, good: np.ndarray,
     the other of the `n` clients its own cluster. Returns (the cut, the linkage)."""
     z = distance_linkage(a, cfg.linkage)
     threshold, k = cfg.cut()
+    structured = both_structured(distance_similarity(a), cfg.significance, cfg.min_silhouette) \
+        if threshold is None and k is None and cfg.auto_cut == "silhouette" else None
     return cut_clients(z, n, good, threshold, k, cfg.max_clusters, cfg.auto_cut, a,
-                       cfg.min_silhouette), z
+                       cfg.min_silhouette, structured), z
 
 
 class PACFL(Algorithm[PACFLConfig, PACFLState]):
