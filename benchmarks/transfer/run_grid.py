@@ -92,7 +92,7 @@ V3_FLHC = ["algorithm.tested=cosines"]
 V2_FLHC = ["algorithm.significance=0.01", *V3_FLHC]  # FL+HC's rule v2: the test at 0.01
 V1_FLT = ["algorithm.auto_on=relatedness", "algorithm.significance=0"]  # FLT's rule v1
 V1_PCA = ["algorithm.significance=0"]  # PCA+kM+HC's rule v1: the silhouette bound alone
-V1_PACFL = ["algorithm.significance=0"]  # PACFL's rule v1 (v13, its rule v2: the shuffle test)
+V1_PACFL = ["algorithm.significance=0"]  # PACFL's rule v1 (v13: its rule v2, the shuffle test)
 PRESETS: dict[str, dict[str, list[str]]] = {
     "v0": {
         "cfl": ["algorithm.auto.cut=raw", "algorithm.auto.nesting=true",
@@ -135,6 +135,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "v11": {"flhc": ["algorithm.tested=distance_rows"], "pacfl": V1_PACFL},
     # v12: PACFL's rule v1 (v13: the bound and the shuffle test of its angles, its rule v2)
     "v12": {"pacfl": V1_PACFL},
+    # v13: PACFL's rule v2 (v14: rule v1 again after v13's validation run, the v12 rules)
+    "v13": {"pacfl": ["algorithm.significance=0.002"]},
 }
 VAL_HALVES = sorted({"val" + f["half"][len("validation"):] for f in GRID["federation"].values()
                      if f["half"].startswith("validation")})

@@ -1,7 +1,7 @@
-"""PACFL's rule v2 (docs/transfer.md, grid version v13): the silhouette cut of the principal
-angles A is made only where the bound 0.25 holds and, for a cluster of 5 clients or more,
-CFL's shuffle test of the members' angles (as similarities) gives p < 0.002; hand-built A,
-no federation run."""
+"""PACFL's rule v2 (`significance = 0.002`; docs/transfer.md, grid version v13, not kept as
+the default): the silhouette cut of the principal angles A is made only where the bound 0.25
+holds and, for a cluster of 5 clients or more, CFL's shuffle test of the members' angles (as
+similarities) gives p < 0.002; hand-built A, no federation run."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from clusterfl.clustering.cosine import (
 )
 from clusterfl.clustering.hierarchical import distance_linkage
 
+V2 = {"significance": 0.002}  # rule v2
+
 
 def _angles(groups: np.ndarray, within: float, across: float) -> np.ndarray:
     a = np.where(groups[:, None] == groups[None, :], within, across)
@@ -32,12 +34,12 @@ def test_five_clients_in_groups_of_two_and_three_pass_the_bound_not_the_test():
     with probability about 10 / C(10, 4) = 10 / 210; p ≈ 0.048 is not below 0.002, so rule
     v2 keeps one cluster."""
     a = _angles(np.array([0, 0, 1, 1, 1]), 10.0, 14.0)
-    v1, _ = pacfl_clusters(a, 5, np.arange(5), PACFLConfig(significance=0.0))
+    v1, _ = pacfl_clusters(a, 5, np.arange(5), PACFLConfig())
     assert v1.labels.tolist() == [0, 0, 1, 1, 1]
     assert v1.silhouette == pytest.approx(1 - 10 / 14)
     p = structure_pvalue(distance_similarity(a), SHUFFLE_DRAWS, np.random.default_rng(0))
     assert 0.03 < p < 0.07
-    v2, _ = pacfl_clusters(a, 5, np.arange(5), PACFLConfig())
+    v2, _ = pacfl_clusters(a, 5, np.arange(5), PACFLConfig(**V2))
     assert v2.labels.tolist() == [0] * 5
 
 
@@ -51,17 +53,17 @@ def test_three_groups_of_six_are_found_and_the_rule_is_its_composition(seed):
     a = _angles(truth, 10.0, 30.0) + rng.normal(0.0, 1.0, (18, 18))
     a = (a + a.T) / 2
     np.fill_diagonal(a, 0.0)
-    cut, _ = pacfl_clusters(a, 18, np.arange(18), PACFLConfig())
+    cut, _ = pacfl_clusters(a, 18, np.arange(18), PACFLConfig(**V2))
     assert cut.labels.tolist() == truth.tolist()
     rule = both_structured(distance_similarity(a), 0.002, 0.25)
     same = cut_clients(distance_linkage(a, "average"), 18, np.arange(18), None, None, None,
                        "silhouette", a, 0.25, rule)
     assert same.labels.tolist() == cut.labels.tolist()
-    fixed, _ = pacfl_clusters(a, 18, np.arange(18), PACFLConfig(n_clusters=2))
+    fixed, _ = pacfl_clusters(a, 18, np.arange(18), PACFLConfig(n_clusters=2, **V2))
     assert len(set(fixed.labels.tolist())) == 2
 
 
 def test_significance_is_named_when_a_fixed_cut_ignores_it():
-    assert PACFLConfig().significance == 0.002
+    assert PACFLConfig().significance == 0.0  # rule v1 (v14)
     assert any(w.startswith("algorithm.significance = 0.01 does nothing")
                for w in PACFLConfig(n_clusters=2, significance=0.01).ignored_settings())

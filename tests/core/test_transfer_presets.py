@@ -31,7 +31,7 @@ RULES: dict[str, dict[str, Any]] = {
     "v7": {**V5, "progress": 0.0},
     "v8": {**V5, "progress": 0.0, "sampled_evidence": "combined"},  # today's (rule v7)
 }
-RULES["v9"] = RULES["v10"] = RULES["v11"] = RULES["v12"] = RULES["v8"]  # others' rules
+RULES["v9"] = RULES["v10"] = RULES["v11"] = RULES["v12"] = RULES["v13"] = RULES["v8"]
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_each_preset_runs_flts_rule_v1(run_grid: Any) -> None:
     fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
     for version in RULES:
         algo = load_config(run_grid.config(fed, "flt", [], preset=version)).algorithm
-        if version in ("v9", "v10", "v11", "v12"):  # FLT's rule v2 is v9's default
+        if version not in ("v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"):  # rule v2
             assert (algo.auto_on, algo.significance) == ("signatures", 0.002)  # type: ignore[attr-defined]
             continue
         if version == "v0":
@@ -83,7 +83,7 @@ def test_each_preset_runs_pca_km_hcs_rule_v1(run_grid: Any) -> None:
         if version == "v0":
             assert algo.auto_clusters == "gap"  # type: ignore[attr-defined]
             continue
-        if version in ("v10", "v11", "v12"):  # PCA+kM+HC's rule v2 is v10's default
+        if version in ("v10", "v11", "v12", "v13"):  # PCA+kM+HC's rule v2 since v10
             assert algo.significance == 0.002  # type: ignore[attr-defined]
             continue
         assert algo.significance == 0.0, version  # type: ignore[attr-defined]
@@ -115,16 +115,17 @@ def test_each_preset_runs_its_versions_flhc_rule(run_grid: Any) -> None:
 
 
 def test_each_preset_runs_pacfls_rule_v1(run_grid: Any) -> None:
-    """Grid versions v1-v12 ran PACFL's rule v1 (the silhouette bound alone); v13 (its rule
-    v2: the bound and the shuffle test of the angles) changed its default, so each earlier
-    preset carries `significance = 0` (v0: the authors' β = 3.5°, where it is not read)."""
+    """Grid versions v1-v12 ran PACFL's rule v1 (the silhouette bound alone), v13 its rule v2
+    (the bound and the shuffle test of the angles at 0.002), and v14, today's default, rule v1
+    again (v0: the authors' β = 3.5°, where it is not read)."""
     fed = next(f for f in run_grid.GRID["federation"].values() if f["source"] == "mnist")
     for version in RULES:
         algo = load_config(run_grid.config(fed, "pacfl", [], preset=version)).algorithm
         if version == "v0":
             assert algo.threshold == 3.5  # type: ignore[attr-defined]
             continue
-        assert algo.significance == 0.0, version  # type: ignore[attr-defined]
+        want = 0.002 if version == "v13" else 0.0
+        assert algo.significance == want, version  # type: ignore[attr-defined]
         assert algo.ignored_settings() == [], version
     today = load_config(run_grid.config(fed, "pacfl", [])).algorithm
-    assert today.significance == 0.002  # type: ignore[attr-defined]
+    assert today.significance == 0.0  # type: ignore[attr-defined]

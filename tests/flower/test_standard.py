@@ -589,10 +589,8 @@ def test_cfl_gps_gradient_protocol_through_a_client_with_the_gradient_helper() -
 def test_pacfl_through_a_client_with_the_subspace_helper_finds_the_groups() -> None:
     from tests.flower.extended_app import app as extended
 
-    # the bound alone (PACFL's rule v1): eight clients in four pairs are too few for the
-    # shuffle test of its rule v2; what this test checks is the subspace's way through Flower
-    result = _strategy("pacfl", true_clusters=TRUTH, extensions={"query.subspace"},
-                       options={"significance": 0.0}).start(_grid(app=extended), 4)
+    result = _strategy("pacfl", true_clusters=TRUTH,
+                       extensions={"query.subspace"}).start(_grid(app=extended), 4)
     assert result.history.final.ari == 1.0
 
 

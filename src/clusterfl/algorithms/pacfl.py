@@ -33,10 +33,10 @@ Our choices where neither says:
   on the data's dimension and sample count (3.5°, the code's value, puts the 20 clients of
   the demo federation into 16 clusters). The default cut is `auto_cut = "silhouette"`: the
   cut of the tree whose clusters have the highest mean silhouette under A, made (and each
-  part examined again) only when that silhouette reaches `min_silhouette` (0.25) and, for a
-  cluster of 5 clients or more, CFL's shuffle test of the members' angles (as
-  similarities) gives p < `significance` (0.002; rule v2, grid version v13; 0: the bound
-  alone, rule v1); `"gap"` is the largest gap between merge heights.
+  part examined again) only when that silhouette reaches `min_silhouette` (0.25; rule v1).
+  With `significance` > 0 (rule v2, grid version v13, tried at 0.002 and not kept), a
+  cluster of 5 clients or more also needs CFL's shuffle test of the members' angles (as
+  similarities) below it. `"gap"` is the largest gap between merge heights.
   `threshold = 3.5` is the authors' rule; `n_clusters` cuts into C clusters. Evidence:
   docs/transfer.md. p is at most e (a basis of R^e has at most e vectors; more
   would only book zero padding): a larger p is refused.
@@ -86,7 +86,6 @@ from clusterfl.algorithms.oneshot import (
     lowered_cut,
     max_clusters_field,
     min_silhouette_field,
-    significance_field,
     unbound_max_clusters,
 )
 from clusterfl.clustering.aggregate import average_members, cluster_sizes
@@ -133,11 +132,11 @@ class PACFLConfig(SampledConfig):
         "bound on the automatic C (threshold and n_clusters unset)")
     auto_cut: AutoCut = auto_cut_field()
     min_silhouette: float = min_silhouette_field()
-    significance: float = significance_field(
-        f"auto_cut 'silhouette': a cluster of at least {SHUFFLE_MIN} clients is cut only if, "
-        "beside min_silhouette, Algorithm 1's cut of its members' angles A (as similarities) "
-        "is beyond shuffled ones at this level (CFL's shuffle test; rule v2); 0: "
-        "min_silhouette alone (rule v1)")
+    significance: float = Field(
+        0.0, ge=0.0, lt=1.0, description=f"auto_cut 'silhouette': a cluster of at least "
+        f"{SHUFFLE_MIN} clients is cut only if, beside min_silhouette, Algorithm 1's cut of its "
+        "members' angles A (as similarities) is beyond shuffled ones at this level (CFL's "
+        "shuffle test; rule v2, e.g. 0.002, not kept); 0 (default): min_silhouette alone")
 
     @model_validator(mode="after")
     def _one_cut(self) -> PACFLConfig:
