@@ -236,7 +236,8 @@ def pacfl_clusters(a: np.ndarray, n: int, good: np.ndarray,
     z = distance_linkage(a, cfg.linkage)
     threshold, k = cfg.cut()
     structured = both_structured(distance_similarity(a), cfg.significance, cfg.min_silhouette) \
-        if threshold is None and k is None and cfg.auto_cut == "silhouette" else None
+        if cfg.significance and threshold is None and k is None \
+        and cfg.auto_cut == "silhouette" else None  # rule v2 only: no copy of A for rule v1
     return cut_clients(z, n, good, threshold, k, cfg.max_clusters, cfg.auto_cut, a,
                        cfg.min_silhouette, structured), z
 
