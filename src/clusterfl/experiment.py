@@ -461,15 +461,16 @@ class Experiment:
         # the number holds for no client: said, not silently clamped; a strategy's server
         # judges only the sizes it knows before round 1 (given in its train_sizes)
         known = self.federation.known_train_sizes
-        batch, largest = self.config.train.batch_size, int(known.max(initial=0))
-        if batch > largest and len(known):
-            out.append(f"train.batch_size = {batch} is more than any client's training "
-                       f"samples (at most {largest}): every local step takes all of a "
-                       f"client's samples (full-batch steps, as batch_size = {largest})")
-        out += [f"algorithm.{name} = {value} is more than any client's training samples (at "
-                f"most {largest}): {does}"
-                for name, (value, does) in self.config.algorithm.sample_counts().items()
-                if value > largest and len(known)]
+        if len(known):
+            batch, largest = self.config.train.batch_size, int(known.max())
+            if batch > largest:
+                out.append(f"train.batch_size = {batch} is more than any client's training "
+                           f"samples (at most {largest}): every local step takes all of a "
+                           f"client's samples (full-batch steps, as batch_size = {largest})")
+            out += [f"algorithm.{name} = {value} is more than any client's training samples "
+                    f"(at most {largest}): {does}"
+                    for name, (value, does) in self.config.algorithm.sample_counts().items()
+                    if value > largest]
         empty = np.flatnonzero(self.full_federation.test_sizes == 0).tolist()
         if empty:
             more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""

@@ -282,12 +282,12 @@ def flhc_clusters(updates: np.ndarray, n: int, good: np.ndarray,
     distances = pairwise_distances(updates, updates, cfg.metric) \
         if cfg.auto_cut == "silhouette" else None
     structured = None  # a cluster shows groups: the shuffle test (module docstring)
-    if distances is not None and cfg.significance > 0 and cfg.tested == "cosines":
+    if distances is not None and cfg.significance > 0:
         structured = shuffle_structured(pairwise_cosine(updates), cfg.significance,
-                                        cfg.min_silhouette, cfg.test_every)
-    elif distances is not None and cfg.significance > 0:
-        structured = both_structured(profile_similarity(distances), cfg.significance,
-                                     cfg.min_silhouette, cfg.test_every)
+                                        cfg.min_silhouette, cfg.test_every) \
+            if cfg.tested == "cosines" else both_structured(
+                profile_similarity(distances), cfg.significance, cfg.min_silhouette,
+                cfg.test_every)
     return cut_clients(z, n, good, cfg.threshold, cfg.n_clusters, cfg.max_clusters,
                        cfg.auto_cut, distances, cfg.min_silhouette, structured), z
 

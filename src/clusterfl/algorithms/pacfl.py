@@ -235,9 +235,9 @@ def pacfl_clusters(a: np.ndarray, n: int, good: np.ndarray,
     the other of the `n` clients its own cluster. Returns (the cut, the linkage)."""
     z = distance_linkage(a, cfg.linkage)
     threshold, k = cfg.cut()
-    structured = both_structured(distance_similarity(a), cfg.significance, cfg.min_silhouette) \
-        if cfg.significance and threshold is None and k is None \
-        and cfg.auto_cut == "silhouette" else None  # rule v2 only: no copy of A for rule v1
+    # rule v2 only (no copy of A for rule v1); cut_clients reads it in the silhouette cut only
+    structured = both_structured(distance_similarity(a), cfg.significance,
+                                 cfg.min_silhouette) if cfg.significance else None
     return cut_clients(z, n, good, threshold, k, cfg.max_clusters, cfg.auto_cut, a,
                        cfg.min_silhouette, structured), z
 
